@@ -4,14 +4,18 @@ from __future__ import annotations
 from fedccrl_core.algorithms.base import Algorithm, LocalConfig, Reply
 from fedccrl_core.algorithms.ccst import CCST
 from fedccrl_core.algorithms.fedadg import FedADG
+from fedccrl_core.algorithms.fedalign import FedAlign
 from fedccrl_core.algorithms.fedavg import FedAvg
+from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.algorithms.fediir import FedIIR
 from fedccrl_core.algorithms.fedprox import FedProx
 from fedccrl_core.algorithms.fedsr import FedSR
 from fedccrl_core.algorithms.ga import GA
+from fedccrl_core.algorithms.silobn import SiloBN
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedCCRL, FedAvg, FedProx, CCST, FedADG, GA, FedSR, FedIIR)}
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedCCRL, FedAvg, FedProx, CCST, FedADG, GA, FedSR, FedIIR, FedAlign,
+                                                                  FedBN, SiloBN)}
 
 
 def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) -> Algorithm:
