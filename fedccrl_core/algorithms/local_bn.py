@@ -1,0 +1,113 @@
+"""Local BatchNorm frameworks: what FedBN and SiloBN keep on the client, and the SGD setting of
+FedFD-A (fedfd-a.txt section 4.1, "Baseline Frameworks" and "Implementation Details").
+
+  FedBN  [32]  keeps BN statistics AND BN affine parameters (gamma, beta) local
+  SiloBN  [1]  keeps only the BN statistics (running mean / var) local; gamma, beta are aggregated
+  FedAvg [35]  keeps nothing local (FedFD / FedFD-A's `framework: fedavg`, Table 1)
+
+Every round a client loads the global weights theta_G and then puts back its own local BN tensors
+(ClientState.extra["local_bn"], kept across rounds; plain tensors, so they survive the in-process
+checkpoint and Flower's Context.state). After training it stores them again.
+
+The global model is still complete. The server runs Eq. 2 (theta_G = sum_k n_k/n theta_k, section
+3.1) over every tensor, so the global model's BN entries are the n_k-weighted average of the clients'
+local BN tensors. For the statistics this is exactly what section 3.1 calls the global statistics
+mu_G, sigma_G ("computed by aggregating the local statistics"), which FedFD reads during training
+and which the held-out domain is evaluated and exported with (Table 3 (a), "Inference: global
+statistics"). A client never loads these averaged entries once it has its own: the average exists
+only for the global (held-out) model.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+
+BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+BN_AFFINE = ("weight", "bias")
+FRAMEWORKS = {"fedavg": (), "silobn": BN_STATISTICS, "fedbn": BN_STATISTICS + BN_AFFINE}
+
+# The FedFD-A paper's optimizer (section 4.1), used for FedFD-A and, as the paper does, for its FedBN
+# and SiloBN baselines. `optimizer: train` uses the project-wide Adam (train.lr, train.weight_decay,
+# train.lr_schedule) instead.
+SGD_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "weight_decay": 0.0, "batch_size": 64}
+
+
+def local_bn_keys(model: nn.Module, framework: str) -> list[str]:
+    """The state_dict keys a client keeps local under `framework` (every BatchNorm layer)."""
+    suffixes = FRAMEWORKS[framework]
+    keys = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
+            keys += [f"{name}.{s}" if name else s for s in suffixes if own.get(s) is not None]
+    return keys
+
+
+class LocalBNAlgorithm(Algorithm):
+    """Cross-entropy local training with a framework's BN tensors kept per client."""
+
+    defaults = {**SGD_DEFAULTS}
+    framework = "silobn"  # subclasses fix it, or read it from hparams (FedFD)
+
+    def __init__(self, local, hparams=None):
+        super().__init__(local, hparams)
+        hp, name = self.hp, self.name
+
+        def bad(key, why):
+            raise ValueError(f"params.yaml: train.{name}.{key} {why}, got {hp[key]!r}")
+
+        if hp["optimizer"] not in ("sgd", "train"):
+            bad("optimizer", "must be sgd or train")
+        if not (isinstance(hp["lr"], (int, float)) and hp["lr"] > 0):
+            bad("lr", "must be a number > 0")
+        if not (isinstance(hp["momentum"], (int, float)) and 0 <= hp["momentum"] < 1):
+            bad("momentum", "must be in [0, 1)")
+        if not (isinstance(hp["weight_decay"], (int, float)) and hp["weight_decay"] >= 0):
+            bad("weight_decay", "must be a number >= 0")
+        if hp["batch_size"] is not None:
+            if not (isinstance(hp["batch_size"], int) and hp["batch_size"] >= 2):
+                bad("batch_size", "must be an integer >= 2 or null (= train.batch_size)")
+            # the paper's batch of 64 (section 4.1) replaces train.batch_size for this algorithm
+            self.local = dataclasses.replace(self.local, batch_size=int(hp["batch_size"]))
+        fw = hp.get("framework", self.framework)
+        if fw not in FRAMEWORKS:
+            raise ValueError(f"params.yaml: train.{name}.framework must be one of {', '.join(FRAMEWORKS)}, got {fw!r}")
+        self.framework = fw
+
+    # ---- optimizer: SGD lr 0.01, momentum 0.5, fixed learning rate (section 4.1) ------------------
+    def make_optimizer(self, model):
+        if self.hp["optimizer"] == "train":
+            return super().make_optimizer(model)
+        return torch.optim.SGD(model.parameters(), lr=self.hp["lr"], momentum=self.hp["momentum"],
+                               weight_decay=self.hp["weight_decay"])
+
+    def make_scheduler(self, opt):
+        if self.hp["optimizer"] == "train":
+            return super().make_scheduler(opt)
+        return torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)  # "a fixed learning rate"
+
+    # ---- local BN tensors --------------------------------------------------------------------
+    def before_local_train(self, model, global_weights: dict) -> None:
+        """Hook: runs after the client's local BN tensors are chosen, before training (FedFD reads
+        the global statistics here)."""
+
+    def local_train(self, model, data, state, global_weights, payload, generator, shuffle_rng):
+        keys = local_bn_keys(model, self.framework)
+        kept = state.extra.get("local_bn") or {}
+        weights = dict(global_weights)
+        for k in keys:  # the client's own BN tensors replace theta_G's averaged ones
+            if k in kept:
+                ref = global_weights[k]
+                weights[k] = torch.as_tensor(kept[k]).to(device=ref.device, dtype=ref.dtype)
+        self.before_local_train(model, global_weights)
+        reply = super().local_train(model, data, state, weights, payload, generator, shuffle_rng)
+        if keys:
+            state.extra["local_bn"] = {k: reply.weights[k].detach().clone() for k in keys}
+        return reply
+
+    def train_step(self, model, x, y, ctx):
+        return cross_entropy_step(model, x, y)

@@ -1,0 +1,151 @@
+"""FedBN and SiloBN (fedfd-a.txt section 4.1): which tensors stay on the client, that they survive
+across rounds per client, the complete global model, the paper's SGD setting, and engine runs."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
+from fedccrl_core.algorithms.fedbn import FedBN
+from fedccrl_core.algorithms.local_bn import local_bn_keys
+from fedccrl_core.algorithms.silobn import SiloBN
+from fedccrl_core.federation.aggregate import weighted_average
+from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+
+SMALL_SGD = {"batch_size": 8, "lr": 0.05}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def toy_client(cid, domain, n, seed, shift, contrast=1.0):
+    g = np.random.default_rng(seed)
+    y = g.integers(0, 3, n)
+    x = g.integers(0, 60, (n, 8, 8, 3)).astype(np.float64) + shift
+    x[np.arange(n), :, :, y] += 150
+    x = np.clip(x * contrast, 0, 255).astype(np.uint8)
+    return ClientData.from_numpy(cid, domain, x[: n - 8], y[: n - 8], x[n - 8:], y[n - 8:], "cpu")
+
+
+def make_engine(tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
+    torch.manual_seed(0)
+    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i)
+               for i in range(2) for k in range(2)]
+    tx = toy_client("t", "t", 40, 99, 60, 0.6)
+    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
+                  tx.train_y, 64)
+    local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
+    alg = build_algorithm(algorithm, local, hparams)
+    model = alg.build_model("small_cnn", 3, "none", alg.hp)
+    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, checkpoint_path=tmp_path / ckpt_name,
+                           on_round=on_round, run_info={"k": algorithm}, log=lambda m: None)
+
+
+def test_registered_and_frameworks():
+    assert ALGORITHMS["fedbn"] is FedBN and ALGORITHMS["silobn"] is SiloBN
+    model = SiloBN.build_model("small_cnn", 3)
+    bns = [n for n, m in model.named_modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    assert len(bns) == 4
+    stats = {f"{b}.{s}" for b in bns for s in ("running_mean", "running_var", "num_batches_tracked")}
+    affine = {f"{b}.{s}" for b in bns for s in ("weight", "bias")}
+    assert set(local_bn_keys(model, "silobn")) == stats          # SiloBN: statistics only
+    assert set(local_bn_keys(model, "fedbn")) == stats | affine  # FedBN: statistics and affine
+    assert local_bn_keys(model, "fedavg") == []
+
+
+def test_paper_sgd_setting_and_bad_params():
+    alg = SiloBN(LocalConfig(batch_size=32))
+    assert alg.local.batch_size == 64  # section 4.1: batch 64 replaces train.batch_size
+    opt = alg.make_optimizer(torch.nn.Linear(2, 2))
+    assert isinstance(opt, torch.optim.SGD)
+    assert opt.param_groups[0]["lr"] == 0.01 and opt.param_groups[0]["momentum"] == 0.5
+    sched = alg.make_scheduler(opt)
+    for _ in range(5):
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.01  # "a fixed learning rate"
+    adam = FedBN(LocalConfig(batch_size=32), {"optimizer": "train", "batch_size": None})
+    assert adam.local.batch_size == 32 and isinstance(adam.make_optimizer(torch.nn.Linear(2, 2)), torch.optim.Adam)
+    for key, value in (("optimizer", "adam"), ("lr", 0), ("momentum", 1.0), ("batch_size", 1)):
+        with pytest.raises(ValueError, match=f"train.fedbn.{key}"):
+            FedBN(LocalConfig(), {key: value})
+    with pytest.raises(ValueError, match="train.silobn.framework"):
+        SiloBN(LocalConfig(), {"framework": "x"})
+
+
+@pytest.mark.parametrize("algorithm", ["silobn", "fedbn"])
+def test_local_tensors_survive_rounds_and_are_not_loaded_from_the_aggregate(algorithm):
+    torch.manual_seed(0)
+    alg = build_algorithm(algorithm, LocalConfig(local_epochs=1), SMALL_SGD)
+    model = alg.build_model("small_cnn", 3, "none", alg.hp)
+    keys = set(local_bn_keys(model, algorithm))
+    clients = {"a": toy_client("a", "da", 24, 1, 0), "b": toy_client("b", "db", 24, 2, 80, 0.5)}
+    states = {c: ClientState() for c in clients}
+    seen = {}  # client -> the model's state at its first step of round 2
+    train_step = alg.train_step
+
+    def spy(m, x, y, ctx):
+        if ctx.state.get("spied") is None and spy.cid is not None:
+            ctx.state["spied"] = True
+            seen[spy.cid] = {k: v.detach().clone() for k, v in m.state_dict().items()}
+        return train_step(m, x, y, ctx)
+
+    spy.cid = None
+    alg.train_step = spy
+    g0 = {k: v.clone() for k, v in model.state_dict().items()}
+    r1 = {c: alg.local_train(model, d, states[c], g0, None, torch.Generator().manual_seed(0),
+                             np.random.default_rng(0)) for c, d in clients.items()}
+    for c in clients:  # each client stored exactly its framework's local tensors, as its own values
+        assert set(states[c].extra["local_bn"]) == keys
+        assert all(torch.equal(states[c].extra["local_bn"][k], r1[c].weights[k]) for k in keys)
+    g1 = alg.aggregate(g0, list(r1.values()))
+    ref = weighted_average([r.weights for r in r1.values()], [r.n for r in r1.values()])
+    assert g1.keys() == g0.keys()  # a complete, loadable global model (the held-out model)
+    assert all(torch.equal(g1[k], ref[k]) for k in g1)  # Eq. 2 over every tensor: BN entries = average
+    model.load_state_dict(g1)
+    for c, d in clients.items():  # round 2
+        spy.cid = c
+        alg.local_train(model, d, states[c], g1, None, torch.Generator().manual_seed(1), np.random.default_rng(1))
+        start = seen[c]
+        for k in g1:
+            expected = r1[c].weights[k] if k in keys else g1[k]
+            assert torch.equal(start[k], expected), k
+        assert any(not torch.equal(start[k], g1[k]) for k in keys if "running_mean" in k)
+    bn_w = "h.features.1.weight"
+    assert (bn_w in keys) == (algorithm == "fedbn")  # SiloBN aggregates gamma, FedBN keeps it
+
+
+def test_engine_rounds_and_resume_keep_client_bn(tmp_path):
+    class Killed(Exception):
+        pass
+
+    full = make_engine(tmp_path, "silobn", SMALL_SGD, ckpt_name="full.pt").run()
+    assert all(math.isfinite(r[k]) for r in full.history for k in ("loss", "l_cls", "val_acc", "target_acc"))
+    extra = torch.load(tmp_path / "full.pt", weights_only=False)["states"]
+    means = [extra[c]["extra"]["local_bn"]["h.features.1.running_mean"] for c in sorted(extra)]
+    assert len(means) == 4 and not torch.allclose(means[0], means[2])  # per-client statistics
+
+    def die(rec):
+        if rec["round"] == 2:
+            raise Killed
+
+    with pytest.raises(Killed):
+        make_engine(tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt", on_round=die).run()
+    resumed = make_engine(tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt").run()
+    assert resumed.resumed_from == 1
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    assert strip(resumed.history) == strip(full.history)
+    assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
+
+
+def test_engine_round_fedbn(tmp_path):
+    res = make_engine(tmp_path, "fedbn", SMALL_SGD, rounds=1).run()
+    assert math.isfinite(res.history[0]["loss"]) and 0 <= res.history[0]["target_acc"] <= 1
