@@ -37,6 +37,8 @@ Departures and choices (each also in params.yaml train.fedalign and the README):
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -246,13 +248,14 @@ class FedAlign(Algorithm):
         return {cid: dict(zip(("mu", "sigma"), pool_without(uploads, cid))) for cid in uploads}
 
     def _pool(self, ctx, device):
-        """Once per client-round: cluster the received pool and move it with q to the device."""
+        """Once per client-round: cluster the received pool and move it with q to the device. The k-means
+        seed is a checksum of the pool itself: the clustering is a function of the pool, identical on
+        every engine, with no device sync and no draw from the augmentation generator."""
         if ctx.state.get("pool") is None:
-            mu, sigma = np.asarray(ctx.payload["mu"]), np.asarray(ctx.payload["sigma"])
-            gen = ctx.generator
-            seed = int(torch.randint(2 ** 62, (1,), generator=gen, device=gen.device)) if gen is not None else 0
-            q, _ = style_pool_distribution(mu, sigma, self.hp["n_clusters"], np.random.default_rng(seed),
-                                           self.hp["variance_weights"])
+            mu = np.ascontiguousarray(ctx.payload["mu"], dtype=np.float32)
+            sigma = np.ascontiguousarray(ctx.payload["sigma"], dtype=np.float32)
+            rng = np.random.default_rng(zlib.crc32(mu.tobytes() + sigma.tobytes()))  # k-means seeded by the pool
+            q, _ = style_pool_distribution(mu, sigma, self.hp["n_clusters"], rng, self.hp["variance_weights"])
             ctx.state["pool"] = (torch.as_tensor(mu, device=device), torch.as_tensor(sigma, device=device),
                                  torch.as_tensor(q, dtype=torch.float32, device=device))
         return ctx.state["pool"]
