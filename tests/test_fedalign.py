@@ -103,7 +103,8 @@ def test_mixstyle_eq_9_to_11():
     half = mixstyle(x, mu_j, sigma_j, torch.full((3,), 0.5))
     m0, s0 = channel_stats(x)
     m, s = channel_stats(half)
-    assert torch.allclose(m, 0.5 * m0 + 0.5 * mu_j, atol=1e-5) and torch.allclose(s, 0.5 * s0 + 0.5 * sigma_j, atol=1e-4)
+    assert torch.allclose(m, 0.5 * m0 + 0.5 * mu_j, atol=1e-5)
+    assert torch.allclose(s, 0.5 * s0 + 0.5 * sigma_j, atol=1e-4)
     # clustered: a row with q = 0 is never used; here only row 1 can be drawn
     pool_mu, pool_sigma = torch.tensor([[9.0, 9.0], [0.5, -1.0]]), torch.tensor([[9.0, 9.0], [2.0, 0.3]])
     out = clustered_mixstyle(x, pool_mu, pool_sigma, torch.tensor([0.0, 1.0]), 0.1, g)
@@ -156,34 +157,23 @@ def test_adversarial_loss_by_hand():
     assert adversarial_loss(d0, d1, d2).item() == pytest.approx(0.5 * (orig + aug), rel=1e-6)
 
 
-def test_discriminator_learns_while_the_encoder_is_reversed():
+def test_discriminator_descends_while_the_encoder_gets_the_reversed_gradient():
     torch.manual_seed(0)
-    D = DomainDiscriminator(4, 8, 0.5).train()
-    mods = [m.__class__.__name__ for m in D.net]
-    assert {"Linear", "BatchNorm1d", "ReLU", "Dropout"} <= set(mods)
+    D = DomainDiscriminator(4, 8, 0.5)
+    assert {"Linear", "BatchNorm1d", "ReLU", "Dropout"} <= {m.__class__.__name__ for m in D.net}  # Sec. 3.4
+    D.eval()  # deterministic forward (dropout off) so the two passes below are comparable
     z = torch.randn(12, 4, requires_grad=True)
-    d = D(z)
+    d = D(grad_reverse(z, 0.5))
+    assert torch.allclose(d, D(z.detach()))  # identity forward
     adversarial_loss(d[:4], d[4:8], d[8:]).backward()
-    plain_grad = z.grad.clone()
-    z.grad = None
+    reversed_d_grads = [p.grad.clone() for p in D.parameters()]
     D.zero_grad()
-    torch.manual_seed(0)  # same dropout mask
-    D2 = DomainDiscriminator(4, 8, 0.5).train()
-    D2.load_state_dict(D.state_dict())
-    torch.manual_seed(1)
-    d = D2(grad_reverse(z, 0.5))
-    torch.manual_seed(1)
-    d_ref = D2(z.detach())
-    loss = adversarial_loss(d[:4], d[4:8], d[8:])
-    assert torch.allclose(d, d_ref)  # identity forward
-    loss.backward()
-    z2 = z.detach().clone().requires_grad_(True)
-    torch.manual_seed(1)
-    dd = D2(z2)
-    adversarial_loss(dd[:4], dd[4:8], dd[8:]).backward()
-    assert torch.allclose(z.grad, -0.5 * z2.grad, atol=1e-6)  # reversed and scaled for h
-    assert plain_grad.abs().sum() > 0
-    assert all(p.grad is not None for p in D2.parameters())  # D itself descends its loss
+    z_plain = z.detach().clone().requires_grad_(True)
+    d = D(z_plain)
+    adversarial_loss(d[:4], d[4:8], d[8:]).backward()
+    assert z_plain.grad.abs().sum() > 0
+    assert torch.allclose(z.grad, -0.5 * z_plain.grad, atol=1e-7)  # h: reversed and scaled by lambda_adv
+    assert all(torch.allclose(a, p.grad) for a, p in zip(reversed_d_grads, D.parameters()))  # D: its own loss
 
 
 def test_model_has_discriminator_but_infers_with_g_h_only(tmp_path):
