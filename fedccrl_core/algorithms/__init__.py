@@ -8,6 +8,8 @@ from fedccrl_core.algorithms.fedalign import FedAlign
 from fedccrl_core.algorithms.fedavg import FedAvg
 from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.fedccrl import FedCCRL
+from fedccrl_core.algorithms.fedfd import FedFD
+from fedccrl_core.algorithms.fedfd_a import FedFDA
 from fedccrl_core.algorithms.fediir import FedIIR
 from fedccrl_core.algorithms.fedprox import FedProx
 from fedccrl_core.algorithms.fedsr import FedSR
@@ -15,7 +17,7 @@ from fedccrl_core.algorithms.ga import GA
 from fedccrl_core.algorithms.silobn import SiloBN
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedCCRL, FedAvg, FedProx, CCST, FedADG, GA, FedSR, FedIIR, FedAlign,
-                                                                  FedBN, SiloBN)}
+                                                                  FedBN, SiloBN, FedFD, FedFDA)}
 
 
 def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) -> Algorithm:
