@@ -3,25 +3,32 @@ from __future__ import annotations
 
 import torch
 
+from fedccrl_core import fastpath
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 
 
 @torch.no_grad()
-def predict(model, x_u8: torch.Tensor, batch_size: int = 256, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
-    """Predicted class of every image (x_u8: uint8 NCHW on the model's device)."""
+def predict(model, x_u8: torch.Tensor, batch_size: int = 256, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+            fast: bool = False) -> torch.Tensor:
+    """Predicted class of every image (x_u8: uint8 NCHW on the model's device). fast: bf16 autocast and
+    channels_last on CUDA (train.fast, fastpath.py); a no-op on the CPU."""
     was_training = model.training
     model.eval()
-    preds = [model(normalize_u8(x_u8[i:i + batch_size], mean, std)).argmax(1) for i in range(0, len(x_u8), batch_size)]
+    on = fastpath.enabled(fast, x_u8.device)
+    fastpath.prepare_model(model, on)
+    with fastpath.autocast(on, x_u8.device):
+        preds = [model(normalize_u8(x_u8[i:i + batch_size], mean, std)).argmax(1)
+                 for i in range(0, len(x_u8), batch_size)]
     model.train(was_training)
     if not preds:
         return torch.empty(0, dtype=torch.long, device=x_u8.device)
     return torch.cat(preds)
 
 
-def accuracy(model, x_u8, y, batch_size=256, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> float:
+def accuracy(model, x_u8, y, batch_size=256, mean=IMAGENET_MEAN, std=IMAGENET_STD, fast: bool = False) -> float:
     if len(y) == 0:
         return float("nan")
-    return float((predict(model, x_u8, batch_size, mean, std) == y).float().mean())
+    return float((predict(model, x_u8, batch_size, mean, std, fast) == y).float().mean())
 
 
 def confusion_matrix(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:

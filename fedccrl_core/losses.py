@@ -50,7 +50,8 @@ def supcon_loss(
     z = F.normalize(torch.cat([z_prime, z_dprime], dim=0).float(), dim=1)  # Eq. 9, unit rows
     y = torch.cat([y_prime, y_dprime], dim=0)  # Eq. 10
     n = z.shape[0]
-    sim = z @ z.T / tau  # log s(Z_i, Z_a)
+    with torch.autocast(z.device.type, enabled=False):  # float32 even under bf16 autocast (fastpath.py)
+        sim = z @ z.T / tau  # log s(Z_i, Z_a)
     not_self = ~torch.eye(n, dtype=torch.bool, device=z.device)  # A(i)
     log_denominator = torch.logsumexp(sim.masked_fill(~not_self, float("-inf")), dim=1, keepdim=True)
     log_ratio = sim - log_denominator  # log s(Z_i, Z_p) / sum_{a in A(i)} s(Z_i, Z_a)

@@ -44,7 +44,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
                 torch.manual_seed(seed)
                 model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp).to(device)
                 res = InProcessEngine(alg, model, clients, ev, cfg["rounds"], seed, float(cfg["client_fraction"]),
-                                      log=lambda m: None).run()
+                                      log=lambda m: None, concurrent_clients=cfg["concurrent_clients"]).run()
                 acc.setdefault(alg_name, {}).setdefault(target, []).append(res.history[-1]["target_acc"])
                 print(f"bench: {alg_name} {target} seed {seed}: {res.history[-1]['target_acc']:.4f} "
                       f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)

@@ -19,6 +19,7 @@ STAGES = {
     "figures": "pipeline.figures",
     "export": "pipeline.export",
     "bench-accuracy": "pipeline.bench",
+    "bench": "pipeline.bench_speed",
 }
 
 

@@ -42,12 +42,17 @@ def train_config(params: dict, algorithm: str) -> dict:
         "weight_decay": get(params, "train.weight_decay", num),
         "lr_schedule": get(params, "train.lr_schedule", str, choices=("cosine", "constant")),
         "client_fraction": get(params, "train.client_fraction", num),
+        "fast": get(params, "train.fast", bool, default=True),
+        "concurrent_clients": get(params, "train.concurrent_clients", (str, int), default="auto"),
         "eval_batch_size": get(params, "evaluate.batch_size", int, default=256),
         "hparams": get(params, f"train.{algorithm}", dict, default={}) or {},
     }
     for k in ("rounds", "local_epochs", "batch_size"):
         if cfg[k] < 1:
             raise ValueError(f"params.yaml: key 'train.{k}' must be >= 1, got {cfg[k]}")
+    cc = cfg["concurrent_clients"]
+    if cc != "auto" and (not isinstance(cc, int) or cc < 1):
+        raise ValueError(f"params.yaml: key 'train.concurrent_clients' must be auto or an integer >= 1, got {cc!r}")
     for k in ("mean", "std"):
         if len(cfg[k]) != 3 or not all(isinstance(v, num) for v in cfg[k]):
             raise ValueError(f"params.yaml: key 'preprocess.{k}' must be a list of 3 numbers")
@@ -60,7 +65,7 @@ def local_config(cfg: dict):
 
     return LocalConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
                        lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]), lr_schedule=cfg["lr_schedule"],
-                       mean=tuple(cfg["mean"]), std=tuple(cfg["std"]))
+                       mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), fast=cfg["fast"])
 
 
 def resolve_model(cfg: dict) -> tuple[str, str]:
@@ -164,7 +169,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
         else:
             engine = InProcessEngine(alg, model, clients, evalsets, cfg["rounds"], seed,
                                      float(cfg["client_fraction"]), ckpt, on_round=run.log_round,
-                                     run_info={"run_key": run_key})
+                                     run_info={"run_key": run_key}, concurrent_clients=cfg["concurrent_clients"])
             result = engine.run()
     except BaseException:
         run.finish("FAILED")

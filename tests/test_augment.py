@@ -402,3 +402,33 @@ def test_fedccrl_augment_runs_on_cuda_without_host_syncs():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.shape == x.shape and out.device.type == "cuda"
+
+
+# ---------------------------------------------------------------------------------------------
+# Per-sample randomness of the device-side path (the fast engine path, issue #8)
+# ---------------------------------------------------------------------------------------------
+def test_augmix_plan_op_choice_differs_per_sample():
+    """Each sample of a batch draws its own ops (torchvision's batch AugMix draws one chain per batch):
+    the first op of the first chain takes every op of O across a batch, about uniformly."""
+    plan = sample_augmix_plan(900, 32, 32, beta=1.0, severity=3, generator=gen(60))
+    first = plan.op[0, :, 0]  # slot 0 is always used, step 0 always applied
+    assert torch.all(first != IDENTITY)
+    freq = torch.bincount(first, minlength=len(OPS)).float() / 900
+    assert torch.allclose(freq, torch.full((len(OPS),), 1 / len(OPS)), atol=0.04)
+    assert len(set(plan.weight.argmax(1).tolist())) == 3 and plan.m.std() > 0.1  # w and m per sample too
+
+
+def test_fedccrl_augment_identical_inputs_give_different_outputs():
+    """16 copies of one image through M (Eq. 3): every output differs from every other, and the two
+    views of each sample differ."""
+    img = to_tensor(random_image(24, 24, seed=61))
+    x = ((img - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1))
+    x = x.repeat(16, 1, 1, 1)
+    pool_mu, pool_sigma = torch.randn(30, 3) * 0.5, torch.rand(30, 3) + 0.5
+    g = gen(62)
+    cfg = AugmentConfig(alpha=1.0)  # alpha = 1: lambda rarely ~0, so CCDT changes every sample too
+    x1, x2 = fedccrl_augment(x, pool_mu, pool_sigma, cfg, g), fedccrl_augment(x, pool_mu, pool_sigma, cfg, g)
+    for view in (x1, x2):
+        flat = view.flatten(1)
+        assert (torch.cdist(flat, flat) + torch.eye(16) * 1e9).min() > 1e-3
+    assert torch.all((x1 - x2).flatten(1).abs().amax(1) > 1e-3)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core import fastpath
 from fedccrl_core.federation.aggregate import weighted_average
 from fedccrl_core.federation.client import ClientData, ClientState
 from fedccrl_core.models import FedModel, build_model
@@ -37,6 +38,7 @@ class LocalConfig:
     lr_schedule: str = "cosine"  # cosine | constant
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
+    fast: bool = True  # train.fast: bf16 autocast + channels_last on CUDA; a no-op on the CPU (fastpath.py)
 
 
 @dataclass
@@ -107,6 +109,19 @@ class Algorithm:
 
     def local_train(self, model, data: ClientData, state: ClientState, global_weights: dict,
                     payload: Any, generator: torch.Generator | None, shuffle_rng: np.random.Generator) -> Reply:
+        steps = self.local_train_steps(model, data, state, global_weights, payload, generator, shuffle_rng)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as finished:
+                return finished.value
+
+    def local_train_steps(self, model, data: ClientData, state: ClientState, global_weights: dict,
+                          payload: Any, generator: torch.Generator | None, shuffle_rng: np.random.Generator):
+        """`local_train` as a generator: yields after every optimizer step, returns the Reply. The engine
+        interleaves several clients' generators on CUDA streams (federation/concurrent.py)."""
+        fast = fastpath.enabled(self.local.fast, data.train_x.device)
+        fastpath.prepare_model(model, fast)
         model.load_state_dict(global_weights)
         model.train()
         opt = self.make_optimizer(model)
@@ -121,14 +136,15 @@ class Algorithm:
         correct = torch.zeros((), device=dev)
         steps = seen = 0
         for _ in range(self.local.local_epochs):
-            order = torch.from_numpy(shuffle_rng.permutation(n)).to(dev)
+            order = fastpath.to_device(torch.from_numpy(shuffle_rng.permutation(n)), dev)
             for start in range(0, n, bs):
                 idx = order[start:start + bs]
                 if idx.numel() < 2:  # a batch of 1 breaks BatchNorm in train mode
                     continue
                 x = normalize_u8(data.train_x[idx], self.local.mean, self.local.std)
                 y = data.train_y[idx]
-                loss, terms, logits = self.train_step(model, x, y, ctx)
+                with fastpath.autocast(fast, dev):
+                    loss, terms, logits = self.train_step(model, x, y, ctx)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -137,6 +153,7 @@ class Algorithm:
                 correct += (logits.detach().argmax(1) == y).sum()
                 steps += 1
                 seen += idx.numel()
+                yield
             sched.step()
         state.optimizer = copy.deepcopy(opt.state_dict())
         state.scheduler = sched.state_dict()

@@ -48,15 +48,24 @@ class FedCCRL(Algorithm):
         return {cid: dict(zip(("mu", "sigma"), pool_without(uploads, cid))) for cid in uploads}
 
     def train_step(self, model, x, y, ctx):
-        hp = self.hp
+        x1, x2 = self.augmented_views(x, ctx)
+        return self.loss_from_views(model, x, x1, x2, y)
+
+    def augmented_views(self, x, ctx):
+        """Eq. 3: X1 = M(X), X2 = M(X), two independent draws on x's device."""
         if ctx.state.get("pool") is None:  # move F_pool^i to the device once per client-round
             ctx.state["pool"] = (torch.as_tensor(ctx.payload["mu"], device=x.device),
                                  torch.as_tensor(ctx.payload["sigma"], device=x.device))
         pool_mu, pool_sigma = ctx.state["pool"]
-        aug = AugmentConfig.from_mapping(hp)
+        aug = AugmentConfig.from_mapping(self.hp)
         mean, std = self.local.mean, self.local.std
         x1 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, first draw
         x2 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, independent draw
+        return x1, x2
+
+    def loss_from_views(self, model, x, x1, x2, y):
+        """Eq. 4-5 and 12-16 on the three views. Returns (loss, {term: tensor}, logits on x)."""
+        hp = self.hp
         b = x.shape[0]
         z_all = model.h(torch.cat([x, x1, x2]))                                      # Eq. 4
         logits_all = model.g(z_all)                                                  # Eq. 5

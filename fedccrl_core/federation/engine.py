@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from fedccrl_core.algorithms.base import Algorithm, Reply
+from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.checkpoint import atomic_torch_save
 from fedccrl_core.evaluation import accuracy
 from fedccrl_core.federation.client import ClientData, ClientState
@@ -45,6 +46,22 @@ def nbytes(obj) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(nbytes(v) for v in obj)
     return 0
+
+
+def concurrent_width(setting: int | str, device: torch.device, n_clients: int, alg: Algorithm) -> int:
+    """How many clients train at once (params.yaml train.concurrent_clients). 'auto': 1 on the CPU (the
+    cores are already busy with one client), up to 4 on CUDA, where one client's batch of 32 leaves the
+    GPU mostly idle (4 is a starting point, not a measured optimum). Algorithms that override
+    `local_train` have no step generator to interleave and always run one client at a time."""
+    if setting == "auto":
+        width = 4 if device.type == "cuda" else 1
+    elif isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1:
+        width = setting
+    else:
+        raise ValueError(f"params.yaml: train.concurrent_clients must be 'auto' or an integer >= 1, got {setting!r}")
+    if type(alg).local_train is not Algorithm.local_train:
+        return 1
+    return max(1, min(width, n_clients))
 
 
 def sample_clients(client_ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
@@ -89,8 +106,10 @@ class InProcessEngine:
     def __init__(self, algorithm: Algorithm, model: torch.nn.Module, clients: list[ClientData], evalsets: EvalSets,
                  rounds: int, seed: int, client_fraction: float = 1.0, checkpoint_path: str | Path | None = None,
                  on_round: Callable[[dict], None] | None = None, run_info: dict | None = None,
-                 log=lambda msg: print(msg, file=sys.stderr, flush=True)):
+                 log=lambda msg: print(msg, file=sys.stderr, flush=True), concurrent_clients: int | str = "auto"):
         self.alg, self.model, self.clients = algorithm, model, {c.client_id: c for c in clients}
+        self.concurrent_clients = concurrent_clients
+        self._interleaver: Interleaver | None = None
         self.evalsets, self.rounds, self.seed = evalsets, rounds, seed
         self.client_fraction = client_fraction
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
@@ -125,6 +144,21 @@ class InProcessEngine:
                            "history": history, "run_info": self.run_info,
                            "server_state": self.alg.server_state()}, self.checkpoint_path)
 
+    # ---- several clients at once (federation/concurrent.py) ----------------------------
+    def _interleaved(self, width: int) -> Interleaver:
+        if self._interleaver is None or self._interleaver.width != width:
+            self._interleaver = Interleaver(self.model, width, self.device)
+        return self._interleaver
+
+    def _starter(self, rnd, cid, states, global_w, payload):
+        """The client's local_train_steps generator on a given model copy, with the same per-client
+        generators as the sequential loop."""
+        def start(model):
+            gen = torch_generator(self.seed, "augment", rnd, cid, device=self.device)
+            return self.alg.local_train_steps(model, self.clients[cid], states[cid], global_w, payload, gen,
+                                              numpy_rng(self.seed, "shuffle", rnd, cid))
+        return start
+
     # ---- Algorithm 1 ------------------------------------------------------------------
     def run(self) -> RunResult:
         ids = sorted(self.clients)
@@ -147,20 +181,30 @@ class InProcessEngine:
                        for cid in ids}  # lines 3-6: every client's statistics enter the pool
             payloads = self.alg.server_payloads(uploads)  # line 7
             replies = []
+            width = concurrent_width(self.concurrent_clients, self.device, len(sampled), self.alg)
+            if width > 1:  # lines 8-22, several clients interleaved (same replies as one after another)
+                replies = self._interleaved(width).run(
+                    [Task(cid, derive_seed(self.seed, "local", rnd, cid), self._starter(rnd, cid, states, global_w,
+                                                                                         payloads.get(cid)))
+                     for cid in sampled])
             for j, cid in enumerate(sampled):  # lines 8-22
-                seed_everything(derive_seed(self.seed, "local", rnd, cid))
-                gen = torch_generator(self.seed, "augment", rnd, cid, device=self.device)
-                reply = self.alg.local_train(self.model, self.clients[cid], states[cid], global_w, payloads.get(cid),
-                                             gen, numpy_rng(self.seed, "shuffle", rnd, cid))
-                replies.append(reply)
+                if width > 1:
+                    reply = replies[j]
+                else:
+                    seed_everything(derive_seed(self.seed, "local", rnd, cid))
+                    gen = torch_generator(self.seed, "augment", rnd, cid, device=self.device)
+                    reply = self.alg.local_train(self.model, self.clients[cid], states[cid], global_w,
+                                                 payloads.get(cid), gen, numpy_rng(self.seed, "shuffle", rnd, cid))
+                    replies.append(reply)
                 self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {cid}: "
                          f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
             global_w = self.alg.aggregate(global_w, replies)  # line 23, Eq. 2
             self.model.load_state_dict(global_w)
             ev = self.evalsets
-            val_acc = accuracy(self.model, ev.val_x, ev.val_y, ev.batch_size, self.alg.local.mean, self.alg.local.std)
+            val_acc = accuracy(self.model, ev.val_x, ev.val_y, ev.batch_size, self.alg.local.mean, self.alg.local.std,
+                               fast=self.alg.local.fast)
             tgt_acc = accuracy(self.model, ev.target_x, ev.target_y, ev.batch_size, self.alg.local.mean,
-                               self.alg.local.std)
+                               self.alg.local.std, fast=self.alg.local.fast)
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}

@@ -1,0 +1,4 @@
+"""`fedccrl bench`: the fast engine path against a plain baseline, in one process on one device.
+
+plain.py is the baseline (used only here and in its tests); speed.py measures both and builds the table.
+"""

@@ -1,0 +1,267 @@
+"""`fedccrl bench` and the fast engine path: the fast and plain paths agree (augmentation statistics,
+losses on the same views), the fast switches are no-ops on the CPU, interleaved clients equal
+sequential ones, and the command runs end to end on a CUDA-less machine."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from fedccrl_core import fastpath
+from fedccrl_core.algorithms import LocalConfig, build_algorithm
+from fedccrl_core.augment import AugmentConfig, fedccrl_augment
+from fedccrl_core.bench import plain
+from fedccrl_core.bench.speed import BenchConfig, generate, pacs_sweep_seconds
+from fedccrl_core.data.pools import compute_statistics
+from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.federation.concurrent import Interleaver, Task
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine, concurrent_width
+from fedccrl_core.models import FedModel, SmallCNN, build_model
+from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
+
+MEAN, STD = np.asarray(IMAGENET_MEAN, np.float32), np.asarray(IMAGENET_STD, np.float32)
+
+
+def clients_of(n_clients=3, n=12, size=16, seed=0):
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n_clients):
+        x = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
+        y = rng.integers(0, 4, n)
+        out.append(ClientData.from_numpy(f"c{i}", f"d{i}", x, y, x[:3], y[:3], "cpu",
+                                         *compute_statistics(x, IMAGENET_MEAN, IMAGENET_STD)))
+    return out
+
+
+def dropout_model(num_classes=4):
+    """A model that draws from the GLOBAL torch RNG in training (dropout), to test the RNG swapping."""
+    torch.manual_seed(0)
+    h = nn.Sequential(SmallCNN(), nn.Dropout(0.3))
+    h.out_dim = 64
+    return FedModel(h, nn.Linear(64, num_classes))
+
+
+def weights_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def run_engine(concurrent, fast=True, rounds=2):
+    clients = clients_of()
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=rounds, local_epochs=1, batch_size=5, fast=fast))
+    ev = EvalSets(clients[0].val_x, clients[0].val_y, clients[1].val_x, clients[1].val_y)
+    return InProcessEngine(alg, dropout_model(), clients, ev, rounds, 0, log=lambda m: None,
+                           concurrent_clients=concurrent).run()
+
+
+# ---------------------------------------------------------------------------------------------
+# The fast engine path on the CPU
+# ---------------------------------------------------------------------------------------------
+def test_interleaved_clients_equal_sequential_bit_for_bit():
+    """The CUDA-streams driver's logic on the CPU (streams None): 3 clients interleaved step by step,
+    each with its own model copy and global-RNG state, give the sequential engine's exact result."""
+    seq, inter = run_engine(1), run_engine(3)
+    assert weights_equal(seq.final_weights, inter.final_weights)
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    assert strip(seq.history) == strip(inter.history)
+    assert weights_equal(seq.final_weights, run_engine(2).final_weights)  # a wave of 2, then 1
+
+
+def test_interleaver_runs_steps_round_robin():
+    order = []
+
+    def start(name, n):
+        def steps(model):
+            for i in range(n):
+                order.append((name, i))
+                yield
+            return name
+        return steps
+
+    tasks = [Task("a", 1, start("a", 3)), Task("b", 2, start("b", 1)), Task("c", 3, start("c", 2))]
+    assert Interleaver(nn.Linear(2, 2), 2, torch.device("cpu")).run(tasks) == ["a", "b", "c"]
+    assert order == [("a", 0), ("b", 0), ("a", 1), ("a", 2), ("c", 0), ("c", 1)]
+
+
+def test_concurrent_width():
+    alg = build_algorithm("fedccrl", LocalConfig())
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert concurrent_width("auto", cpu, 6, alg) == 1
+    assert concurrent_width("auto", cuda, 6, alg) == 4 and concurrent_width("auto", cuda, 2, alg) == 2
+    assert concurrent_width(3, cpu, 6, alg) == 3
+    assert concurrent_width(4, cpu, 6, build_algorithm("ga", LocalConfig())) == 1  # overrides local_train
+    with pytest.raises(ValueError, match="concurrent_clients"):
+        concurrent_width(0, cpu, 6, alg)
+
+
+def test_fast_switches_are_noops_on_the_cpu():
+    assert not fastpath.enabled(True, "cpu") and fastpath.enabled(True, "cuda") and not fastpath.enabled(False, "cuda")
+    on, off = run_engine(1, fast=True, rounds=1), run_engine(1, fast=False, rounds=1)
+    assert weights_equal(on.final_weights, off.final_weights)
+    assert all(p.is_contiguous() for p in on.final_weights.values())  # no channels_last on the CPU
+
+
+def test_fast_switches_forced_on_the_cpu_run_and_stay_close(monkeypatch):
+    """The CUDA branch (bf16 autocast + channels_last) exercised on the CPU: it trains, and its first
+    losses stay within bf16 tolerance of float32."""
+    def local_train(fast_forced):
+        monkeypatch.setattr(fastpath, "enabled", lambda fast, device: bool(fast) and fast_forced)
+        clients = clients_of(2)
+        alg = build_algorithm("fedccrl", LocalConfig(rounds=1, local_epochs=1, batch_size=6))
+        payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients})
+        model = build_model("small_cnn", 4)
+        torch.manual_seed(0)
+        w = {k: v.clone() for k, v in build_model("small_cnn", 4).state_dict().items()}
+        gen = torch.Generator().manual_seed(0)
+        reply = alg.local_train(model, clients[0], ClientState(), w, payload["c0"], gen, np.random.default_rng(0))
+        return model, reply
+
+    model, fast = local_train(True)
+    assert model.h.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    _, ref = local_train(False)
+    assert math.isfinite(fast.metrics["loss"])
+    assert abs(fast.metrics["loss"] - ref.metrics["loss"]) < 0.05 * abs(ref.metrics["loss"])
+
+
+def test_supcon_stays_float32_under_autocast():
+    from fedccrl_core.losses import supcon_loss
+
+    torch.manual_seed(0)
+    z1, z2, y = torch.randn(16, 32), torch.randn(16, 32), torch.randint(0, 3, (16,))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under = supcon_loss(z1, z2, y, y)
+    assert under.dtype == torch.float32
+    assert torch.allclose(under, supcon_loss(z1, z2, y, y), atol=1e-6)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (checks local steps for host syncs)")
+def test_local_steps_on_cuda_have_no_host_sync():
+    device = torch.device("cuda")
+    c = clients_of(2, n=64, size=32)
+    clients = [ClientData(d.client_id, d.domain, d.train_x.to(device), d.train_y.to(device), d.val_x.to(device),
+                          d.val_y.to(device), d.stats_mu, d.stats_sigma) for d in c]
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=1, local_epochs=1, batch_size=16))
+    payload = alg.server_payloads({d.client_id: alg.client_upload(d, np.random.default_rng(0)) for d in clients})
+    model = build_model("small_cnn", 4).to(device)
+    w = {k: v.clone() for k, v in model.state_dict().items()}
+    steps = alg.local_train_steps(model, clients[0], ClientState(), w, payload["c0"],
+                                  torch.Generator(device=device).manual_seed(0), np.random.default_rng(0))
+    next(steps)  # the first step moves the pool to the device
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        next(steps)
+        next(steps)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    steps.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast and plain paths agree
+# ---------------------------------------------------------------------------------------------
+def test_same_loss_on_the_same_views():
+    """Identical views into FedCCRL.loss_from_views (fast path) and the plain baseline's loss."""
+    alg = build_algorithm("fedccrl", LocalConfig())
+    model = build_model("small_cnn", 4)
+    torch.manual_seed(1)
+    x, x1, x2 = (torch.randn(8, 3, 16, 16) for _ in range(3))
+    y = torch.randint(0, 4, (8,))
+    fast_loss, fast_terms, fast_logits = alg.loss_from_views(model, x, x1, x2, y)
+    plain_loss, plain_terms, plain_logits = plain.plain_fedccrl_loss(model, x, x1, x2, y, alg.hp)
+    assert torch.allclose(fast_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    assert torch.allclose(fast_logits, plain_logits, atol=1e-6)
+    assert torch.allclose(fast_terms["l_ra"], plain_terms["loss_ra"], rtol=1e-5)
+    assert torch.allclose(fast_terms["l_js"], plain_terms["loss_js"], rtol=1e-5, atol=1e-7)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # the CUDA fast path's precision, on the CPU
+        bf16_loss, _, _ = alg.loss_from_views(model, x, x1, x2, y)
+    assert abs(float(bf16_loss.detach()) - float(plain_loss.detach())) < 0.03 * float(plain_loss.detach())
+
+
+@pytest.fixture(scope="module")
+def augmented_batches():
+    """The same 192 images (synthetic, 24 px) through the device-side M and the host-side plain M."""
+    images = np.concatenate([generate(64, d, 24, 0)[0] for d in range(3)])
+    pool_mu, pool_sigma = compute_statistics(generate(64, 3, 24, 1)[0], IMAGENET_MEAN, IMAGENET_STD)
+    hp = build_algorithm("fedccrl", LocalConfig()).hp
+    x = normalize_u8(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous())
+    gen = torch.Generator().manual_seed(0)
+    fast = torch.cat([fedccrl_augment(x, torch.from_numpy(pool_mu), torch.from_numpy(pool_sigma),
+                                      AugmentConfig.from_mapping(hp), gen) for _ in range(2)])
+    rng = np.random.default_rng(0)
+    host = np.stack([plain.host_fedccrl_augment(xi, pool_mu, pool_sigma, hp, MEAN, STD, rng)
+                     for _ in range(2) for xi in x.numpy()])
+    return x, fast, torch.from_numpy(host)
+
+
+def per_image(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-image, per-channel mean and std [N, C]."""
+    return t.mean(dim=(2, 3)), t.std(dim=(2, 3))
+
+
+def test_fast_and_plain_augmentation_have_the_same_statistics(augmented_batches):
+    """Per channel: the mean over images of each image's mean and of each image's std agree within
+    4 standard errors (estimated from the per-image values of both paths; turning CCDT or AugMix off in
+    one path breaks this)."""
+    x, fast, host = augmented_batches
+    assert fast.shape == host.shape and not torch.allclose(fast[: len(x)], x)
+    for stat_fast, stat_host in zip(per_image(fast), per_image(host)):
+        n = stat_fast.shape[0]
+        se = torch.sqrt(stat_fast.var(0) / n + stat_host.var(0) / n)
+        diff = (stat_fast.mean(0) - stat_host.mean(0)).abs()
+        assert torch.all(diff < 4 * se + 0.005), (diff, se)
+    # the spread of the styles (MixStyle) agrees too: std over images of the per-image means
+    ratio = per_image(fast)[0].std(0) / per_image(host)[0].std(0)
+    assert torch.all((ratio > 0.75) & (ratio < 1.33)), ratio
+
+
+def test_plain_pil_ops_match_the_device_ops():
+    """The plain baseline's PIL ops are the device ops' references (same magnitude conventions)."""
+    from PIL import Image
+
+    from fedccrl_core.augment import apply_op
+    from fedccrl_core.augment.augmix import op_magnitude, OPS
+
+    img = np.random.default_rng(3).integers(30, 200, (24, 24, 3), dtype=np.uint8)
+    x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
+    for op_id, op in enumerate(OPS):
+        mag = op_magnitude(torch.tensor([op_id]), torch.tensor([2.0]), torch.tensor([1.0]), 24, 24)
+        device = apply_op(x, op, mag)[0].permute(1, 2, 0).numpy() * 255
+        host = np.asarray(plain.pil_op(Image.fromarray(img), op, 2.0, 1.0)).astype(np.float64)
+        assert np.abs(device - host)[3:-3, 3:-3].max() <= 1.5, op
+
+
+# ---------------------------------------------------------------------------------------------
+# The command, end to end on the CPU
+# ---------------------------------------------------------------------------------------------
+def test_pacs_projection_by_hand():
+    # held-out P: 8321 source images, 832 val -> 7489 train; A: 7943 -> 7149; C: 7647 -> 6882; S: 6062 -> 5456
+    assert pacs_sweep_seconds(1.0, float("inf")) == pytest.approx(10 * 3 * (7489 + 7149 + 6882 + 5456))
+    assert pacs_sweep_seconds(float("inf"), 1.0) == pytest.approx(10 * (832 + 1670 + 794 + 2048 + 765 + 2344
+                                                                          + 606 + 3929))
+
+
+def test_bench_command_runs_on_the_cpu(tmp_path):
+    from pipeline.cli import main
+
+    out = tmp_path / "bench.json"
+    res = CliRunner().invoke(main, ["bench", "--size", "16", "--images-per-client", "8", "--clients", "2",
+                                    "--steps", "1", "--warmup", "0", "--batch-size", "4", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "| figure | fast | plain | fast/plain |" in res.output
+    for figure in ("FedCCRL local step, images/s", "seconds per round", "projected PACS sweep, hours",
+                   "share of step time in augmentation"):
+        assert f"ratio fast/plain, {figure}: " in res.output
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" or torch.cuda.is_available()
+    assert {f["key"] for f in data["figures"]} >= {"step_ips", "round_s", "pacs_h", "augment_share", "peak_mib"}
+    assert all(f["fast"] is not None and f["plain"] is not None for f in data["figures"])
+
+
+def test_bench_config_defaults_are_small_on_the_cpu():
+    cfg = BenchConfig()
+    assert cfg.size == 32 and cfg.backbone == "small_cnn" and cfg.device == "auto"
