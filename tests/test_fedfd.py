@@ -199,6 +199,8 @@ def test_adapter_alpha_is_clamped_epsilon_at_test_time_and_sampled_in_training()
     expected = by_hand(a, alpha * mu_i + (1 - alpha) * mu_g, alpha * sigma_i + (1 - alpha) * sigma_g, bn)
     assert torch.allclose(bn(a), expected, atol=1e-5) and torch.equal(bn(a), bn(a))
     assert ad.fc2.out_features == 2 and isinstance(ad.fc1, nn.Linear)  # two FC layers, output size 2
+    tbn = bn_layer(inference="instance").eval()  # Table 3 (c1): instance statistics at test time (alpha = 1)
+    assert torch.allclose(tbn(a), F.instance_norm(a, weight=tbn.weight, bias=tbn.bias, eps=tbn.eps), atol=1e-5)
 
 
 def test_fedfd_a_model_and_deterministic_eval():
@@ -345,3 +347,30 @@ def test_fedfd_a_resume_is_exact(tmp_path):
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
+
+
+def test_export_stage_writes_fedfd_a_onnx_with_parity(tmp_path):
+    """`fedccrl export` on a FedFD-A model file: load_model rebuilds it from meta["hparams"], the stage
+    exports it and checks parity on the held-out domain like any other model."""
+    import json
+
+    from fedccrl_core.data import synthetic
+    from fedccrl_core.data.images import RESIZE_POLICY
+    from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.data.shards import partition
+    from pipeline.export import export
+
+    synthetic.generate(tmp_path / "raw", images_per_class=2, progress=False)
+    partition(tmp_path / "raw", tmp_path / "shards", get_dataset("synthetic"), 32, workers=1, progress=False)
+    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    hp = FedFDA(LocalConfig()).hp
+    torch.manual_seed(3)
+    model = _trained_looking(FedFDA.build_model("small_cnn", manifest["num_classes"], "none", hp))
+    held_out = manifest["domains"][-1]
+    save_model(tmp_path / "model.pt", model, dict(
+        backbone="small_cnn", num_classes=manifest["num_classes"], classes=manifest["classes"], image_size=32,
+        mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY, dataset="synthetic",
+        domains=manifest["domains"], held_out_domain=held_out, algorithm="fedfd_a", seed=0, hparams=hp))
+    res = export(tmp_path / "model.pt", tmp_path / "shards", tmp_path / "out", 0.999, 64, None, None, False)
+    assert res["top1_agreement"] == 1.0 and res["max_abs_logit_diff"] <= 1e-4
+    assert (tmp_path / "out" / "model.onnx").is_file() and (tmp_path / "out" / "parity.json").is_file()

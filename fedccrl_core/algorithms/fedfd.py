@@ -272,7 +272,7 @@ class FedFD(LocalBNAlgorithm):
         hp = {**cls.defaults, **(hparams or {})}
         model = build_model(backbone, num_classes, pretrained)
         make = cls.make_adapter(hp)
-        if replace_batchnorm(model.h, make, hp.get("inference", "global") if make else "global") == 0:
+        if replace_batchnorm(model.h, make, hp.get("inference", "global")) == 0:
             raise ValueError(f"model.backbone: {cls.name} needs BatchNorm2d layers in {backbone!r} (section 3.1)")
         return model
 
