@@ -21,8 +21,9 @@ import click
 from pipeline.cli import run_stage
 
 
-# Table 1's row order
-PAPER_ORDER = ("fedavg", "fedprox", "fedadg", "ga", "fedsr", "fediir", "ccst", "fedccrl")
+# FedCCRL's Table 1 row order, then the other seed papers' methods (FedFD-A's Table 1 frameworks, FedAlign)
+PAPER_ORDER = ("fedavg", "fedprox", "fedadg", "ga", "fedsr", "fediir", "ccst", "fedccrl",
+               "fedbn", "silobn", "fedfd", "fedfd_a", "fedalign")
 
 
 def _mean_std(vals: list[float]) -> dict:
