@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: repro test test-slow bench-accuracy bench-table1 figures-docs clean-venv
+.PHONY: repro test test-slow bench bench-accuracy bench-table1 figures-docs clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,9 @@ test: $(STAMP)    ## the default test suite (slow tests excluded)
 
 test-slow: $(STAMP)  ## only the slow tests (full PACS epoch on the CPU)
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m slow
+
+bench: $(STAMP)  ## fast engine path vs the plain baseline on generated data (CPU sizes; GPU: see README)
+	PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl bench --size 32 --threads 1
 
 bench-accuracy: $(STAMP)  ## FedCCRL vs FedAvg vs FedProx, 3 seeds, all held-out domains of the current shards
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro pools && PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl bench-accuracy

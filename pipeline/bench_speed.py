@@ -50,6 +50,10 @@ def bench_speed(json_out: Path | None, **options) -> dict:
 @click.option("--concurrent-clients", default="auto", show_default=True,
               help="fast path: clients at once (auto: CPU 1, CUDA up to 4)")
 @click.option("--eval-batch-size", type=click.IntRange(1), default=256, show_default=True)
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True,
+              help="fast/plain alternations; the fastest repeat of each timing is reported")
+@click.option("--threads", type=click.IntRange(0), default=0, show_default=True,
+              help="torch threads (0: torch's default; 1 is steadier on a shared CPU)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
 def command(json_out, concurrent_clients, **options):

@@ -250,7 +250,8 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
 
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(main, ["bench", "--size", "16", "--images-per-client", "8", "--clients", "2",
-                                    "--steps", "1", "--warmup", "0", "--batch-size", "4", "--json", str(out)])
+                                    "--steps", "1", "--warmup", "0", "--batch-size", "4", "--repeats", "1",
+                                    "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert "| figure | fast | plain | fast/plain |" in res.output
     for figure in ("FedCCRL local step, images/s", "seconds per round", "projected PACS sweep, hours",

@@ -1,7 +1,8 @@
 """`fedccrl bench`: the fast engine path against the plain baseline (plain.py), in one process on one
 device, on generated data (the embedded synthetic dataset's renderer, resized to `size`).
 
-For each path, in this order (the fast path first, then the plain one):
+For each path (fast, then plain, alternating `repeats` times; the fastest repeat of each timing is
+reported, since on a shared machine other load only ever adds time):
   1. a FedCCRL local step on client 0: `warmup` untimed steps, then `steps` timed ones
      -> images/s (source images per second: each step also forwards the two augmented views);
      the share of that time spent augmenting (fast: the two device-side M(X) of the same batches,
@@ -48,6 +49,8 @@ class BenchConfig:
     workers: int = 0  # DataLoader workers of the plain path
     concurrent_clients: int | str = "auto"
     eval_batch_size: int = 256
+    repeats: int = 3  # alternating fast/plain; the fastest repeat of each timing is reported
+    threads: int = 0  # torch intra-op threads (0: torch's default); 1 is steadier on a shared CPU
     seed: int = 0
 
 
@@ -194,34 +197,45 @@ def _statistics(images_u8: np.ndarray):
     return compute_statistics(images_u8, IMAGENET_MEAN, IMAGENET_STD)
 
 
-def run_fast(cfg: BenchConfig, data: BenchData, device: torch.device) -> dict:
-    from fedccrl_core.algorithms.base import StepContext
-    from fedccrl_core.algorithms.fedccrl import FedCCRL
-    from fedccrl_core.evaluation import accuracy
-    from fedccrl_core.federation.client import ClientData, ClientState
-    from fedccrl_core.federation.engine import EvalSets, InProcessEngine, concurrent_width
-    from fedccrl_core.seeding import torch_generator
-    from fedccrl_core.statistics import normalize_u8
+class FastPath:
+    """The in-process engine as `fedccrl train` runs it (train.fast on)."""
 
-    clients = [ClientData.from_numpy(f"client{i}", f"d{i % 3}", x, y, vx, vy, device, *_statistics(x))
-               for i, ((x, y), (vx, vy)) in enumerate(zip(data.train, data.val))]
-    tx, ty = data.target
-    target = ClientData.from_numpy("target", "sketch", tx, ty, tx[:0], ty[:0], device)
-    out = {}
-    with PeakMemory(device) as mem:
-        # 1. the local step
-        n_steps = cfg.warmup + cfg.steps
-        alg = FedCCRL(_local(cfg, _epochs_for(n_steps, clients[0].n_train, cfg.batch_size), True))
+    name = "fast"
+
+    def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
+        from fedccrl_core.federation.client import ClientData
+        from fedccrl_core.federation.engine import EvalSets, concurrent_width
+
+        self.cfg, self.data, self.device = cfg, data, device
+        self.clients = [ClientData.from_numpy(f"client{i}", f"d{i % 3}", x, y, vx, vy, device, *_statistics(x))
+                        for i, ((x, y), (vx, vy)) in enumerate(zip(data.train, data.val))]
+        tx, ty = data.target
+        self.target = ClientData.from_numpy("target", "sketch", tx, ty, tx[:0], ty[:0], device)
+        self.evalsets = EvalSets(torch.cat([c.val_x for c in self.clients]), torch.cat([c.val_y for c in self.clients]),
+                                 self.target.train_x, self.target.train_y, cfg.eval_batch_size)
+        self.concurrent = concurrent_width(cfg.concurrent_clients, device, len(self.clients),
+                                           FedCCRL(_local(cfg, 1, True)))
+
+    def step_seconds(self) -> tuple[float, float, float]:
+        """(seconds of cfg.steps local steps on client 0, seconds of their augmentation alone, decoding)."""
+        from fedccrl_core.algorithms.base import StepContext
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
+        from fedccrl_core.federation.client import ClientState
+        from fedccrl_core.seeding import torch_generator
+        from fedccrl_core.statistics import normalize_u8
+
+        cfg, device, c0 = self.cfg, self.device, self.clients[0]
+        alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), True))
         payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
-                                       for i, c in enumerate(clients)})
-        model = _model(cfg, data.num_classes, device)
+                                       for i, c in enumerate(self.clients)})[c0.client_id]
+        model = _model(cfg, self.data.num_classes, device)
         global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        c0 = clients[0]
-        steps = alg.local_train_steps(model, c0, ClientState(), global_w, payload[c0.client_id],
+        steps = alg.local_train_steps(model, c0, ClientState(), global_w, payload,
                                       torch_generator(cfg.seed, "bench", device=device), np.random.default_rng(0))
         step_s = _time_steps(steps, cfg.warmup, cfg.steps, device)
-        # the augmentation of the same number of batches, alone
-        ctx = StepContext(payload[c0.client_id], [], torch_generator(cfg.seed, "bench-aug", device=device))
+        # the augmentation of as many batches, alone (the same device-side M(X) the step runs twice)
+        ctx = StepContext(payload, [], torch_generator(cfg.seed, "bench-aug", device=device))
         order = torch.from_numpy(np.random.default_rng(1).permutation(c0.n_train)).to(device)
         bs = min(cfg.batch_size, c0.n_train)
         batches = [order[st:st + bs] for st in ((s * bs) % (c0.n_train - bs + 1) for s in range(cfg.steps))]
@@ -231,94 +245,130 @@ def run_fast(cfg: BenchConfig, data: BenchData, device: torch.device) -> dict:
         for idx in batches:
             alg.augmented_views(normalize_u8(c0.train_x[idx]), ctx)
         _sync(device)
-        aug_s = time.perf_counter() - t0
-        out["step_ips"] = cfg.steps * cfg.batch_size / step_s
-        out["augment_share"] = min(aug_s / step_s, 1.0)
-        out["decode_share"] = 0.0  # decoded once, before training
-        _log(f"fast: local step {out['step_ips']:.1f} images/s, augmentation {100 * out['augment_share']:.0f}%")
-        # 2. one round
-        alg = FedCCRL(_local(cfg, cfg.epochs, True))
-        model = _model(cfg, data.num_classes, device)
-        ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                      target.train_x, target.train_y, cfg.eval_batch_size)
-        engine = InProcessEngine(alg, model, clients, ev, 1, cfg.seed, log=lambda m: None,
-                                 concurrent_clients=cfg.concurrent_clients)
-        out["concurrent_clients"] = concurrent_width(cfg.concurrent_clients, device, len(clients), alg)
-        _sync(device)
+        return step_s, time.perf_counter() - t0, 0.0  # decoded once, before training
+
+    def round_seconds(self) -> float:
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
+        from fedccrl_core.federation.engine import InProcessEngine
+
+        alg = FedCCRL(_local(self.cfg, self.cfg.epochs, True))
+        self.model = _model(self.cfg, self.data.num_classes, self.device)
+        engine = InProcessEngine(alg, self.model, self.clients, self.evalsets, 1, self.cfg.seed, log=lambda m: None,
+                                 concurrent_clients=self.cfg.concurrent_clients)
+        _sync(self.device)
         t0 = time.perf_counter()
-        rec = engine.run().history[-1]
-        _sync(device)
-        out["round_s"] = time.perf_counter() - t0
-        _log(f"fast: round {out['round_s']:.2f}s (target acc {rec['target_acc']:.3f})")
-        # 3. evaluation alone
-        accuracy(model, target.train_x, target.train_y, cfg.eval_batch_size, fast=True)  # warm
-        _sync(device)
+        engine.run()
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def eval_seconds(self) -> float:
+        from fedccrl_core.evaluation import accuracy
+
+        t = self.target
+        accuracy(self.model, t.train_x, t.train_y, self.cfg.eval_batch_size, fast=True)  # warm
+        _sync(self.device)
         t0 = time.perf_counter()
-        accuracy(model, target.train_x, target.train_y, cfg.eval_batch_size, fast=True)
-        out["eval_ips"] = target.n_train / (time.perf_counter() - t0)
-    out["peak_mib"], out["memory"] = mem.peak_mib, mem.what
-    return out
+        accuracy(self.model, t.train_x, t.train_y, self.cfg.eval_batch_size, fast=True)
+        return time.perf_counter() - t0
 
 
-def run_plain(cfg: BenchConfig, data: BenchData, device: torch.device) -> dict:
-    from fedccrl_core.algorithms.fedccrl import FedCCRL
-    from fedccrl_core.bench.plain import (EncodedImages, FedCCRLViews, PlainClient, encode_png, plain_accuracy,
-                                          plain_local_train_steps, plain_round)
-    from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
+class PlainPath:
+    """The plain baseline (plain.py)."""
 
-    hp, m, s = _hp(), IMAGENET_MEAN, IMAGENET_STD
-    clients = [PlainClient(f"client{i}", FedCCRLViews(encode_png(x), y, m, s, hp, cfg.seed + i), *_statistics(x))
-               for i, (x, y) in enumerate(data.train)]
-    val = EncodedImages(encode_png(np.concatenate([v[0] for v in data.val])),
-                        np.concatenate([v[1] for v in data.val]), m, s)
-    target = EncodedImages(encode_png(data.target[0]), data.target[1], m, s)
-    out = {}
-    with PeakMemory(device) as mem:
-        # 1. the local step
-        n_steps = cfg.warmup + cfg.steps
-        alg = FedCCRL(_local(cfg, _epochs_for(n_steps, clients[0].n_train, cfg.batch_size), False))
+    name = "plain"
+
+    def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
+        from fedccrl_core.bench.plain import EncodedImages, FedCCRLViews, PlainClient, encode_png
+        from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
+
+        self.cfg, self.data, self.device = cfg, data, device
+        hp, m, s = _hp(), IMAGENET_MEAN, IMAGENET_STD
+        self.clients = [PlainClient(f"client{i}", FedCCRLViews(encode_png(x), y, m, s, hp, cfg.seed + i),
+                                    *_statistics(x)) for i, (x, y) in enumerate(data.train)]
+        self.val = EncodedImages(encode_png(np.concatenate([v[0] for v in data.val])),
+                                 np.concatenate([v[1] for v in data.val]), m, s)
+        self.target = EncodedImages(encode_png(data.target[0]), data.target[1], m, s)
+
+    def step_seconds(self) -> tuple[float, float | None, float | None]:
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
+        from fedccrl_core.bench.plain import plain_local_train_steps
+        from fedccrl_core.federation.client import ClientState
+
+        cfg, device, c0 = self.cfg, self.device, self.clients[0]
+        alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), False))
         payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
-                                       for i, c in enumerate(clients)})
-        c0 = clients[0]
-        c0.views.set_pool(payload[c0.client_id]["mu"], payload[c0.client_id]["sigma"])
-        model = _model(cfg, data.num_classes, device)
+                                       for i, c in enumerate(self.clients)})[c0.client_id]
+        c0.views.set_pool(payload["mu"], payload["sigma"])
+        c0.state = ClientState()
+        model = _model(cfg, self.data.num_classes, device)
         global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
         steps = plain_local_train_steps(alg, model, c0, global_w, c0.loader(cfg.batch_size, cfg.seed, cfg.workers),
                                         device)
         for _ in range(cfg.warmup):
             next(steps)
         dec0, aug0 = c0.views.decode_s, c0.views.augment_s
-        _sync(device)
+        step_s = _time_steps(steps, 0, cfg.steps, device)
+        if cfg.workers:  # items are built in worker processes: their timers are not visible here
+            return step_s, None, None
+        return step_s, c0.views.augment_s - aug0, c0.views.decode_s - dec0
+
+    def round_seconds(self) -> float:
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
+        from fedccrl_core.bench.plain import plain_round
+        from fedccrl_core.federation.client import ClientState
+
+        alg = FedCCRL(_local(self.cfg, self.cfg.epochs, False))
+        self.model = _model(self.cfg, self.data.num_classes, self.device)
+        for c in self.clients:
+            c.state = ClientState()
+        global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        _sync(self.device)
         t0 = time.perf_counter()
-        for _ in range(cfg.steps):
-            next(steps)
-        _sync(device)
-        step_s = time.perf_counter() - t0
-        steps.close()
-        out["step_ips"] = cfg.steps * cfg.batch_size / step_s
-        if cfg.workers == 0:
-            out["augment_share"] = (c0.views.augment_s - aug0) / step_s
-            out["decode_share"] = (c0.views.decode_s - dec0) / step_s
-        else:  # items are built in worker processes: their timers are not visible here
-            out["augment_share"] = out["decode_share"] = None
-        _log(f"plain: local step {out['step_ips']:.1f} images/s")
-        # 2. one round
-        alg = FedCCRL(_local(cfg, cfg.epochs, False))
-        model = _model(cfg, data.num_classes, device)
-        for c in clients:
-            c.state = type(c.state)()
-        global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        _sync(device)
+        plain_round(alg, self.model, self.clients, global_w, self.val, self.target, 1, self.cfg.seed, self.device,
+                    self.cfg.workers)
+        _sync(self.device)
+        return time.perf_counter() - t0
+
+    def eval_seconds(self) -> float:
+        from fedccrl_core.bench.plain import plain_accuracy
+
         t0 = time.perf_counter()
-        _, rec = plain_round(alg, model, clients, global_w, val, target, 1, cfg.seed, device, cfg.workers)
-        _sync(device)
-        out["round_s"] = time.perf_counter() - t0
-        _log(f"plain: round {out['round_s']:.2f}s (target acc {rec['target_acc']:.3f})")
-        # 3. evaluation alone
-        t0 = time.perf_counter()
-        plain_accuracy(model, target, cfg.batch_size, device, cfg.workers)
-        out["eval_ips"] = len(target) / (time.perf_counter() - t0)
-    out["peak_mib"], out["memory"] = mem.peak_mib, mem.what
+        plain_accuracy(self.model, self.target, self.cfg.batch_size, self.device, self.cfg.workers)
+        return time.perf_counter() - t0
+
+
+def measure(paths: list, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
+    """Every figure of every path, `cfg.repeats` times with the paths alternating; the fastest repeat
+    of each timing is kept (on a shared machine the other load only ever adds time)."""
+    runs = {p.name: [] for p in paths}
+    peaks = {p.name: [] for p in paths}
+    for rep in range(cfg.repeats):
+        for p in paths:
+            with PeakMemory(device) as mem:
+                step_s, aug_s, dec_s = p.step_seconds()
+                round_s = p.round_seconds()
+                eval_s = p.eval_seconds()
+            runs[p.name].append((step_s, aug_s, dec_s, round_s, eval_s))
+            peaks[p.name].append(mem)
+            _log(f"{p.name} (repeat {rep + 1}/{cfg.repeats}): local step {cfg.steps * cfg.batch_size / step_s:.1f} "
+                 f"images/s, round {round_s:.2f}s")
+    out = {}
+    for p in paths:
+        best = min(runs[p.name], key=lambda r: r[0])  # the shares come from the fastest step repeat
+        step_s, aug_s, dec_s = best[:3]
+        n_target = len(p.data.target[1])
+        mems = [m.peak_mib for m in peaks[p.name] if m.peak_mib is not None]
+        out[p.name] = {
+            "step_ips": cfg.steps * cfg.batch_size / step_s,
+            "augment_share": None if aug_s is None else min(aug_s / step_s, 1.0),
+            "decode_share": None if dec_s is None else min(dec_s / step_s, 1.0),
+            "round_s": min(r[3] for r in runs[p.name]),
+            "eval_ips": n_target / min(r[4] for r in runs[p.name]),
+            "peak_mib": max(mems) if mems else None,
+            "memory": peaks[p.name][0].what,
+            "repeats": [dict(zip(("step_s", "augment_s", "decode_s", "round_s", "eval_s"), r)) for r in runs[p.name]],
+        }
+    out["fast"]["concurrent_clients"] = next(p for p in paths if p.name == "fast").concurrent
     return out
 
 
@@ -368,7 +418,8 @@ def render_table(cfg: BenchConfig, device: torch.device, fast: dict, plain: dict
     lines = [
         f"fedccrl bench: FedCCRL, {cfg.backbone} (pretrained none), {cfg.size} px, batch {cfg.batch_size}, "
         f"{cfg.clients} clients x {cfg.images_per_client} images, {cfg.steps} timed steps, {cfg.epochs} epoch(s) "
-        f"per round, on {device} ({dev}; torch {torch.__version__}, {platform.machine()})",
+        f"per round, on {device} ({dev}; torch {torch.__version__}, {platform.machine()}), best of {cfg.repeats} "
+        f"alternating repeats, load average {os.getloadavg()[0]:.1f} at the end",
         f"fast: shards uint8 on the device, device-side per-sample CCDT+AugMix, fast switches "
         f"{'on (bf16 autocast, channels_last)' if device.type == 'cuda' else 'no-ops on the CPU'}, "
         f"{fast['concurrent_clients']} client(s) at once, eval batch {cfg.eval_batch_size}",
@@ -398,16 +449,18 @@ def bench(cfg: BenchConfig) -> dict:
     from fedccrl_core.federation.engine import resolve_device
 
     device = resolve_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
     _log(f"generating {cfg.clients} clients x {cfg.images_per_client} images at {cfg.size} px")
     data = make_data(cfg)
-    _log(f"fast path on {device}")
-    fast = run_fast(cfg, data, device)
-    _log(f"plain path on {device}")
-    plain = run_plain(cfg, data, device)
+    paths = [FastPath(cfg, data, device), PlainPath(cfg, data, device)]
+    _log(f"measuring on {device}, {cfg.repeats} repeat(s)")
+    results = measure(paths, cfg, device)
+    fast, plain = results["fast"], results["plain"]
     rows = figures(fast, plain)
     table = render_table(cfg, device, fast, plain, rows)
     peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {"config": asdict(cfg), "device": str(device), "torch": torch.__version__,
+    return {"config": asdict(cfg), "device": str(device), "torch": torch.__version__, "loadavg": os.getloadavg(),
             "threads": torch.get_num_threads(), "fast": fast, "plain": plain,
             "figures": [{k: v for k, v in r.items() if k != "fmt"} for r in rows],
             "process_peak_rss_mib": peak_rss_mib, "table": table}
