@@ -22,6 +22,18 @@ def _mlflow_tmp_store(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDCCRL_MLFLOW_ARTIFACTS", str(tmp_path / "mlartifacts"))
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors on 2 shared cores: one intra-op thread is >10x faster than two contending ones.
+    A module opts in with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture
 def shared_dir() -> Path:
     if not (SHARED / "datasets" / "pacs").is_dir():

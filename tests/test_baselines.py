@@ -26,13 +26,7 @@ BASELINES = ("fedsr", "fediir", "ga", "fedadg")
 SMALL = {"fedadg": {"rp_dim": 32, "disc_hidden": 32, "noise_dim": 8, "gen_hidden": 32, "e1": 1}, "fedsr": {"z_dim": 16}}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors on 2 shared cores: one intra-op thread is >10x faster than two contending ones."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_registered():

@@ -25,12 +25,7 @@ from fedccrl_core.statistics import channel_stats
 SMALL = {"disc_hidden": 16}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_registered():

@@ -19,12 +19,7 @@ from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 SMALL_SGD = {"batch_size": 8, "lr": 0.05}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def toy_client(cid, domain, n, seed, shift, contrast=1.0):

@@ -50,12 +50,7 @@ def make_engine(tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", 
                            on_round=on_round, run_info={"k": algorithm}, log=lambda m: None)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def bn_layer(c=4, adapter=None, inference="global", seed=0):
