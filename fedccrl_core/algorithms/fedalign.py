@@ -45,12 +45,12 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.algorithms.fedccrl import pool_without
+from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment import augmix, sample_beta
-from fedccrl_core.data.pools import sample_statistics
+from fedccrl_core.augment.ccdt import ccdt_with
 from fedccrl_core.losses import js_loss, representation_alignment_loss
 from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import channel_stats, denormalize, normalize
+from fedccrl_core.statistics import denormalize, normalize
 
 KMEANS_RESTARTS = 4     # k-means++ initializations; the lowest within-cluster sum of squares wins
 KMEANS_MAX_ITERS = 100  # Lloyd iterations (stops earlier when the assignment no longer changes)
@@ -131,12 +131,10 @@ def mixstyle(x: torch.Tensor, mu_j: torch.Tensor, sigma_j: torch.Tensor, lam: to
     mu(x), sigma(x)                                   Eq. 7-8 (statistics.channel_stats)
     mu_mix    = lambda mu(x) + (1 - lambda) mu_j      Eq. 9 (the paper's gamma_mix)
     sigma_mix = lambda sigma(x) + (1 - lambda) sigma_j Eq. 10 (the paper's beta_mix)
-    x_aug = sigma_mix (x - mu(x)) / sigma(x) + mu_mix   Eq. 11 read as MixStyle (module docstring)."""
-    mu, sigma = channel_stats(x, eps)
-    lam = lam.reshape(-1, 1).to(x.dtype)
-    mu_mix = lam * mu + (1 - lam) * mu_j.to(x.dtype)
-    sigma_mix = lam * sigma + (1 - lam) * sigma_j.to(x.dtype)
-    return sigma_mix[:, :, None, None] * (x - mu[:, :, None, None]) / sigma[:, :, None, None] + mu_mix[:, :, None, None]
+    x_aug = sigma_mix (x - mu(x)) / sigma(x) + mu_mix   Eq. 11 read as MixStyle (module docstring).
+    This is FedCCRL's CCDT mix (augment/ccdt.py) with the weight on the sample's own statistics
+    instead of the pool row's, i.e. CCDT with 1 - lambda."""
+    return ccdt_with(x, mu_j.to(x.dtype), sigma_j.to(x.dtype), 1 - lam, eps)
 
 
 def clustered_mixstyle(x: torch.Tensor, pool_mu: torch.Tensor, pool_sigma: torch.Tensor, q: torch.Tensor,
@@ -222,7 +220,9 @@ def fedalign_loss(logits, logits1, logits2, z, z1, z2, y, lambda1=0.1, lambda2=0
     return total, {k: v.detach() for k, v in terms.items()}
 
 
-class FedAlign(Algorithm):
+class FedAlign(StatisticsExchange, Algorithm):
+    """Statistics upload and pool payload: FedCCRL's (StatisticsExchange); clustering is the client's."""
+
     name = "fedalign"
     defaults = {"r": 0.1, "alpha": 0.1, "n_clusters": 3, "variance_weights": True, "tau": 0.1,
                 "lambda1": 0.1, "lambda2": 0.1, "lambda_adv": 0.1, "disc_hidden": 256, "disc_dropout": 0.5,
@@ -235,17 +235,6 @@ class FedAlign(Algorithm):
         model = build_model(backbone, num_classes, pretrained)
         model.discriminator = DomainDiscriminator(model.feature_dim, int(hp["disc_hidden"]), float(hp["disc_dropout"]))
         return model
-
-    def client_upload(self, data, rng):
-        """ceil(r n_k) of the client's own per-sample statistics, a fresh draw each round (as FedCCRL Eq. 8)."""
-        if data.stats_mu is None:
-            raise ValueError(f"FedAlign: client {data.client_id} has no statistics (run the pools stage)")
-        mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng)
-        return {"mu": mu, "sigma": sigma}
-
-    def server_payloads(self, uploads):
-        """Every other client's statistics (Fig. 2: the server redistributes them); clustering is the client's."""
-        return {cid: dict(zip(("mu", "sigma"), pool_without(uploads, cid))) for cid in uploads}
 
     def _pool(self, ctx, device):
         """Once per client-round: cluster the received pool and move it with q to the device. The k-means

@@ -32,20 +32,25 @@ def pool_without(uploads: dict[str, dict], client_id: str) -> tuple[np.ndarray, 
             np.concatenate([u["sigma"] for u in others]).astype(np.float32))
 
 
-class FedCCRL(Algorithm):
-    name = "fedccrl"
-    defaults = {"r": 0.1, "alpha": 0.1, "beta": 1.0, "severity": 3, "tau": 0.1, "lambda1": 0.1, "lambda2": 0.1,
-                "ccdt": True, "difp": True, "l_ra": True, "l_js": True}
+class StatisticsExchange:
+    """Algorithm 1 lines 3-7, shared with FedAlign (which builds on FedCCRL's exchange, its Fig. 2)."""
 
     def client_upload(self, data, rng):
         """Eq. 8: a fresh uniform subset of ceil(r n_i) of the client's own per-sample statistics."""
         if data.stats_mu is None:
-            raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (run the pools stage)")
+            raise ValueError(f"{type(self).__name__}: client {data.client_id} has no statistics (run the pools stage)")
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng)
         return {"mu": mu, "sigma": sigma}
 
     def server_payloads(self, uploads):
+        """Line 7: every client receives F_pool^i, the statistics of every other client."""
         return {cid: dict(zip(("mu", "sigma"), pool_without(uploads, cid))) for cid in uploads}
+
+
+class FedCCRL(StatisticsExchange, Algorithm):
+    name = "fedccrl"
+    defaults = {"r": 0.1, "alpha": 0.1, "beta": 1.0, "severity": 3, "tau": 0.1, "lambda1": 0.1, "lambda2": 0.1,
+                "ccdt": True, "difp": True, "l_ra": True, "l_js": True}
 
     def train_step(self, model, x, y, ctx):
         x1, x2 = self.augmented_views(x, ctx)

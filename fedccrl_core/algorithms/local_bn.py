@@ -95,7 +95,9 @@ class LocalBNAlgorithm(Algorithm):
         """Hook: runs after the client's local BN tensors are chosen, before training (FedFD reads
         the global statistics here)."""
 
-    def local_train(self, model, data, state, global_weights, payload, generator, shuffle_rng):
+    def local_train_steps(self, model, data, state, global_weights, payload, generator, shuffle_rng):
+        """The base step generator with the client's own BN tensors swapped in and kept afterwards (a
+        generator, so the CUDA engine can still interleave several clients, federation/concurrent.py)."""
         keys = local_bn_keys(model, self.framework)
         kept = state.extra.get("local_bn") or {}
         weights = dict(global_weights)
@@ -104,7 +106,7 @@ class LocalBNAlgorithm(Algorithm):
                 ref = global_weights[k]
                 weights[k] = torch.as_tensor(kept[k]).to(device=ref.device, dtype=ref.dtype)
         self.before_local_train(model, global_weights)
-        reply = super().local_train(model, data, state, weights, payload, generator, shuffle_rng)
+        reply = yield from super().local_train_steps(model, data, state, weights, payload, generator, shuffle_rng)
         if keys:
             state.extra["local_bn"] = {k: reply.weights[k].detach().clone() for k in keys}
         return reply

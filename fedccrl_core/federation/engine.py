@@ -150,14 +150,27 @@ class InProcessEngine:
             self._interleaver = Interleaver(self.model, width, self.device)
         return self._interleaver
 
-    def _starter(self, rnd, cid, states, global_w, payload):
-        """The client's local_train_steps generator on a given model copy, with the same per-client
-        generators as the sequential loop."""
-        def start(model):
-            gen = torch_generator(self.seed, "augment", rnd, cid, device=self.device)
-            return self.alg.local_train_steps(model, self.clients[cid], states[cid], global_w, payload, gen,
-                                              numpy_rng(self.seed, "shuffle", rnd, cid))
-        return start
+    def _client_args(self, rnd, cid, states, global_w, payload) -> tuple:
+        """One client's local-training arguments after the model, with its per-(seed, round, client)
+        generators: the same in the sequential and the interleaved mode."""
+        return (self.clients[cid], states[cid], global_w, payload,
+                torch_generator(self.seed, "augment", rnd, cid, device=self.device),
+                numpy_rng(self.seed, "shuffle", rnd, cid))
+
+    def _local_replies(self, rnd, sampled, states, global_w, payloads):
+        """Algorithm 1 lines 8-22: each sampled client's Reply, in order; one client after another, or
+        several interleaved (federation/concurrent.py; the same replies)."""
+        width = concurrent_width(self.concurrent_clients, self.device, len(sampled), self.alg)
+        if width > 1:
+            def starter(cid):
+                return lambda model: self.alg.local_train_steps(
+                    model, *self._client_args(rnd, cid, states, global_w, payloads.get(cid)))
+            yield from self._interleaved(width).run(
+                [Task(cid, derive_seed(self.seed, "local", rnd, cid), starter(cid)) for cid in sampled])
+            return
+        for cid in sampled:
+            seed_everything(derive_seed(self.seed, "local", rnd, cid))
+            yield self.alg.local_train(self.model, *self._client_args(rnd, cid, states, global_w, payloads.get(cid)))
 
     # ---- Algorithm 1 ------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -181,21 +194,9 @@ class InProcessEngine:
                        for cid in ids}  # lines 3-6: every client's statistics enter the pool
             payloads = self.alg.server_payloads(uploads)  # line 7
             replies = []
-            width = concurrent_width(self.concurrent_clients, self.device, len(sampled), self.alg)
-            if width > 1:  # lines 8-22, several clients interleaved (same replies as one after another)
-                replies = self._interleaved(width).run(
-                    [Task(cid, derive_seed(self.seed, "local", rnd, cid), self._starter(rnd, cid, states, global_w,
-                                                                                         payloads.get(cid)))
-                     for cid in sampled])
-            for j, cid in enumerate(sampled):  # lines 8-22
-                if width > 1:
-                    reply = replies[j]
-                else:
-                    seed_everything(derive_seed(self.seed, "local", rnd, cid))
-                    gen = torch_generator(self.seed, "augment", rnd, cid, device=self.device)
-                    reply = self.alg.local_train(self.model, self.clients[cid], states[cid], global_w,
-                                                 payloads.get(cid), gen, numpy_rng(self.seed, "shuffle", rnd, cid))
-                    replies.append(reply)
+            for j, (cid, reply) in enumerate(zip(sampled, self._local_replies(rnd, sampled, states, global_w,
+                                                                              payloads))):  # lines 8-22
+                replies.append(reply)
                 self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {cid}: "
                          f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
             global_w = self.alg.aggregate(global_w, replies)  # line 23, Eq. 2
