@@ -47,10 +47,9 @@ from torch import nn
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment import augmix, sample_beta
-from fedccrl_core.augment.ccdt import ccdt_with
 from fedccrl_core.losses import js_loss, representation_alignment_loss
 from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import denormalize, normalize
+from fedccrl_core.statistics import channel_stats, denormalize, normalize
 
 KMEANS_RESTARTS = 4     # k-means++ initializations; the lowest within-cluster sum of squares wins
 KMEANS_MAX_ITERS = 100  # Lloyd iterations (stops earlier when the assignment no longer changes)
@@ -131,10 +130,12 @@ def mixstyle(x: torch.Tensor, mu_j: torch.Tensor, sigma_j: torch.Tensor, lam: to
     mu(x), sigma(x)                                   Eq. 7-8 (statistics.channel_stats)
     mu_mix    = lambda mu(x) + (1 - lambda) mu_j      Eq. 9 (the paper's gamma_mix)
     sigma_mix = lambda sigma(x) + (1 - lambda) sigma_j Eq. 10 (the paper's beta_mix)
-    x_aug = sigma_mix (x - mu(x)) / sigma(x) + mu_mix   Eq. 11 read as MixStyle (module docstring).
-    This is FedCCRL's CCDT mix (augment/ccdt.py) with the weight on the sample's own statistics
-    instead of the pool row's, i.e. CCDT with 1 - lambda."""
-    return ccdt_with(x, mu_j.to(x.dtype), sigma_j.to(x.dtype), 1 - lam, eps)
+    x_aug = sigma_mix (x - mu(x)) / sigma(x) + mu_mix   Eq. 11 read as MixStyle (module docstring)."""
+    mu, sigma = channel_stats(x, eps)
+    lam = lam.reshape(-1, 1).to(x.dtype)
+    mu_mix = lam * mu + (1 - lam) * mu_j.to(x.dtype)
+    sigma_mix = lam * sigma + (1 - lam) * sigma_j.to(x.dtype)
+    return sigma_mix[:, :, None, None] * (x - mu[:, :, None, None]) / sigma[:, :, None, None] + mu_mix[:, :, None, None]
 
 
 def clustered_mixstyle(x: torch.Tensor, pool_mu: torch.Tensor, pool_sigma: torch.Tensor, q: torch.Tensor,

@@ -142,7 +142,7 @@ def sample_dirichlet(
 # ---------------------------------------------------------------------------------------------
 # CCDT / MixStyle from the pool (Alg. 2)
 # ---------------------------------------------------------------------------------------------
-def ccdt_with(
+def _ccdt_with(
     x: torch.Tensor,
     mu_p: torch.Tensor,
     sigma_p: torch.Tensor,
@@ -191,4 +191,4 @@ def ccdt(
 
     idx = torch.randint(n_pool, (batch,), generator=generator, device=x.device)  # Alg. 2 line 5
     lam = sample_beta(alpha, alpha, (batch,), generator=generator, device=x.device)  # line 6
-    return ccdt_with(x, pool_mu.index_select(0, idx), pool_sigma.index_select(0, idx), lam, eps)
+    return _ccdt_with(x, pool_mu.index_select(0, idx), pool_sigma.index_select(0, idx), lam, eps)
