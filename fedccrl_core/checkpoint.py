@@ -39,8 +39,12 @@ def save_model(path: str | Path, model: FedModel, meta: dict) -> None:
     atomic_torch_save({"format": FORMAT, "state_dict": state, "meta": dict(meta)}, path)
 
 
-def load_model(path: str | Path, map_location: str = "cpu") -> tuple[FedModel, dict]:
-    """Rebuild the FedModel (no pretrained download) and load its weights. Returns (model in eval mode, meta)."""
+def load_model(path: str | Path, map_location: str = "cpu", builders: dict | None = None) -> tuple[FedModel, dict]:
+    """Rebuild the FedModel (no pretrained download) and load its weights. Returns (model in eval mode, meta).
+
+    `builders` maps an algorithm name to its `build_model` (an algorithm that adds modules knows its
+    structure); `fedccrl_core.algorithms.load_model` passes the registry's. This module stays below the
+    algorithms (DESIGN.md "Layers") and falls back to the plain f = g . h without them."""
     path = Path(path)
     if not path.is_file():
         raise FedCCRLError(f"{path}: model file not found")
@@ -51,9 +55,7 @@ def load_model(path: str | Path, map_location: str = "cpu") -> tuple[FedModel, d
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise FedCCRLError(f"{path}: not a fedccrl model file (expected format {FORMAT})")
     meta = blob["meta"]
-    from fedccrl_core.algorithms import ALGORITHMS  # the algorithm that trained it knows its structure
-
-    builder = ALGORITHMS[meta["algorithm"]].build_model if meta.get("algorithm") in ALGORITHMS else None
+    builder = (builders or {}).get(meta.get("algorithm"))
     if builder is not None:
         model = builder(meta["backbone"], int(meta["num_classes"]), "none", meta.get("hparams"))
     else:

@@ -21,7 +21,7 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dic
     import numpy as np
     import torch
 
-    from fedccrl_core.checkpoint import load_model
+    from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.evaluation import confusion_matrix, predict
     from fedccrl_core.federation.engine import resolve_device

@@ -35,7 +35,7 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
     import numpy as np
     import torch
 
-    from fedccrl_core.checkpoint import load_model
+    from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.statistics import normalize_u8
     from serving import onnx_export

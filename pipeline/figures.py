@@ -31,7 +31,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
 
     from fedccrl_core.algorithms.fedccrl import pool_without
     from fedccrl_core.augment import AugmentConfig
-    from fedccrl_core.checkpoint import load_model
+    from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.pools import load_pool, sample_statistics
     from fedccrl_core.data.shards import load_client, load_domain_test, load_manifest
     from fedccrl_core.viz import figures as fig

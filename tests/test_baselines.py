@@ -18,7 +18,8 @@ from fedccrl_core.algorithms.fediir import FedIIR, classifier_gradient, ema_upda
 from fedccrl_core.algorithms.fedsr import (ClassConditionalReference, FedSR, ProbabilisticEncoder, cmi, l2r,
                                            reparameterize)
 from fedccrl_core.algorithms.ga import GA, generalization_adjustment, step_size
-from fedccrl_core.checkpoint import load_model, save_model
+from fedccrl_core.algorithms import load_model
+from fedccrl_core.checkpoint import save_model
 from fedccrl_core.federation.client import ClientData, ClientState
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 

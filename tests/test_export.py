@@ -14,7 +14,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from fedccrl_core.checkpoint import load_model, save_model
+from fedccrl_core.algorithms import load_model
+from fedccrl_core.checkpoint import save_model
 from fedccrl_core.data import synthetic
 from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.data.registry import get_dataset

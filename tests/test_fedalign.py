@@ -16,7 +16,8 @@ from fedccrl_core.algorithms.fedalign import (DomainDiscriminator, FedAlign, adv
                                               cluster_variance, fedalign_loss, grad_reverse, kmeans, mixstyle,
                                               representation_consistency_loss, style_pool_distribution,
                                               style_sampling_probabilities)
-from fedccrl_core.checkpoint import load_model, save_model
+from fedccrl_core.algorithms import load_model
+from fedccrl_core.checkpoint import save_model
 from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.losses import js_loss, representation_alignment_loss

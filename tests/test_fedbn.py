@@ -12,7 +12,7 @@ from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
 from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms.silobn import SiloBN
-from fedccrl_core.federation.aggregate import weighted_average
+from fedccrl_core.aggregation import weighted_average
 from fedccrl_core.federation.client import ClientData, ClientState
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 

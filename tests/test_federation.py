@@ -11,7 +11,7 @@ import torch
 from fedccrl_core.algorithms import LocalConfig, build_algorithm
 from fedccrl_core.algorithms.fedccrl import pool_without
 from fedccrl_core.data.pools import upload_size
-from fedccrl_core.federation.aggregate import weighted_average
+from fedccrl_core.aggregation import weighted_average
 from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
 from fedccrl_core.models import build_model

@@ -19,7 +19,8 @@ from fedccrl_core.algorithms.fedfd import (FDBatchNorm2d, FedFD, bn_mode, cacl, 
                                            set_global_statistics, total_loss)
 from fedccrl_core.algorithms.fedfd_a import FedFDA, InstanceAdapter
 from fedccrl_core.algorithms.local_bn import local_bn_keys
-from fedccrl_core.checkpoint import load_model, save_model
+from fedccrl_core.algorithms import load_model
+from fedccrl_core.checkpoint import save_model
 from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from serving import onnx_export

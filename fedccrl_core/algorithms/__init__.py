@@ -20,6 +20,13 @@ ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedCCRL, Fed
                                                                   FedBN, SiloBN, FedFD, FedFDA)}
 
 
+def load_model(path, map_location: str = "cpu"):
+    """checkpoint.load_model with every registered algorithm's model builder (FedSR's head, FedIIR's buffers, ...)."""
+    from fedccrl_core import checkpoint
+
+    return checkpoint.load_model(path, map_location, {name: cls.build_model for name, cls in ALGORITHMS.items()})
+
+
 def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) -> Algorithm:
     if name not in ALGORITHMS:
         raise ValueError(f"params.yaml: train.algorithms has unknown algorithm {name!r}; "
@@ -27,4 +34,4 @@ def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) 
     return ALGORITHMS[name](local, hparams)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LocalConfig", "Reply", "build_algorithm"]
+__all__ = ["ALGORITHMS", "Algorithm", "LocalConfig", "Reply", "build_algorithm", "load_model"]

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 from fedccrl_core import fastpath
-from fedccrl_core.federation.aggregate import weighted_average
-from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.aggregation import weighted_average
+from fedccrl_core.client import ClientData, ClientState
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
-from fedccrl_core.federation.aggregate import weighted_average
+from fedccrl_core.aggregation import weighted_average
 from fedccrl_core.statistics import normalize_u8
 
 

@@ -32,7 +32,7 @@ from PIL import Image, ImageOps
 
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.augment.augmix import OPS
-from fedccrl_core.federation.aggregate import weighted_average
+from fedccrl_core.aggregation import weighted_average
 from fedccrl_core.federation.client import ClientState
 from fedccrl_core.losses import fedccrl_loss
 

@@ -1,26 +1,32 @@
-"""The in-process engine: Algorithm 1's round loop with all clients in one process.
+"""The in-process engine: Algorithm 1's round loop (federation/loop.py) with every client in this
+process. `InProcessTransport` is the only part that differs from the Flower ServerApp: it calls each
+client's `client_upload` / `local_train` directly and keeps the clients' states.
 
-Every round is checkpointed atomically; a rerun resumes after the last complete round and, since
-every random draw is derived from (seed, round, client), ends with the same metrics as an
-uninterrupted run (on the CPU).
+Client state (Adam moments and LR schedule, FedBN/SiloBN's local BN layers in `extra`) follows
+`train.client_state`:
+  persistent  (default; the reference FedCCRL code keeps one optimizer per client across rounds)
+              a client's state is loaded only when it is sampled: from memory, or, once a checkpoint
+              holds it, from its own state file (federation/checkpoints.py), which leaves memory;
+  stateless   a fresh optimizer and schedule every round (cross-device FL, FedDG-Bench); nothing
+              per client is kept or checkpointed.
 """
 from __future__ import annotations
 
 import sys
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-import numpy as np
 import torch
 
-from fedccrl_core.algorithms.base import Algorithm, Reply
+from fedccrl_core.algorithms.base import Algorithm
+from fedccrl_core.client import ClientData, ClientState
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.concurrent import Interleaver, Task
-from fedccrl_core.checkpoint import atomic_torch_save
-from fedccrl_core.evaluation import accuracy
-from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.federation.loop import (EvalSets, RoundLoop, RunResult, nbytes, sample_clients,  # noqa: F401
+                                          weighted_mean)
 from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
+
+CLIENT_STATE_MODES = ("persistent", "stateless")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -31,21 +37,6 @@ def resolve_device(name: str) -> torch.device:
     if name not in ("cpu", "cuda"):
         raise ValueError(f"params.yaml: train.device must be auto, cpu or cuda, got {name!r}")
     return torch.device(name)
-
-
-def nbytes(obj) -> int:
-    """Bytes of the arrays in a payload (weights dict, statistics dict, ...)."""
-    if obj is None:
-        return 0
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, np.ndarray):
-        return int(obj.nbytes)
-    if isinstance(obj, dict):
-        return sum(nbytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(nbytes(v) for v in obj)
-    return 0
 
 
 def concurrent_width(setting: int | str, device: torch.device, n_clients: int, alg: Algorithm) -> int:
@@ -64,162 +55,106 @@ def concurrent_width(setting: int | str, device: torch.device, n_clients: int, a
     return max(1, min(width, n_clients))
 
 
-def sample_clients(client_ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
-    if not 0 < fraction <= 1:
-        raise ValueError(f"params.yaml: train.client_fraction must be in (0, 1], got {fraction}")
-    k = max(1, round(fraction * len(client_ids)))
-    if k == len(client_ids):
-        return list(client_ids)
-    idx = numpy_rng(seed, "sample", rnd).choice(len(client_ids), size=k, replace=False)
-    return [client_ids[i] for i in sorted(idx)]
-
-
-@dataclass
-class EvalSets:
-    """Source validation (union of every client's val split) and the held-out target domain."""
-
-    val_x: torch.Tensor
-    val_y: torch.Tensor
-    target_x: torch.Tensor
-    target_y: torch.Tensor
-    batch_size: int = 256
-
-
-@dataclass
-class RunResult:
-    history: list[dict]
-    final_weights: dict
-    best_weights: dict
-    best_round: int
-    resumed_from: int = 0
-    extra: dict = field(default_factory=dict)
-
-
-def _weighted_mean(replies: list[Reply], key: str) -> float | None:
-    vals = [(r.metrics[key], r.n) for r in replies if key in r.metrics]
-    if not vals:
-        return None
-    return sum(v * n for v, n in vals) / sum(n for _, n in vals)
-
-
-class InProcessEngine:
-    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, clients: list[ClientData], evalsets: EvalSets,
-                 rounds: int, seed: int, client_fraction: float = 1.0, checkpoint_path: str | Path | None = None,
-                 on_round: Callable[[dict], None] | None = None, run_info: dict | None = None,
-                 log=lambda msg: print(msg, file=sys.stderr, flush=True), concurrent_clients: int | str = "auto"):
-        self.alg, self.model, self.clients = algorithm, model, {c.client_id: c for c in clients}
-        self.concurrent_clients = concurrent_clients
-        self._interleaver: Interleaver | None = None
-        self.evalsets, self.rounds, self.seed = evalsets, rounds, seed
-        self.client_fraction = client_fraction
-        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
-        self.on_round = on_round or (lambda rec: None)
-        self.run_info = dict(run_info or {})
-        self.log = log
+class InProcessTransport:
+    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, clients: list[ClientData], seed: int,
+                 concurrent_clients: int | str = "auto", client_state: str = "persistent",
+                 log: Callable[[str], None] = print, rounds: int = 0):
+        if client_state not in CLIENT_STATE_MODES:
+            raise ValueError(f"params.yaml: train.client_state must be one of {', '.join(CLIENT_STATE_MODES)}, "
+                             f"got {client_state!r}")
+        self.alg, self.model, self.seed, self.log, self.rounds = algorithm, model, seed, log, rounds
+        self.clients = {c.client_id: c for c in clients}
+        self.ids = sorted(self.clients)
+        self.concurrent_clients, self.client_state = concurrent_clients, client_state
         self.device = next(model.parameters()).device
+        self._interleaver: Interleaver | None = None
+        self._states: dict[str, ClientState] = {}  # in memory: never checkpointed, or trained this round
+        self._trained: list[str] = []
+        self._checkpoints: RoundCheckpoints | None = None
 
-    # ---- checkpoints ------------------------------------------------------------------
-    def _load_checkpoint(self):
-        if self.checkpoint_path is None or not self.checkpoint_path.is_file():
-            return None
-        try:
-            ck = torch.load(self.checkpoint_path, map_location=self.device, weights_only=False)
-        except Exception as e:
-            self.log(f"checkpoint {self.checkpoint_path} unreadable ({e.__class__.__name__}); starting from round 1")
-            return None
-        if ck.get("run_info") != self.run_info:
-            self.log(f"checkpoint {self.checkpoint_path} belongs to another configuration; starting from round 1")
-            return None
-        own = self.model.state_dict()
-        if set(ck["global"]) != set(own) or any(ck["global"][k].shape != own[k].shape for k in own):
-            self.log(f"checkpoint {self.checkpoint_path} does not fit this model; starting from round 1")
-            return None
-        return ck
+    # ---- client state -------------------------------------------------------------------------
+    def restore(self, checkpoints: RoundCheckpoints | None, ck: dict | None) -> None:
+        self._checkpoints, self._states = checkpoints, {}
+        if ck is not None and "states" in ck:  # a checkpoint of the single-file format (before state files)
+            self._states = {k: ClientState.from_dict(v) for k, v in ck["states"].items()}
 
-    def _save_checkpoint(self, rnd, global_w, best_w, best_round, best_val, states, history):
-        if self.checkpoint_path is None:
-            return
-        atomic_torch_save({"round": rnd, "global": global_w, "best": best_w, "best_round": best_round,
-                           "best_val": best_val, "states": {k: s.to_dict() for k, s in states.items()},
-                           "history": history, "run_info": self.run_info,
-                           "server_state": self.alg.server_state()}, self.checkpoint_path)
+    def _state(self, cid: str) -> ClientState:
+        if self.client_state == "stateless":
+            return ClientState()
+        if cid not in self._states:
+            saved = self._checkpoints.load_client(cid) if self._checkpoints is not None else None
+            self._states[cid] = ClientState.from_dict(saved) if saved is not None else ClientState()
+        return self._states[cid]
 
-    # ---- several clients at once (federation/concurrent.py) ----------------------------
+    def client_states(self) -> dict[str, dict]:
+        """The states of this round's clients, for the checkpoint; once written they leave memory."""
+        if self.client_state == "stateless":
+            return {}
+        out = {cid: self._states[cid].to_dict() for cid in self._trained}
+        if self._checkpoints is not None:
+            self._states = {}
+        return out
+
+    # ---- the two client-side phases -----------------------------------------------------------
+    def collect_uploads(self, rnd: int) -> dict:
+        """Lines 3-6: every client's statistics enter the pool."""
+        return {cid: self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))
+                for cid in self.ids}
+
+    def train(self, rnd, sampled, global_w, payloads):
+        replies = []
+        for j, reply in enumerate(self._local_replies(rnd, sampled, global_w, payloads)):
+            replies.append(reply)
+            self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {reply.client_id}: "
+                     f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
+        self._trained = list(sampled)
+        return replies
+
+    def round_record(self, rnd: int) -> dict:
+        return {}
+
     def _interleaved(self, width: int) -> Interleaver:
         if self._interleaver is None or self._interleaver.width != width:
             self._interleaver = Interleaver(self.model, width, self.device)
         return self._interleaver
 
-    def _client_args(self, rnd, cid, states, global_w, payload) -> tuple:
+    def _client_args(self, rnd, cid, global_w, payload) -> tuple:
         """One client's local-training arguments after the model, with its per-(seed, round, client)
         generators: the same in the sequential and the interleaved mode."""
-        return (self.clients[cid], states[cid], global_w, payload,
+        return (self.clients[cid], self._state(cid), global_w, payload,
                 torch_generator(self.seed, "augment", rnd, cid, device=self.device),
                 numpy_rng(self.seed, "shuffle", rnd, cid))
 
-    def _local_replies(self, rnd, sampled, states, global_w, payloads):
+    def _local_replies(self, rnd, sampled, global_w, payloads):
         """Algorithm 1 lines 8-22: each sampled client's Reply, in order; one client after another, or
         several interleaved (federation/concurrent.py; the same replies)."""
         width = concurrent_width(self.concurrent_clients, self.device, len(sampled), self.alg)
         if width > 1:
             def starter(cid):
                 return lambda model: self.alg.local_train_steps(
-                    model, *self._client_args(rnd, cid, states, global_w, payloads.get(cid)))
+                    model, *self._client_args(rnd, cid, global_w, payloads.get(cid)))
             yield from self._interleaved(width).run(
                 [Task(cid, derive_seed(self.seed, "local", rnd, cid), starter(cid)) for cid in sampled])
             return
         for cid in sampled:
             seed_everything(derive_seed(self.seed, "local", rnd, cid))
-            yield self.alg.local_train(self.model, *self._client_args(rnd, cid, states, global_w, payloads.get(cid)))
+            yield self.alg.local_train(self.model, *self._client_args(rnd, cid, global_w, payloads.get(cid)))
 
-    # ---- Algorithm 1 ------------------------------------------------------------------
+
+class InProcessEngine:
+    """RoundLoop over an InProcessTransport (the constructor pipeline/train.py and the tests use)."""
+
+    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, clients: list[ClientData], evalsets: EvalSets,
+                 rounds: int, seed: int, client_fraction: float = 1.0, checkpoint_path: str | Path | None = None,
+                 on_round: Callable[[dict], None] | None = None, run_info: dict | None = None,
+                 log=lambda msg: print(msg, file=sys.stderr, flush=True), concurrent_clients: int | str = "auto",
+                 client_state: str = "persistent"):
+        device = next(model.parameters()).device
+        self.transport = InProcessTransport(algorithm, model, clients, seed, concurrent_clients, client_state, log,
+                                            rounds)
+        self.checkpoints = RoundCheckpoints(checkpoint_path, device, log) if checkpoint_path else None
+        self.loop = RoundLoop(algorithm, model, self.transport, evalsets, rounds, seed, client_fraction,
+                              self.checkpoints, on_round, run_info, log, engine="inprocess")
+
     def run(self) -> RunResult:
-        ids = sorted(self.clients)
-        seed_everything(derive_seed(self.seed, "init"))
-        global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # line 1
-        states = {cid: ClientState() for cid in ids}
-        history, best_w, best_round, best_val, start = [], global_w, 0, -1.0, 1
-        ck = self._load_checkpoint()
-        if ck is not None:
-            global_w, best_w, best_round, best_val = ck["global"], ck["best"], ck["best_round"], ck["best_val"]
-            states = {k: ClientState.from_dict(v) for k, v in ck["states"].items()}
-            history, start = ck["history"], ck["round"] + 1
-            self.alg.load_server_state(ck.get("server_state") or {})
-            self.log(f"resuming from checkpoint after round {ck['round']}")
-        w_bytes = nbytes(global_w)
-        for rnd in range(start, self.rounds + 1):  # line 2
-            t0 = time.perf_counter()
-            sampled = sample_clients(ids, self.client_fraction, self.seed, rnd)
-            uploads = {cid: self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))
-                       for cid in ids}  # lines 3-6: every client's statistics enter the pool
-            payloads = self.alg.server_payloads(uploads)  # line 7
-            replies = []
-            for j, (cid, reply) in enumerate(zip(sampled, self._local_replies(rnd, sampled, states, global_w,
-                                                                              payloads))):  # lines 8-22
-                replies.append(reply)
-                self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {cid}: "
-                         f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
-            global_w = self.alg.aggregate(global_w, replies)  # line 23, Eq. 2
-            self.model.load_state_dict(global_w)
-            ev = self.evalsets
-            val_acc = accuracy(self.model, ev.val_x, ev.val_y, ev.batch_size, self.alg.local.mean, self.alg.local.std,
-                               fast=self.alg.local.fast)
-            tgt_acc = accuracy(self.model, ev.target_x, ev.target_y, ev.batch_size, self.alg.local.mean,
-                               self.alg.local.std, fast=self.alg.local.fast)
-            if val_acc > best_val:  # training-domain validation (DomainBed)
-                best_val, best_round = val_acc, rnd
-                best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec = {"round": rnd, "val_acc": val_acc, "target_acc": tgt_acc,
-                   "seconds": time.perf_counter() - t0,
-                   "bytes_up": len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values()),
-                   "bytes_down": len(replies) * w_bytes + sum(nbytes(payloads.get(c)) for c in sampled)}
-            for key in sorted({k for r in replies for k in r.metrics}):
-                rec[key] = _weighted_mean(replies, key)
-            for r in replies:
-                rec[f"train_acc/{r.client_id}"] = r.metrics["train_acc"]
-            history.append(rec)
-            self.log(f"round {rnd}/{self.rounds}: val_acc {val_acc:.4f} target_acc {tgt_acc:.4f} "
-                     f"({rec['seconds']:.1f}s)")
-            self.on_round(rec)  # log first: a crash before the checkpoint re-logs identical values
-            self._save_checkpoint(rnd, global_w, best_w, best_round, best_val, states, history)
-        return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1)
+        return self.loop.run()

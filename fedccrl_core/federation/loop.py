@@ -1,0 +1,174 @@
+"""Algorithm 1's round loop, written once. The in-process engine (engine.py) and the Flower ServerApp
+(fedccrl_flower/server_app.py) both drive `RoundLoop`; the `Transport` is their only difference.
+
+Round t:
+  lines 3-6   transport.collect_uploads(t)                 -> {client id: upload} of the clients that answered
+  line  7     alg.server_payloads(uploads)                 (server half of the algorithm)
+              sample_clients(ids, client_fraction, seed, t)
+  lines 8-22  transport.train(t, sampled, global_w, payloads) -> replies in client-id order
+  line  23    alg.aggregate(global_w, replies)             (Eq. 2 by default)
+  then        evaluate (source validation and target), record, log (on_round), checkpoint
+
+Every random draw is derived from (seed, round, client), and a checkpoint is written after every
+round (federation/checkpoints.py), so a rerun resumes after the last complete round and ends with
+the metrics of an uninterrupted run (on the CPU).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+import numpy as np
+import torch
+
+from fedccrl_core.algorithms.base import Algorithm, Reply
+from fedccrl_core.evaluation import accuracy
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything
+
+
+def nbytes(obj) -> int:
+    """Bytes of the arrays in a payload (weights dict, statistics dict, ...)."""
+    if obj is None:
+        return 0
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, np.ndarray):
+        return int(obj.nbytes)
+    if isinstance(obj, dict):
+        return sum(nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(nbytes(v) for v in obj)
+    return 0
+
+
+def sample_clients(client_ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
+    if not 0 < fraction <= 1:
+        raise ValueError(f"params.yaml: train.client_fraction must be in (0, 1], got {fraction}")
+    k = max(1, round(fraction * len(client_ids)))
+    if k == len(client_ids):
+        return list(client_ids)
+    idx = numpy_rng(seed, "sample", rnd).choice(len(client_ids), size=k, replace=False)
+    return [client_ids[i] for i in sorted(idx)]
+
+
+@dataclass
+class EvalSets:
+    """Source validation (union of every client's val split) and the held-out target domain."""
+
+    val_x: torch.Tensor
+    val_y: torch.Tensor
+    target_x: torch.Tensor
+    target_y: torch.Tensor
+    batch_size: int = 256
+
+
+@dataclass
+class RunResult:
+    history: list[dict]
+    final_weights: dict
+    best_weights: dict
+    best_round: int
+    resumed_from: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+def weighted_mean(replies: list[Reply], key: str) -> float | None:
+    vals = [(r.metrics[key], r.n) for r in replies if key in r.metrics]
+    if not vals:
+        return None
+    return sum(v * n for v, n in vals) / sum(n for _, n in vals)
+
+
+class Transport(Protocol):
+    """How uploads, payloads, weights and replies move between the server and the clients."""
+
+    def collect_uploads(self, rnd: int) -> dict[str, Any]:
+        """Lines 3-6: the upload (or None) of every client that takes part, keyed by client id, sorted."""
+
+    def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict) -> list[Reply]:
+        """Lines 8-22 on the sampled clients: their valid replies, in client-id order."""
+
+    def round_record(self, rnd: int) -> dict:
+        """Fields this transport adds to the round's record (wire bytes, dropped clients, ...)."""
+
+    def client_states(self) -> dict[str, dict]:
+        """States of the clients trained this round that the server checkpoints (in-process only)."""
+
+    def restore(self, checkpoints: RoundCheckpoints | None, ck: dict | None) -> None:
+        """Where the clients' states come from after a resume (in-process: the state files)."""
+
+
+class RoundLoop:
+    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, transport: Transport, evalsets: EvalSets,
+                 rounds: int, seed: int, client_fraction: float = 1.0, checkpoints: RoundCheckpoints | None = None,
+                 on_round: Callable[[dict], None] | None = None, run_info: dict | None = None,
+                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
+                 engine: str = "inprocess"):
+        self.alg, self.model, self.transport, self.evalsets = algorithm, model, transport, evalsets
+        self.rounds, self.seed, self.client_fraction = rounds, seed, client_fraction
+        self.checkpoints, self.on_round = checkpoints, on_round or (lambda rec: None)
+        self.run_info, self.log, self.engine = dict(run_info or {}), log, engine
+
+    def _accept(self, ck: dict) -> str | None:
+        if ck.get("run_info") != self.run_info:
+            return "belongs to another configuration"
+        own = self.model.state_dict()
+        g = ck.get("global") or {}
+        if set(g) != set(own) or any(g[k].shape != own[k].shape for k in own):
+            return "does not fit this model"
+        return None
+
+    def evaluate(self) -> tuple[float, float]:
+        ev, local = self.evalsets, self.alg.local
+        val = accuracy(self.model, ev.val_x, ev.val_y, ev.batch_size, local.mean, local.std, fast=local.fast)
+        tgt = accuracy(self.model, ev.target_x, ev.target_y, ev.batch_size, local.mean, local.std, fast=local.fast)
+        return val, tgt
+
+    def run(self) -> RunResult:
+        seed_everything(derive_seed(self.seed, "init"))
+        global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # line 1
+        history, best_w, best_round, best_val, start = [], global_w, 0, -1.0, 1
+        ck = self.checkpoints.load(self._accept) if self.checkpoints is not None else None
+        if ck is not None:
+            global_w, best_w, best_round, best_val = ck["global"], ck["best"], ck["best_round"], ck["best_val"]
+            history, start = ck["history"], ck["round"] + 1
+            self.alg.load_server_state(ck.get("server_state") or {})
+            self.log(f"resuming from checkpoint after round {ck['round']}")
+        self.transport.restore(self.checkpoints, ck)
+        w_bytes = nbytes(global_w)
+        for rnd in range(start, self.rounds + 1):  # line 2
+            t0 = time.perf_counter()
+            uploads = self.transport.collect_uploads(rnd)  # lines 3-6
+            sampled = sample_clients(list(uploads), self.client_fraction, self.seed, rnd)
+            payloads = self.alg.server_payloads(uploads)  # line 7
+            replies = self.transport.train(rnd, sampled, global_w, payloads)  # lines 8-22
+            global_w = self.alg.aggregate(global_w, replies)  # line 23, Eq. 2
+            self.model.load_state_dict(global_w)
+            val_acc, tgt_acc = self.evaluate()
+            if val_acc > best_val:  # training-domain validation (DomainBed)
+                best_val, best_round = val_acc, rnd
+                best_w = {k: v.detach().clone() for k, v in global_w.items()}
+            rec = {"round": rnd, "val_acc": val_acc, "target_acc": tgt_acc, "seconds": time.perf_counter() - t0,
+                   "bytes_up": len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values()),
+                   "bytes_down": len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies)}
+            for key in sorted({k for r in replies for k in r.metrics}):
+                rec[key] = weighted_mean(replies, key)
+            for r in replies:
+                rec[f"train_acc/{r.client_id}"] = r.metrics["train_acc"]
+            rec.update(self.transport.round_record(rnd))
+            history.append(rec)
+            self.log(f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
+                     f"target_acc {tgt_acc:.4f} ({rec['seconds']:.1f}s, {rec['bytes_up']} B up, "
+                     f"{rec['bytes_down']} B down)")
+            self.on_round(rec)  # log first: a crash before the checkpoint re-logs identical values
+            if self.checkpoints is not None:
+                self.checkpoints.save(rnd, {"global": global_w, "best": best_w, "best_round": best_round,
+                                            "best_val": best_val, "history": history, "run_info": self.run_info,
+                                            "server_state": self.alg.server_state(), "engine": self.engine},
+                                      self.transport.client_states())
+        if self.checkpoints is not None:
+            self.checkpoints.prune()
+        return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1)

@@ -1,0 +1,72 @@
+"""Before/after parity of the round loop refactor: every registered algorithm at its params.yaml
+defaults, 2 rounds x 1 local epoch on a tiny embedded dataset (4 images per class), 6 clients,
+in-process engine on the CPU with one thread. Prints one JSON line per algorithm: the history
+(floats as repr) and a sha256 of the final weights. Usage:
+    OMP_NUM_THREADS=1 python scripts/parity_metrics.py OUT.jsonl [alg ...]
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.data.pools import build_pools
+from fedccrl_core.data.registry import get_dataset
+from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
+from fedccrl_core.data.synthetic import generate
+from fedccrl_core.federation.client import ClientData
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from pipeline.params import load_params
+from pipeline.train import load_clients, local_config, resolve_model, train_config
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main(out: str, algs: list[str]) -> None:
+    torch.set_num_threads(1)
+    params = load_params(ROOT / "params.yaml")
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp)
+        generate(base / "raw", seed=params["dataset"]["seed"], images_per_class=6, progress=False)
+        partition(base / "raw", base / "shards", get_dataset("synthetic"), 32,
+                  clients_per_domain=params["partition"]["clients_per_domain"],
+                  val_fraction=params["partition"]["val_fraction"], seed=params["partition"]["seed"], progress=False)
+        build_pools(base / "shards", base / "pools", params["preprocess"]["mean"], params["preprocess"]["std"],
+                    progress=False)
+        manifest = load_manifest(base / "shards")
+        domains = list(manifest["domains"])
+        with open(out, "w") as f:
+            for name in algs or sorted(ALGORITHMS):
+                p = {**params, "train": {**params["train"], "rounds": 2, "local_epochs": 1, "device": "cpu"}}
+                cfg = train_config(p, name)
+                if name == "ccst":
+                    cfg["hparams"] = {**cfg["hparams"], "adain_weights": "random"}
+                clients = load_clients(base / "shards", base / "pools", domains[:3], "cpu")
+                tx, ty = load_domain_test(base / "shards", domains[3])
+                ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
+                              ClientData.from_numpy("t", domains[3], tx, ty, tx[:0], ty[:0], "cpu").train_x,
+                              torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
+                alg = build_algorithm(name, local_config(cfg), cfg["hparams"])
+                backbone, pretrained = resolve_model(cfg)
+                torch.manual_seed(0)
+                model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp)
+                res = InProcessEngine(alg, model, clients, ev, rounds=2, seed=0, log=lambda m: None,
+                                      client_fraction=cfg.get("client_fraction", 1.0)).run()
+                h = hashlib.sha256()
+                for k in sorted(res.final_weights):
+                    h.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())
+                hist = [{k: (repr(v) if isinstance(v, float) else v) for k, v in r.items() if k != "seconds"}
+                        for r in res.history]
+                f.write(json.dumps({"algorithm": name, "weights_sha256": h.hexdigest(), "history": hist}) + "\n")
+                f.flush()
+                print(name, hist[-1].get("val_acc"), hist[-1].get("target_acc"), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2:])
