@@ -49,15 +49,22 @@ class WeightedSum:
         self.count += 1
 
     def result(self) -> dict[str, torch.Tensor]:
+        """1/N sum_i n_i theta_i. If the clients that arrived weigh less than the announced total (a
+        client dropped), the sum is rescaled to them: equal to the list form within float64 rounding."""
         if self.count == 0:
             raise ValueError("weighted_average: no client states to aggregate")
         if self.seen <= 0:
             raise ValueError(f"weighted_average: total weight must be positive, got {self.seen}")
+        rescale = None
+        if self.total is None:
+            rescale = 1.0 / self.seen
+        elif self.seen != self.total:
+            rescale = self.total / self.seen
         out = {}
         for k, ref in self._ref.items():
             acc = self._acc[k]
             if ref.is_floating_point():
-                out[k] = (acc if self.total is not None else acc / self.seen).to(ref.dtype)
+                out[k] = (acc if rescale is None else acc * rescale).to(ref.dtype)
             else:
                 out[k] = acc
         return out

@@ -190,7 +190,7 @@ def handle_query(msg: Message, context: Context) -> Message:
     alg, _ = build_client_algorithm(spec, device)
     upload = alg.client_upload(data, numpy_rng(spec["seed"], "upload", rnd, cid))
     _say(f"client {cid} round {rnd}: upload of {nbytes(upload)} B", t0)
-    content = RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: data.n_train})})
+    content = RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: alg.sample_count(data)})})
     if upload is not None:
         content[M.UPLOAD] = M.arrays_to_record(upload)
     return Message(content, reply_to=msg)
@@ -210,12 +210,14 @@ def handle_train(msg: Message, context: Context) -> Message:
     received = M.record_to_arrays(msg.content[M.WEIGHTS], "global weights")
     global_w = {k: v.to(device) for k, v in M.validate_weights(received, reference, "global weights").items()}
     payload = M.record_to_arrays(msg.content[M.PAYLOAD], "payload") if M.PAYLOAD in msg.content else None
-    state, base = load_client_state(context, spec, cid, rnd)
+    stateless = spec.get("client_state", "persistent") == "stateless"  # a fresh optimizer every round
+    state, base = (ClientState(), None) if stateless else load_client_state(context, spec, cid, rnd)
     seed = spec["seed"]
     seed_everything(derive_seed(seed, "local", rnd, cid))
     gen = torch_generator(seed, "augment", rnd, cid, device=device)
     reply = alg.local_train(model, data, state, global_w, payload, gen, numpy_rng(seed, "shuffle", rnd, cid))
-    save_client_state(context, spec, cid, rnd, state, base)
+    if not stateless:
+        save_client_state(context, spec, cid, rnd, state, base)
     _say(f"client {cid} round {rnd}: trained, loss {reply.metrics.get('loss', float('nan')):.4f} "
          f"acc {reply.metrics['train_acc']:.3f}", t0)
     return Message(RecordDict({

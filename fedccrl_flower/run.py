@@ -408,7 +408,8 @@ def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on
 def train_with_flower(flower_params: dict | None, *, algorithm: str, local, hparams: dict, backbone: str,
                       pretrained: str, num_classes: int, seed: int, held_out: str, shards: str | Path,
                       pools: str | Path, device: str, eval_batch_size: int, client_fraction: float,
-                      checkpoint: str | Path, run_info: dict, on_round=None, log=LOG) -> RunResult:
+                      checkpoint: str | Path, run_info: dict, on_round=None, log=LOG,
+                      client_state: str = "persistent") -> RunResult:
     """pipeline/train.py's `train.engine: flower` branch: params.yaml `train.flower` + the run -> RunResult.
     The ServerApp checkpoints where the in-process engine would (`checkpoint`), its work folder sits
     beside it (<checkpoint>.flower/)."""
@@ -421,7 +422,7 @@ def train_with_flower(flower_params: dict | None, *, algorithm: str, local, hpar
                       eval_batch_size=int(eval_batch_size), min_clients=settings.min_clients,
                       num_clients=settings.num_clients, wait_for_clients_s=float(settings.wait_for_clients_s),
                       query_timeout_s=float(settings.query_timeout_s), train_timeout_s=float(settings.train_timeout_s),
-                      checkpoint=str(checkpoint), run_info=dict(run_info))
+                      checkpoint=str(checkpoint), run_info=dict(run_info), client_state=client_state)
     return run_flower(settings, spec, pools, on_round=on_round, log=log)
 
 

@@ -1,15 +1,17 @@
-"""The ServerApp: Algorithm 1's round loop over Flower's Message API, for any fedccrl_core algorithm.
+"""The ServerApp: the Flower Transport of Algorithm 1's round loop, for any fedccrl_core algorithm.
 
-Round t (the in-process engine's round, fedccrl_core/federation/engine.py, message by message):
+The round loop itself is fedccrl_core/federation/loop.py (RoundLoop), the one the in-process engine
+drives too; `FlowerServer` only moves its uploads, payloads, weights and replies as messages:
   1. QUERY every connected SuperNode; each answers with its client id, n_i and its upload
      (lines 3-6; FedCCRL: F_i as an ArrayRecord). Uploads are checked (messages.validate_upload) and
      must share one signature (keys, dtypes, row shapes); a misfit is refused.
-  2. sample clients (engine.sample_clients, same seed), `alg.server_payloads(uploads)` (line 7) and
-     a TRAIN message per sampled client: global weights + its payload (FedCCRL: F_pool minus F_i).
+  2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client: global weights + its payload (FedCCRL: F_pool minus F_i).
   3. check every reply against the global weights' keys/shapes/dtypes (finite floats, n_i as
      announced) - a malformed reply is logged and refused, never aggregated - then
      `alg.aggregate` (line 23, Eq. 2) over the valid replies in client-id order.
-  4. evaluate, write the same record dict as the in-process engine (plus wire sizes), checkpoint.
+  4. (RoundLoop: evaluate, the record, checkpoint) the record gets this transport's fields: wire bytes
+     (`wire_bytes_up/down`, Flower's serialized messages; `bytes_up/down` count the arrays, as in-process),
+     clients, refused and dropped counts, and per-client upload/payload sizes.
 
 Evaluation is central: the ServerApp reads the held-out domain's shard and the source clients' val
 splits from `spec.shards` (the research setting, where the server operator holds the benchmark;
@@ -28,6 +30,7 @@ logged to MLflow), status.json (running | completed | failed | stopped), server.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -46,8 +49,9 @@ from flwr.serverapp import Grid, ServerApp
 from fedccrl_core.algorithms import LocalConfig, Reply, build_algorithm
 from fedccrl_core.checkpoint import atomic_torch_save
 from fedccrl_core.evaluation import accuracy
-from fedccrl_core.federation.engine import EvalSets, _weighted_mean, nbytes, resolve_device, sample_clients
-from fedccrl_core.seeding import derive_seed, seed_everything
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.engine import resolve_device
+from fedccrl_core.federation.loop import EvalSets, RoundLoop, nbytes
 from fedccrl_flower import messages as M
 
 app = ServerApp()
@@ -81,6 +85,7 @@ class ServerSpec:
     train_timeout_s: float = 600.0
     poll_s: float = 0.5
     checkpoint: str = ""            # "" = <work_dir>/checkpoint.pt
+    client_state: str = "persistent"  # params.yaml train.client_state: persistent | stateless
     run_info: dict = field(default_factory=dict)
 
     @property
@@ -98,7 +103,8 @@ class ServerSpec:
     def client_spec(self) -> dict:
         """The part a client needs (sent in every CONFIG record; no paths of the server)."""
         core = {"algorithm": self.algorithm, "local": self.local, "hparams": self.hparams, "backbone": self.backbone,
-                "num_classes": self.num_classes, "seed": self.seed, "held_out": self.held_out, "device": self.device}
+                "num_classes": self.num_classes, "seed": self.seed, "held_out": self.held_out, "device": self.device,
+                "client_state": self.client_state}
         key = hashlib.sha256(json.dumps({**core, "run_info": self.run_info}, sort_keys=True, default=str).encode())
         return {**core, "state_key": key.hexdigest()[:16]}
 
@@ -278,12 +284,11 @@ class FlowerServer:
     def _train(self, rnd: int, global_w: dict, sampled: list[str], payloads: dict, node_of: dict):
         """Lines 8-22 on the clients; returns the valid replies in client-id order."""
         weights_rec = M.arrays_to_record(global_w)
-        msgs, payload_bytes = [], {}
+        msgs = []
         for cid in sampled:
             content = RecordDict({M.CONFIG: self._config(rnd, cid), M.WEIGHTS: weights_rec})
             if payloads.get(cid) is not None:
                 content[M.PAYLOAD] = M.arrays_to_record(payloads[cid])
-            payload_bytes[cid] = nbytes(payloads.get(cid))
             msgs.append(Message(content, dst_node_id=node_of[cid], message_type=M.TRAIN, group_id=str(rnd)))
         down = sum(M.content_nbytes(m.content) for m in msgs)
         t0 = time.perf_counter()
@@ -320,22 +325,7 @@ class FlowerServer:
             valid.append(Reply(cid, {k: v.to(self.device) for k, v in weights.items()}, n, metrics))
             self.log(f"round {rnd}: {cid}: loss {metrics.get('loss', float('nan')):.4f} acc {metrics['train_acc']:.3f}")
         valid.sort(key=lambda r: r.client_id)
-        return valid, up, down, payload_bytes
-
-    # ---- checkpoints (the in-process engine's format, without client states) ------------------
-    def _load_checkpoint(self):
-        p = self.checkpoint_path
-        if not p.is_file():
-            return None
-        try:
-            ck = torch.load(p, map_location=self.device, weights_only=False)
-        except Exception as e:
-            self.log(f"checkpoint {p} unreadable ({e.__class__.__name__}); starting from round 1")
-            return None
-        if ck.get("run_info") != self.spec.run_info:
-            self.log(f"checkpoint {p} belongs to another configuration; starting from round 1")
-            return None
-        return ck
+        return valid, up, down
 
     # ---- Algorithm 1 --------------------------------------------------------------------------
     def run(self) -> dict:
@@ -356,70 +346,63 @@ class FlowerServer:
         finally:
             self._log_file.close()
 
+    # ---- the Transport of the round loop (fedccrl_core/federation/loop.py) -------------------
+    def collect_uploads(self, rnd: int) -> dict:
+        """Lines 3-6 over QUERY messages; a round with fewer than min_clients answers fails."""
+        s = self.spec
+        nodes = self._wait_for_nodes(rnd, max(s.num_clients, s.min_clients) if rnd == self._start else s.min_clients)
+        uploads, self._node_of, self._n_of, self._q_up, self._q_down = self._query(rnd, nodes)
+        if len(uploads) < s.min_clients:
+            raise RoundFailure(f"round {rnd}: only {len(uploads)} client(s) answered "
+                               f"({', '.join(uploads) or 'none'}), fewer than train.flower.min_clients = "
+                               f"{s.min_clients}")
+        self._uploads = uploads
+        return uploads
+
+    def announced_n(self, sampled: list[str]) -> dict:
+        return {cid: self._n_of[cid] for cid in sampled}
+
+    def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict, fold) -> list[Reply]:
+        """Lines 8-22 over TRAIN messages; a round with fewer valid replies than min_clients fails."""
+        replies, self._t_up, self._t_down = self._train(rnd, global_w, sampled, payloads, self._node_of)
+        need = min(self.spec.min_clients, len(sampled))
+        if len(replies) < need:
+            got = {r.client_id for r in replies}
+            raise RoundFailure(f"round {rnd}: {len(replies)} valid update(s) ({', '.join(sorted(got)) or 'none'}), "
+                               f"fewer than train.flower.min_clients = {self.spec.min_clients}; no reply or refused: "
+                               f"{', '.join(c for c in sampled if c not in got)}")
+        for r in replies:  # client-id order
+            fold(r)
+        self._payloads = payloads
+        self._replies = [dataclasses.replace(r, weights={}) for r in replies]
+        return self._replies
+
+    def round_record(self, rnd: int) -> dict:
+        rec = {"wire_bytes_up": self._q_up + self._t_up, "wire_bytes_down": self._q_down + self._t_down,
+               "clients": len(self._replies), "refused": sum(1 for x in self.refused if x["round"] == rnd),
+               "dropped": sum(1 for x in self.dropped if x["round"] == rnd)}
+        for cid in self._uploads:
+            rec[f"upload_bytes/{cid}"] = nbytes(self._uploads[cid])
+            rec[f"payload_bytes/{cid}"] = nbytes(self._payloads.get(cid))
+        return rec
+
+    def client_states(self) -> dict:
+        return {}  # client states live on the clients (Context.state, mirrored to their state-dir)
+
+    def restore(self, checkpoints, ck) -> None:
+        self._start = ck["round"] + 1 if ck is not None else 1
+
     def _run(self) -> dict:
         s = self.spec
         evalsets = load_evalsets(s.shards, s.held_out, s.eval_batch_size, self.device)
         torch.manual_seed(s.seed)  # as pipeline/train.py builds the model for the in-process engine
         model = self.alg.build_model(s.backbone, s.num_classes, s.pretrained, self.alg.hp).to(self.device)
-        seed_everything(derive_seed(s.seed, "init"))
-        global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}  # line 1
-        history, best_w, best_round, best_val, start = [], global_w, 0, -1.0, 1
-        ck = self._load_checkpoint()
-        if ck is not None:
-            global_w, best_w, best_round, best_val = ck["global"], ck["best"], ck["best_round"], ck["best_val"]
-            history, start = ck["history"], ck["round"] + 1
-            self.alg.load_server_state(ck.get("server_state") or {})
-            self.log(f"resuming from checkpoint after round {ck['round']}")
-        w_bytes = nbytes(global_w)
-        for rnd in range(start, s.rounds + 1):  # line 2
-            t0 = time.perf_counter()
-            nodes = self._wait_for_nodes(rnd, max(s.num_clients, s.min_clients) if rnd == start else s.min_clients)
-            uploads, node_of, _, q_up, q_down = self._query(rnd, nodes)
-            if len(uploads) < s.min_clients:
-                raise RoundFailure(f"round {rnd}: only {len(uploads)} client(s) answered "
-                                   f"({', '.join(uploads) or 'none'}), fewer than train.flower.min_clients = "
-                                   f"{s.min_clients}")
-            ids = list(uploads)
-            sampled = sample_clients(ids, s.client_fraction, s.seed, rnd)
-            payloads = self.alg.server_payloads(uploads)  # line 7
-            replies, t_up, t_down, payload_bytes = self._train(rnd, global_w, sampled, payloads, node_of)
-            need = min(s.min_clients, len(sampled))
-            if len(replies) < need:
-                got = {r.client_id for r in replies}
-                raise RoundFailure(f"round {rnd}: {len(replies)} valid update(s) ({', '.join(sorted(got)) or 'none'}), "
-                                   f"fewer than train.flower.min_clients = {s.min_clients}; no reply or refused: "
-                                   f"{', '.join(c for c in sampled if c not in got)}")
-            global_w = self.alg.aggregate(global_w, replies)  # line 23, Eq. 2
-            model.load_state_dict(global_w)
-            val_acc = accuracy(model, evalsets.val_x, evalsets.val_y, evalsets.batch_size, self.alg.local.mean,
-                               self.alg.local.std)
-            tgt_acc = accuracy(model, evalsets.target_x, evalsets.target_y, evalsets.batch_size,
-                               self.alg.local.mean, self.alg.local.std)
-            if val_acc > best_val:
-                best_val, best_round = val_acc, rnd
-                best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec = {"round": rnd, "val_acc": val_acc, "target_acc": tgt_acc, "seconds": time.perf_counter() - t0,
-                   "bytes_up": q_up + t_up, "bytes_down": q_down + t_down,
-                   "array_bytes_up": len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values()),
-                   "array_bytes_down": len(replies) * w_bytes + sum(payload_bytes[r.client_id] for r in replies),
-                   "clients": len(replies), "refused": sum(1 for x in self.refused if x["round"] == rnd),
-                   "dropped": sum(1 for x in self.dropped if x["round"] == rnd)}
-            for key in sorted({k for r in replies for k in r.metrics}):
-                rec[key] = _weighted_mean(replies, key)
-            for r in replies:
-                rec[f"train_acc/{r.client_id}"] = r.metrics["train_acc"]
-            for cid in ids:
-                rec[f"upload_bytes/{cid}"] = nbytes(uploads[cid])
-                rec[f"payload_bytes/{cid}"] = nbytes(payloads.get(cid))
-            history.append(rec)
-            self.log(f"round {rnd}/{s.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} target_acc {tgt_acc:.4f} "
-                     f"({rec['seconds']:.1f}s, {rec['bytes_up']} B up, {rec['bytes_down']} B down)")
-            self._append_record(rec)  # logged first: a crash before the checkpoint re-logs identical values
-            atomic_torch_save({"round": rnd, "global": global_w, "best": best_w, "best_round": best_round,
-                               "best_val": best_val, "history": history, "run_info": s.run_info,
-                               "server_state": self.alg.server_state(), "engine": "flower"}, self.checkpoint_path)
-        result = {"history": history, "final_weights": global_w, "best_weights": best_w, "best_round": best_round,
-                  "resumed_from": start - 1,
+        loop = RoundLoop(self.alg, model, self, evalsets, s.rounds, s.seed, s.client_fraction,
+                         RoundCheckpoints(self.checkpoint_path, self.device, self.log), self._append_record,
+                         s.run_info, self.log, engine="flower")
+        res = loop.run()
+        result = {"history": res.history, "final_weights": res.final_weights, "best_weights": res.best_weights,
+                  "best_round": res.best_round, "resumed_from": res.resumed_from,
                   "extra": {"refused": self.refused, "dropped": self.dropped, "engine": "flower"}}
         atomic_torch_save(result, self.work / "result.pt")
         return result

@@ -44,6 +44,8 @@ def train_config(params: dict, algorithm: str) -> dict:
         "client_fraction": get(params, "train.client_fraction", num),
         "fast": get(params, "train.fast", bool, default=True),
         "concurrent_clients": get(params, "train.concurrent_clients", (str, int), default="auto"),
+        "client_state": get(params, "train.client_state", str, choices=("persistent", "stateless"),
+                            default="persistent"),
         "eval_batch_size": get(params, "evaluate.batch_size", int, default=256),
         "hparams": get(params, f"train.{algorithm}", dict, default={}) or {},
     }
@@ -165,11 +167,12 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
                 backbone=backbone, pretrained=pretrained, num_classes=len(classes), seed=seed, held_out=target,
                 shards=shards, pools=pools, device=cfg["device"], eval_batch_size=cfg["eval_batch_size"],
                 client_fraction=cfg["client_fraction"], checkpoint=ckpt, run_info={"run_key": run_key},
-                on_round=run.log_round, log=LOG)
+                on_round=run.log_round, log=LOG, client_state=cfg["client_state"])
         else:
             engine = InProcessEngine(alg, model, clients, evalsets, cfg["rounds"], seed,
                                      float(cfg["client_fraction"]), ckpt, on_round=run.log_round,
-                                     run_info={"run_key": run_key}, concurrent_clients=cfg["concurrent_clients"])
+                                     run_info={"run_key": run_key}, concurrent_clients=cfg["concurrent_clients"],
+                                     client_state=cfg["client_state"])
             result = engine.run()
     except BaseException:
         run.finish("FAILED")

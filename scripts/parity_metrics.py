@@ -3,6 +3,8 @@ defaults, 2 rounds x 1 local epoch on a tiny embedded dataset (4 images per clas
 in-process engine on the CPU with one thread. Prints one JSON line per algorithm: the history
 (floats as repr) and a sha256 of the final weights. Usage:
     OMP_NUM_THREADS=1 python scripts/parity_metrics.py OUT.jsonl [alg ...]
+Environment PARITY_FRACTION=0.5 PARITY_ROUNDS=3 PARITY_CKPT=1 samples half the clients over 3 rounds
+with round checkpoints (the per-client state files are then written and read back).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pipeline.train import load_clients, local_config, resolve_model, train_conf
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def main(out: str, algs: list[str]) -> None:
+def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt: bool = False) -> None:
     torch.set_num_threads(1)
     params = load_params(ROOT / "params.yaml")
     with tempfile.TemporaryDirectory() as tmp:
@@ -43,7 +45,7 @@ def main(out: str, algs: list[str]) -> None:
         domains = list(manifest["domains"])
         with open(out, "w") as f:
             for name in algs or sorted(ALGORITHMS):
-                p = {**params, "train": {**params["train"], "rounds": 2, "local_epochs": 1, "device": "cpu"}}
+                p = {**params, "train": {**params["train"], "rounds": rounds, "local_epochs": 1, "device": "cpu"}}
                 cfg = train_config(p, name)
                 if name == "ccst":
                     cfg["hparams"] = {**cfg["hparams"], "adain_weights": "random"}
@@ -56,8 +58,9 @@ def main(out: str, algs: list[str]) -> None:
                 backbone, pretrained = resolve_model(cfg)
                 torch.manual_seed(0)
                 model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp)
-                res = InProcessEngine(alg, model, clients, ev, rounds=2, seed=0, log=lambda m: None,
-                                      client_fraction=cfg.get("client_fraction", 1.0)).run()
+                res = InProcessEngine(alg, model, clients, ev, rounds=rounds, seed=0, log=lambda m: None,
+                                      client_fraction=fraction,
+                                      checkpoint_path=(base / "ck" / f"{name}.pt") if ckpt else None).run()
                 h = hashlib.sha256()
                 for k in sorted(res.final_weights):
                     h.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())
@@ -68,5 +71,8 @@ def main(out: str, algs: list[str]) -> None:
                 print(name, hist[-1].get("val_acc"), hist[-1].get("target_acc"), flush=True)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:])
+if __name__ == "__main__":  # PARITY_FRACTION / PARITY_ROUNDS / PARITY_CKPT=1 vary the setting
+    import os
+
+    main(sys.argv[1], sys.argv[2:], float(os.environ.get("PARITY_FRACTION", 1.0)),
+         int(os.environ.get("PARITY_ROUNDS", 2)), os.environ.get("PARITY_CKPT") == "1")

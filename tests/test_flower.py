@@ -521,8 +521,8 @@ def test_deployment_end_to_end_matches_inprocess(data, inprocess_fedccrl, tmp_pa
         for cid in SOURCES:
             assert rec[f"upload_bytes/{cid}"] == k_i * 3 * 2 * 4  # what the server received from cid
             assert rec[f"payload_bytes/{cid}"] == 2 * k_i * 3 * 2 * 4  # F_pool minus F_i, sent to cid
-        assert rec["array_bytes_up"] == ref["bytes_up"] and rec["array_bytes_down"] == ref["bytes_down"]
-        assert rec["bytes_up"] > rec["array_bytes_up"] and rec["bytes_down"] > rec["array_bytes_down"]
+        assert rec["bytes_up"] == ref["bytes_up"] and rec["bytes_down"] == ref["bytes_down"]  # the same count
+        assert rec["wire_bytes_up"] > rec["bytes_up"] and rec["wire_bytes_down"] > rec["bytes_down"]
     import mlflow
 
     hist = mlflow.MlflowClient().get_metric_history(run.run_id, "target_acc")

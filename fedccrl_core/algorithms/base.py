@@ -11,7 +11,7 @@ something besides weights, `client_upload` / `server_payloads`.
 """
 from __future__ import annotations
 
-import copy
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from fedccrl_core import fastpath
-from fedccrl_core.aggregation import weighted_average
+from fedccrl_core.aggregation import WeightedSum
 from fedccrl_core.client import ClientData, ClientState
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
@@ -155,7 +155,7 @@ class Algorithm:
                 seen += idx.numel()
                 yield
             sched.step()
-        state.optimizer = copy.deepcopy(opt.state_dict())
+        state.optimizer = opt.state_dict()  # no copy: this optimizer is dropped, its tensors now belong to the state
         state.scheduler = sched.state_dict()
         metrics = {k: float(v) / max(steps, 1) for k, v in sums.items()}  # one host sync per client-round
         metrics["train_acc"] = float(correct) / max(seen, 1)
@@ -164,9 +164,56 @@ class Algorithm:
         return Reply(data.client_id, weights, n, metrics)
 
     # ---- Algorithm 1 line 23 ---------------------------------------------------------------
+    def sample_count(self, data: ClientData) -> int:
+        """n_i as this algorithm's reply will state it (Eq. 2), known before the client trains: the
+        round loop announces N = sum_i n_i to the streamed aggregation."""
+        return data.n_train
+
+    def aggregation(self, global_weights: dict, total: float | None = None) -> "Aggregation | ListAggregation":
+        """One round's aggregation, fed one reply at a time (`add`), read once (`result`). Eq. 2 is
+        streamed (no list of every client's weights); an algorithm that overrides `aggregate` because
+        it needs every reply at once (GA's weights come from all clients' gaps) gets the list form."""
+        if type(self).aggregate is not Algorithm.aggregate:
+            return ListAggregation(self, global_weights)
+        return Aggregation(self, global_weights, total)
+
+    def after_aggregate(self, global_weights: dict, averaged: dict, client_ids: list[str]) -> dict:
+        """Server-side step after Eq. 2 (FedIIR's moving average, CCST's served clients)."""
+        return averaged
+
     def aggregate(self, global_weights: dict, replies: list[Reply]) -> dict:
-        """Eq. 2: weighted by n_i."""
-        return weighted_average([r.weights for r in replies], [r.n for r in replies])
+        """Eq. 2 over a list of replies, weighted by n_i: the same sum as the streamed form."""
+        agg = Aggregation(self, global_weights, float(sum(r.n for r in replies)))
+        for r in replies:
+            agg.add(r)
+        return agg.result()
+
+
+class Aggregation:
+    """Streamed Eq. 2: each reply's weights are folded into float64 sums as it arrives."""
+
+    def __init__(self, alg: Algorithm, global_weights: dict, total: float | None):
+        self.alg, self.global_weights, self.sum, self.client_ids = alg, global_weights, WeightedSum(total), []
+
+    def add(self, reply: Reply) -> None:
+        self.sum.add(reply.weights, reply.n)
+        self.client_ids.append(reply.client_id)
+
+    def result(self) -> dict:
+        return self.alg.after_aggregate(self.global_weights, self.sum.result(), self.client_ids)
+
+
+class ListAggregation:
+    """For an `aggregate` that needs every reply at once: keeps them, then calls it."""
+
+    def __init__(self, alg: Algorithm, global_weights: dict):
+        self.alg, self.global_weights, self.replies = alg, global_weights, []
+
+    def add(self, reply: Reply) -> None:
+        self.replies.append(dataclasses.replace(reply))  # the caller may drop the weights of its own
+
+    def result(self) -> dict:
+        return self.alg.aggregate(self.global_weights, self.replies)
 
 
 def cross_entropy_step(model, x, y):

@@ -150,9 +150,12 @@ class CCST(Algorithm):
         bank = bank_to_payload(self.style_bank)
         return {cid: (None if cid in self.served else bank) for cid in uploads}
 
-    def aggregate(self, global_weights, replies):
-        self.served.update(r.client_id for r in replies)
-        return super().aggregate(global_weights, replies)
+    def sample_count(self, data):  # D^{C_n}: every image in K styles (3.2.3)
+        return data.n_train * self.hp["K"]
+
+    def after_aggregate(self, global_weights, averaged, client_ids):
+        self.served.update(client_ids)
+        return averaged
 
     def server_state(self):
         return {"style_bank": self.style_bank, "served": sorted(self.served)}

@@ -109,8 +109,8 @@ class FedIIR(Algorithm):
         l_iir = iir_penalty(grads, model.grad_g.tensors())
         return risk + self.hp["gamma"] * l_iir, {"l_cls": risk, "l_iir": l_iir}, logits
 
-    def aggregate(self, global_weights, replies):
-        new = super().aggregate(global_weights, replies)  # Eq. 2; grad_g.* = sum_i n_i g_i / N
+    def after_aggregate(self, global_weights, averaged, client_ids):
+        new = dict(averaged)  # Eq. 2 gave grad_g.* = sum_i n_i g_i / N
         for key in [k for k in new if k.startswith("grad_g.")]:
             new[key] = ema_update(global_weights[key], new[key], self.hp["ema"])
         return new

@@ -12,6 +12,7 @@ Client state (Adam moments and LR schedule, FedBN/SiloBN's local BN layers in `e
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Callable
@@ -101,10 +102,14 @@ class InProcessTransport:
         return {cid: self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))
                 for cid in self.ids}
 
-    def train(self, rnd, sampled, global_w, payloads):
+    def announced_n(self, sampled):
+        return {cid: self.alg.sample_count(self.clients[cid]) for cid in sampled}
+
+    def train(self, rnd, sampled, global_w, payloads, fold):
         replies = []
         for j, reply in enumerate(self._local_replies(rnd, sampled, global_w, payloads)):
-            replies.append(reply)
+            fold(reply)  # Eq. 2 streamed: this client's weights are summed now, not kept
+            replies.append(dataclasses.replace(reply, weights={}))
             self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {reply.client_id}: "
                      f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
         self._trained = list(sampled)

@@ -88,8 +88,13 @@ class Transport(Protocol):
     def collect_uploads(self, rnd: int) -> dict[str, Any]:
         """Lines 3-6: the upload (or None) of every client that takes part, keyed by client id, sorted."""
 
-    def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict) -> list[Reply]:
-        """Lines 8-22 on the sampled clients: their valid replies, in client-id order."""
+    def announced_n(self, sampled: list[str]) -> dict[str, int]:
+        """n_i of each sampled client as its reply will state it (Algorithm.sample_count)."""
+
+    def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict,
+              fold: Callable[[Reply], None]) -> list[Reply]:
+        """Lines 8-22 on the sampled clients: `fold(reply)` for each valid reply in client-id order, as
+        it arrives; returns the replies with their weights dropped (n_i and metrics for the record)."""
 
     def round_record(self, rnd: int) -> dict:
         """Fields this transport adds to the round's record (wire bytes, dropped clients, ...)."""
@@ -144,8 +149,9 @@ class RoundLoop:
             uploads = self.transport.collect_uploads(rnd)  # lines 3-6
             sampled = sample_clients(list(uploads), self.client_fraction, self.seed, rnd)
             payloads = self.alg.server_payloads(uploads)  # line 7
-            replies = self.transport.train(rnd, sampled, global_w, payloads)  # lines 8-22
-            global_w = self.alg.aggregate(global_w, replies)  # line 23, Eq. 2
+            agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
+            replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
+            global_w = agg.result()  # line 23, Eq. 2, streamed
             self.model.load_state_dict(global_w)
             val_acc, tgt_acc = self.evaluate()
             if val_acc > best_val:  # training-domain validation (DomainBed)
