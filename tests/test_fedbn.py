@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
 from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.local_bn import local_bn_keys
@@ -124,7 +125,7 @@ def test_engine_rounds_and_resume_keep_client_bn(tmp_path):
 
     full = make_engine(tmp_path, "silobn", SMALL_SGD, ckpt_name="full.pt").run()
     assert all(math.isfinite(r[k]) for r in full.history for k in ("loss", "l_cls", "val_acc", "target_acc"))
-    extra = torch.load(tmp_path / "full.pt", weights_only=False)["states"]
+    extra = RoundCheckpoints(tmp_path / "full.pt", "cpu").client_states()  # one state file per client
     means = [extra[c]["extra"]["local_bn"]["h.features.1.running_mean"] for c in sorted(extra)]
     assert len(means) == 4 and not torch.allclose(means[0], means[2])  # per-client statistics
 

@@ -57,6 +57,7 @@ class StepContext:
     global_params: list[torch.Tensor]
     generator: torch.Generator | None
     state: dict = field(default_factory=dict)  # scratch space for one client-round (e.g. the pool on device)
+    epoch: int = 0  # the local epoch being trained (0-based)
 
 
 class Algorithm:
@@ -99,6 +100,23 @@ class Algorithm:
         """Loss of one minibatch (x normalized NCHW). Returns (loss, {term: tensor}, logits on x)."""
         raise NotImplementedError
 
+    # ---- the hooks of the one local loop (`local_train_steps`); every algorithm uses this loop -----
+    def local_epoch_count(self) -> int:
+        """Local epochs of one client-round (FedADG: E0 + E1)."""
+        return self.local.local_epochs
+
+    def begin_local(self, model, state: ClientState, ctx: StepContext) -> None:
+        """After the global weights, optimizer and schedule are loaded, before the first step: build
+        and restore anything else this algorithm trains locally (FedADG's discriminator), in ctx.state."""
+
+    def after_step(self, model, ctx: StepContext) -> dict[str, torch.Tensor]:
+        """After the optimizer step of one minibatch: a further step (FedADG's generator); returns
+        loss terms to average into the metrics."""
+        return {}
+
+    def end_local(self, model, state: ClientState, ctx: StepContext) -> None:
+        """After the last epoch: keep what must survive the round in state.extra."""
+
     def make_optimizer(self, model):
         return torch.optim.Adam(model.parameters(), lr=self.local.lr, weight_decay=self.local.weight_decay)
 
@@ -131,11 +149,14 @@ class Algorithm:
         if state.scheduler is not None:
             sched.load_state_dict(state.scheduler)
         ctx = StepContext(payload, [p.detach().clone() for p in model.parameters()], generator)
+        self.begin_local(model, state, ctx)
         n, bs, dev = data.n_train, self.local.batch_size, data.train_x.device
         sums: dict[str, torch.Tensor] = {}
+        counts: dict[str, int] = {}  # a term present in some steps only (FedADG's adversarial epochs)
         correct = torch.zeros((), device=dev)
-        steps = seen = 0
-        for _ in range(self.local.local_epochs):
+        seen = 0
+        for epoch in range(self.local_epoch_count()):
+            ctx.epoch = epoch
             order = fastpath.to_device(torch.from_numpy(shuffle_rng.permutation(n)), dev)
             for start in range(0, n, bs):
                 idx = order[start:start + bs]
@@ -148,16 +169,19 @@ class Algorithm:
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
+                with fastpath.autocast(fast, dev):
+                    terms = {**terms, **self.after_step(model, ctx)}
                 for k, v in {"loss": loss, **terms}.items():
                     sums[k] = sums.get(k, 0) + v.detach().float()
+                    counts[k] = counts.get(k, 0) + 1
                 correct += (logits.detach().argmax(1) == y).sum()
-                steps += 1
                 seen += idx.numel()
                 yield
             sched.step()
         state.optimizer = opt.state_dict()  # no copy: this optimizer is dropped, its tensors now belong to the state
         state.scheduler = sched.state_dict()
-        metrics = {k: float(v) / max(steps, 1) for k, v in sums.items()}  # one host sync per client-round
+        self.end_local(model, state, ctx)
+        metrics = {k: float(v) / counts[k] for k, v in sums.items()}  # one host sync per client-round
         metrics["train_acc"] = float(correct) / max(seen, 1)
         metrics["lr"] = float(opt.param_groups[0]["lr"])
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}

@@ -25,15 +25,13 @@ the F, C step. Adam and cosine as every algorithm here (the reference: SGD, warm
 """
 from __future__ import annotations
 
-import copy
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.algorithms.base import Algorithm, Reply, cross_entropy_step
+from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import normalize_u8
 
 
 class ReferenceGenerator(nn.Module):
@@ -106,8 +104,45 @@ class FedADG(Algorithm):
                 opt, T_max=self.local.rounds * (self.local.local_epochs + self.hp["e1"]))
         return super().make_scheduler(opt)
 
-    def train_step(self, model, x, y, ctx):  # the E0 epochs: L_err only
-        return cross_entropy_step(model, x, y)
+    # ---- the base local loop's hooks: E0 epochs of L_err, then E1 adversarial epochs ----------
+    def local_epoch_count(self):
+        return self.local.local_epochs + self.hp["e1"]
+
+    def begin_local(self, model, state, ctx):
+        """D and its optimizer, G's optimizer: kept per client across rounds, as F and C's optimizer."""
+        hp, ex = self.hp, state.extra
+        dev = next(model.parameters()).device
+        D = Discriminator(model.feature_dim, model.g.out_features, hp["rp_dim"], hp["disc_hidden"]).to(dev).train()
+        opt_d = torch.optim.Adam(D.parameters(), lr=hp["lr_adv"], weight_decay=self.local.weight_decay)
+        opt_g = torch.optim.Adam(model.generator.parameters(), lr=hp["lr_adv"], weight_decay=self.local.weight_decay)
+        for obj, saved in ((D, ex.get("discriminator")), (opt_d, ex.get("opt_d")), (opt_g, ex.get("opt_g"))):
+            if saved is not None:
+                obj.load_state_dict(saved)
+        ctx.state.update(D=D, opt_d=opt_d, opt_g=opt_g)
+
+    def train_step(self, model, x, y, ctx):
+        if ctx.epoch < self.local.local_epochs:  # E0: L_err only
+            return cross_entropy_step(model, x, y)
+        # E1: D first, then F and C (the base loop steps their optimizer on the returned loss), then G
+        hp, D = self.hp, ctx.state["D"]
+        y_soft = F.one_hot(y, model.g.out_features).float() * hp["label_value"]
+        xi = torch.rand(len(y), hp["noise_dim"], generator=ctx.generator, device=x.device)
+        z, r = model.h(x), model.generator(xi, y_soft)
+        l_advd = self.discriminator_step(D, ctx.state["opt_d"], z, r, y_soft)
+        loss, l_err, l_advf, logits = self.feature_loss(model, D, z, y, y_soft)
+        ctx.state.update(r=r, y_soft=y_soft)
+        return loss, {"l_cls": l_err, "l_advf": l_advf, "l_advd": l_advd}, logits
+
+    def after_step(self, model, ctx):
+        if ctx.epoch < self.local.local_epochs:
+            return {}
+        r, y_soft = ctx.state.pop("r"), ctx.state.pop("y_soft")
+        return {"l_advg": self.generator_step(ctx.state["D"], ctx.state["opt_g"], r, y_soft)}
+
+    def end_local(self, model, state, ctx):
+        D = ctx.state["D"]
+        state.extra.update(discriminator={k: v.detach().clone() for k, v in D.state_dict().items()},
+                           opt_d=ctx.state["opt_d"].state_dict(), opt_g=ctx.state["opt_g"].state_dict())
 
     def discriminator_step(self, D, opt_d, z, r, y_soft):
         l_advd = discriminator_loss(D(r.detach(), y_soft), D(z.detach(), y_soft))
@@ -116,14 +151,11 @@ class FedADG(Algorithm):
         opt_d.step()
         return l_advd
 
-    def feature_step(self, model, D, opt, z, y, y_soft):
+    def feature_loss(self, model, D, z, y, y_soft):
+        """lambda0 L_err + (1 - lambda0) L_advf, stepped on F and C by the base loop's optimizer."""
         logits = model.g(z)
         l_err, l_advf = F.cross_entropy(logits, y), alignment_loss(D(z, y_soft))
-        loss = self.hp["lambda0"] * l_err + (1 - self.hp["lambda0"]) * l_advf
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss, l_err, l_advf, logits
+        return self.hp["lambda0"] * l_err + (1 - self.hp["lambda0"]) * l_advf, l_err, l_advf, logits
 
     def generator_step(self, D, opt_g, r, y_soft):
         l_advg = generator_loss(D(r, y_soft))
@@ -131,53 +163,3 @@ class FedADG(Algorithm):
         l_advg.backward()
         opt_g.step()
         return l_advg
-
-    def local_train(self, model, data, state, global_weights, payload, generator, shuffle_rng):
-        hp, ex, dev = self.hp, state.extra, data.train_x.device
-        model.load_state_dict(global_weights)
-        model.train()
-        num_classes = model.g.out_features
-        D = Discriminator(model.feature_dim, num_classes, hp["rp_dim"], hp["disc_hidden"]).to(dev).train()
-        opt = self.make_optimizer(model)
-        sched = self.make_scheduler(opt)
-        opt_d = torch.optim.Adam(D.parameters(), lr=hp["lr_adv"], weight_decay=self.local.weight_decay)
-        opt_g = torch.optim.Adam(model.generator.parameters(), lr=hp["lr_adv"], weight_decay=self.local.weight_decay)
-        for obj, saved in ((opt, state.optimizer), (sched, state.scheduler), (D, ex.get("discriminator")),
-                           (opt_d, ex.get("opt_d")), (opt_g, ex.get("opt_g"))):
-            if saved is not None:
-                obj.load_state_dict(saved)
-        n, bs = data.n_train, self.local.batch_size
-        sums, counts, correct, seen = {}, {}, torch.zeros((), device=dev), 0
-        for epoch in range(self.local.local_epochs + hp["e1"]):
-            order = torch.from_numpy(shuffle_rng.permutation(n)).to(dev)
-            for start in range(0, n, bs):
-                idx = order[start:start + bs]
-                if idx.numel() < 2:  # a batch of 1 breaks BatchNorm in train mode
-                    continue
-                x, y = normalize_u8(data.train_x[idx], self.local.mean, self.local.std), data.train_y[idx]
-                if epoch < self.local.local_epochs:  # E0: L_err
-                    loss, _, logits = self.train_step(model, x, y, None)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    terms = {"loss": loss, "l_cls": loss}
-                else:  # E1: D, then F and C, then G on the same minibatch and noise
-                    y_soft = F.one_hot(y, num_classes).float() * hp["label_value"]
-                    xi = torch.rand(len(y), hp["noise_dim"], generator=generator, device=dev)
-                    z, r = model.h(x), model.generator(xi, y_soft)
-                    l_advd = self.discriminator_step(D, opt_d, z, r, y_soft)
-                    loss, l_err, l_advf, logits = self.feature_step(model, D, opt, z, y, y_soft)
-                    l_advg = self.generator_step(D, opt_g, r, y_soft)
-                    terms = {"loss": loss, "l_cls": l_err, "l_advf": l_advf, "l_advd": l_advd, "l_advg": l_advg}
-                for k, v in terms.items():
-                    sums[k] = sums.get(k, 0) + v.detach().float()
-                    counts[k] = counts.get(k, 0) + 1
-                correct += (logits.detach().argmax(1) == y).sum()
-                seen += idx.numel()
-            sched.step()
-        state.optimizer, state.scheduler = copy.deepcopy(opt.state_dict()), sched.state_dict()
-        ex.update(discriminator={k: v.detach().clone() for k, v in D.state_dict().items()},
-                  opt_d=copy.deepcopy(opt_d.state_dict()), opt_g=copy.deepcopy(opt_g.state_dict()))
-        metrics = {k: float(v) / counts[k] for k, v in sums.items()}  # one host sync per client-round
-        metrics.update(train_acc=float(correct) / max(seen, 1), lr=float(opt.param_groups[0]["lr"]))
-        return Reply(data.client_id, {k: v.detach().clone() for k, v in model.state_dict().items()}, n, metrics)

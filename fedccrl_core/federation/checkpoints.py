@@ -85,6 +85,13 @@ class RoundCheckpoints:
             return None
         return torch.load(self.state_file(cid, rnd), map_location=self.device, weights_only=False)
 
+    def client_states(self) -> dict[str, dict]:
+        """Every client state the latest checkpoint names (for inspection and tests; the engine loads
+        only the sampled clients' states, with `load_client`)."""
+        ck = torch.load(self.path, map_location=self.device, weights_only=False)
+        self.client_files = dict(ck.get("client_files") or {})
+        return {cid: self.load_client(cid) for cid in sorted(self.client_files)}
+
     # ---- writing ------------------------------------------------------------------------------
     def save(self, rnd: int, main: dict, trained: dict[str, dict]) -> int:
         """Write round `rnd`: the state files of the clients in `trained`, then the checkpoint itself

@@ -154,6 +154,7 @@ class InProcessEngine:
                  on_round: Callable[[dict], None] | None = None, run_info: dict | None = None,
                  log=lambda msg: print(msg, file=sys.stderr, flush=True), concurrent_clients: int | str = "auto",
                  client_state: str = "persistent"):
+        self.alg, self.model = algorithm, model
         device = next(model.parameters()).device
         self.transport = InProcessTransport(algorithm, model, clients, seed, concurrent_clients, client_state, log,
                                             rounds)
