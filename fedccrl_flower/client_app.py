@@ -188,7 +188,8 @@ def handle_query(msg: Message, context: Context) -> Message:
     cid = resolve_client_id(context, spec)
     data = load_client_data(context, cid, device)
     alg, _ = build_client_algorithm(spec, device)
-    upload = alg.client_upload(data, numpy_rng(spec["seed"], "upload", rnd, cid))
+    skip = json.loads(str(msg.content[M.CONFIG].get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
+    upload = None if cid in skip else alg.client_upload(data, numpy_rng(spec["seed"], "upload", rnd, cid))
     _say(f"client {cid} round {rnd}: upload of {nbytes(upload)} B", t0)
     content = RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: alg.sample_count(data)})})
     if upload is not None:

@@ -42,6 +42,7 @@ F_SPEC = "spec"            # JSON of the client-side spec (algorithm, LocalConfi
 F_ROUND = "round"
 F_CLIENT_ID = "client-id"  # in TRAIN config: the client the server addresses; in INFO: who answers
 F_N = "n"                  # n_i (Eq. 2)
+F_SKIP_UPLOAD = "skip-upload"  # in QUERY config: client ids whose upload the server does not need (JSON list)
 
 # ---- keys of Context.state on a SuperNode (ClientState, never sent) ------------------------------
 STATE_ARRAYS = "fedccrl.client-state.arrays"

@@ -233,7 +233,10 @@ class FlowerServer:
     # ---- round phases -------------------------------------------------------------------------
     def _query(self, rnd: int, nodes: list[int]):
         """Lines 3-6: uploads of every responsive client, keyed by client id (sorted)."""
-        msgs = [Message(RecordDict({M.CONFIG: self._config(rnd)}), dst_node_id=n, message_type=M.QUERY,
+        config = self._config(rnd)
+        config[M.F_SKIP_UPLOAD] = json.dumps(sorted(c for c in set(self.client_of_node.values())
+                                                    if not self.alg.upload_wanted(c)))
+        msgs = [Message(RecordDict({M.CONFIG: config}), dst_node_id=n, message_type=M.QUERY,
                         group_id=str(rnd)) for n in nodes]
         down = sum(M.content_nbytes(m.content) for m in msgs)
 

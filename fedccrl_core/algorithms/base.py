@@ -89,6 +89,11 @@ class Algorithm:
         pass
 
     # ---- Algorithm 1 lines 3-7 -------------------------------------------------------------
+    def upload_wanted(self, client_id: str) -> bool:
+        """Server half: does the server need this client's upload this round? (CCST: only until it has
+        the client's style.) The transport asks before the client computes anything."""
+        return True
+
     def client_upload(self, data: ClientData, rng: np.random.Generator) -> dict | None:
         return None
 

@@ -14,8 +14,8 @@ Then FedAvg: each round, plain cross-entropy on D^{C_n} and aggregation weighted
 value of M ... is ceil(dataset_size/32)"; the reference code draws one style image per batch of 32).
 
 How "once" maps onto the engine, which calls client_upload / server_payloads every round:
-  - client_upload returns the client's style once (round 1); the server keeps the first upload of
-    each client, so a client that uploads again (a restarted Flower process) changes nothing.
+  - the server asks a client for its style until the bank holds it (round 1); the server keeps the
+    first upload of each client, so a client that uploads again (a restarted server) changes nothing.
   - server_payloads sends B to a client only until the client has trained once (the server learns
     that from the replies in `aggregate`), so a client not sampled in round 1 still gets B once.
     B and the set of served clients are server state (checkpointed: a resume sends nothing again).
@@ -27,9 +27,9 @@ How "once" maps onto the engine, which calls client_upload / server_payloads eve
   - D^{C_n} is built offline, once, with the frozen AdaIN networks and kept on the training device
     as uint8 in this object (like the shards); it is not checkpointed (K times the shard), but is
     rebuilt from the checkpointed plan and bank after a resume, to the same images (CPU).
-The in-process engine shares one Algorithm object between the server and client roles: there,
-client_upload also consults the (checkpointed) server bank, so that a resumed run uploads nothing
-again; client_upload gets no ClientState to remember it by. B travels as a flat dict of arrays
+Who uploads is the server half's decision (`upload_wanted`: clients not yet in the checkpointed
+bank), passed to the clients by the transport (Flower: the QUERY message's skip list), so a resumed
+run uploads nothing again and no client-side object holds server state. B travels as a flat dict of arrays
 (`bank_to_payload`), so the Flower messages can carry it unchanged.
 Departures: styles and transfer at the shard resolution (the reference stylizes at 512 px, then
 trains at 222-224); per-image single-style draws (Alg. 1 line 8; the reference draws one per batch
@@ -118,7 +118,6 @@ class CCST(Algorithm):
             raise ValueError(f"params.yaml: train.ccst.J must be null or an integer >= 1, got {hp['J']!r}")
         self.style_bank: dict[str, dict[str, np.ndarray]] = {}  # server: B (Eq. 9-10)
         self.served: set[str] = set()  # server: clients that have trained with B
-        self._uploaded: set[str] = set()  # client side: styles already sent from this process
         self._datasets: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # client side: D^{C_n} (uint8, labels)
         self._nets: AdaINNetworks | None = None
 
@@ -129,10 +128,10 @@ class CCST(Algorithm):
         return self._nets.to(device)
 
     # ---- 3.2.1: local style computation, uploaded once --------------------------------------
+    def upload_wanted(self, client_id):  # server half; Sec. 4.4: styles are sent "for once"
+        return client_id not in self.style_bank
+
     def client_upload(self, data, rng):
-        if data.client_id in self._uploaded or data.client_id in self.style_bank:  # Sec. 4.4: "for once"
-            return None
-        self._uploaded.add(data.client_id)
         nets = self.networks(data.train_x.device)
         if self.hp["style_type"] == "overall":  # Eq. 8
             mu, sigma = overall_style(nets, data.train_x, TRANSFER_BATCH)

@@ -99,8 +99,8 @@ class InProcessTransport:
     # ---- the two client-side phases -----------------------------------------------------------
     def collect_uploads(self, rnd: int) -> dict:
         """Lines 3-6: every client's statistics enter the pool."""
-        return {cid: self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))
-                for cid in self.ids}
+        return {cid: (self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))
+                      if self.alg.upload_wanted(cid) else None) for cid in self.ids}
 
     def announced_n(self, sampled):
         return {cid: self.alg.sample_count(self.clients[cid]) for cid in sampled}
