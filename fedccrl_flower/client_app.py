@@ -221,11 +221,14 @@ def handle_train(msg: Message, context: Context) -> Message:
         save_client_state(context, spec, cid, rnd, state, base)
     _say(f"client {cid} round {rnd}: trained, loss {reply.metrics.get('loss', float('nan')):.4f} "
          f"acc {reply.metrics['train_acc']:.3f}", t0)
-    return Message(RecordDict({
+    content = RecordDict({
         M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: int(reply.n)}),
         M.WEIGHTS: M.arrays_to_record(reply.weights),
         M.METRICS: MetricRecord({k: float(v) for k, v in reply.metrics.items()}),
-    }), reply_to=msg)
+    })
+    if reply.upload is not None:  # what the server half aggregates besides the weights (FedIIR: g_i)
+        content[M.UPLOAD] = M.arrays_to_record(reply.upload)
+    return Message(content, reply_to=msg)
 
 
 @app.query()

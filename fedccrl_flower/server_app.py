@@ -322,11 +322,22 @@ class FlowerServer:
                 metrics = M.metrics_from_record(r.content[M.METRICS], f"metrics of {cid}")
                 if "train_acc" not in metrics:
                     raise M.MalformedUpdate(f"metrics of {cid} lack train_acc")
+                upload = (M.record_to_arrays(r.content[M.UPLOAD], f"train upload of {cid}")
+                          if M.UPLOAD in r.content else None)
+                M.validate_upload(upload, f"train upload of {cid}")
             except (M.MalformedUpdate, KeyError, TypeError, ValueError) as e:
                 self._refuse(rnd, cid, str(e))
                 continue
-            valid.append(Reply(cid, {k: v.to(self.device) for k, v in weights.items()}, n, metrics))
+            up_t = None if upload is None else {k: torch.from_numpy(v).to(self.device) for k, v in upload.items()}
+            valid.append(Reply(cid, {k: v.to(self.device) for k, v in weights.items()}, n, metrics, up_t))
             self.log(f"round {rnd}: {cid}: loss {metrics.get('loss', float('nan')):.4f} acc {metrics['train_acc']:.3f}")
+        sigs = {r.client_id: None if r.upload is None else  # summed element-wise: full shapes must agree
+                tuple(sorted((k, str(v.dtype), tuple(v.shape)) for k, v in r.upload.items())) for r in valid}
+        consensus = M.consensus_signature(sigs)
+        for r in list(valid):  # uploads are summed together: one signature (keys, dtypes, shapes)
+            if sigs[r.client_id] != consensus:
+                self._refuse(rnd, r.client_id, f"train upload {sigs[r.client_id]} does not match the others' {consensus}")
+                valid.remove(r)
         valid.sort(key=lambda r: r.client_id)
         return valid, up, down
 

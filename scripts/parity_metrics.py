@@ -66,7 +66,11 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
                     h.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())
                 hist = [{k: (repr(v) if isinstance(v, float) else v) for k, v in r.items() if k != "seconds"}
                         for r in res.history]
-                f.write(json.dumps({"algorithm": name, "weights_sha256": h.hexdigest(), "history": hist}) + "\n")
+                h2 = hashlib.sha256()  # without FedIIR's former grad_g.* buffers (g_bar moved to the server half)
+                for k in sorted(k for k in res.final_weights if not k.startswith("grad_g.")):
+                    h2.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())
+                f.write(json.dumps({"algorithm": name, "weights_sha256": h.hexdigest(),
+                                    "model_sha256": h2.hexdigest(), "history": hist}) + "\n")
                 f.flush()
                 print(name, hist[-1].get("val_acc"), hist[-1].get("target_acc"), flush=True)
 

@@ -130,16 +130,24 @@ def test_fediir_penalty_trains_the_encoder():
 def test_fediir_ema_by_hand_in_aggregate():
     assert ema_update(torch.tensor([1.0]), torch.tensor([3.0]), 0.9).item() == pytest.approx(1.2)
     alg = FedIIR(LocalConfig(), {"ema": 0.9})
-    glob = {"g.weight": torch.tensor([5.0]), "grad_g.weight": torch.tensor([1.0]), "grad_g.bias": torch.tensor([0.0])}
+    alg.load_server_state({"g_bar": {"weight": torch.tensor([1.0]), "bias": torch.tensor([0.0])}})
+    glob = {"g.weight": torch.tensor([5.0])}
 
-    def reply(cid, w, gw, gb, n):
-        return Reply(cid, {"g.weight": torch.tensor([w]), "grad_g.weight": torch.tensor([gw]),
-                           "grad_g.bias": torch.tensor([gb])}, n)
+    def reply(cid, w, gw, gb, n):  # g_i travels in the reply's upload, next to the weights
+        return Reply(cid, {"g.weight": torch.tensor([w])}, n, upload={"weight": torch.tensor([gw]),
+                                                                      "bias": torch.tensor([gb])})
 
     out = alg.aggregate(glob, [reply("a", 0.0, 2.0, 0.0, 1), reply("b", 4.0, 4.0, 1.0, 3)])
     assert out["g.weight"].item() == pytest.approx(3.0)  # Eq. 2: (0 + 3 * 4) / 4
-    assert out["grad_g.weight"].item() == pytest.approx(0.9 * 1.0 + 0.1 * (2.0 + 3 * 4.0) / 4)  # g_bar EMA
-    assert out["grad_g.bias"].item() == pytest.approx(0.1 * 0.75)  # from g_bar = 0
+    g_bar = alg.server_state()["g_bar"]  # server half's state, not in the model
+    assert g_bar["weight"].item() == pytest.approx(0.9 * 1.0 + 0.1 * (2.0 + 3 * 4.0) / 4)  # g_bar EMA
+    assert g_bar["bias"].item() == pytest.approx(0.1 * 0.75)
+    assert set(out) == {"g.weight"}
+    assert all(p is g_bar for p in alg.server_payloads({"a": None, "b": None}).values())  # down: g_bar
+    fresh = FedIIR(LocalConfig(), {"ema": 0.9})
+    assert fresh.server_payloads({"a": None}) == {"a": None}  # before round 1: nothing to send (zeros)
+    fresh.aggregate(glob, [reply("a", 0.0, 2.0, 1.0, 1)])
+    assert fresh.server_state()["g_bar"]["weight"].item() == pytest.approx(0.1 * 2.0)  # from g_bar = 0
 
 
 def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar():
@@ -149,21 +157,22 @@ def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar():
     model = FedIIR.build_model("small_cnn", 3)
     data = _toy_client("c", "d", 24, 0, 0)
     glob = {k: v.clone() for k, v in model.state_dict().items()}
-    glob["grad_g.bias"] = torch.tensor([0.1, -0.2, 0.1])  # a g_bar from the server
+    assert not any(k.startswith("grad_g") for k in glob)  # the model holds no gradient
+    payload = {"weight": torch.zeros_like(model.g.weight), "bias": torch.tensor([0.1, -0.2, 0.1])}  # g_bar
     model.load_state_dict(glob)
     expected = alg.mean_classifier_gradient(model, data)  # g_i on w^t, before any local step
     model.load_state_dict(glob)
     state = ClientState()
-    reply = alg.local_train(model, data, state, glob, None, torch.Generator().manual_seed(0), np.random.default_rng(0))
-    assert torch.allclose(reply.weights["grad_g.weight"], expected[0])  # up: g_i in place of g_bar
-    assert torch.allclose(reply.weights["grad_g.bias"], expected[1])
-    assert torch.equal(model.grad_g.bias, glob["grad_g.bias"])  # training read g_bar, never wrote it
+    reply = alg.local_train(model, data, state, glob, payload, torch.Generator().manual_seed(0),
+                            np.random.default_rng(0))
+    assert torch.allclose(reply.upload["weight"], expected[0])  # up: g_i, in the reply
+    assert torch.allclose(reply.upload["bias"], expected[1])
     assert reply.metrics["l_iir"] > 0 and not torch.equal(reply.weights["g.weight"], glob["g.weight"])
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 0])  # the step's penalty is against g_bar
     model.train()
-    loss, terms, _ = alg.train_step(model, x, y, StepContext(None, [], None))
+    g_bar = [payload["weight"], payload["bias"]]
+    loss, terms, _ = alg.train_step(model, x, y, StepContext(payload, [], None, state={"g_bar": g_bar}))
     _, grads, _ = classifier_gradient(model.g, model.h(x), y, create_graph=False)
-    g_bar = [torch.zeros_like(model.g.weight), glob["grad_g.bias"]]
     assert terms["l_iir"].item() == pytest.approx(iir_penalty(grads, g_bar).item(), rel=1e-5)
     assert loss.item() == pytest.approx((terms["l_cls"] + 0.001 * terms["l_iir"]).item(), rel=1e-6)
 
@@ -285,10 +294,9 @@ def test_engine_round_and_resume_keep_server_state(tmp_path, algorithm):
         assert "ga_gap" in last and "ga_gap" not in full.history[0]
         a = full_engine.alg.server_state()["a"]
         assert sum(a.values()) == pytest.approx(1) and max(abs(v - 0.25) for v in a.values()) > 1e-6
-    if algorithm == "fediir":  # g_bar rides in the global weights: EMA of the clients' classifier gradients
-        g = full_engine.model.g
-        assert full.final_weights["grad_g.weight"].shape == g.weight.shape
-        assert full.final_weights["grad_g.bias"].abs().sum() > 0
+    if algorithm == "fediir":  # g_bar is the server half's state: EMA of the clients' classifier gradients
+        g, g_bar = full_engine.model.g, full_engine.alg.server_state()["g_bar"]
+        assert g_bar["weight"].shape == g.weight.shape and g_bar["bias"].abs().sum() > 0
     extra = RoundCheckpoints(tmp_path / "full.pt", "cpu").client_states()["d0_c0"]["extra"]
     if algorithm == "fedadg":  # G is aggregated; D and the D, G optimizers stay with the client
         assert any(k.startswith("generator.") for k in full.final_weights)
@@ -315,7 +323,10 @@ def test_engine_round_and_resume_keep_server_state(tmp_path, algorithm):
     assert s_full.keys() == s_res.keys()
     for k in s_full:
         v1, v2 = s_full[k], s_res[k]
-        assert (all(torch.equal(a, b) for a, b in zip(v1, v2)) if isinstance(v1, list) else v1 == v2), k
+        if isinstance(v1, dict) and all(isinstance(t, torch.Tensor) for t in v1.values()):  # FedIIR's g_bar
+            assert v1.keys() == v2.keys() and all(torch.equal(v1[n], v2[n]) for n in v1), k
+        else:
+            assert (all(torch.equal(a, b) for a, b in zip(v1, v2)) if isinstance(v1, list) else v1 == v2), k
 
 
 @pytest.mark.parametrize("algorithm", BASELINES)

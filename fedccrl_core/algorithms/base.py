@@ -43,12 +43,14 @@ class LocalConfig:
 
 @dataclass
 class Reply:
-    """A client's answer to one round: its weights, n_i (Eq. 2) and float metrics."""
+    """A client's answer to one round: its weights, n_i (Eq. 2), float metrics, and what else it
+    uploads with them (`upload`: arrays the server half aggregates, e.g. FedIIR's classifier gradient)."""
 
     client_id: str
     weights: dict[str, torch.Tensor]
     n: int
     metrics: dict[str, float] = field(default_factory=dict)
+    upload: dict[str, torch.Tensor] | None = None
 
 
 @dataclass
@@ -58,6 +60,8 @@ class StepContext:
     generator: torch.Generator | None
     state: dict = field(default_factory=dict)  # scratch space for one client-round (e.g. the pool on device)
     epoch: int = 0  # the local epoch being trained (0-based)
+    global_weights: dict = field(default_factory=dict)  # as received (parameters and buffers)
+    upload: dict | None = None  # set by a hook: travels up in the Reply, aggregated by the server half
 
 
 class Algorithm:
@@ -110,7 +114,7 @@ class Algorithm:
         """Local epochs of one client-round (FedADG: E0 + E1)."""
         return self.local.local_epochs
 
-    def begin_local(self, model, state: ClientState, ctx: StepContext) -> None:
+    def begin_local(self, model, data: ClientData, state: ClientState, ctx: StepContext) -> None:
         """After the global weights, optimizer and schedule are loaded, before the first step: build
         and restore anything else this algorithm trains locally (FedADG's discriminator), in ctx.state."""
 
@@ -153,8 +157,9 @@ class Algorithm:
             opt.load_state_dict(state.optimizer)
         if state.scheduler is not None:
             sched.load_state_dict(state.scheduler)
-        ctx = StepContext(payload, [p.detach().clone() for p in model.parameters()], generator)
-        self.begin_local(model, state, ctx)
+        ctx = StepContext(payload, [p.detach().clone() for p in model.parameters()], generator,
+                          global_weights=global_weights)
+        self.begin_local(model, data, state, ctx)
         n, bs, dev = data.n_train, self.local.batch_size, data.train_x.device
         sums: dict[str, torch.Tensor] = {}
         counts: dict[str, int] = {}  # a term present in some steps only (FedADG's adversarial epochs)
@@ -190,7 +195,7 @@ class Algorithm:
         metrics["train_acc"] = float(correct) / max(seen, 1)
         metrics["lr"] = float(opt.param_groups[0]["lr"])
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return Reply(data.client_id, weights, n, metrics)
+        return Reply(data.client_id, weights, n, metrics, ctx.upload)
 
     # ---- Algorithm 1 line 23 ---------------------------------------------------------------
     def sample_count(self, data: ClientData) -> int:
@@ -206,8 +211,10 @@ class Algorithm:
             return ListAggregation(self, global_weights)
         return Aggregation(self, global_weights, total)
 
-    def after_aggregate(self, global_weights: dict, averaged: dict, client_ids: list[str]) -> dict:
-        """Server-side step after Eq. 2 (FedIIR's moving average, CCST's served clients)."""
+    def after_aggregate(self, global_weights: dict, averaged: dict, client_ids: list[str],
+                        uploads: dict | None = None) -> dict:
+        """Server-side step after Eq. 2 (FedIIR's moving average of `uploads`, the replies' uploads
+        averaged with the same n_i weights; CCST's served clients)."""
         return averaged
 
     def aggregate(self, global_weights: dict, replies: list[Reply]) -> dict:
@@ -223,13 +230,17 @@ class Aggregation:
 
     def __init__(self, alg: Algorithm, global_weights: dict, total: float | None):
         self.alg, self.global_weights, self.sum, self.client_ids = alg, global_weights, WeightedSum(total), []
+        self.uploads = WeightedSum(total)
 
     def add(self, reply: Reply) -> None:
         self.sum.add(reply.weights, reply.n)
+        if reply.upload is not None:
+            self.uploads.add(reply.upload, reply.n)
         self.client_ids.append(reply.client_id)
 
     def result(self) -> dict:
-        return self.alg.after_aggregate(self.global_weights, self.sum.result(), self.client_ids)
+        uploads = self.uploads.result() if self.uploads.count else None
+        return self.alg.after_aggregate(self.global_weights, self.sum.result(), self.client_ids, uploads)
 
 
 class ListAggregation:

@@ -152,7 +152,7 @@ class CCST(Algorithm):
     def sample_count(self, data):  # D^{C_n}: every image in K styles (3.2.3)
         return data.n_train * self.hp["K"]
 
-    def after_aggregate(self, global_weights, averaged, client_ids):
+    def after_aggregate(self, global_weights, averaged, client_ids, uploads=None):
         self.served.update(client_ids)
         return averaged
 

@@ -108,7 +108,7 @@ class FedADG(Algorithm):
     def local_epoch_count(self):
         return self.local.local_epochs + self.hp["e1"]
 
-    def begin_local(self, model, state, ctx):
+    def begin_local(self, model, data, state, ctx):
         """D and its optimizer, G's optimizer: kept per client across rounds, as F and C's optimizer."""
         hp, ex = self.hp, state.extra
         dev = next(model.parameters()).device

@@ -18,34 +18,19 @@ its local training and sends it up with its weights; the server folds it into g_
 aggregates round t, and clients use that g_bar in round t+1. Departure: the g_bar used in round t
 holds the gradients at w^(t-1), one round late (in round 1, g_bar = 0).
 
-How g_i and g_bar travel: as buffers `grad_g.*` of the model, shaped like g's parameters (so every
-engine moves and counts them, and a checkpoint of the global weights keeps g_bar across a resume).
-Down, the buffers hold g_bar; up, the client overwrites them with g_i; Eq. 2 averages the g_i
-weighted by n_i (the reference averages over all minibatches of all clients, i.e. also about n_i),
-and `aggregate` applies the moving average. The buffers are unused by the forward pass.
+How g_i and g_bar travel: g_i goes up in the client's Reply (`Reply.upload`, keyed by g's parameter
+names), next to its weights; the round loop averages the uploads with the weights' n_i (Eq. 2; the
+reference averages over all minibatches of all clients, i.e. also about n_i) and `after_aggregate`
+applies the moving average. g_bar is server state of the algorithm's server half (checkpointed) and
+goes down as the clients' payload; before the first aggregation it is 0 and nothing is sent (the
+client uses zeros). The model holds neither.
 """
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import normalize_u8
-
-
-class ClassifierGradient(nn.Module):
-    """Buffers shaped like g's parameters: the server's g_bar on the way down, the client's g_i on the way up."""
-
-    def __init__(self, g: nn.Module):
-        super().__init__()
-        self.names = [n.replace(".", "_") for n, _ in g.named_parameters()]
-        for name, p in zip(self.names, g.parameters()):
-            self.register_buffer(name, torch.zeros_like(p, requires_grad=False))
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [getattr(self, n) for n in self.names]
 
 
 def classifier_gradient(g: nn.Module, z: torch.Tensor, y: torch.Tensor, create_graph: bool) -> tuple:
@@ -73,11 +58,25 @@ class FedIIR(Algorithm):
         "ema": 0.95,  # moving-average factor of g_bar: reference and FedCCRL reference default 0.95
     }
 
-    @classmethod
-    def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
-        model = build_model(backbone, num_classes, pretrained)
-        model.grad_g = ClassifierGradient(model.g)
-        return model
+    def __init__(self, local, hparams=None):
+        super().__init__(local, hparams)
+        self.g_bar: dict[str, torch.Tensor] | None = None  # server: the moving average, 0 before round 1
+
+    # ---- server half --------------------------------------------------------------------------
+    def server_payloads(self, uploads):
+        return {cid: self.g_bar for cid in uploads}
+
+    def after_aggregate(self, global_weights, averaged, client_ids, uploads=None):
+        if uploads is not None:  # uploads = sum_i n_i g_i / N
+            old = self.g_bar or {k: torch.zeros_like(v) for k, v in uploads.items()}
+            self.g_bar = {k: ema_update(old[k], uploads[k], self.hp["ema"]) for k in uploads}
+        return averaged
+
+    def server_state(self):
+        return {"g_bar": self.g_bar}
+
+    def load_server_state(self, state):
+        self.g_bar = state.get("g_bar")
 
     @torch.no_grad()
     def _features(self, model, x):
@@ -85,7 +84,7 @@ class FedIIR(Algorithm):
 
     def mean_classifier_gradient(self, model, data) -> list[torch.Tensor]:
         """g_i on the current (global) weights: the mean of the minibatch gradients over the client's data."""
-        model.train()  # as the reference: train-mode forward (BN buffers are restored by local_train's reload)
+        model.train()  # as the reference: train-mode forward (begin_local restores the BN buffers after)
         sums, batches, bs = None, 0, self.local.batch_size
         for start in range(0, data.n_train, bs):
             if data.n_train - start < 2:  # a batch of 1 breaks BatchNorm in train mode
@@ -96,21 +95,19 @@ class FedIIR(Algorithm):
             batches += 1
         return [s / batches for s in sums]
 
-    def local_train(self, model, data, state, global_weights, payload, generator, shuffle_rng):
-        model.load_state_dict(global_weights)  # grad_g.* now hold g_bar, used by train_step
+    # ---- client half: the base local loop's hooks --------------------------------------------
+    def begin_local(self, model, data, state, ctx):
+        """g_i on the received w^t, before local training; then w^t again (the train-mode passes moved
+        the BN buffers). g_bar from the payload, zeros before the server has one."""
         g_i = self.mean_classifier_gradient(model, data)
-        reply = super().local_train(model, data, state, global_weights, payload, generator, shuffle_rng)
-        for name, g in zip(model.grad_g.names, g_i):  # up: g_i on w^t in place of g_bar
-            reply.weights[f"grad_g.{name}"] = g.detach().clone()
-        return reply
+        model.load_state_dict(ctx.global_weights)
+        names = [n for n, _ in model.g.named_parameters()]
+        ctx.upload = {n: g.detach().clone() for n, g in zip(names, g_i)}  # up: g_i on w^t
+        params = dict(model.g.named_parameters())
+        ctx.state["g_bar"] = [torch.zeros_like(params[n]) if ctx.payload is None else
+                              torch.as_tensor(ctx.payload[n]).to(params[n].device, params[n].dtype) for n in names]
 
     def train_step(self, model, x, y, ctx):
         risk, grads, logits = classifier_gradient(model.g, model.h(x), y, create_graph=True)
-        l_iir = iir_penalty(grads, model.grad_g.tensors())
+        l_iir = iir_penalty(grads, ctx.state["g_bar"])
         return risk + self.hp["gamma"] * l_iir, {"l_cls": risk, "l_iir": l_iir}, logits
-
-    def after_aggregate(self, global_weights, averaged, client_ids):
-        new = dict(averaged)  # Eq. 2 gave grad_g.* = sum_i n_i g_i / N
-        for key in [k for k in new if k.startswith("grad_g.")]:
-            new[key] = ema_update(global_weights[key], new[key], self.hp["ema"])
-        return new

@@ -158,7 +158,8 @@ class RoundLoop:
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
             rec = {"round": rnd, "val_acc": val_acc, "target_acc": tgt_acc, "seconds": time.perf_counter() - t0,
-                   "bytes_up": len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values()),
+                   "bytes_up": len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values())
+                   + sum(nbytes(r.upload) for r in replies),
                    "bytes_down": len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies)}
             for key in sorted({k for r in replies for k in r.metrics}):
                 rec[key] = weighted_mean(replies, key)
