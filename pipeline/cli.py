@@ -20,6 +20,7 @@ STAGES = {
     "export": "pipeline.export",
     "bench-accuracy": "pipeline.bench",
     "bench": "pipeline.bench_speed",
+    "bench-scale": "pipeline.bench_scale",
 }
 
 

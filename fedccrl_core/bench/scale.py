@@ -1,0 +1,151 @@
+"""`fedccrl bench-scale`: the cost of a round against the number of clients, the total data fixed
+(issue 18: FedDG-Bench sweeps the client count; the goal is at most 1.2x time and memory at 120
+clients against 6).
+
+Each (algorithm, client count) runs in its own child process (`python -m fedccrl_core.bench.scale
+--child ...`), so its peak RSS (getrusage ru_maxrss) is its own. The data is generated in memory:
+`total` images of 6 classes at `size` px, dealt round-robin over 3 source domains and split evenly
+over the clients (the partition stage and its lambda partition are not used here). Every client
+trains each round (client_fraction 1.0): the work per round is the same at every client count,
+so what grows with the count is per-client overhead. A child reports, per round, seconds split
+into phases (uploads, local training incl. streamed Eq. 2, evaluation, checkpoint), peak RSS and
+the RSS after start-up (torch imported, data built), the checkpoint bytes of its last round and
+the bytes sent.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CLIENT_COUNTS = (6, 30, 120, 300)
+ALGORITHMS = ("fedavg", "fedccrl")
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def child(spec: dict) -> dict:
+    """One measurement, in this process: build the clients, run `rounds` rounds, report."""
+    import numpy as np
+    import torch
+
+    from fedccrl_core.algorithms import LocalConfig, build_algorithm
+    from fedccrl_core.client import ClientData
+    from fedccrl_core.data.pools import compute_statistics
+    from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+
+    torch.set_num_threads(spec["threads"])
+    local = LocalConfig(rounds=spec["rounds"], local_epochs=1, batch_size=spec["batch_size"])
+    rng = np.random.default_rng(0)
+    n, size, k = spec["total"], spec["size"], spec["clients"]
+    y = np.arange(n) % 6
+    x = rng.integers(0, 120, (n, size, size, 3), dtype=np.uint8)
+    x[np.arange(n), : size // 2, :, y % 3] += 100  # a class signal, so training is not pure noise
+    domain = (np.arange(n) // 6) % 3
+    order = np.argsort(domain, kind="stable")  # clients of one domain hold that domain's images
+    mu, sigma = compute_statistics(x, local.mean, local.std)
+    clients = []
+    for i, idx in enumerate(np.array_split(order, k)):
+        clients.append(ClientData.from_numpy(f"c{i:03d}", f"d{domain[idx[0]]}", x[idx], y[idx], x[idx[:1]],
+                                             y[idx[:1]], "cpu", mu[idx], sigma[idx]))
+    tx = torch.from_numpy(x[:256]).permute(0, 3, 1, 2).contiguous()
+    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx,
+                  torch.from_numpy(y[:256].astype(np.int64)), 256)
+    alg = build_algorithm(spec["algorithm"], local)
+    torch.manual_seed(0)
+    model = alg.build_model("small_cnn", 6, "none", alg.hp)
+    del x, mu, sigma
+    rss_start = _rss_mib()
+    with tempfile.TemporaryDirectory(prefix="fedccrl-bench-scale-") as tmp:
+        engine = InProcessEngine(alg, model, clients, ev, spec["rounds"], seed=0, client_fraction=1.0,
+                                 checkpoint_path=Path(tmp) / "ck.pt", log=lambda m: None,
+                                 client_state=spec["client_state"])
+        phases: dict[str, float] = {}
+
+        def timed(name, fn):
+            def run(*a, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return fn(*a, **kw)
+                finally:
+                    phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+            return run
+
+        tr, loop = engine.transport, engine.loop
+        tr.collect_uploads = timed("uploads", tr.collect_uploads)
+        tr.train = timed("train", tr.train)
+        loop.evaluate = timed("evaluate", loop.evaluate)
+        engine.checkpoints.save = timed("checkpoint", engine.checkpoints.save)
+        t0 = time.perf_counter()
+        res = engine.run()
+        seconds = time.perf_counter() - t0
+        ckpt_bytes = engine.checkpoints.bytes_written
+    h = res.history
+    return {"seconds_per_round": seconds / len(h), "phases": {k: v / len(h) for k, v in phases.items()},
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_start_mib": rss_start,
+            "checkpoint_bytes": ckpt_bytes,
+            "bytes_per_round": sum(r["bytes_up"] + r["bytes_down"] for r in h) / len(h)}
+
+
+def measure(algorithm: str, clients: int, total: int, size: int, rounds: int, batch_size: int, threads: int,
+            client_state: str) -> dict:
+    spec = {"algorithm": algorithm, "clients": clients, "total": total, "size": size, "rounds": rounds,
+            "batch_size": batch_size, "threads": threads, "client_state": client_state}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    p = subprocess.run([sys.executable, "-m", "fedccrl_core.bench.scale", "--child", json.dumps(spec)],
+                       capture_output=True, text=True, env=env)
+    if p.returncode != 0:
+        raise RuntimeError(f"bench scale child ({algorithm}, {clients} clients) failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def table(results: dict) -> str:
+    head = ("| algorithm | clients | s/round | x6 | train | uploads | eval | ckpt | peak RSS MiB | x6 "
+            "| RSS above start MiB | ckpt bytes/round | bytes sent/round |")
+    lines = [head, "|---" * 13 + "|"]
+    for alg, per in results.items():
+        base = per[min(per)]
+        for k, r in sorted(per.items()):
+            ph = r["phases"]
+            lines.append(
+                f"| {alg} | {k} | {r['seconds_per_round']:.2f} | {r['seconds_per_round'] / base['seconds_per_round']:.2f} "
+                f"| {ph.get('train', 0):.2f} | {ph.get('uploads', 0):.2f} | {ph.get('evaluate', 0):.2f} "
+                f"| {ph.get('checkpoint', 0):.2f} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base['peak_rss_mib']:.2f} "
+                f"| {r['peak_rss_mib'] - r['rss_start_mib']:.0f} | {r['checkpoint_bytes']} "
+                f"| {r['bytes_per_round']:.0f} |")
+    return "\n".join(lines)
+
+
+def bench_scale(algorithms=ALGORITHMS, client_counts=CLIENT_COUNTS, total: int = 3840, size: int = 32,
+                rounds: int = 2, batch_size: int = 32, threads: int = 1, client_state: str = "persistent",
+                log=lambda m: print(m, file=sys.stderr, flush=True)) -> dict:
+    if total < max(client_counts):
+        raise ValueError(f"--total {total} must be at least the largest client count {max(client_counts)}")
+    results: dict = {}
+    for alg in algorithms:
+        for k in client_counts:
+            t0 = time.perf_counter()
+            results.setdefault(alg, {})[k] = measure(alg, k, total, size, rounds, batch_size, threads, client_state)
+            log(f"bench scale: {alg} {k} clients: {results[alg][k]['seconds_per_round']:.2f} s/round "
+                f"({time.perf_counter() - t0:.0f}s with start-up)")
+    return results
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        print(json.dumps(child(json.loads(sys.argv[2]))), flush=True)
+    else:
+        print("internal: python -m fedccrl_core.bench.scale --child '<json spec>' (use `fedccrl bench-scale`)",
+              file=sys.stderr)
+        sys.exit(2)
