@@ -39,6 +39,8 @@ class RoundCheckpoints:
         self.client_files: dict[str, int] = {}  # of the latest checkpoint written or loaded
         self._prev_files: dict[str, int] = {}
         self.bytes_written = 0  # by the last save (checkpoint plus state files)
+        self._pending: dict[str, int] = {}  # state files written this round, named by no checkpoint yet
+        self._pending_bytes = 0
 
     # ---- reading ------------------------------------------------------------------------------
     def _read(self, path: Path):
@@ -93,15 +95,24 @@ class RoundCheckpoints:
         return {cid: self.load_client(cid) for cid in sorted(self.client_files)}
 
     # ---- writing ------------------------------------------------------------------------------
+    def write_client(self, cid: str, rnd: int, state: dict) -> None:
+        """One client's state after round `rnd`, as soon as it has trained (it can then leave memory).
+        No checkpoint names the file until `save(rnd, ...)`: a crash before that leaves it unused, and
+        the next save deletes it."""
+        f = self.state_file(cid, rnd)
+        atomic_torch_save(state, f)
+        self._pending[cid] = rnd
+        self._pending_bytes += f.stat().st_size
+
     def save(self, rnd: int, main: dict, trained: dict[str, dict]) -> int:
-        """Write round `rnd`: the state files of the clients in `trained`, then the checkpoint itself
-        (read back before it replaces P; P becomes P.prev). Returns the bytes written."""
-        written = 0
+        """Write round `rnd`: the state files of the clients in `trained` (besides those `write_client`
+        wrote this round), then the checkpoint itself (read back before it replaces P; P becomes
+        P.prev). Returns the bytes written this round."""
         for cid, state in trained.items():
-            f = self.state_file(cid, rnd)
-            atomic_torch_save(state, f)
-            written += f.stat().st_size
-        files = {**self.client_files, **{cid: rnd for cid in trained}}
+            self.write_client(cid, rnd, state)
+        written, self._pending_bytes = self._pending_bytes, 0
+        files = {**self.client_files, **{cid: r for cid, r in self._pending.items() if r == rnd}}
+        self._pending = {}
         tmp = self.path.with_name(f".{self.path.name}.new-{os.getpid()}")
         atomic_torch_save({**main, "round": rnd, "client_files": files}, tmp)
         try:

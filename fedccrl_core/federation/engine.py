@@ -88,13 +88,10 @@ class InProcessTransport:
         return self._states[cid]
 
     def client_states(self) -> dict[str, dict]:
-        """The states of this round's clients, for the checkpoint; once written they leave memory."""
-        if self.client_state == "stateless":
+        """The states of this round's clients that are not yet in a state file (no checkpoint: none)."""
+        if self.client_state == "stateless" or self._checkpoints is None:
             return {}
-        out = {cid: self._states[cid].to_dict() for cid in self._trained}
-        if self._checkpoints is not None:
-            self._states = {}
-        return out
+        return {cid: self._states.pop(cid).to_dict() for cid in self._trained if cid in self._states}
 
     # ---- the two client-side phases -----------------------------------------------------------
     def collect_uploads(self, rnd: int) -> dict:
@@ -110,6 +107,9 @@ class InProcessTransport:
         for j, reply in enumerate(self._local_replies(rnd, sampled, global_w, payloads)):
             fold(reply)  # Eq. 2 streamed: this client's weights are summed now, not kept
             replies.append(dataclasses.replace(reply, weights={}))
+            cid = reply.client_id
+            if self._checkpoints is not None and self.client_state == "persistent" and cid in self._states:
+                self._checkpoints.write_client(cid, rnd, self._states.pop(cid).to_dict())  # leaves memory now
             self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {reply.client_id}: "
                      f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
         self._trained = list(sampled)
