@@ -149,7 +149,8 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     side = ckpt.with_suffix(".mlflow.json")
 
     experiment = f"fedccrl-{cfg['dataset']}"
-    resume_id = json.loads(side.read_text())["run_id"] if (ckpt.is_file() and side.is_file()) else None
+    resumable = ckpt.is_file() or ckpt.with_name(ckpt.name + ".prev").is_file()  # federation/checkpoints.py
+    resume_id = json.loads(side.read_text())["run_id"] if (resumable and side.is_file()) else None
     commit = git_commit()
     run = ChildRun(experiment, parent_run_id(experiment, sweep_key, sweep_params),
                    f"{algorithm}-s{seed}-{target}", run_params,
