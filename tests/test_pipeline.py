@@ -146,7 +146,8 @@ def test_resume_after_kill9_gives_the_same_metrics_as_an_uninterrupted_run(repro
     deadline = time.time() + 300
     ck = None
     while time.time() < deadline and proc.poll() is None:
-        found = list((ws / "ckK").rglob("*.pt")) if (ws / "ckK").exists() else []
+        found = [f for f in (ws / "ckK").rglob("*.pt") if not f.parent.name.endswith(".clients")] \
+            if (ws / "ckK").exists() else []  # the round checkpoint, not a client's state file (written first)
         if found:
             ck = found[0]
             break
