@@ -76,7 +76,7 @@ def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, **kw):
                       device="cpu", run_info={"test": algorithm, "rounds": rounds}, **kw)
 
 
-def run_inprocess(data: Path, algorithm="fedccrl", rounds=2):
+def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent"):
     """pipeline/train.py's construction of the in-process engine, on the same data."""
     from fedccrl_core.data.pools import load_pool
     from fedccrl_core.data.shards import load_client, load_domain_test
@@ -98,7 +98,8 @@ def run_inprocess(data: Path, algorithm="fedccrl", rounds=2):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the SuperNodes below (client_threads=1): CPU sums depend on the thread count
     try:
-        return InProcessEngine(alg, model, clients, ev, rounds, SEED, log=lambda m: None).run()
+        return InProcessEngine(alg, model, clients, ev, rounds, SEED, log=lambda m: None,
+                               client_state=client_state).run()
     finally:
         torch.set_num_threads(threads)
 
@@ -474,6 +475,19 @@ def test_loopback_every_algorithm_matches_inprocess_engine(algorithm, data, inpr
     for k, v in ref.final_weights.items():
         assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
     assert all(r["clients"] == 3 and r["refused"] == 0 for r in res["history"])
+
+
+def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
+    """train.client_state: stateless on both engines: a fresh optimizer every round, the same numbers."""
+    ref = run_inprocess(data, "fedavg", 2, client_state="stateless")
+    persistent = run_inprocess(data, "fedavg", 2)
+    res = serve(loopback(data, state_dir=tmp_path / "state"),
+                make_spec(data, tmp_path / "w", "fedavg", client_state="stateless"))
+    assert_same_history(res["history"], ref.history)
+    for k, v in ref.final_weights.items():
+        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
+    assert ref.history[1]["loss"] != persistent.history[1]["loss"]  # round 2 really started afresh
+    assert not list((tmp_path / "state").rglob("*.npz"))  # nothing kept on the clients
 
 
 # ================================================================ real processes: SuperLink + 3 SuperNodes on 127.0.0.1
