@@ -1,0 +1,31 @@
+"""`fedccrl bench-scale` (issue 18 point 3): a tiny run through the CLI, each size in a child process."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_bench_scale_prints_a_row_per_algorithm_and_client_count():
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench-scale", "--algorithms", "fedavg",
+                        "--clients", "2,4", "--total", "24", "--size", "8", "--rounds", "1", "--batch-size", "4"],
+                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    rows = [line.split("|")[1:-1] for line in p.stdout.splitlines() if re.match(r"\| fedavg \| \d+ \|", line)]
+    assert [int(r[1]) for r in rows] == [2, 4]
+    assert float(rows[0][3]) == 1.0  # ratio to the fewest clients
+    peak = [float(r[8]) for r in rows]
+    assert all(v > 50 for v in peak)  # measured in the child (torch alone is well above 50 MiB)
+    ckpt = [int(r[11]) for r in rows]
+    assert ckpt[1] > ckpt[0]  # every client trains each round: twice the state files
+    sent = [float(r[12]) for r in rows]
+    assert sent[1] == 2 * sent[0]  # each client receives and returns the model
+
+
+def test_bench_scale_rejects_bad_input_before_running():
+    p = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench-scale", "--algorithms", "nope"],
+                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "--algorithms" in p.stderr and "nope" in p.stderr
