@@ -153,7 +153,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
               seed: int = 0, params: dict | None = None, workers: int | None = None,
               progress: bool = True) -> dict:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
-    from fedccrl_core.data.sources import atomic_dir, write_json_atomic
+    from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
     from fedccrl_core.data.validate import check_layout, scan_tree
 
     _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
