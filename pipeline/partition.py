@@ -24,8 +24,9 @@ def _run(raw: str, out: str, params_path: str) -> None:
     val_fraction = get(p, "partition.val_fraction", (int, float))
     alpha = get(p, "partition.dirichlet_alpha", (int, float, type(None)), default=None)
     seed = get(p, "partition.seed", int)
+    scheme = get(p, "partition.scheme", str, default="per_domain")
     partition(raw, out, spec, image_size, clients_per_domain=k, val_fraction=float(val_fraction),
-              dirichlet_alpha=None if alpha is None else float(alpha), seed=seed,
+              dirichlet_alpha=None if alpha is None else float(alpha), seed=seed, scheme=scheme,
               params={"dataset.name": spec.name, "preprocess.image_size": size_param})
 
 

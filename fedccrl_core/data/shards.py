@@ -143,6 +143,33 @@ def split_train_val(idx: np.ndarray, labels: np.ndarray, val_fraction: float,
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
+SCHEMES = ("per_domain", "reference")
+
+
+def client_splits(labels: np.ndarray, num_clients: int, val_fraction: float, rng: np.random.Generator,
+                  dirichlet_alpha: float | None = None, scheme: str = "per_domain") -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, val) indices of each of a domain's clients.
+
+    per_domain: clients first (`assign_clients`), then each client's own stratified `split_train_val`.
+    reference: the reference FedCCRL code's split (SanphouWang/FedCCRL data/partition_data.py:128-165,
+      issue 19 point 8): an unstratified random val_fraction of the whole domain is validation, and the
+      rest is dealt to the clients (`assign_clients`); the domain's validation examples are cut into
+      near-equal random parts, one per client, so the union of the clients' val splits (the source
+      validation set) is the pooled per-domain validation of the reference.
+    """
+    if scheme == "per_domain":
+        return [split_train_val(idx, labels, val_fraction, rng)
+                for idx in assign_clients(labels, num_clients, rng, dirichlet_alpha)]
+    if scheme == "reference":
+        perm = rng.permutation(len(labels))
+        n_val = int(round(val_fraction * len(labels)))
+        val, train = perm[:n_val], np.sort(perm[n_val:])
+        tr_parts = [train[i] for i in assign_clients(labels[train], num_clients, rng, dirichlet_alpha)]
+        va_parts = np.array_split(val, num_clients)
+        return [(t, np.sort(v)) for t, v in zip(tr_parts, va_parts)]
+    raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+
+
 # ---------------------------------------------------------------- the partition stage
 def _hist(y: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(y, minlength=num_classes).astype(int).tolist()
@@ -151,12 +178,14 @@ def _hist(y: np.ndarray, num_classes: int) -> list[int]:
 def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, image_size: int,
               clients_per_domain: int = 2, val_fraction: float = 0.1, dirichlet_alpha: float | None = None,
               seed: int = 0, params: dict | None = None, workers: int | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, scheme: str = "per_domain") -> dict:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
     from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
     from fedccrl_core.data.validate import check_layout, scan_tree
 
     _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
+    if scheme not in SCHEMES:
+        raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise DataError(f"params.yaml: preprocess.image_size must resolve to an int >= 8, got {image_size!r}")
     t0 = time.monotonic()
@@ -183,9 +212,9 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             paths = np.asarray(rels, dtype=str)[keep] if keep.any() else np.empty(0, dtype="<U1")
             domain_sizes[domain] = int(y.size)
             rng = np.random.default_rng(np.random.SeedSequence([seed, di]))
-            for k, idx in enumerate(assign_clients(y, clients_per_domain, rng, dirichlet_alpha)):
+            for k, (tr, va) in enumerate(client_splits(y, clients_per_domain, val_fraction, rng, dirichlet_alpha,
+                                                       scheme)):
                 cid = client_id(domain, k)
-                tr, va = split_train_val(idx, y, val_fraction, rng)
                 if tr.size == 0:
                     raise DataError(f"partition: client {cid} got no training samples "
                                     f"({domain} has {y.size} readable images for {clients_per_domain} clients)")
@@ -212,6 +241,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             "params": dict(params or {}, **{
                 "partition.clients_per_domain": clients_per_domain, "partition.val_fraction": val_fraction,
                 "partition.dirichlet_alpha": dirichlet_alpha, "partition.seed": seed,
+                "partition.scheme": scheme,
                 "image_size (resolved)": image_size}),
             "domain_sizes": domain_sizes,
             "clients": clients,
