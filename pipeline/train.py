@@ -80,11 +80,18 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
     from fedccrl_core.federation.client import ClientData
 
     clients = []
+    from fedccrl_core.data.shards import MIXED
+
     for entry in load_manifest_clients(shards):
-        if entry["domain"] not in domains:
+        held_out = [d for d in entry.get("domain_counts", {entry["domain"]: 1}) if d not in domains]
+        if entry["domain"] != MIXED and entry["domain"] not in domains:
             continue
-        s = load_client(shards, entry["id"])
+        s = load_client(shards, entry["id"], exclude_domain=held_out[0] if held_out else None)
+        if not len(s.train_y):
+            continue                                   # a mixed client holding only the held-out domain
         mu, sigma = load_pool(pools, entry["id"])
+        if s.train_rows is not None:
+            mu, sigma = mu[s.train_rows], sigma[s.train_rows]
         if len(mu) != len(s.train_y):
             raise ValueError(f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
                              "(pools are stale: rerun the pools stage)")

@@ -92,3 +92,29 @@ def test_same_seed_same_assignment_other_seed_differs():
 def test_bad_parameters_are_refused_naming_the_key(C, lam):
     with pytest.raises(DataError, match="partition.num_clients|partition.lambda"):
         feddg_bench.client_counts([10, 10], C, lam)
+
+
+def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_target(tmp_path):
+    from fedccrl_core.data import registry, synthetic
+    from fedccrl_core.data.shards import client_ids, load_client, load_domain_test, partition
+
+    spec = registry.get_dataset("synthetic")
+    synthetic.generate(tmp_path / "raw", seed=0, images_per_class=5, progress=False)
+    m = partition(tmp_path / "raw", tmp_path / "sh", spec, 16, val_fraction=0.1, seed=0, workers=1,
+                  progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
+    assert m["params"]["partition.lambda"] == 0.5 and m["params"]["partition.num_clients"] == 6
+    assert [c["domain"] for c in m["clients"]] == ["mixed"] * 6
+    sizes = [m["domain_sizes"][d] for d in m["domains"]]
+    want = feddg_bench.client_counts(sizes, 6, 0.5)
+    got = np.array([[c["domain_counts"].get(d, 0) for d in m["domains"]] for c in m["clients"]])
+    assert np.array_equal(got, want)
+    for target in m["domains"]:
+        seen = []
+        for cid in client_ids(m, target):
+            s = load_client(tmp_path / "sh", cid, exclude_domain=target)
+            paths = s.train_paths.tolist() + s.val_paths.tolist()
+            assert paths and not any(p.startswith(target + "/") for p in paths)
+            seen += paths
+        tx, ty = load_domain_test(tmp_path / "sh", target)
+        assert len(ty) == m["domain_sizes"][target]                       # the whole target, once
+        assert len(seen) + len(ty) == sum(sizes)                          # sources + target = everything
