@@ -272,7 +272,8 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
 
 def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_classes: int, num_clients: int,
                        lam: float, val_fraction: float, seed: int, progress: bool) -> list[dict]:
-    """FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over ALL domains; clients `c<k>`.
+    """FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over ALL domains; clients `c<k>`
+    (k zero-padded to the width of num_clients - 1).
 
     Each shard also stores train_domain / val_domain (the domain index of each row). A leave-one-domain-out
     run drops the held-out domain's rows from every client (`load_client(exclude_domain=...)`) and the
@@ -289,7 +290,7 @@ def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_class
     rng = np.random.default_rng(np.random.SeedSequence([seed]))
     clients = []
     for k, idx in enumerate(feddg_bench.assign(dom, len(domains), num_clients, lam, rng)):
-        cid = f"c{k}"
+        cid = f"c{k:0{len(str(num_clients - 1))}d}"     # zero-padded: sorts in client order
         tr, va = split_train_val(idx, y, val_fraction, rng)
         if tr.size == 0:
             raise DataError(f"partition: client {cid} got no training samples ({y.size} images for "
