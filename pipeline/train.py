@@ -137,6 +137,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     evalsets = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                         ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
                         torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
+    del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
 
     alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
     torch.manual_seed(seed)
