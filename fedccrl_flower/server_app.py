@@ -117,7 +117,7 @@ def load_evalsets(shards: str, held_out: str, batch_size: int, device) -> EvalSe
     from fedccrl_core.federation.client import ClientData
 
     manifest = load_manifest(shards)
-    vals = [load_client(shards, cid) for cid in client_ids(manifest, held_out)]
+    vals = [load_client(shards, cid, exclude_domain=held_out) for cid in client_ids(manifest, held_out)]
     val = [ClientData.from_numpy(s.client_id, s.domain, s.val_x, s.val_y, s.val_x[:0], s.val_y[:0], device)
            for s in vals]
     tx, ty = load_domain_test(shards, held_out)

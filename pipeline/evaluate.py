@@ -22,7 +22,7 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dic
     import torch
 
     from fedccrl_core.algorithms import load_model
-    from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.evaluation import confusion_matrix, predict
     from fedccrl_core.federation.engine import resolve_device
 
@@ -54,7 +54,9 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dic
                "final_val_acc": rounds[-1]["val_acc"], "detail": result,
                "bytes_up_per_round": sum(r["bytes_up"] for r in rounds) / len(rounds),
                "bytes_down_per_round": sum(r["bytes_down"] for r in rounds) / len(rounds),
-               "per_round": [{k: r[k] for k in ("round", "target_acc", "val_acc")} for r in rounds]}
+               "per_round": [{k: r[k] for k in ("round", "target_acc", "val_acc")} for r in rounds],
+               "partition": {k: v for k, v in load_manifest(shards).get("params", {}).items()
+                             if k.startswith("partition.")}}
     recorded = rounds[-1]["target_acc"]
     if abs(recorded - out_doc["final_target_acc"]) > 1e-6 and device.type == "cpu":
         print(f"warning: re-evaluated final accuracy {out_doc['final_target_acc']:.4f} differs from the one "

@@ -24,8 +24,12 @@ def _run(raw: str, out: str, params_path: str) -> None:
     val_fraction = get(p, "partition.val_fraction", (int, float))
     alpha = get(p, "partition.dirichlet_alpha", (int, float, type(None)), default=None)
     seed = get(p, "partition.seed", int)
+    scheme = get(p, "partition.scheme", str, default="per_domain")
+    num_clients = get(p, "partition.num_clients", int, default=None) if scheme == "feddg_bench" else None
+    lam = get(p, "partition.lambda", (int, float), default=None) if scheme == "feddg_bench" else None
     partition(raw, out, spec, image_size, clients_per_domain=k, val_fraction=float(val_fraction),
-              dirichlet_alpha=None if alpha is None else float(alpha), seed=seed,
+              dirichlet_alpha=None if alpha is None else float(alpha), seed=seed, scheme=scheme,
+              num_clients=num_clients, lam=None if lam is None else float(lam),
               params={"dataset.name": spec.name, "preprocess.image_size": size_param})
 
 

@@ -64,6 +64,10 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path)
         return f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}" if s["n"] > 1 else f"{100 * s['mean']:.2f}"
 
     lines = []
+    parts = sorted({json.dumps(r.get("partition") or {}, sort_keys=True) for r in runs})
+    for p in parts:     # the partition the runs were trained on (one line; several if runs were mixed)
+        lines += ["Partition: " + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items())
+                                   or "not recorded"), ""]
     for key, title in (("final_target_acc", "final round"), ("best_val_target_acc", "round selected by source validation")):
         lines += [f"### {dataset}: target accuracy (%), {title}", "",
                   "| Algorithm | " + " | ".join(domains) + " | Avg. |", "|---" * (len(domains) + 2) + "|"]

@@ -82,11 +82,18 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
     from fedccrl_core.federation.client import ClientData
 
     clients = []
+    from fedccrl_core.data.shards import MIXED
+
     for entry in load_manifest_clients(shards):
-        if entry["domain"] not in domains:
+        held_out = [d for d in entry.get("domain_counts", {entry["domain"]: 1}) if d not in domains]
+        if entry["domain"] != MIXED and entry["domain"] not in domains:
             continue
-        s = load_client(shards, entry["id"])
+        s = load_client(shards, entry["id"], exclude_domain=held_out[0] if held_out else None)
+        if not len(s.train_y):
+            continue                                   # a mixed client holding only the held-out domain
         mu, sigma = load_pool(pools, entry["id"])
+        if s.train_rows is not None:
+            mu, sigma = mu[s.train_rows], sigma[s.train_rows]
         if len(mu) != len(s.train_y):
             raise ValueError(f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
                              "(pools are stale: rerun the pools stage)")
@@ -132,6 +139,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     evalsets = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                         ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
                         torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
+    del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
 
     alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
     torch.manual_seed(seed)

@@ -212,3 +212,32 @@ def test_eq8_subset_size_and_rows(pools):
     np.testing.assert_array_equal(a, b)
     with pytest.raises(DataError, match="train.fedccrl.r"):
         sample_statistics(mu, sigma, 0.0, np.random.default_rng(0))
+
+
+# ---------------------------------------------------------------- the reference FedCCRL split (issue 19 point 8)
+def test_reference_scheme_is_an_unstratified_pooled_split():
+    from fedccrl_core.data.shards import client_splits
+
+    labels = np.repeat(np.arange(4), [50, 30, 15, 5])           # imbalanced classes
+    out = client_splits(labels, 3, 0.1, np.random.default_rng(7), scheme="reference")
+    trains, vals = [t for t, _ in out], [v for _, v in out]
+    allidx = np.concatenate(trains + vals)
+    assert np.array_equal(np.sort(allidx), np.arange(labels.size))       # disjoint and complete
+    pooled = np.sort(np.concatenate(vals))
+    assert pooled.size == 10                                             # round(0.1 * 100) of the domain
+    # unstratified: the pooled val is the first 10 of one permutation of the whole domain, not per class
+    assert np.array_equal(pooled, np.sort(np.random.default_rng(7).permutation(labels.size)[:10]))
+    assert max(v.size for v in vals) - min(v.size for v in vals) <= 1
+    # per_domain (the default) stratifies per client instead: a different split from the same seed
+    per = client_splits(labels, 3, 0.1, np.random.default_rng(7), scheme="per_domain")
+    assert not np.array_equal(np.sort(np.concatenate([v for _, v in per])), pooled)
+
+
+def test_reference_scheme_through_the_stage_and_bad_scheme(raw, tmp_path):
+    m = _partition(raw, tmp_path / "ref", scheme="reference")
+    assert m["params"]["partition.scheme"] == "reference"
+    for d, n in m["domain_sizes"].items():
+        assert sum(c["n_val"] for c in m["clients"] if c["domain"] == d) == round(0.1 * n)
+    with pytest.raises(DataError, match="partition.scheme.*'bogus'"):
+        _partition(raw, tmp_path / "bad", scheme="bogus")
+    assert not (tmp_path / "bad").exists()

@@ -19,7 +19,8 @@ from PIL import Image
 
 from fedccrl_core.data import registry
 from fedccrl_core.data.registry import DatasetSpec
-from fedccrl_core.data.sources import prepare_raw, safe_extract
+from fedccrl_core.data.archives import safe_extract
+from fedccrl_core.data.sources import prepare_raw
 from fedccrl_core.errors import ChecksumError, DataError, UnsafeArchiveError
 
 TINY = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(6, 6), total=12,

@@ -242,7 +242,7 @@ def _fetch(source: str, sha256: str, what: str, what_sha: str) -> Path:
     dest = cache_dir() / f"{sha256}.pth"
     if dest.is_file() and file_sha256(dest) == sha256:
         return dest
-    from fedccrl_core.data.sources import download_url  # lazy: only a URL needs the HTTP machinery
+    from fedccrl_core.data.http import download_url  # lazy: only a URL needs the HTTP machinery
 
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".adain-", suffix=".part", dir=dest.parent)

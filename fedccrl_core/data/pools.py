@@ -66,7 +66,7 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
                 progress: bool = True) -> dict:
     """The pools stage: statistics of every client's training samples, written atomically."""
     from fedccrl_core.data.shards import load_client, load_manifest
-    from fedccrl_core.data.sources import atomic_dir, write_json_atomic
+    from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
     from fedccrl_core.statistics import channel_stats
 
     mean, std = _check_mean_std(mean, std)

@@ -53,6 +53,7 @@ class ClientShard:
     val_y: np.ndarray       # int64 [n_val]
     train_paths: np.ndarray  # str [n_train], relative to the raw root
     val_paths: np.ndarray    # str [n_val]
+    train_rows: np.ndarray | None = None   # rows of the stored shard kept (None: all; see load_client exclude_domain)
 
     @property
     def n_train(self) -> int:
@@ -143,6 +144,34 @@ def split_train_val(idx: np.ndarray, labels: np.ndarray, val_fraction: float,
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
+SCHEMES = ("per_domain", "reference", "feddg_bench")
+MIXED = "mixed"   # the `domain` of a feddg_bench client holding examples of several domains
+
+
+def client_splits(labels: np.ndarray, num_clients: int, val_fraction: float, rng: np.random.Generator,
+                  dirichlet_alpha: float | None = None, scheme: str = "per_domain") -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, val) indices of each of a domain's clients.
+
+    per_domain: clients first (`assign_clients`), then each client's own stratified `split_train_val`.
+    reference: the reference FedCCRL code's split (SanphouWang/FedCCRL data/partition_data.py:128-165,
+      issue 19 point 8): an unstratified random val_fraction of the whole domain is validation, and the
+      rest is dealt to the clients (`assign_clients`); the domain's validation examples are cut into
+      near-equal random parts, one per client, so the union of the clients' val splits (the source
+      validation set) is the pooled per-domain validation of the reference.
+    """
+    if scheme == "per_domain":
+        return [split_train_val(idx, labels, val_fraction, rng)
+                for idx in assign_clients(labels, num_clients, rng, dirichlet_alpha)]
+    if scheme == "reference":
+        perm = rng.permutation(len(labels))
+        n_val = int(round(val_fraction * len(labels)))
+        val, train = perm[:n_val], np.sort(perm[n_val:])
+        tr_parts = [train[i] for i in assign_clients(labels[train], num_clients, rng, dirichlet_alpha)]
+        va_parts = np.array_split(val, num_clients)
+        return [(t, np.sort(v)) for t, v in zip(tr_parts, va_parts)]
+    raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+
+
 # ---------------------------------------------------------------- the partition stage
 def _hist(y: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(y, minlength=num_classes).astype(int).tolist()
@@ -151,12 +180,21 @@ def _hist(y: np.ndarray, num_classes: int) -> list[int]:
 def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, image_size: int,
               clients_per_domain: int = 2, val_fraction: float = 0.1, dirichlet_alpha: float | None = None,
               seed: int = 0, params: dict | None = None, workers: int | None = None,
-              progress: bool = True) -> dict:
+              progress: bool = True, scheme: str = "per_domain", num_clients: int | None = None,
+              lam: float | None = None) -> dict:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
-    from fedccrl_core.data.sources import atomic_dir, write_json_atomic
+    from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
     from fedccrl_core.data.validate import check_layout, scan_tree
 
     _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
+    if scheme not in SCHEMES:
+        raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+    if scheme == "feddg_bench":
+        from fedccrl_core.data import feddg_bench
+        feddg_bench.client_counts([1], num_clients, lam)            # checks num_clients and lambda up front
+        if dirichlet_alpha is not None:
+            raise DataError("params.yaml: partition.dirichlet_alpha must be null with partition.scheme feddg_bench "
+                            "(label skew inside the lambda partition is not implemented)")
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise DataError(f"params.yaml: preprocess.image_size must resolve to an int >= 8, got {image_size!r}")
     t0 = time.monotonic()
@@ -164,7 +202,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
     tree = scan_tree(raw_dir)
     domains, classes = check_layout(spec, tree)
     cls_index = {c: i for i, c in enumerate(classes)}
-    clients, skipped, domain_sizes = [], [], {}
+    clients, skipped, domain_sizes, decoded = [], [], {}, []
     with atomic_dir(out_dir) as stage:
         for di, domain in enumerate(domains):
             rels = [f"{domain}/{c}/{f}" for c in classes for f in tree.files[domain][c]]
@@ -182,10 +220,13 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             y = np.asarray(ys, dtype=np.int64)[keep]
             paths = np.asarray(rels, dtype=str)[keep] if keep.any() else np.empty(0, dtype="<U1")
             domain_sizes[domain] = int(y.size)
+            if scheme == "feddg_bench":
+                decoded.append((xs, y, paths))
+                continue
             rng = np.random.default_rng(np.random.SeedSequence([seed, di]))
-            for k, idx in enumerate(assign_clients(y, clients_per_domain, rng, dirichlet_alpha)):
+            for k, (tr, va) in enumerate(client_splits(y, clients_per_domain, val_fraction, rng, dirichlet_alpha,
+                                                       scheme)):
                 cid = client_id(domain, k)
-                tr, va = split_train_val(idx, y, val_fraction, rng)
                 if tr.size == 0:
                     raise DataError(f"partition: client {cid} got no training samples "
                                     f"({domain} has {y.size} readable images for {clients_per_domain} clients)")
@@ -199,6 +240,9 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
                 if progress:
                     print(f"partition: wrote {fname} ({tr.size} train, {va.size} val)", file=sys.stderr, flush=True)
             del xs
+        if scheme == "feddg_bench":
+            clients = _write_feddg_bench(stage, decoded, domains, len(classes), num_clients, lam, val_fraction,
+                                         seed, progress)
         manifest = {
             "format_version": FORMAT_VERSION,
             "dataset": spec.name,
@@ -212,6 +256,8 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             "params": dict(params or {}, **{
                 "partition.clients_per_domain": clients_per_domain, "partition.val_fraction": val_fraction,
                 "partition.dirichlet_alpha": dirichlet_alpha, "partition.seed": seed,
+                "partition.scheme": scheme,
+                **({"partition.num_clients": num_clients, "partition.lambda": lam} if scheme == "feddg_bench" else {}),
                 "image_size (resolved)": image_size}),
             "domain_sizes": domain_sizes,
             "clients": clients,
@@ -222,6 +268,54 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
         print(f"partition: {len(clients)} clients, {sum(domain_sizes.values())} images ({len(skipped)} skipped) "
               f"at {image_size}px -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
     return manifest
+
+
+def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_classes: int, num_clients: int,
+                       lam: float, val_fraction: float, seed: int, progress: bool) -> list[dict]:
+    """FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over ALL domains; clients `c<k>`
+    (k zero-padded to the width of num_clients - 1).
+
+    Each shard also stores train_domain / val_domain (the domain index of each row). A leave-one-domain-out
+    run drops the held-out domain's rows from every client (`load_client(exclude_domain=...)`) and the
+    clients left with no training rows (`client_ids`), so no target image is ever in a training client;
+    the target's test set is all its rows (`load_domain_test`). Each client's train/val split is stratified
+    by class (`split_train_val`), as in the per_domain scheme.
+    """
+    from fedccrl_core.data import feddg_bench
+
+    xs = np.concatenate([d[0] for d in decoded])
+    y = np.concatenate([d[1] for d in decoded])
+    paths = np.concatenate([d[2] for d in decoded])
+    dom = np.repeat(np.arange(len(decoded)), [d[1].size for d in decoded]).astype(np.int64)
+    rng = np.random.default_rng(np.random.SeedSequence([seed]))
+    clients = []
+    for k, idx in enumerate(feddg_bench.assign(dom, len(domains), num_clients, lam, rng)):
+        cid = f"c{k:0{len(str(num_clients - 1))}d}"     # zero-padded: sorts in client order
+        tr, va = split_train_val(idx, y, val_fraction, rng)
+        if tr.size == 0:
+            raise DataError(f"partition: client {cid} got no training samples ({y.size} images for "
+                            f"{num_clients} clients); lower partition.num_clients")
+        fname = f"{cid}.npz"
+        np.savez(stage / fname, train_x=xs[tr], train_y=y[tr], train_paths=paths[tr], train_domain=dom[tr],
+                 val_x=xs[va], val_y=y[va], val_paths=paths[va], val_domain=dom[va])
+        present = sorted(set(dom[idx].tolist()))
+        clients.append({"id": cid, "domain": domains[present[0]] if len(present) == 1 else MIXED,
+                        "domain_index": present[0] if len(present) == 1 else -1, "k": k, "file": fname,
+                        "n_train": int(tr.size), "n_val": int(va.size),
+                        "domain_counts": {domains[d]: int((dom[idx] == d).sum()) for d in present},
+                        "train_domain_counts": {domains[d]: int((dom[tr] == d).sum()) for d in present},
+                        "train_class_hist": _hist(y[tr], num_classes), "val_class_hist": _hist(y[va], num_classes)})
+        if progress:
+            print(f"partition: wrote {fname} ({tr.size} train, {va.size} val; {clients[-1]['domain_counts']})",
+                  file=sys.stderr, flush=True)
+    return clients
+
+
+def _has_rows_outside(entry: dict, skip: str | None, part: str = "train") -> bool:
+    counts = entry.get(f"{part}_domain_counts")
+    if counts is None:
+        return entry["domain"] != skip
+    return any(n > 0 for d, n in counts.items() if d != skip)
 
 
 # ---------------------------------------------------------------- loaders (used by training / evaluation)
@@ -259,6 +353,10 @@ def _read_shard(path: Path, entry: dict, manifest: dict) -> dict[str, np.ndarray
             if missing:
                 raise DataError(f"{path}: shard lacks key(s) {', '.join(missing)}")
             arrs = {k: z[k] for k in SHARD_KEYS}
+            if "domain_counts" in entry:
+                if "train_domain" not in z.files or "val_domain" not in z.files:
+                    raise DataError(f"{path}: a mixed-domain shard lacks train_domain/val_domain")
+                arrs["train_domain"], arrs["val_domain"] = z["train_domain"], z["val_domain"]
     except DataError:
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
@@ -278,14 +376,29 @@ def _read_shard(path: Path, entry: dict, manifest: dict) -> dict[str, np.ndarray
     return arrs
 
 
-def load_client(shards_dir: str | os.PathLike, client_id: str) -> ClientShard:
-    """One client's shard, checked against the manifest (errors name the shard file)."""
+def load_client(shards_dir: str | os.PathLike, client_id: str,
+                exclude_domain: str | int | None = None) -> ClientShard:
+    """One client's shard, checked against the manifest (errors name the shard file).
+
+    `exclude_domain` (the held-out domain) drops that domain's rows of a mixed-domain (feddg_bench)
+    client; `train_rows` then says which stored training rows were kept (the pools align with them).
+    """
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
     entry = _client_entry(manifest, shards_dir, client_id)
     a = _read_shard(shards_dir / entry["file"], entry, manifest)
+    rows = None
+    if exclude_domain is not None and "train_domain" in a:
+        skip = manifest["domains"].index(domain_name(manifest, exclude_domain))
+        rows = np.flatnonzero(a["train_domain"] != skip)
+        keep_val = a["val_domain"] != skip
+        for k in ("train_x", "train_y", "train_paths"):
+            a[k] = a[k][rows]
+        for k in ("val_x", "val_y", "val_paths"):
+            a[k] = a[k][keep_val]
     return ClientShard(client_id=client_id, domain=entry["domain"], train_x=a["train_x"], train_y=a["train_y"],
-                       val_x=a["val_x"], val_y=a["val_y"], train_paths=a["train_paths"], val_paths=a["val_paths"])
+                       val_x=a["val_x"], val_y=a["val_y"], train_paths=a["train_paths"], val_paths=a["val_paths"],
+                       train_rows=rows)
 
 
 def domain_name(manifest: dict, domain: str | int) -> str:
@@ -304,7 +417,7 @@ def domain_name(manifest: dict, domain: str | int) -> str:
 def client_ids(manifest: dict, exclude_domain: str | int | None = None) -> list[str]:
     """Client ids in manifest order, without the clients of `exclude_domain` (the held-out domain)."""
     skip = domain_name(manifest, exclude_domain) if exclude_domain is not None else None
-    return [c["id"] for c in manifest["clients"] if c["domain"] != skip]
+    return [c["id"] for c in manifest["clients"] if _has_rows_outside(c, skip)]
 
 
 def load_domain_test(shards_dir: str | os.PathLike, domain: str | int) -> tuple[np.ndarray, np.ndarray]:
@@ -313,10 +426,14 @@ def load_domain_test(shards_dir: str | os.PathLike, domain: str | int) -> tuple[
     manifest = load_manifest(shards_dir)
     name = domain_name(manifest, domain)
     xs, ys = [], []
-    for entry in sorted((c for c in manifest["clients"] if c["domain"] == name), key=lambda c: c["k"]):
+    di = manifest["domains"].index(name)
+    for entry in sorted((c for c in manifest["clients"] if name in c.get("domain_counts", {c["domain"]: 1})),
+                        key=lambda c: c["k"]):
         a = _read_shard(shards_dir / entry["file"], entry, manifest)
-        xs += [a["train_x"], a["val_x"]]
-        ys += [a["train_y"], a["val_y"]]
+        for part in ("train", "val"):
+            keep = a[f"{part}_domain"] == di if f"{part}_domain" in a else slice(None)
+            xs.append(a[f"{part}_x"][keep])
+            ys.append(a[f"{part}_y"][keep])
     if not xs:
         raise DataError(f"{shards_dir / MANIFEST}: no clients for domain '{name}'")
     return np.concatenate(xs), np.concatenate(ys)

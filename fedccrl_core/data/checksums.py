@@ -1,0 +1,28 @@
+"""Streamed bytes: the chunk size for hashing, downloading and extracting; sha256 of a file; sizes in MB."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+from fedccrl_core.errors import DataError
+
+CHUNK = 1 << 20
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_sha256_format(sha: str, what: str) -> str:
+    s = sha.strip().lower()
+    if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+        raise DataError(f"params.yaml: {what} must be 64 hex digits, got {sha!r}")
+    return s
+
+
+def fmt_mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"

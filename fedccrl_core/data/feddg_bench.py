@@ -1,0 +1,94 @@
+"""FedDG-Bench's domain-heterogeneity partition (Bai et al., ICLR 2024, "Benchmarking algorithms for
+federated domain generalization"; its `iid` parameter, here `lam`): C clients over D domains.
+
+C >= D (the benchmark's rule, `NonIIDSplitter.split` in src/splitter.py of inouye-lab/FedDG_Benchmark):
+- each non-empty domain gets one *main* client; each further client goes to the domain with the most
+  examples per main client, argmax_d n_d / m_d (ties: the lower domain index);
+- client c with main domain d(c) receives, of each domain d,
+      n_d * [ (1 - lam) * 1{d = d(c)} / m_d  +  lam / C ]
+  examples, m_d = the number of clients whose main domain is d.
+  lam = 1: every client holds the same domain mix; lam = 0: each client holds only its main domain.
+
+C < D (the benchmark's other branch, same file): domains in decreasing size are each given whole to the
+client with the fewest examples so far (ties: the lower client index): the lam = 0 counts G[c, d]; the
+lam = 1 counts are n_d / C; the counts are lam * n_d / C + (1 - lam) * G[c, d].
+
+Rounding (a departure): the benchmark floors the counts and gives each domain's remainder to clients
+0, 1, ... in order, so at lam = 0 a client can receive a stray example of a domain that is not its own.
+Here each domain's remainder goes to the clients with the largest fractional parts (ties: the lower
+client index), so lam = 0 gives single-domain clients exactly and every count is within one example of
+the formula. The examples themselves are dealt as in the benchmark: each domain's examples are shuffled
+and clients take consecutive runs in client order.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from fedccrl_core.errors import DataError
+
+
+def _check(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
+    n = np.asarray(domain_sizes, dtype=np.int64)
+    if n.ndim != 1 or n.size == 0 or (n < 0).any() or n.sum() == 0:
+        raise DataError(f"partition: domain sizes must be non-negative with some data, got {list(n)}")
+    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
+        raise DataError(f"params.yaml: partition.num_clients must be an int >= 1, got {num_clients!r}")
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
+        raise DataError(f"params.yaml: partition.lambda must be a number in [0, 1], got {lam!r}")
+    return n
+
+
+def main_domains(domain_sizes, num_clients: int) -> np.ndarray:
+    """d(c) for each client c (C >= number of non-empty domains): one main client per domain, then argmax n_d/m_d."""
+    n = _check(domain_sizes, num_clients, 0.0)
+    if num_clients < int((n > 0).sum()):
+        raise DataError(f"partition: {num_clients} clients < {int((n > 0).sum())} domains has no main domains")
+    m = (n > 0).astype(np.int64)
+    while m.sum() < num_clients:
+        ratio = np.where(m > 0, n / np.maximum(m, 1), 0.0)
+        m[int(np.argmax(ratio))] += 1
+    return np.repeat(np.arange(n.size), m)
+
+
+def expected_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
+    """The real-valued counts [C, D] of the formula in the module docstring (before rounding)."""
+    n = _check(domain_sizes, num_clients, lam).astype(float)
+    C, D = num_clients, n.size
+    if C >= int((n > 0).sum()):
+        d_of = main_domains(domain_sizes, C)
+        m = np.bincount(d_of, minlength=D).astype(float)
+        onehot = np.zeros((C, D))
+        onehot[np.arange(C), d_of] = 1.0
+        single = onehot * np.divide(n, m, out=np.zeros(D), where=m > 0)
+    else:
+        single = np.zeros((C, D))
+        for d in sorted(range(D), key=lambda d: (-n[d], d)):
+            single[int(np.argmin(single.sum(axis=1))), d] = n[d]
+    return (1.0 - lam) * single + lam * np.broadcast_to(n / C, (C, D))
+
+
+def client_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
+    """Integer counts [C, D]: floors of `expected_counts`, each domain's remainder to the largest fractions."""
+    n = _check(domain_sizes, num_clients, lam)
+    real = expected_counts(n, num_clients, lam)
+    counts = np.floor(real + 1e-9).astype(np.int64)         # 1e-9: 2.9999999 from float error is 3
+    for d in range(n.size):
+        short = int(n[d] - counts[:, d].sum())
+        frac = real[:, d] - counts[:, d]
+        order = sorted(range(num_clients), key=lambda c: (-frac[c], c))
+        counts[order[:short], d] += 1
+    return counts
+
+
+def assign(domain_of: np.ndarray, num_domains: int, num_clients: int, lam: float,
+           rng: np.random.Generator) -> list[np.ndarray]:
+    """Indices (into `domain_of`, an example -> domain index array) of each client; every example exactly once."""
+    domain_of = np.asarray(domain_of)
+    sizes = np.bincount(domain_of, minlength=num_domains)
+    counts = client_counts(sizes, num_clients, lam)
+    parts: list[list[np.ndarray]] = [[] for _ in range(num_clients)]
+    for d in range(num_domains):
+        idx = rng.permutation(np.flatnonzero(domain_of == d))
+        for c, chunk in enumerate(np.split(idx, np.cumsum(counts[:, d])[:-1])):
+            parts[c].append(chunk)
+    return [np.sort(np.concatenate(p)) for p in parts]

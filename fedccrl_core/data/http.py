@@ -1,0 +1,109 @@
+"""HTTP(S) download: stream a URL to a file, with retries, progress and an optional sha256 check.
+
+Retries. Connection errors, timeouts, HTTP 5xx/408/429 and a body shorter than its Content-Length
+(a connection dropped midway) are retried `download.retries` times with exponential backoff
+(1 s, 2 s, 4 s ...); HTTP 4xx, an HTML page instead of an archive (Google Drive's warning page)
+and a checksum mismatch are not.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import http.client
+import os
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from fedccrl_core.data.checksums import CHUNK, check_sha256_format, fmt_mb
+from fedccrl_core.errors import ChecksumError, DataError
+
+USER_AGENT = "fedccrl-download/0.1 (+https://github.com/; python urllib)"
+
+
+class _Retryable(Exception):
+    """A transient failure: connection refused/reset/dropped, timeout, HTTP 5xx/408/429."""
+
+
+def _download_once(url: str, dest: Path, timeout_s: float, progress: bool, label: str) -> str:
+    req = urllib.request.Request(url, headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"})
+    try:
+        resp = urllib.request.urlopen(req, timeout=timeout_s)
+    except urllib.error.HTTPError as e:
+        e.close()
+        if e.code >= 500 or e.code in (408, 429):
+            raise _Retryable(f"HTTP {e.code} {e.reason}") from e
+        raise DataError(f"{url}: HTTP {e.code} {e.reason}") from e
+    except (urllib.error.URLError, TimeoutError, ConnectionError, http.client.HTTPException, OSError) as e:
+        reason = getattr(e, "reason", e)
+        raise _Retryable(f"cannot connect ({reason})") from e
+    h = hashlib.sha256()
+    got = 0
+    with resp:
+        ctype = (resp.headers.get("Content-Type") or "").lower()
+        if ctype.startswith("text/html"):
+            raise DataError(f"{url}: the server sent an HTML page, not an archive (a sign-in, quota or "
+                            f"confirmation page?); download the file by hand and set dataset.source to its path")
+        length = resp.headers.get("Content-Length")
+        expected = int(length) if length and length.isdigit() else None
+        last_t, last_pct = 0.0, -10
+        with open(dest, "wb") as f:
+            while True:
+                try:
+                    chunk = resp.read(CHUNK)
+                except (TimeoutError, ConnectionError, http.client.HTTPException, OSError) as e:
+                    raise _Retryable(f"connection lost after {got} bytes ({e.__class__.__name__}: {e})") from e
+                if not chunk:
+                    break
+                f.write(chunk)
+                h.update(chunk)
+                got += len(chunk)
+                if progress:
+                    now = time.monotonic()
+                    pct = int(100 * got / expected) if expected else -1
+                    if (expected and pct >= last_pct + 10) or now - last_t >= 5.0:
+                        total = f"/{fmt_mb(expected)} ({pct}%)" if expected else ""
+                        print(f"download {label}: {fmt_mb(got)}{total}", file=sys.stderr, flush=True)
+                        last_t, last_pct = now, (pct // 10) * 10
+    if expected is not None and got != expected:
+        raise _Retryable(f"connection dropped: received {got} of {expected} bytes (Content-Length)")
+    if got == 0:
+        raise DataError(f"{url}: the server sent an empty response")
+    return h.hexdigest()
+
+
+def download_url(url: str, dest: str | os.PathLike, sha256: str | None = None, timeout_s: float = 60,
+                 retries: int = 3, backoff_s: float = 1.0, progress: bool = True, label: str | None = None) -> str:
+    """Stream `url` to `dest` (retries with exponential backoff); return the file's sha256.
+
+    A Content-Length that is not met (a connection dropped midway) is an error, never a short
+    file. When `sha256` is given it is compared after the download (ChecksumError on mismatch).
+    On failure `dest` is removed.
+    """
+    dest = Path(dest)
+    label = label or dest.name
+    want = check_sha256_format(sha256, "dataset.sha256") if sha256 else None
+    attempt = 0
+    try:
+        while True:
+            try:
+                digest = _download_once(url, dest, timeout_s, progress, label)
+                break
+            except _Retryable as e:
+                if attempt >= retries:
+                    raise DataError(f"{url}: download failed after {attempt + 1} attempt(s): {e}") from e
+                wait = backoff_s * (2 ** attempt)
+                print(f"download {label}: {e}; retrying in {wait:.1f}s ({attempt + 1}/{retries})",
+                      file=sys.stderr, flush=True)
+                time.sleep(wait)
+                attempt += 1
+        if want and digest != want:
+            raise ChecksumError(f"{url}: sha256 mismatch for {label}: expected {want}, got {digest} "
+                                f"(dataset.sha256); nothing was extracted")
+        return digest
+    except BaseException:
+        with contextlib.suppress(OSError):
+            dest.unlink()
+        raise

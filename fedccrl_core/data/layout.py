@@ -1,0 +1,157 @@
+"""Finding a dataset inside an extracted tree and laying it out as out/<domain>/<class>/<image>.
+
+A tree is recognized by the registry's domain names (`find_registry_root`), as a plain image folder
+(`find_imagefolder_root`), or through miniDomainNet's split files (`materialize_split_files`).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from fedccrl_core.data.archives import member_path
+from fedccrl_core.errors import DataError
+
+
+_SKIP_DIRS = ("__MACOSX",)
+_MAX_DEPTH = 5
+
+
+def _subdirs(p: Path) -> list[Path]:
+    from fedccrl_core.data.images import is_ignored_name
+    try:
+        return sorted(c for c in p.iterdir() if c.is_dir() and not is_ignored_name(c.name)
+                      and c.name not in _SKIP_DIRS)
+    except OSError:
+        return []
+
+
+def _walk_dirs(top: Path, depth: int = _MAX_DEPTH):
+    """Breadth-first directories under `top` (itself first), at most `depth` levels deep."""
+    level = [top]
+    for _ in range(depth + 1):
+        nxt = []
+        for d in level:
+            yield d
+            nxt.extend(_subdirs(d))
+        level = nxt
+
+
+def find_registry_root(top: Path, spec) -> tuple[Path, dict[str, Path]]:
+    """The folder whose children are the registry's domain folders (e.g. `PACS/`, `kfold/`).
+
+    Returns (root, {registry domain: folder}). DataError naming the missing domain(s) otherwise.
+    """
+    best: tuple[int, Path | None, dict] = (0, None, {})
+    for d in _walk_dirs(top):
+        mapping: dict[str, Path] = {}
+        for child in _subdirs(d):
+            canon = spec.canonical_domain(child.name)
+            if canon is not None and canon not in mapping:
+                mapping[canon] = child
+        if len(mapping) == len(spec.domains):
+            return d, mapping
+        if len(mapping) > best[0]:
+            best = (len(mapping), d, mapping)
+    if best[1] is None:
+        raise DataError(f"{spec.name}: none of the domain folders {', '.join(spec.domains)} was found in the "
+                        f"source (searched {_MAX_DEPTH} levels deep)")
+    missing = [d for d in spec.domains if d not in best[2]]
+    raise DataError(f"{spec.name}: domain '{missing[0]}' is missing from the source (found "
+                    f"{', '.join(sorted(best[2]))} in {best[1].relative_to(top) if best[1] != top else '.'}; "
+                    f"missing: {', '.join(missing)})")
+
+
+def _has_files_at_depth(d: Path, depth: int) -> bool:
+    """True if some regular file sits exactly `depth` folder levels below d (d/x/.../file)."""
+    if depth == 0:
+        try:
+            return any(c.is_file() for c in d.iterdir())
+        except OSError:
+            return False
+    return any(_has_files_at_depth(c, depth - 1) for c in _subdirs(d))
+
+
+def find_imagefolder_root(top: Path) -> tuple[Path, dict[str, Path]]:
+    """Strip single wrapper folders (e.g. `mydata/`) until the children are <domain>/<class>/<image>."""
+    root = top
+    for _ in range(_MAX_DEPTH):
+        subs = _subdirs(root)
+        if len(subs) == 1 and _has_files_at_depth(subs[0], 2):
+            root = subs[0]
+            continue
+        break
+    subs = _subdirs(root)
+    if not subs or not any(_has_files_at_depth(s, 1) for s in subs):
+        raise DataError("imagefolder: no <domain>/<class>/<image> tree found in the source")
+    return root, {s.name: s for s in subs}
+
+
+def materialize(domain_dirs: dict[str, Path], out: Path, move: bool) -> list[dict]:
+    """Build out/<domain>/<class>/<file> from the found domain folders; returns ignored entries."""
+    from fedccrl_core.data.images import is_ignored_name
+    ignored: list[dict] = []
+    put = os.rename if move else shutil.copyfile
+    for domain, ddir in domain_dirs.items():
+        (out / domain).mkdir(parents=True, exist_ok=True)
+        for c in sorted(ddir.iterdir()):
+            rel_c = f"{domain}/{c.name}"
+            if is_ignored_name(c.name):
+                continue
+            if not c.is_dir():
+                ignored.append({"path": rel_c, "reason": "file outside any class folder"})
+                continue
+            (out / domain / c.name).mkdir(exist_ok=True)
+            for f in sorted(c.iterdir()):
+                rel = f"{rel_c}/{f.name}"
+                if is_ignored_name(f.name):
+                    ignored.append({"path": rel, "reason": "hidden or system file"})
+                elif f.is_dir():
+                    ignored.append({"path": rel, "reason": "folder nested below a class folder"})
+                else:
+                    put(f, out / domain / c.name / f.name)
+    return ignored
+
+
+def materialize_split_files(top: Path, spec, out: Path, move: bool) -> tuple[list[dict], list[dict]]:
+    """miniDomainNet (Dassl): keep exactly the images listed in splits_mini/<domain>_{train,test}.txt.
+
+    Each line is '<domain>/<class>/<file> <label>'. Returns (missing, ignored): files listed but
+    absent, and duplicate lines. The class list is derived from the listed class folders.
+    """
+    split_dir = next((d for d in _walk_dirs(top) if d.name == "splits_mini"), None)
+    if split_dir is None:
+        raise DataError(f"{spec.name}: no splits_mini/ folder with the miniDomainNet split files in the source")
+    root = split_dir.parent
+    missing, ignored, seen = [], [], set()
+    label_of: dict[str, str] = {}
+    for domain in spec.domains:
+        for split in ("train", "test"):
+            fpath = split_dir / f"{domain}_{split}.txt"
+            if not fpath.is_file():
+                raise DataError(f"{spec.name}: split file {fpath.name} is missing from splits_mini/")
+            for ln, line in enumerate(fpath.read_text().splitlines(), 1):
+                if not line.strip():
+                    continue
+                parts = line.split()
+                if len(parts) != 2:
+                    raise DataError(f"{spec.name}: {fpath.name} line {ln}: expected '<path> <label>', got {line!r}")
+                rel = member_path(parts[0])
+                if rel is None or len(rel.parts) < 3:
+                    raise DataError(f"{spec.name}: {fpath.name} line {ln}: bad image path {parts[0]!r}")
+                cls = rel.parts[-2]
+                if label_of.setdefault(cls, parts[1]) != parts[1]:
+                    raise DataError(f"{spec.name}: {fpath.name} line {ln}: class '{cls}' has label {parts[1]}, "
+                                    f"elsewhere {label_of[cls]}")
+                dst_rel = f"{domain}/{cls}/{rel.parts[-1]}"
+                if dst_rel in seen:
+                    ignored.append({"path": dst_rel, "reason": f"listed twice (again in {fpath.name})"})
+                    continue
+                seen.add(dst_rel)
+                src = root / rel
+                if not src.is_file():
+                    missing.append({"path": dst_rel, "reason": f"listed in {fpath.name} but missing from the source"})
+                    continue
+                (out / domain / cls).mkdir(parents=True, exist_ok=True)
+                (os.rename if move else shutil.copyfile)(src, out / dst_rel)
+    return missing, ignored

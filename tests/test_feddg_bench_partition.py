@@ -1,0 +1,120 @@
+"""Properties of FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over a grid of
+lambda, client counts, domain sizes and seeds."""
+import itertools
+
+import numpy as np
+import pytest
+
+from fedccrl_core.data import feddg_bench
+from fedccrl_core.errors import DataError
+
+SIZES = [(37, 120, 55, 64), (500, 21, 90)]           # uneven domains (PACS-like and a lopsided one)
+CLIENTS = [2, 3, 4, 7, 30]                           # below, at and above the number of domains
+LAMBDAS = [0.0, 0.1, 0.5, 1.0]
+SEEDS = [0, 1]
+
+
+def _domain_of(sizes):
+    return np.repeat(np.arange(len(sizes)), sizes)
+
+
+GRID = list(itertools.product(SIZES, CLIENTS, LAMBDAS, SEEDS))
+
+
+@pytest.mark.parametrize("sizes,C,lam,seed", GRID)
+def test_every_example_exactly_once_and_counts_follow_the_formula(sizes, C, lam, seed):
+    dom = _domain_of(sizes)
+    parts = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(seed))
+    assert len(parts) == C
+    allidx = np.concatenate(parts)
+    assert np.array_equal(np.sort(allidx), np.arange(dom.size))          # a partition: each once, none lost
+    got = np.array([np.bincount(dom[p], minlength=len(sizes)) for p in parts])
+    real = feddg_bench.expected_counts(sizes, C, lam)
+    assert np.abs(got - real).max() < 1.0 + 1e-9                          # within one example of the formula
+    assert np.array_equal(got.sum(axis=0), np.asarray(sizes))
+
+
+@pytest.mark.parametrize("sizes,C", [(s, c) for s, c in itertools.product(SIZES, CLIENTS) if c >= len(s)])
+def test_formula_by_hand(sizes, C):
+    """The C >= D formula written out independently: n_d[(1-l)1{d=d(c)}/m_d + l/C]."""
+    n = np.asarray(sizes, float)
+    d_of = feddg_bench.main_domains(sizes, C)
+    m = np.bincount(d_of, minlength=len(sizes))
+    assert (m >= 1).all() and m.sum() == C
+    for lam in LAMBDAS:
+        real = feddg_bench.expected_counts(sizes, C, lam)
+        for c in range(C):
+            for d in range(len(sizes)):
+                want = n[d] * ((1 - lam) * (d == d_of[c]) / m[d] + lam / C)
+                assert real[c, d] == pytest.approx(want)
+
+
+def test_extra_clients_go_to_the_domain_with_most_examples_per_main_client():
+    # sizes 100, 40, 10 and 5 clients: m=(1,1,1); 100/1 is the most -> m0=2; 50/1 > 40 -> m0=3
+    assert feddg_bench.main_domains([100, 40, 10], 5).tolist() == [0, 0, 0, 1, 2]
+    # one more client: 100/3 = 33.3 < 40 -> m1=2
+    assert feddg_bench.main_domains([100, 40, 10], 6).tolist() == [0, 0, 0, 1, 1, 2]
+
+
+@pytest.mark.parametrize("sizes,C,seed", list(itertools.product(SIZES, CLIENTS, SEEDS)))
+def test_lambda_0_gives_single_domain_clients(sizes, C, seed):
+    dom = _domain_of(sizes)
+    parts = feddg_bench.assign(dom, len(sizes), C, 0.0, np.random.default_rng(seed))
+    if C >= len(sizes):
+        assert all(np.unique(dom[p]).size == 1 for p in parts)
+    else:   # C < D: each domain whole on one client (the benchmark's greedy rule)
+        for d in range(len(sizes)):
+            owners = [c for c, p in enumerate(parts) if (dom[p] == d).any()]
+            assert len(owners) == 1
+
+
+@pytest.mark.parametrize("sizes,C,seed", list(itertools.product(SIZES, CLIENTS, SEEDS)))
+def test_lambda_1_gives_equal_domain_proportions(sizes, C, seed):
+    """Tolerance: each client's share of domain d is within C / N of n_d / N (one example per domain)."""
+    dom = _domain_of(sizes)
+    parts = feddg_bench.assign(dom, len(sizes), C, 1.0, np.random.default_rng(seed))
+    want = np.asarray(sizes) / sum(sizes)
+    for p in parts:
+        share = np.bincount(dom[p], minlength=len(sizes)) / p.size
+        assert np.abs(share - want).max() <= len(sizes) / p.size + 1e-12
+
+
+def test_same_seed_same_assignment_other_seed_differs():
+    dom = _domain_of(SIZES[0])
+    a = feddg_bench.assign(dom, 4, 7, 0.1, np.random.default_rng(3))
+    b = feddg_bench.assign(dom, 4, 7, 0.1, np.random.default_rng(3))
+    c = feddg_bench.assign(dom, 4, 7, 0.1, np.random.default_rng(4))
+    assert all(np.array_equal(x, y) for x, y in zip(a, b))
+    assert not all(np.array_equal(x, y) for x, y in zip(a, c))
+
+
+@pytest.mark.parametrize("C,lam", [(0, 0.5), (3, -0.1), (3, 1.5), (True, 0.5), (3, "x")])
+def test_bad_parameters_are_refused_naming_the_key(C, lam):
+    with pytest.raises(DataError, match="partition.num_clients|partition.lambda"):
+        feddg_bench.client_counts([10, 10], C, lam)
+
+
+def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_target(tmp_path):
+    from fedccrl_core.data import registry, synthetic
+    from fedccrl_core.data.shards import client_ids, load_client, load_domain_test, partition
+
+    spec = registry.get_dataset("synthetic")
+    synthetic.generate(tmp_path / "raw", seed=0, images_per_class=5, progress=False)
+    m = partition(tmp_path / "raw", tmp_path / "sh", spec, 16, val_fraction=0.1, seed=0, workers=1,
+                  progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
+    assert m["params"]["partition.lambda"] == 0.5 and m["params"]["partition.num_clients"] == 6
+    assert [c["domain"] for c in m["clients"]] == ["mixed"] * 6
+    sizes = [m["domain_sizes"][d] for d in m["domains"]]
+    want = feddg_bench.client_counts(sizes, 6, 0.5)
+    got = np.array([[c["domain_counts"].get(d, 0) for d in m["domains"]] for c in m["clients"]])
+    assert np.array_equal(got, want)
+    for target in m["domains"]:
+        seen = []
+        for cid in client_ids(m, target):
+            s = load_client(tmp_path / "sh", cid, exclude_domain=target)
+            paths = s.train_paths.tolist() + s.val_paths.tolist()
+            assert paths and not any(p.startswith(target + "/") for p in paths)
+            seen += paths
+        tx, ty = load_domain_test(tmp_path / "sh", target)
+        assert len(ty) == m["domain_sizes"][target]                       # the whole target, once
+        assert len(seen) + len(ty) == sum(sizes)                          # sources + target = everything
