@@ -209,13 +209,11 @@ def labelled_files(folder: Path, classes: tuple[str, ...]) -> tuple[list[Path], 
 
 def confusion_report(pairs: list[tuple[int, int]], classes: tuple[str, ...]) -> dict:
     """(true, predicted) index pairs -> accuracy, per-class accuracy and confusion matrix (rows: true)."""
-    import torch
-
-    from fedccrl_core.evaluation import confusion_matrix
-
-    y = torch.tensor([t for t, _ in pairs], dtype=torch.long)
-    pred = torch.tensor([p for _, p in pairs], dtype=torch.long)
-    cm = confusion_matrix(pred, y, len(classes)).tolist()
+    k = len(classes)  # numpy, not torch: serving imports no torch
+    cm_arr = np.zeros((k, k), dtype=np.int64)
+    for t, p in pairs:
+        cm_arr[t, p] += 1
+    cm = cm_arr.tolist()
     per_class = {}
     for i, name in enumerate(classes):
         n = sum(cm[i])

@@ -31,12 +31,14 @@ def load_u8(path: str | os.PathLike, size: int) -> np.ndarray:
 
 
 def normalize(batch_u8: np.ndarray, meta: ServingMetadata) -> np.ndarray:
-    """uint8 [N, S, S, 3] -> the model input: float32 [N, 3, S, S] normalized with the model's mean/std."""
-    import torch  # here, not at the top: `fedccrl-serve info` needs no torch
+    """uint8 [N, S, S, 3] -> the model input: float32 [N, 3, S, S] normalized with the model's mean/std.
 
-    from fedccrl_core.statistics import normalize_u8
-
-    return normalize_u8(torch.from_numpy(np.ascontiguousarray(batch_u8)), meta.mean, meta.std).numpy()
+    numpy, not torch (serving imports no torch): the same float32 operations in the same order as
+    fedccrl_core.statistics.normalize_u8, x = (u8 / 255 - mean) / std; tests/test_serving.py pins the parity."""
+    x = np.ascontiguousarray(batch_u8).transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255.0)
+    mean = np.asarray(meta.mean, dtype=np.float32).reshape(1, -1, 1, 1)
+    std = np.asarray(meta.std, dtype=np.float32).reshape(1, -1, 1, 1)
+    return np.ascontiguousarray((x - mean) / std, dtype=np.float32)
 
 
 def _try_load(path, size):

@@ -404,3 +404,19 @@ def test_console_script_end_to_end(exported, labelled):
     assert r.returncode == 0 and json.loads(r.stdout)["n_images"] == 9 and "confusion matrix" in r.stderr
     r = run("info", path)
     assert r.returncode == 0 and json.loads(r.stdout)["metadata"]["classes"] == CLASSES
+
+
+def test_serving_runs_without_torch(exported, labelled):
+    """`fedccrl-serve predict` and `evaluate` in a process where `import torch` fails (issue 15: no torch in
+    the serving process; preprocessing is numpy/PIL, inference onnxruntime)."""
+    path, model = exported
+    code = ("import sys; sys.modules['torch'] = None; from serving.cli import main; "
+            "main(sys.argv[1:], standalone_mode=True)")
+    for args in (["predict", str(path), str(labelled)], ["evaluate", str(path), str(labelled), "--json", "-q"]):
+        r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        assert "torch" not in r.stderr
+    recs = jsonl(subprocess.run([sys.executable, "-c", code, "predict", str(path), str(labelled)],
+                                capture_output=True, text=True, timeout=120).stdout)
+    probs = torch_probs(model, [rec["path"] for rec in recs])
+    assert all(p[CLASSES.index(rec["label"])] == pytest.approx(p.max(), abs=1e-5) for rec, p in zip(recs, probs))
