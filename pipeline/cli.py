@@ -4,9 +4,13 @@ from __future__ import annotations
 import importlib
 import sys
 
-import click
+from fedccrl_core.threads import apply_thread_policy
 
-from fedccrl_core import __version__
+apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fedccrl_core/threads.py)
+
+import click  # noqa: E402
+
+from fedccrl_core import __version__  # noqa: E402
 
 # stage name -> module under pipeline/ exposing a click command named `command`
 STAGES = {
@@ -21,6 +25,7 @@ STAGES = {
     "bench-accuracy": "pipeline.bench",
     "bench": "pipeline.bench_speed",
     "bench-scale": "pipeline.bench_scale",
+    "bench-threads": "pipeline.bench_threads",
 }
 
 
