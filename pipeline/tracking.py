@@ -47,26 +47,56 @@ def flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
+def project_root(cwd: Path | None = None) -> Path:
+    """The repository whose mlflow.db the README's `mlflow ui` opens. `dvc exp run --temp` and `--queue` run
+    the stages in a copy under <repo>/.dvc/tmp/exps/..., deleted afterwards: their runs belong to <repo>. DVC
+    names the parent repository in DVC_ROOT for experiment runs; the path is the fallback."""
+    if cwd is None and os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    cwd = (cwd or Path.cwd()).resolve()
+    for p in (cwd, *cwd.parents):
+        if p.name == "exps" and p.parent.name == "tmp" and p.parent.parent.name == ".dvc":
+            return p.parent.parent.parent
+    return cwd
+
+
 def mlflow_module():
-    """mlflow, pointed at MLFLOW_TRACKING_URI or, by default, sqlite:///mlflow.db in the working directory."""
+    """mlflow, pointed at MLFLOW_TRACKING_URI or, by default, sqlite:///<project_root()>/mlflow.db (an absolute
+    path, so that every DVC way of running, --temp and --queue included, logs to the one store)."""
     import mlflow
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
-        mlflow.set_tracking_uri("sqlite:///mlflow.db")
+        mlflow.set_tracking_uri(f"sqlite:///{project_root() / 'mlflow.db'}")
     return mlflow
 
 
 def set_experiment(name: str):
-    """Get or create the experiment. FEDCCRL_MLFLOW_ARTIFACTS, when set, is where a NEW experiment keeps
-    its artifacts (tests point it at a temp folder); otherwise MLflow's default (./mlruns)."""
+    """Get or create the experiment, in MLflow's classic (model development) UI mode. A NEW experiment keeps
+    its artifacts under FEDCCRL_MLFLOW_ARTIFACTS (tests point it at a temp folder) or, with the default store,
+    <project_root()>/mlartifacts, never inside a DVC temp copy."""
     mlflow = mlflow_module()
-    if mlflow.get_experiment_by_name(name) is None and os.environ.get("FEDCCRL_MLFLOW_ARTIFACTS"):
-        root = Path(os.environ["FEDCCRL_MLFLOW_ARTIFACTS"]).resolve()
-        try:
-            mlflow.create_experiment(name, artifact_location=(root / name).as_uri())
-        except Exception:  # created meanwhile by another process
-            pass
-    return mlflow.set_experiment(name)
+    if mlflow.get_experiment_by_name(name) is None:
+        if os.environ.get("FEDCCRL_MLFLOW_ARTIFACTS"):
+            root = Path(os.environ["FEDCCRL_MLFLOW_ARTIFACTS"]).resolve()
+        elif not os.environ.get("MLFLOW_TRACKING_URI"):
+            root = project_root() / "mlartifacts"
+        else:
+            root = None
+        if root is not None:
+            try:
+                mlflow.create_experiment(name, artifact_location=(root / name).as_uri(),
+                                         tags={"mlflow.experimentKind": "custom_model_development"})
+            except Exception:  # created meanwhile by another process
+                pass
+    exp = mlflow.set_experiment(name)
+    if exp.tags.get("mlflow.experimentKind") != "custom_model_development":  # the classic UI, not GenAI
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", "custom_model_development")
+    return exp
+
+
+def dvc_experiment_name() -> str | None:
+    """The name of the DVC experiment running this stage (`dvc exp run` sets DVC_EXP_NAME), else None."""
+    return os.environ.get("DVC_EXP_NAME") or None
 
 
 def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
@@ -78,8 +108,12 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
                                "and tags.`fedccrl.role` = 'parent'", max_results=1)
     if found:
         return found[0].info.run_id
-    run = client.create_run(exp.experiment_id, run_name=f"sweep-{sweep_key[:8]}",
-                            tags={"fedccrl.sweep": sweep_key, "fedccrl.role": "parent", "git_commit": git_commit()})
+    exp_name = dvc_experiment_name()
+    tags = {"fedccrl.sweep": sweep_key, "fedccrl.role": "parent", "git_commit": git_commit(),
+            "mlflow.source.git.commit": git_commit().removesuffix("-dirty")}
+    if exp_name:
+        tags["dvc.exp_name"] = exp_name
+    run = client.create_run(exp.experiment_id, run_name=exp_name or f"sweep-{sweep_key[:8]}", tags=tags)
     for k, v in list(flatten(sweep_params).items())[:500]:
         client.log_param(run.info.run_id, k, str(v)[:6000])
     client.set_terminated(run.info.run_id)

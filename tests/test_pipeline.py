@@ -194,3 +194,18 @@ def test_unknown_algorithm_named(repro_ws, tmp_path, monkeypatch):
     res = _train_in_process(ws, str(tmp_path / "out"), params, monkeypatch, algorithm="fedfoo")
     assert res.exit_code == 2 and "unknown algorithm 'fedfoo'" in res.stderr
     assert "fedccrl, fedavg, fedprox" in res.stderr  # the valid names are listed
+
+
+def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkeypatch):
+    """`dvc exp run --temp/--queue` runs stages under <repo>/.dvc/tmp/exps/...: their runs go to <repo>/mlflow.db."""
+    from pipeline.tracking import project_root
+
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    repo = tmp_path / "repo"
+    copy = repo / ".dvc" / "tmp" / "exps" / "tmpab12" / "workspace"
+    copy.mkdir(parents=True)
+    assert project_root(copy) == repo.resolve()
+    assert project_root(repo) == repo.resolve()
+    monkeypatch.setenv("DVC_ROOT", str(repo))
+    monkeypatch.chdir(copy)
+    assert project_root() == repo.resolve()
