@@ -35,6 +35,7 @@ import torch
 
 from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.federation.engine import RunResult
+from fedccrl_core.procs import die_with_parent
 from fedccrl_flower import messages as M
 from fedccrl_flower.server_app import ServerSpec, report_dir
 
@@ -116,7 +117,8 @@ class Proc:
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
         self.popen = subprocess.Popen(args, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True)
+                                      stdin=subprocess.DEVNULL, start_new_session=True,
+                                      preexec_fn=die_with_parent)  # fedccrl_core/procs.py: dies with the launcher
         self.pid = self.popen.pid
 
     def alive(self) -> bool:

@@ -62,6 +62,10 @@ def run_stage(fn, *args, **kwargs):
         known = known + (FedCCRLError,)
     except ImportError:
         pass
+    from fedccrl_core.procs import die_with_parent, sigterm_as_exit
+
+    die_with_parent()   # SIGTERM when `dvc repro` (or whoever started the stage) dies: no orphan trainer
+    sigterm_as_exit()   # SIGTERM -> SystemExit: finally blocks clean up, MLflow runs end KILLED
     try:
         return fn(*args, **kwargs)
     except known as e:

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 
@@ -120,6 +121,14 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
     return run.info.run_id
 
 
+def _run_exists(mlflow, run_id: str) -> bool:
+    try:
+        mlflow.MlflowClient().get_run(run_id)
+        return True
+    except Exception:  # MlflowException RESOURCE_DOES_NOT_EXIST (or an unreadable store: start afresh)
+        return False
+
+
 class ChildRun:
     """The child run of one training; resumable by run id after an interrupted train."""
 
@@ -127,6 +136,11 @@ class ChildRun:
                  resume_run_id: str | None = None):
         self.mlflow = mlflow_module()
         set_experiment(experiment)
+        if resume_run_id and not _run_exists(self.mlflow, resume_run_id):
+            # the store was deleted or replaced (e.g. mlflow.db removed): heal instead of a traceback
+            print(f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
+                  f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)
+            resume_run_id = None
         if resume_run_id:
             self.run = self.mlflow.start_run(run_id=resume_run_id)
         else:

@@ -118,7 +118,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.federation.client import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
-    from pipeline.tracking import ChildRun, code_hash, git_commit, params_hash, parent_run_id
+    from pipeline.tracking import ChildRun, code_hash, dvc_experiment_name, git_commit, params_hash, parent_run_id
 
     params = load_params(params_path)
     cfg = train_config(params, algorithm)
@@ -161,8 +161,10 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     resume_id = json.loads(side.read_text())["run_id"] if (resumable and side.is_file()) else None
     commit = git_commit()
     run = ChildRun(experiment, parent_run_id(experiment, sweep_key, sweep_params),
-                   f"{algorithm}-s{seed}-{target}", run_params,
-                   {"git_commit": commit, "dvc_stage": f"train@{algorithm}-{seed}-{held_out}",
+                   f"{algorithm}-{cfg['dataset']}-s{seed}-{target}", run_params,
+                   {"git_commit": commit, "mlflow.source.git.commit": commit.removesuffix("-dirty"),
+                    **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
+                    "dvc_stage": f"train@{algorithm}-{seed}-{held_out}",
                     "fedccrl.role": "child", "fedccrl.sweep": sweep_key, "held_out": target,
                     "algorithm": algorithm, "seed": str(seed)}, resume_run_id=resume_id)
     side.parent.mkdir(parents=True, exist_ok=True)
@@ -183,6 +185,9 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
                                      run_info={"run_key": run_key}, concurrent_clients=cfg["concurrent_clients"],
                                      client_state=cfg["client_state"])
             result = engine.run()
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (fedccrl_core/procs.py): resumable, not failed
+        run.finish("KILLED")
+        raise
     except BaseException:
         run.finish("FAILED")
         raise

@@ -209,3 +209,43 @@ def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkey
     monkeypatch.setenv("DVC_ROOT", str(repo))
     monkeypatch.chdir(copy)
     assert project_root() == repo.resolve()
+
+
+def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
+    """SIGTERM during training (fedccrl_core/procs.py) ends the MLflow run KILLED, leaves no output and no
+    process; deleting mlflow.db afterwards gives a warning and a fresh run, not a traceback, and the resumed
+    run's metrics equal an uninterrupted run's (issue 17)."""
+    import mlflow
+
+    ws, _, _ = repro_ws
+    params = _write_params(ws / "results", **SMALL)
+    db = ws / "results" / "term.db"
+    env = {**_env(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
+    proc = subprocess.Popen(_train_cmd(ws, "runT", params) + ["--checkpoints", "ckT"], cwd=ws, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None:
+        if (ws / "ckT").exists() and [f for f in (ws / "ckT").rglob("*.pt") if not f.parent.name.endswith(".clients")]:
+            break
+        time.sleep(0.1)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err[-2000:]
+    assert "Traceback" not in err and not (ws / "runT").exists()
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([client.get_experiment_by_name("fedccrl-synthetic").experiment_id],
+                              filter_string="tags.`fedccrl.role` = 'child'")
+    assert [r.info.status for r in runs] == ["KILLED"]
+    db.unlink()  # the tracker's store is gone; the resume state still names the old run id
+    p = subprocess.run(_train_cmd(ws, "runT", params) + ["--checkpoints", "ckT"], cwd=ws, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
+    assert "no longer exists" in p.stderr and "resuming from checkpoint after round 1" in p.stderr
+    import sqlite3  # a fresh connection: this process's MLflow client still holds the deleted file open
+
+    with sqlite3.connect(db) as con:
+        statuses = con.execute("select r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+                               "where t.key = 'fedccrl.role' and t.value = 'child'").fetchall()
+    assert statuses == [("FINISHED",)]
+    if (ws / "runA").exists():  # written by the kill -9 test when it ran first
+        assert _rounds(ws, "runT") == _rounds(ws, "runA")

@@ -1,0 +1,44 @@
+"""The process policy every fedccrl process and child process follows (issue 17).
+
+- `die_with_parent()`: Linux PR_SET_PDEATHSIG, so a stage (or a Flower SuperLink/SuperNode started by the
+  launcher) receives SIGTERM when the process that started it dies: SIGTERM to `dvc repro` no longer
+  orphans a trainer that a rerun would then race with.
+- `sigterm_as_exit()`: SIGTERM raises SystemExit in the main thread, so `finally` blocks run: temporary
+  outputs are removed, child processes stopped and MLflow runs marked KILLED.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import signal
+import sys
+import threading
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+    """Ask the kernel to send `sig` to this process when its parent exits. Linux only; elsewhere a no-op
+    (returns False). Also usable as Popen(preexec_fn=die_with_parent) for children."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+            return False
+    except OSError:
+        return False
+    if os.getppid() == 1:  # the parent died before prctl took effect
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def _exit_on_signal(signum, frame):
+    raise SystemExit(128 + signum)
+
+
+def sigterm_as_exit() -> None:
+    """SIGTERM -> SystemExit(143) in the main thread (signal handlers can only be set there)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _exit_on_signal)
