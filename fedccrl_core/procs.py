@@ -35,6 +35,9 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
 
 
 def _exit_on_signal(signum, frame):
+    # once: a second SIGTERM (dvc forwarding it, then PR_SET_PDEATHSIG when dvc exits) must not interrupt
+    # the clean-up that the first one started; SIGKILL still ends a clean-up that hangs
+    signal.signal(signum, signal.SIG_IGN)
     raise SystemExit(128 + signum)
 
 
