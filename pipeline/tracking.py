@@ -152,6 +152,8 @@ class ChildRun:
     def log_round(self, rec: dict) -> None:
         metrics = {k: float(v) for k, v in rec.items() if k != "round" and isinstance(v, (int, float)) and v is not None}
         self.mlflow.log_metrics(metrics, step=int(rec["round"]))
+        if rec.get("val_pred_classes") == 1:  # federation/loop.py warned: the model predicts one class
+            self.mlflow.set_tag("fedccrl.collapsed", f"round {int(rec['round'])}")
 
     def finish(self, status: str = "FINISHED") -> None:
         self.mlflow.end_run(status=status)

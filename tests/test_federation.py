@@ -153,3 +153,25 @@ def test_checkpoint_of_other_config_is_ignored(tmp_path):
     _engine(tmp_path, "fedavg", rounds=1, ckpt_name="shared.pt").run()
     res = _engine(tmp_path, "fedprox", rounds=1, ckpt_name="shared.pt").run()
     assert res.resumed_from == 0
+
+
+def test_a_collapsed_global_model_is_reported(tmp_path):
+    """A global model that predicts one class for all validation images gets a warning and
+    val_pred_classes = 1 in its round record (issue 15 point 5); a healthy one does not."""
+    logs = []
+    eng = _engine(tmp_path, rounds=1, ckpt_name="collapsed.pt")
+    eng.loop.log = logs.append
+    eng.alg.local.lr = 0.0  # Adam with lr 0: the global model stays the collapsed initial one
+    with torch.no_grad():
+        eng.model.g.weight.zero_()
+        eng.model.g.bias.copy_(torch.tensor([0.0, 100.0, 0.0]))  # always class 1
+    rec = eng.run().history[-1]
+    assert rec["val_pred_classes"] == 1
+    assert any("collapsed" in m for m in logs), logs
+    n1 = int((eng.loop.evalsets.val_y == 1).sum())
+    assert rec["val_acc"] == pytest.approx(n1 / len(eng.loop.evalsets.val_y))  # a class share, as the warning says
+
+    logs.clear()
+    healthy = _engine(tmp_path, rounds=1, ckpt_name="healthy.pt")
+    healthy.loop.log = logs.append
+    assert healthy.run().history[-1]["val_pred_classes"] > 1 and not any("collapsed" in m for m in logs)

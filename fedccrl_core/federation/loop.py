@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from fedccrl_core.algorithms.base import Algorithm, Reply
-from fedccrl_core.evaluation import accuracy
+from fedccrl_core.evaluation import accuracy, predict
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything
 
@@ -126,11 +126,23 @@ class RoundLoop:
             return "does not fit this model"
         return None
 
-    def evaluate(self) -> tuple[float, float]:
+    def evaluate(self) -> tuple[float, float, int]:
+        """(source-validation accuracy, target accuracy, number of distinct classes predicted on validation)."""
         ev, local = self.evalsets, self.alg.local
-        val = accuracy(self.model, ev.val_x, ev.val_y, ev.batch_size, local.mean, local.std, fast=local.fast)
+        if len(ev.val_y):
+            pred = predict(self.model, ev.val_x, ev.batch_size, local.mean, local.std, local.fast)
+            val, val_classes = float((pred == ev.val_y).float().mean()), int(torch.unique(pred).numel())
+        else:
+            val, val_classes = float("nan"), 0
         tgt = accuracy(self.model, ev.target_x, ev.target_y, ev.batch_size, local.mean, local.std, fast=local.fast)
-        return val, tgt
+        return val, tgt, val_classes
+
+    def _warn_if_collapsed(self, rnd: int, val_classes: int) -> None:
+        """A global model that predicts one class for every validation image has collapsed (seen on PACS from
+        scratch): say so, instead of reporting a class share as accuracy in silence."""
+        if val_classes == 1 and int(torch.unique(self.evalsets.val_y).numel()) > 1:
+            self.log(f"warning: round {rnd}: the global model predicts a single class for all "
+                     f"{len(self.evalsets.val_y)} validation images (collapsed); its accuracy is that class's share")
 
     def run(self) -> RunResult:
         seed_everything(derive_seed(self.seed, "init"))
@@ -153,11 +165,13 @@ class RoundLoop:
             replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
             global_w = agg.result()  # line 23, Eq. 2, streamed
             self.model.load_state_dict(global_w)
-            val_acc, tgt_acc = self.evaluate()
+            val_acc, tgt_acc, val_classes = self.evaluate()
+            self._warn_if_collapsed(rnd, val_classes)
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec = {"round": rnd, "val_acc": val_acc, "target_acc": tgt_acc, "seconds": time.perf_counter() - t0,
+            rec = {"round": rnd, "val_acc": val_acc, "target_acc": tgt_acc, "val_pred_classes": val_classes,
+                   "seconds": time.perf_counter() - t0,
                    "bytes_up": len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values())
                    + sum(nbytes(r.upload) for r in replies),
                    "bytes_down": len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies)}
