@@ -7,6 +7,7 @@ stale outputs of an earlier export are removed before anything else happens.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -76,6 +77,22 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
     return result
 
 
+def serving_requirements() -> list[str]:
+    """The exact pins the logged model needs, from this environment (no requirement-inference subprocess, and
+    only the onnxruntime build that is installed: onnxruntime and onnxruntime-gpu must never be installed
+    together)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    reqs = []
+    for pkg in ("onnx", "onnxruntime-gpu", "onnxruntime", "numpy"):
+        try:
+            reqs.append(f"{pkg}=={version(pkg)}")
+        except PackageNotFoundError:
+            continue
+    ort = [r for r in reqs if r.startswith("onnxruntime")]
+    return [r for r in reqs if not r.startswith("onnxruntime")] + ort[:1]
+
+
 def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example, registered_model: str | None,
                   alias: str | None) -> None:
     """Log the ONNX model (onnx flavour, with signature) and parity metrics to the training run, register
@@ -109,13 +126,22 @@ def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example, r
             if meta.get(k) is not None}
     # Resume the training run; end it with the status it had, so a failed registration never marks a
     # finished training as FAILED (the stage itself fails instead).
+    weights_sha256 = hashlib.sha256(onnx_path.read_bytes()).hexdigest()
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        if mv.tags.get("weights_sha256") == weights_sha256:  # the same model again: no duplicate version
+            client.set_registered_model_alias(name, alias, mv.version)  # parity passed (checked above)
+            print(f"MLflow: {name} version {mv.version} already holds these weights (sha256 {weights_sha256[:12]}); "
+                  f"alias @{alias} -> version {mv.version}, training run left untouched", file=sys.stderr)
+            return
+    tags["weights_sha256"] = weights_sha256
     status = client.get_run(run_id).info.status
     mlflow.start_run(run_id=run_id)
     try:
         mlflow.log_metrics({"export_top1_agreement": result["top1_agreement"],
                             "export_max_abs_logit_diff": result["max_abs_logit_diff"]})
         info = mlflow.onnx.log_model(onnx.load(str(onnx_path)), name="onnx_model", signature=signature,
-                                     registered_model_name=name, save_as_external_data=False, tags=tags)
+                                     registered_model_name=name, save_as_external_data=False, tags=tags,
+                                     pip_requirements=serving_requirements())
         version = info.registered_model_version
         client.set_registered_model_alias(name, alias, version)
         for k, v in tags.items():

@@ -194,6 +194,18 @@ def test_mlflow_logs_registers_and_aliases_the_onnx_model(shards, tmp_path):
     assert {p.key: p.value for p in proto.metadata_props}["fedccrl_format"] == "1"
     metrics = client.get_run(run_id).data.metrics
     assert metrics["export_top1_agreement"] == 1.0 and metrics["export_max_abs_logit_diff"] < 1e-4
+    reqs = mlflow.pyfunc.get_model_dependencies("models:/fedccrl-synthetic-test@fedccrl-s0-heldout-sketch")
+    pins = [line.split("==")[0] for line in Path(reqs).read_text().split() if "==" in line]
+    assert sum(p in ("onnxruntime", "onnxruntime-gpu") for p in pins) == 1, pins  # never both
+
+    # re-export of the same weights: no new version, and the training run is not reopened (end time kept)
+    end_time = client.get_run(run_id).info.end_time
+    for _ in range(2):
+        again = run_export(model, shards, tmp_path / "out2", "--registered-model", "fedccrl-synthetic-test")
+        assert again.exit_code == 0, again.stderr
+        assert "already holds these weights" in again.stderr
+    assert len(client.search_model_versions("name = 'fedccrl-synthetic-test'")) == 1
+    assert client.get_run(run_id).info.end_time == end_time
 
 
 def test_mlflow_is_skipped_with_a_notice_for_an_unknown_run(exported, capsys):
