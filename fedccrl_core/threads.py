@@ -9,7 +9,6 @@ PASSIVE makes idle OpenMP threads sleep instead. A value the user set explicitly
 from __future__ import annotations
 
 import os
-import sys
 
 POLICY = {"OMP_WAIT_POLICY": "PASSIVE",  # libgomp (torch's Linux wheels) and Intel OpenMP
           "KMP_BLOCKTIME": "0"}          # Intel OpenMP: sleep at once after a parallel region
@@ -23,7 +22,6 @@ def apply_thread_policy(environ=os.environ) -> dict:
         if key not in environ:
             environ[key] = value
             applied[key] = value
-    if applied and "torch" in sys.modules and environ is os.environ:
-        print("fedccrl: warning: torch was imported before the thread policy was applied; "
-              "OpenMP may keep its spin-wait default in this process", file=sys.stderr)
+    # In a process that imported torch first (a script importing pipeline modules as a library), OpenMP
+    # has already read its settings: the policy then reaches only the child processes it starts.
     return applied
