@@ -45,3 +45,23 @@ def get(params: dict, key: str, types: type | tuple[type, ...] | None = None, de
     if choices is not None and node not in choices:
         raise ParamError(f"params.yaml: key '{key}' is {node!r}; choose one of {', '.join(map(str, choices))}")
     return node
+
+
+def check_sweep(params: dict) -> None:
+    """train.algorithms, train.seeds and train.held_out (the DVC matrix of the train stage): non-empty lists
+    without repeats (a repeat would train and log the same run twice), held_out of indices >= 0."""
+    for key, kind in (("train.algorithms", str), ("train.seeds", int), ("train.held_out", int)):
+        values = get(params, key, list)
+        if not values:
+            raise ParamError(f"params.yaml: key '{key}' must be a non-empty list, got {values!r}")
+        bad = [v for v in values if not isinstance(v, kind) or isinstance(v, bool)]
+        if bad:
+            raise ParamError(f"params.yaml: key '{key}' must list {kind.__name__} values, got {bad[0]!r}")
+        repeats = sorted({repr(v) for v in values if values.count(v) > 1})
+        if repeats:
+            raise ParamError(f"params.yaml: key '{key}' lists {', '.join(repeats)} more than once "
+                             "(each entry is one DVC stage and one MLflow run)")
+    negative = [h for h in get(params, "train.held_out", list) if h < 0]
+    if negative:
+        raise ParamError(f"params.yaml: key 'train.held_out' holds indices into the manifest's domains, "
+                         f"which start at 0; got {negative[0]}")

@@ -17,7 +17,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
-from pipeline.params import get, load_params
+from pipeline.params import check_sweep, get, load_params
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -121,6 +121,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     from pipeline.tracking import ChildRun, code_hash, dvc_experiment_name, git_commit, params_hash, parent_run_id
 
     params = load_params(params_path)
+    check_sweep(params)  # before any data is read and before MLflow
     cfg = train_config(params, algorithm)
     manifest = load_manifest(shards)
     domains, classes = list(manifest["domains"]), list(manifest["classes"])

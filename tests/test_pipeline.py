@@ -177,6 +177,10 @@ def _train_in_process(ws, out, params, monkeypatch, algorithm="fedccrl"):
     ({"train.rounds": "ten"}, "key 'train.rounds' must be int"),
     ({"model.backbone": "vgg99"}, "model.backbone: unknown backbone 'vgg99'"),
     ({"train.fedccrl.lambda3": 1.0}, "train.fedccrl.lambda3"),
+    ({"train.held_out": [1, 1]}, "key 'train.held_out' lists 1 more than once"),
+    ({"train.held_out": [-1]}, "key 'train.held_out' holds indices"),
+    ({"train.algorithms": ["fedccrl", "fedccrl"]}, "key 'train.algorithms' lists 'fedccrl' more than once"),
+    ({"train.seeds": ["0"]}, "key 'train.seeds' must list int values"),
 ])
 def test_bad_params_give_one_clear_line(repro_ws, overrides, message, tmp_path, monkeypatch):
     ws, _, _ = repro_ws
