@@ -10,12 +10,12 @@ from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 @torch.no_grad()
 def predict(model, x_u8: torch.Tensor, batch_size: int = 256, mean=IMAGENET_MEAN, std=IMAGENET_STD,
             fast: bool = False) -> torch.Tensor:
-    """Predicted class of every image (x_u8: uint8 NCHW on the model's device). fast: bf16 autocast and
-    channels_last on CUDA (train.fast, fastpath.py); a no-op on the CPU."""
+    """Predicted class of every image (x_u8: uint8 NCHW on the model's device). fast: channels_last
+    weights, plus bf16 autocast on CUDA (train.fast, fastpath.py)."""
     was_training = model.training
     model.eval()
     on = fastpath.enabled(fast, x_u8.device)
-    fastpath.prepare_model(model, on)
+    fastpath.prepare_model(model, fast)
     with fastpath.autocast(on, x_u8.device):
         preds = [model(normalize_u8(x_u8[i:i + batch_size], mean, std)).argmax(1)
                  for i in range(0, len(x_u8), batch_size)]

@@ -14,7 +14,29 @@ from pipeline.cli import run_stage
 from pipeline.params import load_params
 
 
-def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list[int], params_path: Path) -> dict:
+def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -> dict:
+    """`KEY=VALUE` overrides (dotted keys of params.yaml, YAML values), as `dvc exp run -S` spells them. A key
+    must already exist: a typo is an error naming it, not a new entry that nothing reads."""
+    import yaml
+
+    from pipeline.params import ParamError
+
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ParamError(f"{source} {item!r}: expected KEY=VALUE, e.g. train.local_epochs=3")
+        *head, last = key.split(".")
+        node = params
+        for h in head:
+            node = node.get(h) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or last not in node:
+            raise ParamError(f"{source} {item!r}: params.yaml has no key '{key}'")
+        node[last] = yaml.safe_load(text)
+    return params
+
+
+def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list[int], params_path: Path,
+                   overrides: list[str] = ()) -> dict:
     import numpy as np
     import torch
 
@@ -24,7 +46,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
     from pipeline.train import load_clients, local_config, resolve_model, train_config
 
-    params = load_params(params_path)
+    params = apply_overrides(load_params(params_path), list(overrides))
     manifest = load_manifest(shards)
     domains = list(manifest["domains"])
     acc: dict = {}
@@ -53,7 +75,8 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
         cells = [f"{100 * statistics.fmean(v):.2f} ± {100 * statistics.pstdev(v):.2f}" for v in per.values()]
         avg = statistics.fmean(statistics.fmean(v) for v in per.values())
         lines.append(f"| {alg_name} | {' | '.join(cells)} | {100 * avg:.2f} |")
-    print(f"final-round target accuracy (%), mean ± std over seeds {seeds}, "
+    print(f"final-round target accuracy (%), mean ± std over seeds {seeds}"
+          f"{', ' + ' '.join(overrides) if overrides else ''}, "
           f"{time.perf_counter() - t0:.0f}s in all", flush=True)
     print("\n".join(lines), flush=True)
     return acc
@@ -65,6 +88,9 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
 @click.option("--algorithms", default="fedccrl,fedavg,fedprox", show_default=True)
 @click.option("--seeds", default="0,1,2", show_default=True)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-def command(shards, pools, algorithms, seeds, params_path):
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="override a params.yaml key for this bench only (repeatable), e.g. --set train.local_epochs=3")
+def command(shards, pools, algorithms, seeds, params_path, overrides):
     """Held-out accuracy table of several algorithms over several seeds (one process, no tracking)."""
-    run_stage(bench_accuracy, shards, pools, algorithms.split(","), [int(s) for s in seeds.split(",")], params_path)
+    run_stage(bench_accuracy, shards, pools, algorithms.split(","), [int(s) for s in seeds.split(",")], params_path,
+              list(overrides))

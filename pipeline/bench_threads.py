@@ -39,13 +39,8 @@ def _run(policy: str, steps: int) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-@click.command("bench-threads")
-@click.option("--steps", type=int, default=60, show_default=True, help="training steps per measurement")
-@click.option("--repeats", type=int, default=3, show_default=True, help="alternating repeats; best of each kept")
-@click.option("--load", type=int, default=1, show_default=True,
-              help="busy processes sharing the cores during the measurement (0 = an idle machine)")
-def command(steps, repeats, load):
-    """Spin (OMP_WAIT_POLICY=ACTIVE) vs passive (the project's policy): wall and CPU ratios, same run."""
+def measure(steps: int, repeats: int, load: int) -> dict:
+    """Best-of-`repeats` wall and CPU seconds of each policy, alternating, while `load` busy processes run."""
     busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(load)]
     try:
         best = {"ACTIVE": None, "PASSIVE": None}
@@ -60,6 +55,17 @@ def command(steps, repeats, load):
         for p in busy:
             p.kill()
             p.wait()
+    return best
+
+
+@click.command("bench-threads")
+@click.option("--steps", type=int, default=60, show_default=True, help="training steps per measurement")
+@click.option("--repeats", type=int, default=3, show_default=True, help="alternating repeats; best of each kept")
+@click.option("--load", type=int, default=1, show_default=True,
+              help="busy processes sharing the cores during the measurement (0 = an idle machine)")
+def command(steps, repeats, load):
+    """Spin (OMP_WAIT_POLICY=ACTIVE) vs passive (the project's policy): wall and CPU ratios, same run."""
+    best = measure(steps, repeats, load)
     a, p = best["ACTIVE"], best["PASSIVE"]
     click.echo(f"thread policy, {steps} small-CNN steps, {load} busy process(es), {os.cpu_count()} cores, "
                f"load average {os.getloadavg()[0]:.2f}")

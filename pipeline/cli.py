@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
+import time
 
 from fedccrl_core.threads import apply_thread_policy
 
@@ -26,6 +28,7 @@ STAGES = {
     "bench": "pipeline.bench_speed",
     "bench-scale": "pipeline.bench_scale",
     "bench-threads": "pipeline.bench_threads",
+    "bench-repro": "pipeline.bench_repro",
 }
 
 
@@ -66,11 +69,42 @@ def run_stage(fn, *args, **kwargs):
 
     die_with_parent()   # SIGTERM when `dvc repro` (or whoever started the stage) dies: no orphan trainer
     sigterm_as_exit()   # SIGTERM -> SystemExit: finally blocks clean up, MLflow runs end KILLED
+    t0, startup = time.perf_counter(), _seconds_since_process_start()
     try:
         return fn(*args, **kwargs)
     except known as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    finally:
+        _record_stage_time(fn, startup, time.perf_counter() - t0)
+
+
+def _seconds_since_process_start() -> float | None:
+    """Wall seconds from this process's start (exec, interpreter start-up, imports) to now. Linux only."""
+    try:
+        start_ticks = int(open("/proc/self/stat").read().rsplit(")", 1)[1].split()[19])
+        return time.clock_gettime(time.CLOCK_BOOTTIME) - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _record_stage_time(fn, startup: float | None, body: float) -> None:
+    """With FEDCCRL_STAGE_TIMES=<file> (set by `fedccrl bench-repro`), append one JSON line per stage
+    process: wall seconds of start-up + imports and of the stage body, CPU seconds (this process and its
+    workers), and the seconds spent talking to MLflow (pipeline/tracking.py)."""
+    path = os.environ.get("FEDCCRL_STAGE_TIMES")
+    if not path:
+        return
+    import json
+    import resource
+
+    cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+              for f in ("ru_utime", "ru_stime"))
+    tracking = sys.modules.get("pipeline.tracking")
+    with open(path, "a") as f:
+        f.write(json.dumps({"stage": fn.__module__.rsplit(".", 1)[-1], "argv": sys.argv[1:],
+                            "startup_s": startup, "body_s": body, "cpu_s": cpu,
+                            "mlflow_s": getattr(tracking, "SECONDS", 0.0) if tracking else 0.0}) + "\n")
 
 
 if __name__ == "__main__":

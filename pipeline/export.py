@@ -18,6 +18,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
+from pipeline.tracking import timed
 
 
 def _atomic_write_text(path: Path, text: str) -> None:
@@ -93,6 +94,7 @@ def serving_requirements() -> list[str]:
     return [r for r in reqs if not r.startswith("onnxruntime")] + ort[:1]
 
 
+@timed
 def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example, registered_model: str | None,
                   alias: str | None) -> None:
     """Log the ONNX model (onnx flavour, with signature) and parity metrics to the training run, register

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
+from pipeline.tracking import timed
 from pipeline.params import get, load_params
 
 
@@ -119,6 +120,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     return written
 
 
+@timed
 def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
     from pipeline.tracking import mlflow_module
 

@@ -19,6 +19,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
+from pipeline.tracking import timed
 
 
 # FedCCRL's Table 1 row order, then the other seed papers' methods (FedFD-A's Table 1 frameworks, FedAlign)
@@ -112,6 +113,7 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path)
     return metrics
 
 
+@timed
 def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
     from pipeline.tracking import mlflow_module

@@ -6,9 +6,32 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 import subprocess
 import sys
 from pathlib import Path
+
+
+SECONDS = 0.0  # wall seconds spent in MLflow calls (imports included) by this process; `fedccrl bench-repro`
+_depth = 0
+
+
+def timed(fn):
+    """Count fn's wall time into SECONDS (outermost call only)."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        global SECONDS, _depth
+        _depth += 1
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _depth -= 1
+            if _depth == 0:
+                SECONDS += time.perf_counter() - t0
+    return wrapper
 
 
 def params_hash(obj) -> str:
@@ -61,6 +84,7 @@ def project_root(cwd: Path | None = None) -> Path:
     return cwd
 
 
+@timed
 def mlflow_module():
     """mlflow, pointed at MLFLOW_TRACKING_URI or, by default, sqlite:///<project_root()>/mlflow.db (an absolute
     path, so that every DVC way of running, --temp and --queue included, logs to the one store)."""
@@ -71,6 +95,7 @@ def mlflow_module():
     return mlflow
 
 
+@timed
 def set_experiment(name: str):
     """Get or create the experiment, in MLflow's classic (model development) UI mode. A NEW experiment keeps
     its artifacts under FEDCCRL_MLFLOW_ARTIFACTS (tests point it at a temp folder) or, with the default store,
@@ -100,6 +125,7 @@ def dvc_experiment_name() -> str | None:
     return os.environ.get("DVC_EXP_NAME") or None
 
 
+@timed
 def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
     """Find or create the sweep's parent run (tagged fedccrl.sweep=<key>)."""
     mlflow = mlflow_module()
@@ -130,30 +156,49 @@ def _run_exists(mlflow, run_id: str) -> bool:
 
 
 class ChildRun:
-    """The child run of one training; resumable by run id after an interrupted train."""
+    """The child run of one training; resumable by run id after an interrupted train. Written against
+    MlflowClient with explicit run ids (not the fluent API's one active run), so one train process can keep
+    the runs of several held-out domains open at once."""
 
+    @timed
     def __init__(self, experiment: str, parent_id: str, name: str, params: dict, tags: dict,
                  resume_run_id: str | None = None):
         self.mlflow = mlflow_module()
-        set_experiment(experiment)
+        exp = set_experiment(experiment)
+        self.client = self.mlflow.MlflowClient()
         if resume_run_id and not _run_exists(self.mlflow, resume_run_id):
             # the store was deleted or replaced (e.g. mlflow.db removed): heal instead of a traceback
             print(f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
                   f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)
             resume_run_id = None
         if resume_run_id:
-            self.run = self.mlflow.start_run(run_id=resume_run_id)
+            self.client.update_run(resume_run_id, status="RUNNING")
+            self.run_id = resume_run_id
         else:
-            self.run = self.mlflow.start_run(run_name=name, parent_run_id=parent_id, tags=tags)
-            self.mlflow.log_params({k: str(v)[:6000] for k, v in flatten(params).items()})
-        self.run_id = self.run.info.run_id
-        self.experiment_id = self.run.info.experiment_id
+            run = self.client.create_run(exp.experiment_id, run_name=name,
+                                         tags={**tags, "mlflow.parentRunId": parent_id})
+            self.run_id = run.info.run_id
+            from mlflow.entities import Param
 
+            items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
+            for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+                self.client.log_batch(self.run_id, params=items[i:i + 100])
+        self.experiment_id = exp.experiment_id
+
+    @timed
+    def log_metrics(self, metrics: dict, step: int = 0) -> None:
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
+
+    @timed
     def log_round(self, rec: dict) -> None:
-        metrics = {k: float(v) for k, v in rec.items() if k != "round" and isinstance(v, (int, float)) and v is not None}
-        self.mlflow.log_metrics(metrics, step=int(rec["round"]))
+        self.log_metrics({k: v for k, v in rec.items()
+                          if k != "round" and isinstance(v, (int, float)) and v is not None}, step=int(rec["round"]))
         if rec.get("val_pred_classes") == 1:  # federation/loop.py warned: the model predicts one class
-            self.mlflow.set_tag("fedccrl.collapsed", f"round {int(rec['round'])}")
+            self.client.set_tag(self.run_id, "fedccrl.collapsed", f"round {int(rec['round'])}")
 
+    @timed
     def finish(self, status: str = "FINISHED") -> None:
-        self.mlflow.end_run(status=status)
+        self.client.set_terminated(self.run_id, status=status)

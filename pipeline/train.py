@@ -1,8 +1,10 @@
-"""`fedccrl train`: federated training of one (algorithm, seed, held-out domain) on the in-process engine.
+"""`fedccrl train`: federated training of one (algorithm, seed) for each held-out domain, in one process.
 
-Writes <out>/model.pt (final global model), <out>/best.pt (global model at the round of best
-source-validation accuracy), <out>/history.json and <out>/history.csv (per-round metrics), all at
-once at the end. Round checkpoints live outside the DVC output (DVC deletes outputs before a
+For held-out index i it writes <out>/d<i>/model.pt (final global model), best.pt (global model at the
+round of best source-validation accuracy), history.json and history.csv (per-round metrics), all at
+once at the end. One process per (algorithm, seed) instead of one per run saves the ~5 s of imports and
+MLflow start-up each run used to pay (issue 15); on the CPU the held-out domains train side by side in
+worker processes, one torch thread each (`worker_count`), and only this process talks to MLflow. Round checkpoints live outside the DVC output (DVC deletes outputs before a
 rerun), under --checkpoints, keyed by a hash of everything that determines the run.
 """
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import shutil
 import sys
+import traceback
 from pathlib import Path
 
 import click
@@ -108,121 +111,269 @@ def load_manifest_clients(shards: Path) -> list[dict]:
     return load_manifest(shards)["clients"]
 
 
-def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, out: Path, params_path: Path,
-          checkpoints: Path) -> None:
+def plan_runs(params: dict, cfg: dict, manifest: dict, algorithm: str, seed: int, held_out: list[int],
+              out: Path, checkpoints: Path, alg_hp: dict) -> list[dict]:
+    """One job per held-out domain: everything a worker needs (plain data, picklable), its run key (the hash
+    of everything that determines the run, naming its round checkpoint) and its output folder out/d<i>."""
+    from pipeline.tracking import code_hash, params_hash
+
+    domains = list(manifest["domains"])
+    backbone, pretrained = resolve_model(cfg)
+    jobs = []
+    for i in held_out:
+        if not 0 <= i < len(domains):
+            raise ValueError(f"params.yaml: train.held_out index {i} out of range for {len(domains)} domains {domains}")
+        run_params = {**{k: v for k, v in cfg.items() if k != "hparams"}, "backbone": backbone,
+                      "pretrained": pretrained, "algorithm": algorithm, "seed": seed, "held_out": domains[i],
+                      algorithm: alg_hp, "partition": params.get("partition"), "image_size": manifest["image_size"]}
+        run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
+        ckpt = checkpoints / f"{algorithm}-s{seed}-d{i}" / f"{run_key}.pt"
+        jobs.append({"index": i, "target": domains[i], "sources": [d for d in domains if d != domains[i]],
+                     "algorithm": algorithm, "seed": seed, "cfg": cfg, "backbone": backbone,
+                     "pretrained": pretrained, "run_params": run_params, "run_key": run_key, "ckpt": ckpt,
+                     "out": out / f"d{i}", "flower": get(params, "train.flower", dict, default={}),
+                     "domains": domains, "classes": list(manifest["classes"]),
+                     "image_size": manifest["image_size"], "resize": manifest.get("resize_policy", "resize SxS bilinear")})
+    return jobs
+
+
+def run_one(job: dict, shards: Path, pools: Path, report, run_ids=None) -> dict:
+    """Train one held-out domain (in this process or in a worker) and write job['out'] at once at the end.
+    report(kind, payload) receives every round record ("round") as it appears. On the CPU the run uses one
+    torch thread, whatever the machine's core count, so its numbers are the same on every machine and with
+    any number of workers (parallelism comes from training several held-out domains at once). run_ids(), if
+given, returns the MLflow ids the outputs record; a worker receives them from the parent meanwhile."""
     import numpy as np
     import torch
 
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.checkpoint import save_model
-    from fedccrl_core.data.shards import load_domain_test, load_manifest
+    from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.federation.client import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
-    from pipeline.tracking import ChildRun, code_hash, dvc_experiment_name, git_commit, params_hash, parent_run_id
+
+    cfg, target, out = job["cfg"], job["target"], Path(job["out"])
+    device = resolve_device(cfg["device"])
+    threads = torch.get_num_threads()
+    if device.type == "cpu":
+        torch.set_num_threads(1)
+    log = lambda msg: LOG(f"[{job['algorithm']} {target}] {msg}")  # noqa: E731
+    try:
+        log(f"seed {job['seed']}: held-out {target}, sources {job['sources']}, {job['backbone']} on {device}")
+        clients = load_clients(shards, pools, job["sources"], device)
+        if len(clients) < 2:
+            raise ValueError(f"{shards}: need at least 2 source clients, found {len(clients)}")
+        tx, ty = load_domain_test(shards, target)
+        evalsets = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
+                            ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
+                            torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
+        del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
+        alg = build_algorithm(job["algorithm"], local_config(cfg), cfg["hparams"])
+        torch.manual_seed(job["seed"])
+        model = alg.build_model(job["backbone"], len(job["classes"]), job["pretrained"], alg.hp).to(device)
+        on_round = lambda rec: report("round", rec)  # noqa: E731
+        if cfg["engine"] == "flower":  # same algorithm, seeds and record dicts over Flower (fedccrl_flower/run.py)
+            from fedccrl_flower.run import train_with_flower
+
+            result = train_with_flower(
+                job["flower"], algorithm=job["algorithm"], local=alg.local, hparams=alg.hp,
+                backbone=job["backbone"], pretrained=job["pretrained"], num_classes=len(job["classes"]),
+                seed=job["seed"], held_out=target, shards=shards, pools=pools, device=cfg["device"],
+                eval_batch_size=cfg["eval_batch_size"], client_fraction=cfg["client_fraction"],
+                checkpoint=job["ckpt"], run_info={"run_key": job["run_key"]}, on_round=on_round, log=log,
+                client_state=cfg["client_state"])
+        else:
+            result = InProcessEngine(alg, model, clients, evalsets, cfg["rounds"], job["seed"],
+                                     float(cfg["client_fraction"]), job["ckpt"], on_round=on_round,
+                                     run_info={"run_key": job["run_key"]}, log=log,
+                                     concurrent_clients=cfg["concurrent_clients"],
+                                     client_state=cfg["client_state"]).run()
+    finally:
+        torch.set_num_threads(threads)
+
+    if run_ids is not None:
+        job.update(run_ids())
+    meta = {"backbone": job["backbone"], "num_classes": len(job["classes"]), "classes": job["classes"],
+            "image_size": job["image_size"], "mean": list(cfg["mean"]), "std": list(cfg["std"]),
+            "resize": job["resize"], "dataset": cfg["dataset"], "domains": job["domains"],
+            "held_out_domain": target, "held_out_index": job["index"], "algorithm": job["algorithm"],
+            "seed": job["seed"], "hparams": alg.hp, "params_hash": job["run_key"], "git_commit": job["commit"],
+            "mlflow_run_id": job["mlflow_run_id"], "mlflow_experiment_id": job["mlflow_experiment_id"]}
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        model.load_state_dict(result.final_weights)
+        save_model(tmp / "model.pt", model, {**meta, "round": cfg["rounds"]})
+        model.load_state_dict(result.best_weights)
+        save_model(tmp / "best.pt", model, {**meta, "round": result.best_round})
+        (tmp / "history.json").write_text(json.dumps({"meta": meta, "best_round": result.best_round,
+                                                      "rounds": result.history}, indent=1))
+        keys = ["round", "target_acc", "val_acc", "loss", "train_acc", "lr", "seconds", "bytes_up", "bytes_down"]
+        keys += sorted({k for r in result.history for k in r if k.startswith("l_")})
+        with open(tmp / "history.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(result.history)
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    final = result.history[-1]
+    log(f"done: final target acc {final['target_acc']:.4f}; best-val round {result.best_round} -> {out}")
+    return {"final_target_acc": final["target_acc"],
+            "best_val_target_acc": result.history[result.best_round - 1]["target_acc"],
+            "best_round": result.best_round}
+
+
+def worker_count(setting: str, cfg: dict, n_jobs: int) -> int:
+    """How many held-out domains train at once (--workers). auto: one per CPU core this process may use,
+    on the CPU in-process engine; 1 on CUDA (one device; clients already overlap on CUDA streams) and with
+    Flower (each run starts its own federation)."""
+    if setting != "auto":
+        try:
+            n = int(setting)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"--workers must be auto or an integer >= 1, got {setting!r}")
+        return min(n, n_jobs)
+    if cfg["engine"] == "flower" or cfg["device"] == "cuda":
+        return 1
+    if cfg["device"] == "auto":
+        import torch
+
+        if torch.cuda.is_available():
+            return 1
+    return max(1, min(len(os.sched_getaffinity(0)), n_jobs))
+
+
+def _worker_main(job: dict, shards: Path, pools: Path, queue, ids) -> None:
+    """A worker process (spawned): one run, its records and outcome sent to the parent, which alone talks
+    to MLflow."""
+    from fedccrl_core.errors import FedCCRLError
+    from fedccrl_core.procs import die_with_parent
+
+    die_with_parent()  # the parent killed (kill -9 included): no orphan trainer
+    try:
+        summary = run_one(job, shards, pools, lambda kind, rec: queue.put((kind, job["index"], rec)), ids.recv)
+        queue.put(("done", job["index"], summary))
+    except (ValueError, FileNotFoundError, FedCCRLError) as e:
+        queue.put(("error", job["index"], f"{job['target']}: {e}"))
+    except BaseException:
+        queue.put(("crash", job["index"], traceback.format_exc()))
+
+
+def run_jobs(jobs: list[dict], workers: int, shards: Path, pools: Path, start, on_message) -> None:
+    """Run the jobs, `workers` at a time: in this process when workers == 1, else in spawned worker
+    processes (one torch thread each). start(job) opens the job's MLflow run and returns the ids its outputs
+    record: in this process before an in-process job, and while a worker already trains (so MLflow's start-up,
+    ~10 s on a new store, overlaps training). on_message(kind, index, payload) receives "round" records and
+    "done" summaries, in this process."""
+    if workers == 1:
+        for job in jobs:
+            job.update(start(job))
+            on_message("done", job["index"],
+                       run_one(job, shards, pools, lambda kind, rec, i=job["index"]: on_message(kind, i, rec)))
+        return
+    import multiprocessing as mp
+    import queue as queue_mod
+
+    ctx = mp.get_context("spawn")  # not fork: torch's OpenMP pool does not survive a fork
+    q = ctx.Queue()
+    pending, live, done = list(jobs), {}, set()
+    try:
+        while pending or live:
+            while pending and len(live) < workers:
+                job = pending.pop(0)
+                ids, ids_child = ctx.Pipe()
+                p = ctx.Process(target=_worker_main, args=(job, shards, pools, q, ids_child), daemon=True)
+                p.start()
+                live[job["index"]] = p
+                ids.send(start(job))
+            try:
+                kind, index, payload = q.get(timeout=0.5)
+            except queue_mod.Empty:
+                for index, p in list(live.items()):
+                    if p.exitcode not in (None, 0) and index not in done:
+                        raise RuntimeError(f"training worker for held-out index {index} died (exit code {p.exitcode})")
+                continue
+            if kind == "error":
+                raise ValueError(payload)
+            if kind == "crash":
+                raise RuntimeError(f"training worker for held-out index {index} failed:\n{payload}")
+            on_message(kind, index, payload)
+            if kind == "done":
+                done.add(index)
+                live.pop(index).join()
+    finally:
+        for p in live.values():
+            p.terminate()
+        for p in live.values():
+            p.join(10)
+
+
+def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list[int] | None, out: Path,
+          params_path: Path, checkpoints: Path, workers: str = "auto") -> None:
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.data.shards import load_manifest
+    from pipeline.tracking import ChildRun, dvc_experiment_name, git_commit, params_hash, parent_run_id
 
     params = load_params(params_path)
     check_sweep(params)  # before any data is read and before MLflow
     cfg = train_config(params, algorithm)
     manifest = load_manifest(shards)
-    domains, classes = list(manifest["domains"]), list(manifest["classes"])
-    if not 0 <= held_out < len(domains):
-        raise ValueError(f"params.yaml: train.held_out index {held_out} out of range for {len(domains)} domains {domains}")
-    target = domains[held_out]
-    sources = [d for d in domains if d != target]
-    backbone, pretrained = resolve_model(cfg)
-    device = resolve_device(cfg["device"])
-    LOG(f"train {algorithm} seed {seed}: held-out {target}, sources {sources}, {backbone} on {device}")
+    if not held_out:
+        held_out = get(params, "train.held_out", list)
+    alg_hp = build_algorithm(algorithm, local_config(cfg), cfg["hparams"]).hp  # validates train.<algorithm>
+    jobs = plan_runs(params, cfg, manifest, algorithm, seed, held_out, out, checkpoints, alg_hp)
+    n_workers = worker_count(workers, cfg, len(jobs))
 
-    clients = load_clients(shards, pools, sources, device)
-    if len(clients) < 2:
-        raise ValueError(f"{shards}: need at least 2 source clients, found {len(clients)}")
-    tx, ty = load_domain_test(shards, target)
-    evalsets = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                        ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
-                        torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
-    del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
-
-    alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
-    torch.manual_seed(seed)
-    model = alg.build_model(backbone, len(classes), pretrained, alg.hp).to(device)
-
-    run_params = {**{k: v for k, v in cfg.items() if k != "hparams"}, "backbone": backbone, "pretrained": pretrained,
-                  "algorithm": algorithm, "seed": seed, "held_out": target, algorithm: alg.hp,
-                  "partition": params.get("partition"), "image_size": manifest["image_size"]}
-    run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
     sweep_params = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
     sweep_params = {**sweep_params, "train": {k: v for k, v in sweep_params.get("train", {}).items()
                                               if k not in ("held_out", "algorithms", "seeds")}}
-    sweep_key = params_hash(sweep_params)
-    ckpt = checkpoints / f"{algorithm}-s{seed}-d{held_out}" / f"{run_key}.pt"
-    side = ckpt.with_suffix(".mlflow.json")
-
     experiment = f"fedccrl-{cfg['dataset']}"
-    resumable = ckpt.is_file() or ckpt.with_name(ckpt.name + ".prev").is_file()  # federation/checkpoints.py
-    resume_id = json.loads(side.read_text())["run_id"] if (resumable and side.is_file()) else None
     commit = git_commit()
-    run = ChildRun(experiment, parent_run_id(experiment, sweep_key, sweep_params),
-                   f"{algorithm}-{cfg['dataset']}-s{seed}-{target}", run_params,
-                   {"git_commit": commit, "mlflow.source.git.commit": commit.removesuffix("-dirty"),
-                    **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
-                    "dvc_stage": f"train@{algorithm}-{seed}-{held_out}",
-                    "fedccrl.role": "child", "fedccrl.sweep": sweep_key, "held_out": target,
-                    "algorithm": algorithm, "seed": str(seed)}, resume_run_id=resume_id)
-    side.parent.mkdir(parents=True, exist_ok=True)
-    side.write_text(json.dumps({"run_id": run.run_id}))
-    try:
-        if cfg["engine"] == "flower":  # same algorithm, seeds and record dicts over Flower (fedccrl_flower/run.py)
-            from fedccrl_flower.run import train_with_flower
+    runs: dict[int, ChildRun] = {}
+    parent: list[str] = []  # found or created on the first start(): MLflow starts up while a worker trains
 
-            result = train_with_flower(
-                get(params, "train.flower", dict, default={}), algorithm=algorithm, local=alg.local, hparams=alg.hp,
-                backbone=backbone, pretrained=pretrained, num_classes=len(classes), seed=seed, held_out=target,
-                shards=shards, pools=pools, device=cfg["device"], eval_batch_size=cfg["eval_batch_size"],
-                client_fraction=cfg["client_fraction"], checkpoint=ckpt, run_info={"run_key": run_key},
-                on_round=run.log_round, log=LOG, client_state=cfg["client_state"])
-        else:
-            engine = InProcessEngine(alg, model, clients, evalsets, cfg["rounds"], seed,
-                                     float(cfg["client_fraction"]), ckpt, on_round=run.log_round,
-                                     run_info={"run_key": run_key}, concurrent_clients=cfg["concurrent_clients"],
-                                     client_state=cfg["client_state"])
-            result = engine.run()
+    def start(job):
+        ckpt = job["ckpt"]
+        side = ckpt.with_suffix(".mlflow.json")
+        resumable = ckpt.is_file() or ckpt.with_name(ckpt.name + ".prev").is_file()  # federation/checkpoints.py
+        resume_id = json.loads(side.read_text())["run_id"] if (resumable and side.is_file()) else None
+        if not parent:
+            parent.append(parent_run_id(experiment, params_hash(sweep_params), sweep_params))
+        run = ChildRun(experiment, parent[0], f"{algorithm}-{cfg['dataset']}-s{seed}-{job['target']}", job["run_params"],
+                       {"git_commit": commit, "mlflow.source.git.commit": commit.removesuffix("-dirty"),
+                        **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
+                        "dvc_stage": f"train@{algorithm}-{seed}", "fedccrl.role": "child",
+                        "fedccrl.sweep": params_hash(sweep_params), "held_out": job["target"],
+                        "algorithm": algorithm, "seed": str(seed)}, resume_run_id=resume_id)
+        side.parent.mkdir(parents=True, exist_ok=True)
+        side.write_text(json.dumps({"run_id": run.run_id}))
+        runs[job["index"]] = run
+        return {"commit": commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
+
+    def on_message(kind, index, payload):
+        if kind == "round":
+            runs[index].log_round(payload)
+        elif kind == "done":
+            runs[index].log_metrics(payload)
+            runs[index].finish()
+
+    LOG(f"train {algorithm} seed {seed}: held-out {[j['target'] for j in jobs]}, {n_workers} at a time")
+    try:
+        run_jobs(jobs, n_workers, shards, pools, start, on_message)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (fedccrl_core/procs.py): resumable, not failed
-        run.finish("KILLED")
+        for run in runs.values():
+            run.finish("KILLED")
         raise
     except BaseException:
-        run.finish("FAILED")
+        for run in runs.values():
+            run.finish("FAILED")
         raise
-
-    meta = {"backbone": backbone, "num_classes": len(classes), "classes": classes,
-            "image_size": manifest["image_size"], "mean": list(cfg["mean"]), "std": list(cfg["std"]),
-            "resize": manifest.get("resize_policy", "resize SxS bilinear"), "dataset": cfg["dataset"],
-            "domains": domains, "held_out_domain": target, "held_out_index": held_out, "algorithm": algorithm,
-            "seed": seed, "hparams": alg.hp, "params_hash": run_key, "git_commit": commit, "mlflow_run_id": run.run_id,
-            "mlflow_experiment_id": run.experiment_id}
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.load_state_dict(result.final_weights)
-    save_model(tmp / "model.pt", model, {**meta, "round": cfg["rounds"]})
-    model.load_state_dict(result.best_weights)
-    save_model(tmp / "best.pt", model, {**meta, "round": result.best_round})
-    (tmp / "history.json").write_text(json.dumps({"meta": meta, "best_round": result.best_round,
-                                                  "rounds": result.history}, indent=1))
-    keys = ["round", "target_acc", "val_acc", "loss", "train_acc", "lr", "seconds", "bytes_up", "bytes_down"]
-    keys += sorted({k for r in result.history for k in r if k.startswith("l_")})
-    with open(tmp / "history.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(result.history)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    final = result.history[-1]
-    run.mlflow.log_metrics({"final_target_acc": final["target_acc"],
-                            "best_val_target_acc": result.history[result.best_round - 1]["target_acc"],
-                            "best_round": result.best_round})
-    run.finish()
-    LOG(f"done: final target acc {final['target_acc']:.4f}; best-val round {result.best_round} -> {out}")
 
 
 @click.command("train")
@@ -230,11 +381,17 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
 @click.option("--pools", type=click.Path(path_type=Path), required=True)
 @click.option("--algorithm", required=True)
 @click.option("--seed", type=int, required=True)
-@click.option("--held-out", type=int, required=True, help="index into the dataset's domains")
-@click.option("--out", type=click.Path(path_type=Path), required=True)
+@click.option("--held-out", type=int, multiple=True,
+              help="index into the dataset's domains (repeatable); default: params.yaml train.held_out")
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="folder of this (algorithm, seed): each held-out index i is written to <out>/d<i>")
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 @click.option("--checkpoints", type=click.Path(path_type=Path), default=Path(".fedccrl/checkpoints"),
               help="round checkpoints for resume (outside the DVC output)")
-def command(shards, pools, algorithm, seed, held_out, out, params_path, checkpoints):
-    """Federated training for one held-out domain; every round logged to MLflow and checkpointed."""
-    run_stage(train, shards, pools, algorithm, seed, held_out, out, params_path, checkpoints)
+@click.option("--workers", default="auto", show_default=True,
+              help="held-out domains trained at once (auto: one per CPU core; 1 on CUDA and with Flower); "
+                   "results do not depend on it")
+def command(shards, pools, algorithm, seed, held_out, out, params_path, checkpoints, workers):
+    """Federated training of one (algorithm, seed) for every held-out domain; each round logged to MLflow and
+    checkpointed."""
+    run_stage(train, shards, pools, algorithm, seed, list(held_out), out, params_path, checkpoints, workers)

@@ -70,10 +70,8 @@ def full_synthetic(tmp_path_factory):
     return _load(root)
 
 
-def test_held_out_domain_shift_is_real(full_synthetic):
-    """Train on photo, cartoon, sketch; in-domain val accuracy >> chance, held-out `art` clearly lower."""
-    x, y = full_synthetic
-    held_out = "art"
+def _central_gap(x, y, held_out):
+    """A model trained centrally on the other three domains: (in-domain val accuracy, held-out accuracy)."""
     sources = [d for d in synthetic.DOMAINS if d != held_out]
     xs, ys = np.concatenate([x[d] for d in sources]), np.concatenate([y[d] for d in sources])
     rng = np.random.default_rng(0)
@@ -81,27 +79,35 @@ def test_held_out_domain_shift_is_real(full_synthetic):
     n_val = len(xs) // 5
     val, tr = perm[:n_val], perm[n_val:]
     torch.manual_seed(0)
+    model = _tiny_cnn(len(synthetic.CLASSES))
+    opt = torch.optim.Adam(model.parameters(), lr=2e-3)
+    tx, ty = _to_tensor(xs[tr]), torch.from_numpy(ys[tr])
+    for _ in range(20):
+        model.train()
+        order = torch.randperm(len(tx))
+        for b in range(0, len(tx), 32):
+            i = order[b:b + 32]
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(tx[i]), ty[i]).backward()
+            opt.step()
+    model.eval()
+    with torch.no_grad():
+        acc_val = (model(_to_tensor(xs[val])).argmax(1).numpy() == ys[val]).mean()
+        acc_held = (model(_to_tensor(x[held_out])).argmax(1).numpy() == y[held_out]).mean()
+    return acc_val, acc_held
+
+
+def test_held_out_domain_shift_is_real(full_synthetic):
+    """The embedded default stays a domain-generalization problem (issue 15): trained centrally on three
+    domains, a model is at least 15 points better in-domain than on the held-out domain, for at least two of
+    the four held-out domains; so the shift cannot be tuned away to buy accuracy."""
+    x, y = full_synthetic
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = _tiny_cnn(len(synthetic.CLASSES))
-        opt = torch.optim.Adam(model.parameters(), lr=2e-3)
-        tx, ty = _to_tensor(xs[tr]), torch.from_numpy(ys[tr])
-        for _ in range(20):
-            model.train()
-            order = torch.randperm(len(tx))
-            for b in range(0, len(tx), 32):
-                i = order[b:b + 32]
-                opt.zero_grad()
-                nn.functional.cross_entropy(model(tx[i]), ty[i]).backward()
-                opt.step()
-        model.eval()
-        with torch.no_grad():
-            acc_val = (model(_to_tensor(xs[val])).argmax(1).numpy() == ys[val]).mean()
-            acc_held = (model(_to_tensor(x[held_out])).argmax(1).numpy() == y[held_out]).mean()
+        gaps = {d: _central_gap(x, y, d) for d in synthetic.DOMAINS}
     finally:
         torch.set_num_threads(threads)
-    chance = 1 / len(synthetic.CLASSES)
-    print(f"in-domain val {acc_val:.3f}, held-out {held_out} {acc_held:.3f}, chance {chance:.3f}")
-    assert acc_val > 0.6, "classes must be learnable in the source domains"
-    assert acc_held < acc_val - 0.2, "the held-out domain must be clearly harder: a real domain shift"
+    print({d: f"in-domain {v:.3f} held-out {h:.3f}" for d, (v, h) in gaps.items()})
+    assert all(v > 0.6 for v, _ in gaps.values()), "classes must be learnable in the source domains"
+    assert sum(h <= v - 0.15 for v, h in gaps.values()) >= 2, gaps

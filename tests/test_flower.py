@@ -681,7 +681,7 @@ def test_train_stage_with_flower_engine(data, tmp_path):
                         "out", "--checkpoints", "ck"], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=900)
     assert p.returncode == 0, p.stderr[-4000:]
-    hist = json.loads((tmp_path / "out" / "history.json").read_text())
+    hist = json.loads((tmp_path / "out" / "d3" / "history.json").read_text())
     assert [r["round"] for r in hist["rounds"]] == [1] and hist["rounds"][0]["clients"] == 3
-    assert (tmp_path / "out" / "model.pt").is_file() and (tmp_path / "out" / "best.pt").is_file()
+    assert (tmp_path / "out" / "d3" / "model.pt").is_file() and (tmp_path / "out" / "d3" / "best.pt").is_file()
     assert "flower deployment: run" in p.stderr

@@ -44,7 +44,7 @@ def test_every_algorithm_resolves_in_dvc(tmp_path):
     for d in ("data/shards", "data/pools"):
         (repo / d).mkdir(parents=True)
     for name in sorted(ALGORITHMS):
-        r = subprocess.run([dvc, "repro", "--dry", "--single-item", f"train@{name}-0-0"], cwd=repo,
+        r = subprocess.run([dvc, "repro", "--dry", "--single-item", f"train@{name}-0"], cwd=repo,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, f"{name}: {r.stdout[-500:]} {r.stderr[-500:]}"
         assert f"--algorithm {name} " in r.stdout

@@ -148,7 +148,7 @@ class Algorithm:
         """`local_train` as a generator: yields after every optimizer step, returns the Reply. The engine
         interleaves several clients' generators on CUDA streams (federation/concurrent.py)."""
         fast = fastpath.enabled(self.local.fast, data.train_x.device)
-        fastpath.prepare_model(model, fast)
+        fastpath.prepare_model(model, self.local.fast)
         model.load_state_dict(global_weights)
         model.train()
         opt = self.make_optimizer(model)
