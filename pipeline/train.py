@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import shutil
 import sys
 from pathlib import Path
 
@@ -118,6 +116,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.federation.client import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
+    from fedccrl_core.fsio import atomic_dir, write_text
     from pipeline.tracking import ChildRun, code_hash, dvc_experiment_name, git_commit, params_hash, parent_run_id
 
     params = load_params(params_path)
@@ -168,8 +167,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
                     "dvc_stage": f"train@{algorithm}-{seed}-{held_out}",
                     "fedccrl.role": "child", "fedccrl.sweep": sweep_key, "held_out": target,
                     "algorithm": algorithm, "seed": str(seed)}, resume_run_id=resume_id)
-    side.parent.mkdir(parents=True, exist_ok=True)
-    side.write_text(json.dumps({"run_id": run.run_id}))
+    write_text(side, json.dumps({"run_id": run.run_id}))
     try:
         if cfg["engine"] == "flower":  # same algorithm, seeds and record dicts over Flower (fedccrl_flower/run.py)
             from fedccrl_flower.run import train_with_flower
@@ -199,24 +197,19 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
             "domains": domains, "held_out_domain": target, "held_out_index": held_out, "algorithm": algorithm,
             "seed": seed, "hparams": alg.hp, "params_hash": run_key, "git_commit": commit, "mlflow_run_id": run.run_id,
             "mlflow_experiment_id": run.experiment_id}
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    model.load_state_dict(result.final_weights)
-    save_model(tmp / "model.pt", model, {**meta, "round": cfg["rounds"]})
-    model.load_state_dict(result.best_weights)
-    save_model(tmp / "best.pt", model, {**meta, "round": result.best_round})
-    (tmp / "history.json").write_text(json.dumps({"meta": meta, "best_round": result.best_round,
-                                                  "rounds": result.history}, indent=1))
-    keys = ["round", "target_acc", "val_acc", "loss", "train_acc", "lr", "seconds", "bytes_up", "bytes_down"]
-    keys += sorted({k for r in result.history for k in r if k.startswith("l_")})
-    with open(tmp / "history.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(result.history)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    with atomic_dir(out) as tmp:  # fedccrl_core.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
+        model.load_state_dict(result.final_weights)
+        save_model(tmp / "model.pt", model, {**meta, "round": cfg["rounds"]})
+        model.load_state_dict(result.best_weights)
+        save_model(tmp / "best.pt", model, {**meta, "round": result.best_round})
+        (tmp / "history.json").write_text(json.dumps({"meta": meta, "best_round": result.best_round,
+                                                      "rounds": result.history}, indent=1))
+        keys = ["round", "target_acc", "val_acc", "loss", "train_acc", "lr", "seconds", "bytes_up", "bytes_down"]
+        keys += sorted({k for r in result.history for k in r if k.startswith("l_")})
+        with open(tmp / "history.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(result.history)
     final = result.history[-1]
     run.mlflow.log_metrics({"final_target_acc": final["target_acc"],
                             "best_val_target_acc": result.history[result.best_round - 1]["target_acc"],

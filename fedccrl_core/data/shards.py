@@ -183,7 +183,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
               progress: bool = True, scheme: str = "per_domain", num_clients: int | None = None,
               lam: float | None = None) -> dict:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
-    from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
+    from fedccrl_core.fsio import atomic_dir, write_json
     from fedccrl_core.data.validate import check_layout, scan_tree
 
     _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
@@ -263,7 +263,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             "clients": clients,
             "skipped": skipped,
         }
-        write_json_atomic(stage / MANIFEST, manifest)
+        write_json(stage / MANIFEST, manifest, indent=2, ensure_ascii=False)
     if progress:
         print(f"partition: {len(clients)} clients, {sum(domain_sizes.values())} images ({len(skipped)} skipped) "
               f"at {image_size}px -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)

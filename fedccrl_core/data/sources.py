@@ -1,7 +1,8 @@
 """Source resolution and the download stage: from `dataset.source` to a validated data/raw.
 
 The jobs it combines live in their own modules: HTTP download (`http`), safe extraction
-(`archives`), finding the dataset in a tree (`layout`), atomic output (`atomic`), sha256 (`checksums`).
+(`archives`), finding the dataset in a tree (`layout`), sha256 (`checksums`); the atomic output is
+fedccrl_core.fsio's.
 
 A *source* (params `dataset.source`) is one of
 - `registry`: the registry's URL(s) for the dataset, or the generator for `synthetic`;
@@ -19,26 +20,25 @@ hash is one of the registry's known archives (e.g. shared/datasets/pacs/pacs_128
 
 Safety (refused archive members) is described in `archives`, retries in `http`.
 
-Atomicity. Everything (the downloaded archive, the extraction, the output tree) lives in one
-temporary directory next to `--out` (`.<out>.partial-XXXX`); it is renamed into place only after
-validation, replacing an old `--out`; on any failure or interruption the temporary directory is
-removed, so no half-finished `--out` and no stray temp file is left.
+Atomicity. The output tree is built in a temporary folder next to `--out` and the archives are
+downloaded and extracted in a scratch folder beside it (fedccrl_core.fsio: `.<out>.tmp-<pid>-<token>`,
+`.<out>.work.tmp-<pid>-<token>`); the tree is renamed into place only after validation, replacing an
+old `--out`; on any failure or interruption both are removed, so no half-finished `--out` and no
+stray temp file is left (and a killed run's leftovers are removed by the next one).
 """
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from fedccrl_core.data.archives import safe_extract
-from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
 from fedccrl_core.data.checksums import check_sha256_format, sha256_file
 from fedccrl_core.data.http import download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
 from fedccrl_core.errors import ChecksumError, DataError
+from fedccrl_core.fsio import atomic_dir, scratch_dir, write_json
 
 
 def _is_url(s: str) -> bool:
@@ -120,8 +120,7 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
     out = Path(out)
     warnings: list[str] = []
     with atomic_dir(out) as stage:
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-work-", dir=stage.parent))
-        try:
+        with scratch_dir(out.with_name(f"{out.name}.work")) as work:
             missing: list[dict] = []
             ignored: list[dict] = []
             src_rec: dict = {"param": source}
@@ -186,8 +185,6 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                     src_rec["root"] = str(root.relative_to(top)) if root != top else "."
                     src_rec["domain_folders"] = {d: p.name for d, p in ddirs.items()}
                     ignored = materialize(ddirs, stage, move)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         if progress:
             print(f"download: source ready in {time.monotonic() - t0:.1f}s; validating", file=sys.stderr, flush=True)
         try:
@@ -195,10 +192,10 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                                             ignored=ignored, warnings=warnings, workers=workers, progress=progress)
         except validate.ValidationError as e:
             if report_path is not None and e.report is not None:
-                write_json_atomic(report_path, e.report)
+                write_json(report_path, e.report, indent=2, ensure_ascii=False)
             raise
         if report_path is not None:
-            write_json_atomic(report_path, report)
+            write_json(report_path, report, indent=2, ensure_ascii=False)
     if progress:
         print(f"download: {report['total']} images in {len(report['domains'])} domains -> {out} "
               f"({report['n_bad']} bad) in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
