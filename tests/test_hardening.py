@@ -151,3 +151,202 @@ def test_a_full_disk_is_one_error_naming_the_path(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("big.json: cannot write (File too large")
     assert sorted(os.listdir(tmp_path)) == []
+
+
+# ------------------------------------------------------------------ B. serving
+
+def tiny_onnx(path: Path, *, size: int = 4, classes=("a", "b", "c", "d"), graph_size: int | None = None,
+              logits: int | str | None = None, nan: bool = False, **props) -> Path:
+    """A fedccrl-format ONNX file without torch: logits = the first K values of the flattened input
+    (or NaN with nan=True). `graph_size` / `logits` make the graph disagree with the metadata."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from fedccrl_core.data.images import RESIZE_POLICY
+
+    gs = graph_size or size
+    k = len(classes) if logits is None else logits
+    nodes = [helper.make_node("Flatten", ["images"], ["flat"]),
+             helper.make_node("Slice", ["flat", "s", "e", "ax"], ["sl"])]
+    nodes += ([helper.make_node("Sub", ["sl", "sl"], ["z"]), helper.make_node("Div", ["z", "z"], ["logits"])] if nan
+              else [helper.make_node("Identity", ["sl"], ["logits"])])
+    kk = k if isinstance(k, int) else len(classes)
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, gs, gs])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", k])],
+        [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", kk), ("ax", 1))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    meta = {"fedccrl_format": "1", "classes": json.dumps(list(classes)), "num_classes": str(len(classes)),
+            "image_size": str(size), "mean": "[0.5, 0.5, 0.5]", "std": "[0.25, 0.25, 0.25]", "resize": RESIZE_POLICY}
+    meta.update({key: str(v) for key, v in props.items()})
+    helper.set_model_props(m, meta)
+    onnx.save(m, path)
+    return path
+
+
+def serve(*args, **kw):
+    from click.testing import CliRunner
+
+    from serving.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def one_error(result) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedccrl-serve: error: ") and "Traceback" not in result.stderr, \
+        result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def images(tmp_path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    d = tmp_path / "imgs"
+    for c in ("a", "b"):
+        (d / c).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(np.random.default_rng(i).integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(d / c / f"{i}.png")
+    return d
+
+
+@pytest.mark.parametrize("case, over, needle", [
+    ("image_size disagrees with the graph's input", dict(size=8, graph_size=4), "image_size=8"),
+    ("7 class names, 6 logits", dict(classes=tuple("abcdefg"), logits=6), "names 7 classes"),
+    ("duplicate class names", dict(classes=("a", "b", "a", "c")), "repeated: 'a'"),
+    ("NaN in the mean", dict(mean="[NaN, 0.5, 0.5]"), "finite"),
+    ("inf in the std", dict(std="[0.2, Infinity, 0.2]"), "finite"),
+])
+def test_b_metadata_is_checked_against_the_graph(tmp_path, images, case, over, needle):
+    model = tiny_onnx(tmp_path / "m.onnx", **over)
+    for args in (("info", model), ("predict", model, images), ("evaluate", model, images)):
+        r = serve(*args)
+        assert r.exit_code == 2 and needle in one_error(r) and str(model) in r.stderr, (case, args, r.stderr)
+        assert r.stdout == ""
+
+
+def test_b_logit_count_checked_on_the_batch_when_the_graph_leaves_it_symbolic(tmp_path, images):
+    import numpy as np
+
+    from serving.cli import Fatal, ServedModel
+
+    model = tiny_onnx(tmp_path / "m.onnx", classes=tuple("abcdefg"), logits="K")  # declared symbolic, 7 wide
+    assert serve("predict", model, images / "a" / "0.png").exit_code == 0
+    served = ServedModel(model, "cpu")
+
+    class SixLogits:  # a graph whose width only shows at run time
+        def run(self, names, feeds):
+            return [np.zeros((len(feeds["images"]), 6), np.float32)]
+
+    served.session = SixLogits()
+    with pytest.raises(Fatal, match=r"m.onnx: the model returned logits of shape \[2, 6\] for 7 class names"):
+        served.logits(np.zeros((2, 3, 4, 4), np.float32))
+
+
+def test_b_non_finite_scores_are_error_records_and_the_json_stays_json(tmp_path, images):
+    model = tiny_onnx(tmp_path / "m.onnx", nan=True)
+    strict = dict(parse_constant=lambda c: pytest.fail(f"{c} in the output is not JSON"))
+    r = serve("predict", model, images / "a")
+    assert r.exit_code == 3
+    recs = [json.loads(ln, **strict) for ln in r.stdout.splitlines()]
+    assert len(recs) == 6 and all("non-finite" in rec["error"] for rec in recs)
+    r = serve("evaluate", model, images, "--output", tmp_path / "rep.json")
+    assert r.exit_code == 3
+    rep = json.loads((tmp_path / "rep.json").read_text(), **strict)
+    assert rep["n_failed"] == 12 and rep["accuracy"] is None
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_b_unwritable_output_is_one_line_before_any_work(tmp_path, images, command, monkeypatch):
+    import serving.preprocess
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    (tmp_path / "file").write_text("not a folder")
+    decoded = []
+    monkeypatch.setattr(serving.preprocess, "load_u8", lambda *a: decoded.append(a) or pytest.fail("decoded"))
+    out = tmp_path / "file" / "out.json"
+    r = serve(command, model, images, "--output", out)
+    assert r.exit_code == 2 and f"{out}: cannot write" in one_error(r) and not decoded
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_b_full_disk_is_one_line_and_no_half_written_output(tmp_path, images, command):
+    """RLIMIT_FSIZE: a write past 256 bytes fails (EFBIG) as a full disk fails it (ENOSPC)."""
+    model = tiny_onnx(tmp_path / "m.onnx")
+    out = tmp_path / "out" / "o.json"
+    r = run_py(f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))
+        from serving.cli import main
+        sys.argv = ["fedccrl-serve", "{command}", "{model}", "{images}", "--output", "{out}", "-q"]
+        main()
+    """, tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"fedccrl-serve: error: {out}: cannot write (File too large)" in r.stderr and "Traceback" not in r.stderr
+    assert os.listdir(out.parent) == []  # no half-written o.json, no temporary file
+
+
+def test_b_output_is_atomic_an_interrupted_run_keeps_the_old_one(tmp_path, images, monkeypatch):
+    import serving.cli
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    out = tmp_path / "pred.jsonl"
+    out.write_text("the previous complete output\n")
+    real = serving.cli.softmax
+    calls = []
+
+    def fault(z):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C after the first batch was written
+        return real(z)
+
+    monkeypatch.setattr(serving.cli, "softmax", fault)
+    r = serve("predict", model, images, "--output", out, "--batch-size", 4)
+    assert r.exit_code != 0
+    assert out.read_text() == "the previous complete output\n" and temps(tmp_path) == []
+
+
+def test_b_a_fifo_named_like_an_image_is_skipped_never_opened(tmp_path, images):
+    fifo = images / "a" / "x.jpg"
+    os.mkfifo(fifo)
+    os.mkfifo(tmp_path / "y.png")
+    model = tiny_onnx(tmp_path / "m.onnx")
+    for args in ([images], [images / "a" / "*.jpg", images / "a" / "0.png"], [tmp_path / "y.png", images / "b"]):
+        r = run_py(f"""
+            import sys
+            from serving.cli import main
+            sys.argv = ["fedccrl-serve", "predict", "{model}", *{[str(a) for a in args]!r}, "-q"]
+            main()
+        """, tmp_path)  # a subprocess: if the FIFO were opened, the timeout would fail the test, not hang it
+        assert r.returncode == 0, r.stderr
+        paths = [json.loads(ln)["path"] for ln in r.stdout.splitlines()]
+        assert paths and not any(p.endswith(("x.jpg", "y.png")) for p in paths)
+        assert "a FIFO, not a regular file" in r.stderr
+    r = run_py(f"""
+        import sys
+        from serving.cli import main
+        sys.argv = ["fedccrl-serve", "evaluate", "{model}", "{images}", "-q", "--json"]
+        main()
+    """, tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["n_images"] == 12 and "x.jpg" in r.stderr
+
+
+@pytest.mark.parametrize("command, workers", [("predict", 1), ("evaluate", 2)])
+def test_b_deadline_stops_the_run_and_writes_no_output(tmp_path, images, command, workers, monkeypatch):
+    import serving.preprocess
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    real = serving.preprocess.load_u8
+    monkeypatch.setattr(serving.preprocess, "load_u8", lambda *a: time.sleep(0.3) or real(*a))  # a slow disk
+    out = tmp_path / "out.json"
+    t0 = time.monotonic()
+    r = serve(command, model, images, "--output", out, "--deadline", 0.5, "--workers", workers, "-q")
+    assert time.monotonic() - t0 < 1.5  # 12 images x 0.3 s would take 3.6 s (1.8 s on two threads)
+    assert r.exit_code == 2 and "--deadline 0.5 s passed" in one_error(r)
+    assert not out.exists() and temps(tmp_path) == []
+    assert serve(command, model, images, "--deadline", 0).exit_code == 2  # must be > 0
+    assert serve("predict", model, images, "--deadline", 60, "-q").exit_code == 0
