@@ -350,3 +350,78 @@ def test_b_deadline_stops_the_run_and_writes_no_output(tmp_path, images, command
     assert not out.exists() and temps(tmp_path) == []
     assert serve(command, model, images, "--deadline", 0).exit_code == 2  # must be > 0
     assert serve("predict", model, images, "--deadline", 60, "-q").exit_code == 0
+
+
+# ------------------------------------------------------------------ C. a deadline for the whole download
+
+@pytest.fixture
+def trickling_server():
+    """127.0.0.1: promises 1 MB, then sends one byte every 20 ms (each read returns within any timeout)."""
+    import http.server
+    import threading
+
+    stop = threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/zip")
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            try:
+                while not stop.is_set():
+                    self.wfile.write(b"P")
+                    self.wfile.flush()
+                    time.sleep(0.02)
+            except OSError:  # the client gave up
+                pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/pacs.zip"
+    stop.set()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.timeout(60)  # without the deadline the download never ends
+def test_c_a_trickling_server_meets_the_whole_download_deadline(trickling_server, tmp_path):
+    from fedccrl_core.data.http import download_url
+    from fedccrl_core.errors import DataError
+
+    t0 = time.monotonic()
+    with pytest.raises(DataError) as e:
+        download_url(trickling_server, tmp_path / "a.zip", timeout_s=5, retries=2, deadline_s=1.5, progress=False)
+    took = time.monotonic() - t0
+    msg = str(e.value)
+    assert msg.startswith(f"{trickling_server}: the download did not finish within download.deadline_s=1.5 s")
+    assert "received" in msg and 1.5 <= took < 4  # not retried: the deadline covers every attempt
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.timeout(60)
+def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert params["download"]["deadline_s"] >= params["download"]["timeout_s"]
+    params["dataset"].update(name="pacs", source=trickling_server, sha256=None)
+    params["download"].update(timeout_s=1, deadline_s=2, retries=0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"],
+                           catch_exceptions=False)
+    assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        f"error: {trickling_server}: the download did not finish within download.deadline_s=2 s")
+    assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []  # no output, no temp
+    params["download"].update(timeout_s=60, deadline_s=30)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"])
+    assert r.exit_code == 2 and "download.deadline_s" in r.stderr and "download.timeout_s=60" in r.stderr

@@ -35,7 +35,7 @@ from pathlib import Path
 
 from fedccrl_core.data.archives import safe_extract
 from fedccrl_core.data.checksums import check_sha256_format, sha256_file
-from fedccrl_core.data.http import download_url
+from fedccrl_core.data.http import DEADLINE_S, download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
 from fedccrl_core.errors import ChecksumError, DataError
 from fedccrl_core.fsio import atomic_dir, scratch_dir, write_json
@@ -76,13 +76,13 @@ def _archive_name_from_url(url: str) -> str:
 
 
 def _fetch_urls(urls: list[tuple[str, str, str | None]], work: Path, timeout_s, retries, backoff_s, progress,
-                warnings: list[str], spec) -> list[tuple[Path, dict]]:
+                warnings: list[str], spec, deadline_s=DEADLINE_S) -> list[tuple[Path, dict]]:
     """Download each (url, filename, expected sha256) into work/; return (path, archive record)."""
     out = []
     for url, fname, want in urls:
         dest = work / f"{len(out)}-{fname}"
         digest = download_url(url, dest, sha256=want, timeout_s=timeout_s, retries=retries,
-                              backoff_s=backoff_s, progress=progress, label=fname)
+                              backoff_s=backoff_s, progress=progress, label=fname, deadline_s=deadline_s)
         known = spec.known_archive(digest)
         rec = {"file": fname, "url": url, "sha256": digest, "expected_sha256": want, "verified": bool(want),
                "known_as": known.filename if known else None}
@@ -106,7 +106,8 @@ def _local_archive(path: Path, want: str | None, spec) -> dict:
 
 def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os.PathLike | None, *,
                 sha256=None, seed: int = 0, timeout_s: float = 60, retries: int = 3, backoff_s: float = 1.0,
-                max_bad_fraction: float = 0.01, workers: int | None = None, progress: bool = True) -> dict:
+                max_bad_fraction: float = 0.01, workers: int | None = None, progress: bool = True,
+                deadline_s: float | None = DEADLINE_S) -> dict:
     """The download stage: obtain `source`, extract safely, map to out/<domain>/<class>/<image>, validate.
 
     `spec` is a DatasetSpec (see registry.get_dataset). Writes the report JSON to `report_path`
@@ -166,7 +167,8 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                         raise DataError(f"params.yaml: dataset.source {source!r} is neither 'registry', an "
                                         f"http(s) URL, nor an existing file or folder")
                 if urls:
-                    fetched = _fetch_urls(urls, work, timeout_s, retries, backoff_s, progress, warnings, spec)
+                    fetched = _fetch_urls(urls, work, timeout_s, retries, backoff_s, progress, warnings, spec,
+                                          deadline_s)
                     extracted = work / "extract"
                     for path, _ in fetched:
                         safe_extract(path, extracted, progress=progress)
