@@ -425,3 +425,111 @@ def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, t
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
     r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"])
     assert r.exit_code == 2 and "download.deadline_s" in r.stderr and "download.timeout_s=60" in r.stderr
+
+
+# ------------------------------------------------------------------ D. data: verified known archives, extraction
+
+def _tiny_tree(root: Path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    for d in ("a", "b"):
+        for c in ("x", "y"):
+            (root / "TINY" / d / c).mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(np.full((8, 8, 3), 40 * i + (d == "b") * 90, np.uint8)).save(root / "TINY" / d / c / f"{i}.png")
+    return root
+
+
+def test_d_an_archive_the_registry_knows_by_hash_is_reported_verified(tmp_path):
+    import hashlib
+    import shutil
+    from dataclasses import replace
+
+    from fedccrl_core.data.registry import DatasetSpec, KnownArchive
+    from fedccrl_core.data.sources import prepare_raw
+
+    archive = Path(shutil.make_archive(str(tmp_path / "tiny"), "zip", _tiny_tree(tmp_path / "src")))
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    spec = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(4, 4), total=8,
+                       sources=(), image_size=16, backbone="small_cnn", pretrained="none")
+    rep = prepare_raw(spec, str(archive), tmp_path / "raw", tmp_path / "r.json", progress=False)
+    arch = rep["source"]["archives"][0]
+    assert arch["verified"] is False and arch["expected_sha256"] is None  # unknown: computed only
+    known = replace(spec, known_archives=(KnownArchive(digest, "tiny.zip", "test copy"),))
+    rep = prepare_raw(known, str(archive), tmp_path / "raw", tmp_path / "r.json", progress=False)
+    arch = json.loads((tmp_path / "r.json").read_text())["source"]["archives"][0]
+    assert arch == {**arch, "sha256": digest, "expected_sha256": digest, "verified": True, "known_as": "tiny.zip"}
+
+
+@pytest.mark.shared
+def test_d_the_local_pacs_archive_is_verified_against_the_registry(pacs128):
+    from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.data.sources import _local_archive
+
+    rec = _local_archive(pacs128, None, get_dataset("pacs"))  # dataset.sha256: null, as in the README recipe
+    assert rec["verified"] is True and rec["known_as"] == "pacs_128.zip"
+    assert rec["expected_sha256"] == rec["sha256"] == "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
+
+
+def test_d_tar_members_go_through_tarfiles_data_filter(tmp_path, monkeypatch):
+    import io
+    import stat
+    import tarfile
+
+    from fedccrl_core.data import archives
+    from fedccrl_core.errors import UnsafeArchiveError
+
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as t:
+        info = tarfile.TarInfo("TINY/a/x/0.png")
+        info.size, info.mode = 3, 0o6777  # setuid, setgid, world-writable: none of it may reach the disk
+        t.addfile(info, io.BytesIO(b"png"))
+    filters = []
+    real = tarfile.TarFile.extract
+    monkeypatch.setattr(tarfile.TarFile, "extract",
+                        lambda self, m, path="", **kw: filters.append(kw.get("filter")) or real(self, m, path, **kw))
+    assert archives.safe_extract(archive, tmp_path / "out", progress=False) == 1
+    assert filters == ["data"]
+    mode = (tmp_path / "out" / "TINY" / "a" / "x" / "0.png").stat().st_mode
+    assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH)
+
+    # the filter is the second line of defence: with our own check switched off it still refuses a link
+    # that leaves the folder, as UnsafeArchiveError naming the member
+    with tarfile.open(tmp_path / "evil.tar", "w") as t:
+        info = tarfile.TarInfo("TINY/a/x/1.png")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"1"))
+    plan = archives._plan_tar
+
+    def unchecked(tf, path):  # as if our check had let `../../escape.png` through
+        from pathlib import PurePosixPath
+
+        p = plan(tf, path)
+        p.files = [(m, PurePosixPath("../../escape.png")) for m, _ in p.files]
+        return p
+
+    monkeypatch.setattr(archives, "_plan_tar", unchecked)
+    with pytest.raises(UnsafeArchiveError, match="refused by tarfile's data filter"):
+        archives.safe_extract(tmp_path / "evil.tar", tmp_path / "out2", progress=False)
+    assert not (tmp_path.parent / "escape.png").exists() and not (tmp_path / "escape.png").exists()
+
+
+def test_d_fedalign_clusters_with_scikit_learn_kmeans():
+    """FedAlign's k-means (Sec. 3.3) is scikit-learn's KMeans seeded by one draw of the client's rng."""
+    import numpy as np
+    from sklearn.cluster import KMeans
+
+    from fedccrl_core.algorithms.fedalign import KMEANS_MAX_ITERS, KMEANS_RESTARTS, kmeans
+
+    x = np.random.default_rng(0).normal(size=(400, 6))
+    labels, centers = kmeans(x, 3, np.random.default_rng(5))
+    seed = int(np.random.default_rng(5).integers(2**31 - 1))
+    ref = KMeans(3, n_init=KMEANS_RESTARTS, max_iter=KMEANS_MAX_ITERS, random_state=seed).fit(x).labels_
+    assert len(set(zip(labels.tolist(), ref.tolist()))) == 3  # the same partition, renumbered
+    assert labels[0] == 0 and np.allclose(centers, [x[labels == c].mean(0) for c in range(3)])
+    dup = np.repeat(x[:2], 5, axis=0)  # 2 distinct points: at most 2 clusters, no warning
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kmeans(dup, 3, np.random.default_rng(0))[0].max() == 1

@@ -15,8 +15,9 @@ archive BEFORE anything is extracted; a mismatch raises ChecksumError. `dataset.
 string for a one-archive source, or a mapping {archive file name: sha256} for the registry's
 multi-archive miniDomainNet source. A URL with no known sha256
 is downloaded, its sha256 is computed and written to the report, and a warning on stderr asks the
-user to pin `dataset.sha256`. Local archives with no sha256 are hashed and recognized when the
-hash is one of the registry's known archives (e.g. shared/datasets/pacs/pacs_128.zip).
+user to pin `dataset.sha256`. An archive (local or downloaded) with no sha256 in params is hashed;
+when the hash is one of the registry's known archives (e.g. shared/datasets/pacs/pacs_128.zip) the
+report gives the registry's sha256 as `expected_sha256` and `"verified": true`.
 
 Safety (refused archive members) is described in `archives`, retries in `http`.
 
@@ -75,6 +76,15 @@ def _archive_name_from_url(url: str) -> str:
     return name if name and name not in ("download", "uc") else "archive"
 
 
+def _archive_record(digest: str, want: str | None, spec) -> dict:
+    """sha256, the expected sha256 (params' dataset.sha256, else the registry's when the archive is one it
+    knows by hash) and whether they agree; a mismatch with `want` was refused before this."""
+    known = spec.known_archive(digest)
+    expected = want or (known.sha256 if known else None)
+    return {"sha256": digest, "expected_sha256": expected, "verified": expected == digest,
+            "known_as": known.filename if known else None}
+
+
 def _fetch_urls(urls: list[tuple[str, str, str | None]], work: Path, timeout_s, retries, backoff_s, progress,
                 warnings: list[str], spec, deadline_s=DEADLINE_S) -> list[tuple[Path, dict]]:
     """Download each (url, filename, expected sha256) into work/; return (path, archive record)."""
@@ -83,10 +93,8 @@ def _fetch_urls(urls: list[tuple[str, str, str | None]], work: Path, timeout_s, 
         dest = work / f"{len(out)}-{fname}"
         digest = download_url(url, dest, sha256=want, timeout_s=timeout_s, retries=retries,
                               backoff_s=backoff_s, progress=progress, label=fname, deadline_s=deadline_s)
-        known = spec.known_archive(digest)
-        rec = {"file": fname, "url": url, "sha256": digest, "expected_sha256": want, "verified": bool(want),
-               "known_as": known.filename if known else None}
-        if not want:
+        rec = {"file": fname, "url": url, **_archive_record(digest, want, spec)}
+        if not rec["verified"]:
             _warn(f"{url}: no sha256 is known for {fname}; its sha256 is {digest}. Pin it in params.yaml "
                   f"(dataset.sha256: {digest}) so a changed file is caught", warnings)
         out.append((dest, rec))
@@ -99,9 +107,7 @@ def _local_archive(path: Path, want: str | None, spec) -> dict:
     if want and digest != want:
         raise ChecksumError(f"{path}: sha256 mismatch: expected {want} (dataset.sha256), got {digest}; "
                             f"nothing was extracted")
-    known = spec.known_archive(digest)
-    return {"file": path.name, "path": str(path), "sha256": digest, "expected_sha256": want,
-            "verified": bool(want), "known_as": known.filename if known else None}
+    return {"file": path.name, "path": str(path), **_archive_record(digest, want, spec)}
 
 
 def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os.PathLike | None, *,
