@@ -533,3 +533,63 @@ def test_d_fedalign_clusters_with_scikit_learn_kmeans():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert kmeans(dup, 3, np.random.default_rng(0))[0].max() == 1
+
+
+# ------------------------------------------------------------------ E. data warnings and layout errors that say why
+
+def _imagefolder(root: Path, per_domain: dict[str, int], classes=("x", "y")) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    for di, (d, n) in enumerate(per_domain.items()):
+        for ci, c in enumerate(classes):
+            (root / d / c).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.fromarray(np.full((8, 8, 3), (30 * di + 7 * ci + i) % 256, np.uint8)).save(root / d / c / f"{i}.png")
+    return root
+
+
+def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_path, capsys):
+    from fedccrl_core.data import registry
+    from fedccrl_core.data.shards import load_manifest, partition
+
+    spec = registry.get_dataset("imagefolder")
+    raw = _imagefolder(tmp_path / "raw", {"art": 6, "photo": 6, "tiny": 1})
+    partition(raw, tmp_path / "shards", spec, 8, clients_per_domain=2, val_fraction=0.1, seed=0, progress=False)
+    err = capsys.readouterr().err
+    warned = [ln for ln in err.splitlines() if ln.startswith("warning: partition:")]
+    assert len(warned) == 1 and "domain 'tiny'" in warned[0] and "has 1 image(s) for 2 client(s)" in warned[0]
+    assert "partition.clients_per_domain" in warned[0]
+    assert load_manifest(tmp_path / "shards")["warnings"] == [warned[0].removeprefix("warning: ")]
+
+    raw = _imagefolder(tmp_path / "raw2", {"art": 4, "photo": 4})  # 2 images per class per client: enough
+    partition(raw, tmp_path / "shards2", spec, 8, clients_per_domain=2, val_fraction=0.0, seed=0, progress=False)
+    assert "warning" not in capsys.readouterr().err and "warnings" not in load_manifest(tmp_path / "shards2")
+
+
+def test_e_a_dataset_wrapped_in_two_folders_is_found_and_a_wrong_layout_says_why(tmp_path):
+    from fedccrl_core.data import registry
+    from fedccrl_core.data.sources import prepare_raw
+    from fedccrl_core.errors import DataError
+
+    spec = registry.get_dataset("imagefolder")
+    _imagefolder(tmp_path / "src" / "export" / "mydata", {"art": 2, "photo": 2})
+    rep = prepare_raw(spec, str(tmp_path / "src"), tmp_path / "raw", None, progress=False)
+    assert rep["source"]["root"] == "export/mydata" and rep["domains"] == ["art", "photo"] and rep["total"] == 8
+
+    _imagefolder(tmp_path / "one" / "mydata", {"art": 2})  # one domain: a domain folder is never stripped
+    with pytest.raises(DataError, match=r"holds 1 domain folder\(s\) \(art\)"):
+        prepare_raw(spec, str(tmp_path / "one"), tmp_path / "raw", None, progress=False)
+
+    _imagefolder(tmp_path / "two" / "a" / "deep", {"art": 1})
+    _imagefolder(tmp_path / "two" / "b" / "deep", {"art": 1})
+    with pytest.raises(DataError) as e:
+        prepare_raw(spec, str(tmp_path / "two"), tmp_path / "raw", None, progress=False)
+    assert "the first file, a/deep/art/x/0.png, is 4 folder level(s) below the source" in str(e.value)
+    assert "this level holds 2 (a, b)" in str(e.value)
+
+    (tmp_path / "flat" / "cats").mkdir(parents=True)
+    (tmp_path / "flat" / "cats" / "1.png").write_bytes(b"x")
+    with pytest.raises(DataError, match=r"cats/1.png, is 1 folder level\(s\) below the source; add the missing"):
+        prepare_raw(spec, str(tmp_path / "flat"), tmp_path / "raw", None, progress=False)
+    assert sorted(os.listdir(tmp_path / "raw")) == ["art", "photo"] and temps(tmp_path) == []  # the good run's
