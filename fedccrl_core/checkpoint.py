@@ -7,12 +7,12 @@ dataset, domains, held_out_domain, algorithm, seed, round, params_hash, git_comm
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.fsio import atomic_file
 from fedccrl_core.models import FedModel, build_model
 
 FORMAT = "fedccrl-model/1"
@@ -20,15 +20,9 @@ REQUIRED_META = ("backbone", "num_classes", "classes", "image_size", "mean", "st
 
 
 def atomic_torch_save(obj, path: str | Path) -> None:
-    """torch.save to a temp file in the same folder, fsync, then rename: never a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
+    """torch.save through fedccrl_core.fsio.atomic_file: never a half-written file."""
+    with atomic_file(path, "wb") as f:
         torch.save(obj, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def save_model(path: str | Path, model: FedModel, meta: dict) -> None:

@@ -32,6 +32,7 @@ from flwr.clientapp import ClientApp
 from fedccrl_core.algorithms import LocalConfig, build_algorithm
 from fedccrl_core.federation.client import ClientData, ClientState
 from fedccrl_core.federation.engine import nbytes, resolve_device
+from fedccrl_core.fsio import atomic_file
 from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 from fedccrl_flower import messages as M
 
@@ -173,13 +174,8 @@ def save_client_state(context: Context, spec: dict, cid: str, rnd: int, state: C
     path = _state_file(context, spec, cid)
     if path is not None:  # npz, no pickle: written to a temp file, fsynced, renamed
         arrays_np, skeleton = M.encode_tree(book)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        with open(tmp, "wb") as f:
+        with atomic_file(path, "wb") as f:  # fedccrl_core.fsio
             np.savez(f, tree=np.array(skeleton), **{f"a{k}": v for k, v in arrays_np.items()})
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
 
 
 # ---- the two message handlers -----------------------------------------------------------------

@@ -35,6 +35,7 @@ import torch
 
 from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.federation.engine import RunResult
+from fedccrl_core.fsio import write_text
 from fedccrl_core.procs import die_with_parent
 from fedccrl_flower import messages as M
 from fedccrl_flower.server_app import ServerSpec, report_dir
@@ -205,8 +206,8 @@ class Federation:
                     else {"insecure": True})
         import tomli_w
 
-        (self.flwr_home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": CONNECTION,
-                                                                                 CONNECTION: conn}}))
+        write_text(self.flwr_home / "config.toml", tomli_w.dumps({"superlink": {"default": CONNECTION,
+                                                                               CONNECTION: conn}}))
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run([str(BIN / "flwr"), *args], env=self.env, capture_output=True, text=True,
@@ -219,8 +220,7 @@ class Federation:
 
         cfg = {M.RUN_SPEC: json.dumps(asdict(spec)), **(run_config or {})}
         Path(spec.work_dir).mkdir(parents=True, exist_ok=True)
-        path = Path(spec.work_dir) / "run_config.toml"
-        path.write_text(tomli_w.dumps(cfg))
+        path = write_text(Path(spec.work_dir) / "run_config.toml", tomli_w.dumps(cfg))
         args = ["run", str(app_dir), CONNECTION, "--run-config", str(path), "--format", "json"]
         if federation_config:
             args += ["--federation-config", federation_config]

@@ -48,6 +48,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedccrl_core.algorithms import LocalConfig, Reply, build_algorithm
 from fedccrl_core.checkpoint import atomic_torch_save
+from fedccrl_core.fsio import write_text
 from fedccrl_core.evaluation import accuracy
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import resolve_device
@@ -153,9 +154,7 @@ class FlowerServer:
 
     # ---- status and outputs -------------------------------------------------------------------
     def _status(self, status: str, **extra) -> None:
-        tmp = self.work / f".status.json.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps({"status": status, "time": time.time(), **extra}))
-        os.replace(tmp, self.work / "status.json")
+        write_text(self.work / "status.json", json.dumps({"status": status, "time": time.time(), **extra}))
 
     def _append_record(self, rec: dict) -> None:
         with open(self.work / "rounds.jsonl", "a") as f:

@@ -29,8 +29,9 @@ def bench_speed(json_out: Path | None, **options) -> dict:
     result = bench(BenchConfig(**options))
     print(result["table"], flush=True)
     if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(result, indent=1))
+        from fedccrl_core.fsio import write_text
+
+        write_text(json_out, json.dumps(result, indent=1))
     return result
 
 

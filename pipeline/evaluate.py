@@ -7,12 +7,12 @@ re-computed here from the saved models, plus per-class accuracy and the confusio
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import click
 
+from fedccrl_core.fsio import atomic_dir, write_text
 from pipeline.cli import run_stage
 from pipeline.params import get, load_params
 
@@ -61,10 +61,7 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dic
     if abs(recorded - out_doc["final_target_acc"]) > 1e-6 and device.type == "cpu":
         print(f"warning: re-evaluated final accuracy {out_doc['final_target_acc']:.4f} differs from the one "
               f"recorded in training {recorded:.4f}", file=sys.stderr)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(out_doc, indent=1))
-    os.replace(tmp, out)
+    write_text(out, json.dumps(out_doc, indent=1))
     print(f"{meta['algorithm']} s{meta['seed']} {meta['held_out_domain']}: final {out_doc['final_target_acc']:.4f} "
           f"best-val {out_doc['best_val_target_acc']:.4f} (round {out_doc['best_round']})", file=sys.stderr)
     return out_doc
@@ -73,22 +70,15 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dic
 def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> list[dict]:
     """Every trained run under models/<algorithm>/s<seed>/d<i> -> out/<algorithm>/s<seed>/d<i>.json,
     written into a temp folder renamed into place at the end."""
-    import shutil
-
     params = load_params(params_path)  # only the runs of the current sweep: stale folders of older sweeps are skipped
     wanted = [models / a / f"s{s}" / f"d{h}" for a in get(params, "train.algorithms", list)
               for s in get(params, "train.seeds", list) for h in get(params, "train.held_out", list)]
     missing = [str(d) for d in wanted if not (d / "history.json").is_file()]
     if missing:
         raise FileNotFoundError(f"trained runs missing (run the train stages first): {', '.join(missing[:4])}")
-    run_dirs = wanted
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    docs = [evaluate(shards, d, tmp / d.relative_to(models).parent / f"{d.name}.json", params_path) for d in run_dirs]
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-    return docs
+    with atomic_dir(out) as tmp:
+        return [evaluate(shards, d, tmp / d.relative_to(models).parent / f"{d.name}.json", params_path)
+                for d in wanted]
 
 
 @click.command("evaluate")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import signal
 import sys
@@ -17,14 +16,9 @@ from pathlib import Path
 
 import click
 
+from fedccrl_core.fsio import atomic_path, write_text
 from pipeline.cli import run_stage
 from pipeline.tracking import timed
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def sanitize(name: str) -> str:
@@ -52,9 +46,7 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
     if x.shape[1:] != (meta["image_size"], meta["image_size"], 3):
         raise ValueError(f"{shards}: held-out images are {x.shape[1:]}, the model expects "
                          f"{meta['image_size']}x{meta['image_size']}x3 (shards from another image size?)")
-    out.mkdir(parents=True, exist_ok=True)
-    tmp_onnx = out / f".model.onnx.tmp-{os.getpid()}"
-    try:
+    with atomic_path(final_onnx) as tmp_onnx:  # renamed to model.onnx after parity.json is written
         onnx_export.export_onnx(model, meta, tmp_onnx)
         session = onnx_export.cpu_session(tmp_onnx)
         result = onnx_export.parity(session, model, x, meta["mean"], meta["std"], labels=y, batch_size=batch_size)
@@ -70,10 +62,7 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
         if use_mlflow:
             example = normalize_u8(torch.from_numpy(np.ascontiguousarray(x[:2])), meta["mean"], meta["std"]).numpy()
             log_to_mlflow(tmp_onnx, session, meta, result, example, registered_model, alias)
-        _atomic_write_text(final_parity, json.dumps(result, indent=1) + "\n")
-        os.replace(tmp_onnx, final_onnx)
-    finally:
-        tmp_onnx.unlink(missing_ok=True)
+        write_text(final_parity, json.dumps(result, indent=1) + "\n")
     print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB) and {final_parity}", file=sys.stderr)
     return result
 
@@ -171,8 +160,7 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
     worst = min(r["top1_agreement"] for r in results.values())
     doc = {"min_top1_agreement": worst, "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
            "runs": results}
-    summary.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write_text(summary, json.dumps(doc, indent=1) + "\n")
+    write_text(summary, json.dumps(doc, indent=1) + "\n")
     return doc
 
 

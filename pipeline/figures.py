@@ -35,86 +35,80 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.pools import load_pool, sample_statistics
     from fedccrl_core.data.shards import load_client, load_domain_test, load_manifest
+    from fedccrl_core.fsio import atomic_dir
     from fedccrl_core.viz import figures as fig
     from fedccrl_core.viz.compute import augmentation_views, cams, representations, tsne_2d
 
-    import os
-    import shutil
-
     final_out = out
-    out = final_out.with_name(f".{final_out.name}.tmp-{os.getpid()}")  # renamed into place at the end
-    shutil.rmtree(out, ignore_errors=True)
-    params = load_params(params_path)
-    seed = get(params, "figures.seed", int)
-    n_preview = get(params, "figures.preview_images", int)
-    n_tsne = get(params, "figures.tsne_points", int)
-    n_cam = get(params, "figures.gradcam_images", int)
-    fcfg = get(params, "train.fedccrl", dict)
-    mean, std = get(params, "preprocess.mean", list), get(params, "preprocess.std", list)
-    manifest = load_manifest(shards)
-    classes = list(manifest["classes"])
-    rng = np.random.default_rng(seed)
-    written: list[Path] = []
-    say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+    with atomic_dir(final_out) as out:  # .<out>.tmp-<pid>-<token>, renamed into place at the end
+        params = load_params(params_path)
+        seed = get(params, "figures.seed", int)
+        n_preview = get(params, "figures.preview_images", int)
+        n_tsne = get(params, "figures.tsne_points", int)
+        n_cam = get(params, "figures.gradcam_images", int)
+        fcfg = get(params, "train.fedccrl", dict)
+        mean, std = get(params, "preprocess.mean", list), get(params, "preprocess.std", list)
+        manifest = load_manifest(shards)
+        classes = list(manifest["classes"])
+        rng = np.random.default_rng(seed)
+        written: list[Path] = []
+        say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
-    # Fig. 3: every client, its originals, CCDT with the pool of the other clients, then DIFP
-    ids = [c["id"] for c in manifest["clients"]]
-    uploads = {}
-    for cid in ids:
-        mu, sigma = load_pool(pools, cid)
-        f_mu, f_sigma = sample_statistics(mu, sigma, float(fcfg.get("r", 0.1)), rng)  # Eq. 8
-        uploads[cid] = {"mu": f_mu, "sigma": f_sigma}
-    aug = AugmentConfig.from_mapping(fcfg)
-    rows = []
-    for j, cid in enumerate(ids):
-        shard = load_client(shards, cid)
-        pick = np.sort(rng.choice(len(shard.train_y), size=min(n_preview, len(shard.train_y)), replace=False))
-        pmu, psig = pool_without(uploads, cid)
-        rows.append({"client": cid, **augmentation_views(shard.train_x[pick], pmu, psig, aug, seed + j, mean, std)})
-    written.append(fig.augmentation_preview(rows, out / "augmentation_preview.png"))
-    say(f"figures: {written[-1]}")
+        # Fig. 3: every client, its originals, CCDT with the pool of the other clients, then DIFP
+        ids = [c["id"] for c in manifest["clients"]]
+        uploads = {}
+        for cid in ids:
+            mu, sigma = load_pool(pools, cid)
+            f_mu, f_sigma = sample_statistics(mu, sigma, float(fcfg.get("r", 0.1)), rng)  # Eq. 8
+            uploads[cid] = {"mu": f_mu, "sigma": f_sigma}
+        aug = AugmentConfig.from_mapping(fcfg)
+        rows = []
+        for j, cid in enumerate(ids):
+            shard = load_client(shards, cid)
+            pick = np.sort(rng.choice(len(shard.train_y), size=min(n_preview, len(shard.train_y)), replace=False))
+            pmu, psig = pool_without(uploads, cid)
+            rows.append({"client": cid, **augmentation_views(shard.train_x[pick], pmu, psig, aug, seed + j, mean, std)})
+        written.append(fig.augmentation_preview(rows, out / "augmentation_preview.png"))
+        say(f"figures: {final_out / written[-1].name}")
 
-    runs = _runs(models, runs_dir)
-    domains = [d for d in manifest["domains"] if any(r["meta"]["held_out_domain"] == d for r in runs)]
-    for dom in domains:
-        dom_runs = [r for r in runs if r["meta"]["held_out_domain"] == dom]
-        # per-round curves, mean over seeds
-        metrics = ["target_acc", "val_acc", "loss"] + sorted({k for r in dom_runs for k in r["rounds"][0] if k.startswith("l_")})
-        series: dict = {m: {} for m in metrics}
-        for alg in sorted({r["meta"]["algorithm"] for r in dom_runs}):
-            rs = [r for r in dom_runs if r["meta"]["algorithm"] == alg]
-            for m in metrics:
-                pts = []
-                for i, rec in enumerate(rs[0]["rounds"]):
-                    vals = [r["rounds"][i][m] for r in rs if i < len(r["rounds"]) and r["rounds"][i].get(m) is not None]
-                    if vals:
-                        pts.append((rec["round"], float(np.mean(vals))))
-                series[m][alg] = pts
-        written.append(fig.round_curves(dom, series, out / f"curves_{dom}.png"))
+        runs = _runs(models, runs_dir)
+        domains = [d for d in manifest["domains"] if any(r["meta"]["held_out_domain"] == d for r in runs)]
+        for dom in domains:
+            dom_runs = [r for r in runs if r["meta"]["held_out_domain"] == dom]
+            # per-round curves, mean over seeds
+            metrics = ["target_acc", "val_acc", "loss"] + sorted({k for r in dom_runs for k in r["rounds"][0] if k.startswith("l_")})
+            series: dict = {m: {} for m in metrics}
+            for alg in sorted({r["meta"]["algorithm"] for r in dom_runs}):
+                rs = [r for r in dom_runs if r["meta"]["algorithm"] == alg]
+                for m in metrics:
+                    pts = []
+                    for i, rec in enumerate(rs[0]["rounds"]):
+                        vals = [r["rounds"][i][m] for r in rs if i < len(r["rounds"]) and r["rounds"][i].get(m) is not None]
+                        if vals:
+                            pts.append((rec["round"], float(np.mean(vals))))
+                    series[m][alg] = pts
+            written.append(fig.round_curves(dom, series, out / f"curves_{dom}.png"))
 
-        # Fig. 5 and 7: first seed of each algorithm, fixed seeded sample of held-out images
-        x, y = load_domain_test(shards, dom)
-        first = {}
-        for r in sorted(dom_runs, key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"])):
-            first.setdefault(r["meta"]["algorithm"], r)
-        order = sorted(first, key=lambda a: (a != "fedccrl", a != "fedavg", a))
-        pick = np.random.default_rng(seed).permutation(len(y))[:n_tsne]  # a seeded sample across all classes
-        cam_pick = pick[:n_cam]
-        panels, cam_maps = {}, {}
-        for alg in order:
-            model, meta = load_model(first[alg]["dir"] / "model.pt")
-            panels[alg] = (tsne_2d(representations(model, x[pick], mean, std), seed), y[pick])
-            cam_maps[alg] = cams(model, x[cam_pick], mean, std)
-        written.append(fig.tsne_panels(dom, panels, classes, out / f"tsne_{dom}.png"))
-        written.append(fig.gradcam_grid(dom, x[cam_pick], cam_maps, classes, y[cam_pick], out / f"gradcam_{dom}.png"))
-        for alg in order:
-            r = first[alg]
-            cm = r["result"]["detail"]["final"]["confusion"]
-            written.append(fig.confusion(dom, alg, np.array(cm), classes, out / f"confusion_{alg}_{dom}.png"))
-        say(f"figures: held-out {dom} done")
-    if final_out.exists():
-        shutil.rmtree(final_out)
-    os.replace(out, final_out)
+            # Fig. 5 and 7: first seed of each algorithm, fixed seeded sample of held-out images
+            x, y = load_domain_test(shards, dom)
+            first = {}
+            for r in sorted(dom_runs, key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"])):
+                first.setdefault(r["meta"]["algorithm"], r)
+            order = sorted(first, key=lambda a: (a != "fedccrl", a != "fedavg", a))
+            pick = np.random.default_rng(seed).permutation(len(y))[:n_tsne]  # a seeded sample across all classes
+            cam_pick = pick[:n_cam]
+            panels, cam_maps = {}, {}
+            for alg in order:
+                model, meta = load_model(first[alg]["dir"] / "model.pt")
+                panels[alg] = (tsne_2d(representations(model, x[pick], mean, std), seed), y[pick])
+                cam_maps[alg] = cams(model, x[cam_pick], mean, std)
+            written.append(fig.tsne_panels(dom, panels, classes, out / f"tsne_{dom}.png"))
+            written.append(fig.gradcam_grid(dom, x[cam_pick], cam_maps, classes, y[cam_pick], out / f"gradcam_{dom}.png"))
+            for alg in order:
+                r = first[alg]
+                cm = r["result"]["detail"]["final"]["confusion"]
+                written.append(fig.confusion(dom, alg, np.array(cm), classes, out / f"confusion_{alg}_{dom}.png"))
+            say(f"figures: held-out {dom} done")
     written = [final_out / p.name for p in written]
     _log_to_mlflow(runs, written)
     return written

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import statistics
 import sys
 from pathlib import Path
 
 import click
 
+from fedccrl_core.fsio import atomic_file, write_text
 from pipeline.cli import run_stage
 from pipeline.tracking import timed
 
@@ -88,8 +88,8 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path)
             for r in runs}
     for path in (metrics_out, table_out, curves_out):
         path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(metrics_out, json.dumps(metrics, indent=1))
-    _atomic_write(table_out, "\n".join(lines))
+    write_text(metrics_out, json.dumps(metrics, indent=1))
+    write_text(table_out, "\n".join(lines))
     csv_rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
     for key in ("final_target_acc", "best_val_target_acc"):
         for alg in metrics:
@@ -97,17 +97,13 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path)
             csv_rows.append([key, alg, *[get(d, "mean") for d in domains], *[get(d, "std") for d in domains],
                              metrics[alg].get("avg", {}).get(key, "")])
     table_csv = table_out.with_suffix(".csv")
-    tmp = table_csv.with_name(f".{table_csv.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
+    with atomic_file(table_csv, "w", newline="") as f:
         csv.writer(f).writerows(csv_rows)
-    os.replace(tmp, table_csv)
-    tmp = curves_out.with_name(f".{curves_out.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", newline="") as f:
+    with atomic_file(curves_out, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["round", *cols])
         for rd in rounds:
             w.writerow([rd, *[cols[c].get(rd, "") for c in cols]])
-    os.replace(tmp, curves_out)
     print("\n".join(lines), file=sys.stderr)
     _log_to_parent(runs, [metrics_out, table_out, table_csv, curves_out], metrics)
     return metrics
@@ -135,12 +131,6 @@ def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     for alg, m in metrics.items():
         for key, v in m.get("avg", {}).items():
             client.log_metric(parent, f"{alg}.avg_{key}", v)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 @click.command("report")

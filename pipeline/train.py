@@ -12,7 +12,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import sys
 import traceback
 from pathlib import Path
@@ -199,10 +198,9 @@ given, returns the MLflow ids the outputs record; a worker receives them from th
             "held_out_domain": target, "held_out_index": job["index"], "algorithm": job["algorithm"],
             "seed": job["seed"], "hparams": alg.hp, "params_hash": job["run_key"], "git_commit": job["commit"],
             "mlflow_run_id": job["mlflow_run_id"], "mlflow_experiment_id": job["mlflow_experiment_id"]}
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
+    from fedccrl_core.fsio import atomic_dir
+
+    with atomic_dir(out) as tmp:  # fedccrl_core.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
         model.load_state_dict(result.final_weights)
         save_model(tmp / "model.pt", model, {**meta, "round": cfg["rounds"]})
         model.load_state_dict(result.best_weights)
@@ -215,11 +213,6 @@ given, returns the MLflow ids the outputs record; a worker receives them from th
             w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
             w.writeheader()
             w.writerows(result.history)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     final = result.history[-1]
     log(f"done: final target acc {final['target_acc']:.4f}; best-val round {result.best_round} -> {out}")
     return {"final_target_acc": final["target_acc"],
@@ -318,6 +311,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list[i
           params_path: Path, checkpoints: Path, workers: str = "auto") -> None:
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.fsio import write_text
     from pipeline.tracking import ChildRun, dvc_experiment_name, git_commit, params_hash, parent_run_id
 
     params = load_params(params_path)
@@ -351,8 +345,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list[i
                         "dvc_stage": f"train@{algorithm}-{seed}", "fedccrl.role": "child",
                         "fedccrl.sweep": params_hash(sweep_params), "held_out": job["target"],
                         "algorithm": algorithm, "seed": str(seed)}, resume_run_id=resume_id)
-        side.parent.mkdir(parents=True, exist_ok=True)
-        side.write_text(json.dumps({"run_id": run.run_id}))
+        write_text(side, json.dumps({"run_id": run.run_id}))
         runs[job["index"]] = run
         return {"commit": commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
 

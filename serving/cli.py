@@ -2,16 +2,23 @@
 
 stdout carries only results (JSONL / CSV / JSON / the evaluation table); progress, notices and
 errors go to stderr. Exit codes: 0 all good, 2 a fatal error (one line on stderr: missing path,
-empty folder, not a fedccrl model, ...), 3 the run finished but some inputs could not be read
-(each has an error record in the output).
+empty folder, not a fedccrl model, unwritable --output, --deadline passed, ...), 3 the run finished
+but some inputs could not be read (each has an error record in the output).
+
+An --output file is written atomically (fedccrl_core.fsio): it appears complete or not at all. A
+model's metadata is checked against its graph when it is loaded. Files that are not regular files
+(a FIFO named x.jpg) are skipped with a notice and never opened. JSON output never holds NaN.
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
 import json
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import click
@@ -19,6 +26,7 @@ import numpy as np
 
 from fedccrl_core import __version__
 from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.fsio import atomic_file
 
 EXIT_FATAL = 2
 EXIT_SOME_FAILED = 3
@@ -30,6 +38,11 @@ CSV_FIELDS = ("path", "label", "score", "topk", "error")
 
 class Fatal(FedCCRLError):
     """Stops the command with one line on stderr and exit code 2."""
+
+
+class DeadlinePassed(BaseException):
+    """--deadline: raised by SIGALRM wherever the main thread is; a BaseException (as KeyboardInterrupt),
+    so no `except Exception` on the way (one unreadable image is an error record) can swallow it."""
 
 
 def _note(msg: str) -> None:
@@ -44,7 +57,7 @@ class ServedModel:
     def __init__(self, path: Path, device: str = "auto"):
         import onnxruntime as ort
 
-        from serving.onnx_export import INPUT_NAME, OUTPUT_NAME, NotAFedccrlModel, parse_metadata
+        from serving.onnx_export import INPUT_NAME, OUTPUT_NAME, NotAFedccrlModel, check_graph, parse_metadata
         from serving.preprocess import check_resize_policy
 
         if not path.is_file():
@@ -66,6 +79,9 @@ class ServedModel:
             raise NotAFedccrlModel(f"{path}: expected input '{INPUT_NAME}' and output '{OUTPUT_NAME}', "
                                    f"found inputs {names_in} outputs {names_out}")
         self.input_name, self.output_name = INPUT_NAME, OUTPUT_NAME
+        out_shape = next(o.shape for o in self.session.get_outputs() if o.name == OUTPUT_NAME)
+        check_graph(self.meta, self.session.get_inputs()[0].shape, out_shape, str(path))
+        self.path = path
         used = self.session.get_providers()
         if "CUDAExecutionProvider" in requested and "CUDAExecutionProvider" not in used:
             _note(f"--device {device}: onnxruntime could not start CUDAExecutionProvider; falling back to CPU")
@@ -74,7 +90,11 @@ class ServedModel:
     def logits(self, x: np.ndarray) -> np.ndarray:
         if len(x) == 0:
             return np.zeros((0, len(self.meta.classes)), np.float32)
-        return self.session.run([self.output_name], {self.input_name: x})[0]
+        out = self.session.run([self.output_name], {self.input_name: x})[0]
+        if out.ndim != 2 or out.shape[1] != len(self.meta.classes):
+            raise Fatal(f"{self.path}: the model returned logits of shape {list(out.shape)} for "
+                        f"{len(self.meta.classes)} class names in its metadata")
+        return out
 
 
 def _providers(device: str) -> list[str]:
@@ -124,6 +144,10 @@ def predict_paths(model: ServedModel, paths: list[Path], batch_size: int, worker
         chunk = paths[start:start + batch_size]
         x, good, errors = preprocess_files(chunk, model.meta, workers)
         probs = dict(zip(good, softmax(model.logits(x)))) if good else {}
+        for i, p in list(probs.items()):
+            if not np.isfinite(p).all():  # NaN/inf weights or inputs: an error record, never "score": NaN
+                del probs[i]
+                errors[i] = "the model returned non-finite scores (NaN or inf) for this image"
         for i, path in enumerate(chunk):
             yield path, probs.get(i), errors.get(i)
         done += len(chunk)
@@ -132,6 +156,16 @@ def predict_paths(model: ServedModel, paths: list[Path], batch_size: int, worker
 
 
 # ---------------------------------------------------------------- inputs
+
+def _regular(path: Path) -> bool:
+    """False, with a notice naming the file and why, for a FIFO, socket or device: it is never opened."""
+    from serving.preprocess import not_regular
+
+    why = not_regular(path)
+    if why:
+        _note(f"skipped {path}: {why}")
+    return why is None
+
 
 def _walk(folder: Path) -> tuple[list[Path], int]:
     """Image files under folder (recursive, sorted, hidden entries skipped) and the count of skipped files."""
@@ -144,7 +178,8 @@ def _walk(folder: Path) -> tuple[list[Path], int]:
             if is_ignored_name(name):
                 continue
             if name.lower().endswith(IMAGE_SUFFIXES):
-                found.append(Path(root) / name)
+                if _regular(Path(root) / name):
+                    found.append(Path(root) / name)
             else:
                 skipped += 1
     return found, skipped
@@ -158,6 +193,8 @@ def collect_inputs(specs: tuple[str, ...]) -> list[Path]:
         p = Path(spec)
         if p.is_file():
             out.append(p)
+        elif p.exists() and not p.is_dir():
+            _regular(p)  # a FIFO, socket or device named explicitly: skipped with a notice
         elif p.is_dir():
             files, n_skip = _walk(p)
             if not files:
@@ -173,7 +210,7 @@ def collect_inputs(specs: tuple[str, ...]) -> list[Path]:
                     files, n_skip = _walk(m)
                     out += files
                     skipped += n_skip
-                else:
+                elif _regular(m):
                     out.append(m)
         else:
             raise Fatal(f"{spec}: no such file or folder")
@@ -262,7 +299,7 @@ class _Writer:
 
     def write(self, rec: dict) -> None:
         if self.fmt == "jsonl":
-            self.stream.write(json.dumps(rec) + "\n")
+            self.stream.write(json.dumps(rec, allow_nan=False) + "\n")
         else:
             row = dict(rec)
             if "topk" in row:
@@ -279,7 +316,7 @@ def _fatal_guard(fn):
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except FedCCRLError as e:
+        except (FedCCRLError, DeadlinePassed) as e:
             click.echo(f"fedccrl-serve: error: {e}", err=True)
             sys.exit(EXIT_FATAL)
     return wrapper
@@ -292,6 +329,31 @@ _batch_opt = click.option("--batch-size", type=click.IntRange(min=1), default=64
 _workers_opt = click.option("--workers", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1),
                             show_default=True, help="threads decoding images")
 _quiet_opt = click.option("--quiet", "-q", is_flag=True, help="no progress lines on stderr")
+_deadline_opt = click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
+                             metavar="SECONDS", help="stop with exit code 2 when the whole run (model loading "
+                             "included) takes longer; --output is then not written")
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float | None, output: Path | None):
+    """Raise Fatal in the main thread when `seconds` of wall-clock time have passed (SIGALRM)."""
+    if not seconds:
+        yield
+        return
+    if threading.current_thread() is not threading.main_thread():
+        raise Fatal("--deadline works only in the main thread")
+
+    def expire(signum, frame):
+        raise DeadlinePassed(f"--deadline {seconds:g} s passed before the run finished"
+                    + (f"; {output} not written" if output else ""))
+
+    old = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 @click.group()
@@ -312,34 +374,32 @@ def main():
 @_device_opt
 @_workers_opt
 @_quiet_opt
+@_deadline_opt
 @_fatal_guard
-def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quiet):
+def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quiet, deadline):
     """Predict the class of INPUTS (files, folders searched recursively, or glob patterns).
 
     One record per input: path, label, score (softmax probability), topk. An unreadable input gets
     a record with path and error instead; the others are still predicted and the exit code is 3.
     """
-    served = ServedModel(model, device)
-    paths = collect_inputs(inputs)
-    classes = served.meta.classes
-    k = min(top_k, len(classes))
-    if not quiet:
-        _note(f"{len(paths)} inputs, model {model.name} on {served.device}")
-    n_failed = 0
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    stream = open(output, "w", newline="", encoding="utf-8") if output else sys.stdout
-    try:
-        writer = _Writer(stream, fmt)
-        for path, probs, error in predict_paths(served, paths, batch_size, workers, quiet):
-            n_failed += error is not None
-            writer.write(_record(path, probs, error, classes, k))
-    except BrokenPipeError:  # `fedccrl-serve predict ... | head`: the reader left; stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        sys.exit(1)
-    finally:
-        if output:
-            stream.close()
+    with _deadline(deadline, output), contextlib.ExitStack() as stack:
+        served = ServedModel(model, device)
+        paths = collect_inputs(inputs)
+        classes = served.meta.classes
+        k = min(top_k, len(classes))
+        # opened before any image is read: an unwritable --output fails first; complete or absent at the end
+        stream = stack.enter_context(atomic_file(output, "w", newline="")) if output else sys.stdout
+        if not quiet:
+            _note(f"{len(paths)} inputs, model {model.name} on {served.device}")
+        n_failed = 0
+        try:
+            writer = _Writer(stream, fmt)
+            for path, probs, error in predict_paths(served, paths, batch_size, workers, quiet):
+                n_failed += error is not None
+                writer.write(_record(path, probs, error, classes, k))
+        except BrokenPipeError:  # `fedccrl-serve predict ... | head`: the reader left; stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(1)
     if n_failed:
         _note(f"{n_failed} of {len(paths)} inputs could not be read (see their error records)")
         sys.exit(EXIT_SOME_FAILED)
@@ -354,30 +414,33 @@ def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quie
 @_device_opt
 @_workers_opt
 @_quiet_opt
+@_deadline_opt
 @_fatal_guard
-def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet):
+def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet, deadline):
     """Accuracy of the model on a labelled FOLDER laid out as <class>/<image> (e.g. an unseen domain).
 
     Reports accuracy, per-class accuracy and the confusion matrix (rows: true class, columns:
     predicted). Class folder names must be the model's class names.
     """
-    served = ServedModel(model, device)
-    classes = served.meta.classes
-    files, labels = labelled_files(folder, classes)
-    if not quiet:
-        _note(f"{len(files)} images in {len(set(labels))} class folders, model {model.name} on {served.device}")
-    preds, errors = [], []
-    for (path, probs, error), y in zip(predict_paths(served, files, batch_size, workers, quiet), labels):
-        if error is not None:
-            errors.append({"path": str(path), "error": error})
-        else:
-            preds.append((y, int(np.argmax(probs))))
-    report = confusion_report(preds, classes)
-    report.update(model=str(model), folder=str(folder), n_failed=len(errors), errors=errors)
-    text = json.dumps(report, indent=2)
-    if output:
-        output.parent.mkdir(parents=True, exist_ok=True)
-        output.write_text(text + "\n", encoding="utf-8")
+    with _deadline(deadline, output), contextlib.ExitStack() as stack:
+        served = ServedModel(model, device)
+        classes = served.meta.classes
+        files, labels = labelled_files(folder, classes)
+        # opened before any image is read: an unwritable --output fails first; complete or absent at the end
+        out_file = stack.enter_context(atomic_file(output, "w")) if output else None
+        if not quiet:
+            _note(f"{len(files)} images in {len(set(labels))} class folders, model {model.name} on {served.device}")
+        preds, errors = [], []
+        for (path, probs, error), y in zip(predict_paths(served, files, batch_size, workers, quiet), labels):
+            if error is not None:
+                errors.append({"path": str(path), "error": error})
+            else:
+                preds.append((y, int(np.argmax(probs))))
+        report = confusion_report(preds, classes)
+        report.update(model=str(model), folder=str(folder), n_failed=len(errors), errors=errors)
+        text = json.dumps(report, indent=2, allow_nan=False)
+        if out_file is not None:
+            out_file.write(text + "\n")
     if as_json:
         click.echo(text)
     click.echo(format_table(report), err=as_json)

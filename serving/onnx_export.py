@@ -12,6 +12,7 @@ Contract of an exported file (fedccrl_format=1):
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -114,11 +115,33 @@ def parse_metadata(props: Mapping[str, str], source: str) -> ServingMetadata:
         size = int(props["image_size"])
         if len(classes) != int(props["num_classes"]) or not classes:
             raise ValueError(f"{len(classes)} class names for num_classes={props['num_classes']}")
-        if len(mean) != 3 or len(std) != 3 or min(std) <= 0 or size <= 0:
-            raise ValueError("mean/std must be 3 values with std > 0 and image_size > 0")
+        twice = sorted({c for c in classes if classes.count(c) > 1})
+        if twice:
+            raise ValueError(f"class names must be unique; repeated: {', '.join(map(repr, twice))}")
+        if len(mean) != 3 or len(std) != 3 or size <= 0:
+            raise ValueError("mean/std must be 3 values each and image_size > 0")
+        if not all(math.isfinite(v) for v in mean + std) or min(std) <= 0:
+            raise ValueError(f"mean {list(mean)} and std {list(std)} must be finite numbers, std > 0")
     except (ValueError, TypeError) as e:  # json.JSONDecodeError is a ValueError
         raise NotAFedccrlModel(f"{source}: broken fedccrl metadata ({e})") from e
     return ServingMetadata(classes, size, mean, std, props["resize"], dict(props))
+
+
+def check_graph(meta: ServingMetadata, input_shape: list, output_shape: list, source: str) -> None:
+    """The metadata must describe the graph it sits in: input [N, 3, S, S] with S = image_size, and one
+    logit per class name. A dimension the graph leaves symbolic (the batch) is not checked here; the
+    logit count is checked again on every batch (serving.cli.ServedModel.logits)."""
+    def fixed(dim):
+        return dim if isinstance(dim, int) and dim > 0 else None
+
+    size = meta.image_size
+    if len(input_shape) != 4 or any(fixed(d) not in (None, want) for d, want in zip(input_shape[1:], (3, size, size))):
+        raise NotAFedccrlModel(f"{source}: the metadata says image_size={size} (input [N, 3, {size}, {size}]), but the "
+                               f"graph's input '{INPUT_NAME}' is {list(input_shape)}")
+    k = len(meta.classes)
+    if len(output_shape) != 2 or fixed(output_shape[1]) not in (None, k):
+        raise NotAFedccrlModel(f"{source}: the metadata names {k} classes, but the graph's output '{OUTPUT_NAME}' "
+                               f"is {list(output_shape)}")
 
 
 def export_onnx(model, meta: Mapping, dest: str | Path, example_batch: int = 2) -> Path:

@@ -8,6 +8,7 @@ RESIZE_POLICY is refused, since its inputs would not match what it was trained o
 from __future__ import annotations
 
 import os
+import stat
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
@@ -25,8 +26,29 @@ def check_resize_policy(meta: ServingMetadata, source: str) -> None:
                            f"installation implements {RESIZE_POLICY!r}; refusing to serve with a different transform")
 
 
+_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+
+
+def not_regular(path: str | os.PathLike) -> str | None:
+    """Why `path` must not be opened as an image (a FIFO would block the reader for ever), else None.
+    os.stat never opens the file; a path that cannot be stat'ed is left to the decoder's error."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"{kind}, not a regular file; never opened"
+
+
 def load_u8(path: str | os.PathLike, size: int) -> np.ndarray:
-    """One file -> uint8 [S, S, 3]; raises DataError naming the file when it cannot be decoded."""
+    """One file -> uint8 [S, S, 3]; raises DataError naming the file when it cannot be decoded
+    (or when it is not a regular file: it is then never opened)."""
+    why = not_regular(path)
+    if why:
+        raise FedCCRLError(f"{path}: {why}")
     return resize_u8(load_rgb(path), size)
 
 
@@ -54,8 +76,11 @@ def preprocess_files(paths: Sequence[Path], meta: ServingMetadata, workers: int 
     """Decode a batch of files. Returns (x float32 [M, 3, S, S], indices of the M good files,
     {index: reason} of the bad ones). Decoding runs in `workers` threads (PIL releases the GIL)."""
     if workers > 1 and len(paths) > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
+        pool = ThreadPoolExecutor(max_workers=workers)
+        try:
             results = list(pool.map(lambda p: _try_load(p, meta.image_size), paths))
+        finally:  # interrupted (Ctrl-C, --deadline): the queued files are dropped, not decoded first
+            pool.shutdown(wait=False, cancel_futures=True)
     else:
         results = [_try_load(p, meta.image_size) for p in paths]
     good = [i for i, (u8, _) in enumerate(results) if u8 is not None]

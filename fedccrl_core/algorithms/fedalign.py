@@ -5,7 +5,8 @@ Client k, each round (the statistics exchange is FedCCRL's, which FedAlign build
   payload    the pool of every other client's statistics (server_payloads, as FedCCRL)
   Sec. 3.3   enhanced MixStyle M from the pool, with the paper's two changes:
              clustering  - the pool's style vectors s_j = (mu_j, sigma_j) in R^6 are grouped by k-means
-                           (`kmeans`), once per client-round, on the client, over the pool it samples from;
+                           (`kmeans`, scikit-learn's KMeans), once per client-round, on the client, over the
+                           pool it samples from;
              weights     - cluster c is drawn with probability p_c = v_c / sum_c' v_c', v_c the variance of
                            its style vectors (`cluster_variance`), then a row uniformly inside it, i.e.
                            row j has probability q_j = p_c(j) / n_c(j) (`style_sampling_probabilities`);
@@ -52,40 +53,27 @@ from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import channel_stats, denormalize, normalize
 
 KMEANS_RESTARTS = 4     # k-means++ initializations; the lowest within-cluster sum of squares wins
-KMEANS_MAX_ITERS = 100  # Lloyd iterations (stops earlier when the assignment no longer changes)
+KMEANS_MAX_ITERS = 100  # Lloyd iterations at most per initialization
 
 
 # ---- Sec. 3.3, change 1: clustering of the style statistics ------------------------------------
 def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, restarts: int = KMEANS_RESTARTS,
            max_iters: int = KMEANS_MAX_ITERS) -> tuple[np.ndarray, np.ndarray]:
-    """Lloyd's k-means with k-means++ seeding (Arthur & Vassilvitskii 2007) on points [P, D].
+    """k-means on points [P, D]: scikit-learn's KMeans (Lloyd, k-means++ seeding of Arthur & Vassilvitskii
+    2007, `restarts` initializations), seeded by one draw from `rng`.
 
-    Returns (labels [P] int64 in 0..k'-1, centers [k', D]) with k' = min(k, P); labels are renumbered
-    by first appearance so that a cluster id never refers to an empty cluster. Seeded by `rng` only.
-    """
+    Returns (labels [P] int64 in 0..k'-1, centers [k', D]) with k' = min(k, P, distinct points);
+    labels are renumbered by first appearance so that a cluster id never refers to an empty cluster."""
+    from sklearn.cluster import KMeans  # imported here: only FedAlign with n_clusters > 1 clusters
+
     x = np.asarray(points, dtype=np.float64)
     n = x.shape[0]
     if n == 0:
         raise ValueError("kmeans: no points")
-    k = max(1, min(int(k), n))
-    best = None
-    for _ in range(max(1, restarts)):
-        centers = x[[rng.integers(n)]]
-        for _ in range(1, k):  # k-means++: next center with probability proportional to D(x)^2
-            d2 = ((x[:, None, :] - centers[None]) ** 2).sum(-1).min(1)
-            nxt = rng.choice(n, p=d2 / d2.sum()) if d2.sum() > 0 else rng.integers(n)
-            centers = np.vstack([centers, x[nxt]])
-        labels = None
-        for _ in range(max_iters):
-            new = ((x[:, None, :] - centers[None]) ** 2).sum(-1).argmin(1)
-            if labels is not None and np.array_equal(new, labels):
-                break
-            labels = new
-            centers = np.stack([x[labels == c].mean(0) if (labels == c).any() else centers[c] for c in range(k)])
-        inertia = ((x - centers[labels]) ** 2).sum()
-        if best is None or inertia < best[0]:
-            best = (inertia, labels, centers)
-    _, labels, centers = best
+    k = max(1, min(int(k), len(np.unique(x, axis=0))))  # more clusters than distinct points cannot be filled
+    km = KMeans(n_clusters=k, init="k-means++", n_init=max(1, restarts), max_iter=max_iters,
+                random_state=int(rng.integers(2**31 - 1))).fit(x)
+    labels, centers = km.labels_, km.cluster_centers_
     used, relabel = np.unique(labels, return_inverse=True)  # drop empty clusters
     order = np.argsort([np.flatnonzero(relabel == c)[0] for c in range(len(used))])
     rank = np.empty_like(order)

@@ -42,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -52,6 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.fsio import atomic_file, atomic_path
 
 EPS = 1e-5  # added to the variance (AdaIN / CCST reference `calc_mean_std`)
 RELU4_1 = 31  # modules of vgg_normalised up to and including relu4_1
@@ -193,7 +193,8 @@ def file_sha256(path: str | os.PathLike) -> str:
 
 def save_adain_weights(nets: AdaINNetworks, path: str | os.PathLike) -> str:
     """Write {"vgg", "decoder"} state dicts as one file; returns its sha256 (to pin in params)."""
-    torch.save({"vgg": nets.encoder.state_dict(), "decoder": nets.decoder.state_dict()}, path)
+    with atomic_file(path, "wb") as f:
+        torch.save({"vgg": nets.encoder.state_dict(), "decoder": nets.decoder.state_dict()}, f)
     return file_sha256(path)
 
 
@@ -244,20 +245,13 @@ def _fetch(source: str, sha256: str, what: str, what_sha: str) -> Path:
         return dest
     from fedccrl_core.data.http import download_url  # lazy: only a URL needs the HTTP machinery
 
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".adain-", suffix=".part", dir=dest.parent)
-    os.close(fd)
-    try:
+    with atomic_path(dest) as tmp:  # fedccrl_core.fsio: renamed into the cache only when verified
         try:
             got = download_url(source, tmp, None, retries=DOWNLOAD_RETRIES, progress=True, label=f"AdaIN {what}")
         except (FedCCRLError, OSError) as e:
             raise AdaINWeightsError(f"{what}={source!r}: cannot download ({e})") from e
         if got != sha256:
             raise AdaINWeightsError(f"{what_sha}: sha256 mismatch for {source}: expected {sha256}, got {got}")
-        os.replace(tmp, dest)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return dest
 
 

@@ -72,19 +72,53 @@ def _has_files_at_depth(d: Path, depth: int) -> bool:
     return any(_has_files_at_depth(c, depth - 1) for c in _subdirs(d))
 
 
+def _first_file(top: Path, depth: int = _MAX_DEPTH + 2) -> Path | None:
+    """The first regular file breadth-first under `top` (sorted, hidden entries skipped), or None."""
+    from fedccrl_core.data.images import is_ignored_name
+
+    for d in _walk_dirs(top, depth):
+        try:
+            files = sorted(c for c in d.iterdir() if c.is_file() and not is_ignored_name(c.name))
+        except OSError:
+            continue
+        if files:
+            return files[0]
+    return None
+
+
 def find_imagefolder_root(top: Path) -> tuple[Path, dict[str, Path]]:
-    """Strip single wrapper folders (e.g. `mydata/`) until the children are <domain>/<class>/<image>."""
+    """Strip wrapper folders (`mydata/`, or `export/mydata/`: each holding one folder and no images of its
+    own at the class level) until the children are <domain>/<class>/<image>. A single folder whose
+    children hold images is a domain (a one-domain dataset), never a wrapper."""
     root = top
     for _ in range(_MAX_DEPTH):
         subs = _subdirs(root)
-        if len(subs) == 1 and _has_files_at_depth(subs[0], 2):
+        if len(subs) == 1 and not _has_files_at_depth(subs[0], 1) \
+                and any(_has_files_at_depth(subs[0], k) for k in range(2, _MAX_DEPTH + 1)):
             root = subs[0]
             continue
         break
     subs = _subdirs(root)
     if not subs or not any(_has_files_at_depth(s, 1) for s in subs):
-        raise DataError("imagefolder: no <domain>/<class>/<image> tree found in the source")
+        raise DataError(f"imagefolder: no <domain>/<class>/<image> tree found in the source: {_why_not(top, root)}")
     return root, {s.name: s for s in subs}
+
+
+def _why_not(top: Path, root: Path) -> str:
+    """What the source holds instead of <domain>/<class>/<image>, for the error message."""
+    first = _first_file(top)
+    if first is None:
+        return f"it holds no files (searched {_MAX_DEPTH + 2} folder levels)"
+    depth = len(first.relative_to(root).parts) - 1  # folders between root and the file
+    where = f"below the wrapper folder(s) {root.relative_to(top).as_posix()}/" if root != top else "below the source"
+    found = (f"images must sit 2 folder levels down (<domain>/<class>/<image>), but the first file, "
+             f"{first.relative_to(top).as_posix()}, is {depth} folder level(s) {where}")
+    if depth < 2:
+        return f"{found}; add the missing <domain>/ or <class>/ folder(s)"
+    subs = _subdirs(root)
+    return (f"{found}; a wrapper folder is stripped only when it holds a single folder, and this level holds "
+            f"{len(subs)} ({', '.join(s.name for s in subs[:4])}{', ...' if len(subs) > 4 else ''}): point "
+            f"dataset.source at the folder whose children are the domains")
 
 
 def materialize(domain_dirs: dict[str, Path], out: Path, move: bool) -> list[dict]:

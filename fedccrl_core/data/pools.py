@@ -66,7 +66,7 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
                 progress: bool = True) -> dict:
     """The pools stage: statistics of every client's training samples, written atomically."""
     from fedccrl_core.data.shards import load_client, load_manifest
-    from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
+    from fedccrl_core.fsio import atomic_dir, write_json
     from fedccrl_core.statistics import channel_stats
 
     mean, std = _check_mean_std(mean, std)
@@ -92,7 +92,7 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
                           "rows align with the shard's train samples",
             "clients": entries,
         }
-        write_json_atomic(stage / MANIFEST, manifest)
+        write_json(stage / MANIFEST, manifest, indent=2, ensure_ascii=False)
     if progress:
         print(f"pools: {len(entries)} clients -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
     return manifest

@@ -40,6 +40,10 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 SHARD_KEYS = ("train_x", "train_y", "train_paths", "val_x", "val_y", "val_paths")
 MIN_CLIENT_SAMPLES = 2
+# Supervised contrastive alignment (FedCCRL Eq. 11) needs, for a sample i, positives P(i) = other samples
+# of its class: a client with fewer than 2 training images of a class cannot form them, and its class
+# signal is one image. A domain whose smallest class has fewer than this many images per client is warned of.
+MIN_IMAGES_PER_CLASS_PER_CLIENT = 2
 _DIRICHLET_TRIES = 1000
 
 
@@ -177,13 +181,28 @@ def _hist(y: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(y, minlength=num_classes).astype(int).tolist()
 
 
+def small_domain_warning(domain: str, y: np.ndarray, classes: list[str], clients: int) -> str | None:
+    """A warning naming `domain` when one of its classes has fewer than MIN_IMAGES_PER_CLASS_PER_CLIENT
+    readable images per client that shares it (e.g. one image per class), else None."""
+    need = MIN_IMAGES_PER_CLASS_PER_CLIENT * clients
+    counts = np.bincount(y, minlength=len(classes))
+    small = [i for i, n in enumerate(counts) if n < need]
+    if not small:
+        return None
+    worst = min(small, key=lambda i: (counts[i], i))
+    return (f"partition: domain '{domain}' is too small to train on: class '{classes[worst]}' has {counts[worst]} "
+            f"image(s) for {clients} client(s) (fewer than {MIN_IMAGES_PER_CLASS_PER_CLIENT} per client; "
+            f"{len(small)} of {len(classes)} classes are this small), so its clients see almost nothing of "
+            f"the class. Add images, or lower partition.clients_per_domain")
+
+
 def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, image_size: int,
               clients_per_domain: int = 2, val_fraction: float = 0.1, dirichlet_alpha: float | None = None,
               seed: int = 0, params: dict | None = None, workers: int | None = None,
               progress: bool = True, scheme: str = "per_domain", num_clients: int | None = None,
               lam: float | None = None) -> dict:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
-    from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
+    from fedccrl_core.fsio import atomic_dir, write_json
     from fedccrl_core.data.validate import check_layout, scan_tree
 
     _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
@@ -202,7 +221,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
     tree = scan_tree(raw_dir)
     domains, classes = check_layout(spec, tree)
     cls_index = {c: i for i, c in enumerate(classes)}
-    clients, skipped, domain_sizes, decoded = [], [], {}, []
+    clients, skipped, domain_sizes, decoded, warnings = [], [], {}, [], []
     with atomic_dir(out_dir) as stage:
         for di, domain in enumerate(domains):
             rels = [f"{domain}/{c}/{f}" for c in classes for f in tree.files[domain][c]]
@@ -220,6 +239,10 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             y = np.asarray(ys, dtype=np.int64)[keep]
             paths = np.asarray(rels, dtype=str)[keep] if keep.any() else np.empty(0, dtype="<U1")
             domain_sizes[domain] = int(y.size)
+            warn = small_domain_warning(domain, y, classes, 1 if scheme == "feddg_bench" else clients_per_domain)
+            if warn:
+                warnings.append(warn)
+                print(f"warning: {warn}", file=sys.stderr, flush=True)
             if scheme == "feddg_bench":
                 decoded.append((xs, y, paths))
                 continue
@@ -262,8 +285,9 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             "domain_sizes": domain_sizes,
             "clients": clients,
             "skipped": skipped,
+            **({"warnings": warnings} if warnings else {}),  # absent when none: a run's key hashes the manifest
         }
-        write_json_atomic(stage / MANIFEST, manifest)
+        write_json(stage / MANIFEST, manifest, indent=2, ensure_ascii=False)
     if progress:
         print(f"partition: {len(clients)} clients, {sum(domain_sizes.values())} images ({len(skipped)} skipped) "
               f"at {image_size}px -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)

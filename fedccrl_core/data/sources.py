@@ -1,7 +1,8 @@
 """Source resolution and the download stage: from `dataset.source` to a validated data/raw.
 
 The jobs it combines live in their own modules: HTTP download (`http`), safe extraction
-(`archives`), finding the dataset in a tree (`layout`), atomic output (`atomic`), sha256 (`checksums`).
+(`archives`), finding the dataset in a tree (`layout`), sha256 (`checksums`); the atomic output is
+fedccrl_core.fsio's.
 
 A *source* (params `dataset.source`) is one of
 - `registry`: the registry's URL(s) for the dataset, or the generator for `synthetic`;
@@ -14,31 +15,31 @@ archive BEFORE anything is extracted; a mismatch raises ChecksumError. `dataset.
 string for a one-archive source, or a mapping {archive file name: sha256} for the registry's
 multi-archive miniDomainNet source. A URL with no known sha256
 is downloaded, its sha256 is computed and written to the report, and a warning on stderr asks the
-user to pin `dataset.sha256`. Local archives with no sha256 are hashed and recognized when the
-hash is one of the registry's known archives (e.g. shared/datasets/pacs/pacs_128.zip).
+user to pin `dataset.sha256`. An archive (local or downloaded) with no sha256 in params is hashed;
+when the hash is one of the registry's known archives (e.g. shared/datasets/pacs/pacs_128.zip) the
+report gives the registry's sha256 as `expected_sha256` and `"verified": true`.
 
 Safety (refused archive members) is described in `archives`, retries in `http`.
 
-Atomicity. Everything (the downloaded archive, the extraction, the output tree) lives in one
-temporary directory next to `--out` (`.<out>.partial-XXXX`); it is renamed into place only after
-validation, replacing an old `--out`; on any failure or interruption the temporary directory is
-removed, so no half-finished `--out` and no stray temp file is left.
+Atomicity. The output tree is built in a temporary folder next to `--out` and the archives are
+downloaded and extracted in a scratch folder beside it (fedccrl_core.fsio: `.<out>.tmp-<pid>-<token>`,
+`.<out>.work.tmp-<pid>-<token>`); the tree is renamed into place only after validation, replacing an
+old `--out`; on any failure or interruption both are removed, so no half-finished `--out` and no
+stray temp file is left (and a killed run's leftovers are removed by the next one).
 """
 from __future__ import annotations
 
 import os
-import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from fedccrl_core.data.archives import safe_extract
-from fedccrl_core.data.atomic import atomic_dir, write_json_atomic
 from fedccrl_core.data.checksums import check_sha256_format, sha256_file
-from fedccrl_core.data.http import download_url
+from fedccrl_core.data.http import DEADLINE_S, download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
 from fedccrl_core.errors import ChecksumError, DataError
+from fedccrl_core.fsio import atomic_dir, scratch_dir, write_json
 
 
 def _is_url(s: str) -> bool:
@@ -75,18 +76,25 @@ def _archive_name_from_url(url: str) -> str:
     return name if name and name not in ("download", "uc") else "archive"
 
 
+def _archive_record(digest: str, want: str | None, spec) -> dict:
+    """sha256, the expected sha256 (params' dataset.sha256, else the registry's when the archive is one it
+    knows by hash) and whether they agree; a mismatch with `want` was refused before this."""
+    known = spec.known_archive(digest)
+    expected = want or (known.sha256 if known else None)
+    return {"sha256": digest, "expected_sha256": expected, "verified": expected == digest,
+            "known_as": known.filename if known else None}
+
+
 def _fetch_urls(urls: list[tuple[str, str, str | None]], work: Path, timeout_s, retries, backoff_s, progress,
-                warnings: list[str], spec) -> list[tuple[Path, dict]]:
+                warnings: list[str], spec, deadline_s=DEADLINE_S) -> list[tuple[Path, dict]]:
     """Download each (url, filename, expected sha256) into work/; return (path, archive record)."""
     out = []
     for url, fname, want in urls:
         dest = work / f"{len(out)}-{fname}"
         digest = download_url(url, dest, sha256=want, timeout_s=timeout_s, retries=retries,
-                              backoff_s=backoff_s, progress=progress, label=fname)
-        known = spec.known_archive(digest)
-        rec = {"file": fname, "url": url, "sha256": digest, "expected_sha256": want, "verified": bool(want),
-               "known_as": known.filename if known else None}
-        if not want:
+                              backoff_s=backoff_s, progress=progress, label=fname, deadline_s=deadline_s)
+        rec = {"file": fname, "url": url, **_archive_record(digest, want, spec)}
+        if not rec["verified"]:
             _warn(f"{url}: no sha256 is known for {fname}; its sha256 is {digest}. Pin it in params.yaml "
                   f"(dataset.sha256: {digest}) so a changed file is caught", warnings)
         out.append((dest, rec))
@@ -99,14 +107,13 @@ def _local_archive(path: Path, want: str | None, spec) -> dict:
     if want and digest != want:
         raise ChecksumError(f"{path}: sha256 mismatch: expected {want} (dataset.sha256), got {digest}; "
                             f"nothing was extracted")
-    known = spec.known_archive(digest)
-    return {"file": path.name, "path": str(path), "sha256": digest, "expected_sha256": want,
-            "verified": bool(want), "known_as": known.filename if known else None}
+    return {"file": path.name, "path": str(path), **_archive_record(digest, want, spec)}
 
 
 def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os.PathLike | None, *,
                 sha256=None, seed: int = 0, timeout_s: float = 60, retries: int = 3, backoff_s: float = 1.0,
-                max_bad_fraction: float = 0.01, workers: int | None = None, progress: bool = True) -> dict:
+                max_bad_fraction: float = 0.01, workers: int | None = None, progress: bool = True,
+                deadline_s: float | None = DEADLINE_S) -> dict:
     """The download stage: obtain `source`, extract safely, map to out/<domain>/<class>/<image>, validate.
 
     `spec` is a DatasetSpec (see registry.get_dataset). Writes the report JSON to `report_path`
@@ -120,8 +127,7 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
     out = Path(out)
     warnings: list[str] = []
     with atomic_dir(out) as stage:
-        work = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-work-", dir=stage.parent))
-        try:
+        with scratch_dir(out.with_name(f"{out.name}.work")) as work:
             missing: list[dict] = []
             ignored: list[dict] = []
             src_rec: dict = {"param": source}
@@ -167,7 +173,8 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                         raise DataError(f"params.yaml: dataset.source {source!r} is neither 'registry', an "
                                         f"http(s) URL, nor an existing file or folder")
                 if urls:
-                    fetched = _fetch_urls(urls, work, timeout_s, retries, backoff_s, progress, warnings, spec)
+                    fetched = _fetch_urls(urls, work, timeout_s, retries, backoff_s, progress, warnings, spec,
+                                          deadline_s)
                     extracted = work / "extract"
                     for path, _ in fetched:
                         safe_extract(path, extracted, progress=progress)
@@ -186,8 +193,6 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                     src_rec["root"] = str(root.relative_to(top)) if root != top else "."
                     src_rec["domain_folders"] = {d: p.name for d, p in ddirs.items()}
                     ignored = materialize(ddirs, stage, move)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
         if progress:
             print(f"download: source ready in {time.monotonic() - t0:.1f}s; validating", file=sys.stderr, flush=True)
         try:
@@ -195,10 +200,10 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                                             ignored=ignored, warnings=warnings, workers=workers, progress=progress)
         except validate.ValidationError as e:
             if report_path is not None and e.report is not None:
-                write_json_atomic(report_path, e.report)
+                write_json(report_path, e.report, indent=2, ensure_ascii=False)
             raise
         if report_path is not None:
-            write_json_atomic(report_path, report)
+            write_json(report_path, report, indent=2, ensure_ascii=False)
     if progress:
         print(f"download: {report['total']} images in {len(report['domains'])} domains -> {out} "
               f"({report['n_bad']} bad) in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)

@@ -23,6 +23,7 @@ from typing import Callable
 import torch
 
 from fedccrl_core.checkpoint import atomic_torch_save
+from fedccrl_core.fsio import atomic_file
 
 
 class CheckpointFallbackWarning(UserWarning):
@@ -113,17 +114,10 @@ class RoundCheckpoints:
         written, self._pending_bytes = self._pending_bytes, 0
         files = {**self.client_files, **{cid: r for cid, r in self._pending.items() if r == rnd}}
         self._pending = {}
-        tmp = self.path.with_name(f".{self.path.name}.new-{os.getpid()}")
-        atomic_torch_save({**main, "round": rnd, "client_files": files}, tmp)
-        try:
-            self._read(tmp)  # verified before it replaces anything
-        except Exception:
-            tmp.unlink(missing_ok=True)
-            raise
-        written += tmp.stat().st_size
-        if self.path.is_file():
-            os.replace(self.path, self.prev)
-        os.replace(tmp, self.path)
+        # read back before it replaces anything; then P becomes P.prev and the new file P (fsio.atomic_file)
+        with atomic_file(self.path, "wb", verify=self._read, previous=self.prev) as f:
+            torch.save({**main, "round": rnd, "client_files": files}, f)
+        written += self.path.stat().st_size
         self._prev_files, self.client_files = self.client_files, files
         self._delete_unreferenced({**self._named(self._prev_files), **self._named(files)})
         self.bytes_written = written

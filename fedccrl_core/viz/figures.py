@@ -8,16 +8,18 @@ import matplotlib.pyplot as plt
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
+from fedccrl_core.fsio import atomic_file
+
 CMAP = plt.get_cmap("tab10")
 
 
 def _save(fig, path: Path) -> Path:
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.stem}.tmp.png")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
-    tmp.replace(path)
+    try:
+        with atomic_file(path, "wb") as f:
+            fig.savefig(f, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    finally:
+        plt.close(fig)
     return path
 
 

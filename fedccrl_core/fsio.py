@@ -1,0 +1,295 @@
+"""The one atomic write of the project (DESIGN.md, floor 0): an output appears complete under its name,
+or not at all, and a temporary path has one owner and one cleanup (issue 17, Build 3).
+
+Every temporary path is named after the output it will become, next to it, owned by one process:
+
+    .<name>.tmp-<pid>-<token>     a file or folder being written  (`atomic_path`, `atomic_file`, `atomic_dir`,
+                                  `scratch_dir`)
+    .<name>.old-<pid>-<token>     the previous output folder, moved aside for the instant of the swap
+
+A process that dies (kill -9, power loss) leaves its temporary path behind. The first write into the
+same folder by a later process removes it with a one-line notice on stderr, once the owner is known to be gone:
+no process has that pid, or the process that has it now started after the path was last written (the pid
+was reused). Paths of a live writer are never touched, so concurrent writers in one folder are safe.
+
+Files are fsynced before the rename and the folder after it, so the rename is the commit point also
+after a crash. An OSError while writing becomes `OutputError` naming the output (no traceback), e.g.
+`results/x.json: cannot write (No space left on device)`.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+import sys
+import uuid
+from pathlib import Path
+from typing import Callable, Iterator
+
+from fedccrl_core.errors import FedCCRLError
+
+TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
+# errors of the body of a write that are about the output, not about something the body reads
+_OUTPUT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS}
+_swept: set[str] = set()
+
+
+class OutputError(FedCCRLError, OSError):
+    """An output could not be written (unwritable folder, full disk, read-only file system)."""
+
+
+def _notice(msg: str) -> None:
+    print(f"notice: {msg}", file=sys.stderr, flush=True)
+
+
+def temp_path(path: str | os.PathLike, kind: str = "tmp") -> Path:
+    """A fresh temporary name next to `path`, owned by this process."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+
+
+# ---- ownership and cleanup ----------------------------------------------------------------------
+def _start_time(pid: int) -> float | None:
+    """When process `pid` started (seconds since the epoch), from /proc; None where unknown."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith(b"btime"))
+        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: starttime in ticks
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def owner_alive(pid: int, mtime: float) -> bool:
+    """Is the process that wrote a temporary path (pid in its name, last written at mtime) still running?"""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # a process of another user: alive
+        pass
+    started = _start_time(pid)
+    return started is None or started <= mtime + 2.0  # 2 s: the tick and btime resolution
+
+
+def _remove(p: Path) -> None:
+    if p.is_dir() and not p.is_symlink():
+        shutil.rmtree(p, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+def sweep_stale(parent: str | os.PathLike, name: str | None = None,
+                log: Callable[[str], None] = _notice) -> list[Path]:
+    """Remove the temporary paths in `parent` (of output `name`, or of any output) whose owner is gone.
+    Returns the removed paths; each gets one line through `log`."""
+    parent = Path(parent)
+    removed: list[Path] = []
+    try:
+        entries = list(os.scandir(parent))
+    except (FileNotFoundError, NotADirectoryError):
+        return removed
+    for e in entries:
+        m = TEMP_RE.match(e.name)
+        if m is None or (name is not None and m["name"] != name):
+            continue
+        try:
+            mtime = e.stat(follow_symlinks=False).st_mtime
+        except FileNotFoundError:
+            continue
+        pid = int(m["pid"])
+        if owner_alive(pid, mtime):
+            continue
+        p = Path(e.path)
+        _remove(p)
+        removed.append(p)
+        log(f"removed {p}, a temporary {'folder' if e.is_dir(follow_symlinks=False) else 'file'} left by "
+            f"process {pid}, which is no longer running")
+    return removed
+
+
+def _sweep_once(parent: Path) -> None:
+    """sweep_stale over a folder, once per process: a writer called every round (or once per client)
+    does not rescan it."""
+    key = str(parent.resolve())
+    if key not in _swept:
+        sweep_stale(parent)
+        _swept.add(key)
+
+
+# ---- errors -------------------------------------------------------------------------------------
+def _output_error(path: Path, e: OSError) -> OutputError:
+    """`<output>: cannot write (<reason>)`, naming the path the OS complained about when it is another
+    one (a parent that is a file, say), never the temporary name."""
+    reason = e.strerror or str(e) or e.__class__.__name__
+    other = Path(os.fsdecode(e.filename)) if e.filename else None
+    if other is not None and other != path and not other.name.startswith(f".{path.name}."):
+        reason += f": {other}"
+    return OutputError(f"{path}: cannot write ({reason})")
+
+
+@contextlib.contextmanager
+def _as_output_error(path: Path, any_errno: bool = True) -> Iterator[None]:
+    try:
+        yield
+    except OutputError:
+        raise
+    except OSError as e:
+        if any_errno or e.errno in _OUTPUT_ERRNOS:
+            raise _output_error(path, e) from e
+        raise
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):  # not every file system can open a folder
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def _fsync_path(p: Path) -> None:
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# ---- files --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, verify: Callable[[Path], object] | None = None,
+                previous: str | os.PathLike | None = None, _synced: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to `path` for the body to write by any means. On success it is
+    fsynced, checked by `verify(tmp)` (which raises to refuse it), and renamed over `path`; the old
+    `path` is first moved to `previous` when given (a fallback kept by the caller). On any failure or
+    interruption the temporary file is removed and `path` is untouched."""
+    path = Path(path)
+    parent = path.parent
+    with _as_output_error(path):
+        parent.mkdir(parents=True, exist_ok=True)
+    _sweep_once(parent)
+    tmp = temp_path(path)
+    try:
+        with _as_output_error(path, any_errno=False):
+            yield tmp
+        with _as_output_error(path):
+            if not _synced:
+                _fsync_path(tmp)  # FileNotFoundError -> the body wrote nothing: an error, never a missing output
+        if verify is not None:
+            verify(tmp)
+        with _as_output_error(path):
+            if previous is not None and path.is_file():
+                os.replace(path, previous)
+            os.replace(tmp, path)
+        _fsync_dir(parent)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, mode: str = "wb", *, verify: Callable[[Path], object] | None = None,
+                previous: str | os.PathLike | None = None, **open_kwargs):
+    """`open(path, mode)` that writes a temporary file, fsyncs it and renames it over `path` on success
+    (see `atomic_path`). `mode` is "w" (text, utf-8 by default) or "wb"."""
+    if mode not in ("w", "wb"):
+        raise ValueError(f"atomic_file: mode must be 'w' or 'wb', got {mode!r}")
+    if mode == "w":
+        open_kwargs.setdefault("encoding", "utf-8")
+    path = Path(path)
+    with atomic_path(path, verify=verify, previous=previous, _synced=True) as tmp:
+        with _as_output_error(path):
+            f = open(tmp, "x" + mode[1:], **open_kwargs)
+        try:
+            with _as_output_error(path, any_errno=False):
+                yield f
+            with _as_output_error(path):
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+        except BaseException:
+            with contextlib.suppress(OSError):
+                f.close()
+            raise
+
+
+def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
+    with atomic_file(path, "wb") as f:
+        f.write(data)
+    return Path(path)
+
+
+def write_text(path: str | os.PathLike, text: str, newline: str | None = None) -> Path:
+    with atomic_file(path, "w", newline=newline) as f:
+        f.write(text)
+    return Path(path)
+
+
+def write_json(path: str | os.PathLike, obj, *, indent: int | None = 1, allow_nan: bool = True, **dumps_kwargs) -> Path:
+    """json.dumps(obj) and a newline, written atomically. `allow_nan=False` refuses NaN and infinity
+    (not JSON) with a ValueError before anything is written."""
+    return write_text(path, json.dumps(obj, indent=indent, allow_nan=allow_nan, **dumps_kwargs) + "\n")
+
+
+# ---- folders ------------------------------------------------------------------------------------
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+@contextlib.contextmanager
+def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
+    """Yield an empty temporary folder next to `out`; on success it replaces `out`, on failure it is
+    removed. The old `out` is moved aside only at the very end, so a failed run leaves an earlier
+    complete `out` untouched, and no run ever leaves a partial folder under the name `out`."""
+    out = Path(out)
+    parent = out.parent
+    with _as_output_error(out):
+        parent.mkdir(parents=True, exist_ok=True)
+    _sweep_once(parent)
+    tmp = temp_path(out)
+    try:
+        with _as_output_error(out):
+            tmp.mkdir(mode=0o777 & ~_umask())
+        with _as_output_error(out, any_errno=False):
+            yield tmp
+        old = None
+        with _as_output_error(out):
+            if out.exists() or out.is_symlink():
+                old = temp_path(out, "old")
+                os.rename(out, old)
+            os.rename(tmp, out)
+        _fsync_dir(parent)
+        if old is not None:
+            _remove(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+@contextlib.contextmanager
+def scratch_dir(near: str | os.PathLike) -> Iterator[Path]:
+    """A temporary work folder next to `near` (same file system, so renames out of it are cheap),
+    removed at the end whatever happens; left by a killed process, the next call removes it."""
+    near = Path(near)
+    with _as_output_error(near):
+        near.parent.mkdir(parents=True, exist_ok=True)
+    _sweep_once(near.parent)
+    tmp = temp_path(near)
+    with _as_output_error(near):
+        tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

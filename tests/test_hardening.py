@@ -1,0 +1,595 @@
+"""Issue 17 (and 16's hand-written-code points): faults and bad input handled at their root.
+
+- fedccrl_core.fsio: the one atomic write; temporary paths of dead processes removed by the next run;
+- serving: atomic outputs, metadata checked against the graph, non-regular inputs skipped, a deadline;
+- download: a deadline for the whole download, not only for each read;
+- the data stages: verified known archives, tarfile's data filter, a warning for tiny domains.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fedccrl_core import fsio
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run_py(code: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=120, **kw)
+
+
+def temps(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if fsio.TEMP_RE.match(p.name))
+
+
+# ------------------------------------------------------------------ A. one atomic write, one cleanup
+
+KILLED_WRITER = """
+    import os, signal
+    from pathlib import Path
+    from fedccrl_core.fsio import atomic_dir, atomic_file
+    with atomic_dir(Path("plots")) as out:               # as `fedccrl figures` writes plots/
+        (out / "augmentation_preview.png").write_bytes(b"half a figure")
+        with atomic_file(Path("results") / "d0.json", "w") as f:   # and a file being written
+            f.write('{"half": ')
+            f.flush()
+            os.kill(os.getpid(), signal.SIGKILL)           # kill -9 mid-write
+"""
+
+
+def test_a_killed_writer_leaves_temps_that_the_next_run_removes(tmp_path):
+    killed = run_py(KILLED_WRITER, tmp_path)
+    assert killed.returncode == -signal.SIGKILL
+    left_plots, left_results = temps(tmp_path), temps(tmp_path / "results")
+    assert len(left_plots) == 1 and left_plots[0].startswith(".plots.tmp-")  # what issue 17 found, for good
+    assert len(left_results) == 1 and left_results[0].startswith(".d0.json.tmp-")
+    assert not (tmp_path / "plots").exists() and not (tmp_path / "results" / "d0.json").exists()
+
+    rerun = run_py("""
+        from pathlib import Path
+        from fedccrl_core.fsio import atomic_dir, write_text
+        with atomic_dir(Path("plots")) as out:
+            (out / "augmentation_preview.png").write_bytes(b"a whole figure")
+        write_text(Path("results") / "d0.json", "{}")
+    """, tmp_path)
+    assert rerun.returncode == 0, rerun.stderr
+    assert temps(tmp_path) == [] and temps(tmp_path / "results") == []
+    notices = [ln for ln in rerun.stderr.splitlines() if ln.startswith("notice: removed")]
+    assert len(notices) == 2 and left_plots[0] in notices[0] + notices[1] and "no longer running" in notices[0]
+    assert (tmp_path / "plots" / "augmentation_preview.png").read_bytes() == b"a whole figure"
+
+
+def test_a_live_writers_temp_is_kept_and_a_reused_pid_is_not_mistaken_for_its_owner(tmp_path):
+    live = tmp_path / f".x.tmp-{os.getpid()}-0123abcd"     # this process is alive and started before it
+    live.write_text("in progress")
+    reused = tmp_path / f".y.tmp-{os.getpid()}-4567cdef"   # same pid, but written long before we started
+    reused.write_text("left by an earlier process that had our pid")
+    os.utime(reused, (time.time() - 10 * 86400, time.time() - 10 * 86400))
+    dead = tmp_path / ".z.tmp-999999999-89abcdef"           # no such process
+    dead.mkdir()
+    unrelated = tmp_path / ".notes.tmp"                      # not one of ours: never touched
+    unrelated.write_text("user file")
+    lines: list[str] = []
+    removed = fsio.sweep_stale(tmp_path, log=lines.append)
+    assert sorted(p.name for p in removed) == sorted([reused.name, dead.name])
+    assert live.exists() and unrelated.exists() and not reused.exists() and not dead.exists()
+    assert len(lines) == 2
+
+
+def test_a_an_exception_mid_write_leaves_nothing_that_looks_complete(tmp_path):
+    out = tmp_path / "metrics.json"
+    fsio.write_text(out, '{"old": 1}')
+    with pytest.raises(RuntimeError):
+        with fsio.atomic_file(out, "w") as f:
+            f.write('{"new": ')
+            raise RuntimeError("fault mid-write")
+    assert out.read_text() == '{"old": 1}' and temps(tmp_path) == []   # old output intact, no temp
+    folder = tmp_path / "runs"
+    with pytest.raises(KeyboardInterrupt):
+        with fsio.atomic_dir(folder) as d:
+            (d / "d0.json").write_text("{}")
+            raise KeyboardInterrupt
+    assert not folder.exists() and temps(tmp_path) == []
+    with pytest.raises(ValueError):  # NaN refused before a byte is written
+        fsio.write_json(tmp_path / "nan.json", {"score": float("nan")}, allow_nan=False)
+    assert not (tmp_path / "nan.json").exists() and temps(tmp_path) == []
+
+
+def test_a_verify_refuses_and_previous_keeps_the_fallback(tmp_path):
+    p = tmp_path / "ck.pt"
+    fsio.write_bytes(p, b"round 1")
+
+    def refuse(tmp: Path):
+        raise ValueError(f"unreadable {tmp.read_bytes()!r}")
+
+    with pytest.raises(ValueError, match="round 2"):
+        with fsio.atomic_file(p, "wb", verify=refuse, previous=tmp_path / "ck.pt.prev") as f:
+            f.write(b"round 2")
+    assert p.read_bytes() == b"round 1" and not (tmp_path / "ck.pt.prev").exists() and temps(tmp_path) == []
+    with fsio.atomic_file(p, "wb", verify=lambda t: None, previous=tmp_path / "ck.pt.prev") as f:
+        f.write(b"round 2")
+    assert p.read_bytes() == b"round 2" and (tmp_path / "ck.pt.prev").read_bytes() == b"round 1"
+
+
+def test_a_unwritable_output_is_one_error_naming_the_path(tmp_path):
+    (tmp_path / "file").write_text("a file, not a folder")
+    target = tmp_path / "file" / "out.json"
+    with pytest.raises(fsio.OutputError, match=str(target)) as e:
+        fsio.write_text(target, "{}")
+    assert "cannot write" in str(e.value)
+    folder = tmp_path / "dir"
+    folder.mkdir()
+    with pytest.raises(fsio.OutputError, match=f"{folder}: cannot write"):  # an existing folder in the way
+        fsio.write_text(folder, "{}")
+    assert temps(tmp_path) == []
+
+
+def test_a_full_disk_is_one_error_naming_the_path(tmp_path):
+    """RLIMIT_FSIZE makes writes beyond 64 kB fail with EFBIG, as a full disk fails them with ENOSPC."""
+    r = run_py("""
+        import resource, signal
+        from pathlib import Path
+        from fedccrl_core.fsio import OutputError, write_text
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
+        try:
+            write_text(Path("big.json"), "x" * 200_000)
+        except OutputError as e:
+            print(e)
+    """, tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("big.json: cannot write (File too large")
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+# ------------------------------------------------------------------ B. serving
+
+def tiny_onnx(path: Path, *, size: int = 4, classes=("a", "b", "c", "d"), graph_size: int | None = None,
+              logits: int | str | None = None, nan: bool = False, **props) -> Path:
+    """A fedccrl-format ONNX file without torch: logits = the first K values of the flattened input
+    (or NaN with nan=True). `graph_size` / `logits` make the graph disagree with the metadata."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from fedccrl_core.data.images import RESIZE_POLICY
+
+    gs = graph_size or size
+    k = len(classes) if logits is None else logits
+    nodes = [helper.make_node("Flatten", ["images"], ["flat"]),
+             helper.make_node("Slice", ["flat", "s", "e", "ax"], ["sl"])]
+    nodes += ([helper.make_node("Sub", ["sl", "sl"], ["z"]), helper.make_node("Div", ["z", "z"], ["logits"])] if nan
+              else [helper.make_node("Identity", ["sl"], ["logits"])])
+    kk = k if isinstance(k, int) else len(classes)
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, gs, gs])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", k])],
+        [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", kk), ("ax", 1))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    meta = {"fedccrl_format": "1", "classes": json.dumps(list(classes)), "num_classes": str(len(classes)),
+            "image_size": str(size), "mean": "[0.5, 0.5, 0.5]", "std": "[0.25, 0.25, 0.25]", "resize": RESIZE_POLICY}
+    meta.update({key: str(v) for key, v in props.items()})
+    helper.set_model_props(m, meta)
+    onnx.save(m, path)
+    return path
+
+
+def serve(*args, **kw):
+    from click.testing import CliRunner
+
+    from serving.cli import main
+
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
+
+
+def one_error(result) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("fedccrl-serve: error: ") and "Traceback" not in result.stderr, \
+        result.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def images(tmp_path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    d = tmp_path / "imgs"
+    for c in ("a", "b"):
+        (d / c).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(np.random.default_rng(i).integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(d / c / f"{i}.png")
+    return d
+
+
+@pytest.mark.parametrize("case, over, needle", [
+    ("image_size disagrees with the graph's input", dict(size=8, graph_size=4), "image_size=8"),
+    ("7 class names, 6 logits", dict(classes=tuple("abcdefg"), logits=6), "names 7 classes"),
+    ("duplicate class names", dict(classes=("a", "b", "a", "c")), "repeated: 'a'"),
+    ("NaN in the mean", dict(mean="[NaN, 0.5, 0.5]"), "finite"),
+    ("inf in the std", dict(std="[0.2, Infinity, 0.2]"), "finite"),
+])
+def test_b_metadata_is_checked_against_the_graph(tmp_path, images, case, over, needle):
+    model = tiny_onnx(tmp_path / "m.onnx", **over)
+    for args in (("info", model), ("predict", model, images), ("evaluate", model, images)):
+        r = serve(*args)
+        assert r.exit_code == 2 and needle in one_error(r) and str(model) in r.stderr, (case, args, r.stderr)
+        assert r.stdout == ""
+
+
+def test_b_logit_count_checked_on_the_batch_when_the_graph_leaves_it_symbolic(tmp_path, images):
+    import numpy as np
+
+    from serving.cli import Fatal, ServedModel
+
+    model = tiny_onnx(tmp_path / "m.onnx", classes=tuple("abcdefg"), logits="K")  # declared symbolic, 7 wide
+    assert serve("predict", model, images / "a" / "0.png").exit_code == 0
+    served = ServedModel(model, "cpu")
+
+    class SixLogits:  # a graph whose width only shows at run time
+        def run(self, names, feeds):
+            return [np.zeros((len(feeds["images"]), 6), np.float32)]
+
+    served.session = SixLogits()
+    with pytest.raises(Fatal, match=r"m.onnx: the model returned logits of shape \[2, 6\] for 7 class names"):
+        served.logits(np.zeros((2, 3, 4, 4), np.float32))
+
+
+def test_b_non_finite_scores_are_error_records_and_the_json_stays_json(tmp_path, images):
+    model = tiny_onnx(tmp_path / "m.onnx", nan=True)
+    strict = dict(parse_constant=lambda c: pytest.fail(f"{c} in the output is not JSON"))
+    r = serve("predict", model, images / "a")
+    assert r.exit_code == 3
+    recs = [json.loads(ln, **strict) for ln in r.stdout.splitlines()]
+    assert len(recs) == 6 and all("non-finite" in rec["error"] for rec in recs)
+    r = serve("evaluate", model, images, "--output", tmp_path / "rep.json")
+    assert r.exit_code == 3
+    rep = json.loads((tmp_path / "rep.json").read_text(), **strict)
+    assert rep["n_failed"] == 12 and rep["accuracy"] is None
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_b_unwritable_output_is_one_line_before_any_work(tmp_path, images, command, monkeypatch):
+    import serving.preprocess
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    (tmp_path / "file").write_text("not a folder")
+    decoded = []
+    monkeypatch.setattr(serving.preprocess, "load_u8", lambda *a: decoded.append(a) or pytest.fail("decoded"))
+    out = tmp_path / "file" / "out.json"
+    r = serve(command, model, images, "--output", out)
+    assert r.exit_code == 2 and f"{out}: cannot write" in one_error(r) and not decoded
+
+
+@pytest.mark.parametrize("command", ["predict", "evaluate"])
+def test_b_full_disk_is_one_line_and_no_half_written_output(tmp_path, images, command):
+    """RLIMIT_FSIZE: a write past 256 bytes fails (EFBIG) as a full disk fails it (ENOSPC)."""
+    model = tiny_onnx(tmp_path / "m.onnx")
+    out = tmp_path / "out" / "o.json"
+    r = run_py(f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))
+        from serving.cli import main
+        sys.argv = ["fedccrl-serve", "{command}", "{model}", "{images}", "--output", "{out}", "-q"]
+        main()
+    """, tmp_path)
+    assert r.returncode == 2, r.stderr
+    assert f"fedccrl-serve: error: {out}: cannot write (File too large)" in r.stderr and "Traceback" not in r.stderr
+    assert os.listdir(out.parent) == []  # no half-written o.json, no temporary file
+
+
+def test_b_output_is_atomic_an_interrupted_run_keeps_the_old_one(tmp_path, images, monkeypatch):
+    import serving.cli
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    out = tmp_path / "pred.jsonl"
+    out.write_text("the previous complete output\n")
+    real = serving.cli.softmax
+    calls = []
+
+    def fault(z):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # Ctrl-C after the first batch was written
+        return real(z)
+
+    monkeypatch.setattr(serving.cli, "softmax", fault)
+    r = serve("predict", model, images, "--output", out, "--batch-size", 4)
+    assert r.exit_code != 0
+    assert out.read_text() == "the previous complete output\n" and temps(tmp_path) == []
+
+
+def test_b_a_fifo_named_like_an_image_is_skipped_never_opened(tmp_path, images):
+    fifo = images / "a" / "x.jpg"
+    os.mkfifo(fifo)
+    os.mkfifo(tmp_path / "y.png")
+    model = tiny_onnx(tmp_path / "m.onnx")
+    for args in ([images], [images / "a" / "*.jpg", images / "a" / "0.png"], [tmp_path / "y.png", images / "b"]):
+        r = run_py(f"""
+            import sys
+            from serving.cli import main
+            sys.argv = ["fedccrl-serve", "predict", "{model}", *{[str(a) for a in args]!r}, "-q"]
+            main()
+        """, tmp_path)  # a subprocess: if the FIFO were opened, the timeout would fail the test, not hang it
+        assert r.returncode == 0, r.stderr
+        paths = [json.loads(ln)["path"] for ln in r.stdout.splitlines()]
+        assert paths and not any(p.endswith(("x.jpg", "y.png")) for p in paths)
+        assert "a FIFO, not a regular file" in r.stderr
+    r = run_py(f"""
+        import sys
+        from serving.cli import main
+        sys.argv = ["fedccrl-serve", "evaluate", "{model}", "{images}", "-q", "--json"]
+        main()
+    """, tmp_path)
+    assert r.returncode == 0 and json.loads(r.stdout)["n_images"] == 12 and "x.jpg" in r.stderr
+
+
+@pytest.mark.parametrize("command, workers", [("predict", 1), ("evaluate", 2)])
+def test_b_deadline_stops_the_run_and_writes_no_output(tmp_path, images, command, workers, monkeypatch):
+    import serving.preprocess
+
+    model = tiny_onnx(tmp_path / "m.onnx")
+    real = serving.preprocess.load_u8
+    monkeypatch.setattr(serving.preprocess, "load_u8", lambda *a: time.sleep(0.3) or real(*a))  # a slow disk
+    out = tmp_path / "out.json"
+    t0 = time.monotonic()
+    r = serve(command, model, images, "--output", out, "--deadline", 0.5, "--workers", workers, "-q")
+    assert time.monotonic() - t0 < 1.5  # 12 images x 0.3 s would take 3.6 s (1.8 s on two threads)
+    assert r.exit_code == 2 and "--deadline 0.5 s passed" in one_error(r)
+    assert not out.exists() and temps(tmp_path) == []
+    assert serve(command, model, images, "--deadline", 0).exit_code == 2  # must be > 0
+    assert serve("predict", model, images, "--deadline", 60, "-q").exit_code == 0
+
+
+# ------------------------------------------------------------------ C. a deadline for the whole download
+
+@pytest.fixture
+def trickling_server():
+    """127.0.0.1: promises 1 MB, then sends one byte every 20 ms (each read returns within any timeout)."""
+    import http.server
+    import threading
+
+    stop = threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "application/zip")
+            self.send_header("Content-Length", str(1 << 20))
+            self.end_headers()
+            try:
+                while not stop.is_set():
+                    self.wfile.write(b"P")
+                    self.wfile.flush()
+                    time.sleep(0.02)
+            except OSError:  # the client gave up
+                pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/pacs.zip"
+    stop.set()
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.mark.timeout(60)  # without the deadline the download never ends
+def test_c_a_trickling_server_meets_the_whole_download_deadline(trickling_server, tmp_path):
+    from fedccrl_core.data.http import download_url
+    from fedccrl_core.errors import DataError
+
+    t0 = time.monotonic()
+    with pytest.raises(DataError) as e:
+        download_url(trickling_server, tmp_path / "a.zip", timeout_s=5, retries=2, deadline_s=1.5, progress=False)
+    took = time.monotonic() - t0
+    msg = str(e.value)
+    assert msg.startswith(f"{trickling_server}: the download did not finish within download.deadline_s=1.5 s")
+    assert "received" in msg and 1.5 <= took < 4  # not retried: the deadline covers every attempt
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.timeout(60)
+def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, tmp_path, monkeypatch):
+    import yaml
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    assert params["download"]["deadline_s"] >= params["download"]["timeout_s"]
+    params["dataset"].update(name="pacs", source=trickling_server, sha256=None)
+    params["download"].update(timeout_s=1, deadline_s=2, retries=0)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"],
+                           catch_exceptions=False)
+    assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1].startswith(
+        f"error: {trickling_server}: the download did not finish within download.deadline_s=2 s")
+    assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []  # no output, no temp
+    params["download"].update(timeout_s=60, deadline_s=30)
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"])
+    assert r.exit_code == 2 and "download.deadline_s" in r.stderr and "download.timeout_s=60" in r.stderr
+
+
+# ------------------------------------------------------------------ D. data: verified known archives, extraction
+
+def _tiny_tree(root: Path) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    for d in ("a", "b"):
+        for c in ("x", "y"):
+            (root / "TINY" / d / c).mkdir(parents=True)
+            for i in range(2):
+                Image.fromarray(np.full((8, 8, 3), 40 * i + (d == "b") * 90, np.uint8)).save(root / "TINY" / d / c / f"{i}.png")
+    return root
+
+
+def test_d_an_archive_the_registry_knows_by_hash_is_reported_verified(tmp_path):
+    import hashlib
+    import shutil
+    from dataclasses import replace
+
+    from fedccrl_core.data.registry import DatasetSpec, KnownArchive
+    from fedccrl_core.data.sources import prepare_raw
+
+    archive = Path(shutil.make_archive(str(tmp_path / "tiny"), "zip", _tiny_tree(tmp_path / "src")))
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    spec = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(4, 4), total=8,
+                       sources=(), image_size=16, backbone="small_cnn", pretrained="none")
+    rep = prepare_raw(spec, str(archive), tmp_path / "raw", tmp_path / "r.json", progress=False)
+    arch = rep["source"]["archives"][0]
+    assert arch["verified"] is False and arch["expected_sha256"] is None  # unknown: computed only
+    known = replace(spec, known_archives=(KnownArchive(digest, "tiny.zip", "test copy"),))
+    rep = prepare_raw(known, str(archive), tmp_path / "raw", tmp_path / "r.json", progress=False)
+    arch = json.loads((tmp_path / "r.json").read_text())["source"]["archives"][0]
+    assert arch == {**arch, "sha256": digest, "expected_sha256": digest, "verified": True, "known_as": "tiny.zip"}
+
+
+@pytest.mark.shared
+def test_d_the_local_pacs_archive_is_verified_against_the_registry(pacs128):
+    from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.data.sources import _local_archive
+
+    rec = _local_archive(pacs128, None, get_dataset("pacs"))  # dataset.sha256: null, as in the README recipe
+    assert rec["verified"] is True and rec["known_as"] == "pacs_128.zip"
+    assert rec["expected_sha256"] == rec["sha256"] == "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
+
+
+def test_d_tar_members_go_through_tarfiles_data_filter(tmp_path, monkeypatch):
+    import io
+    import stat
+    import tarfile
+
+    from fedccrl_core.data import archives
+    from fedccrl_core.errors import UnsafeArchiveError
+
+    archive = tmp_path / "a.tar"
+    with tarfile.open(archive, "w") as t:
+        info = tarfile.TarInfo("TINY/a/x/0.png")
+        info.size, info.mode = 3, 0o6777  # setuid, setgid, world-writable: none of it may reach the disk
+        t.addfile(info, io.BytesIO(b"png"))
+    filters = []
+    real = tarfile.TarFile.extract
+    monkeypatch.setattr(tarfile.TarFile, "extract",
+                        lambda self, m, path="", **kw: filters.append(kw.get("filter")) or real(self, m, path, **kw))
+    assert archives.safe_extract(archive, tmp_path / "out", progress=False) == 1
+    assert filters == ["data"]
+    mode = (tmp_path / "out" / "TINY" / "a" / "x" / "0.png").stat().st_mode
+    assert not mode & (stat.S_ISUID | stat.S_ISGID | stat.S_IWOTH)
+
+    # the filter is the second line of defence: with our own check switched off it still refuses a link
+    # that leaves the folder, as UnsafeArchiveError naming the member
+    with tarfile.open(tmp_path / "evil.tar", "w") as t:
+        info = tarfile.TarInfo("TINY/a/x/1.png")
+        info.size = 1
+        t.addfile(info, io.BytesIO(b"1"))
+    plan = archives._plan_tar
+
+    def unchecked(tf, path):  # as if our check had let `../../escape.png` through
+        from pathlib import PurePosixPath
+
+        p = plan(tf, path)
+        p.files = [(m, PurePosixPath("../../escape.png")) for m, _ in p.files]
+        return p
+
+    monkeypatch.setattr(archives, "_plan_tar", unchecked)
+    with pytest.raises(UnsafeArchiveError, match="refused by tarfile's data filter"):
+        archives.safe_extract(tmp_path / "evil.tar", tmp_path / "out2", progress=False)
+    assert not (tmp_path.parent / "escape.png").exists() and not (tmp_path / "escape.png").exists()
+
+
+def test_d_fedalign_clusters_with_scikit_learn_kmeans():
+    """FedAlign's k-means (Sec. 3.3) is scikit-learn's KMeans seeded by one draw of the client's rng."""
+    import numpy as np
+    from sklearn.cluster import KMeans
+
+    from fedccrl_core.algorithms.fedalign import KMEANS_MAX_ITERS, KMEANS_RESTARTS, kmeans
+
+    x = np.random.default_rng(0).normal(size=(400, 6))
+    labels, centers = kmeans(x, 3, np.random.default_rng(5))
+    seed = int(np.random.default_rng(5).integers(2**31 - 1))
+    ref = KMeans(3, n_init=KMEANS_RESTARTS, max_iter=KMEANS_MAX_ITERS, random_state=seed).fit(x).labels_
+    assert len(set(zip(labels.tolist(), ref.tolist()))) == 3  # the same partition, renumbered
+    assert labels[0] == 0 and np.allclose(centers, [x[labels == c].mean(0) for c in range(3)])
+    dup = np.repeat(x[:2], 5, axis=0)  # 2 distinct points: at most 2 clusters, no warning
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kmeans(dup, 3, np.random.default_rng(0))[0].max() == 1
+
+
+# ------------------------------------------------------------------ E. data warnings and layout errors that say why
+
+def _imagefolder(root: Path, per_domain: dict[str, int], classes=("x", "y")) -> Path:
+    import numpy as np
+    from PIL import Image
+
+    for di, (d, n) in enumerate(per_domain.items()):
+        for ci, c in enumerate(classes):
+            (root / d / c).mkdir(parents=True, exist_ok=True)
+            for i in range(n):
+                Image.fromarray(np.full((8, 8, 3), (30 * di + 7 * ci + i) % 256, np.uint8)).save(root / d / c / f"{i}.png")
+    return root
+
+
+def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_path, capsys):
+    from fedccrl_core.data import registry
+    from fedccrl_core.data.shards import load_manifest, partition
+
+    spec = registry.get_dataset("imagefolder")
+    raw = _imagefolder(tmp_path / "raw", {"art": 6, "photo": 6, "tiny": 1})
+    partition(raw, tmp_path / "shards", spec, 8, clients_per_domain=2, val_fraction=0.1, seed=0, progress=False)
+    err = capsys.readouterr().err
+    warned = [ln for ln in err.splitlines() if ln.startswith("warning: partition:")]
+    assert len(warned) == 1 and "domain 'tiny'" in warned[0] and "has 1 image(s) for 2 client(s)" in warned[0]
+    assert "partition.clients_per_domain" in warned[0]
+    assert load_manifest(tmp_path / "shards")["warnings"] == [warned[0].removeprefix("warning: ")]
+
+    raw = _imagefolder(tmp_path / "raw2", {"art": 4, "photo": 4})  # 2 images per class per client: enough
+    partition(raw, tmp_path / "shards2", spec, 8, clients_per_domain=2, val_fraction=0.0, seed=0, progress=False)
+    assert "warning" not in capsys.readouterr().err and "warnings" not in load_manifest(tmp_path / "shards2")
+
+
+def test_e_a_dataset_wrapped_in_two_folders_is_found_and_a_wrong_layout_says_why(tmp_path):
+    from fedccrl_core.data import registry
+    from fedccrl_core.data.sources import prepare_raw
+    from fedccrl_core.errors import DataError
+
+    spec = registry.get_dataset("imagefolder")
+    _imagefolder(tmp_path / "src" / "export" / "mydata", {"art": 2, "photo": 2})
+    rep = prepare_raw(spec, str(tmp_path / "src"), tmp_path / "raw", None, progress=False)
+    assert rep["source"]["root"] == "export/mydata" and rep["domains"] == ["art", "photo"] and rep["total"] == 8
+
+    _imagefolder(tmp_path / "one" / "mydata", {"art": 2})  # one domain: a domain folder is never stripped
+    with pytest.raises(DataError, match=r"holds 1 domain folder\(s\) \(art\)"):
+        prepare_raw(spec, str(tmp_path / "one"), tmp_path / "raw", None, progress=False)
+
+    _imagefolder(tmp_path / "two" / "a" / "deep", {"art": 1})
+    _imagefolder(tmp_path / "two" / "b" / "deep", {"art": 1})
+    with pytest.raises(DataError) as e:
+        prepare_raw(spec, str(tmp_path / "two"), tmp_path / "raw", None, progress=False)
+    assert "the first file, a/deep/art/x/0.png, is 4 folder level(s) below the source" in str(e.value)
+    assert "this level holds 2 (a, b)" in str(e.value)
+
+    (tmp_path / "flat" / "cats").mkdir(parents=True)
+    (tmp_path / "flat" / "cats" / "1.png").write_bytes(b"x")
+    with pytest.raises(DataError, match=r"cats/1.png, is 1 folder level\(s\) below the source; add the missing"):
+        prepare_raw(spec, str(tmp_path / "flat"), tmp_path / "raw", None, progress=False)
+    assert sorted(os.listdir(tmp_path / "raw")) == ["art", "photo"] and temps(tmp_path) == []  # the good run's
