@@ -1,0 +1,205 @@
+"""Typed parameters, declared once: the base of every algorithm's hyperparameter declaration
+(`Algorithm.Params`) and of the params.yaml schema (pipeline/params.py), and the one place that turns a
+validation failure into lines a user can act on.
+
+A hyperparameter is declared with `hp(default, source, **bounds)`: its type is the annotation, its
+default and allowed range sit beside it, and `source` (kept as the field's description) says where
+the value comes from: the paper's equation or table, a reference implementation, or the reason for
+our choice. params.yaml's `train.<algorithm>` groups, docs/hyperparameters.md, the MLflow params and
+the stages' validation all come from, or are tested against, these declarations.
+
+Validation is strict: no silent coercion ("3" is not 3, true is not 1); an int is accepted where a
+number is declared. Unknown keys are refused, so `lamda1` cannot pass as a typo of `lambda1`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class Declared(BaseModel):
+    """Strict, closed, every default validated."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", validate_default=True)
+
+
+class HParams(Declared):
+    """An algorithm's hyperparameters (`train.<algorithm>` in params.yaml). An empty or null group takes
+    every default."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_is_empty(cls, data):
+        return {} if data is None else data
+
+    @classmethod
+    def sources(cls) -> dict[str, str]:
+        return {name: f.description or "" for name, f in cls.model_fields.items()}
+
+    def selected_problems(self, key: str) -> list[str]:
+        """Problems that matter only when this algorithm is trained (listed in train.algorithms), one line
+        each naming the key under `key` (= 'train.<name>'): a default that cannot run (CCST without
+        AdaIN weights) must not fail the other algorithms' runs."""
+        return []
+
+
+def hp(default: Any, source: str, **bounds: Any) -> Any:
+    """One hyperparameter: its default, its source (paper equation / table / reference code / our
+    reason) and its bounds (gt, ge, lt, le, min_length, ...: pydantic's Field constraints)."""
+    return Field(default, description=source, **bounds)
+
+
+# ---- errors ------------------------------------------------------------------------------------------
+_TYPE_WORDS = {
+    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
+    "bool_type": "true or false", "bool_parsing": "true or false",
+    "string_type": "a string", "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
+    "model_attributes_type": "a mapping", "none_required": "null",
+}
+
+
+def _is_tag(part) -> bool:
+    """A union member's or validator's tag in a pydantic location ('int', 'str', 'function-after[...]')."""
+    return isinstance(part, str) and ("[" in part or part in ("int", "str", "float", "bool", "list", "dict", "none"))
+
+
+def _walk(data: Any, loc: tuple) -> tuple[list, Any]:
+    """The data path of a pydantic error location (tags dropped) and the value found there (None when
+    the key is missing)."""
+    path, node = [], data
+    for part in loc:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+            node = node[part]
+        elif _is_tag(part):
+            continue
+        else:
+            node = None
+        path.append(part)
+    return path, node
+
+
+def _field(model: type[BaseModel] | None, path: list):
+    """The FieldInfo at `path` inside `model` (through nested models), or None."""
+    f = None
+    for part in path:
+        if model is None or not isinstance(part, str) or part not in model.model_fields:
+            return None
+        f = model.model_fields[part]
+        ann = f.annotation
+        model = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+    return f
+
+
+def _num(v) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def describe_bounds(field) -> str:
+    """'in (0, 1]', '>= 1', ... from a field's declared constraints ('' when it has none)."""
+    lo = hi = None
+    for m in getattr(field, "metadata", []):
+        for name in ("gt", "ge", "lt", "le"):
+            v = getattr(m, name, None)
+            if v is not None:
+                if name in ("gt", "ge"):
+                    lo = (name, v)
+                else:
+                    hi = (name, v)
+    if lo and hi:
+        return f"in {'(' if lo[0] == 'gt' else '['}{_num(lo[1])}, {_num(hi[1])}{')' if hi[0] == 'lt' else ']'}"
+    sym = {"gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+    return " and ".join(f"{sym[b[0]]} {_num(b[1])}" for b in (lo, hi) if b)
+
+
+def _expected(err: dict, field) -> str:
+    t, ctx = err["type"], err.get("ctx") or {}
+    if t in _TYPE_WORDS:
+        return _TYPE_WORDS[t]
+    if t == "literal_error":
+        return "one of " + ctx.get("expected", "").replace("'", "").replace(" or ", ", ")
+    if t in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
+        bounds = describe_bounds(field) if field is not None else ""
+        if not bounds:
+            sym = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
+                   "less_than_equal": "<= {le}"}[t]
+            bounds = sym.format(**{k: _num(v) for k, v in ctx.items()})
+        kind = "an integer" if field is not None and field.annotation is int else "a number"
+        return f"{kind} {bounds}"
+    if t == "too_short":
+        return f"at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}"
+    if t == "too_long":
+        return f"at most {ctx.get('max_length')} entries"
+    if t in ("value_error", "assertion_error"):
+        msg = str(ctx.get("error", err["msg"]))
+        return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
+    return err["msg"]
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    s = repr(v)
+    return s if len(s) <= 80 else s[:77] + "..."
+
+
+def problems(err: ValidationError, data: Any, model: type[BaseModel] | None = None, prefix: str = "",
+             file: str = "params.yaml") -> list[str]:
+    """One line per problem: `<file>: key '<dotted.key>': got <value>; allowed: <what>`. Errors that are
+    alternatives of one union at one key become one line ('an integer or a string')."""
+    merged: dict[tuple, dict] = {}
+    for e in err.errors(include_url=False):
+        path, value = _walk(data, tuple(e["loc"]))
+        key = ".".join([prefix] * bool(prefix) + [str(p) for p in path])
+        entry = merged.setdefault((key, e["type"] == "extra_forbidden", e["type"] == "missing"),
+                                  {"value": value, "expected": []})
+        parent = path[:-1] if e["type"] == "extra_forbidden" else path
+        f = _field(model, path) if model is not None else None
+        if e["type"] == "extra_forbidden":
+            owner = _field(model, parent) if parent else None
+            sub = owner.annotation if owner is not None else model
+            allowed = sorted(sub.model_fields) if isinstance(sub, type) and issubclass(sub, BaseModel) else []
+            entry["expected"] = [f"allowed keys here: {', '.join(allowed) or 'none'}"]
+        elif e["type"] == "missing":
+            entry["expected"] = ["this key is required"]
+        else:
+            what = _expected(e, f)
+            if what not in entry["expected"]:
+                entry["expected"].append(what)
+    lines = []
+    for (key, unknown, missing), entry in merged.items():
+        where = f"{file}: key '{key}'" if key else f"{file}"
+        if unknown:
+            lines.append(f"{where}: unknown key (value {_fmt(entry['value'])}); {entry['expected'][0]}")
+        elif missing:
+            lines.append(f"{where}: missing; {entry['expected'][0]}")
+        else:
+            exp = entry["expected"]
+            simple = all(x in _TYPE_WORDS.values() or x.startswith(("one of ", "a number ", "an integer "))
+                         for x in exp)
+            what = ("must be " + " or ".join(exp)) if simple else "; ".join(exp)
+            lines.append(f"{where}: got {_fmt(entry['value'])}; {what}")
+    return lines
+
+
+def validate(model: type[BaseModel], data: Any, prefix: str = "", file: str = "params.yaml") -> BaseModel:
+    """model.model_validate(data), or ParamError with one line per problem."""
+    from fedccrl_core.errors import ParamError
+
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise ParamError(*problems(e, data, model, prefix, file)) from None
+
+
+def params_from_defaults(name: str, defaults: dict) -> type[HParams]:
+    """An undeclared `defaults` dict as an HParams model (types from the values, no sources): keeps an
+    algorithm written against the old plain-dict form working; the registry test asks for its sources."""
+    from pydantic import create_model
+
+    fields = {k: ((type(v) if v is not None else Any), Field(v, description="")) for k, v in defaults.items()}
+    return create_model(name, __base__=HParams, **fields)
