@@ -14,7 +14,7 @@ number is declared. Unknown keys are refused, so `lamda1` cannot pass as a typo 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -62,25 +62,35 @@ _TYPE_WORDS = {
 
 
 def _is_tag(part) -> bool:
-    """A union member's or validator's tag in a pydantic location ('int', 'str', 'function-after[...]')."""
-    return isinstance(part, str) and ("[" in part or part in ("int", "str", "float", "bool", "list", "dict", "none"))
+    """A union member's or validator's tag in a pydantic location ('int', 'constrained-int', 'literal['auto']',
+    'function-after[...]'), not a key."""
+    return isinstance(part, str) and ("[" in part or "-" in part or part in ("int", "str", "float", "bool", "list",
+                                                                               "dict", "none"))
 
 
-def _walk(data: Any, loc: tuple) -> tuple[list, Any]:
-    """The data path of a pydantic error location (tags dropped) and the value found there (None when
-    the key is missing)."""
-    path, node = [], data
+def _walk(data: Any, loc: tuple) -> tuple[list, Any, bool]:
+    """The data path of a pydantic error location (tags dropped), the value found there and whether the key
+    is present in the data."""
+    path, node, found = [], data, True
     for part in loc:
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
-        elif _is_tag(part):
-            continue
+        elif isinstance(node, dict) and not _is_tag(part):
+            node, found = None, False  # a missing key
         else:
-            node = None
+            continue     # a tag, or a location inside a value that is not a mapping
         path.append(part)
-    return path, node
+    return path, node, found
+
+
+def dotted(path: list) -> str:
+    """['train', 'held_out', 0] -> 'train.held_out[0]'."""
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
 
 
 def _field(model: type[BaseModel] | None, path: list):
@@ -116,6 +126,11 @@ def describe_bounds(field) -> str:
     return " and ".join(f"{sym[b[0]]} {_num(b[1])}" for b in (lo, hi) if b)
 
 
+def _is_int(field, loc: tuple) -> bool:
+    ann = getattr(field, "annotation", None)
+    return ann is int or int in get_args(ann) or any(isinstance(p, str) and p.endswith("int") for p in loc)
+
+
 def _expected(err: dict, field) -> str:
     t, ctx = err["type"], err.get("ctx") or {}
     if t in _TYPE_WORDS:
@@ -128,16 +143,27 @@ def _expected(err: dict, field) -> str:
             sym = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
                    "less_than_equal": "<= {le}"}[t]
             bounds = sym.format(**{k: _num(v) for k, v in ctx.items()})
-        kind = "an integer" if field is not None and field.annotation is int else "a number"
+        kind = "an integer" if _is_int(field, tuple(err["loc"])) else "a number"
         return f"{kind} {bounds}"
-    if t == "too_short":
-        return f"at least {ctx.get('min_length')} entr{'y' if ctx.get('min_length') == 1 else 'ies'}"
-    if t == "too_long":
-        return f"at most {ctx.get('max_length')} entries"
+    if t in ("too_short", "too_long"):
+        lo = next((m.min_length for m in getattr(field, "metadata", []) if getattr(m, "min_length", None)), None)
+        hi = next((m.max_length for m in getattr(field, "metadata", []) if getattr(m, "max_length", None)), None)
+        if lo is not None and lo == hi:
+            return f"must have exactly {lo} entries"
+        n = ctx.get("min_length") if t == "too_short" else ctx.get("max_length")
+        return f"must have at {'least' if t == 'too_short' else 'most'} {n} entr{'y' if n == 1 else 'ies'}"
     if t in ("value_error", "assertion_error"):
         msg = str(ctx.get("error", err["msg"]))
         return msg.removeprefix("Value error, ").removeprefix("Assertion failed, ")
     return err["msg"]
+
+
+class _Default:
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self):
+        return f"{self.value!r} (the default)"
 
 
 def _fmt(v: Any) -> str:
@@ -153,12 +179,14 @@ def problems(err: ValidationError, data: Any, model: type[BaseModel] | None = No
     alternatives of one union at one key become one line ('an integer or a string')."""
     merged: dict[tuple, dict] = {}
     for e in err.errors(include_url=False):
-        path, value = _walk(data, tuple(e["loc"]))
-        key = ".".join([prefix] * bool(prefix) + [str(p) for p in path])
+        path, value, found = _walk(data, tuple(e["loc"]))
+        key = dotted([prefix] * bool(prefix) + path)
         entry = merged.setdefault((key, e["type"] == "extra_forbidden", e["type"] == "missing"),
                                   {"value": value, "expected": []})
         parent = path[:-1] if e["type"] == "extra_forbidden" else path
         f = _field(model, path) if model is not None else None
+        if not found and f is not None and e["type"] != "missing":  # a default checked against a value given
+            entry["value"] = _Default(f.default)
         if e["type"] == "extra_forbidden":
             owner = _field(model, parent) if parent else None
             sub = owner.annotation if owner is not None else model

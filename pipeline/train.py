@@ -17,48 +17,48 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
-from pipeline.params import check_sweep, get, load_params
+from pipeline.params import ParamError, get, held_out_entry, load_params, resolve_held_out, validate_params
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
 
 def train_config(params: dict, algorithm: str) -> dict:
-    """Validate and collect every param the run depends on (one error line naming the key)."""
+    """Every param the run depends on, from the validated params file (pipeline/params.py); ParamError with one
+    line per problem. The raw values are kept (e.g. an int lr stays an int), so a run's key and its MLflow params
+    are those of params.yaml as written."""
     from fedccrl_core.algorithms import ALGORITHMS
 
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"params.yaml: train.algorithms has unknown algorithm {algorithm!r}; "
-                         f"choose from {', '.join(ALGORITHMS)}")
-    num = (int, float)
-    cfg = {
-        "dataset": get(params, "dataset.name", str),
-        "backbone": get(params, "model.backbone", str),
-        "pretrained": get(params, "model.pretrained", str),
-        "mean": get(params, "preprocess.mean", list), "std": get(params, "preprocess.std", list),
-        "engine": get(params, "train.engine", str, choices=("inprocess", "flower")),
-        "device": get(params, "train.device", str, choices=("auto", "cpu", "cuda")),
-        "rounds": get(params, "train.rounds", int), "local_epochs": get(params, "train.local_epochs", int),
-        "batch_size": get(params, "train.batch_size", int), "lr": get(params, "train.lr", num),
-        "weight_decay": get(params, "train.weight_decay", num),
-        "lr_schedule": get(params, "train.lr_schedule", str, choices=("cosine", "constant")),
-        "client_fraction": get(params, "train.client_fraction", num),
-        "fast": get(params, "train.fast", bool, default=True),
-        "concurrent_clients": get(params, "train.concurrent_clients", (str, int), default="auto"),
-        "client_state": get(params, "train.client_state", str, choices=("persistent", "stateless"),
-                            default="persistent"),
-        "eval_batch_size": get(params, "evaluate.batch_size", int, default=256),
-        "hparams": get(params, f"train.{algorithm}", dict, default={}) or {},
+        raise ParamError(f"--algorithm: got {algorithm!r}; must be one of {', '.join(ALGORITHMS)} "
+                         "(params.yaml train.algorithms)")
+    validate_params(params)
+    t = params["train"]
+    return {
+        "dataset": params["dataset"]["name"],
+        "backbone": params["model"]["backbone"], "pretrained": params["model"]["pretrained"],
+        "mean": params["preprocess"]["mean"], "std": params["preprocess"]["std"],
+        **{k: t[k] for k in ("engine", "device", "rounds", "local_epochs", "batch_size", "lr", "weight_decay",
+                             "lr_schedule", "client_fraction")},
+        "fast": t.get("fast", True), "concurrent_clients": t.get("concurrent_clients", "auto"),
+        "client_state": t.get("client_state", "persistent"),
+        "eval_batch_size": params["evaluate"]["batch_size"],
+        "hparams": t.get(algorithm) or {},
     }
-    for k in ("rounds", "local_epochs", "batch_size"):
-        if cfg[k] < 1:
-            raise ValueError(f"params.yaml: key 'train.{k}' must be >= 1, got {cfg[k]}")
-    cc = cfg["concurrent_clients"]
-    if cc != "auto" and (not isinstance(cc, int) or cc < 1):
-        raise ValueError(f"params.yaml: key 'train.concurrent_clients' must be auto or an integer >= 1, got {cc!r}")
-    for k in ("mean", "std"):
-        if len(cfg[k]) != 3 or not all(isinstance(v, num) for v in cfg[k]):
-            raise ValueError(f"params.yaml: key 'preprocess.{k}' must be a list of 3 numbers")
-    return cfg
+
+
+def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> None:
+    """Every source client must get a batch of >= 2 samples (BatchNorm, which every backbone has, cannot train on
+    one; the local loop skips such batches, so the client would train nothing). From the manifest's counts only,
+    before any shard is read."""
+    if batch_size < 2:
+        raise ParamError(f"params.yaml: key '{key}': got {batch_size}; must be >= 2 for a BatchNorm model "
+                         "(a batch of 1 trains nothing)")
+    for c in manifest["clients"]:
+        counts = c.get("train_domain_counts") or {c["domain"]: c["n_train"]}
+        n = sum(v for d, v in counts.items() if d != target)
+        if 0 < n < 2:
+            raise ParamError(f"client {c['id']}: {n} training sample with held-out {target}: BatchNorm needs a batch "
+                             "of at least 2 (lower partition.clients_per_domain or partition.val_fraction)")
 
 
 def local_config(cfg: dict):
@@ -108,7 +108,7 @@ def load_manifest_clients(shards: Path) -> list[dict]:
     return load_manifest(shards)["clients"]
 
 
-def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, out: Path, params_path: Path,
+def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int | str, out: Path, params_path: Path,
           checkpoints: Path) -> None:
     import numpy as np
     import torch
@@ -120,15 +120,17 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
     from pipeline.tracking import ChildRun, code_hash, dvc_experiment_name, git_commit, params_hash, parent_run_id
 
-    params = load_params(params_path)
-    check_sweep(params)  # before any data is read and before MLflow
+    params = load_params(params_path)  # the whole file, before any data is read and before MLflow
     cfg = train_config(params, algorithm)
-    manifest = load_manifest(shards)
+    held_out = held_out_entry(held_out)
+    manifest = load_manifest(shards)  # metadata only: the held-out domain and the clients' sizes
     domains, classes = list(manifest["domains"]), list(manifest["classes"])
-    if not 0 <= held_out < len(domains):
-        raise ValueError(f"params.yaml: train.held_out index {held_out} out of range for {len(domains)} domains {domains}")
-    target = domains[held_out]
+    resolve_held_out(manifest, params["train"]["held_out"])
+    target = resolve_held_out(manifest, [held_out], key="--held-out")[0]
     sources = [d for d in domains if d != target]
+    alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
+    check_batches(manifest, target, alg.local.batch_size,
+                  f"train.{algorithm}.batch_size" if alg.local.batch_size != cfg["batch_size"] else "train.batch_size")
     backbone, pretrained = resolve_model(cfg)
     device = resolve_device(cfg["device"])
     LOG(f"train {algorithm} seed {seed}: held-out {target}, sources {sources}, {backbone} on {device}")
@@ -142,7 +144,6 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
                         torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
     del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
 
-    alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
     torch.manual_seed(seed)
     model = alg.build_model(backbone, len(classes), pretrained, alg.hp).to(device)
 
@@ -175,7 +176,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
             from fedccrl_flower.run import train_with_flower
 
             result = train_with_flower(
-                get(params, "train.flower", dict, default={}), algorithm=algorithm, local=alg.local, hparams=alg.hp,
+                get(params, "train.flower", {}), algorithm=algorithm, local=alg.local, hparams=alg.hp,
                 backbone=backbone, pretrained=pretrained, num_classes=len(classes), seed=seed, held_out=target,
                 shards=shards, pools=pools, device=cfg["device"], eval_batch_size=cfg["eval_batch_size"],
                 client_fraction=cfg["client_fraction"], checkpoint=ckpt, run_info={"run_key": run_key},
@@ -196,7 +197,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     meta = {"backbone": backbone, "num_classes": len(classes), "classes": classes,
             "image_size": manifest["image_size"], "mean": list(cfg["mean"]), "std": list(cfg["std"]),
             "resize": manifest.get("resize_policy", "resize SxS bilinear"), "dataset": cfg["dataset"],
-            "domains": domains, "held_out_domain": target, "held_out_index": held_out, "algorithm": algorithm,
+            "domains": domains, "held_out_domain": target, "held_out_index": domains.index(target), "algorithm": algorithm,
             "seed": seed, "hparams": alg.hp, "params_hash": run_key, "git_commit": commit, "mlflow_run_id": run.run_id,
             "mlflow_experiment_id": run.experiment_id}
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -230,7 +231,8 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
 @click.option("--pools", type=click.Path(path_type=Path), required=True)
 @click.option("--algorithm", required=True)
 @click.option("--seed", type=int, required=True)
-@click.option("--held-out", type=int, required=True, help="index into the dataset's domains")
+@click.option("--held-out", required=True,
+              help="the held-out domain: its name, or its index in the manifest's domain order (pipeline/params.py)")
 @click.option("--out", type=click.Path(path_type=Path), required=True)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 @click.option("--checkpoints", type=click.Path(path_type=Path), default=Path(".fedccrl/checkpoints"),

@@ -118,7 +118,7 @@ class CCSTParams(HParams):
 
     def selected_problems(self, key: str) -> list[str]:
         if self.adain_weights is None:
-            return [f"key '{key}.adain_weights': got None; CCST needs the AdaIN weights: set it to "
+            return [f"params.yaml: key '{key}.adain_weights': got None; CCST needs the AdaIN weights: set it to "
                     "{vgg: <path|url>, decoder: <path|url>} (or one combined file) and adain_sha256 to their sha256"]
         return []
 
