@@ -80,11 +80,10 @@ def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> li
     missing = [str(d) for d in wanted if not (d / "history.json").is_file()]
     if missing:
         raise FileNotFoundError(f"trained runs missing (run the train stages first): {', '.join(missing[:4])}")
-    run_dirs = wanted
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     docs = [evaluate(shards, d, tmp / d.relative_to(models).parent / f"{d.name}.json", params_path, cfg)
-            for d in run_dirs]
+            for d in wanted]
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
