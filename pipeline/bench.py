@@ -25,12 +25,13 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from pipeline.train import load_clients, local_config, resolve_model, train_config
 
     params = load_params(params_path)
+    cfgs = {a: train_config(params, a) for a in algorithms}  # every algorithm's params, before any training
     manifest = load_manifest(shards)
     domains = list(manifest["domains"])
     acc: dict = {}
     t0 = time.perf_counter()
     for alg_name in algorithms:
-        cfg = train_config(params, alg_name)
+        cfg = cfgs[alg_name]
         backbone, pretrained = resolve_model(cfg)
         device = resolve_device(cfg["device"])
         for target in domains:

@@ -29,7 +29,7 @@ from fedccrl_core.models import BACKBONES
 from fedccrl_flower.settings import FlowerSettings
 
 __all__ = ["ParamError", "ParamsFile", "load_config", "load_params", "check_config", "held_out_entry",
-           "resolve_held_out", "run_dirs"]
+           "resolve_held_out", "check_batches", "run_dirs"]
 
 _MISSING = object()
 
@@ -67,7 +67,9 @@ class PreprocessParams(Declared):
 
 class PartitionParams(Declared):
     clients_per_domain: int = Field(ge=1)
-    val_fraction: float = Field(ge=0, lt=1)  # a client needs training samples: 1 would leave none
+    # 1 leaves a client no training samples; 0 no source validation, so train's best-val model (best.pt) would be
+    # the untrained round-0 model and evaluate's best_val_target_acc meaningless
+    val_fraction: float = Field(gt=0, lt=1)
     dirichlet_alpha: float | None = Field(None, gt=0)
     seed: int
     num_clients: int | None = Field(None, ge=1)
@@ -160,9 +162,10 @@ def _line(key: str, value: Any, what: str) -> str:
     return f"params.yaml: key '{key}': got {value!r}; {what}"
 
 
-def check_config(cfg: ParamsFile) -> list[str]:
+def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = ()) -> list[str]:
     """Problems that involve more than one key: held_out against the dataset's domains, the backbone against
-    `pretrained`, and what a listed algorithm needs of its own group. One line each."""
+    `pretrained`, and what an algorithm to be trained (listed in train.algorithms, or `run_algorithms`: a stage's
+    --algorithm) needs of its own group. One line each."""
     out = []
     spec = REGISTRY[cfg.dataset.name]
     if spec.domains:  # imagefolder discovers its domains: checked against the manifest by the train stage
@@ -188,7 +191,7 @@ def check_config(cfg: ParamsFile) -> list[str]:
         out.append(_line("model.pretrained", cfg.model.pretrained,
                          f"{backbone} (model.backbone {cfg.model.backbone!r}) has no pretrained weights: use none"
                          + (" or auto" if spec.pretrained == "none" else "")))
-    for name in cfg.train.algorithms:
+    for name in dict.fromkeys([*cfg.train.algorithms, *run_algorithms]):
         out += getattr(cfg.train, name).selected_problems(f"train.{name}")
     return out
 
@@ -218,10 +221,11 @@ def read_yaml(path: str | Path = "params.yaml") -> dict:
     return data
 
 
-def validate_params(data: dict) -> ParamsFile:
-    """The whole file, typed; ParamError listing every problem (one line each)."""
+def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsFile:
+    """The whole file, typed; ParamError listing every problem (one line each). `run_algorithms`: registered
+    algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `bench-accuracy`)."""
     cfg = validate(ParamsFile, data)
-    problems = check_config(cfg)
+    problems = check_config(cfg, tuple(run_algorithms))
     if problems:
         raise ParamError(*problems)
     return cfg
@@ -280,6 +284,22 @@ def resolve_held_out(manifest: dict, entries: list, key: str = "train.held_out")
     if problems:
         raise ParamError(*problems)
     return names
+
+
+def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> None:
+    """Every source client must get a batch of >= 2 samples (BatchNorm, which every backbone has, cannot train on
+    one; the local loop skips such batches, so the client would train nothing). From the manifest's counts only,
+    before any shard is read."""
+    if batch_size < 2:
+        raise ParamError(f"params.yaml: key '{key}': got {batch_size}; must be >= 2 for a BatchNorm model "
+                         "(a batch of 1 trains nothing)")
+    for c in manifest["clients"]:
+        counts = c.get("train_domain_counts") or {c["domain"]: c["n_train"]}
+        n = sum(v for d, v in counts.items() if d != target)
+        if 0 < n < 2:
+            raise ParamError(f"data/shards manifest: client {c['id']} has {n} training sample without the held-out "
+                             f"domain {target}; BatchNorm needs a batch of at least 2 (fewer "
+                             "partition.clients_per_domain or a lower partition.val_fraction)")
 
 
 def run_dirs(cfg: ParamsFile, root: Path) -> list[Path]:

@@ -17,7 +17,8 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
-from pipeline.params import ParamError, get, held_out_entry, load_params, resolve_held_out, validate_params
+from pipeline.params import (ParamError, check_batches, get, held_out_entry, load_params, resolve_held_out,
+                             validate_params)
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -31,7 +32,7 @@ def train_config(params: dict, algorithm: str) -> dict:
     if algorithm not in ALGORITHMS:
         raise ParamError(f"--algorithm: got {algorithm!r}; must be one of {', '.join(ALGORITHMS)} "
                          "(params.yaml train.algorithms)")
-    validate_params(params)
+    validate_params(params, (algorithm,))
     t = params["train"]
     return {
         "dataset": params["dataset"]["name"],
@@ -44,21 +45,6 @@ def train_config(params: dict, algorithm: str) -> dict:
         "eval_batch_size": params["evaluate"]["batch_size"],
         "hparams": t.get(algorithm) or {},
     }
-
-
-def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> None:
-    """Every source client must get a batch of >= 2 samples (BatchNorm, which every backbone has, cannot train on
-    one; the local loop skips such batches, so the client would train nothing). From the manifest's counts only,
-    before any shard is read."""
-    if batch_size < 2:
-        raise ParamError(f"params.yaml: key '{key}': got {batch_size}; must be >= 2 for a BatchNorm model "
-                         "(a batch of 1 trains nothing)")
-    for c in manifest["clients"]:
-        counts = c.get("train_domain_counts") or {c["domain"]: c["n_train"]}
-        n = sum(v for d, v in counts.items() if d != target)
-        if 0 < n < 2:
-            raise ParamError(f"client {c['id']}: {n} training sample with held-out {target}: BatchNorm needs a batch "
-                             "of at least 2 (lower partition.clients_per_domain or partition.val_fraction)")
 
 
 def local_config(cfg: dict):
