@@ -231,3 +231,47 @@ def params_from_defaults(name: str, defaults: dict) -> type[HParams]:
 
     fields = {k: ((type(v) if v is not None else Any), Field(v, description="")) for k, v in defaults.items()}
     return create_model(name, __base__=HParams, **fields)
+
+
+# ---- the documentation table ---------------------------------------------------------------------------
+def _type_name(ann: Any) -> str:
+    """A declared annotation in the words the errors use: int, number, bool, string, list, mapping, a | b."""
+    from typing import Annotated, Literal, Union, get_origin
+    import types
+
+    origin, args = get_origin(ann), get_args(ann)
+    if ann is type(None):
+        return "null"
+    if origin is Literal:
+        return " \\| ".join(str(a) for a in args)
+    if origin is Annotated:
+        return _type_name(args[0])
+    if origin in (Union, types.UnionType):
+        return " or ".join(dict.fromkeys(_type_name(a) for a in args))
+    if origin is not None:
+        return {list: "list", tuple: "list", dict: "mapping"}.get(origin, str(origin))
+    return {int: "int", float: "number", bool: "bool", str: "string", dict: "mapping", list: "list"}.get(
+        ann, getattr(ann, "__name__", str(ann)))
+
+
+def markdown(groups: dict[str, type[HParams]]) -> str:
+    """docs/hyperparameters.md: one table per `train.<name>` group, each row a declared hyperparameter's key, type,
+    default, allowed range and source, straight from the declarations (a test keeps the file equal to this)."""
+    out = ["# Hyperparameters", "",
+           "Generated from each algorithm's declaration (`Params` in `fedccrl_core/algorithms/<name>.py`) by",
+           "`make hyperparameters-doc`; a test fails when this file and the declarations disagree. params.yaml's",
+           "`train.<algorithm>` groups hold these defaults; `-S train.<algorithm>.<key>=<value>` overrides one.", ""]
+    for name, params in groups.items():
+        out += [f"## `train.{name}`", ""]
+        if not params.model_fields:
+            out += ["No hyperparameters (the group is empty: `{}`).", ""]
+            continue
+        out += ["| key | type | default | allowed | source |", "|---|---|---|---|---|"]
+        for key, f in params.model_fields.items():
+            default = "null" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
+                else _num(f.default)
+            source = (f.description or "").replace("|", "\\|")
+            out.append(f"| `{key}` | {_type_name(f.annotation)} | `{default}` | {describe_bounds(f)} | "
+                       f"{source} |")
+        out.append("")
+    return "\n".join(out)
