@@ -29,7 +29,7 @@ from fedccrl_core.models import BACKBONES
 from fedccrl_flower.settings import FlowerSettings
 
 __all__ = ["ParamError", "ParamsFile", "load_config", "load_params", "check_config", "held_out_entry",
-           "resolve_held_out", "check_batches", "run_dirs"]
+           "resolve_held_out", "check_batches", "check_train", "run_dirs"]
 
 _MISSING = object()
 
@@ -300,6 +300,25 @@ def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> Non
             raise ParamError(f"data/shards manifest: client {c['id']} has {n} training sample without the held-out "
                              f"domain {target}; BatchNorm needs a batch of at least 2 (fewer "
                              "partition.clients_per_domain or a lower partition.val_fraction)")
+
+
+def check_train(params: dict, manifest: dict, algorithm: str, held_out: list) -> list[str]:
+    """Everything a train run is checked against before any shard is read and before MLflow: the held-out entries
+    it trains (`--held-out` values: names or indices) and train.held_out against the manifest's domains, and every
+    source client's BatchNorm batch under the batch size the algorithm trains with (FedBN's own 64 replaces
+    train.batch_size). `params` has passed validate_params(params, (algorithm,)). Returns the held-out domains'
+    names, in the order given."""
+    from fedccrl_core.algorithms import LocalConfig, build_algorithm
+
+    resolve_held_out(manifest, params["train"]["held_out"])
+    targets = resolve_held_out(manifest, [held_out_entry(h) for h in held_out], key="--held-out")
+    alg = build_algorithm(algorithm, LocalConfig(batch_size=params["train"]["batch_size"]),
+                          params["train"].get(algorithm))
+    # an algorithm whose own batch_size replaces train.batch_size (local_bn.py: FedBN, SiloBN, FedFD(-A))
+    key = f"train.{algorithm}.batch_size" if alg.hp.get("batch_size") is not None else "train.batch_size"
+    for target in targets:
+        check_batches(manifest, target, alg.local.batch_size, key)
+    return targets
 
 
 def run_dirs(cfg: ParamsFile, root: Path) -> list[Path]:

@@ -17,8 +17,7 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
-from pipeline.params import (ParamError, check_batches, get, held_out_entry, load_params, resolve_held_out,
-                             validate_params)
+from pipeline.params import ParamError, check_train, get, held_out_entry, load_params, validate_params
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -110,13 +109,10 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int | 
     cfg = train_config(params, algorithm)
     held_out = held_out_entry(held_out)
     manifest = load_manifest(shards)  # metadata only: the held-out domain and the clients' sizes
+    (target,) = check_train(params, manifest, algorithm, [held_out])  # before any shard is read, before MLflow
     domains, classes = list(manifest["domains"]), list(manifest["classes"])
-    resolve_held_out(manifest, params["train"]["held_out"])
-    target = resolve_held_out(manifest, [held_out], key="--held-out")[0]
     sources = [d for d in domains if d != target]
     alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
-    check_batches(manifest, target, alg.local.batch_size,
-                  f"train.{algorithm}.batch_size" if alg.local.batch_size != cfg["batch_size"] else "train.batch_size")
     backbone, pretrained = resolve_model(cfg)
     device = resolve_device(cfg["device"])
     LOG(f"train {algorithm} seed {seed}: held-out {target}, sources {sources}, {backbone} on {device}")

@@ -175,13 +175,15 @@ def test_batch_of_one_for_a_batchnorm_model(tiny, tmp_path, monkeypatch):
     _params(tmp_path, **{"train.batch_size": 1})
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
                     "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model")
-    from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
     from fedccrl_core.data.shards import load_manifest
-    from pipeline.params import check_batches
+    from pipeline.params import ParamError, check_train, load_params
 
-    fedbn = build_algorithm("fedbn", LocalConfig(batch_size=1))
-    assert fedbn.local.batch_size == ALGORITHMS["fedbn"].defaults["batch_size"] == 64  # fedfd-a.txt section 4.1
-    check_batches(load_manifest(tiny / "data" / "shards"), "sketch", fedbn.local.batch_size, "train.fedbn.batch_size")
+    params, manifest = load_params(tmp_path / "params.yaml"), load_manifest(tiny / "data" / "shards")
+    assert params["train"]["fedbn"]["batch_size"] == 64  # fedfd-a.txt section 4.1
+    assert check_train(params, manifest, "fedbn", ["sketch", 0]) == ["sketch", "photo"]
+    params["train"]["fedbn"]["batch_size"] = 1
+    with pytest.raises(ParamError, match=r"key 'train.fedbn.batch_size': got 1; must be an integer >= 2"):
+        check_train(params, manifest, "fedbn", ["sketch"])
 
 
 @pytest.mark.parametrize("client,target,ok", [
