@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see README) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: repro test test-slow bench bench-accuracy bench-table1 figures-docs clean-venv
+.PHONY: repro test test-slow bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -38,6 +38,9 @@ figures-docs: $(STAMP)  ## regenerate docs/*.png: FedCCRL and FedAvg on the embe
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc exp run -S 'train.algorithms=[fedccrl,fedavg]'
 	mkdir -p docs && cp plots/augmentation_preview.png plots/curves_sketch.png plots/tsne_sketch.png \
 	  plots/gradcam_sketch.png plots/confusion_fedccrl_sketch.png docs/
+
+hyperparameters-doc: $(STAMP)  ## regenerate docs/hyperparameters.md from the algorithms' declarations
+	$(BIN)/python -m fedccrl_core.algorithms > docs/hyperparameters.md
 
 clean-venv:
 	rm -rf $(VENV)

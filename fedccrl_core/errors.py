@@ -15,3 +15,12 @@ class ChecksumError(DataError):
 
 class UnsafeArchiveError(DataError):
     """An archive member would land outside the target (zip-slip, absolute path, symlink escape)."""
+
+
+class ParamError(FedCCRLError, ValueError):
+    """Bad parameters (params.yaml, a stage option): one line per problem, each naming the key, the value and
+    what is allowed (fedccrl_core/hparams.py `problems`)."""
+
+    def __init__(self, *lines: str):
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)

@@ -27,7 +27,7 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -39,6 +39,7 @@ from fedccrl_core.fsio import write_text
 from fedccrl_core.procs import die_with_parent
 from fedccrl_flower import messages as M
 from fedccrl_flower.server_app import ServerSpec, report_dir
+from fedccrl_flower.settings import FlowerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 APP_DIR = REPO / "flower_app"
@@ -49,46 +50,6 @@ LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
 class FlowerRunError(FedCCRLError, RuntimeError):
     """The Flower run failed; the message carries the ServerApp's reason (one line in `fedccrl train`)."""
-
-
-@dataclass
-class FlowerSettings:
-    """params.yaml `train.flower.*`."""
-
-    mode: str = "deployment"          # deployment | simulation
-    superlink: str = ""               # "" = start a local SuperLink (and SuperNodes) on 127.0.0.1
-    root_certificates: str = ""       # CA certificate of an external SuperLink (TLS); "" = --insecure
-    min_clients: int = 2              # fewest clients a round may aggregate
-    num_clients: int = 0              # SuperNodes to wait for before round 1 (0 = every source client)
-    wait_for_clients_s: float = 120.0
-    query_timeout_s: float = 60.0
-    train_timeout_s: float = 600.0
-    run_timeout_s: float = 0.0        # whole run (0 = no limit)
-    client_cpus: int = 1              # simulation: CPUs per ClientApp (Ray; Flower takes whole CPUs)
-    client_gpus: float = 0.0          # simulation: GPUs per ClientApp (Ray; e.g. 0.25 = 4 ClientApps per GPU)
-    ray_cpus: int = 0                 # simulation: CPUs Ray may use (0 = all)
-    client_threads: int = 0           # local deployment: torch threads per SuperNode (0 = cores / SuperNodes)
-
-    @classmethod
-    def from_mapping(cls, d: dict | None) -> "FlowerSettings":
-        d = dict(d or {})
-        names = {f.name: f for f in fields(cls)}
-        for k in d:
-            if k not in names:
-                raise ValueError(f"params.yaml: unknown key train.flower.{k} (known: {', '.join(names)})")
-        out = cls(**d)
-        if out.mode not in ("deployment", "simulation"):
-            raise ValueError(f"params.yaml: train.flower.mode must be deployment or simulation, got {out.mode!r}")
-        if out.mode == "simulation" and out.superlink:
-            raise ValueError("params.yaml: train.flower.superlink is for deployment; simulation starts its own")
-        for k in ("min_clients", "client_cpus"):
-            v = getattr(out, k)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"params.yaml: train.flower.{k} must be an int >= 1, got {v!r}")
-        for k in ("wait_for_clients_s", "query_timeout_s", "train_timeout_s"):
-            if not isinstance(getattr(out, k), (int, float)) or getattr(out, k) <= 0:
-                raise ValueError(f"params.yaml: train.flower.{k} must be a number > 0")
-        return out
 
 
 # ---- processes ------------------------------------------------------------------------------------

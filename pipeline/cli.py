@@ -56,7 +56,8 @@ def main():
 
 
 def run_stage(fn, *args, **kwargs):
-    """Run a stage body; turn the project's known errors into one clear line and exit code 2."""
+    """Run a stage body; turn the project's known errors into clear lines (`error: ...`, one per problem) and
+    exit code 2."""
     from pipeline.params import ParamError
 
     known = (ParamError, FileNotFoundError, ValueError)
@@ -73,7 +74,8 @@ def run_stage(fn, *args, **kwargs):
     try:
         return fn(*args, **kwargs)
     except known as e:
-        click.echo(f"error: {e}", err=True)
+        for line in str(e).splitlines() or [""]:  # a ParamError: one line per problem
+            click.echo(f"error: {line}", err=True)
         sys.exit(2)
     finally:
         _record_stage_time(fn, startup, time.perf_counter() - t0)

@@ -12,7 +12,7 @@ import threading
 import click
 
 from pipeline.cli import run_stage
-from pipeline.params import ParamError, get, load_params
+from pipeline.params import load_config
 
 
 def exit_cleanly_on_sigterm() -> None:
@@ -22,29 +22,13 @@ def exit_cleanly_on_sigterm() -> None:
 
 
 def _run(out: str, report: str, params_path: str) -> None:
+    cfg = load_config(params_path)  # the whole file, before anything is fetched
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.sources import prepare_raw
 
-    p = load_params(params_path)
-    spec = get_dataset(get(p, "dataset.name", str))
-    source = get(p, "dataset.source", str)
-    sha256 = get(p, "dataset.sha256", (str, dict, type(None)), default=None)
-    seed = get(p, "dataset.seed", int, default=0)
-    timeout_s = get(p, "download.timeout_s", (int, float))
-    deadline_s = get(p, "download.deadline_s", (int, float), default=None)  # absent: fedccrl_core.data.http's
-    retries = get(p, "download.retries", int)
-    max_bad = get(p, "download.max_bad_fraction", (int, float))
-    if timeout_s <= 0:
-        raise ParamError(f"params.yaml: key 'download.timeout_s' must be > 0, got {timeout_s!r}")
-    if deadline_s is not None and deadline_s < timeout_s:
-        raise ParamError(f"params.yaml: key 'download.deadline_s' (the whole download of one archive) must be a "
-                         f"number of seconds >= download.timeout_s={timeout_s}, got {deadline_s!r}")
-    if retries < 0:
-        raise ParamError(f"params.yaml: key 'download.retries' must be >= 0, got {retries!r}")
-    if not 0 <= max_bad <= 1:
-        raise ParamError(f"params.yaml: key 'download.max_bad_fraction' must be in [0, 1], got {max_bad!r}")
-    prepare_raw(spec, source, out, report, sha256=sha256, seed=seed, timeout_s=timeout_s, retries=retries,
-                max_bad_fraction=float(max_bad), **({"deadline_s": float(deadline_s)} if deadline_s is not None else {}))
+    ds, dl = cfg.dataset, cfg.download
+    prepare_raw(get_dataset(ds.name), ds.source, out, report, sha256=ds.sha256, seed=ds.seed, timeout_s=dl.timeout_s,
+                retries=dl.retries, max_bad_fraction=dl.max_bad_fraction, deadline_s=dl.deadline_s)
 
 
 @click.command()

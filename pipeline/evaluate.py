@@ -14,10 +14,10 @@ import click
 
 from fedccrl_core.fsio import atomic_dir, write_text
 from pipeline.cli import run_stage
-from pipeline.params import get, load_params
+from pipeline.params import load_config, run_dirs
 
 
-def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dict:
+def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> dict:
     import numpy as np
     import torch
 
@@ -26,9 +26,9 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dic
     from fedccrl_core.evaluation import confusion_matrix, predict
     from fedccrl_core.federation.engine import resolve_device
 
-    params = load_params(params_path)
-    bs = get(params, "evaluate.batch_size", int)
-    device = resolve_device(get(params, "train.device", str, default="auto"))
+    cfg = cfg or load_config(params_path)
+    bs = cfg.evaluate.batch_size
+    device = resolve_device(cfg.train.device)
     hist_path = model_dir / "history.json"
     if not hist_path.is_file():
         raise FileNotFoundError(f"{hist_path}: missing (was the train stage interrupted?)")
@@ -68,23 +68,22 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path) -> dic
 
 
 def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> list[dict]:
-    """Every trained run under models/<algorithm>/s<seed>/d<i> -> out/<algorithm>/s<seed>/d<i>.json,
+    """Every trained run under models/<algorithm>/s<seed>/d<held_out> -> out/<algorithm>/s<seed>/d<held_out>.json,
     written into a temp folder renamed into place at the end."""
-    params = load_params(params_path)  # only the runs of the current sweep: stale folders of older sweeps are skipped
-    wanted = [models / a / f"s{s}" / f"d{h}" for a in get(params, "train.algorithms", list)
-              for s in get(params, "train.seeds", list) for h in get(params, "train.held_out", list)]
+    cfg = load_config(params_path)  # only the runs of the current sweep: stale folders of older sweeps are skipped
+    wanted = run_dirs(cfg, models)
     missing = [str(d) for d in wanted if not (d / "history.json").is_file()]
     if missing:
         raise FileNotFoundError(f"trained runs missing (run the train stages first): {', '.join(missing[:4])}")
     with atomic_dir(out) as tmp:
-        return [evaluate(shards, d, tmp / d.relative_to(models).parent / f"{d.name}.json", params_path)
+        return [evaluate(shards, d, tmp / d.relative_to(models).parent / f"{d.name}.json", params_path, cfg)
                 for d in wanted]
 
 
 @click.command("evaluate")
 @click.option("--shards", type=click.Path(path_type=Path), required=True)
 @click.option("--models", type=click.Path(path_type=Path), required=True,
-              help="the train stages' output root: models/<algorithm>/s<seed>/d<i>")
+              help="the train stages' output root: models/<algorithm>/s<seed>/d<held_out>")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="results folder, one JSON per run")
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 def command(shards, models, out, params_path):

@@ -146,17 +146,14 @@ def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example, r
 def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summary: Path, min_agreement: float,
                  batch_size: int, registered_model: str | None, use_mlflow: bool) -> dict:
     """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
-    out/<algorithm>/s<seed>/d<i>/{model.onnx, parity.json}, and all parity figures in `summary`."""
-    from pipeline.params import get, load_params
+    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and all parity figures in `summary`."""
+    from pipeline.params import load_config, run_dirs
 
-    params = load_params(params_path)
-    runs = [(a, s, h) for a in get(params, "train.algorithms", list) for s in get(params, "train.seeds", list)
-            for h in get(params, "train.held_out", list)]
     results = {}
-    for a, s, h in runs:
-        key = f"{a}/s{s}/d{h}"
-        results[key] = export(models / a / f"s{s}" / f"d{h}" / "model.pt", shards, out / a / f"s{s}" / f"d{h}",
-                              min_agreement, batch_size, registered_model, None, use_mlflow)
+    for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
+        key = run.relative_to(models).as_posix()
+        results[key] = export(run / "model.pt", shards, out / key, min_agreement, batch_size, registered_model, None,
+                              use_mlflow)
     worst = min(r["top1_agreement"] for r in results.values())
     doc = {"min_top1_agreement": worst, "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
            "runs": results}

@@ -10,16 +10,17 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
+from pipeline.params import load_config
 from pipeline.tracking import timed
-from pipeline.params import get, load_params
 
 
 def _runs(models: Path, runs_dir: Path) -> list[dict]:
-    """The runs the evaluate stage reported (the current sweep), with their training histories."""
+    """The runs the evaluate stage reported (the current sweep), with their training histories: results/runs
+    mirrors the models/ layout (<algorithm>/s<seed>/d<held_out>.json for models/<algorithm>/s<seed>/d<held_out>)."""
     out = []
     for res in sorted(runs_dir.rglob("*.json")):
         r = json.loads(res.read_text())
-        hist = models / r["algorithm"] / f"s{r['seed']}" / f"d{r['held_out_index']}" / "history.json"
+        hist = models / res.relative_to(runs_dir).with_suffix("") / "history.json"
         doc = json.loads(hist.read_text())
         out.append({"dir": hist.parent, "meta": doc["meta"], "rounds": doc["rounds"], "result": r})
     if not out:
@@ -39,15 +40,13 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     from fedccrl_core.viz import figures as fig
     from fedccrl_core.viz.compute import augmentation_views, cams, representations, tsne_2d
 
+    cfg = load_config(params_path)  # the whole file, before anything is read or written
     final_out = out
     with atomic_dir(final_out) as out:  # .<out>.tmp-<pid>-<token>, renamed into place at the end
-        params = load_params(params_path)
-        seed = get(params, "figures.seed", int)
-        n_preview = get(params, "figures.preview_images", int)
-        n_tsne = get(params, "figures.tsne_points", int)
-        n_cam = get(params, "figures.gradcam_images", int)
-        fcfg = get(params, "train.fedccrl", dict)
-        mean, std = get(params, "preprocess.mean", list), get(params, "preprocess.std", list)
+        fp = cfg.figures
+        seed, n_preview, n_tsne, n_cam = fp.seed, fp.preview_images, fp.tsne_points, fp.gradcam_images
+        fcfg = cfg.train.fedccrl.model_dump()
+        mean, std = cfg.preprocess.mean, cfg.preprocess.std
         manifest = load_manifest(shards)
         classes = list(manifest["classes"])
         rng = np.random.default_rng(seed)
@@ -59,7 +58,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
         uploads = {}
         for cid in ids:
             mu, sigma = load_pool(pools, cid)
-            f_mu, f_sigma = sample_statistics(mu, sigma, float(fcfg.get("r", 0.1)), rng)  # Eq. 8
+            f_mu, f_sigma = sample_statistics(mu, sigma, fcfg["r"], rng)  # Eq. 8
             uploads[cid] = {"mu": f_mu, "sigma": f_sigma}
         aug = AugmentConfig.from_mapping(fcfg)
         rows = []

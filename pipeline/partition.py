@@ -9,27 +9,19 @@ import click
 
 from pipeline.cli import run_stage
 from pipeline.download import exit_cleanly_on_sigterm
-from pipeline.params import get, load_params
+from pipeline.params import load_config
 
 
 def _run(raw: str, out: str, params_path: str) -> None:
+    cfg = load_config(params_path)  # the whole file, before any image is read
     from fedccrl_core.data.registry import get_dataset, resolve_image_size
     from fedccrl_core.data.shards import partition
 
-    p = load_params(params_path)
-    spec = get_dataset(get(p, "dataset.name", str))
-    size_param = get(p, "preprocess.image_size", (int, str))
-    image_size = resolve_image_size(size_param, spec)
-    k = get(p, "partition.clients_per_domain", int)
-    val_fraction = get(p, "partition.val_fraction", (int, float))
-    alpha = get(p, "partition.dirichlet_alpha", (int, float, type(None)), default=None)
-    seed = get(p, "partition.seed", int)
-    scheme = get(p, "partition.scheme", str, default="per_domain")
-    num_clients = get(p, "partition.num_clients", int, default=None) if scheme == "feddg_bench" else None
-    lam = get(p, "partition.lambda", (int, float), default=None) if scheme == "feddg_bench" else None
-    partition(raw, out, spec, image_size, clients_per_domain=k, val_fraction=float(val_fraction),
-              dirichlet_alpha=None if alpha is None else float(alpha), seed=seed, scheme=scheme,
-              num_clients=num_clients, lam=None if lam is None else float(lam),
+    spec, size_param, p = get_dataset(cfg.dataset.name), cfg.preprocess.image_size, cfg.partition
+    feddg = p.scheme == "feddg_bench"
+    partition(raw, out, spec, resolve_image_size(size_param, spec), clients_per_domain=p.clients_per_domain,
+              val_fraction=p.val_fraction, dirichlet_alpha=p.dirichlet_alpha, seed=p.seed, scheme=p.scheme,
+              num_clients=p.num_clients if feddg else None, lam=p.lambda_ if feddg else None,
               params={"dataset.name": spec.name, "preprocess.image_size": size_param})
 
 

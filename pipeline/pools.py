@@ -8,14 +8,14 @@ import click
 
 from pipeline.cli import run_stage
 from pipeline.download import exit_cleanly_on_sigterm
-from pipeline.params import get, load_params
+from pipeline.params import load_config
 
 
 def _run(shards: str, out: str, params_path: str) -> None:
+    cfg = load_config(params_path)  # the whole file, before any shard is read
     from fedccrl_core.data.pools import build_pools
 
-    p = load_params(params_path)
-    build_pools(shards, out, get(p, "preprocess.mean", list), get(p, "preprocess.std", list))
+    build_pools(shards, out, cfg.preprocess.mean, cfg.preprocess.std)
 
 
 @click.command()

@@ -31,7 +31,12 @@ def _mean_std(vals: list[float]) -> dict:
     return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
 
 
-def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path) -> dict:
+def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
+           params_path: Path | None = None) -> dict:
+    if params_path is not None:  # the stage validates the whole params file first, as every stage does
+        from pipeline.params import load_config
+
+        load_config(params_path)
     files = sorted(runs_dir.rglob("*.json"))
     if not files:
         raise FileNotFoundError(f"{runs_dir}: no evaluation results (run the evaluate stage first)")
@@ -138,6 +143,7 @@ def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
 @click.option("--metrics", "metrics_out", type=click.Path(path_type=Path), required=True)
 @click.option("--table", "table_out", type=click.Path(path_type=Path), required=True)
 @click.option("--curves", "curves_out", type=click.Path(path_type=Path), required=True)
-def command(runs_dir, metrics_out, table_out, curves_out):
+@click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
+def command(runs_dir, metrics_out, table_out, curves_out, params_path):
     """Mean ± std across seeds per held-out domain; the paper-style table."""
-    run_stage(report, runs_dir, metrics_out, table_out, curves_out)
+    run_stage(report, runs_dir, metrics_out, table_out, curves_out, params_path)

@@ -1,6 +1,6 @@
 """`fedccrl train`: federated training of one (algorithm, seed) for each held-out domain, in one process.
 
-For held-out index i it writes <out>/d<i>/model.pt (final global model), best.pt (global model at the
+For each held-out entry h (a domain name or its index, pipeline/params.py) it writes <out>/d<h>/model.pt (final global model), best.pt (global model at the
 round of best source-validation accuracy), history.json and history.csv (per-round metrics), all at
 once at the end. One process per (algorithm, seed) instead of one per run saves the ~5 s of imports and
 MLflow start-up each run used to pay (issue 15); on the CPU the held-out domains train side by side in
@@ -19,48 +19,33 @@ from pathlib import Path
 import click
 
 from pipeline.cli import run_stage
-from pipeline.params import check_sweep, get, load_params
+from pipeline.params import ParamError, check_train, get, held_out_entry, load_params, validate_params
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
 
 def train_config(params: dict, algorithm: str) -> dict:
-    """Validate and collect every param the run depends on (one error line naming the key)."""
+    """Every param the run depends on, from the validated params file (pipeline/params.py); ParamError with one
+    line per problem. The raw values are kept (e.g. an int lr stays an int), so a run's key and its MLflow params
+    are those of params.yaml as written."""
     from fedccrl_core.algorithms import ALGORITHMS
 
     if algorithm not in ALGORITHMS:
-        raise ValueError(f"params.yaml: train.algorithms has unknown algorithm {algorithm!r}; "
-                         f"choose from {', '.join(ALGORITHMS)}")
-    num = (int, float)
-    cfg = {
-        "dataset": get(params, "dataset.name", str),
-        "backbone": get(params, "model.backbone", str),
-        "pretrained": get(params, "model.pretrained", str),
-        "mean": get(params, "preprocess.mean", list), "std": get(params, "preprocess.std", list),
-        "engine": get(params, "train.engine", str, choices=("inprocess", "flower")),
-        "device": get(params, "train.device", str, choices=("auto", "cpu", "cuda")),
-        "rounds": get(params, "train.rounds", int), "local_epochs": get(params, "train.local_epochs", int),
-        "batch_size": get(params, "train.batch_size", int), "lr": get(params, "train.lr", num),
-        "weight_decay": get(params, "train.weight_decay", num),
-        "lr_schedule": get(params, "train.lr_schedule", str, choices=("cosine", "constant")),
-        "client_fraction": get(params, "train.client_fraction", num),
-        "fast": get(params, "train.fast", bool, default=True),
-        "concurrent_clients": get(params, "train.concurrent_clients", (str, int), default="auto"),
-        "client_state": get(params, "train.client_state", str, choices=("persistent", "stateless"),
-                            default="persistent"),
-        "eval_batch_size": get(params, "evaluate.batch_size", int, default=256),
-        "hparams": get(params, f"train.{algorithm}", dict, default={}) or {},
+        raise ParamError(f"--algorithm: got {algorithm!r}; must be one of {', '.join(ALGORITHMS)} "
+                         "(params.yaml train.algorithms)")
+    validate_params(params, (algorithm,))
+    t = params["train"]
+    return {
+        "dataset": params["dataset"]["name"],
+        "backbone": params["model"]["backbone"], "pretrained": params["model"]["pretrained"],
+        "mean": params["preprocess"]["mean"], "std": params["preprocess"]["std"],
+        **{k: t[k] for k in ("engine", "device", "rounds", "local_epochs", "batch_size", "lr", "weight_decay",
+                             "lr_schedule", "client_fraction")},
+        "fast": t.get("fast", True), "concurrent_clients": t.get("concurrent_clients", "auto"),
+        "client_state": t.get("client_state", "persistent"),
+        "eval_batch_size": params["evaluate"]["batch_size"],
+        "hparams": t.get(algorithm) or {},
     }
-    for k in ("rounds", "local_epochs", "batch_size"):
-        if cfg[k] < 1:
-            raise ValueError(f"params.yaml: key 'train.{k}' must be >= 1, got {cfg[k]}")
-    cc = cfg["concurrent_clients"]
-    if cc != "auto" and (not isinstance(cc, int) or cc < 1):
-        raise ValueError(f"params.yaml: key 'train.concurrent_clients' must be auto or an integer >= 1, got {cc!r}")
-    for k in ("mean", "std"):
-        if len(cfg[k]) != 3 or not all(isinstance(v, num) for v in cfg[k]):
-            raise ValueError(f"params.yaml: key 'preprocess.{k}' must be a list of 3 numbers")
-    return cfg
 
 
 def local_config(cfg: dict):
@@ -110,27 +95,27 @@ def load_manifest_clients(shards: Path) -> list[dict]:
     return load_manifest(shards)["clients"]
 
 
-def plan_runs(params: dict, cfg: dict, manifest: dict, algorithm: str, seed: int, held_out: list[int],
-              out: Path, checkpoints: Path, alg_hp: dict) -> list[dict]:
-    """One job per held-out domain: everything a worker needs (plain data, picklable), its run key (the hash
-    of everything that determines the run, naming its round checkpoint) and its output folder out/d<i>."""
+def plan_runs(params: dict, cfg: dict, manifest: dict, algorithm: str, seed: int, held_out: list,
+              targets: list[str], out: Path, checkpoints: Path, alg_hp: dict) -> list[dict]:
+    """One job per held-out entry (checked by check_train; `targets` are their domain names): everything a
+    worker needs (plain data, picklable), its run key (the hash of everything that determines the run, naming
+    its round checkpoint) and its output folder out/d<entry>."""
     from pipeline.tracking import code_hash, params_hash
 
     domains = list(manifest["domains"])
     backbone, pretrained = resolve_model(cfg)
     jobs = []
-    for i in held_out:
-        if not 0 <= i < len(domains):
-            raise ValueError(f"params.yaml: train.held_out index {i} out of range for {len(domains)} domains {domains}")
+    for h, target in zip(held_out, targets):
+        i = domains.index(target)
         run_params = {**{k: v for k, v in cfg.items() if k != "hparams"}, "backbone": backbone,
                       "pretrained": pretrained, "algorithm": algorithm, "seed": seed, "held_out": domains[i],
                       algorithm: alg_hp, "partition": params.get("partition"), "image_size": manifest["image_size"]}
         run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
-        ckpt = checkpoints / f"{algorithm}-s{seed}-d{i}" / f"{run_key}.pt"
+        ckpt = checkpoints / f"{algorithm}-s{seed}-d{h}" / f"{run_key}.pt"
         jobs.append({"index": i, "target": domains[i], "sources": [d for d in domains if d != domains[i]],
                      "algorithm": algorithm, "seed": seed, "cfg": cfg, "backbone": backbone,
                      "pretrained": pretrained, "run_params": run_params, "run_key": run_key, "ckpt": ckpt,
-                     "out": out / f"d{i}", "flower": get(params, "train.flower", dict, default={}),
+                     "out": out / f"d{h}", "flower": get(params, "train.flower", {}),
                      "domains": domains, "classes": list(manifest["classes"]),
                      "image_size": manifest["image_size"], "resize": manifest.get("resize_policy", "resize SxS bilinear")})
     return jobs
@@ -307,21 +292,20 @@ def run_jobs(jobs: list[dict], workers: int, shards: Path, pools: Path, start, o
             p.join(10)
 
 
-def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list[int] | None, out: Path,
+def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list | None, out: Path,
           params_path: Path, checkpoints: Path, workers: str = "auto") -> None:
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.fsio import write_text
     from pipeline.tracking import ChildRun, dvc_experiment_name, git_commit, params_hash, parent_run_id
 
-    params = load_params(params_path)
-    check_sweep(params)  # before any data is read and before MLflow
+    params = load_params(params_path)  # the whole file, before any data is read and before MLflow
     cfg = train_config(params, algorithm)
-    manifest = load_manifest(shards)
-    if not held_out:
-        held_out = get(params, "train.held_out", list)
-    alg_hp = build_algorithm(algorithm, local_config(cfg), cfg["hparams"]).hp  # validates train.<algorithm>
-    jobs = plan_runs(params, cfg, manifest, algorithm, seed, held_out, out, checkpoints, alg_hp)
+    held_out = [held_out_entry(h) for h in held_out] if held_out else list(params["train"]["held_out"])
+    manifest = load_manifest(shards)  # metadata only: the held-out domains and the clients' sizes
+    targets = check_train(params, manifest, algorithm, held_out)  # before any shard is read, before MLflow
+    alg_hp = build_algorithm(algorithm, local_config(cfg), cfg["hparams"]).hp
+    jobs = plan_runs(params, cfg, manifest, algorithm, seed, held_out, targets, out, checkpoints, alg_hp)
     n_workers = worker_count(workers, cfg, len(jobs))
 
     sweep_params = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
@@ -374,10 +358,11 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list[i
 @click.option("--pools", type=click.Path(path_type=Path), required=True)
 @click.option("--algorithm", required=True)
 @click.option("--seed", type=int, required=True)
-@click.option("--held-out", type=int, multiple=True,
-              help="index into the dataset's domains (repeatable); default: params.yaml train.held_out")
+@click.option("--held-out", multiple=True,
+              help="a held-out domain: its name, or its index in the manifest's domain order (pipeline/params.py); "
+                   "repeatable; default: params.yaml train.held_out")
 @click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="folder of this (algorithm, seed): each held-out index i is written to <out>/d<i>")
+              help="folder of this (algorithm, seed): each held-out entry h is written to <out>/d<h>")
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 @click.option("--checkpoints", type=click.Path(path_type=Path), default=Path(".fedccrl/checkpoints"),
               help="round checkpoints for resume (outside the DVC output)")

@@ -71,7 +71,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
     _params(tmp_path, dataset__name="imagenet")
     code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/r.json", monkeypatch=monkeypatch)
     assert code == 2 and err.strip().splitlines() == [err.strip()]
-    assert err.startswith("error: params.yaml: dataset.name 'imagenet' is not a registered dataset")
+    assert err.startswith("error: params.yaml: key 'dataset.name': got 'imagenet'; must be one of synthetic, pacs")
     _params(tmp_path, dataset__source=str(tmp_path / "missing.zip"))
     code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/r.json", "--params", "params.yaml",
                      monkeypatch=monkeypatch)
@@ -79,6 +79,9 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
     _params(tmp_path, partition__val_fraction=1.5)
     code, err = _cli(tmp_path, "partition", "--raw", "nowhere", "--out", "data/shards", monkeypatch=monkeypatch)
     assert code == 2 and "partition.val_fraction" in err
+    code, err = _cli(tmp_path, "pools", "--shards", "nowhere", "--out", "data/pools", monkeypatch=monkeypatch)
+    assert code == 2 and "partition.val_fraction" in err  # every stage validates the whole params file first
+    _params(tmp_path)
     code, err = _cli(tmp_path, "pools", "--shards", "nowhere", "--out", "data/pools", monkeypatch=monkeypatch)
     assert code == 2 and "nowhere/manifest.json: shard manifest not found" in err
     _params(tmp_path, download__retries=-1)

@@ -49,10 +49,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_one_round_on_embedded_default(embedded, algorithm):
     base, params = embedded
-    params = {**params, "train": {**params["train"], "rounds": 1, "local_epochs": 1, "device": "cpu"}}
-    cfg = train_config(params, algorithm)
-    if algorithm == "ccst":
-        cfg["hparams"] = {**cfg["hparams"], "adain_weights": "random"}
+    params = {**params, "train": {**params["train"], "rounds": 1, "local_epochs": 1, "device": "cpu",
+                                  "ccst": {**params["train"]["ccst"], "adain_weights": "random"}}}
+    cfg = train_config(params, algorithm)  # validates CCST's group when CCST is the one trained
     manifest = load_manifest(base / "shards")
     domains = list(manifest["domains"])
     target, sources = domains[3], domains[:3]

@@ -242,10 +242,12 @@ def test_fedfd_a_alternating_updates_keep_the_objectives_apart():
 
 
 def test_bad_params_name_the_key():
-    for key, value in (("lambda1", 1.5), ("statistics", "batch"), ("u_sampling", "normal"), ("u_low", 2.0),
+    for key, value in (("lambda1", 1.5), ("statistics", "batch"), ("u_sampling", "normal"),
                        ("diversification", "yes")):
         with pytest.raises(ValueError, match=f"train.fedfd.{key}"):
             FedFD(LocalConfig(), {key: value})
+    with pytest.raises(ValueError, match=r"train\.fedfd\.u_high': got 1\.0 \(the default\); must be >= u_low \(2\)"):
+        FedFD(LocalConfig(), {"u_low": 2.0})
     for key, value in (("adapter_reduction", 0), ("inference", "tbn"), ("adapter_init_alpha", 2)):
         with pytest.raises(ValueError, match=f"train.fedfd_a.{key}"):
             FedFDA(LocalConfig(), {key: value})

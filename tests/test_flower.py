@@ -317,13 +317,13 @@ def test_flower_settings_validation():
     from fedccrl_flower.run import FlowerSettings
 
     assert FlowerSettings.from_mapping({"mode": "simulation", "min_clients": 3}).min_clients == 3
-    with pytest.raises(ValueError, match="unknown key train.flower.min_client "):
+    with pytest.raises(ValueError, match="'train.flower.min_client': unknown key"):
         FlowerSettings.from_mapping({"min_client": 2})
-    with pytest.raises(ValueError, match="train.flower.mode"):
+    with pytest.raises(ValueError, match="'train.flower.mode': got 'grpc'; must be one of deployment, simulation"):
         FlowerSettings.from_mapping({"mode": "grpc"})
-    with pytest.raises(ValueError, match="min_clients"):
+    with pytest.raises(ValueError, match="'train.flower.min_clients': got 0; must be an integer >= 1"):
         FlowerSettings.from_mapping({"min_clients": 0})
-    with pytest.raises(ValueError, match="train.flower.client_cpus must be an int"):  # Flower's uint32
+    with pytest.raises(ValueError, match="'train.flower.client_cpus': got 0.5; must be an integer"):  # Flower's uint32
         FlowerSettings.from_mapping({"client_cpus": 0.5})
 
 

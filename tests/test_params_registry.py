@@ -1,6 +1,7 @@
-"""params.yaml's `train.<algorithm>` groups agree with each algorithm's declared hyperparameters
-(`Algorithm.defaults`): every registered algorithm has a group (FedAvg's is empty, so dvc.yaml's
-`train.${item.algorithm}` resolves), with exactly the declared keys and the declared default values."""
+"""Everything spelled outside an algorithm's declaration (`Algorithm.Params`) is tested against it:
+params.yaml's `train.<algorithm>` groups (every registered algorithm has one, FedAvg's is empty, so dvc.yaml's
+`train.${item.algorithm}` resolves; exactly the declared keys and defaults), docs/hyperparameters.md, and dvc.yaml's
+params lists against the typed model of params.yaml (pipeline/params.py)."""
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,74 @@ def test_every_algorithm_resolves_in_dvc(tmp_path):
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, f"{name}: {r.stdout[-500:]} {r.stderr[-500:]}"
         assert f"--algorithm {name} " in r.stdout
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_hyperparameter_has_a_source(name):
+    """hp(default, source, ...): the paper's equation or table, a reference implementation, or our reason."""
+    params = ALGORITHMS[name].Params
+    missing = [k for k, src in params.sources().items() if len(src.strip()) < 10]
+    assert not missing, f"train.{name}: declare a source for {missing} (fedccrl_core/hparams.py hp())"
+
+
+def test_repository_params_validate():
+    from pipeline.params import load_config
+
+    cfg = load_config(ROOT / "params.yaml")
+    for name in ALGORITHMS:  # each group as the typed declaration reads it: the declared defaults
+        assert getattr(cfg.train, name).model_dump() == ALGORITHMS[name].defaults
+
+
+def test_hyperparameter_doc_is_generated_from_the_declarations():
+    from fedccrl_core.hparams import markdown
+
+    want = markdown({name: cls.Params for name, cls in ALGORITHMS.items()})
+    got = (ROOT / "docs" / "hyperparameters.md").read_text()
+    assert got == want, "docs/hyperparameters.md is stale: run `make hyperparameters-doc`"
+    for name, cls in ALGORITHMS.items():  # and it can fail: every key, default and bound is in it
+        for key, f in cls.Params.model_fields.items():
+            assert f"| `{key}` |" in want.split(f"## `train.{name}`")[1].split("\n## ")[0]
+
+
+def _dvc_params() -> dict[str, list[str]]:
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    return {name: [p for p in st.get("params", []) if isinstance(p, str)] for name, st in stages.items()}
+
+
+def _model_at(key: str):
+    """The pydantic field or model that a dotted params.yaml key names in pipeline/params.py's ParamsFile."""
+    from pydantic import BaseModel
+
+    from pipeline.params import ParamsFile
+
+    node = ParamsFile
+    for part in key.split("."):
+        assert isinstance(node, type) and issubclass(node, BaseModel), f"{key}: {part} is inside a value"
+        fields = {(f.alias or n): f for n, f in node.model_fields.items()}
+        assert part in fields, f"dvc.yaml names params key {key!r}, which params.yaml's model has not"
+        node = fields[part].annotation
+    return node
+
+
+def test_dvc_params_name_keys_of_the_typed_model():
+    """A dvc.yaml params entry that names no key of the typed model is a stage that never reruns when it should."""
+    for stage, keys in _dvc_params().items():
+        for key in keys:
+            if "${" in key:
+                continue
+            _model_at(key)
+
+
+def test_train_stage_depends_on_every_shared_train_setting():
+    """dvc.yaml's train stage lists every train.* setting of the typed model (a change retrains), its algorithm's
+    own group through train.${item.algorithm}, and no other algorithm's group (changing FedProx's mu must not
+    retrain FedCCRL)."""
+    from pipeline.params import TrainSweep
+
+    keys = set(_dvc_params()["train"])
+    matrix = {"held_out", "algorithms", "seeds"}  # the stage's matrix: each value is its own stage
+    shared = {f"train.{k}" for k in TrainSweep.model_fields} - {f"train.{k}" for k in matrix}
+    assert shared <= keys, f"dvc.yaml train stage misses {sorted(shared - keys)}"
+    assert "train.${item.algorithm}" in keys
+    assert not {f"train.{name}" for name in ALGORITHMS} & keys
+    assert not {f"train.{k}" for k in matrix} & keys

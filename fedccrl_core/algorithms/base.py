@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from fedccrl_core import fastpath
 from fedccrl_core.aggregation import WeightedSum
 from fedccrl_core.client import ClientData, ClientState
+from fedccrl_core.hparams import HParams, params_from_defaults, validate
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 
@@ -66,16 +67,21 @@ class StepContext:
 
 class Algorithm:
     name = "base"
-    # hyperparameters of this algorithm, with defaults: params.yaml `train.<name>.<key>` overrides them
+    # The hyperparameters of this algorithm, declared once (fedccrl_core/hparams.py): type, default, bounds
+    # and source of each. params.yaml `train.<name>.<key>` overrides a default.
+    Params: type[HParams] = HParams
+    # {key: default}, derived from Params when the class is created (kept for code that reads a plain dict)
     defaults: dict = {}
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "defaults" in cls.__dict__ and "Params" not in cls.__dict__:  # the older plain-dict form
+            cls.Params = params_from_defaults(f"{cls.__name__}Params", cls.__dict__["defaults"])
+        cls.defaults = cls.Params().model_dump()
 
     def __init__(self, local: LocalConfig, hparams: dict | None = None):
         self.local = local
-        unknown = set(hparams or {}) - set(self.defaults)
-        if unknown:
-            raise ValueError(f"params.yaml: unknown key(s) train.{self.name}.{sorted(unknown)[0]} "
-                             f"(known: {', '.join(sorted(self.defaults)) or 'none'})")
-        self.hp = {**self.defaults, **(hparams or {})}
+        self.hp = validate(self.Params, hparams or {}, prefix=f"train.{self.name}").model_dump()
 
     # ---- the model this algorithm trains ------------------------------------------------------
     @classmethod

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Literal
 
 import numpy as np
 import torch
@@ -53,9 +54,9 @@ from fedccrl_core.augment.adain import (
     stylize,
     to_u8,
 )
+from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.seeding import derive_seed
 
-STYLE_TYPES = ("overall", "single")
 TRANSFER_BATCH = 32  # images per encoder/decoder batch (the reference's batch)
 BANK, PLAN = "ccst_style_bank", "ccst_plan"  # keys of ClientState.extra
 STAT_KEYS = ("mu", "sigma")
@@ -102,20 +103,32 @@ def transfer_plan(n: int, bank_sizes: dict[str, int], own_id: str, K: int, rng: 
     return ids, clients.astype(np.int64), styles.astype(np.int64)
 
 
+class CCSTParams(HParams):
+    """train.ccst (ccst.txt)."""
+
+    style_type: Literal["overall", "single"] = hp("overall", "overall = Eq. 8 (Table 1's best) | single = Eq. 6-7")
+    K: int = hp(3, "augmentation level, K in 1..N clients (Alg. 1); Table 1's setting Overall, K = 3", ge=1)
+    J: int | None = hp(None, "single mode: styles per client; null = ceil(n_i / 32) (Sec. 4.2)", ge=1)
+    adain_weights: str | dict[str, str] | None = hp(
+        None, "the pretrained AdaIN VGG encoder and decoder (pytorch-AdaIN's vgg_normalised.pth, decoder.pth): "
+              "{vgg: <path|url>, decoder: <path|url>} or one combined file; 'random' = seeded random weights, "
+              "for tests only; required when ccst is trained")
+    adain_sha256: str | dict[str, str] | None = hp(None, "sha256 of adain_weights, in the same shape "
+                                                         "(a string or {vgg, decoder}); required with adain_weights")
+
+    def selected_problems(self, key: str) -> list[str]:
+        if self.adain_weights is None:
+            return [f"params.yaml: key '{key}.adain_weights': got None; CCST needs the AdaIN weights: set it to "
+                    "{vgg: <path|url>, decoder: <path|url>} (or one combined file) and adain_sha256 to their sha256"]
+        return []
+
+
 class CCST(Algorithm):
     name = "ccst"
-    defaults = {"style_type": "overall", "K": 3, "J": None, "adain_weights": None, "adain_sha256": None}
+    Params = CCSTParams
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
-        hp = self.hp
-        if hp["style_type"] not in STYLE_TYPES:
-            raise ValueError(f"params.yaml: train.ccst.style_type must be one of {STYLE_TYPES}, "
-                             f"got {hp['style_type']!r}")
-        if not isinstance(hp["K"], int) or hp["K"] < 1:
-            raise ValueError(f"params.yaml: train.ccst.K must be an integer >= 1, got {hp['K']!r}")
-        if hp["J"] is not None and (not isinstance(hp["J"], int) or hp["J"] < 1):
-            raise ValueError(f"params.yaml: train.ccst.J must be null or an integer >= 1, got {hp['J']!r}")
         self.style_bank: dict[str, dict[str, np.ndarray]] = {}  # server: B (Eq. 9-10)
         self.served: set[str] = set()  # server: clients that have trained with B
         self._datasets: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}  # client side: D^{C_n} (uint8, labels)

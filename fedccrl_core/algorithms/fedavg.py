@@ -2,11 +2,17 @@
 from __future__ import annotations
 
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.hparams import HParams
+
+
+class FedAvgParams(HParams):
+    """train.fedavg: FedAvg has no hyperparameters (the empty group keeps dvc.yaml's train.${item.algorithm}
+    resolvable)."""
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    defaults: dict = {}
+    Params = FedAvgParams
 
     def train_step(self, model, x, y, ctx):
         return cross_entropy_step(model, x, y)

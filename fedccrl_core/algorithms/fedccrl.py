@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from fedccrl_core.algorithms.base import Algorithm
+from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import sample_statistics
 from fedccrl_core.losses import fedccrl_loss
@@ -47,10 +48,28 @@ class StatisticsExchange:
         return {cid: dict(zip(("mu", "sigma"), pool_without(uploads, cid))) for cid in uploads}
 
 
+class FedCCRLParams(HParams):
+    """train.fedccrl (fedccrl-v2.txt)."""
+
+    r: float = hp(0.1, "Eq. 8: share of a client's per-sample statistics uploaded each round; Table 1 caption r = 0.1",
+                  gt=0, le=1)
+    alpha: float = hp(0.1, "Alg. 2 (CCDT/MixStyle): lambda ~ Beta(alpha, alpha); Sec. 4.2 alpha = 0.1", gt=0)
+    beta: float = hp(1.0, "Alg. 3 (DIFP/AugMix): Dirichlet(beta) chain weights and m ~ Beta(beta, beta); "
+                          "Sec. 4.2 beta = 1.0", gt=0)
+    severity: int = hp(3, "Alg. 3: AugMix operation severity; not stated, AugMix's (Hendrycks et al.) default 3",
+                       ge=1, le=10)
+    tau: float = hp(0.1, "Eq. 11: SupCon temperature; Sec. 4.2 tau = 0.1", gt=0)
+    lambda1: float = hp(0.1, "Eq. 15: weight of L_RA; not stated, the reference implementation's 0.1", ge=0)
+    lambda2: float = hp(0.1, "Eq. 15: weight of L_JS; not stated, the reference implementation's 0.1", ge=0)
+    ccdt: bool = hp(True, "Table 2 ablation: CCDT (MixStyle from the pool) in M")
+    difp: bool = hp(True, "Table 2 ablation: DIFP (per-sample AugMix) in M")
+    l_ra: bool = hp(True, "Table 2 ablation: L_RA in Eq. 15")
+    l_js: bool = hp(True, "Table 2 ablation: L_JS in Eq. 15")
+
+
 class FedCCRL(StatisticsExchange, Algorithm):
     name = "fedccrl"
-    defaults = {"r": 0.1, "alpha": 0.1, "beta": 1.0, "severity": 3, "tau": 0.1, "lambda1": 0.1, "lambda2": 0.1,
-                "ccdt": True, "difp": True, "l_ra": True, "l_js": True}
+    Params = FedCCRLParams
 
     def train_step(self, model, x, y, ctx):
         x1, x2 = self.augmented_views(x, ctx)

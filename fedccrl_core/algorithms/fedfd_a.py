@@ -28,11 +28,15 @@ statistics, instance statistics (TBN), instance feature adapter).
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
+from pydantic import field_validator
 from torch import nn
 
-from fedccrl_core.algorithms.fedfd import FD_DEFAULTS, FedFD, bn_mode
+from fedccrl_core.algorithms.fedfd import FDParams, FedFD, bn_mode
+from fedccrl_core.hparams import hp
 
 
 class InstanceAdapter(nn.Module):
@@ -64,35 +68,29 @@ def adapter_hidden(num_channels: int, reduction: int, min_hidden: int) -> int:
     return max(int(min_hidden), num_channels // int(reduction))
 
 
+class FedFDAParams(FDParams):
+    """train.fedfd_a (fedfd-a.txt sections 3.2-3.3)."""
+
+    adapter: bool = hp(True, "instance feature adapter (section 3.3); false = FedFD (Table 3)")
+    adapter_reduction: int = hp(16, "our choice: hidden width C/16 reproduces Table 4's +0.22M parameters on "
+                                    "ResNet-18", ge=1)
+    adapter_min_hidden: int = hp(4, "our choice: floor of the hidden width for narrow layers (small_cnn)", ge=1)
+    adapter_init_alpha: float = hp(0.5, "our choice: initial bias of epsilon, so alpha starts inside the clamp's "
+                                        "(0, 1)", ge=0, le=1)
+    inference: Literal["adapter", "global", "instance"] = hp("adapter", "Table 3 (c1): adapter (alpha = clamp("
+                                                                        "epsilon), Table 16) | global | instance (TBN)")
+
+    @field_validator("inference")
+    @classmethod
+    def _adapter_on(cls, v, info):
+        if v == "adapter" and info.data.get("adapter") is False:
+            raise ValueError("inference 'adapter' needs adapter: true (choose global or instance without it)")
+        return v
+
+
 class FedFDA(FedFD):
     name = "fedfd_a"
-    defaults = {
-        **FD_DEFAULTS,
-        "adapter": True,            # instance feature adapter on (FedFD-A) | off (= FedFD), Table 3
-        "adapter_reduction": 16,    # our choice: hidden C/16 matches Table 4's parameter count
-        "adapter_min_hidden": 4,    # our choice: floor for narrow layers (small_cnn)
-        "adapter_init_alpha": 0.5,  # our choice: epsilon's initial bias
-        "inference": "adapter",     # adapter (Table 16) | global | instance (Table 3 (c1))
-    }
-
-    def __init__(self, local, hparams=None):
-        super().__init__(local, hparams)
-        hp = self.hp
-
-        def bad(key, why):
-            raise ValueError(f"params.yaml: train.{self.name}.{key} {why}, got {hp[key]!r}")
-
-        if not isinstance(hp["adapter"], bool):
-            bad("adapter", "must be true or false")
-        for key in ("adapter_reduction", "adapter_min_hidden"):
-            if not (isinstance(hp[key], int) and not isinstance(hp[key], bool) and hp[key] >= 1):
-                bad(key, "must be an integer >= 1")
-        if not (isinstance(hp["adapter_init_alpha"], (int, float)) and 0 <= hp["adapter_init_alpha"] <= 1):
-            bad("adapter_init_alpha", "must be in [0, 1]")
-        if hp["inference"] not in ("adapter", "global", "instance"):
-            bad("inference", "must be one of adapter, global, instance")
-        if hp["inference"] == "adapter" and not hp["adapter"]:
-            bad("inference", f"adapter needs train.{self.name}.adapter: true")
+    Params = FedFDAParams
 
     @classmethod
     def make_adapter(cls, hp: dict):

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from fedccrl_core.algorithms.base import Algorithm
+from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.statistics import normalize_u8
 
 
@@ -50,13 +51,18 @@ def ema_update(grad_mean: torch.Tensor, grad_new: torch.Tensor, ema: float) -> t
     return ema * grad_mean + (1 - ema) * grad_new
 
 
+class FedIIRParams(HParams):
+    """train.fediir."""
+
+    gamma: float = hp(0.001, "gradient-alignment penalty weight: reference hparams_registry PACS 1e-3 (VLCS 5e-3, "
+                             "OfficeHome 5e-4); FedCCRL reference 0.001", ge=0)
+    ema: float = hp(0.95, "moving-average factor of the mean classifier gradient g_bar: reference and FedCCRL "
+                          "reference default 0.95", ge=0, le=1)
+
+
 class FedIIR(Algorithm):
     name = "fediir"
-    defaults = {
-        # penalty weight: reference hparams_registry PACS 1e-3 (VLCS 5e-3, OfficeHome 5e-4); FedCCRL reference 0.001
-        "gamma": 0.001,
-        "ema": 0.95,  # moving-average factor of g_bar: reference and FedCCRL reference default 0.95
-    }
+    Params = FedIIRParams
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)

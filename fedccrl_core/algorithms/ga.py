@@ -25,11 +25,14 @@ Readings and departures:
 """
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.aggregation import weighted_average
+from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.statistics import normalize_u8
 
 
@@ -52,17 +55,21 @@ def generalization_adjustment(a: dict[str, float], gaps: dict[str, float], d_r: 
     return {cid: mass * w / total for cid, w in clipped.items()}
 
 
+class GAParams(HParams):
+    """train.ga."""
+
+    step_size: float = hp(0.05, "d, decayed linearly over rounds: FedCCRL reference GA server default "
+                                "(--step_size 0.05); the GA reference's argparse default is 0.2", gt=0, le=1)
+    gap_data: Literal["val", "train"] = hp("val", "data of each client's generalization gap: val = the GA "
+                                                  "reference (each site's val split)")
+
+
 class GA(Algorithm):
     name = "ga"
-    defaults = {
-        "step_size": 0.05,  # d: FedCCRL reference GA server default (--step_size 0.05); GA reference argparse 0.2
-        "gap_data": "val",  # val (reference: each site's val split) | train
-    }
+    Params = GAParams
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
-        if self.hp["gap_data"] not in ("val", "train"):
-            raise ValueError(f"params.yaml: train.ga.gap_data must be val or train, got {self.hp['gap_data']!r}")
         self.a: dict[str, float] = {}  # aggregation weight a_i per client id
         self.round = 0                 # rounds aggregated so far
 

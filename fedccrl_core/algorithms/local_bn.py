@@ -20,20 +20,31 @@ only for the global (held-out) model.
 from __future__ import annotations
 
 import dataclasses
+from typing import Literal
 
 import torch
 from torch import nn
 
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.hparams import HParams, hp
 
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 BN_AFFINE = ("weight", "bias")
 FRAMEWORKS = {"fedavg": (), "silobn": BN_STATISTICS, "fedbn": BN_STATISTICS + BN_AFFINE}
 
-# The FedFD-A paper's optimizer (section 4.1), used for FedFD-A and, as the paper does, for its FedBN
-# and SiloBN baselines. `optimizer: train` uses the project-wide Adam (train.lr, train.weight_decay,
-# train.lr_schedule) instead.
-SGD_DEFAULTS = {"optimizer": "sgd", "lr": 0.01, "momentum": 0.5, "weight_decay": 0.0, "batch_size": 64}
+
+
+class LocalBNParams(HParams):
+    """The FedFD-A paper's optimizer (section 4.1), used for FedFD-A and, as the paper does, for its FedBN
+    and SiloBN baselines (train.fedbn, train.silobn; also in train.fedfd, train.fedfd_a)."""
+
+    optimizer: Literal["sgd", "train"] = hp("sgd", "sgd: fedfd-a.txt section 4.1 (its baselines too); train: the "
+                                                   "project-wide Adam with train.lr, weight_decay, lr_schedule")
+    lr: float = hp(0.01, "SGD, fixed learning rate (fedfd-a.txt section 4.1)", gt=0)
+    momentum: float = hp(0.5, "SGD momentum (fedfd-a.txt section 4.1)", ge=0, lt=1)
+    weight_decay: float = hp(0.0, "our choice: section 4.1 names no weight decay", ge=0)
+    batch_size: int | None = hp(64, "fedfd-a.txt section 4.1; replaces train.batch_size (null = train.batch_size); "
+                                     ">= 2: BatchNorm needs two samples per batch", ge=2)
 
 
 def local_bn_keys(model: nn.Module, framework: str) -> list[str]:
@@ -50,33 +61,15 @@ def local_bn_keys(model: nn.Module, framework: str) -> list[str]:
 class LocalBNAlgorithm(Algorithm):
     """Cross-entropy local training with a framework's BN tensors kept per client."""
 
-    defaults = {**SGD_DEFAULTS}
+    Params = LocalBNParams
     framework = "silobn"  # subclasses fix it, or read it from hparams (FedFD)
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
-        hp, name = self.hp, self.name
-
-        def bad(key, why):
-            raise ValueError(f"params.yaml: train.{name}.{key} {why}, got {hp[key]!r}")
-
-        if hp["optimizer"] not in ("sgd", "train"):
-            bad("optimizer", "must be sgd or train")
-        if not (isinstance(hp["lr"], (int, float)) and hp["lr"] > 0):
-            bad("lr", "must be a number > 0")
-        if not (isinstance(hp["momentum"], (int, float)) and 0 <= hp["momentum"] < 1):
-            bad("momentum", "must be in [0, 1)")
-        if not (isinstance(hp["weight_decay"], (int, float)) and hp["weight_decay"] >= 0):
-            bad("weight_decay", "must be a number >= 0")
-        if hp["batch_size"] is not None:
-            if not (isinstance(hp["batch_size"], int) and hp["batch_size"] >= 2):
-                bad("batch_size", "must be an integer >= 2 or null (= train.batch_size)")
+        if self.hp["batch_size"] is not None:
             # the paper's batch of 64 (section 4.1) replaces train.batch_size for this algorithm
-            self.local = dataclasses.replace(self.local, batch_size=int(hp["batch_size"]))
-        fw = hp.get("framework", self.framework)
-        if fw not in FRAMEWORKS:
-            raise ValueError(f"params.yaml: train.{name}.framework must be one of {', '.join(FRAMEWORKS)}, got {fw!r}")
-        self.framework = fw
+            self.local = dataclasses.replace(self.local, batch_size=int(self.hp["batch_size"]))
+        self.framework = self.hp.get("framework", self.framework)
 
     # ---- optimizer: SGD lr 0.01, momentum 0.5, fixed learning rate (section 4.1) ------------------
     def make_optimizer(self, model):

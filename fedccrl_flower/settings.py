@@ -1,0 +1,40 @@
+"""params.yaml `train.flower.*`: the Flower engine's settings, declared once (typed, with bounds). No torch and no
+flwr here: every stage validates params.yaml with this model before it does any work (pipeline/params.py)."""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from fedccrl_core.hparams import Declared, validate
+
+
+class FlowerSettings(Declared):
+    """params.yaml `train.flower.*`."""
+
+    mode: Literal["deployment", "simulation"] = Field("deployment", description="deployment | simulation")
+    superlink: str = Field("", description='"" = start a local SuperLink (and SuperNodes) on 127.0.0.1; '
+                                           "host:port = an existing SuperLink")
+    root_certificates: str = Field("", description='CA certificate of an external SuperLink (TLS); "" = --insecure')
+    min_clients: int = Field(2, ge=1, description="fewest clients a round may aggregate")
+    num_clients: int = Field(0, ge=0, description="SuperNodes to wait for before round 1 (0 = every source client)")
+    wait_for_clients_s: float = Field(120.0, gt=0)
+    query_timeout_s: float = Field(60.0, gt=0, description="wait for uploads")
+    train_timeout_s: float = Field(600.0, gt=0, description="wait for local training")
+    run_timeout_s: float = Field(0.0, ge=0, description="whole run (0 = no limit)")
+    client_cpus: int = Field(1, ge=1, description="simulation: whole CPUs per ClientApp (Ray; Flower's uint32)")
+    client_gpus: float = Field(0.0, ge=0, description="simulation: GPUs per ClientApp (e.g. 0.25 = 4 per GPU)")
+    ray_cpus: int = Field(0, ge=0, description="simulation: CPUs Ray may use (0 = all)")
+    client_threads: int = Field(0, ge=0, description="local deployment: torch threads per SuperNode "
+                                                     "(0 = cores / SuperNodes)")
+
+    @field_validator("superlink")
+    @classmethod
+    def _superlink_is_for_deployment(cls, v, info):
+        if v and info.data.get("mode") == "simulation":
+            raise ValueError("superlink is for deployment; simulation starts its own SuperLink")
+        return v
+
+    @classmethod
+    def from_mapping(cls, d: dict | None) -> "FlowerSettings":
+        return validate(cls, dict(d or {}), prefix="train.flower")

@@ -1,0 +1,122 @@
+"""Imports point down only (README "Layers"; issue 14 point 4). Every import statement is read from the source
+(function-level ones included, so a lazy import cannot hide an upward dependency), without importing anything.
+
+The library fedccrl_core imports none of the outer packages (pipeline, serving, fedccrl_flower) nor DVC, MLflow,
+click or Flower. Inside it, a module may import its own floor or a lower one:
+
+  floor 4  bench, viz (measurement and figures over the library)
+  floor 3  federation (the round loop, engines, checkpoints of a run)
+  floor 2  algorithms (hyperparameters + client hooks + server half)
+  floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, checkpoint
+  floor 0  errors, hparams, seeding, threads, procs, fastpath (and contract, fsio when they exist)
+
+So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
+fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). A new module of fedccrl_core must be
+given a floor here: the test names it.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+FLOORS = {
+    "fedccrl_core": 0, "fedccrl_core.errors": 0, "fedccrl_core.hparams": 0, "fedccrl_core.seeding": 0,
+    "fedccrl_core.threads": 0, "fedccrl_core.procs": 0, "fedccrl_core.fastpath": 0, "fedccrl_core.contract": 0,
+    "fedccrl_core.fsio": 0,
+    "fedccrl_core.data": 1, "fedccrl_core.statistics": 1, "fedccrl_core.augment": 1, "fedccrl_core.losses": 1,
+    "fedccrl_core.models": 1, "fedccrl_core.aggregation": 1, "fedccrl_core.client": 1,
+    "fedccrl_core.evaluation": 1, "fedccrl_core.checkpoint": 1,
+    "fedccrl_core.algorithms": 2,
+    "fedccrl_core.federation": 3,
+    "fedccrl_core.bench": 4, "fedccrl_core.viz": 4,
+}
+OUTSIDE_THE_LIBRARY = ("pipeline", "serving", "fedccrl_flower", "flower_app", "benchmarks", "click", "mlflow", "dvc",
+                       "flwr")
+ABOVE_SERVING_AND_FLOWER = ("pipeline",)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported(module: str, source: str, is_package: bool = False) -> set[str]:
+    """Every module an import statement of `source` names: `from a.b import c` gives a.b and a.b.c (c may be a
+    module); relative imports are resolved against `module`."""
+    out = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                pkg = module.split(".") if is_package else module.split(".")[:-1]
+                base = ".".join(pkg[:len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}
+    return out
+
+
+def floor(module: str) -> int | None:
+    """The floor of a fedccrl_core module: its longest listed prefix."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in FLOORS:
+            return FLOORS[".".join(parts[:n])]
+    return None
+
+
+def violations(module: str, source: str, is_package: bool = False) -> list[str]:
+    out = []
+    for target in sorted(imported(module, source, is_package)):
+        top = target.split(".")[0]
+        if module.startswith("fedccrl_core"):
+            if top in OUTSIDE_THE_LIBRARY:
+                out.append(f"{module} imports {target}: the library imports no outer package, DVC, MLflow, click or "
+                           "Flower")
+            elif top == "fedccrl_core":
+                # `from fedccrl_core.x import name` also yields fedccrl_core.x.name, whose floor is fedccrl_core.x's
+                if floor(target) is not None and floor(target) > floor(module):
+                    out.append(f"{module} (floor {floor(module)}) imports {target} (floor {floor(target)})")
+        elif module.split(".")[0] in ("serving", "fedccrl_flower") and top in ABOVE_SERVING_AND_FLOWER:
+            out.append(f"{module} imports {target}: {top} sits above serving and fedccrl_flower")
+    return out
+
+
+SOURCES = sorted(p for pkg in ("fedccrl_core", "serving", "fedccrl_flower") for p in (ROOT / pkg).rglob("*.py"))
+
+
+def test_every_library_module_has_a_floor():
+    unplaced = [module_name(p) for p in SOURCES if module_name(p).startswith("fedccrl_core")
+                and floor(module_name(p)) is None]
+    assert not unplaced, f"give these modules a floor in tests/test_layers.py FLOORS (and the README): {unplaced}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
+def test_imports_point_down(path):
+    assert violations(module_name(path), path.read_text(), path.name == "__init__.py") == []
+
+
+@pytest.mark.parametrize("module,source", [
+    ("fedccrl_core.checkpoint", "from fedccrl_core.algorithms import ALGORITHMS"),
+    ("fedccrl_core.algorithms.base", "def f():\n    from fedccrl_core.federation.client import ClientData"),
+    ("fedccrl_core.algorithms.base", "from ..federation import engine"),
+    ("fedccrl_core.data.shards", "import mlflow"),
+    ("fedccrl_core.models", "from pipeline.params import load_config"),
+    ("serving.cli", "from pipeline.cli import run_stage"),
+], ids=["checkpoint-algorithms", "lazy-import", "relative-import", "mlflow", "pipeline", "serving-pipeline"])
+def test_an_upward_import_is_caught(module, source):
+    """The checker itself: each of these runs back up a layer."""
+    assert violations(module, source)
+
+
+def test_downward_and_sideways_imports_pass():
+    assert violations("fedccrl_core.federation.engine", "from fedccrl_core.algorithms import Algorithm") == []
+    assert violations("fedccrl_core.checkpoint", "from fedccrl_core.models import FedModel") == []
+    assert violations("fedccrl_core.algorithms.fedccrl", "from fedccrl_core.algorithms.base import Algorithm") == []
+    assert violations("fedccrl_core.algorithms", "from .base import Algorithm", is_package=True) == []

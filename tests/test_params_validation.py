@@ -1,0 +1,282 @@
+"""params.yaml is validated whole, at the start of every stage, before any data is read and before any MLflow run
+is opened (issues 14 and 17). One test per class of bad parameter: each asserts exit code 2, one `error:` line per
+problem that names the key, no traceback, and an MLflow store without runs. Then `held_out` by domain name through
+the train and evaluate stages on tiny synthetic data."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """Shards and pools of the embedded synthetic dataset, 8 images per class (the library's own writers)."""
+    from fedccrl_core.data.pools import build_pools
+    from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.data.shards import partition
+    from fedccrl_core.data.synthetic import generate
+
+    base = tmp_path_factory.mktemp("tiny")
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    generate(base / "raw", seed=0, images_per_class=8, progress=False)
+    partition(base / "raw", base / "data" / "shards", get_dataset("synthetic"), 32,
+              clients_per_domain=p["partition"]["clients_per_domain"], val_fraction=p["partition"]["val_fraction"],
+              seed=0, progress=False)
+    build_pools(base / "data" / "shards", base / "data" / "pools", p["preprocess"]["mean"], p["preprocess"]["std"],
+                progress=False)
+    return base
+
+
+def _params(path: Path, **overrides) -> Path:
+    """The repository's params.yaml with `a.b.c=value` overrides (value None with key suffix '!' deletes)."""
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p["train"].update(rounds=1, local_epochs=1, device="cpu")
+    for dotted, value in overrides.items():
+        node, (*head, last) = p, dotted.split(".")
+        for h in head:
+            node = node[h]
+        if last.endswith("!"):
+            del node[last[:-1]]
+        else:
+            node[last] = value
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+    return path / "params.yaml"
+
+
+STAGE_ARGS = {  # inputs that do not exist: a stage that read anything before validating would fail differently
+    "download": ["--out", "out/raw", "--report", "out/report.json"],
+    "partition": ["--raw", "nowhere/raw", "--out", "out/shards"],
+    "pools": ["--shards", "nowhere/shards", "--out", "out/pools"],
+    "train": ["--shards", "nowhere/shards", "--pools", "nowhere/pools", "--algorithm", "fedccrl", "--seed", "0",
+              "--held-out", "0", "--out", "out/model", "--checkpoints", "out/ck"],
+    "evaluate": ["--shards", "nowhere/shards", "--models", "nowhere/models", "--out", "out/runs"],
+    "export": ["--models", "nowhere/models", "--shards", "nowhere/shards", "--out", "out/exports",
+               "--summary", "out/parity.json"],
+    "report": ["--runs", "nowhere/runs", "--metrics", "out/m.json", "--table", "out/t.md", "--curves", "out/c.csv"],
+    "figures": ["--shards", "nowhere/shards", "--pools", "nowhere/pools", "--models", "nowhere/models",
+                "--runs", "nowhere/runs", "--out", "out/plots"],
+}
+
+
+def _stage(cwd: Path, stage: str, args: list[str], monkeypatch):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    monkeypatch.chdir(cwd)
+    res = CliRunner().invoke(main, [stage, *args, "--params", "params.yaml"])
+    return res
+
+
+def _assert_refused(res, cwd: Path, tmp_path: Path, *needles: str) -> list[str]:
+    errors = [line for line in res.stderr.splitlines() if line.startswith("error: ")]
+    assert res.exit_code == 2, res.stderr[-2000:]
+    assert isinstance(res.exception, SystemExit)  # no exception escaped: no traceback
+    assert "Traceback" not in res.stderr and errors and len(errors) == len(res.stderr.strip().splitlines())
+    for needle in needles:
+        assert any(needle in e for e in errors), (needle, errors)
+    assert not (cwd / "out").exists()  # nothing written
+    _assert_no_mlflow_run(tmp_path)
+    return errors
+
+
+def _assert_no_mlflow_run(tmp_path: Path) -> None:
+    store = tmp_path / "mlflow.db"  # tests/conftest.py points MLFLOW_TRACKING_URI here
+    if not store.exists():
+        return
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{store}")
+    exps = [e.experiment_id for e in client.search_experiments()]
+    assert not client.search_runs(exps), "an MLflow run was opened before validation"
+
+
+@pytest.mark.parametrize("stage", sorted(STAGE_ARGS))
+def test_every_stage_validates_the_whole_file_first(stage, tmp_path, monkeypatch):
+    """A typo in an algorithm group that the stage does not even read stops every stage, before its inputs."""
+    _params(tmp_path, **{"train.fedccrl.lamda1": 0.1})
+    res = _stage(tmp_path, stage, STAGE_ARGS[stage], monkeypatch)
+    (err,) = _assert_refused(res, tmp_path, tmp_path, "key 'train.fedccrl.lamda1': unknown key")
+    assert "lambda1" in err  # what is allowed is listed
+
+
+@pytest.mark.parametrize("overrides,needles", [
+    ({"train.fedccrl.lamda1": 0.1}, ["key 'train.fedccrl.lamda1': unknown key (value 0.1); allowed keys here: "]),
+    ({"trian": {}}, ["key 'trian': unknown key"]),
+    ({"train.flower.min_client": 2}, ["key 'train.flower.min_client': unknown key"]),
+], ids=["typo-in-algorithm-group", "unknown-group", "typo-in-flower"])
+def test_unknown_keys(overrides, needles, tiny, tmp_path, monkeypatch):
+    _params(tmp_path, **overrides)
+    _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
+
+
+@pytest.mark.parametrize("overrides,needles", [
+    ({"train.rounds": "ten"}, ["key 'train.rounds': got 'ten'; must be an integer"]),
+    ({"train.lr": "0.001"}, ["key 'train.lr': got '0.001'; must be a number"]),
+    ({"train.fast": "yes"}, ["key 'train.fast': got 'yes'; must be true or false"]),
+    ({"train.fedccrl.severity": 3.5}, ["key 'train.fedccrl.severity': got 3.5; must be an integer"]),
+    ({"train.held_out": "3"}, ["key 'train.held_out': got '3'; must be a list"]),
+    ({"train.seeds": [True]}, ["key 'train.seeds[0]': got True; must be an integer"]),
+    ({"preprocess.mean": [0.5, 0.5]}, ["key 'preprocess.mean': got [0.5, 0.5]; must have exactly 3 entries"]),
+    ({"train.rounds!": None}, ["key 'train.rounds': missing"]),
+], ids=["int", "number", "bool", "algorithm-int", "held_out-not-a-list", "bool-is-not-int", "length", "missing"])
+def test_wrong_types(overrides, needles, tiny, tmp_path, monkeypatch):
+    _params(tmp_path, **overrides)
+    _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
+
+
+@pytest.mark.parametrize("overrides,needles", [
+    ({"train.lr": -0.001}, ["key 'train.lr': got -0.001; must be a number > 0"]),
+    ({"train.fedccrl.r": 0.0}, ["key 'train.fedccrl.r': got 0.0; must be a number in (0, 1]"]),
+    ({"train.fedalign.r": 1.5}, ["key 'train.fedalign.r': got 1.5; must be a number in (0, 1]"]),
+    ({"train.client_fraction": 0}, ["key 'train.client_fraction': got 0; must be a number in (0, 1]"]),
+    ({"partition.val_fraction": 1.0}, ["key 'partition.val_fraction': got 1.0; must be a number in (0, 1)"]),
+    ({"partition.val_fraction": 0.0}, ["key 'partition.val_fraction': got 0.0; must be a number in (0, 1)"]),
+    ({"train.lr": -1, "train.rounds": 0}, ["key 'train.lr': got -1", "key 'train.rounds': got 0; must be an integer >= 1"]),
+    ({"train.algorithms": ["nope"]}, ["key 'train.algorithms[0]': got 'nope'; must be one of fedccrl, fedavg"]),
+    ({"train.fedfd.u_low": 0.8, "train.fedfd.u_high": 0.2}, ["key 'train.fedfd.u_high': got 0.2; must be >= u_low"]),
+], ids=["negative-lr", "r-zero", "fedalign-r", "client-fraction", "val-fraction-1", "val-fraction-0",
+        "two-problems-two-lines", "unknown-algorithm", "cross-field"])
+def test_out_of_range(overrides, needles, tiny, tmp_path, monkeypatch):
+    _params(tmp_path, **overrides)
+    errors = _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
+    assert len(errors) == len(needles)
+
+
+@pytest.mark.parametrize("held_out,needle", [
+    ([1, 1], "key 'train.held_out': got [1, 1]; 1 listed more than once"),
+    ([3, "sketch"], "key 'train.held_out[1]': got 'sketch'; names domain sketch as 3 does"),
+    ([4], "key 'train.held_out[0]': got 4; synthetic has 4 domains, indices 0=photo, 1=art, 2=cartoon, 3=sketch"),
+    (["skech"], "key 'train.held_out[0]': got 'skech'; must be a domain of synthetic: photo, art, cartoon, sketch"),
+    ([-1], "key 'train.held_out[0]': got -1; must be an integer >= 0"),
+])
+def test_held_out_entries(held_out, needle, tiny, tmp_path, monkeypatch):
+    _params(tmp_path, **{"train.held_out": held_out})
+    _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, needle)
+
+
+def test_backbone_and_pretrained_that_do_not_fit(tiny, tmp_path, monkeypatch):
+    _params(tmp_path, **{"model.backbone": "small_cnn", "model.pretrained": "imagenet"})
+    _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
+                    "key 'model.pretrained': got 'imagenet'; small_cnn (model.backbone 'small_cnn') has no pretrained")
+
+
+def test_batch_of_one_for_a_batchnorm_model(tiny, tmp_path, monkeypatch):
+    """batch_size 1 trains nothing with BatchNorm (the local loop skips batches of one): refused before MLflow.
+    FedBN replaces train.batch_size with its own (64), so the same params train it."""
+    _params(tmp_path, **{"train.batch_size": 1})
+    _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
+                    "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model")
+    from fedccrl_core.data.shards import load_manifest
+    from pipeline.params import ParamError, check_train, load_params
+
+    params, manifest = load_params(tmp_path / "params.yaml"), load_manifest(tiny / "data" / "shards")
+    assert params["train"]["fedbn"]["batch_size"] == 64  # fedfd-a.txt section 4.1
+    assert check_train(params, manifest, "fedbn", ["sketch", 0]) == ["sketch", "photo"]
+    params["train"]["fedbn"]["batch_size"] = 1
+    with pytest.raises(ParamError, match=r"key 'train.fedbn.batch_size': got 1; must be an integer >= 2"):
+        check_train(params, manifest, "fedbn", ["sketch"])
+
+
+@pytest.mark.parametrize("client,target,ok", [
+    ({"id": "c0", "domain": "art", "n_train": 1}, "sketch", False),   # one sample: no batch BatchNorm can train on
+    ({"id": "c0", "domain": "art", "n_train": 2}, "sketch", True),
+    ({"id": "c0", "domain": "sketch", "n_train": 1}, "sketch", True),  # the held-out domain's own client is not trained
+    ({"id": "c0", "domain": "mixed", "n_train": 9, "train_domain_counts": {"art": 1, "sketch": 8}}, "sketch", False),
+    ({"id": "c0", "domain": "mixed", "n_train": 9, "train_domain_counts": {"art": 3, "sketch": 6}}, "sketch", True),
+], ids=["one-sample", "two-samples", "held-out-client", "mixed-one-source-sample", "mixed-enough"])
+def test_a_client_without_a_batchnorm_batch(client, target, ok):
+    """From the manifest's counts (a feddg_bench client counts only its samples outside the held-out domain)."""
+    from pipeline.params import ParamError, check_batches
+
+    manifest = {"clients": [{"id": "c9", "domain": "photo", "n_train": 50}, client]}
+    if ok:
+        check_batches(manifest, target, 32, "train.batch_size")
+    else:
+        with pytest.raises(ParamError, match=r"client c0 has 1 training sample .*partition.clients_per_domain"):
+            check_batches(manifest, target, 32, "train.batch_size")
+
+
+@pytest.mark.parametrize("listed", [["fedccrl", "ccst"], ["fedccrl"]], ids=["listed", "only-as---algorithm"])
+def test_ccst_trained_without_adain_weights(listed, tiny, tmp_path, monkeypatch):
+    """The default `adain_weights: null` is fine while CCST is not trained, and an error naming it when it is:
+    listed in train.algorithms, or named by `fedccrl train --algorithm ccst` alone."""
+    from pipeline.params import load_config
+
+    _params(tmp_path, **{"train.algorithms": listed})
+    if listed == ["fedccrl"]:
+        load_config(tmp_path / "params.yaml")  # the file itself is fine: CCST is not in the sweep
+    res = _train(tiny, tmp_path, monkeypatch, algorithm="ccst")
+    _assert_refused(res, tmp_path, tmp_path, "key 'train.ccst.adain_weights': got None; CCST needs the AdaIN weights")
+
+
+def _train(tiny: Path, ws: Path, monkeypatch, algorithm: str = "fedccrl", held_out: str = "0", out: str = "out/model"):
+    from click.testing import CliRunner
+
+    from pipeline.train import command
+
+    monkeypatch.chdir(ws)
+    return CliRunner().invoke(command, ["--shards", str(tiny / "data" / "shards"), "--pools",
+                                        str(tiny / "data" / "pools"), "--algorithm", algorithm, "--seed", "0",
+                                        "--held-out", held_out, "--out", out, "--params", "params.yaml",
+                                        "--checkpoints", "ck"])
+
+
+def test_held_out_by_name_through_train_and_evaluate(tiny, tmp_path, monkeypatch):
+    """`held_out: [sketch]`: DVC passes `--held-out sketch` and the run lives in models/<alg>/s0/dsketch; the
+    evaluate stage finds it there. The child run's MLflow params are the algorithm's declared hyperparameters."""
+    from click.testing import CliRunner
+
+    from fedccrl_core.algorithms import ALGORITHMS
+    from pipeline.evaluate import command as evaluate
+
+    _params(tmp_path, **{"train.held_out": ["sketch"]})
+    res = _train(tiny, tmp_path, monkeypatch, held_out="sketch", out="models/fedccrl/s0/dsketch")
+    assert res.exit_code == 0, res.stderr[-3000:]
+    meta = json.loads((tmp_path / "models/fedccrl/s0/dsketch/history.json").read_text())["meta"]
+    assert (meta["held_out_domain"], meta["held_out_index"]) == ("sketch", 3)
+
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    (child,) = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+                if r.data.tags.get("fedccrl.role") == "child"]
+    logged = {k.removeprefix("fedccrl."): v for k, v in child.data.params.items() if k.startswith("fedccrl.")}
+    assert logged == {k: str(v) for k, v in ALGORITHMS["fedccrl"].defaults.items()}
+    assert child.data.params["held_out"] == "sketch"
+
+    res = CliRunner().invoke(evaluate, ["--shards", str(tiny / "data" / "shards"), "--models", "models",
+                                        "--out", "results/runs", "--params", "params.yaml"])
+    assert res.exit_code == 0, res.stderr[-3000:]
+    doc = json.loads((tmp_path / "results/runs/fedccrl/s0/dsketch.json").read_text())
+    assert (doc["held_out_domain"], doc["held_out_index"]) == ("sketch", 3)
+
+
+def test_held_out_index_and_name_reach_the_same_domain(tiny, tmp_path, monkeypatch):
+    """Indices follow the manifest's domain order, which is the registry's (synthetic: photo, art, cartoon, sketch)."""
+    from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.data.shards import load_manifest
+    from pipeline.params import resolve_held_out
+
+    manifest = load_manifest(tiny / "data" / "shards")
+    assert manifest["domains"] == list(get_dataset("synthetic").domains)
+    assert resolve_held_out(manifest, [3, "photo"]) == ["sketch", "photo"]
+    with pytest.raises(ValueError, match=r"train.held_out\[1\]'.*names domain sketch a second time"):
+        resolve_held_out(manifest, [3, "sketch"])
+
+
+def test_yaml_exponent_floats_are_numbers(tmp_path):
+    """DVC writes `-S train.lr=1e-3` as 1e-3, which YAML 1.1 (PyYAML) would read as a string."""
+    from pipeline.params import load_config
+
+    path = _params(tmp_path)
+    path.write_text(path.read_text().replace("lr: 0.001", "lr: 1e-3"))
+    assert load_config(path).train.lr == 0.001
