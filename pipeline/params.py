@@ -108,7 +108,8 @@ HeldOut = Union[Annotated[int, Field(ge=0)], Annotated[str, Field(min_length=1)]
 
 
 class TrainSweep(Declared):
-    """train.*: the DVC matrix (held_out x algorithms x seeds) and the settings every algorithm shares."""
+    """train.*: the DVC matrix (algorithms x seeds), the held-out domains each train stage covers, and the
+    settings every algorithm shares."""
 
     held_out: Annotated[list[HeldOut], Field(min_length=1)]
     algorithms: Annotated[list[_one_of(ALGORITHMS)], Field(min_length=1)]  # type: ignore[valid-type]

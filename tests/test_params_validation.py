@@ -5,6 +5,7 @@ the train and evaluate stages on tiny synthetic data."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -231,15 +232,15 @@ def _train(tiny: Path, ws: Path, monkeypatch, algorithm: str = "fedccrl", held_o
 
 
 def test_held_out_by_name_through_train_and_evaluate(tiny, tmp_path, monkeypatch):
-    """`held_out: [sketch]`: DVC passes `--held-out sketch` and the run lives in models/<alg>/s0/dsketch; the
+    """`held_out: [sketch]`: train (--out models/<alg>/s0) writes the run to models/<alg>/s0/dsketch; the
     evaluate stage finds it there. The child run's MLflow params are the algorithm's declared hyperparameters."""
     from click.testing import CliRunner
 
     from fedccrl_core.algorithms import ALGORITHMS
     from pipeline.evaluate import command as evaluate
 
-    _params(tmp_path, **{"train.held_out": ["sketch"]})
-    res = _train(tiny, tmp_path, monkeypatch, held_out="sketch", out="models/fedccrl/s0/dsketch")
+    _params(tmp_path, **{"train.held_out": ["sketch"], "train.algorithms": ["fedccrl"]})
+    res = _train(tiny, tmp_path, monkeypatch, held_out="sketch", out="models/fedccrl/s0")
     assert res.exit_code == 0, res.stderr[-3000:]
     meta = json.loads((tmp_path / "models/fedccrl/s0/dsketch/history.json").read_text())["meta"]
     assert (meta["held_out_domain"], meta["held_out_index"]) == ("sketch", 3)
@@ -278,5 +279,5 @@ def test_yaml_exponent_floats_are_numbers(tmp_path):
     from pipeline.params import load_config
 
     path = _params(tmp_path)
-    path.write_text(path.read_text().replace("lr: 0.001", "lr: 1e-3"))
+    path.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: 1e-3", path.read_text()))
     assert load_config(path).train.lr == 0.001

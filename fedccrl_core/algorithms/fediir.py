@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.statistics import normalize_u8
