@@ -29,7 +29,7 @@ def _runs(models: Path, runs_dir: Path) -> list[dict]:
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
     import numpy as np
 
-    from fedccrl_core.algorithms.fedccrl import pool_without
+    from fedccrl_core.algorithms.fedccrl import FedCCRL, pool_without, resolve_variant
     from fedccrl_core.augment import AugmentConfig
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.pools import load_pool, sample_statistics
@@ -48,7 +48,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     n_preview = get(params, "figures.preview_images", int)
     n_tsne = get(params, "figures.tsne_points", int)
     n_cam = get(params, "figures.gradcam_images", int)
-    fcfg = get(params, "train.fedccrl", dict)
+    fcfg = resolve_variant({**FedCCRL.defaults, **get(params, "train.fedccrl", dict)})  # variant's readings (issue 19)
     mean, std = get(params, "preprocess.mean", list), get(params, "preprocess.std", list)
     manifest = load_manifest(shards)
     classes = list(manifest["classes"])

@@ -123,6 +123,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
     params = load_params(params_path)
     check_sweep(params)  # before any data is read and before MLflow
     cfg = train_config(params, algorithm)
+    alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])  # train.<algorithm> checked before any data
     manifest = load_manifest(shards)
     domains, classes = list(manifest["domains"]), list(manifest["classes"])
     if not 0 <= held_out < len(domains):
@@ -142,7 +143,6 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: int, o
                         torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
     del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
 
-    alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
     torch.manual_seed(seed)
     model = alg.build_model(backbone, len(classes), pretrained, alg.hp).to(device)
 
