@@ -16,6 +16,8 @@ Departures and readings (each also in the function's docstring):
     authors' code SUMS them, which triples L_CLS relative to lambda1 L_RA and lambda2 L_JS; we
     follow the paper.
   * L_JS clamps Y_bar to [1e-7, 1] before the log, as AugMix's reference code does.
+The reference code's two forms are offered as switches (params.yaml train.fedccrl.supcon and
+l_cls, issue 19): ``supcon_self_positive_loss`` and ``three_view_ce(..., reduction="sum")``.
 """
 from __future__ import annotations
 
@@ -66,11 +68,40 @@ def supcon_loss(
     return per_anchor.sum() / has_positive.sum().clamp_min(1)
 
 
-def representation_alignment_loss(
-    z: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor, y: torch.Tensor, tau: float = 0.1
+def supcon_self_positive_loss(
+    z_prime: torch.Tensor, z_dprime: torch.Tensor, y_prime: torch.Tensor, y_dprime: torch.Tensor,
+    tau: float = 0.1,
 ) -> torch.Tensor:
-    """L_RA = 1/2 (L_SC(Z^(1), Z) + L_SC(Z^(2), Z))  (Eq. 12); each view shares the labels Y."""
-    return 0.5 * (supcon_loss(z1, z, y, y, tau) + supcon_loss(z2, z, y, y, tau))
+    """L_SC as the reference code computes it (SanphouWang/FedCCRL 60b2d9b,
+    algorithm/client/fedccrl.py:130-146), not Eq. 11: the positive set is P(i) u {i} (the
+    same-label mask keeps its diagonal), the denominator still runs over A(i), and the loss is the
+    mean over all 2B anchors, computed as log(sum_a exp(sim) - exp(sim_ii)) with no max subtracted:
+
+        L = 1/2B sum_i [ -1/|P(i) u {i}| sum_{p in P(i) u {i}} sim(Z_i, Z_p)/tau
+                         + log sum_{a in A(i)} exp(sim(Z_i, Z_a)/tau) ]
+    """
+    z = F.normalize(torch.cat([z_prime, z_dprime], dim=0).float(), dim=1)
+    y = torch.cat([y_prime, y_dprime], dim=0)
+    with torch.autocast(z.device.type, enabled=False):
+        sim = z @ z.T / tau
+    positive = (y[:, None] == y[None, :]).float()  # diagonal kept: i is its own positive
+    exp_sim = sim.exp()
+    log_denominator = (exp_sim.sum(dim=1) - exp_sim.diagonal()).log()
+    mean_positive = (sim * positive).sum(dim=1) / positive.sum(dim=1)
+    return (log_denominator - mean_positive).mean()
+
+
+SUPCON = {"paper": supcon_loss, "self_positive": supcon_self_positive_loss}  # train.fedccrl.supcon
+
+
+def representation_alignment_loss(
+    z: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor, y: torch.Tensor, tau: float = 0.1,
+    supcon: str = "paper",
+) -> torch.Tensor:
+    """L_RA = 1/2 (L_SC(Z^(1), Z) + L_SC(Z^(2), Z))  (Eq. 12); each view shares the labels Y.
+    ``supcon``: "paper" (Eq. 11) or "self_positive" (the reference code's form)."""
+    l_sc = SUPCON[supcon]
+    return 0.5 * (l_sc(z1, z, y, y, tau) + l_sc(z2, z, y, y, tau))
 
 
 def js_loss(logits: torch.Tensor, logits1: torch.Tensor, logits2: torch.Tensor) -> torch.Tensor:
@@ -89,11 +120,16 @@ def js_loss(logits: torch.Tensor, logits1: torch.Tensor, logits2: torch.Tensor) 
 
 
 def three_view_ce(
-    logits: torch.Tensor, logits1: torch.Tensor, logits2: torch.Tensor, y: torch.Tensor
+    logits: torch.Tensor, logits1: torch.Tensor, logits2: torch.Tensor, y: torch.Tensor,
+    reduction: str = "mean",
 ) -> torch.Tensor:
-    """L_CLS = sum_{Y' in {Y_hat, Y_hat^(1), Y_hat^(2)}} 1/3 L_CRE(Y', Y)  (Eq. 16)."""
+    """L_CLS = sum_{Y' in {Y_hat, Y_hat^(1), Y_hat^(2)}} 1/3 L_CRE(Y', Y)  (Eq. 16).
+    ``reduction="sum"`` drops the 1/3, as the reference code does (algorithm/client/fedccrl.py:76, :86)."""
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
     ce = [F.cross_entropy(view.float(), y) for view in (logits, logits1, logits2)]
-    return (ce[0] + ce[1] + ce[2]) / 3.0
+    total = ce[0] + ce[1] + ce[2]
+    return total / 3.0 if reduction == "mean" else total
 
 
 def fedccrl_loss(
@@ -109,6 +145,8 @@ def fedccrl_loss(
     tau: float = 0.1,
     l_ra: bool = True,
     l_js: bool = True,
+    l_cls: str = "mean",
+    supcon: str = "paper",
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """L = L_CLS + lambda1 L_RA + lambda2 L_JS  (Eq. 15).
 
@@ -116,13 +154,14 @@ def fedccrl_loss(
     computed nor reported (its key is absent from the dict, rather than a misleading 0).
     Returns (L, terms) where terms holds detached 0-dim tensors ("loss", "loss_cls" and
     "loss_ra"/"loss_js" when on); convert them to floats only when logging, to keep the
-    training step free of host syncs.
+    training step free of host syncs. ``l_cls`` ("mean" | "sum") and ``supcon`` ("paper" |
+    "self_positive") choose the paper's or the reference code's form (issue 19).
     """
-    loss_cls = three_view_ce(logits, logits1, logits2, y)
+    loss_cls = three_view_ce(logits, logits1, logits2, y, l_cls)
     total = loss_cls
     terms = {"loss_cls": loss_cls.detach()}
     if l_ra:
-        loss_ra = representation_alignment_loss(z, z1, z2, y, tau)
+        loss_ra = representation_alignment_loss(z, z1, z2, y, tau, supcon)
         total = total + lambda1 * loss_ra
         terms["loss_ra"] = loss_ra.detach()
     if l_js:

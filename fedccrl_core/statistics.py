@@ -37,14 +37,16 @@ def normalize(x01: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.
     return (x01 - per_channel(mean, x01)) / per_channel(std, x01)
 
 
-def channel_stats(x: torch.Tensor, eps: float = 1e-6) -> tuple[torch.Tensor, torch.Tensor]:
+def channel_stats(x: torch.Tensor, eps: float = 1e-6, unbiased: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sample, per-channel mean and std of x [B, C, H, W].
 
     Eq. 6: mu(x)_c = 1/(HW) sum_{h,w} x_{c,h,w}
     Eq. 7: sigma(x)_c = sqrt(1/(HW) sum_{h,w} (x_{c,h,w} - mu(x)_c)^2)   (population std)
     eps is added inside the square root (as MixStyle does) so that sigma > 0 for flat images.
+    unbiased=True divides by HW - 1 instead (torch.var's default, which the reference code uses:
+    SanphouWang/FedCCRL 60b2d9b model/models.py:272, algorithm/client/fedccrl.py:29).
     Returns (mu [B, C], sigma [B, C]).
     """
     mu = x.mean(dim=(2, 3))
-    var = x.var(dim=(2, 3), unbiased=False)
+    var = x.var(dim=(2, 3), unbiased=unbiased)
     return mu, (var + eps).sqrt()

@@ -36,7 +36,7 @@ def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -
 
 
 def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list[int], params_path: Path,
-                   overrides: list[str] = ()) -> dict:
+                   overrides: list[str] = (), variants: list[str] | None = None) -> dict:
     import numpy as np
     import torch
 
@@ -46,13 +46,25 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
     from pipeline.train import load_clients, local_config, resolve_model, train_config
 
+    from fedccrl_core.algorithms.fedccrl import VARIANTS
+
     params = apply_overrides(load_params(params_path), list(overrides))
+    bad = [v for v in variants or [] if v not in VARIANTS]
+    if bad:
+        raise ValueError(f"--variants: {bad[0]!r} is not a FedCCRL variant; choose from {', '.join(VARIANTS)}")
     cfgs = {a: train_config(params, a) for a in algorithms}  # every algorithm's params, before any training
+    rows = []  # (label, algorithm, hparams): one per algorithm, one per variant of FedCCRL (issue 19)
+    for a in algorithms:
+        for label, override in ([(f"fedccrl ({v})", {"variant": v}) for v in variants]
+                                if a == "fedccrl" and variants else [(a, {})]):
+            hparams = {**cfgs[a]["hparams"], **override}
+            build_algorithm(a, local_config(cfgs[a]), hparams)  # a variant's switches checked before any training
+            rows.append((label, a, hparams))
     manifest = load_manifest(shards)
     domains = list(manifest["domains"])
     acc: dict = {}
     t0 = time.perf_counter()
-    for alg_name in algorithms:
+    for label, alg_name, hparams in rows:
         cfg = cfgs[alg_name]
         backbone, pretrained = resolve_model(cfg)
         device = resolve_device(cfg["device"])
@@ -63,13 +75,13 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
                           ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], device).train_x,
                           torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
             for seed in seeds:
-                alg = build_algorithm(alg_name, local_config(cfg), cfg["hparams"])
+                alg = build_algorithm(alg_name, local_config(cfg), hparams)
                 torch.manual_seed(seed)
                 model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp).to(device)
                 res = InProcessEngine(alg, model, clients, ev, cfg["rounds"], seed, float(cfg["client_fraction"]),
                                       log=lambda m: None, concurrent_clients=cfg["concurrent_clients"]).run()
-                acc.setdefault(alg_name, {}).setdefault(target, []).append(res.history[-1]["target_acc"])
-                print(f"bench: {alg_name} {target} seed {seed}: {res.history[-1]['target_acc']:.4f} "
+                acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1]["target_acc"])
+                print(f"bench: {label} {target} seed {seed}: {res.history[-1]['target_acc']:.4f} "
                       f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
     lines = [f"| Algorithm | {' | '.join(domains)} | Avg. |", "|---" * (len(domains) + 2) + "|"]
     for alg_name, per in acc.items():
@@ -91,7 +103,8 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="override a params.yaml key for this bench only (repeatable), e.g. --set train.local_epochs=3")
-def command(shards, pools, algorithms, seeds, params_path, overrides):
+@click.option("--variants", default="", help="FedCCRL variants, one row each: paper,reference (train.fedccrl.variant)")
+def command(shards, pools, algorithms, seeds, params_path, overrides, variants):
     """Held-out accuracy table of several algorithms over several seeds (one process, no tracking)."""
     run_stage(bench_accuracy, shards, pools, algorithms.split(","), [int(s) for s in seeds.split(",")], params_path,
-              list(overrides))
+              list(overrides), [v for v in variants.split(",") if v] or None)

@@ -31,7 +31,7 @@ def _runs(models: Path, runs_dir: Path) -> list[dict]:
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
     import numpy as np
 
-    from fedccrl_core.algorithms.fedccrl import pool_without
+    from fedccrl_core.algorithms.fedccrl import pool_without, resolve_variant
     from fedccrl_core.augment import AugmentConfig
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.pools import load_pool, sample_statistics
@@ -45,7 +45,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     with atomic_dir(final_out) as out:  # .<out>.tmp-<pid>-<token>, renamed into place at the end
         fp = cfg.figures
         seed, n_preview, n_tsne, n_cam = fp.seed, fp.preview_images, fp.tsne_points, fp.gradcam_images
-        fcfg = cfg.train.fedccrl.model_dump()
+        fcfg = resolve_variant(cfg.train.fedccrl.model_dump())  # the variant's readings (issue 19)
         mean, std = cfg.preprocess.mean, cfg.preprocess.std
         manifest = load_manifest(shards)
         classes = list(manifest["classes"])

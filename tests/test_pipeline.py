@@ -185,6 +185,8 @@ def _train_in_process(ws, out, params, monkeypatch, algorithm="fedccrl"):
     ({"train.held_out": [-1]}, "key 'train.held_out[0]': got -1; must be an integer >= 0 or a string"),
     ({"train.algorithms": ["fedccrl", "fedccrl"]}, "key 'train.algorithms': got ['fedccrl', 'fedccrl']; 'fedccrl' listed"),
     ({"train.seeds": ["0"]}, "key 'train.seeds[0]': got '0'; must be an integer"),
+    ({"train.fedccrl.variant": "code"}, "key 'train.fedccrl.variant': got 'code'; must be one of paper, reference"),
+    ({"train.fedccrl.uint8_wrap": "yes"}, "key 'train.fedccrl.uint8_wrap': got 'yes'; must be true or false"),
 ])
 def test_bad_params_give_one_clear_line(repro_ws, overrides, message, tmp_path, monkeypatch):
     ws, _, _ = repro_ws
@@ -202,6 +204,23 @@ def test_unknown_algorithm_named(repro_ws, tmp_path, monkeypatch):
     res = _train_in_process(ws, str(tmp_path / "out"), params, monkeypatch, algorithm="fedfoo")
     assert res.exit_code == 2 and "--algorithm: got 'fedfoo'; must be one of" in res.stderr
     assert "fedccrl, fedavg, fedprox" in res.stderr  # the valid names are listed
+
+
+def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, tmp_path, monkeypatch):
+    """Issue 19: train.fedccrl.variant: reference trains through the train stage, and its MLflow run records
+    the variant and each switch's reading (so the two variants compare side by side in MLflow)."""
+    import mlflow
+
+    ws, _, _ = repro_ws
+    params = _write_params(tmp_path, **{**SMALL, "train.rounds": 1, "train.fedccrl.variant": "reference"})
+    res = _train_in_process(ws, str(tmp_path / "out"), params, monkeypatch)
+    assert res.exit_code == 0, res.stderr[-3000:]
+    meta = json.loads((tmp_path / "out" / "d1" / "history.json").read_text())["meta"]
+    assert meta["hparams"]["variant"] == "reference" and meta["hparams"]["forward"] == "per_view"
+    run = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(meta["mlflow_run_id"])
+    recorded = {k: run.data.params[f"fedccrl.{k}"] for k in ("variant", "l_cls", "supcon", "upload", "uint8_wrap")}
+    assert recorded == {"variant": "reference", "l_cls": "sum", "supcon": "self_positive", "upload": "floor_unbiased",
+                        "uint8_wrap": "False"}
 
 
 def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkeypatch):

@@ -116,6 +116,11 @@ class Algorithm:
         raise NotImplementedError
 
     # ---- the hooks of the one local loop (`local_train_steps`); every algorithm uses this loop -----
+    def min_batch(self) -> int:
+        """Smallest minibatch trained; a smaller last batch of an epoch is skipped (a batch of 1
+        breaks BatchNorm in train mode where a feature map is 1x1)."""
+        return 2
+
     def local_epoch_count(self) -> int:
         """Local epochs of one client-round (FedADG: E0 + E1)."""
         return self.local.local_epochs
@@ -176,7 +181,7 @@ class Algorithm:
             order = fastpath.to_device(torch.from_numpy(shuffle_rng.permutation(n)), dev)
             for start in range(0, n, bs):
                 idx = order[start:start + bs]
-                if idx.numel() < 2:  # a batch of 1 breaks BatchNorm in train mode
+                if idx.numel() < self.min_batch():
                     continue
                 x = normalize_u8(data.train_x[idx], self.local.mean, self.local.std)
                 y = data.train_y[idx]

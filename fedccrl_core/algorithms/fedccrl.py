@@ -11,8 +11,15 @@ Client i, each round:
   Eq. 15    L = L_CLS + lambda1 L_RA + lambda2 L_JS
 The three views go through h in one concatenated batch (as AugMix's JSD training does), so
 BatchNorm sees the batch statistics of all three views together.
+
+`variant: paper | reference` (issue 19). The paper's Table 1 comes from the authors' code
+(SanphouWang/FedCCRL at 60b2d9b), which differs from the equations above. Each difference is a
+switch of its own (VARIANT_SWITCHES: key -> (paper reading, reference reading)); a switch left
+at `auto` follows `variant`. The README's table lists them with the reference's file:line.
 """
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 import torch
@@ -20,8 +27,43 @@ import torch
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
-from fedccrl_core.data.pools import sample_statistics
+from fedccrl_core.data.pools import sample_statistics, unbiased_sigma
 from fedccrl_core.losses import fedccrl_loss
+
+# train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`
+VARIANT_SWITCHES = {
+    "forward": ("joint", "per_view"),        # one pass on the 3B concatenation | three passes (BN per view)
+    "l_cls": ("mean", "sum"),                # Eq. 16's 1/3 | the sum of the three CEs
+    "supcon": ("paper", "self_positive"),    # Eq. 11's P(i) without i | i its own positive, mean over 2B
+    "augmix": ("per_sample", "batch"),       # Alg. 3 per sample | torchvision's AugMix on the batch tensor
+    "mixstyle_var": ("population", "unbiased"),      # Eq. 7 | torch.var's default
+    "pool_draw": ("with_replacement", "reference"),  # Alg. 2 line 5 | distinct rows when the pool has >= B
+    "upload": ("ceil", "floor_unbiased"),    # Eq. 8 | floor(r n) rows with the unbiased std
+    "last_batch": ("skip_single", "keep"),   # skip a last batch of 1 | keep every batch
+}
+VARIANTS = ("paper", "reference")
+
+
+def _switch(key: str):
+    """The type of train.fedccrl.<key>: auto or one of its two readings."""
+    return Literal[("auto", *VARIANT_SWITCHES[key])]
+
+
+def resolve_variant(hp: dict) -> dict:
+    """hp with every `auto` switch replaced by the reading of hp["variant"]; one error naming the key."""
+    variant = hp["variant"]
+    if variant not in VARIANTS:
+        raise ValueError(f"params.yaml: train.fedccrl.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
+    out = dict(hp)
+    for key, readings in VARIANT_SWITCHES.items():
+        if out[key] == "auto":
+            out[key] = readings[VARIANTS.index(variant)]
+        elif out[key] not in readings:
+            raise ValueError(f"params.yaml: train.fedccrl.{key} must be auto, {readings[0]} or {readings[1]}, "
+                             f"got {out[key]!r}")
+    if not isinstance(out["uint8_wrap"], bool):
+        raise ValueError(f"params.yaml: train.fedccrl.uint8_wrap must be true or false, got {out['uint8_wrap']!r}")
+    return out
 
 
 def pool_without(uploads: dict[str, dict], client_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -65,11 +107,49 @@ class FedCCRLParams(HParams):
     difp: bool = hp(True, "Table 2 ablation: DIFP (per-sample AugMix) in M")
     l_ra: bool = hp(True, "Table 2 ablation: L_RA in Eq. 15")
     l_js: bool = hp(True, "Table 2 ablation: L_JS in Eq. 15")
+    # the paper's reading or the reference code's (issue 19): each switch is auto (follow `variant`) or a reading
+    variant: Literal[VARIANTS] = hp("paper", "paper = Eq. 3-16 and Alg. 1-3 | reference = the authors' code "
+                                             "(SanphouWang/FedCCRL at 60b2d9b) behind Table 1")
+    forward: _switch("forward") = hp("auto", "Eq. 4: joint = one pass on the 3B concatenation | per_view = three "
+                                             "passes, BN per view (reference algorithm/client/fedccrl.py:74-86)")
+    l_cls: _switch("l_cls") = hp("auto", "Eq. 16: mean = 1/3 of the three CEs | sum (reference "
+                                         "algorithm/client/fedccrl.py:76, :86)")
+    supcon: _switch("supcon") = hp("auto", "Eq. 11: paper = P(i) without i | self_positive = i its own positive, "
+                                           "mean over 2B anchors (reference algorithm/client/fedccrl.py:137-145)")
+    augmix: _switch("augmix") = hp("auto", "Alg. 3: per_sample | batch = torchvision AugMix on the batch tensor, "
+                                           "one op chain per batch (reference algorithm/client/fedccrl.py:154-165)")
+    mixstyle_var: _switch("mixstyle_var") = hp("auto", "Eq. 7: population | unbiased = torch.var's default "
+                                                       "(reference model/models.py:272)")
+    pool_draw: _switch("pool_draw") = hp("auto", "Alg. 2 line 5: with_replacement | reference = distinct rows when "
+                                                 "the pool holds >= B (reference algorithm/client/fedccrl.py:55-63)")
+    upload: _switch("upload") = hp("auto", "Eq. 8: ceil(r n_i) rows | floor_unbiased = floor(r n_i) rows, unbiased "
+                                           "std (reference algorithm/client/fedccrl.py:21-44)")
+    last_batch: _switch("last_batch") = hp("auto", "skip_single = a last batch of 1 skipped (BatchNorm) | keep = "
+                                                   "every batch (reference DataLoader, no drop_last)")
+    uint8_wrap: bool = hp(False, "reference algorithm/client/fedccrl.py:157-159 casts MixStyle's output to uint8 "
+                                 "unclamped (values outside [0, 1] wrap mod 256): a defect, off even in variant "
+                                 "reference; true reproduces it")
 
 
 class FedCCRL(StatisticsExchange, Algorithm):
     name = "fedccrl"
     Params = FedCCRLParams
+
+    def __init__(self, local, hparams=None):
+        super().__init__(local, hparams)
+        self.hp = resolve_variant(self.hp)
+
+    def client_upload(self, data, rng):
+        """Eq. 8 (upload: ceil), or the reference's floor(r n_i) rows with the unbiased std."""
+        if self.hp["upload"] == "ceil":
+            return super().client_upload(data, rng)
+        if data.stats_mu is None:
+            raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (run the pools stage)")
+        mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng, rounding="floor")
+        return {"mu": mu, "sigma": unbiased_sigma(sigma, data.train_x.shape[2] * data.train_x.shape[3])}
+
+    def min_batch(self) -> int:
+        return 1 if self.hp["last_batch"] == "keep" else 2
 
     def train_step(self, model, x, y, ctx):
         x1, x2 = self.augmented_views(x, ctx)
@@ -91,12 +171,17 @@ class FedCCRL(StatisticsExchange, Algorithm):
         """Eq. 4-5 and 12-16 on the three views. Returns (loss, {term: tensor}, logits on x)."""
         hp = self.hp
         b = x.shape[0]
-        z_all = model.h(torch.cat([x, x1, x2]))                                      # Eq. 4
-        logits_all = model.g(z_all)                                                  # Eq. 5
-        z, z1, z2 = z_all[:b], z_all[b:2 * b], z_all[2 * b:]
-        lo, lo1, lo2 = logits_all[:b], logits_all[b:2 * b], logits_all[2 * b:]
+        if hp["forward"] == "joint":
+            z_all = model.h(torch.cat([x, x1, x2]))                                  # Eq. 4
+            logits_all = model.g(z_all)                                              # Eq. 5
+            z, z1, z2 = z_all[:b], z_all[b:2 * b], z_all[2 * b:]
+            lo, lo1, lo2 = logits_all[:b], logits_all[b:2 * b], logits_all[2 * b:]
+        else:  # the reference's three passes (clean first): BN normalizes each view by its own batch
+            z, z1, z2 = model.h(x), model.h(x1), model.h(x2)                         # Eq. 4
+            lo, lo1, lo2 = model.g(z), model.g(z1), model.g(z2)                      # Eq. 5
         loss, t = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp["lambda1"], lambda2=hp["lambda2"],
-                               tau=hp["tau"], l_ra=hp["l_ra"], l_js=hp["l_js"])  # Eq. 12-16
+                               tau=hp["tau"], l_ra=hp["l_ra"], l_js=hp["l_js"],
+                               l_cls=hp["l_cls"], supcon=hp["supcon"])  # Eq. 12-16
         terms = {name: t[key] for name, key in (("l_cls", "loss_cls"), ("l_ra", "loss_ra"), ("l_js", "loss_js"))
                  if key in t}
         return loss, terms, lo

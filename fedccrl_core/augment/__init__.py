@@ -14,6 +14,12 @@ MixStyle can move pixels out of [0, 1], and AugMix's ops are defined on images.
 Ablation switches (Table 2): ``ccdt=False`` or ``difp=False`` makes that step the identity
 (with ``difp=False`` nothing is denormalized or clamped). Two calls give X^(1) and X^(2) with
 independent draws.
+
+Reference-code switches (issue 19; README "FedCCRL: the paper and the reference code"):
+``mixstyle_var``/``pool_draw`` (``ccdt.py``), ``augmix="batch"`` (``augmix.augmix_batch``: its
+input is cast to 8-bit levels as the reference does, ``augmix.to_uint8_levels``) and
+``uint8_wrap`` (the cast wraps mod 256 instead of the clamp: the reference's defect, off unless
+asked for).
 """
 from __future__ import annotations
 
@@ -24,22 +30,27 @@ from typing import Any
 import torch
 
 from ..statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
-from .augmix import OPS, AugMixPlan, apply_op, augmix, sample_augmix_plan
+from .augmix import (ALL_OPS, OPS, AugMixPlan, apply_op, augmix, augmix_batch, sample_augmix_plan,
+                     sample_batch_augmix_plan, to_uint8_levels)
 from .ccdt import ccdt, sample_beta, sample_dirichlet, sample_gamma, sample_log_gamma
 
 __all__ = [
+    "ALL_OPS",
     "OPS",
     "AugMixPlan",
     "AugmentConfig",
     "apply_op",
     "augmix",
+    "augmix_batch",
     "ccdt",
     "fedccrl_augment",
     "sample_augmix_plan",
+    "sample_batch_augmix_plan",
     "sample_beta",
     "sample_dirichlet",
     "sample_gamma",
     "sample_log_gamma",
+    "to_uint8_levels",
 ]
 
 
@@ -52,6 +63,10 @@ class AugmentConfig:
     severity: int = 3  # AugMix severity (reference default)
     ccdt: bool = True  # Table 2 switch "MixStyle"
     difp: bool = True  # Table 2 switch "AugMix"
+    mixstyle_var: str = "population"  # population (Eq. 7) | unbiased (reference code)
+    pool_draw: str = "with_replacement"  # with_replacement (Alg. 2 line 5) | reference (distinct rows when pool >= B)
+    augmix: str = "per_sample"  # per_sample (Alg. 3) | batch (reference code: torchvision's AugMix on the batch)
+    uint8_wrap: bool = False  # reference code's cast wrapping mod 256 between MixStyle and AugMix (a defect)
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any]) -> "AugmentConfig":
@@ -85,8 +100,17 @@ def fedccrl_augment(
     if cfg.ccdt:
         if pool_mu is None or pool_sigma is None:
             raise ValueError("ccdt=True needs the statistics pool (pool_mu, pool_sigma)")
-        x = ccdt(x, pool_mu, pool_sigma, cfg.alpha, generator)
+        x = ccdt(x, pool_mu, pool_sigma, cfg.alpha, generator, unbiased=cfg.mixstyle_var == "unbiased",
+                 pool_draw=cfg.pool_draw)
     if cfg.difp:
-        x01 = denormalize(x, mean, std).clamp(0.0, 1.0)
-        x = normalize(augmix(x01, cfg.beta, cfg.severity, generator), mean, std)
+        x01 = denormalize(x, mean, std)
+        if cfg.augmix == "batch" or cfg.uint8_wrap:  # the reference's (x * 255).to(torch.uint8)
+            x01 = to_uint8_levels(x01, wrap=cfg.uint8_wrap)
+        else:
+            x01 = x01.clamp(0.0, 1.0)
+        if cfg.augmix == "batch":
+            x = augmix_batch(x01, cfg.beta, cfg.severity, generator)
+        else:
+            x = augmix(x01, cfg.beta, cfg.severity, generator)
+        x = normalize(x, mean, std)
     return x

@@ -54,6 +54,24 @@ Where the authors' FedCCRL code differs from Alg. 3 (we follow Alg. 3): it calls
 (k fixed at 3, not k ~ U{1,2,3}) and all_ops=True (adds the four ImageNet-C-overlapping ops).
 AugMix's own code weights the ORIGINAL by 1 - m and the mix by m; Alg. 3 weights the original
 by m. With m ~ Beta(beta, beta) symmetric, the two have the same distribution.
+
+The reference code's form is offered as a switch (params.yaml train.fedccrl.augmix: batch;
+issue 19): ``augmix_batch`` draws as torchvision's ``AugMix()`` does on a batch tensor
+(SanphouWang/FedCCRL 60b2d9b algorithm/client/fedccrl.py:154-165, torchvision defaults
+severity=3, mixture_width=3, chain_depth=-1, alpha=1, all_ops=True, bilinear, fill 0):
+    - k = 3 chains always, each of depth ~ U{1, 2, 3}; depth, ops, magnitudes and signs drawn
+      ONCE for the whole batch; only the Dirichlet weights w and m are drawn per sample;
+    - the op is uniform over 13 ops: O plus brightness, color, contrast, sharpness (ALL_OPS);
+    - magnitude = linspace(0, max, 10)[bin], bin ~ U{0, .., severity - 1}: shear max 0.3,
+      translate max size/3 (then int()), rotate max 30 degrees (float), brightness, color,
+      contrast and sharpness max 0.9 (factor 1 + signed magnitude); posterize keeps
+      4 - round(bin / 2.25) bits, solarize thresholds at linspace(255, 0, 10)[bin];
+    - 8-bit in and out: the reference casts its input with .to(torch.uint8) and torchvision
+      casts the mix back with truncation (``to_uint8_levels``, and floor at the output).
+Numerics as above: the intermediate results of the geometric and the four color ops stay in
+float (torchvision rounds or truncates each op's result to uint8); color and contrast use
+torchvision's gray 0.2989 R + 0.587 G + 0.114 B (not truncated), sharpness its 3x3 kernel
+[[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13 with the border pixels kept.
 """
 from __future__ import annotations
 
@@ -80,6 +98,11 @@ AUTOCONTRAST, EQUALIZE, POSTERIZE, ROTATE, SOLARIZE, SHEAR_X, SHEAR_Y, TRANSLATE
 IDENTITY = -1  # op id of an unused chain slot or of a step beyond a chain's depth
 LUT_OPS = (AUTOCONTRAST, EQUALIZE, POSTERIZE, SOLARIZE)
 GEOMETRIC_OPS = (ROTATE, SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y)
+# torchvision's all_ops=True set (the reference code's AugMix): O plus the four ImageNet-C-overlapping ops
+ALL_OPS = OPS + ("brightness", "color", "contrast", "sharpness")
+BRIGHTNESS, COLOR, CONTRAST, SHARPNESS = range(len(OPS), len(ALL_OPS))
+COLOR_OPS = (BRIGHTNESS, COLOR, CONTRAST, SHARPNESS)
+MAGNITUDE_BINS = 10  # torchvision AugMix: linspace(0, max, 10), bin < severity
 
 MAX_CHAINS = 3  # Alg. 3 line 4: k ~ U{1, 2, 3}
 MAX_DEPTH = 3  # Alg. 3 lines 7-9: op1, op2∘op1 or op3∘op2∘op1
@@ -289,38 +312,63 @@ def _apply_family(y, op, magnitude, family_ops, family_fn, compact: bool) -> tor
     return y.index_copy_(0, idx, out)  # in place: callers pass a tensor they own
 
 
+def _color_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
+    """Brightness/color/contrast/sharpness (torchvision's adjust_*), image i by op[i] with the
+    factor 1 + magnitude[i]: a blend f y + (1 - f) d with d black, gray, the gray mean, or the
+    3x3-smoothed image (border pixels kept). Any other op id leaves the image unchanged."""
+    f = (1.0 + magnitude.to(y.dtype)).view(-1, 1, 1, 1)
+    gray = 0.2989 * y[:, 0:1] + 0.587 * y[:, 1:2] + 0.114 * y[:, 2:3]
+    kernel = y.new_ones(3, 3)
+    kernel[1, 1] = 5.0
+    kernel = (kernel / 13.0).expand(y.shape[1], 1, 3, 3)
+    smooth = y.clone()
+    smooth[:, :, 1:-1, 1:-1] = F.conv2d(y, kernel, groups=y.shape[1])
+    out = y
+    for op_id, degenerate in ((BRIGHTNESS, torch.zeros_like(gray)), (COLOR, gray),
+                              (CONTRAST, gray.mean(dim=(1, 2, 3), keepdim=True)), (SHARPNESS, smooth)):
+        out = torch.where((op == op_id)[:, None, None, None], (f * y + (1.0 - f) * degenerate).clamp(0.0, 1.0), out)
+    return out
+
+
 def _apply_step(
-    y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, compact: bool | None = None
+    y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, compact: bool | None = None,
+    all_ops: bool = False,
 ) -> torch.Tensor:
     """One chain step: image i gets op[i] with magnitude[i] (IDENTITY leaves it unchanged).
-    compact defaults to True on the CPU only (see ``_apply_family``); y may be overwritten."""
+    compact defaults to True on the CPU only (see ``_apply_family``); y may be overwritten.
+    all_ops: op ids may also be the four COLOR_OPS (the reference code's torchvision AugMix)."""
     if compact is None:
         compact = y.device.type == "cpu"
     y = _apply_family(y, op, magnitude, LUT_OPS, _lut_ops, compact)
-    return _apply_family(y, op, magnitude, GEOMETRIC_OPS, _geometric_ops, compact)
+    y = _apply_family(y, op, magnitude, GEOMETRIC_OPS, _geometric_ops, compact)
+    if all_ops:
+        y = _apply_family(y, op, magnitude, COLOR_OPS, _color_ops, compact)
+    return y
 
 
 def apply_op(x: torch.Tensor, op: str | int, magnitude: float | torch.Tensor = 0.0) -> torch.Tensor:
-    """Apply one op of O to every image of x [N, C, H, W] in [0, 1] with the raw parameter
-    ``magnitude`` (scalar or [N]): degrees, shear factor, pixels, bits kept or threshold."""
-    op_id = OPS.index(op) if isinstance(op, str) else int(op)
+    """Apply one op of ALL_OPS to every image of x [N, C, H, W] in [0, 1] with the raw parameter
+    ``magnitude`` (scalar or [N]): degrees, shear factor, pixels, bits kept, threshold, or the
+    signed factor offset of the four color ops."""
+    op_id = ALL_OPS.index(op) if isinstance(op, str) else int(op)
     n = x.shape[0]
     ops = torch.full((n,), op_id, device=x.device, dtype=torch.long)
     mag = torch.as_tensor(magnitude, device=x.device, dtype=torch.float32).expand(n)
-    return _apply_step(x.float().clone(), ops, mag).to(x.dtype)
+    return _apply_step(x.float().clone(), ops, mag, all_ops=op_id in COLOR_OPS).to(x.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
 # AugMix (Alg. 3)
 # ---------------------------------------------------------------------------------------------
-def _augmix_with(x: torch.Tensor, plan: AugMixPlan) -> torch.Tensor:
+def _augmix_with(x: torch.Tensor, plan: AugMixPlan, all_ops: bool = False) -> torch.Tensor:
     """Alg. 3 lines 6-13 for given draws: x_hat = m x + (1 - m) sum_i w_i chain_i(x)."""
     S, B, D = plan.op.shape
     _, c, h, w = x.shape
     y = x.float()
     chains = y.repeat(S, 1, 1, 1)  # row s * B + b is chain slot s of sample b
     for step in range(D):
-        chains = _apply_step(chains, plan.op[:, :, step].reshape(-1), plan.magnitude[:, :, step].reshape(-1))
+        chains = _apply_step(chains, plan.op[:, :, step].reshape(-1), plan.magnitude[:, :, step].reshape(-1),
+                             all_ops=all_ops)
     chains = chains.view(S, B, c, h, w)
     weight = plan.weight.to(y.dtype)
     x_aug = weight[:, 0, None, None, None] * chains[0]
@@ -342,3 +390,69 @@ def augmix(
     b, _, h, w = x.shape
     plan = sample_augmix_plan(b, h, w, beta, severity, generator, x.device)
     return _augmix_with(x, plan)
+
+
+# ---------------------------------------------------------------------------------------------
+# The reference code's AugMix: torchvision's, one op chain per batch (module docstring)
+# ---------------------------------------------------------------------------------------------
+def batch_op_magnitude(op: torch.Tensor, level_bin: torch.Tensor, sign: torch.Tensor,
+                       height: int, width: int) -> torch.Tensor:
+    """torchvision AugMix's parameter of each op of ALL_OPS: linspace(0, max, 10)[bin], signed
+    where the op is signed (0 for autocontrast, equalize and IDENTITY)."""
+    frac = level_bin.to(torch.float32) / (MAGNITUDE_BINS - 1)  # linspace(0, max, 10)[bin] = max * frac
+    zero = torch.zeros_like(frac)
+    by_op = torch.stack([
+        zero,  # autocontrast
+        zero,  # equalize
+        4.0 - torch.round(level_bin.to(torch.float32) / ((MAGNITUDE_BINS - 1) / 4.0)),  # posterize: bits kept
+        sign * 30.0 * frac,  # rotate: degrees
+        255.0 * (1.0 - frac),  # solarize: threshold, linspace(255, 0, 10)
+        sign * 0.3 * frac,  # shear_x
+        sign * 0.3 * frac,  # shear_y
+        sign * torch.trunc(width / 3.0 * frac),  # translate_x: int() pixels
+        sign * torch.trunc(height / 3.0 * frac),  # translate_y
+        *[sign * 0.9 * frac] * 4,  # brightness, color, contrast, sharpness: factor 1 + magnitude
+    ])
+    return by_op.gather(0, op.clamp_min(0).unsqueeze(0)).squeeze(0) * (op >= 0)
+
+
+def sample_batch_augmix_plan(batch: int, height: int, width: int, beta: float = 1.0, severity: int = 3,
+                             generator: torch.Generator | None = None,
+                             device: torch.device | str | None = None) -> AugMixPlan:
+    """torchvision AugMix's draws for a batch: 3 chains of depth U{1,2,3}, each step's op
+    (uniform over ALL_OPS), magnitude bin (U{0..severity-1}) and sign shared by the whole batch;
+    per sample only w ~ Dirichlet(beta, beta, beta) and m ~ Beta(beta, beta)."""
+    if not 1 <= severity <= 10:
+        raise ValueError(f"AugMix severity must be in [1, 10], got {severity}")
+    S, D = MAX_CHAINS, MAX_DEPTH
+    kw = dict(generator=generator, device=device)
+    depth = torch.randint(1, D + 1, (S,), **kw)
+    op = torch.randint(0, len(ALL_OPS), (S, D), **kw)
+    level_bin = torch.randint(0, severity, (S, D), **kw)
+    sign = torch.where(torch.rand((S, D), **kw) < 0.5, -1.0, 1.0)
+    op = torch.where(torch.arange(D, device=device)[None, :] < depth[:, None], op, torch.full_like(op, IDENTITY))
+    magnitude = batch_op_magnitude(op, level_bin, sign, height, width)
+    weight = sample_dirichlet(beta, (batch, S), **kw)  # all 3 chains used (mixture_width = 3)
+    m = sample_beta(beta, beta, (batch,), **kw)  # weight of the original (torchvision's m[:, 0])
+    return AugMixPlan(op[:, None, :].expand(S, batch, D), magnitude[:, None, :].expand(S, batch, D), weight, m)
+
+
+def to_uint8_levels(x01: torch.Tensor, wrap: bool = False) -> torch.Tensor:
+    """The reference's cast to 8 bits before AugMix, ``(x * 255).to(torch.uint8)``, as levels k/255:
+    truncation toward zero, then clamped to [0, 255] (wrap=False), or wrapped mod 256 (wrap=True:
+    what the CPU cast does to values outside [0, 1] after MixStyle, -0.3 -> 180/255; a defect of
+    the reference, offered only as the explicit switch train.fedccrl.uint8_wrap)."""
+    levels = torch.trunc(x01 * 255.0)
+    levels = torch.remainder(levels, 256.0) if wrap else levels.clamp(0.0, 255.0)
+    return levels / 255.0
+
+
+def augmix_batch(x: torch.Tensor, beta: float = 1.0, severity: int = 3,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+    """The reference code's AugMix on x [B, C, H, W] of 8-bit levels in [0, 1]: one op chain per
+    batch (``sample_batch_augmix_plan``); the result is truncated to 8 bits as torchvision's is."""
+    if x.dim() != 4:
+        raise ValueError(f"augmix_batch expects a [B, C, H, W] batch, got shape {tuple(x.shape)}")
+    b, _, h, w = x.shape
+    plan = sample_batch_augmix_plan(b, h, w, beta, severity, generator, x.device)
+    return (torch.floor(_augmix_with(x, plan, all_ops=True).float() * 255.0) / 255.0).to(x.dtype)

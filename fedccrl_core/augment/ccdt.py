@@ -29,6 +29,13 @@ statistics expressed in the same space, MixStyle in normalized space equals MixS
 space followed by the normalization (up to the eps inside the square root, which is scaled by
 s^2). The pool holds statistics of normalized samples (``statistics.py``), so we mix there.
 
+Reference-code switches (params.yaml train.fedccrl.mixstyle_var, pool_draw; issue 19). The
+authors' MixStyle (SanphouWang/FedCCRL 60b2d9b model/models.py:271-273) takes the UNBIASED
+variance (divides by HW - 1), and its pool draw (algorithm/client/fedccrl.py:55-63) takes B
+DISTINCT rows (a random permutation's first B) when the pool holds at least B rows, with
+replacement only otherwise. Alg. 2 line 5 draws each sample's row on its own, i.e. with
+replacement, which is what ``pool_draw="with_replacement"`` (the default) does.
+
 Random draws. All randomness comes from an optional ``torch.Generator`` on x's device, so a
 seeded generator gives reproducible draws on CPU and CUDA. ``torch.distributions.Beta`` and
 ``torch._standard_gamma`` take no generator, so Beta is sampled here as a ratio of two Gamma
@@ -148,12 +155,13 @@ def _ccdt_with(
     sigma_p: torch.Tensor,
     lam: torch.Tensor,
     eps: float = 1e-6,
+    unbiased: bool = False,
 ) -> torch.Tensor:
     """Alg. 2 lines 3-9 for given draws: pool rows mu_p, sigma_p [B, C] and lambda [B].
 
     x_hat = sigma_mix * (x - mu(x)) / sigma(x) + mu_mix  (MixStyle reading, module docstring).
     """
-    mu, sigma = channel_stats(x, eps)  # Eq. 6-7, [B, C]
+    mu, sigma = channel_stats(x, eps, unbiased)  # Eq. 6-7, [B, C]
     lam = lam.reshape(-1, 1).to(x.dtype)
     mu_mix = lam * mu_p + (1.0 - lam) * mu
     sigma_mix = lam * sigma_p + (1.0 - lam) * sigma
@@ -168,12 +176,15 @@ def ccdt(
     alpha: float = 0.1,
     generator: torch.Generator | None = None,
     eps: float = 1e-6,
+    unbiased: bool = False,
+    pool_draw: str = "with_replacement",
 ) -> torch.Tensor:
     """Alg. 2 on a normalized batch x [B, C, H, W]; returns x_hat of the same shape.
 
     pool_mu, pool_sigma [P, C] (or [P, C, 1, 1]) are F_pool^i = F_pool minus the client's own
     F_i (Eq. 8); keep them on x's device to avoid a copy per call. Each sample draws its own
     pool row (uniformly, with replacement) and its own lambda ~ Beta(alpha, alpha).
+    unbiased / pool_draw="reference": the reference code's statistics and draw (module docstring).
     """
     if x.dim() != 4:
         raise ValueError(f"ccdt expects a [B, C, H, W] batch, got shape {tuple(x.shape)}")
@@ -189,6 +200,17 @@ def ccdt(
     if pool_mu.shape[1] != channels or pool_sigma.shape[1] != channels:
         raise ValueError(f"pool has {pool_mu.shape[1]} channels, batch has {channels}")
 
-    idx = torch.randint(n_pool, (batch,), generator=generator, device=x.device)  # Alg. 2 line 5
+    idx = pool_rows(n_pool, batch, pool_draw, generator, x.device)  # Alg. 2 line 5
     lam = sample_beta(alpha, alpha, (batch,), generator=generator, device=x.device)  # line 6
-    return _ccdt_with(x, pool_mu.index_select(0, idx), pool_sigma.index_select(0, idx), lam, eps)
+    return _ccdt_with(x, pool_mu.index_select(0, idx), pool_sigma.index_select(0, idx), lam, eps, unbiased)
+
+
+def pool_rows(n_pool: int, batch: int, pool_draw: str = "with_replacement",
+              generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+    """Indices of the pool rows of a batch: "with_replacement" (Alg. 2 line 5, each sample on its
+    own) or "reference" (distinct rows when n_pool >= batch, with replacement otherwise)."""
+    if pool_draw == "reference" and n_pool >= batch:
+        return torch.randperm(n_pool, generator=generator, device=device)[:batch]
+    if pool_draw not in ("with_replacement", "reference"):
+        raise ValueError(f"pool_draw must be 'with_replacement' or 'reference', got {pool_draw!r}")
+    return torch.randint(n_pool, (batch,), generator=generator, device=device)

@@ -11,6 +11,10 @@ shard), plus `manifest.json`. Only statistics leave this stage, never images.
 
 Eq. 8: each round client i uploads F_i, the statistics of ceil(r * n_i) of its samples;
 `sample_statistics` draws those rows without replacement with a numpy Generator.
+The reference code (SanphouWang/FedCCRL 60b2d9b algorithm/client/fedccrl.py:21-44) uploads
+floor(r * n_i) rows, the first of a freshly shuffled pass (a uniform subset without replacement,
+as here), recomputed every round with torch.var's unbiased variance: `sample_statistics(...,
+rounding="floor")` and `unbiased_sigma` give that (train.fedccrl.upload: floor_unbiased, issue 19).
 """
 from __future__ import annotations
 
@@ -137,18 +141,36 @@ def load_pool(pools_dir: str | os.PathLike, client_id: str) -> tuple[np.ndarray,
     return mu, sigma
 
 
-def upload_size(n: int, r: float) -> int:
-    """ceil(r * n_i) of Eq. 8, robust to float error (0.1 * 30 = 3.0000000000000004 -> 3, not 4)."""
+def upload_size(n: int, r: float, rounding: str = "ceil") -> int:
+    """ceil(r * n_i) of Eq. 8, robust to float error (0.1 * 30 = 3.0000000000000004 -> 3, not 4);
+    rounding="floor": the reference code's int(n_i * r), float error included (int(100 * 0.29) = 28)."""
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1:
         raise DataError(f"params.yaml: train.fedccrl.r must be in (0, 1], got {r!r}")
+    if rounding == "floor":
+        k = int(n * r)
+        if k == 0:
+            raise DataError(f"params.yaml: train.fedccrl.upload floor_unbiased uploads floor(r * n) = 0 rows "
+                            f"of a client with n = {n} (r = {r}); raise r or use upload: ceil")
+        return k
     return min(n, math.ceil(round(r * n, 9)))
 
 
-def sample_statistics(mu: np.ndarray, sigma: np.ndarray, r: float,
-                      generator: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """Eq. 8: F_i = the statistics of ceil(r * n_i) of the client's samples, drawn without replacement."""
+def sample_statistics(mu: np.ndarray, sigma: np.ndarray, r: float, generator: np.random.Generator,
+                      rounding: str = "ceil") -> tuple[np.ndarray, np.ndarray]:
+    """Eq. 8: F_i = the statistics of ceil(r * n_i) (or floor, `upload_size`) of the client's samples,
+    drawn without replacement."""
     if mu.shape != sigma.shape or mu.ndim != 2:
         raise DataError(f"pool: mu {mu.shape} and sigma {sigma.shape} must be matching [n, C] arrays")
     n = mu.shape[0]
-    rows = generator.choice(n, size=upload_size(n, r), replace=False)
+    rows = generator.choice(n, size=upload_size(n, r, rounding), replace=False)
     return mu[rows], sigma[rows]
+
+
+def unbiased_sigma(sigma: np.ndarray, hw: int) -> np.ndarray:
+    """The std of Eq. 7 with the unbiased variance (divided by HW - 1), from the stored population
+    sigma = sqrt(var + eps): sqrt((sigma^2 - eps) HW / (HW - 1) + eps), in float64."""
+    from fedccrl_core.statistics import channel_stats
+
+    eps = inspect.signature(channel_stats).parameters["eps"].default
+    var = np.maximum(sigma.astype(np.float64) ** 2 - eps, 0.0) * hw / (hw - 1)
+    return np.sqrt(var + eps).astype(np.float32)

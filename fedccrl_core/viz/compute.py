@@ -1,6 +1,8 @@
 """The data behind the figures: augmentation previews, encoder representations for t-SNE, CAMs."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
@@ -20,8 +22,8 @@ def augmentation_views(images_u8: np.ndarray, pool_mu: np.ndarray, pool_sigma: n
     g = torch.Generator().manual_seed(seed)
     x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8)), mean, std)
     mu, sigma = torch.as_tensor(pool_mu), torch.as_tensor(pool_sigma)
-    x_ccdt = ccdt(x, mu, sigma, cfg.alpha, g)
-    difp_only = AugmentConfig(alpha=cfg.alpha, beta=cfg.beta, severity=cfg.severity, ccdt=False, difp=True)
+    x_ccdt = ccdt(x, mu, sigma, cfg.alpha, g, unbiased=cfg.mixstyle_var == "unbiased", pool_draw=cfg.pool_draw)
+    difp_only = dataclasses.replace(cfg, ccdt=False, difp=True)
     x_both = fedccrl_augment(x_ccdt, None, None, difp_only, g, mean, std)
     return {"original": np.asarray(images_u8), "ccdt": _to_u8(x_ccdt, mean, std), "ccdt_difp": _to_u8(x_both, mean, std)}
 
