@@ -173,6 +173,6 @@ def command(compare, thread_steps, keep, json_out):
 
     result = run_stage(bench_repro, compare, thread_steps, keep)
     if json_out is not None:
-        from fedccrl_core.data.atomic import write_json_atomic
+        from fedccrl_core.fsio import write_json
 
-        write_json_atomic(json_out, result)
+        write_json(json_out, result)
