@@ -41,7 +41,7 @@ def test_one_round_on_a_pacs_subset(pacs128, tmp_path, monkeypatch):
     params["preprocess"]["image_size"] = 64
     params["model"].update(backbone="mobilenet_v3_large", pretrained="none")
     params["partition"]["val_fraction"] = 0.25
-    params["train"].update(rounds=1, local_epochs=1, batch_size=8)
+    params["train"].update(rounds=1, local_epochs=1, batch_size=8, algorithms=["fedccrl"])
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     monkeypatch.chdir(tmp_path)
     runner = CliRunner()
