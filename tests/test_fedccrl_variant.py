@@ -4,6 +4,7 @@ reference variant differs from the paper only where a switch says so; the refere
 end through the in-process engine, Flower (loopback Grid) and the train stage (params.yaml -> MLflow)."""
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -331,3 +332,25 @@ def test_reference_variant_through_flower_equals_inprocess(data, monkeypatch, tm
         assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
     monkeypatch.setitem(HPARAMS, "fedccrl", {})
     assert run_inprocess(data, "fedccrl", 1).history[0]["loss"] != ref.history[0]["loss"]
+
+
+def test_reference_variant_through_dvc(tmp_path):
+    """`train.fedccrl.variant: reference` in params.yaml, run by `dvc repro` (download -> partition -> pools ->
+    train, one round, one held-out domain): the run trains the reference's readings and MLflow records them."""
+    import shutil
+
+    import mlflow
+    from test_pipeline import REPO, _env, _run, _write_params
+
+    shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
+    for code in ("fedccrl_core", "fedccrl_flower", "flower_app", "serving", "pipeline"):
+        (tmp_path / code).symlink_to(REPO / code)
+    _write_params(tmp_path, **{"train.rounds": 1, "train.local_epochs": 1, "train.held_out": [3],
+                               "train.algorithms": ["fedccrl"], "train.fedccrl.variant": "reference"})
+    _run(["dvc", "init", "--no-scm", "-q"], tmp_path)
+    _run(["dvc", "repro", "train@fedccrl-0"], tmp_path)
+    meta = json.loads((tmp_path / "models/fedccrl/s0/d3/history.json").read_text())["meta"]
+    assert {k: meta["hparams"][k] for k in REFERENCE} == REFERENCE
+    run = mlflow.MlflowClient(tracking_uri=_env(tmp_path)["MLFLOW_TRACKING_URI"]).get_run(meta["mlflow_run_id"])
+    assert {k: run.data.params[f"fedccrl.{k}"] for k in REFERENCE} == REFERENCE
+    assert run.data.params["fedccrl.variant"] == "reference" and run.info.status == "FINISHED"
