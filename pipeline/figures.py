@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from fedccrl_core import contract
 from pipeline.cli import run_stage
 from pipeline.params import load_config
 from pipeline.tracking import timed
@@ -18,9 +19,9 @@ def _runs(models: Path, runs_dir: Path) -> list[dict]:
     """The runs the evaluate stage reported (the current sweep), with their training histories: results/runs
     mirrors the models/ layout (<algorithm>/s<seed>/d<held_out>.json for models/<algorithm>/s<seed>/d<held_out>)."""
     out = []
-    for res in sorted(runs_dir.rglob("*.json")):
+    for res in sorted(runs_dir.rglob(f"*{contract.RESULT_SUFFIX}")):
         r = json.loads(res.read_text())
-        hist = models / res.relative_to(runs_dir).with_suffix("") / "history.json"
+        hist = contract.run_of_result(models, runs_dir, res) / contract.HISTORY_FILE
         doc = json.loads(hist.read_text())
         out.append({"dir": hist.parent, "meta": doc["meta"], "rounds": doc["rounds"], "result": r})
     if not out:
@@ -75,7 +76,8 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
         for dom in domains:
             dom_runs = [r for r in runs if r["meta"]["held_out_domain"] == dom]
             # per-round curves, mean over seeds
-            metrics = ["target_acc", "val_acc", "loss"] + sorted({k for r in dom_runs for k in r["rounds"][0] if k.startswith("l_")})
+            metrics = [contract.TARGET_ACC, contract.VAL_ACC, contract.LOSS]
+            metrics += sorted({k for r in dom_runs for k in r["rounds"][0] if contract.is_loss_term(k)})
             series: dict = {m: {} for m in metrics}
             for alg in sorted({r["meta"]["algorithm"] for r in dom_runs}):
                 rs = [r for r in dom_runs if r["meta"]["algorithm"] == alg]
@@ -84,7 +86,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
                     for i, rec in enumerate(rs[0]["rounds"]):
                         vals = [r["rounds"][i][m] for r in rs if i < len(r["rounds"]) and r["rounds"][i].get(m) is not None]
                         if vals:
-                            pts.append((rec["round"], float(np.mean(vals))))
+                            pts.append((rec[contract.ROUND], float(np.mean(vals))))
                     series[m][alg] = pts
             written.append(fig.round_curves(dom, series, out / f"curves_{dom}.png"))
 
@@ -98,7 +100,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
             cam_pick = pick[:n_cam]
             panels, cam_maps = {}, {}
             for alg in order:
-                model, meta = load_model(first[alg]["dir"] / "model.pt")
+                model, meta = load_model(first[alg]["dir"] / contract.MODEL_FILE)
                 panels[alg] = (tsne_2d(representations(model, x[pick], mean, std), seed), y[pick])
                 cam_maps[alg] = cams(model, x[cam_pick], mean, std)
             written.append(fig.tsne_panels(dom, panels, classes, out / f"tsne_{dom}.png"))

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from fedccrl_core import contract
 from fedccrl_core.fsio import atomic_file, write_text
 from pipeline.cli import run_stage
 from pipeline.tracking import timed
@@ -37,7 +38,7 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
         from pipeline.params import load_config
 
         load_config(params_path)
-    files = sorted(runs_dir.rglob("*.json"))
+    files = sorted(runs_dir.rglob(f"*{contract.RESULT_SUFFIX}"))
     if not files:
         raise FileNotFoundError(f"{runs_dir}: no evaluation results (run the evaluate stage first)")
     runs = [json.loads(f.read_text()) for f in files]
@@ -51,15 +52,15 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
     for alg, per_dom in by.items():
         m = {}
         for dom, rs in per_dom.items():
-            m[dom] = {"final_target_acc": _mean_std([x["final_target_acc"] for x in rs]),
-                      "best_val_target_acc": _mean_std([x["best_val_target_acc"] for x in rs]),
+            m[dom] = {contract.FINAL_TARGET_ACC: _mean_std([x[contract.FINAL_TARGET_ACC] for x in rs]),
+                      contract.BEST_VAL_TARGET_ACC: _mean_std([x[contract.BEST_VAL_TARGET_ACC] for x in rs]),
                       "seeds": sorted(x["seed"] for x in rs)}
         m["comm_mb_per_round"] = {
             k: statistics.fmean(x[f"bytes_{k}_per_round"] for rs in per_dom.values() for x in rs) / 1e6
             for k in ("up", "down")}
         if len(per_dom) == len(domains):
             m["avg"] = {k: statistics.fmean(m[d][k]["mean"] for d in domains)
-                        for k in ("final_target_acc", "best_val_target_acc")}
+                        for k in (contract.FINAL_TARGET_ACC, contract.BEST_VAL_TARGET_ACC)}
         metrics[alg] = m
     dataset = runs[0]["dataset"]
 
@@ -74,7 +75,8 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
     for p in parts:     # the partition the runs were trained on (one line; several if runs were mixed)
         lines += ["Partition: " + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items())
                                    or "not recorded"), ""]
-    for key, title in (("final_target_acc", "final round"), ("best_val_target_acc", "round selected by source validation")):
+    for key, title in ((contract.FINAL_TARGET_ACC, "final round"),
+                       (contract.BEST_VAL_TARGET_ACC, "round selected by source validation")):
         lines += [f"### {dataset}: target accuracy (%), {title}", "",
                   "| Algorithm | " + " | ".join(domains) + " | Avg. |", "|---" * (len(domains) + 2) + "|"]
         for alg in metrics:
@@ -88,15 +90,15 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
         c = metrics[alg]["comm_mb_per_round"]
         lines.append(f"| {alg} | {c['up']:.3f} | {c['down']:.3f} |")
     lines.append("")
-    rounds = sorted({p["round"] for r in runs for p in r["per_round"]})
-    cols = {f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}": {p["round"]: p["target_acc"] for p in r["per_round"]}
-            for r in runs}
+    rounds = sorted({p[contract.ROUND] for r in runs for p in r["per_round"]})
+    cols = {f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}":
+            {p[contract.ROUND]: p[contract.TARGET_ACC] for p in r["per_round"]} for r in runs}
     for path in (metrics_out, table_out, curves_out):
         path.parent.mkdir(parents=True, exist_ok=True)
     write_text(metrics_out, json.dumps(metrics, indent=1))
     write_text(table_out, "\n".join(lines))
     csv_rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
-    for key in ("final_target_acc", "best_val_target_acc"):
+    for key in (contract.FINAL_TARGET_ACC, contract.BEST_VAL_TARGET_ACC):
         for alg in metrics:
             get = lambda d, s: metrics[alg][d][key][s] if d in metrics[alg] else ""  # noqa: E731
             csv_rows.append([key, alg, *[get(d, "mean") for d in domains], *[get(d, "std") for d in domains],
@@ -106,7 +108,7 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
         csv.writer(f).writerows(csv_rows)
     with atomic_file(curves_out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["round", *cols])
+        w.writerow([contract.ROUND, *cols])
         for rd in rounds:
             w.writerow([rd, *[cols[c].get(rd, "") for c in cols]])
     print("\n".join(lines), file=sys.stderr)

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core import contract
 from fedccrl_core import fastpath
 from fedccrl_core.aggregation import WeightedSum
 from fedccrl_core.client import ClientData, ClientState
@@ -192,7 +193,7 @@ class Algorithm:
                 opt.step()
                 with fastpath.autocast(fast, dev):
                     terms = {**terms, **self.after_step(model, ctx)}
-                for k, v in {"loss": loss, **terms}.items():
+                for k, v in {contract.LOSS: loss, **terms}.items():
                     sums[k] = sums.get(k, 0) + v.detach().float()
                     counts[k] = counts.get(k, 0) + 1
                 correct += (logits.detach().argmax(1) == y).sum()
@@ -203,8 +204,8 @@ class Algorithm:
         state.scheduler = sched.state_dict()
         self.end_local(model, state, ctx)
         metrics = {k: float(v) / counts[k] for k, v in sums.items()}  # one host sync per client-round
-        metrics["train_acc"] = float(correct) / max(seen, 1)
-        metrics["lr"] = float(opt.param_groups[0]["lr"])
+        metrics[contract.TRAIN_ACC] = float(correct) / max(seen, 1)
+        metrics[contract.LR] = float(opt.param_groups[0]["lr"])
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return Reply(data.client_id, weights, n, metrics, ctx.upload)
 
@@ -270,4 +271,4 @@ class ListAggregation:
 def cross_entropy_step(model, x, y):
     logits = model(x)
     loss = F.cross_entropy(logits, y)
-    return loss, {"l_cls": loss}, logits
+    return loss, {contract.L_CLS: loss}, logits

@@ -45,6 +45,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment import augmix, sample_beta
@@ -194,18 +195,18 @@ def fedalign_loss(logits, logits1, logits2, z, z1, z2, y, lambda1=0.1, lambda2=0
     already routed through the gradient reversal layer by the caller). A switched-off term is
     neither computed nor reported. Returns (L, {term: detached tensor})."""
     loss_cls = F.cross_entropy(logits.float(), y)  # Alg. 1 line 17: the original view only
-    total, terms = loss_cls, {"l_cls": loss_cls}
+    total, terms = loss_cls, {contract.L_CLS: loss_cls}
     if l_sc:
-        terms["l_sc"] = representation_alignment_loss(z, z1, z2, y, tau)  # Alg. 1 line 17 / Eq. 12
-        total = total + lambda1 * terms["l_sc"]
+        terms[contract.L_SC] = representation_alignment_loss(z, z1, z2, y, tau)  # Alg. 1 line 17 / Eq. 12
+        total = total + lambda1 * terms[contract.L_SC]
     if l_rc:
-        terms["l_rc"] = representation_consistency_loss(z, z1, z2)  # Eq. 13
-        total = total + lambda1 * terms["l_rc"]
+        terms[contract.L_RC] = representation_consistency_loss(z, z1, z2)  # Eq. 13
+        total = total + lambda1 * terms[contract.L_RC]
     if l_js:
-        terms["l_js"] = js_loss(logits, logits1, logits2)  # Eq. 15
-        total = total + lambda2 * terms["l_js"]
+        terms[contract.L_JS] = js_loss(logits, logits1, logits2)  # Eq. 15
+        total = total + lambda2 * terms[contract.L_JS]
     if l_adv is not None:
-        terms["l_adv"] = l_adv
+        terms[contract.L_ADV] = l_adv
         total = total + l_adv
     return total, {k: v.detach() for k, v in terms.items()}
 

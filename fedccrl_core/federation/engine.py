@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.client import ClientData, ClientState
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
@@ -111,7 +112,7 @@ class InProcessTransport:
             if self._checkpoints is not None and self.client_state == "persistent" and cid in self._states:
                 self._checkpoints.write_client(cid, rnd, self._states.pop(cid).to_dict())  # leaves memory now
             self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {reply.client_id}: "
-                     f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
+                     + contract.reply_summary(reply.metrics))
         self._trained = list(sampled)
         return replies
 
