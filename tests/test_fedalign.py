@@ -18,7 +18,6 @@ from fedccrl_core.algorithms.fedalign import (DomainDiscriminator, FedAlign, adv
                                               style_sampling_probabilities)
 from fedccrl_core.algorithms import load_model
 from fedccrl_core.checkpoint import save_model
-from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.losses import js_loss, representation_alignment_loss
 from fedccrl_core.statistics import channel_stats
@@ -205,21 +204,11 @@ def test_train_step_terms_and_adv_switch():
 
 
 # ---- one engine run ------------------------------------------------------------------------------
-def _toy_client(cid, domain, n, seed, shift):
-    g = np.random.default_rng(seed)
-    y = g.integers(0, 3, n)
-    x = g.integers(0, 60, (n, 8, 8, 3)).astype(np.int64) + shift
-    x[np.arange(n), :, :, y] += 150
-    x = np.clip(x, 0, 255).astype(np.uint8)
-    mu = (g.normal(size=(n, 3)) + shift / 40).astype(np.float32)
-    return ClientData.from_numpy(cid, domain, x[: n - 8], y[: n - 8], x[n - 8:], y[n - 8:], "cpu",
-                                 mu[: n - 8], (np.abs(mu[: n - 8]) + 0.5).astype(np.float32))
-
-
-def test_engine_round(tmp_path):
+def test_engine_round(toy_client, tmp_path):
     torch.manual_seed(0)
-    clients = [_toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i) for i in range(2) for k in range(2)]
-    tx = _toy_client("t", "t", 40, 99, 40)
+    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i, stats=True, stats_mean=20 * i / 40)
+               for i in range(2) for k in range(2)]
+    tx = toy_client("t", "t", 40, 99, 40, stats=True, stats_mean=40 / 40)
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
                   tx.train_y, 64)
     local = LocalConfig(rounds=1, local_epochs=1, batch_size=8, lr=1e-2)
