@@ -94,7 +94,22 @@ def test_concurrent_width():
     assert concurrent_width("auto", cpu, 6, alg) == 1
     assert concurrent_width("auto", cuda, 6, alg) == 4 and concurrent_width("auto", cuda, 2, alg) == 2
     assert concurrent_width(3, cpu, 6, alg) == 3
-    assert concurrent_width(4, cpu, 6, build_algorithm("ga", LocalConfig())) == 1  # overrides local_train
+    assert concurrent_width(4, cpu, 6, build_algorithm("ga", LocalConfig())) == 4  # GA trains through the hooks
+
+    class OwnLoop(type(alg)):
+        def local_train(self, *args):
+            raise NotImplementedError
+
+    assert concurrent_width(4, cpu, 6, OwnLoop(LocalConfig())) == 1  # no step generator to interleave
+
+
+def test_every_algorithm_trains_through_the_one_local_loop():
+    """Issue 14 point 3: no algorithm overrides local_train, so each gets the fast path and the interleaving."""
+    from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.algorithms.base import Algorithm
+
+    own = [name for name, cls in ALGORITHMS.items() if cls.local_train is not Algorithm.local_train]
+    assert own == []
     with pytest.raises(ValueError, match="concurrent_clients"):
         concurrent_width(0, cpu, 6, alg)
 

@@ -64,6 +64,7 @@ class StepContext:
     epoch: int = 0  # the local epoch being trained (0-based)
     global_weights: dict = field(default_factory=dict)  # as received (parameters and buffers)
     upload: dict | None = None  # set by a hook: travels up in the Reply, aggregated by the server half
+    metrics: dict = field(default_factory=dict)  # floats a hook adds to the Reply's metrics (GA's losses)
 
 
 class Algorithm:
@@ -126,6 +127,12 @@ class Algorithm:
         """Local epochs of one client-round (FedADG: E0 + E1)."""
         return self.local.local_epochs
 
+    def local_dataset(self, data: ClientData, state: ClientState, payload: Any, generator: torch.Generator | None,
+                      shuffle_rng: np.random.Generator) -> ClientData:
+        """The data this client trains on this round, before anything else: its own by default (CCST: its
+        images in K styles, D^{C_n}, built from the payload). n_i of the Reply is its n_train."""
+        return data
+
     def begin_local(self, model, data: ClientData, state: ClientState, ctx: StepContext) -> None:
         """After the global weights, optimizer and schedule are loaded, before the first step: build
         and restore anything else this algorithm trains locally (FedADG's discriminator), in ctx.state."""
@@ -159,6 +166,7 @@ class Algorithm:
                           payload: Any, generator: torch.Generator | None, shuffle_rng: np.random.Generator):
         """`local_train` as a generator: yields after every optimizer step, returns the Reply. The engine
         interleaves several clients' generators on CUDA streams (federation/concurrent.py)."""
+        data = self.local_dataset(data, state, payload, generator, shuffle_rng)
         fast = fastpath.enabled(self.local.fast, data.train_x.device)
         fastpath.prepare_model(model, self.local.fast)
         model.load_state_dict(global_weights)
@@ -206,6 +214,7 @@ class Algorithm:
         metrics = {k: float(v) / counts[k] for k, v in sums.items()}  # one host sync per client-round
         metrics[contract.TRAIN_ACC] = float(correct) / max(seen, 1)
         metrics[contract.LR] = float(opt.param_groups[0]["lr"])
+        metrics.update(ctx.metrics)
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return Reply(data.client_id, weights, n, metrics, ctx.upload)
 
