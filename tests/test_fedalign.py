@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
 from fedccrl_core.algorithms.base import StepContext
 from fedccrl_core.algorithms.fedalign import (DomainDiscriminator, FedAlign, adversarial_loss, clustered_mixstyle,
-                                              cluster_variance, fedalign_loss, grad_reverse, kmeans, mixstyle,
+                                              cluster_variance, fedalign_loss, grad_reverse, kmeans,
                                               representation_consistency_loss, style_pool_distribution,
                                               style_sampling_probabilities)
 from fedccrl_core.algorithms import load_model
@@ -88,6 +88,12 @@ def test_style_pool_distribution_clusters_the_mu_sigma_vectors():
 
 
 def test_mixstyle_eq_9_to_11():
+    """FedAlign's M is augment/ccdt.py's MixStyle with lambda on the sample's own statistics (Eq. 9-10)."""
+    from fedccrl_core.augment.ccdt import mixstyle as shared
+
+    def mixstyle(x, mu, sigma, lam):
+        return shared(x, mu, sigma, lam, lam_weighs="own")
+
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 2, 5, 5, generator=g) * 2 + 1
     mu_j, sigma_j = torch.tensor([[0.5, -1.0]] * 3), torch.tensor([[2.0, 0.3]] * 3)

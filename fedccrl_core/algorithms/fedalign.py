@@ -49,10 +49,11 @@ from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment import augmix, sample_beta
+from fedccrl_core.augment.ccdt import mixstyle
 from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.losses import js_loss, representation_alignment_loss
 from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import channel_stats, denormalize, normalize
+from fedccrl_core.statistics import denormalize, normalize
 
 KMEANS_RESTARTS = 4     # k-means++ initializations; the lowest within-cluster sum of squares wins
 KMEANS_MAX_ITERS = 100  # Lloyd iterations at most per initialization
@@ -113,21 +114,7 @@ def style_pool_distribution(mu: np.ndarray, sigma: np.ndarray, n_clusters: int, 
     return style_sampling_probabilities(s, labels, variance_weights), labels
 
 
-# ---- Sec. 3.3, Eq. 7-11: MixStyle with a pool row ---------------------------------------------
-def mixstyle(x: torch.Tensor, mu_j: torch.Tensor, sigma_j: torch.Tensor, lam: torch.Tensor,
-             eps: float = 1e-6) -> torch.Tensor:
-    """x [B, C, H, W], pool rows mu_j, sigma_j [B, C], lambda [B]:
-    mu(x), sigma(x)                                   Eq. 7-8 (statistics.channel_stats)
-    mu_mix    = lambda mu(x) + (1 - lambda) mu_j      Eq. 9 (the paper's gamma_mix)
-    sigma_mix = lambda sigma(x) + (1 - lambda) sigma_j Eq. 10 (the paper's beta_mix)
-    x_aug = sigma_mix (x - mu(x)) / sigma(x) + mu_mix   Eq. 11 read as MixStyle (module docstring)."""
-    mu, sigma = channel_stats(x, eps)
-    lam = lam.reshape(-1, 1).to(x.dtype)
-    mu_mix = lam * mu + (1 - lam) * mu_j.to(x.dtype)
-    sigma_mix = lam * sigma + (1 - lam) * sigma_j.to(x.dtype)
-    return sigma_mix[:, :, None, None] * (x - mu[:, :, None, None]) / sigma[:, :, None, None] + mu_mix[:, :, None, None]
-
-
+# ---- Sec. 3.3, Eq. 7-11: MixStyle with a pool row (augment/ccdt.py `mixstyle`, lambda on the sample's own) --
 def clustered_mixstyle(x: torch.Tensor, pool_mu: torch.Tensor, pool_sigma: torch.Tensor, q: torch.Tensor,
                        alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """M(X) of Sec. 3.3 on a normalized batch: each sample draws its own pool row j ~ q (cluster by
@@ -135,7 +122,7 @@ def clustered_mixstyle(x: torch.Tensor, pool_mu: torch.Tensor, pool_sigma: torch
     b = x.shape[0]
     j = torch.multinomial(q, b, replacement=True, generator=generator)
     lam = sample_beta(alpha, alpha, (b,), generator=generator, device=x.device)
-    return mixstyle(x, pool_mu.index_select(0, j), pool_sigma.index_select(0, j), lam)
+    return mixstyle(x, pool_mu.index_select(0, j), pool_sigma.index_select(0, j), lam, lam_weighs="own")
 
 
 # ---- Sec. 3.5, Eq. 13: representation consistency ---------------------------------------------
