@@ -20,7 +20,7 @@ from pipeline.params import load_config, run_dirs
 
 def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> dict:
     """One run (fedccrl_core.results.evaluate_run) -> out (JSON)."""
-    from fedccrl_core.federation.engine import resolve_device
+    from fedccrl_core.fastpath import resolve_device
     from fedccrl_core.runs import evaluate_run
 
     cfg = cfg or load_config(params_path)

@@ -22,6 +22,7 @@ import torch
 from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.client import ClientData, ClientState
+from fedccrl_core.fastpath import resolve_device  # noqa: F401  (re-exported: the engines' callers)
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.loop import (EvalSets, RoundLoop, RunResult, nbytes, sample_clients,  # noqa: F401
@@ -29,16 +30,6 @@ from fedccrl_core.federation.loop import (EvalSets, RoundLoop, RunResult, nbytes
 from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 
 CLIENT_STATE_MODES = ("persistent", "stateless")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("params.yaml: train.device is 'cuda' but no CUDA device is available")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"params.yaml: train.device must be auto, cpu or cuda, got {name!r}")
-    return torch.device(name)
 
 
 def concurrent_width(setting: int | str, device: torch.device, n_clients: int, alg: Algorithm) -> int:
