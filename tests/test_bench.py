@@ -101,6 +101,8 @@ def test_concurrent_width():
             raise NotImplementedError
 
     assert concurrent_width(4, cpu, 6, OwnLoop(LocalConfig())) == 1  # no step generator to interleave
+    with pytest.raises(ValueError, match="concurrent_clients"):
+        concurrent_width(0, cpu, 6, alg)
 
 
 def test_every_algorithm_trains_through_the_one_local_loop():
@@ -110,8 +112,6 @@ def test_every_algorithm_trains_through_the_one_local_loop():
 
     own = [name for name, cls in ALGORITHMS.items() if cls.local_train is not Algorithm.local_train]
     assert own == []
-    with pytest.raises(ValueError, match="concurrent_clients"):
-        concurrent_width(0, cpu, 6, alg)
 
 
 def test_fast_on_the_cpu_is_channels_last_only_and_agrees_to_float_rounding():
