@@ -25,6 +25,17 @@ import contextlib
 import torch
 
 
+def resolve_device(name: str) -> torch.device:
+    """params.yaml train.device (auto | cpu | cuda) as a torch device."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("params.yaml: train.device is 'cuda' but no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise ValueError(f"params.yaml: train.device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
 def enabled(fast: bool, device: torch.device | str) -> bool:
     """Whether the CUDA-only switches (bf16 autocast, cuDNN autotuning) apply: `train.fast` on and a
     CUDA device. channels_last follows `train.fast` alone (`prepare_model(model, fast)`)."""

@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core import contract
+
 
 def supcon_loss(
     z_prime: torch.Tensor,
@@ -152,21 +154,21 @@ def fedccrl_loss(
 
     ``l_ra`` / ``l_js`` are the Table 2 ablation switches: a term that is off is neither
     computed nor reported (its key is absent from the dict, rather than a misleading 0).
-    Returns (L, terms) where terms holds detached 0-dim tensors ("loss", "loss_cls" and
-    "loss_ra"/"loss_js" when on); convert them to floats only when logging, to keep the
+    Returns (L, terms) where terms holds detached 0-dim tensors (contract.LOSS, L_CLS and
+    L_RA / L_JS when on); convert them to floats only when logging, to keep the
     training step free of host syncs. ``l_cls`` ("mean" | "sum") and ``supcon`` ("paper" |
     "self_positive") choose the paper's or the reference code's form (issue 19).
     """
     loss_cls = three_view_ce(logits, logits1, logits2, y, l_cls)
     total = loss_cls
-    terms = {"loss_cls": loss_cls.detach()}
+    terms = {contract.L_CLS: loss_cls.detach()}
     if l_ra:
         loss_ra = representation_alignment_loss(z, z1, z2, y, tau, supcon)
         total = total + lambda1 * loss_ra
-        terms["loss_ra"] = loss_ra.detach()
+        terms[contract.L_RA] = loss_ra.detach()
     if l_js:
         loss_js = js_loss(logits, logits1, logits2)
         total = total + lambda2 * loss_js
-        terms["loss_js"] = loss_js.detach()
-    terms["loss"] = total.detach()
+        terms[contract.L_JS] = loss_js.detach()
+    terms[contract.LOSS] = total.detach()
     return total, terms

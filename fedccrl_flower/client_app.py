@@ -29,6 +29,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms import LocalConfig, build_algorithm
 from fedccrl_core.federation.client import ClientData, ClientState
 from fedccrl_core.federation.engine import nbytes, resolve_device
@@ -218,8 +219,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     reply = alg.local_train(model, data, state, global_w, payload, gen, numpy_rng(seed, "shuffle", rnd, cid))
     if not stateless:
         save_client_state(context, spec, cid, rnd, state, base)
-    _say(f"client {cid} round {rnd}: trained, loss {reply.metrics.get('loss', float('nan')):.4f} "
-         f"acc {reply.metrics['train_acc']:.3f}", t0)
+    _say(f"client {cid} round {rnd}: trained, {contract.reply_summary(reply.metrics)}", t0)
     content = RecordDict({
         M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: int(reply.n)}),
         M.WEIGHTS: M.arrays_to_record(reply.weights),

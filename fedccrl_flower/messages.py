@@ -25,17 +25,15 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 
+from fedccrl_core import contract
+
 # ---- message types ----------------------------------------------------------------------------
 QUERY = MessageType.QUERY
 TRAIN = MessageType.TRAIN
 
 # ---- record keys inside Message.content ---------------------------------------------------------
-CONFIG = "fedccrl.config"
-INFO = "fedccrl.info"
-UPLOAD = "fedccrl.upload"
-PAYLOAD = "fedccrl.payload"
-WEIGHTS = "fedccrl.weights"
-METRICS = "fedccrl.metrics"
+CONFIG, INFO, UPLOAD = contract.MSG_CONFIG, contract.MSG_INFO, contract.MSG_UPLOAD
+PAYLOAD, WEIGHTS, METRICS = contract.MSG_PAYLOAD, contract.MSG_WEIGHTS, contract.MSG_METRICS
 
 # ---- fields of the CONFIG / INFO ConfigRecords ---------------------------------------------------
 F_SPEC = "spec"            # JSON of the client-side spec (algorithm, LocalConfig, hparams, model, seed, ...)

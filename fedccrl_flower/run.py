@@ -33,6 +33,7 @@ from typing import Callable
 
 import torch
 
+from fedccrl_core import contract
 from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.federation.engine import RunResult
 from fedccrl_core.fsio import write_text
@@ -287,7 +288,7 @@ def wait_for_result(fed: Federation, run_id: int, work_dir: Path, on_round: Call
 
     def drain():
         nonlocal seen
-        path = work_dir / "rounds.jsonl"
+        path = work_dir / contract.FLOWER_ROUNDS_FILE
         if not path.is_file():
             return
         lines = path.read_text().splitlines()
@@ -298,11 +299,11 @@ def wait_for_result(fed: Federation, run_id: int, work_dir: Path, on_round: Call
 
     while True:
         drain()
-        st_path = work_dir / "status.json"
+        st_path = work_dir / contract.FLOWER_STATUS_FILE
         st = json.loads(st_path.read_text()) if st_path.is_file() else {}
         if st.get("status") == "completed":
             drain()
-            res = torch.load(work_dir / "result.pt", map_location="cpu", weights_only=False)
+            res = torch.load(work_dir / contract.FLOWER_RESULT_FILE, map_location="cpu", weights_only=False)
             return RunResult(res["history"], res["final_weights"], res["best_weights"], res["best_round"],
                              resumed_from=res["resumed_from"], extra={**res["extra"], "run_id": run_id})
         if st.get("status") in ("failed", "stopped"):

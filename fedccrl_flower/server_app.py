@@ -46,6 +46,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid, ServerApp
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms import LocalConfig, Reply, build_algorithm
 from fedccrl_core.checkpoint import atomic_torch_save
 from fedccrl_core.fsio import write_text
@@ -135,7 +136,7 @@ class FlowerServer:
         self.work = Path(report_dir) if report_dir else Path(spec.work_dir)
         self.work.mkdir(parents=True, exist_ok=True)
         self.checkpoint_path = Path(spec.checkpoint) if spec.checkpoint else Path(spec.work_dir) / "checkpoint.pt"
-        self._log_file = open(self.work / "server.log", "a", buffering=1)
+        self._log_file = open(self.work / contract.FLOWER_LOG_FILE, "a", buffering=1)
         self.log = log or self._default_log
         self.sleep, self.clock = sleep, clock
         local = dict(spec.local)
@@ -154,10 +155,11 @@ class FlowerServer:
 
     # ---- status and outputs -------------------------------------------------------------------
     def _status(self, status: str, **extra) -> None:
-        write_text(self.work / "status.json", json.dumps({"status": status, "time": time.time(), **extra}))
+        write_text(self.work / contract.FLOWER_STATUS_FILE,
+                   json.dumps({"status": status, "time": time.time(), **extra}))
 
     def _append_record(self, rec: dict) -> None:
-        with open(self.work / "rounds.jsonl", "a") as f:
+        with open(self.work / contract.FLOWER_ROUNDS_FILE, "a") as f:
             f.write(json.dumps(rec) + "\n")
             f.flush()
             os.fsync(f.fileno())
@@ -319,8 +321,8 @@ class FlowerServer:
                 arrays = M.record_to_arrays(r.content[M.WEIGHTS], f"weights of {cid}")
                 weights = M.validate_weights(arrays, reference, f"weights of {cid}")
                 metrics = M.metrics_from_record(r.content[M.METRICS], f"metrics of {cid}")
-                if "train_acc" not in metrics:
-                    raise M.MalformedUpdate(f"metrics of {cid} lack train_acc")
+                if contract.TRAIN_ACC not in metrics:
+                    raise M.MalformedUpdate(f"metrics of {cid} lack {contract.TRAIN_ACC}")
                 upload = (M.record_to_arrays(r.content[M.UPLOAD], f"train upload of {cid}")
                           if M.UPLOAD in r.content else None)
                 M.validate_upload(upload, f"train upload of {cid}")
@@ -329,7 +331,7 @@ class FlowerServer:
                 continue
             up_t = None if upload is None else {k: torch.from_numpy(v).to(self.device) for k, v in upload.items()}
             valid.append(Reply(cid, {k: v.to(self.device) for k, v in weights.items()}, n, metrics, up_t))
-            self.log(f"round {rnd}: {cid}: loss {metrics.get('loss', float('nan')):.4f} acc {metrics['train_acc']:.3f}")
+            self.log(f"round {rnd}: {cid}: {contract.reply_summary(metrics)}")
         sigs = {r.client_id: None if r.upload is None else  # summed element-wise: full shapes must agree
                 tuple(sorted((k, str(v.dtype), tuple(v.shape)) for k, v in r.upload.items())) for r in valid}
         consensus = M.consensus_signature(sigs)
@@ -417,7 +419,7 @@ class FlowerServer:
         result = {"history": res.history, "final_weights": res.final_weights, "best_weights": res.best_weights,
                   "best_round": res.best_round, "resumed_from": res.resumed_from,
                   "extra": {"refused": self.refused, "dropped": self.dropped, "engine": "flower"}}
-        atomic_torch_save(result, self.work / "result.pt")
+        atomic_torch_save(result, self.work / contract.FLOWER_RESULT_FILE)
         return result
 
 
@@ -433,7 +435,7 @@ def main(grid: Grid, context: Context) -> None:
 
 
 def report_dir(work_dir: str | Path, run_id: int) -> Path:
-    return Path(work_dir) / f"run-{run_id}"
+    return contract.flower_report_dir(work_dir, run_id)
 
 
 __all__ = ["FlowerServer", "RoundFailure", "ServerSpec", "app", "load_evalsets"]

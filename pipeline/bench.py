@@ -10,6 +10,7 @@ from pathlib import Path
 
 import click
 
+from fedccrl_core import contract
 from pipeline.cli import run_stage
 from pipeline.params import load_params
 
@@ -80,8 +81,8 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
                 model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp).to(device)
                 res = InProcessEngine(alg, model, clients, ev, cfg["rounds"], seed, float(cfg["client_fraction"]),
                                       log=lambda m: None, concurrent_clients=cfg["concurrent_clients"]).run()
-                acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1]["target_acc"])
-                print(f"bench: {label} {target} seed {seed}: {res.history[-1]['target_acc']:.4f} "
+                acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1][contract.TARGET_ACC])
+                print(f"bench: {label} {target} seed {seed}: {acc[label][target][-1]:.4f} "
                       f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
     lines = [f"| Algorithm | {' | '.join(domains)} | Avg. |", "|---" * (len(domains) + 2) + "|"]
     for alg_name, per in acc.items():

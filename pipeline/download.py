@@ -5,20 +5,10 @@ folder (see fedccrl_core/data/sources.py). Writes --out atomically and the data 
 """
 from __future__ import annotations
 
-import signal
-import sys
-import threading
-
 import click
 
 from pipeline.cli import run_stage
 from pipeline.params import load_config
-
-
-def exit_cleanly_on_sigterm() -> None:
-    """SIGTERM (a cancelled `dvc repro`) -> SystemExit, so temp dirs are removed on the way out."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def _run(out: str, report: str, params_path: str) -> None:
@@ -37,5 +27,4 @@ def _run(out: str, report: str, params_path: str) -> None:
 @click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
 def command(out: str, report: str, params_path: str) -> None:
     """Download / extract / generate the dataset and validate every image."""
-    exit_cleanly_on_sigterm()
     run_stage(_run, out, report, params_path)

@@ -12,59 +12,23 @@ from pathlib import Path
 
 import click
 
+from fedccrl_core import contract
 from fedccrl_core.fsio import atomic_dir, write_text
 from pipeline.cli import run_stage
 from pipeline.params import load_config, run_dirs
 
 
 def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> dict:
-    import numpy as np
-    import torch
-
-    from fedccrl_core.algorithms import load_model
-    from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.evaluation import confusion_matrix, predict
-    from fedccrl_core.federation.engine import resolve_device
+    """One run (fedccrl_core.results.evaluate_run) -> out (JSON)."""
+    from fedccrl_core.fastpath import resolve_device
+    from fedccrl_core.runs import evaluate_run
 
     cfg = cfg or load_config(params_path)
-    bs = cfg.evaluate.batch_size
-    device = resolve_device(cfg.train.device)
-    hist_path = model_dir / "history.json"
-    if not hist_path.is_file():
-        raise FileNotFoundError(f"{hist_path}: missing (was the train stage interrupted?)")
-    history = json.loads(hist_path.read_text())
-    result = {}
-    for tag, fname in (("final", "model.pt"), ("best_val", "best.pt")):
-        model, meta = load_model(model_dir / fname)
-        model.to(device)
-        x, y = load_domain_test(shards, meta["held_out_domain"])
-        x_t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous().to(device)
-        y_t = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
-        pred = predict(model, x_t, bs, meta["mean"], meta["std"])
-        cm = confusion_matrix(pred, y_t, meta["num_classes"]).cpu()
-        per_class = (cm.diag().float() / cm.sum(1).clamp(min=1).float()).tolist()
-        result[tag] = {"target_acc": float((pred == y_t).float().mean()), "round": int(meta["round"]),
-                       "per_class_acc": dict(zip(meta["classes"], per_class)), "confusion": cm.tolist()}
-    rounds = history["rounds"]
-    out_doc = {"dataset": meta["dataset"], "algorithm": meta["algorithm"], "seed": meta["seed"],
-               "held_out_domain": meta["held_out_domain"], "held_out_index": meta.get("held_out_index"),
-               "classes": meta["classes"], "n_test": int(len(y)), "mlflow_run_id": meta.get("mlflow_run_id"),
-               "final_target_acc": result["final"]["target_acc"],
-               "best_val_target_acc": result["best_val"]["target_acc"], "best_round": result["best_val"]["round"],
-               "final_val_acc": rounds[-1]["val_acc"], "detail": result,
-               "bytes_up_per_round": sum(r["bytes_up"] for r in rounds) / len(rounds),
-               "bytes_down_per_round": sum(r["bytes_down"] for r in rounds) / len(rounds),
-               "per_round": [{k: r[k] for k in ("round", "target_acc", "val_acc")} for r in rounds],
-               "partition": {k: v for k, v in load_manifest(shards).get("params", {}).items()
-                             if k.startswith("partition.")}}
-    recorded = rounds[-1]["target_acc"]
-    if abs(recorded - out_doc["final_target_acc"]) > 1e-6 and device.type == "cpu":
-        print(f"warning: re-evaluated final accuracy {out_doc['final_target_acc']:.4f} differs from the one "
-              f"recorded in training {recorded:.4f}", file=sys.stderr)
-    write_text(out, json.dumps(out_doc, indent=1))
-    print(f"{meta['algorithm']} s{meta['seed']} {meta['held_out_domain']}: final {out_doc['final_target_acc']:.4f} "
-          f"best-val {out_doc['best_val_target_acc']:.4f} (round {out_doc['best_round']})", file=sys.stderr)
-    return out_doc
+    doc = evaluate_run(shards, model_dir, cfg.evaluate.batch_size, resolve_device(cfg.train.device))
+    write_text(out, json.dumps(doc, indent=1))
+    print(f"{doc['algorithm']} s{doc['seed']} {doc['held_out_domain']}: final {doc[contract.FINAL_TARGET_ACC]:.4f} "
+          f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]})", file=sys.stderr)
+    return doc
 
 
 def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> list[dict]:
@@ -72,11 +36,11 @@ def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> li
     written into a temp folder renamed into place at the end."""
     cfg = load_config(params_path)  # only the runs of the current sweep: stale folders of older sweeps are skipped
     wanted = run_dirs(cfg, models)
-    missing = [str(d) for d in wanted if not (d / "history.json").is_file()]
+    missing = [str(d) for d in wanted if not (d / contract.HISTORY_FILE).is_file()]
     if missing:
         raise FileNotFoundError(f"trained runs missing (run the train stages first): {', '.join(missing[:4])}")
     with atomic_dir(out) as tmp:
-        return [evaluate(shards, d, tmp / d.relative_to(models).parent / f"{d.name}.json", params_path, cfg)
+        return [evaluate(shards, d, contract.result_file(tmp, models, d), params_path, cfg)
                 for d in wanted]
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import click
 
+from fedccrl_core import contract
 from fedccrl_core.fsio import atomic_path, write_text
 from pipeline.cli import run_stage
 from pipeline.tracking import timed
@@ -40,7 +41,7 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
     for stale in (final_onnx, final_parity):  # as DVC does: a failed export leaves no earlier output behind
         stale.unlink(missing_ok=True)
     if model_path.is_dir():
-        model_path = model_path / "model.pt"
+        model_path = model_path / contract.MODEL_FILE
     model, meta = load_model(model_path)
     x, y = load_domain_test(shards, meta["held_out_domain"])
     if x.shape[1:] != (meta["image_size"], meta["image_size"], 3):
@@ -152,8 +153,8 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
     results = {}
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
         key = run.relative_to(models).as_posix()
-        results[key] = export(run / "model.pt", shards, out / key, min_agreement, batch_size, registered_model, None,
-                              use_mlflow)
+        results[key] = export(run / contract.MODEL_FILE, shards, out / key, min_agreement, batch_size,
+                              registered_model, None, use_mlflow)
     worst = min(r["top1_agreement"] for r in results.values())
     doc = {"min_top1_agreement": worst, "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
            "runs": results}

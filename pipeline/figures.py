@@ -3,42 +3,26 @@ confusion matrices), from the trained runs. Logged as MLflow artifacts: everythi
 parent run, and each run's confusion matrix to its own child run."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
 
+from fedccrl_core import contract
 from pipeline.cli import run_stage
 from pipeline.params import load_config
 from pipeline.tracking import timed
 
 
-def _runs(models: Path, runs_dir: Path) -> list[dict]:
-    """The runs the evaluate stage reported (the current sweep), with their training histories: results/runs
-    mirrors the models/ layout (<algorithm>/s<seed>/d<held_out>.json for models/<algorithm>/s<seed>/d<held_out>)."""
-    out = []
-    for res in sorted(runs_dir.rglob("*.json")):
-        r = json.loads(res.read_text())
-        hist = models / res.relative_to(runs_dir).with_suffix("") / "history.json"
-        doc = json.loads(hist.read_text())
-        out.append({"dir": hist.parent, "meta": doc["meta"], "rounds": doc["rounds"], "result": r})
-    if not out:
-        raise FileNotFoundError(f"{runs_dir}: no evaluated runs (run the evaluate stage first)")
-    return out
-
-
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
     import numpy as np
 
-    from fedccrl_core.algorithms.fedccrl import pool_without, resolve_variant
-    from fedccrl_core.augment import AugmentConfig
-    from fedccrl_core.algorithms import load_model
-    from fedccrl_core.data.pools import load_pool, sample_statistics
-    from fedccrl_core.data.shards import load_client, load_domain_test, load_manifest
+    from fedccrl_core.algorithms.fedccrl import resolve_variant
+    from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.fsio import atomic_dir
+    from fedccrl_core.results import load_runs_with_history, round_series
     from fedccrl_core.viz import figures as fig
-    from fedccrl_core.viz.compute import augmentation_views, cams, representations, tsne_2d
+    from fedccrl_core.viz.compute import model_panels, preview_rows
 
     cfg = load_config(params_path)  # the whole file, before anything is read or written
     final_out = out
@@ -49,43 +33,19 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
         mean, std = cfg.preprocess.mean, cfg.preprocess.std
         manifest = load_manifest(shards)
         classes = list(manifest["classes"])
-        rng = np.random.default_rng(seed)
         written: list[Path] = []
         say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
         # Fig. 3: every client, its originals, CCDT with the pool of the other clients, then DIFP
-        ids = [c["id"] for c in manifest["clients"]]
-        uploads = {}
-        for cid in ids:
-            mu, sigma = load_pool(pools, cid)
-            f_mu, f_sigma = sample_statistics(mu, sigma, fcfg["r"], rng)  # Eq. 8
-            uploads[cid] = {"mu": f_mu, "sigma": f_sigma}
-        aug = AugmentConfig.from_mapping(fcfg)
-        rows = []
-        for j, cid in enumerate(ids):
-            shard = load_client(shards, cid)
-            pick = np.sort(rng.choice(len(shard.train_y), size=min(n_preview, len(shard.train_y)), replace=False))
-            pmu, psig = pool_without(uploads, cid)
-            rows.append({"client": cid, **augmentation_views(shard.train_x[pick], pmu, psig, aug, seed + j, mean, std)})
+        rows = preview_rows(shards, pools, fcfg, seed, n_preview, mean, std)
         written.append(fig.augmentation_preview(rows, out / "augmentation_preview.png"))
         say(f"figures: {final_out / written[-1].name}")
 
-        runs = _runs(models, runs_dir)
+        runs = load_runs_with_history(models, runs_dir)
         domains = [d for d in manifest["domains"] if any(r["meta"]["held_out_domain"] == d for r in runs)]
         for dom in domains:
             dom_runs = [r for r in runs if r["meta"]["held_out_domain"] == dom]
-            # per-round curves, mean over seeds
-            metrics = ["target_acc", "val_acc", "loss"] + sorted({k for r in dom_runs for k in r["rounds"][0] if k.startswith("l_")})
-            series: dict = {m: {} for m in metrics}
-            for alg in sorted({r["meta"]["algorithm"] for r in dom_runs}):
-                rs = [r for r in dom_runs if r["meta"]["algorithm"] == alg]
-                for m in metrics:
-                    pts = []
-                    for i, rec in enumerate(rs[0]["rounds"]):
-                        vals = [r["rounds"][i][m] for r in rs if i < len(r["rounds"]) and r["rounds"][i].get(m) is not None]
-                        if vals:
-                            pts.append((rec["round"], float(np.mean(vals))))
-                    series[m][alg] = pts
+            series = round_series(dom_runs)  # per-round curves, mean over seeds
             written.append(fig.round_curves(dom, series, out / f"curves_{dom}.png"))
 
             # Fig. 5 and 7: first seed of each algorithm, fixed seeded sample of held-out images
@@ -96,11 +56,8 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
             order = sorted(first, key=lambda a: (a != "fedccrl", a != "fedavg", a))
             pick = np.random.default_rng(seed).permutation(len(y))[:n_tsne]  # a seeded sample across all classes
             cam_pick = pick[:n_cam]
-            panels, cam_maps = {}, {}
-            for alg in order:
-                model, meta = load_model(first[alg]["dir"] / "model.pt")
-                panels[alg] = (tsne_2d(representations(model, x[pick], mean, std), seed), y[pick])
-                cam_maps[alg] = cams(model, x[cam_pick], mean, std)
+            panels, cam_maps = model_panels({a: first[a]["dir"] / contract.MODEL_FILE for a in order}, x, y, pick,
+                                            n_cam, mean, std, seed)
             written.append(fig.tsne_panels(dom, panels, classes, out / f"tsne_{dom}.png"))
             written.append(fig.gradcam_grid(dom, x[cam_pick], cam_maps, classes, y[cam_pick], out / f"gradcam_{dom}.png"))
             for alg in order:

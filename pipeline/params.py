@@ -20,6 +20,7 @@ from typing import Annotated, Any, Literal, Union
 import yaml
 from pydantic import Field, create_model, field_validator
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms import ALGORITHMS
 from fedccrl_core.data.registry import AUTO, REGISTRY
 from fedccrl_core.data.shards import SCHEMES
@@ -333,5 +334,5 @@ def check_train(params: dict, manifest: dict, algorithm: str, held_out: list) ->
 
 def run_dirs(cfg: ParamsFile, root: Path) -> list[Path]:
     """Every run of the sweep, in dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held_out entry>."""
-    return [Path(root) / a / f"s{s}" / f"d{h}" for a in cfg.train.algorithms for s in cfg.train.seeds
+    return [contract.run_dir(root, a, s, h) for a in cfg.train.algorithms for s in cfg.train.seeds
             for h in cfg.train.held_out]

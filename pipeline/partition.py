@@ -8,7 +8,6 @@ from __future__ import annotations
 import click
 
 from pipeline.cli import run_stage
-from pipeline.download import exit_cleanly_on_sigterm
 from pipeline.params import load_config
 
 
@@ -31,5 +30,4 @@ def _run(raw: str, out: str, params_path: str) -> None:
 @click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
 def command(raw: str, out: str, params_path: str) -> None:
     """Decode once, split into clients (train/val), write <client>.npz shards and manifest.json."""
-    exit_cleanly_on_sigterm()
     run_stage(_run, raw, out, params_path)

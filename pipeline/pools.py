@@ -7,7 +7,6 @@ from __future__ import annotations
 import click
 
 from pipeline.cli import run_stage
-from pipeline.download import exit_cleanly_on_sigterm
 from pipeline.params import load_config
 
 
@@ -24,5 +23,4 @@ def _run(shards: str, out: str, params_path: str) -> None:
 @click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
 def command(shards: str, out: str, params_path: str) -> None:
     """Write <client>.npz with mu, sigma float32 [n_train, 3] and manifest.json."""
-    exit_cleanly_on_sigterm()
     run_stage(_run, shards, out, params_path)

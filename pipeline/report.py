@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import csv
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -22,93 +21,25 @@ from pipeline.cli import run_stage
 from pipeline.tracking import timed
 
 
-# FedCCRL's Table 1 row order, then the other seed papers' methods (FedFD-A's Table 1 frameworks, FedAlign)
-PAPER_ORDER = ("fedavg", "fedprox", "fedadg", "ga", "fedsr", "fediir", "ccst", "fedccrl",
-               "fedbn", "silobn", "fedfd", "fedfd_a", "fedalign")
-
-
-def _mean_std(vals: list[float]) -> dict:
-    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
-
-
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
            params_path: Path | None = None) -> dict:
+    from fedccrl_core.results import curve_rows, load_results, summarize, table_markdown, table_rows
+
     if params_path is not None:  # the stage validates the whole params file first, as every stage does
         from pipeline.params import load_config
 
         load_config(params_path)
-    files = sorted(runs_dir.rglob("*.json"))
-    if not files:
-        raise FileNotFoundError(f"{runs_dir}: no evaluation results (run the evaluate stage first)")
-    runs = [json.loads(f.read_text()) for f in files]
-    domains = [d for _, d in sorted({(r.get("held_out_index") or 0, r["held_out_domain"]) for r in runs})]
-    runs.sort(key=lambda r: (PAPER_ORDER.index(r["algorithm"]) if r["algorithm"] in PAPER_ORDER else 99,
-                             r["algorithm"], r["seed"]))
-    by: dict = {}
-    for r in runs:
-        by.setdefault(r["algorithm"], {}).setdefault(r["held_out_domain"], []).append(r)
-    metrics: dict = {}
-    for alg, per_dom in by.items():
-        m = {}
-        for dom, rs in per_dom.items():
-            m[dom] = {"final_target_acc": _mean_std([x["final_target_acc"] for x in rs]),
-                      "best_val_target_acc": _mean_std([x["best_val_target_acc"] for x in rs]),
-                      "seeds": sorted(x["seed"] for x in rs)}
-        m["comm_mb_per_round"] = {
-            k: statistics.fmean(x[f"bytes_{k}_per_round"] for rs in per_dom.values() for x in rs) / 1e6
-            for k in ("up", "down")}
-        if len(per_dom) == len(domains):
-            m["avg"] = {k: statistics.fmean(m[d][k]["mean"] for d in domains)
-                        for k in ("final_target_acc", "best_val_target_acc")}
-        metrics[alg] = m
-    dataset = runs[0]["dataset"]
-
-    def cell(alg, dom, key):
-        if dom not in metrics[alg]:
-            return "–"
-        s = metrics[alg][dom][key]
-        return f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}" if s["n"] > 1 else f"{100 * s['mean']:.2f}"
-
-    lines = []
-    parts = sorted({json.dumps(r.get("partition") or {}, sort_keys=True) for r in runs})
-    for p in parts:     # the partition the runs were trained on (one line; several if runs were mixed)
-        lines += ["Partition: " + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items())
-                                   or "not recorded"), ""]
-    for key, title in (("final_target_acc", "final round"), ("best_val_target_acc", "round selected by source validation")):
-        lines += [f"### {dataset}: target accuracy (%), {title}", "",
-                  "| Algorithm | " + " | ".join(domains) + " | Avg. |", "|---" * (len(domains) + 2) + "|"]
-        for alg in metrics:
-            avg = metrics[alg].get("avg", {}).get(key)
-            avg_cell = f"{100 * avg:.2f}" if avg is not None else "–"
-            lines.append(f"| {alg} | " + " | ".join(cell(alg, d, key) for d in domains) + f" | {avg_cell} |")
-        lines.append("")
-    lines += ["### Communication per round (MB, all clients together): what the papers argue about", "",
-              "| Algorithm | up (weights + statistics / style bank) | down |", "|---|---|---|"]
-    for alg in metrics:
-        c = metrics[alg]["comm_mb_per_round"]
-        lines.append(f"| {alg} | {c['up']:.3f} | {c['down']:.3f} |")
-    lines.append("")
-    rounds = sorted({p["round"] for r in runs for p in r["per_round"]})
-    cols = {f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}": {p["round"]: p["target_acc"] for p in r["per_round"]}
-            for r in runs}
+    runs = load_results(runs_dir)
+    metrics = summarize(runs)
+    lines = table_markdown(runs, metrics)
     for path in (metrics_out, table_out, curves_out):
         path.parent.mkdir(parents=True, exist_ok=True)
     write_text(metrics_out, json.dumps(metrics, indent=1))
     write_text(table_out, "\n".join(lines))
-    csv_rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
-    for key in ("final_target_acc", "best_val_target_acc"):
-        for alg in metrics:
-            get = lambda d, s: metrics[alg][d][key][s] if d in metrics[alg] else ""  # noqa: E731
-            csv_rows.append([key, alg, *[get(d, "mean") for d in domains], *[get(d, "std") for d in domains],
-                             metrics[alg].get("avg", {}).get(key, "")])
     table_csv = table_out.with_suffix(".csv")
-    with atomic_file(table_csv, "w", newline="") as f:
-        csv.writer(f).writerows(csv_rows)
-    with atomic_file(curves_out, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["round", *cols])
-        for rd in rounds:
-            w.writerow([rd, *[cols[c].get(rd, "") for c in cols]])
+    for path, rows in ((table_csv, table_rows(runs, metrics)), (curves_out, curve_rows(runs))):
+        with atomic_file(path, "w", newline="") as f:
+            csv.writer(f).writerows(rows)
     print("\n".join(lines), file=sys.stderr)
     _log_to_parent(runs, [metrics_out, table_out, table_csv, curves_out], metrics)
     return metrics

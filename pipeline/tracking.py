@@ -194,10 +194,13 @@ class ChildRun:
 
     @timed
     def log_round(self, rec: dict) -> None:
+        from fedccrl_core import contract
+
+        rnd = int(rec[contract.ROUND])
         self.log_metrics({k: v for k, v in rec.items()
-                          if k != "round" and isinstance(v, (int, float)) and v is not None}, step=int(rec["round"]))
-        if rec.get("val_pred_classes") == 1:  # federation/loop.py warned: the model predicts one class
-            self.client.set_tag(self.run_id, "fedccrl.collapsed", f"round {int(rec['round'])}")
+                          if k != contract.ROUND and isinstance(v, (int, float)) and v is not None}, step=rnd)
+        if rec.get(contract.VAL_PRED_CLASSES) == 1:  # federation/loop.py warned: the model predicts one class
+            self.client.set_tag(self.run_id, "fedccrl.collapsed", f"round {rnd}")
 
     @timed
     def finish(self, status: str = "FINISHED") -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import click
 
+from fedccrl_core import contract
 from pipeline.cli import run_stage
 from pipeline.params import ParamError, check_train, get, held_out_entry, load_params, validate_params
 
@@ -111,11 +112,11 @@ def plan_runs(params: dict, cfg: dict, manifest: dict, algorithm: str, seed: int
                       "pretrained": pretrained, "algorithm": algorithm, "seed": seed, "held_out": domains[i],
                       algorithm: alg_hp, "partition": params.get("partition"), "image_size": manifest["image_size"]}
         run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
-        ckpt = checkpoints / f"{algorithm}-s{seed}-d{h}" / f"{run_key}.pt"
+        ckpt = checkpoints / contract.checkpoint_dir_name(algorithm, seed, h) / f"{run_key}.pt"
         jobs.append({"index": i, "target": domains[i], "sources": [d for d in domains if d != domains[i]],
                      "algorithm": algorithm, "seed": seed, "cfg": cfg, "backbone": backbone,
                      "pretrained": pretrained, "run_params": run_params, "run_key": run_key, "ckpt": ckpt,
-                     "out": out / f"d{h}", "flower": get(params, "train.flower", {}),
+                     "out": out / contract.domain_dir_name(h), "flower": get(params, "train.flower", {}),
                      "domains": domains, "classes": list(manifest["classes"]),
                      "image_size": manifest["image_size"], "resize": manifest.get("resize_policy", "resize SxS bilinear")})
     return jobs
@@ -187,22 +188,22 @@ given, returns the MLflow ids the outputs record; a worker receives them from th
 
     with atomic_dir(out) as tmp:  # fedccrl_core.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
         model.load_state_dict(result.final_weights)
-        save_model(tmp / "model.pt", model, {**meta, "round": cfg["rounds"]})
+        save_model(tmp / contract.MODEL_FILE, model, {**meta, "round": cfg["rounds"]})
         model.load_state_dict(result.best_weights)
-        save_model(tmp / "best.pt", model, {**meta, "round": result.best_round})
-        (tmp / "history.json").write_text(json.dumps({"meta": meta, "best_round": result.best_round,
+        save_model(tmp / contract.BEST_FILE, model, {**meta, "round": result.best_round})
+        (tmp / contract.HISTORY_FILE).write_text(json.dumps({"meta": meta, contract.BEST_ROUND: result.best_round,
                                                       "rounds": result.history}, indent=1))
-        keys = ["round", "target_acc", "val_acc", "loss", "train_acc", "lr", "seconds", "bytes_up", "bytes_down"]
-        keys += sorted({k for r in result.history for k in r if k.startswith("l_")})
-        with open(tmp / "history.csv", "w", newline="") as f:
+        keys = [*contract.HISTORY_CSV_FIELDS,
+                *sorted({k for r in result.history for k in r if contract.is_loss_term(k)})]
+        with open(tmp / contract.HISTORY_CSV, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
             w.writeheader()
             w.writerows(result.history)
     final = result.history[-1]
-    log(f"done: final target acc {final['target_acc']:.4f}; best-val round {result.best_round} -> {out}")
-    return {"final_target_acc": final["target_acc"],
-            "best_val_target_acc": result.history[result.best_round - 1]["target_acc"],
-            "best_round": result.best_round}
+    log(f"done: final target acc {final[contract.TARGET_ACC]:.4f}; best-val round {result.best_round} -> {out}")
+    return {contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
+            contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
+            contract.BEST_ROUND: result.best_round}
 
 
 def worker_count(setting: str, cfg: dict, n_jobs: int) -> int:

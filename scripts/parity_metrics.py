@@ -46,9 +46,9 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
         with open(out, "w") as f:
             for name in algs or sorted(ALGORITHMS):
                 p = {**params, "train": {**params["train"], "rounds": rounds, "local_epochs": 1, "device": "cpu"}}
+                if name == "ccst":  # untrained AdaIN weights: validated like any other reading of the group
+                    p["train"]["ccst"] = {**(p["train"].get("ccst") or {}), "adain_weights": "random"}
                 cfg = train_config(p, name)
-                if name == "ccst":
-                    cfg["hparams"] = {**cfg["hparams"], "adain_weights": "random"}
                 clients = load_clients(base / "shards", base / "pools", domains[:3], "cpu")
                 tx, ty = load_domain_test(base / "shards", domains[3])
                 ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),

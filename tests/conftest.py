@@ -47,3 +47,33 @@ def shared_dir() -> Path:
 @pytest.fixture
 def pacs128(shared_dir) -> Path:
     return shared_dir / "datasets" / "pacs" / "pacs_128.zip"
+
+
+def _make_toy_client(cid: str, domain: str, n: int, seed: int, shift: float, contrast: float = 1.0, size: int = 8,
+                     n_val: int = 8, stats: bool = False, stats_mean: float = 0.0):
+    """A tiny learnable client: class = which colour channel is bright, in size x size uint8 images; the domain
+    is a brightness `shift` and a `contrast`. The last `n_val` images are its validation split. stats=True also
+    gives it per-sample (mu, sigma) rows (mu ~ N(stats_mean, 1), sigma = |mu| + 0.5) for the algorithms
+    that read a statistics pool."""
+    import numpy as np
+
+    from fedccrl_core.federation.client import ClientData
+
+    g = np.random.default_rng(seed)
+    y = g.integers(0, 3, n)
+    x = g.integers(0, 60, (n, size, size, 3)).astype(np.float64) + shift
+    x[np.arange(n), :, :, y] += 150
+    x = np.clip(x * contrast, 0, 255).astype(np.uint8)
+    t = n - n_val
+    extra = ()
+    if stats:
+        mu = (g.normal(size=(n, 3)) + stats_mean).astype(np.float32)
+        extra = (mu[:t], (np.abs(mu[:t]) + 0.5).astype(np.float32))
+    return ClientData.from_numpy(cid, domain, x[:t], y[:t], x[t:], y[t:], "cpu", *extra)
+
+
+@pytest.fixture(scope="session")
+def toy_client():
+    """The one toy client factory of the tests: toy_client(cid, domain, n, seed, shift, contrast=1.0, size=8,
+    n_val=8, stats=False, stats_mean=0.0) -> ClientData."""
+    return _make_toy_client

@@ -23,7 +23,7 @@ from fedccrl_core.augment import (
     sample_gamma,
 )
 from fedccrl_core.augment.augmix import IDENTITY, _augmix_with, op_magnitude
-from fedccrl_core.augment.ccdt import _ccdt_with
+from fedccrl_core.augment.ccdt import mixstyle
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
 
 
@@ -101,13 +101,13 @@ def ccdt_numpy(x, mu_p, sigma_p, lam, eps):
     return out
 
 
-def test_ccdt_with_matches_numpy_on_2x3x4x4():
+def testmixstyle_matches_numpy_on_2x3x4x4():
     rng = np.random.default_rng(0)
     x = rng.normal(size=(2, 3, 4, 4))
     mu_p = rng.normal(size=(2, 3))
     sigma_p = rng.uniform(0.5, 2.0, size=(2, 3))
     lam = np.array([0.3, 0.85])
-    got = _ccdt_with(*(torch.from_numpy(a) for a in (x, mu_p, sigma_p, lam)), eps=1e-6)
+    got = mixstyle(*(torch.from_numpy(a) for a in (x, mu_p, sigma_p, lam)), eps=1e-6)
     np.testing.assert_allclose(got.numpy(), ccdt_numpy(x, mu_p, sigma_p, lam, 1e-6), rtol=1e-10, atol=1e-10)
 
 
@@ -117,7 +117,7 @@ def test_ccdt_output_has_the_mixed_statistics():
     mu_p, sigma_p = torch.randn(2, 3), torch.rand(2, 3) + 0.5
     lam = torch.tensor([0.25, 0.9])
     mu, sigma = channel_stats(x)
-    out_mu, out_sigma = channel_stats(_ccdt_with(x, mu_p, sigma_p, lam))
+    out_mu, out_sigma = channel_stats(mixstyle(x, mu_p, sigma_p, lam))
     assert torch.allclose(out_mu, lam[:, None] * mu_p + (1 - lam[:, None]) * mu, atol=1e-5)
     assert torch.allclose(out_sigma, lam[:, None] * sigma_p + (1 - lam[:, None]) * sigma, atol=1e-5)
 
@@ -128,9 +128,9 @@ def test_ccdt_scales_by_std_and_shifts_by_mean_not_as_printed():
     torch.manual_seed(1)
     x = torch.randn(1, 3, 8, 8)
     mu_p, sigma_p = torch.tensor([[-1.2, 0.3, 0.8]]), torch.tensor([[0.4, 1.5, 0.9]])
-    out_mu, out_sigma = channel_stats(_ccdt_with(x, mu_p, sigma_p, torch.ones(1)))
+    out_mu, out_sigma = channel_stats(mixstyle(x, mu_p, sigma_p, torch.ones(1)))
     assert torch.allclose(out_mu, mu_p, atol=1e-5) and torch.allclose(out_sigma, sigma_p, atol=1e-5)
-    assert torch.allclose(_ccdt_with(x, mu_p, sigma_p, torch.zeros(1)), x, atol=1e-5)  # lambda = 0
+    assert torch.allclose(mixstyle(x, mu_p, sigma_p, torch.zeros(1)), x, atol=1e-5)  # lambda = 0
 
 
 def test_ccdt_draws_differ_per_sample_and_are_reproducible():
@@ -173,8 +173,8 @@ def test_ccdt_commutes_with_the_channel_normalization():
     m = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     s = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     mu_p_pix, sigma_p_pix, lam = torch.rand(4, 3), torch.rand(4, 3) * 0.3 + 0.05, torch.rand(4)
-    in_pixels = _ccdt_with(pixels, mu_p_pix, sigma_p_pix, lam, eps=0.0)
-    in_normalized = _ccdt_with(
+    in_pixels = mixstyle(pixels, mu_p_pix, sigma_p_pix, lam, eps=0.0)
+    in_normalized = mixstyle(
         (pixels - m) / s, (mu_p_pix - m.view(1, 3)) / s.view(1, 3), sigma_p_pix / s.view(1, 3), lam, eps=0.0
     )
     assert torch.allclose(in_normalized * s + m, in_pixels, atol=1e-5)

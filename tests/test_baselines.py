@@ -21,7 +21,7 @@ from fedccrl_core.algorithms.fedsr import (ClassConditionalReference, FedSR, Pro
 from fedccrl_core.algorithms.ga import GA, generalization_adjustment, step_size
 from fedccrl_core.algorithms import load_model
 from fedccrl_core.checkpoint import save_model
-from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.federation.client import ClientState
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
 BASELINES = ("fedsr", "fediir", "ga", "fedadg")
@@ -150,12 +150,12 @@ def test_fediir_ema_by_hand_in_aggregate():
     assert fresh.server_state()["g_bar"]["weight"].item() == pytest.approx(0.1 * 2.0)  # from g_bar = 0
 
 
-def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar():
+def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar(toy_client):
     torch.manual_seed(0)
     local = LocalConfig(rounds=1, local_epochs=1, batch_size=8, lr=1e-2)
     alg = FedIIR(local)
     model = FedIIR.build_model("small_cnn", 3)
-    data = _toy_client("c", "d", 24, 0, 0)
+    data = toy_client("c", "d", 24, 0, 0)
     glob = {k: v.clone() for k, v in model.state_dict().items()}
     assert not any(k.startswith("grad_g") for k in glob)  # the model holds no gradient
     payload = {"weight": torch.zeros_like(model.g.weight), "bias": torch.tensor([0.1, -0.2, 0.1])}  # g_bar
@@ -255,19 +255,10 @@ def test_fedadg_each_player_updates_only_its_modules():
 
 
 # ---- one engine run of each, checkpoint + resume -------------------------------------------------
-def _toy_client(cid, domain, n, seed, shift):
-    g = np.random.default_rng(seed)
-    y = g.integers(0, 3, n)
-    x = g.integers(0, 60, (n, 8, 8, 3)).astype(np.int64) + shift
-    x[np.arange(n), :, :, y] += 150
-    x = np.clip(x, 0, 255).astype(np.uint8)
-    return ClientData.from_numpy(cid, domain, x[: n - 8], y[: n - 8], x[n - 8:], y[n - 8:], "cpu")
-
-
-def _engine(tmp_path, algorithm, rounds=2, ckpt_name="ck.pt", on_round=None):
+def _engine(toy_client, tmp_path, algorithm, rounds=2, ckpt_name="ck.pt", on_round=None):
     torch.manual_seed(0)
-    clients = [_toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i) for i in range(2) for k in range(2)]
-    tx = _toy_client("t", "t", 40, 99, 40)
+    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i) for i in range(2) for k in range(2)]
+    tx = toy_client("t", "t", 40, 99, 40)
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
                   tx.train_y, 64)
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
@@ -286,8 +277,8 @@ class Killed(Exception):
 
 
 @pytest.mark.parametrize("algorithm", BASELINES)
-def test_engine_round_and_resume_keep_server_state(tmp_path, algorithm):
-    full_engine = _engine(tmp_path, algorithm, ckpt_name="full.pt")
+def test_engine_round_and_resume_keep_server_state(toy_client, tmp_path, algorithm):
+    full_engine = _engine(toy_client, tmp_path, algorithm, ckpt_name="full.pt")
     full = full_engine.run()
     for key in TERMS[algorithm] + ("loss", "train_acc", "val_acc", "target_acc"):
         assert all(math.isfinite(rec[key]) for rec in full.history), key
@@ -313,8 +304,8 @@ def test_engine_round_and_resume_keep_server_state(tmp_path, algorithm):
             raise Killed
 
     with pytest.raises(Killed):  # only round 1 is checkpointed
-        _engine(tmp_path, algorithm, ckpt_name="resume.pt", on_round=die_in_round_2).run()
-    resumed_engine = _engine(tmp_path, algorithm, ckpt_name="resume.pt")
+        _engine(toy_client, tmp_path, algorithm, ckpt_name="resume.pt", on_round=die_in_round_2).run()
+    resumed_engine = _engine(toy_client, tmp_path, algorithm, ckpt_name="resume.pt")
     resumed = resumed_engine.run()
     assert resumed.resumed_from == 1
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731

@@ -94,9 +94,24 @@ def test_concurrent_width():
     assert concurrent_width("auto", cpu, 6, alg) == 1
     assert concurrent_width("auto", cuda, 6, alg) == 4 and concurrent_width("auto", cuda, 2, alg) == 2
     assert concurrent_width(3, cpu, 6, alg) == 3
-    assert concurrent_width(4, cpu, 6, build_algorithm("ga", LocalConfig())) == 1  # overrides local_train
+    assert concurrent_width(4, cpu, 6, build_algorithm("ga", LocalConfig())) == 4  # GA trains through the hooks
+
+    class OwnLoop(type(alg)):
+        def local_train(self, *args):
+            raise NotImplementedError
+
+    assert concurrent_width(4, cpu, 6, OwnLoop(LocalConfig())) == 1  # no step generator to interleave
     with pytest.raises(ValueError, match="concurrent_clients"):
         concurrent_width(0, cpu, 6, alg)
+
+
+def test_every_algorithm_trains_through_the_one_local_loop():
+    """Issue 14 point 3: no algorithm overrides local_train, so each gets the fast path and the interleaving."""
+    from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.algorithms.base import Algorithm
+
+    own = [name for name, cls in ALGORITHMS.items() if cls.local_train is not Algorithm.local_train]
+    assert own == []
 
 
 def test_fast_on_the_cpu_is_channels_last_only_and_agrees_to_float_rounding():
@@ -182,8 +197,8 @@ def test_same_loss_on_the_same_views():
     plain_loss, plain_terms, plain_logits = plain.plain_fedccrl_loss(model, x, x1, x2, y, alg.hp)
     assert torch.allclose(fast_loss, plain_loss, rtol=1e-5, atol=1e-6)
     assert torch.allclose(fast_logits, plain_logits, atol=1e-6)
-    assert torch.allclose(fast_terms["l_ra"], plain_terms["loss_ra"], rtol=1e-5)
-    assert torch.allclose(fast_terms["l_js"], plain_terms["loss_js"], rtol=1e-5, atol=1e-7)
+    assert torch.allclose(fast_terms["l_ra"], plain_terms["l_ra"], rtol=1e-5)
+    assert torch.allclose(fast_terms["l_js"], plain_terms["l_js"], rtol=1e-5, atol=1e-7)
     with torch.autocast("cpu", dtype=torch.bfloat16):  # the CUDA fast path's precision, on the CPU
         bf16_loss, _, _ = alg.loss_from_views(model, x, x1, x2, y)
     assert abs(float(bf16_loss.detach()) - float(plain_loss.detach())) < 0.03 * float(plain_loss.detach())
@@ -252,6 +267,18 @@ def test_pacs_projection_by_hand():
                                                                           + 606 + 3929))
 
 
+def _printed(cell: str) -> float:
+    cell = cell.strip()
+    return float(cell[:-1]) / 100 if cell.endswith("%") else float(cell)
+
+
+def _half_ulp(cell: str) -> float:
+    """Half a unit of the printed cell's last digit (a table cell is the JSON value rounded)."""
+    cell = cell.strip()
+    digits = len(cell.rstrip("%").partition(".")[2])
+    return 0.5 * 10 ** -digits / (100 if cell.endswith("%") else 1) + 1e-12
+
+
 def test_bench_command_runs_on_the_cpu(tmp_path):
     from pipeline.cli import main
 
@@ -260,19 +287,36 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
                                     "--steps", "1", "--warmup", "0", "--batch-size", "4", "--repeats", "1",
                                     "--json", str(out)])
     assert res.exit_code == 0, res.output
-    assert "| figure | fast | plain | fast/plain |" in res.output
-    for figure in ("FedCCRL local step, images/s", "seconds per round", "projected PACS sweep, hours",
-                   "share of step time in augmentation"):
-        assert f"ratio fast/plain, {figure}: " in res.output
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" or torch.cuda.is_available()
-    assert {f["key"] for f in data["figures"]} >= {"step_ips", "round_s", "pacs_h", "augment_share", "peak_mib"}
-    assert all(f["fast"] is not None and f["plain"] is not None for f in data["figures"])
+    figs = {f["key"]: f for f in data["figures"]}
+    assert set(figs) >= {"step_ips", "round_s", "pacs_h", "augment_share", "peak_mib"}
+    for f in data["figures"]:  # the printed table is the JSON's figures, each ratio is fast / plain
+        assert f["fast"] >= 0 and f["plain"] > 0, f  # the fast path decodes nothing: its decode share is 0
+        assert f["ratio"] == pytest.approx(f["fast"] / f["plain"])
+        rows = [line for line in res.output.splitlines() if line.startswith(f"| {f['figure']} |")]
+        assert len(rows) == 1, f["figure"]
+        fast, plain, ratio = rows[0].strip("|").split("|")[1:]
+        assert _printed(fast) == pytest.approx(f["fast"], abs=_half_ulp(fast))
+        assert _printed(plain) == pytest.approx(f["plain"], abs=_half_ulp(plain))
+        assert ratio.strip() == f"{f['ratio']:.2f}"
+        assert f"ratio fast/plain, {f['figure']}: {f['ratio']:.2f}" in res.output
+    for side in ("fast", "plain"):  # the sweep projection is made from the measured speeds of the same side
+        ips = {k: figs[k][side] for k in ("step_ips", "eval_ips")}
+        assert figs["pacs_h"][side] == pytest.approx(pacs_sweep_seconds(ips["step_ips"], ips["eval_ips"]) / 3600)
+    assert 0 <= figs["augment_share"]["fast"] <= 1
 
 
-def test_bench_config_defaults_are_small_on_the_cpu():
-    cfg = BenchConfig()
-    assert cfg.size == 32 and cfg.backbone == "small_cnn" and cfg.device == "auto"
+def test_bench_command_defaults_are_bench_config_defaults():
+    """`fedccrl bench` without options measures BenchConfig() (each default written once, in BenchConfig)."""
+    import dataclasses
+
+    from pipeline.bench_speed import command
+
+    fields = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
+    options = {p.name: p.default for p in command.params if p.name != "json_out"}
+    assert options == {k: fields[k] for k in options}, "pipeline/bench_speed.py and BenchConfig disagree"
+    assert set(fields) - set(options) == set(), f"BenchConfig fields without a CLI option: {set(fields) - set(options)}"
 
 
 def test_bench_accuracy_overrides_set_existing_keys_and_name_a_typo():

@@ -27,7 +27,6 @@ from fedccrl_core.augment.adain import (
     stylize,
     to_u8,
 )
-from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
 from fedccrl_core.models import build_model
 
@@ -37,18 +36,10 @@ S, N_TRAIN, N_VAL = 16, 8, 4  # 16 x 16 images (relu4_1 is 2 x 2), 8 training im
 STYLE_BYTES = 2 * 512 * 4  # one style: a float32 mu and sigma of 512 channels
 
 
-def _toy_client(cid, domain, n, seed, shift):
-    """Copied pattern of test_federation: class = which colour channel is bright, S x S."""
-    g = np.random.default_rng(seed)
-    y = g.integers(0, 3, n)
-    x = g.integers(0, 60, (n, S, S, 3)).astype(np.int64) + shift
-    x[np.arange(n), :, :, y] += 150
-    x = np.clip(x, 0, 255).astype(np.uint8)
-    return ClientData.from_numpy(cid, domain, x[: n - N_VAL], y[: n - N_VAL], x[n - N_VAL:], y[n - N_VAL:], "cpu")
-
-
-def _clients():
-    return [_toy_client(f"d{i}_c{k}", f"d{i}", N_TRAIN + N_VAL, 10 * i + k, 40 * i) for i in range(2) for k in range(2)]
+def _clients(toy_client):
+    """Four S x S clients of two domains (tests/conftest.py toy_client)."""
+    return [toy_client(f"d{i}_c{k}", f"d{i}", N_TRAIN + N_VAL, 10 * i + k, 40 * i, size=S, n_val=N_VAL)
+            for i in range(2) for k in range(2)]
 
 
 def _ccst(**hp):
@@ -119,8 +110,8 @@ def test_single_and_overall_styles_by_hand():
     assert torch.equal(overall_style(ident, x_u8, batch_size=5)[1], sigma_all)  # batching does not matter
 
 
-def test_vgg_styles_are_512_vectors(nets):
-    x = _toy_client("a", "a", N_TRAIN + N_VAL, 0, 0).train_x
+def test_vgg_styles_are_512_vectors(toy_client, nets):
+    x = toy_client("a", "a", N_TRAIN + N_VAL, 0, 0, size=S, n_val=N_VAL).train_x
     f = nets.encoder(x.float() / 255)
     assert f.shape == (N_TRAIN, 512, S // 8, S // 8)  # relu4_1
     mu, sigma = single_image_styles(nets, x)
@@ -132,9 +123,9 @@ def test_vgg_styles_are_512_vectors(nets):
 
 # ---- the style bank leaves the client as statistics only (Sec. 3.2.1, 4.4) -------------------------
 @pytest.mark.parametrize("style_type,J,expected_J", [("overall", None, 1), ("single", None, 1), ("single", 3, 3)])
-def test_upload_is_statistics_only_and_sent_once(nets, style_type, J, expected_J):
+def test_upload_is_statistics_only_and_sent_once(toy_client, nets, style_type, J, expected_J):
     alg = _ccst(style_type=style_type, J=J)
-    client = _clients()[0]
+    client = _clients(toy_client)[0]
     up = alg.client_upload(client, np.random.default_rng(0))
     if style_type == "single":
         assert single_bank_size(J, N_TRAIN) == expected_J  # J = ceil(8 / 32) = 1 unless given
@@ -184,8 +175,8 @@ def test_transfer_plan_draws_K_distinct_clients():
         transfer_plan(10, sizes, "b", 5, np.random.default_rng(0))
 
 
-def test_augmented_dataset_has_K_entries_per_image_styled_by_other_clients(nets):
-    clients = _clients()
+def test_augmented_dataset_has_K_entries_per_image_styled_by_other_clients(toy_client, nets):
+    clients = _clients(toy_client)
     alg = _ccst(K=3)
     alg._nets = nets
     bank = {c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients}
@@ -229,7 +220,7 @@ def test_weights_random_warns_and_null_refuses():
         load_adain_networks(None, None)
 
 
-def test_weights_file_sha256_verified(nets, tmp_path):
+def test_weights_file_sha256_verified(toy_client, nets, tmp_path):
     path = tmp_path / "adain.pth"
     sha = save_adain_weights(nets, path)
     loaded = load_adain_networks(str(path), sha)
@@ -243,7 +234,7 @@ def test_weights_file_sha256_verified(nets, tmp_path):
         load_adain_networks(str(tmp_path / "missing.pth"), sha)
     alg = build_algorithm("ccst", LocalConfig(), {"adain_weights": str(path), "adain_sha256": "f" * 64})
     with pytest.raises(AdaINWeightsError, match=r"train\.ccst\.adain_sha256"):  # before any use
-        alg.client_upload(_clients()[0], np.random.default_rng(0))
+        alg.client_upload(_clients(toy_client)[0], np.random.default_rng(0))
 
 
 def test_weights_two_release_files_and_url_cache(nets, tmp_path, monkeypatch):
@@ -279,11 +270,11 @@ def test_hparams_validated():
 
 
 # ---- through the in-process engine -----------------------------------------------------------
-def _engine(tmp_path, nets, rounds=2, ckpt="ck.pt", on_round=None, fraction=1.0, **hp):
+def _engine(toy_client, tmp_path, nets, rounds=2, ckpt="ck.pt", on_round=None, fraction=1.0, **hp):
     """LocalConfig.rounds is 2 whatever the engine runs, so a 1-round run is the first half of a 2-round run."""
     torch.manual_seed(0)
-    clients = _clients()
-    tx = _toy_client("t", "t", 16, 99, 60)
+    clients = _clients(toy_client)
+    tx = toy_client("t", "t", 16, 99, 60, size=S, n_val=N_VAL)
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
                   tx.train_y, 64)
     alg = _ccst(**hp)
@@ -293,7 +284,7 @@ def _engine(tmp_path, nets, rounds=2, ckpt="ck.pt", on_round=None, fraction=1.0,
                            log=lambda m: None)
 
 
-def _check_bank_bytes_once(eng, res, per_client):
+def _check_bank_bytes_once(toy_client, eng, res, per_client):
     """Round 1: every client uploads its style S^{C_n} and receives B; afterwards weights only."""
     h, w, n_clients = res.history, nbytes(res.final_weights), 4
     assert h[0]["bytes_up"] == n_clients * w + n_clients * per_client
@@ -301,19 +292,19 @@ def _check_bank_bytes_once(eng, res, per_client):
     assert all(r["bytes_up"] == r["bytes_down"] == n_clients * w for r in h[1:])
     for key in ("loss", "l_cls", "train_acc", "lr", "val_acc", "target_acc"):
         assert math.isfinite(h[-1][key]), key
-    assert sorted(eng.alg.served) == sorted(eng.alg.style_bank) == [c.client_id for c in _clients()]
+    assert sorted(eng.alg.served) == sorted(eng.alg.style_bank) == [c.client_id for c in _clients(toy_client)]
     for d_x, d_y in eng.alg._datasets.values():
         assert d_x.shape[0] == d_y.shape[0] == 2 * N_TRAIN  # |D| = K d
     assert all(not isinstance(m, AdaINNetworks) for m in eng.model.modules())  # Phi, Psi stay outside f
 
 
-def test_engine_single_style_sends_the_bank_once_per_client_under_sampling(tmp_path, nets):
+def test_engine_single_style_sends_the_bank_once_per_client_under_sampling(toy_client, tmp_path, nets):
     """Half the clients per round: a client first sampled in round t > 1 gets B in round t, once."""
-    eng = _engine(tmp_path, nets, rounds=3, fraction=0.5, style_type="single", J=2)
+    eng = _engine(toy_client, tmp_path, nets, rounds=3, fraction=0.5, style_type="single", J=2)
     res = eng.run()
     style_bytes = 2 * STYLE_BYTES  # J = 2 single-image styles per client
     w, bank_bytes = nbytes(res.final_weights), 4 * style_bytes
-    ids, served = sorted(c.client_id for c in _clients()), set()
+    ids, served = sorted(c.client_id for c in _clients(toy_client)), set()
     for rnd, rec in enumerate(res.history, 1):
         sampled = sample_clients(ids, 0.5, 0, rnd)
         fresh = [c for c in sampled if c not in served]
@@ -325,14 +316,14 @@ def test_engine_single_style_sends_the_bank_once_per_client_under_sampling(tmp_p
     assert any(c not in sample_clients(ids, 0.5, 0, 1) for c in served)  # someone got B after round 1
 
 
-def test_engine_overall_style_bytes_and_resume(tmp_path, nets):
-    full_eng = _engine(tmp_path, nets, ckpt="full.pt")
+def test_engine_overall_style_bytes_and_resume(toy_client, tmp_path, nets):
+    full_eng = _engine(toy_client, tmp_path, nets, ckpt="full.pt")
     full = full_eng.run()
     assert [r["round"] for r in full.history] == [1, 2]
-    _check_bank_bytes_once(full_eng, full, STYLE_BYTES)
+    _check_bank_bytes_once(toy_client, full_eng, full, STYLE_BYTES)
 
-    _engine(tmp_path, nets, rounds=1, ckpt="resume.pt").run()  # stopped after round 1 (checkpointed)
-    eng = _engine(tmp_path, nets, ckpt="resume.pt")
+    _engine(toy_client, tmp_path, nets, rounds=1, ckpt="resume.pt").run()  # stopped after round 1 (checkpointed)
+    eng = _engine(toy_client, tmp_path, nets, ckpt="resume.pt")
     resumed = eng.run()
     assert resumed.resumed_from == 1
     strip = lambda hist: [{k: v for k, v in r.items() if k != "seconds"} for r in hist]  # noqa: E731

@@ -207,6 +207,11 @@ def test_eq8_subset_size_and_rows(pools):
         rows = [int(np.flatnonzero((mu == row).all(1) & (sigma == srow).all(1))[0]) for row, srow in zip(mu_s, sigma_s)]
         assert len(set(rows)) == len(rows)                                  # without replacement, paired rows
     assert upload_size(30, 0.1) == 3 and upload_size(31, 0.1) == 4 and upload_size(5, 0.01) == 1
+    # the rounding guard: these products land just above an integer in floating point, so a bare ceil adds a row
+    for n, r, k in ((100, 0.07, 7), (100, 0.14, 14), (100, 0.28, 28), (100, 0.56, 56)):
+        assert r * n > k and math.ceil(r * n) == k + 1  # the float error the guard exists for
+        assert upload_size(n, r) == k
+    assert 100 * 0.29 < 29 and upload_size(100, 0.29, "floor") == 28  # the reference's int(n * r), error kept
     a = sample_statistics(mu, sigma, 0.1, np.random.default_rng(5))[0]
     b = sample_statistics(mu, sigma, 0.1, np.random.default_rng(5))[0]
     np.testing.assert_array_equal(a, b)

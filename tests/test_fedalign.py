@@ -13,12 +13,11 @@ import torch.nn.functional as F
 from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
 from fedccrl_core.algorithms.base import StepContext
 from fedccrl_core.algorithms.fedalign import (DomainDiscriminator, FedAlign, adversarial_loss, clustered_mixstyle,
-                                              cluster_variance, fedalign_loss, grad_reverse, kmeans, mixstyle,
+                                              cluster_variance, fedalign_loss, grad_reverse, kmeans,
                                               representation_consistency_loss, style_pool_distribution,
                                               style_sampling_probabilities)
 from fedccrl_core.algorithms import load_model
 from fedccrl_core.checkpoint import save_model
-from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.losses import js_loss, representation_alignment_loss
 from fedccrl_core.statistics import channel_stats
@@ -89,6 +88,12 @@ def test_style_pool_distribution_clusters_the_mu_sigma_vectors():
 
 
 def test_mixstyle_eq_9_to_11():
+    """FedAlign's M is augment/ccdt.py's MixStyle with lambda on the sample's own statistics (Eq. 9-10)."""
+    from fedccrl_core.augment.ccdt import mixstyle as shared
+
+    def mixstyle(x, mu, sigma, lam):
+        return shared(x, mu, sigma, lam, lam_weighs="own")
+
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 2, 5, 5, generator=g) * 2 + 1
     mu_j, sigma_j = torch.tensor([[0.5, -1.0]] * 3), torch.tensor([[2.0, 0.3]] * 3)
@@ -205,21 +210,11 @@ def test_train_step_terms_and_adv_switch():
 
 
 # ---- one engine run ------------------------------------------------------------------------------
-def _toy_client(cid, domain, n, seed, shift):
-    g = np.random.default_rng(seed)
-    y = g.integers(0, 3, n)
-    x = g.integers(0, 60, (n, 8, 8, 3)).astype(np.int64) + shift
-    x[np.arange(n), :, :, y] += 150
-    x = np.clip(x, 0, 255).astype(np.uint8)
-    mu = (g.normal(size=(n, 3)) + shift / 40).astype(np.float32)
-    return ClientData.from_numpy(cid, domain, x[: n - 8], y[: n - 8], x[n - 8:], y[n - 8:], "cpu",
-                                 mu[: n - 8], (np.abs(mu[: n - 8]) + 0.5).astype(np.float32))
-
-
-def test_engine_round(tmp_path):
+def test_engine_round(toy_client, tmp_path):
     torch.manual_seed(0)
-    clients = [_toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i) for i in range(2) for k in range(2)]
-    tx = _toy_client("t", "t", 40, 99, 40)
+    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i, stats=True, stats_mean=20 * i / 40)
+               for i in range(2) for k in range(2)]
+    tx = toy_client("t", "t", 40, 99, 40, stats=True, stats_mean=40 / 40)
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
                   tx.train_y, 64)
     local = LocalConfig(rounds=1, local_epochs=1, batch_size=8, lr=1e-2)

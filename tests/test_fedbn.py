@@ -14,7 +14,7 @@ from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms.silobn import SiloBN
 from fedccrl_core.aggregation import weighted_average
-from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.federation.client import ClientState
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
 SMALL_SGD = {"batch_size": 8, "lr": 0.05}
@@ -23,16 +23,7 @@ SMALL_SGD = {"batch_size": 8, "lr": 0.05}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def toy_client(cid, domain, n, seed, shift, contrast=1.0):
-    g = np.random.default_rng(seed)
-    y = g.integers(0, 3, n)
-    x = g.integers(0, 60, (n, 8, 8, 3)).astype(np.float64) + shift
-    x[np.arange(n), :, :, y] += 150
-    x = np.clip(x * contrast, 0, 255).astype(np.uint8)
-    return ClientData.from_numpy(cid, domain, x[: n - 8], y[: n - 8], x[n - 8:], y[n - 8:], "cpu")
-
-
-def make_engine(tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
+def make_engine(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
     torch.manual_seed(0)
     clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i)
                for i in range(2) for k in range(2)]
@@ -78,7 +69,7 @@ def test_paper_sgd_setting_and_bad_params():
 
 
 @pytest.mark.parametrize("algorithm", ["silobn", "fedbn"])
-def test_local_tensors_survive_rounds_and_are_not_loaded_from_the_aggregate(algorithm):
+def test_local_tensors_survive_rounds_and_are_not_loaded_from_the_aggregate(toy_client, algorithm):
     torch.manual_seed(0)
     alg = build_algorithm(algorithm, LocalConfig(local_epochs=1), SMALL_SGD)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
@@ -119,11 +110,11 @@ def test_local_tensors_survive_rounds_and_are_not_loaded_from_the_aggregate(algo
     assert (bn_w in keys) == (algorithm == "fedbn")  # SiloBN aggregates gamma, FedBN keeps it
 
 
-def test_engine_rounds_and_resume_keep_client_bn(tmp_path):
+def test_engine_rounds_and_resume_keep_client_bn(toy_client, tmp_path):
     class Killed(Exception):
         pass
 
-    full = make_engine(tmp_path, "silobn", SMALL_SGD, ckpt_name="full.pt").run()
+    full = make_engine(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="full.pt").run()
     assert all(math.isfinite(r[k]) for r in full.history for k in ("loss", "l_cls", "val_acc", "target_acc"))
     extra = RoundCheckpoints(tmp_path / "full.pt", "cpu").client_states()  # one state file per client
     means = [extra[c]["extra"]["local_bn"]["h.features.1.running_mean"] for c in sorted(extra)]
@@ -134,14 +125,28 @@ def test_engine_rounds_and_resume_keep_client_bn(tmp_path):
             raise Killed
 
     with pytest.raises(Killed):
-        make_engine(tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt", on_round=die).run()
-    resumed = make_engine(tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt").run()
+        make_engine(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt", on_round=die).run()
+    resumed = make_engine(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt").run()
     assert resumed.resumed_from == 1
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
 
 
-def test_engine_round_fedbn(tmp_path):
-    res = make_engine(tmp_path, "fedbn", SMALL_SGD, rounds=1).run()
-    assert math.isfinite(res.history[0]["loss"]) and 0 <= res.history[0]["target_acc"] <= 1
+def test_engine_round_fedbn(toy_client, tmp_path):
+    """Two FedBN rounds through the engine: every client ends with its own BN statistics and affine parameters
+    (its state), and the global model's BN entries are their Eq. 2 average (n_i weighted), not any one client's."""
+    res = make_engine(toy_client, tmp_path, "fedbn", SMALL_SGD, rounds=2).run()
+    assert all(math.isfinite(r["loss"]) for r in res.history)
+    states = RoundCheckpoints(tmp_path / "ck.pt", "cpu").client_states()
+    keys = set(local_bn_keys(FedBN.build_model("small_cnn", 3), "fedbn"))
+    local = [states[c]["extra"]["local_bn"] for c in sorted(states)]
+    assert len(local) == 4 and all(set(t) == keys for t in local)
+    n = [24] * 4  # each toy client: 32 images, 8 of them validation
+    ref = weighted_average(local, n)
+    for k in keys:
+        got = res.final_weights[k]
+        assert torch.allclose(got.float(), ref[k].float(), rtol=1e-5, atol=1e-6), k
+    bn_w = "h.features.1.weight"  # an affine parameter: FedBN keeps it per client, so the clients differ
+    assert not torch.equal(local[0][bn_w], local[2][bn_w])
+    assert all(not torch.equal(res.final_weights[bn_w], t[bn_w]) for t in local)

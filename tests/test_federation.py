@@ -83,21 +83,11 @@ def test_unknown_algorithm_and_hparam_named():
 
 
 # ---- a tiny learnable federation: class = which colour channel is bright -------------------------
-def _toy_client(cid, domain, n, seed, shift):
-    g = np.random.default_rng(seed)
-    y = g.integers(0, 3, n)
-    x = g.integers(0, 60, (n, 8, 8, 3)).astype(np.int64) + shift
-    x[np.arange(n), :, :, y] += 150
-    x = np.clip(x, 0, 255).astype(np.uint8)
-    stats = g.normal(size=(n, 3)).astype(np.float32)
-    return ClientData.from_numpy(cid, domain, x[: n - 8], y[: n - 8], x[n - 8:], y[n - 8:], "cpu",
-                                 stats[: n - 8], np.abs(stats[: n - 8]) + 0.5)
-
-
-def _engine(tmp_path, algorithm="fedavg", rounds=3, ckpt_name="ck.pt", on_round=None, hp=None):
+def _engine(toy_client, tmp_path, algorithm="fedavg", rounds=3, ckpt_name="ck.pt", on_round=None, hp=None):
     torch.manual_seed(0)
-    clients = [_toy_client(f"d{i}_c{k}", f"d{i}", 40, 10 * i + k, 20 * i) for i in range(2) for k in range(2)]
-    tx = _toy_client("t", "t", 48, 99, 40)
+    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 40, 10 * i + k, 20 * i, stats=True)
+               for i in range(2) for k in range(2)]
+    tx = toy_client("t", "t", 48, 99, 40, stats=True)
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
                   tx.train_y, 64)
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
@@ -108,9 +98,9 @@ def _engine(tmp_path, algorithm="fedavg", rounds=3, ckpt_name="ck.pt", on_round=
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "fedccrl"])
-def test_engine_lowers_loss_and_records_rounds(tmp_path, algorithm):
+def test_engine_lowers_loss_and_records_rounds(toy_client, tmp_path, algorithm):
     seen = []
-    res = _engine(tmp_path, algorithm, rounds=3, on_round=seen.append).run()
+    res = _engine(toy_client, tmp_path, algorithm, rounds=3, on_round=seen.append).run()
     assert [r["round"] for r in res.history] == [1, 2, 3] == [r["round"] for r in seen]
     assert res.history[-1]["loss"] < res.history[0]["loss"]
     for key in ("val_acc", "target_acc", "train_acc", "lr", "seconds", "bytes_up", "bytes_down", "l_cls"):
@@ -127,9 +117,9 @@ def test_engine_lowers_loss_and_records_rounds(tmp_path, algorithm):
         assert res.history[0]["bytes_up"] == 4 * w_bytes and res.history[0]["bytes_down"] == 4 * w_bytes
 
 
-def test_engine_is_deterministic_and_resumes_identically(tmp_path):
-    full = _engine(tmp_path, rounds=3, ckpt_name="full.pt").run()
-    again = _engine(tmp_path / "x", rounds=3, ckpt_name="again.pt").run()
+def test_engine_is_deterministic_and_resumes_identically(toy_client, tmp_path):
+    full = _engine(toy_client, tmp_path, rounds=3, ckpt_name="full.pt").run()
+    again = _engine(toy_client, tmp_path / "x", rounds=3, ckpt_name="again.pt").run()
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(full.history) == strip(again.history)
 
@@ -141,25 +131,25 @@ def test_engine_is_deterministic_and_resumes_identically(tmp_path):
             raise Killed
 
     with pytest.raises(Killed):  # killed during round 2's logging: only round 1 is checkpointed
-        _engine(tmp_path, rounds=3, ckpt_name="resume.pt", on_round=die_after_2).run()
-    resumed = _engine(tmp_path, rounds=3, ckpt_name="resume.pt").run()
+        _engine(toy_client, tmp_path, rounds=3, ckpt_name="resume.pt", on_round=die_after_2).run()
+    resumed = _engine(toy_client, tmp_path, rounds=3, ckpt_name="resume.pt").run()
     assert resumed.resumed_from == 1
     assert strip(resumed.history) == strip(full.history)
     for k in full.final_weights:
         assert torch.equal(full.final_weights[k], resumed.final_weights[k]), k
 
 
-def test_checkpoint_of_other_config_is_ignored(tmp_path):
-    _engine(tmp_path, "fedavg", rounds=1, ckpt_name="shared.pt").run()
-    res = _engine(tmp_path, "fedprox", rounds=1, ckpt_name="shared.pt").run()
+def test_checkpoint_of_other_config_is_ignored(toy_client, tmp_path):
+    _engine(toy_client, tmp_path, "fedavg", rounds=1, ckpt_name="shared.pt").run()
+    res = _engine(toy_client, tmp_path, "fedprox", rounds=1, ckpt_name="shared.pt").run()
     assert res.resumed_from == 0
 
 
-def test_a_collapsed_global_model_is_reported(tmp_path):
+def test_a_collapsed_global_model_is_reported(toy_client, tmp_path):
     """A global model that predicts one class for all validation images gets a warning and
     val_pred_classes = 1 in its round record (issue 15 point 5); a healthy one does not."""
     logs = []
-    eng = _engine(tmp_path, rounds=1, ckpt_name="collapsed.pt")
+    eng = _engine(toy_client, tmp_path, rounds=1, ckpt_name="collapsed.pt")
     eng.loop.log = logs.append
     eng.alg.local.lr = 0.0  # Adam with lr 0: the global model stays the collapsed initial one
     with torch.no_grad():
@@ -172,6 +162,6 @@ def test_a_collapsed_global_model_is_reported(tmp_path):
     assert rec["val_acc"] == pytest.approx(n1 / len(eng.loop.evalsets.val_y))  # a class share, as the warning says
 
     logs.clear()
-    healthy = _engine(tmp_path, rounds=1, ckpt_name="healthy.pt")
+    healthy = _engine(toy_client, tmp_path, rounds=1, ckpt_name="healthy.pt")
     healthy.loop.log = logs.append
     assert healthy.run().history[-1]["val_pred_classes"] > 1 and not any("collapsed" in m for m in logs)

@@ -22,23 +22,13 @@ from fedccrl_core.algorithms.fedfd_a import FedFDA, InstanceAdapter
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms import load_model
 from fedccrl_core.checkpoint import save_model
-from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from serving import onnx_export
 
 SMALL = {"batch_size": 8}
 
 
-def toy_client(cid, domain, n, seed, shift, contrast=1.0):
-    g = np.random.default_rng(seed)
-    y = g.integers(0, 3, n)
-    x = g.integers(0, 60, (n, 8, 8, 3)).astype(np.float64) + shift
-    x[np.arange(n), :, :, y] += 150
-    x = np.clip(x * contrast, 0, 255).astype(np.uint8)
-    return ClientData.from_numpy(cid, domain, x[: n - 8], y[: n - 8], x[n - 8:], y[n - 8:], "cpu")
-
-
-def make_engine(tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
+def make_engine(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
     """Four clients of two synthetic domains (different brightness and contrast), a shifted target."""
     torch.manual_seed(0)
     clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i)
@@ -316,8 +306,8 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
 
 # ---- engine ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ["fedfd", "fedfd_a"])
-def test_engine_round(tmp_path, algorithm):
-    engine = make_engine(tmp_path, algorithm, SMALL, rounds=1)
+def test_engine_round(toy_client, tmp_path, algorithm):
+    engine = make_engine(toy_client, tmp_path, algorithm, SMALL, rounds=1)
     res = engine.run()
     rec = res.history[0]
     terms = ("l_ce", "l_cacl", "l_cafl") + (("l_adapter",) if algorithm == "fedfd_a" else ())
@@ -330,19 +320,19 @@ def test_engine_round(tmp_path, algorithm):
         assert any(".adapter." in k for k in res.final_weights)  # the adapter is aggregated (Table 15)
 
 
-def test_fedfd_a_resume_is_exact(tmp_path):
+def test_fedfd_a_resume_is_exact(toy_client, tmp_path):
     class Killed(Exception):
         pass
 
-    full = make_engine(tmp_path, "fedfd_a", SMALL, ckpt_name="full.pt").run()
+    full = make_engine(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="full.pt").run()
 
     def die(rec):
         if rec["round"] == 2:
             raise Killed
 
     with pytest.raises(Killed):
-        make_engine(tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt", on_round=die).run()
-    resumed = make_engine(tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt").run()
+        make_engine(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt", on_round=die).run()
+    resumed = make_engine(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt").run()
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)

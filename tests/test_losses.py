@@ -170,15 +170,15 @@ def test_fedccrl_loss_combines_the_terms_and_honours_the_switches():
     ra = representation_alignment_loss(*zs, y, 0.1)
     js = js_loss(*logits)
     assert total.item() == pytest.approx((cls + 0.3 * ra + 0.7 * js).item(), rel=1e-6)  # Eq. 15
-    assert set(terms) == {"loss", "loss_cls", "loss_ra", "loss_js"}
-    assert terms["loss_ra"].item() == pytest.approx(ra.item()) and not terms["loss"].requires_grad
+    assert set(terms) == {"loss", "l_cls", "l_ra", "l_js"}
+    assert terms["l_ra"].item() == pytest.approx(ra.item()) and not terms["loss"].requires_grad
     total.backward()
     assert all(t.grad is not None for t in logits + zs)
 
     only_cls, terms = fedccrl_loss(*logits, *zs, y, l_ra=False, l_js=False)
-    assert only_cls.item() == pytest.approx(cls.item()) and set(terms) == {"loss", "loss_cls"}
+    assert only_cls.item() == pytest.approx(cls.item()) and set(terms) == {"loss", "l_cls"}
     no_js, terms = fedccrl_loss(*logits, *zs, y, lambda1=0.3, l_js=False)
-    assert no_js.item() == pytest.approx((cls + 0.3 * ra).item(), rel=1e-6) and "loss_js" not in terms
+    assert no_js.item() == pytest.approx((cls + 0.3 * ra).item(), rel=1e-6) and "l_js" not in terms
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (checks the device path for host syncs)")

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core import contract
 from fedccrl_core import fastpath
 from fedccrl_core.aggregation import WeightedSum
 from fedccrl_core.client import ClientData, ClientState
@@ -63,6 +64,7 @@ class StepContext:
     epoch: int = 0  # the local epoch being trained (0-based)
     global_weights: dict = field(default_factory=dict)  # as received (parameters and buffers)
     upload: dict | None = None  # set by a hook: travels up in the Reply, aggregated by the server half
+    metrics: dict = field(default_factory=dict)  # floats a hook adds to the Reply's metrics (GA's losses)
 
 
 class Algorithm:
@@ -125,6 +127,12 @@ class Algorithm:
         """Local epochs of one client-round (FedADG: E0 + E1)."""
         return self.local.local_epochs
 
+    def local_dataset(self, data: ClientData, state: ClientState, payload: Any, generator: torch.Generator | None,
+                      shuffle_rng: np.random.Generator) -> ClientData:
+        """The data this client trains on this round, before anything else: its own by default (CCST: its
+        images in K styles, D^{C_n}, built from the payload). n_i of the Reply is its n_train."""
+        return data
+
     def begin_local(self, model, data: ClientData, state: ClientState, ctx: StepContext) -> None:
         """After the global weights, optimizer and schedule are loaded, before the first step: build
         and restore anything else this algorithm trains locally (FedADG's discriminator), in ctx.state."""
@@ -158,6 +166,7 @@ class Algorithm:
                           payload: Any, generator: torch.Generator | None, shuffle_rng: np.random.Generator):
         """`local_train` as a generator: yields after every optimizer step, returns the Reply. The engine
         interleaves several clients' generators on CUDA streams (federation/concurrent.py)."""
+        data = self.local_dataset(data, state, payload, generator, shuffle_rng)
         fast = fastpath.enabled(self.local.fast, data.train_x.device)
         fastpath.prepare_model(model, self.local.fast)
         model.load_state_dict(global_weights)
@@ -192,7 +201,7 @@ class Algorithm:
                 opt.step()
                 with fastpath.autocast(fast, dev):
                     terms = {**terms, **self.after_step(model, ctx)}
-                for k, v in {"loss": loss, **terms}.items():
+                for k, v in {contract.LOSS: loss, **terms}.items():
                     sums[k] = sums.get(k, 0) + v.detach().float()
                     counts[k] = counts.get(k, 0) + 1
                 correct += (logits.detach().argmax(1) == y).sum()
@@ -203,8 +212,9 @@ class Algorithm:
         state.scheduler = sched.state_dict()
         self.end_local(model, state, ctx)
         metrics = {k: float(v) / counts[k] for k, v in sums.items()}  # one host sync per client-round
-        metrics["train_acc"] = float(correct) / max(seen, 1)
-        metrics["lr"] = float(opt.param_groups[0]["lr"])
+        metrics[contract.TRAIN_ACC] = float(correct) / max(seen, 1)
+        metrics[contract.LR] = float(opt.param_groups[0]["lr"])
+        metrics.update(ctx.metrics)
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return Reply(data.client_id, weights, n, metrics, ctx.upload)
 
@@ -270,4 +280,4 @@ class ListAggregation:
 def cross_entropy_step(model, x, y):
     logits = model(x)
     loss = F.cross_entropy(logits, y)
-    return loss, {"l_cls": loss}, logits
+    return loss, {contract.L_CLS: loss}, logits

@@ -206,7 +206,8 @@ class CCST(Algorithm):
                 dst[other] = to_u8(stylize(nets, f_c[other], mu_table[r], sigma_table[r], x_u8.shape[-2:]))  # Eq. 5
         return out, data.train_y.repeat_interleave(K)
 
-    def local_train(self, model, data, state, global_weights, payload, generator, shuffle_rng):
+    def local_dataset(self, data, state, payload, generator, shuffle_rng):
+        """The local loop trains on D^{C_n} (Alg. 1) instead of the client's own images."""
         cid = data.client_id
         if payload is not None and BANK not in state.extra:  # first receipt of B: the client's own copy
             state.extra[BANK] = payload_to_bank(payload)
@@ -222,8 +223,7 @@ class CCST(Algorithm):
         if cid not in self._datasets:
             self._datasets[cid] = self.augmented_dataset(data, bank, state.extra[PLAN])
         d_x, d_y = self._datasets[cid]
-        augmented = dataclasses.replace(data, train_x=d_x, train_y=d_y)
-        return super().local_train(model, augmented, state, global_weights, None, generator, shuffle_rng)
+        return dataclasses.replace(data, train_x=d_x, train_y=d_y)
 
     def train_step(self, model, x, y, ctx):
         return cross_entropy_step(model, x, y)

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.models import FedModel, build_model
@@ -140,13 +141,13 @@ class FedADG(Algorithm):
         l_advd = self.discriminator_step(D, ctx.state["opt_d"], z, r, y_soft)
         loss, l_err, l_advf, logits = self.feature_loss(model, D, z, y, y_soft)
         ctx.state.update(r=r, y_soft=y_soft)
-        return loss, {"l_cls": l_err, "l_advf": l_advf, "l_advd": l_advd}, logits
+        return loss, {contract.L_CLS: l_err, contract.L_ADVF: l_advf, contract.L_ADVD: l_advd}, logits
 
     def after_step(self, model, ctx):
         if ctx.epoch < self.local.local_epochs:
             return {}
         r, y_soft = ctx.state.pop("r"), ctx.state.pop("y_soft")
-        return {"l_advg": self.generator_step(ctx.state["D"], ctx.state["opt_g"], r, y_soft)}
+        return {contract.L_ADVG: self.generator_step(ctx.state["D"], ctx.state["opt_g"], r, y_soft)}
 
     def end_local(self, model, state, ctx):
         D = ctx.state["D"]

@@ -45,13 +45,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment import augmix, sample_beta
+from fedccrl_core.augment.ccdt import mixstyle
 from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.losses import js_loss, representation_alignment_loss
 from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import channel_stats, denormalize, normalize
+from fedccrl_core.statistics import denormalize, normalize
 
 KMEANS_RESTARTS = 4     # k-means++ initializations; the lowest within-cluster sum of squares wins
 KMEANS_MAX_ITERS = 100  # Lloyd iterations at most per initialization
@@ -112,21 +114,7 @@ def style_pool_distribution(mu: np.ndarray, sigma: np.ndarray, n_clusters: int, 
     return style_sampling_probabilities(s, labels, variance_weights), labels
 
 
-# ---- Sec. 3.3, Eq. 7-11: MixStyle with a pool row ---------------------------------------------
-def mixstyle(x: torch.Tensor, mu_j: torch.Tensor, sigma_j: torch.Tensor, lam: torch.Tensor,
-             eps: float = 1e-6) -> torch.Tensor:
-    """x [B, C, H, W], pool rows mu_j, sigma_j [B, C], lambda [B]:
-    mu(x), sigma(x)                                   Eq. 7-8 (statistics.channel_stats)
-    mu_mix    = lambda mu(x) + (1 - lambda) mu_j      Eq. 9 (the paper's gamma_mix)
-    sigma_mix = lambda sigma(x) + (1 - lambda) sigma_j Eq. 10 (the paper's beta_mix)
-    x_aug = sigma_mix (x - mu(x)) / sigma(x) + mu_mix   Eq. 11 read as MixStyle (module docstring)."""
-    mu, sigma = channel_stats(x, eps)
-    lam = lam.reshape(-1, 1).to(x.dtype)
-    mu_mix = lam * mu + (1 - lam) * mu_j.to(x.dtype)
-    sigma_mix = lam * sigma + (1 - lam) * sigma_j.to(x.dtype)
-    return sigma_mix[:, :, None, None] * (x - mu[:, :, None, None]) / sigma[:, :, None, None] + mu_mix[:, :, None, None]
-
-
+# ---- Sec. 3.3, Eq. 7-11: MixStyle with a pool row (augment/ccdt.py `mixstyle`, lambda on the sample's own) --
 def clustered_mixstyle(x: torch.Tensor, pool_mu: torch.Tensor, pool_sigma: torch.Tensor, q: torch.Tensor,
                        alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:
     """M(X) of Sec. 3.3 on a normalized batch: each sample draws its own pool row j ~ q (cluster by
@@ -134,7 +122,7 @@ def clustered_mixstyle(x: torch.Tensor, pool_mu: torch.Tensor, pool_sigma: torch
     b = x.shape[0]
     j = torch.multinomial(q, b, replacement=True, generator=generator)
     lam = sample_beta(alpha, alpha, (b,), generator=generator, device=x.device)
-    return mixstyle(x, pool_mu.index_select(0, j), pool_sigma.index_select(0, j), lam)
+    return mixstyle(x, pool_mu.index_select(0, j), pool_sigma.index_select(0, j), lam, lam_weighs="own")
 
 
 # ---- Sec. 3.5, Eq. 13: representation consistency ---------------------------------------------
@@ -194,18 +182,18 @@ def fedalign_loss(logits, logits1, logits2, z, z1, z2, y, lambda1=0.1, lambda2=0
     already routed through the gradient reversal layer by the caller). A switched-off term is
     neither computed nor reported. Returns (L, {term: detached tensor})."""
     loss_cls = F.cross_entropy(logits.float(), y)  # Alg. 1 line 17: the original view only
-    total, terms = loss_cls, {"l_cls": loss_cls}
+    total, terms = loss_cls, {contract.L_CLS: loss_cls}
     if l_sc:
-        terms["l_sc"] = representation_alignment_loss(z, z1, z2, y, tau)  # Alg. 1 line 17 / Eq. 12
-        total = total + lambda1 * terms["l_sc"]
+        terms[contract.L_SC] = representation_alignment_loss(z, z1, z2, y, tau)  # Alg. 1 line 17 / Eq. 12
+        total = total + lambda1 * terms[contract.L_SC]
     if l_rc:
-        terms["l_rc"] = representation_consistency_loss(z, z1, z2)  # Eq. 13
-        total = total + lambda1 * terms["l_rc"]
+        terms[contract.L_RC] = representation_consistency_loss(z, z1, z2)  # Eq. 13
+        total = total + lambda1 * terms[contract.L_RC]
     if l_js:
-        terms["l_js"] = js_loss(logits, logits1, logits2)  # Eq. 15
-        total = total + lambda2 * terms["l_js"]
+        terms[contract.L_JS] = js_loss(logits, logits1, logits2)  # Eq. 15
+        total = total + lambda2 * terms[contract.L_JS]
     if l_adv is not None:
-        terms["l_adv"] = l_adv
+        terms[contract.L_ADV] = l_adv
         total = total + l_adv
     return total, {k: v.detach() for k, v in terms.items()}
 

@@ -24,6 +24,7 @@ from typing import Literal
 import numpy as np
 import torch
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
@@ -182,6 +183,5 @@ class FedCCRL(StatisticsExchange, Algorithm):
         loss, t = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp["lambda1"], lambda2=hp["lambda2"],
                                tau=hp["tau"], l_ra=hp["l_ra"], l_js=hp["l_js"],
                                l_cls=hp["l_cls"], supcon=hp["supcon"])  # Eq. 12-16
-        terms = {name: t[key] for name, key in (("l_cls", "loss_cls"), ("l_ra", "loss_ra"), ("l_js", "loss_js"))
-                 if key in t}
+        terms = {k: v for k, v in t.items() if contract.is_loss_term(k)}
         return loss, terms, lo

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from pydantic import field_validator
 from torch import nn
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm, LocalBNParams
 from fedccrl_core.hparams import hp
 from fedccrl_core.models import FedModel, build_model
@@ -278,10 +279,10 @@ class FedFD(LocalBNAlgorithm):
         logits = model.g(f_k)
         l_ce = F.cross_entropy(logits, y)                  # Eq. 1
         if not self.hp["diversification"]:
-            return l_ce, {"l_ce": l_ce}, logits
+            return l_ce, {contract.L_CE: l_ce}, logits
         with bn_mode(model, "mix", ctx.generator):
             f_delta = model.h(x)                           # Eq. 2 at every BN layer: f_{i,Delta}
         l_cafl = cafl(f_k, f_delta, self.hp["cafl_reduction"])  # Eq. 3
         l_cacl = cacl(model.g(f_delta), y)                 # Eq. 4
         loss = total_loss(l_ce, l_cacl, l_cafl, self.hp["lambda1"], self.hp["lambda2"])  # Eq. 5
-        return loss, {"l_ce": l_ce, "l_cacl": l_cacl, "l_cafl": l_cafl}, logits
+        return loss, {contract.L_CE: l_ce, contract.L_CACL: l_cacl, contract.L_CAFL: l_cafl}, logits

@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from pydantic import field_validator
 from torch import nn
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.fedfd import FDParams, FedFD, bn_mode
 from fedccrl_core.hparams import hp
 
@@ -117,5 +118,5 @@ class FedFDA(FedFD):
         finally:
             for p in frozen:
                 p.requires_grad_(True)
-        terms["l_adapter"] = l_adapter
+        terms[contract.L_ADAPTER] = l_adapter
         return loss + l_adapter, terms, logits

@@ -30,6 +30,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.statistics import normalize_u8
@@ -117,4 +118,4 @@ class FedIIR(Algorithm):
     def train_step(self, model, x, y, ctx):
         risk, grads, logits = classifier_gradient(model.g, model.h(x), y, create_graph=True)
         l_iir = iir_penalty(grads, ctx.state["g_bar"])
-        return risk + self.hp["gamma"] * l_iir, {"l_cls": risk, "l_iir": l_iir}, logits
+        return risk + self.hp["gamma"] * l_iir, {contract.L_CLS: risk, contract.L_IIR: l_iir}, logits

@@ -2,6 +2,7 @@
 with w^t the global weights received this round."""
 from __future__ import annotations
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.hparams import HParams, hp
 
@@ -20,5 +21,5 @@ class FedProx(Algorithm):
         loss, terms, logits = cross_entropy_step(model, x, y)
         prox = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), ctx.global_params))
         l_prox = 0.5 * self.hp["mu"] * prox
-        terms["l_prox"] = l_prox
+        terms[contract.L_PROX] = l_prox
         return loss + l_prox, terms, logits

@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedccrl_core import contract
 from fedccrl_core.hparams import HParams, hp
 
 from fedccrl_core.algorithms.base import Algorithm
@@ -124,4 +125,4 @@ class FedSR(Algorithm):
         l_l2r = l2r(z, self.hp["l2r"])
         l_cmi = cmi(mu, sigma, y, model.r)
         loss = l_cls + self.hp["alpha_l2r"] * l_l2r + self.hp["alpha_cmi"] * l_cmi
-        return loss, {"l_cls": l_cls, "l_l2r": l_l2r, "l_cmi": l_cmi}, logits
+        return loss, {contract.L_CLS: l_cls, contract.L_L2R: l_l2r, contract.L_CMI: l_cmi}, logits

@@ -92,16 +92,18 @@ class GA(Algorithm):
                                     y[i:i + 256], reduction="sum") for i in range(0, len(y), 256))
         return float(total) / max(len(y), 1)
 
-    def local_train(self, model, data, state, global_weights, payload, generator, shuffle_rng):
-        model.load_state_dict(global_weights)
-        loss_global = self.loss_on(model, data)  # L(theta^r; D_i), theta^r = the aggregate of round r-1
-        reply = super().local_train(model, data, state, global_weights, payload, generator, shuffle_rng)
-        loss_local = self.loss_on(model, data)   # L(theta_i^r; D_i)
-        reply.metrics.update(ga_loss_global=loss_global, ga_loss_local=loss_local)
-        if "ga_loss_local" in state.extra:       # G_i of the previous round
-            reply.metrics["ga_gap"] = loss_global - state.extra["ga_loss_local"]
+    # the local loop's hooks: the client measures its losses around local training (the gap G_i)
+    def begin_local(self, model, data, state, ctx):
+        ctx.state["ga_data"] = data
+        ctx.metrics["ga_loss_global"] = self.loss_on(model, data)  # L(theta^r; D_i), theta^r = last aggregate
+        model.train()  # loss_on evaluated in eval mode
+
+    def end_local(self, model, state, ctx):
+        loss_local = self.loss_on(model, ctx.state["ga_data"])       # L(theta_i^r; D_i)
+        ctx.metrics["ga_loss_local"] = loss_local
+        if "ga_loss_local" in state.extra:                            # G_i of the previous round
+            ctx.metrics["ga_gap"] = ctx.metrics["ga_loss_global"] - state.extra["ga_loss_local"]
         state.extra["ga_loss_local"] = loss_local
-        return reply
 
     def aggregate(self, global_weights, replies):
         self.round += 1

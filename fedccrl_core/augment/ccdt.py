@@ -149,22 +149,35 @@ def sample_dirichlet(
 # ---------------------------------------------------------------------------------------------
 # CCDT / MixStyle from the pool (Alg. 2)
 # ---------------------------------------------------------------------------------------------
-def _ccdt_with(
+def mixstyle(
     x: torch.Tensor,
     mu_p: torch.Tensor,
     sigma_p: torch.Tensor,
     lam: torch.Tensor,
     eps: float = 1e-6,
     unbiased: bool = False,
+    lam_weighs: str = "pool",
 ) -> torch.Tensor:
-    """Alg. 2 lines 3-9 for given draws: pool rows mu_p, sigma_p [B, C] and lambda [B].
+    """MixStyle with given draws, the one implementation (FedCCRL's CCDT, FedAlign's M): x [B, C, H, W],
+    style rows mu_p, sigma_p [B, C] (from the pool), lambda [B].
 
-    x_hat = sigma_mix * (x - mu(x)) / sigma(x) + mu_mix  (MixStyle reading, module docstring).
+    mu(x), sigma(x)                       FedCCRL Eq. 6-7 / FedAlign Eq. 7-8 (statistics.channel_stats)
+    x_tilde = (x - mu(x)) / sigma(x)
+    mu_mix, sigma_mix                     lambda on the pool row (lam_weighs="pool": FedCCRL Alg. 2 lines 7-8)
+                                          or on the sample's own (lam_weighs="own": FedAlign Eq. 9-10)
+    x_hat = sigma_mix * x_tilde + mu_mix  (Alg. 2 line 9; FedAlign Eq. 11 read as MixStyle)
     """
-    mu, sigma = channel_stats(x, eps, unbiased)  # Eq. 6-7, [B, C]
+    mu, sigma = channel_stats(x, eps, unbiased)  # [B, C]
     lam = lam.reshape(-1, 1).to(x.dtype)
-    mu_mix = lam * mu_p + (1.0 - lam) * mu
-    sigma_mix = lam * sigma_p + (1.0 - lam) * sigma
+    mu_p, sigma_p = mu_p.to(x.dtype), sigma_p.to(x.dtype)
+    if lam_weighs == "pool":
+        mu_mix = lam * mu_p + (1.0 - lam) * mu
+        sigma_mix = lam * sigma_p + (1.0 - lam) * sigma
+    elif lam_weighs == "own":
+        mu_mix = lam * mu + (1.0 - lam) * mu_p
+        sigma_mix = lam * sigma + (1.0 - lam) * sigma_p
+    else:
+        raise ValueError(f"lam_weighs must be 'pool' or 'own', got {lam_weighs!r}")
     x_tilde = (x - mu[:, :, None, None]) / sigma[:, :, None, None]
     return sigma_mix[:, :, None, None] * x_tilde + mu_mix[:, :, None, None]
 
@@ -202,7 +215,7 @@ def ccdt(
 
     idx = pool_rows(n_pool, batch, pool_draw, generator, x.device)  # Alg. 2 line 5
     lam = sample_beta(alpha, alpha, (batch,), generator=generator, device=x.device)  # line 6
-    return _ccdt_with(x, pool_mu.index_select(0, idx), pool_sigma.index_select(0, idx), lam, eps, unbiased)
+    return mixstyle(x, pool_mu.index_select(0, idx), pool_sigma.index_select(0, idx), lam, eps, unbiased)
 
 
 def pool_rows(n_pool: int, batch: int, pool_draw: str = "with_replacement",

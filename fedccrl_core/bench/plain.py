@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.augment.augmix import OPS
 from fedccrl_core.aggregation import weighted_average
@@ -237,7 +238,7 @@ def plain_local_train_steps(alg, model, client: PlainClient, global_weights: dic
     state.scheduler = sched.state_dict()
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     return Reply(client.client_id, weights, client.n_train,
-                 {"loss": running / max(steps, 1), "train_acc": correct / max(seen, 1)})
+                 {contract.LOSS: running / max(steps, 1), contract.TRAIN_ACC: correct / max(seen, 1)})
 
 
 def run_to_end(steps):
@@ -273,6 +274,6 @@ def plain_round(alg, model, clients: list[PlainClient], global_weights: dict, va
     global_weights = weighted_average([r.weights for r in replies], [r.n for r in replies])  # Eq. 2
     model.load_state_dict(global_weights)
     bs = alg.local.batch_size
-    record = {"round": rnd, "val_acc": plain_accuracy(model, val, bs, device, workers),
-              "target_acc": plain_accuracy(model, target, bs, device, workers)}
+    record = {contract.ROUND: rnd, contract.VAL_ACC: plain_accuracy(model, val, bs, device, workers),
+              contract.TARGET_ACC: plain_accuracy(model, target, bs, device, workers)}
     return global_weights, record

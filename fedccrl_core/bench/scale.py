@@ -23,6 +23,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from fedccrl_core import contract
+
 CLIENT_COUNTS = (6, 30, 120, 300)
 ALGORITHMS = ("fedavg", "fedccrl")
 
@@ -95,7 +97,7 @@ def child(spec: dict) -> dict:
     return {"seconds_per_round": seconds / len(h), "phases": {k: v / len(h) for k, v in phases.items()},
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_start_mib": rss_start,
             "checkpoint_bytes": ckpt_bytes,
-            "bytes_per_round": sum(r["bytes_up"] + r["bytes_down"] for r in h) / len(h)}
+            "bytes_per_round": sum(r[contract.BYTES_UP] + r[contract.BYTES_DOWN] for r in h) / len(h)}
 
 
 def measure(algorithm: str, clients: int, total: int, size: int, rounds: int, batch_size: int, threads: int,

@@ -142,7 +142,7 @@ def load_pool(pools_dir: str | os.PathLike, client_id: str) -> tuple[np.ndarray,
 
 
 def upload_size(n: int, r: float, rounding: str = "ceil") -> int:
-    """ceil(r * n_i) of Eq. 8, robust to float error (0.1 * 30 = 3.0000000000000004 -> 3, not 4);
+    """ceil(r * n_i) of Eq. 8, robust to float error (0.07 * 100 = 7.000000000000001 -> 7, not 8);
     rounding="floor": the reference code's int(n_i * r), float error included (int(100 * 0.29) = 28)."""
     if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1:
         raise DataError(f"params.yaml: train.fedccrl.r must be in (0, 1], got {r!r}")

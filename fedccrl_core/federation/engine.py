@@ -19,8 +19,10 @@ from typing import Callable
 
 import torch
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.client import ClientData, ClientState
+from fedccrl_core.fastpath import resolve_device  # noqa: F401  (re-exported: the engines' callers)
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.loop import (EvalSets, RoundLoop, RunResult, nbytes, sample_clients,  # noqa: F401
@@ -28,16 +30,6 @@ from fedccrl_core.federation.loop import (EvalSets, RoundLoop, RunResult, nbytes
 from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 
 CLIENT_STATE_MODES = ("persistent", "stateless")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("params.yaml: train.device is 'cuda' but no CUDA device is available")
-    if name not in ("cpu", "cuda"):
-        raise ValueError(f"params.yaml: train.device must be auto, cpu or cuda, got {name!r}")
-    return torch.device(name)
 
 
 def concurrent_width(setting: int | str, device: torch.device, n_clients: int, alg: Algorithm) -> int:
@@ -111,7 +103,7 @@ class InProcessTransport:
             if self._checkpoints is not None and self.client_state == "persistent" and cid in self._states:
                 self._checkpoints.write_client(cid, rnd, self._states.pop(cid).to_dict())  # leaves memory now
             self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {reply.client_id}: "
-                     f"loss {reply.metrics.get('loss', float('nan')):.4f} acc {reply.metrics['train_acc']:.3f}")
+                     + contract.reply_summary(reply.metrics))
         self._trained = list(sampled)
         return replies
 

@@ -23,6 +23,7 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
+from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm, Reply
 from fedccrl_core.evaluation import accuracy, predict
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
@@ -170,20 +171,21 @@ class RoundLoop:
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec = {"round": rnd, "val_acc": val_acc, "target_acc": tgt_acc, "val_pred_classes": val_classes,
-                   "seconds": time.perf_counter() - t0,
-                   "bytes_up": len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values())
+            rec = {contract.ROUND: rnd, contract.VAL_ACC: val_acc, contract.TARGET_ACC: tgt_acc,
+                   contract.VAL_PRED_CLASSES: val_classes, contract.SECONDS: time.perf_counter() - t0,
+                   contract.BYTES_UP: len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values())
                    + sum(nbytes(r.upload) for r in replies),
-                   "bytes_down": len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies)}
+                   contract.BYTES_DOWN: len(replies) * w_bytes
+                   + sum(nbytes(payloads.get(r.client_id)) for r in replies)}
             for key in sorted({k for r in replies for k in r.metrics}):
                 rec[key] = weighted_mean(replies, key)
             for r in replies:
-                rec[f"train_acc/{r.client_id}"] = r.metrics["train_acc"]
+                rec[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
             rec.update(self.transport.round_record(rnd))
             history.append(rec)
             self.log(f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
-                     f"target_acc {tgt_acc:.4f} ({rec['seconds']:.1f}s, {rec['bytes_up']} B up, "
-                     f"{rec['bytes_down']} B down)")
+                     f"target_acc {tgt_acc:.4f} ({rec[contract.SECONDS]:.1f}s, {rec[contract.BYTES_UP]} B up, "
+                     f"{rec[contract.BYTES_DOWN]} B down)")
             self.on_round(rec)  # log first: a crash before the checkpoint re-logs identical values
             if self.checkpoints is not None:
                 self.checkpoints.save(rnd, {"global": global_w, "best": best_w, "best_round": best_round,

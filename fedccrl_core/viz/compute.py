@@ -51,3 +51,41 @@ def cams(model, images_u8: np.ndarray, mean, std) -> tuple[np.ndarray, np.ndarra
     x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8)), mean, std)
     cam, pred = grad_cam(model, x)
     return cam.numpy(), pred.numpy()
+
+
+def preview_rows(shards, pools, fedccrl_hp: dict, seed: int, n_preview: int, mean, std) -> list[dict]:
+    """FedCCRL Fig. 3 for every client: `n_preview` of its training images, CCDT with the pool of the other
+    clients' uploads F_j (Eq. 8, drawn here as the server would hold them), then DIFP."""
+    from fedccrl_core.algorithms.fedccrl import pool_without
+    from fedccrl_core.data.pools import load_pool, sample_statistics
+    from fedccrl_core.data.shards import load_client, load_manifest
+
+    rng = np.random.default_rng(seed)
+    ids = [c["id"] for c in load_manifest(shards)["clients"]]
+    uploads = {}
+    for cid in ids:
+        mu, sigma = load_pool(pools, cid)
+        f_mu, f_sigma = sample_statistics(mu, sigma, fedccrl_hp["r"], rng)  # Eq. 8
+        uploads[cid] = {"mu": f_mu, "sigma": f_sigma}
+    aug = AugmentConfig.from_mapping(fedccrl_hp)
+    rows = []
+    for j, cid in enumerate(ids):
+        shard = load_client(shards, cid)
+        pick = np.sort(rng.choice(len(shard.train_y), size=min(n_preview, len(shard.train_y)), replace=False))
+        pmu, psig = pool_without(uploads, cid)
+        rows.append({"client": cid, **augmentation_views(shard.train_x[pick], pmu, psig, aug, seed + j, mean, std)})
+    return rows
+
+
+def model_panels(models: dict, x: np.ndarray, y: np.ndarray, pick: np.ndarray, n_cam: int, mean, std,
+                 seed: int) -> tuple[dict, dict]:
+    """For each {algorithm: model file}: the t-SNE of h(x) over the picked held-out images (FedCCRL Fig. 5) and
+    the Grad-CAMs of the first n_cam of them (Fig. 7)."""
+    from fedccrl_core.algorithms import load_model
+
+    panels, cam_maps = {}, {}
+    for alg, path in models.items():
+        model, _ = load_model(path)
+        panels[alg] = (tsne_2d(representations(model, x[pick], mean, std), seed), y[pick])
+        cam_maps[alg] = cams(model, x[pick[:n_cam]], mean, std)
+    return panels, cam_maps

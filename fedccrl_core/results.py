@@ -1,0 +1,144 @@
+"""Evaluated runs as results: the leave-one-domain-out table (FedCCRL Table 1 form, mean ± std across seeds; the
+report stage) and the per-round series the figures draw. The runs are re-evaluated by fedccrl_core/runs.py; the
+layout and field names are fedccrl_core/contract.py's. Plain data only: no torch, no model code.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from fedccrl_core import contract
+
+# FedCCRL's Table 1 row order, then the other seed papers' methods (FedFD-A's Table 1 frameworks, FedAlign)
+PAPER_ORDER = ("fedavg", "fedprox", "fedadg", "ga", "fedsr", "fediir", "ccst", "fedccrl",
+               "fedbn", "silobn", "fedfd", "fedfd_a", "fedalign")
+SELECTIONS = ((contract.FINAL_TARGET_ACC, "final round"),
+              (contract.BEST_VAL_TARGET_ACC, "round selected by source validation"))
+
+
+# ---- the report stage: the table over evaluated runs ----------------------------------------------
+def load_results(runs_dir: Path) -> list[dict]:
+    """Every evaluated run under runs_dir, in table order (paper order, then algorithm, then seed)."""
+    files = sorted(Path(runs_dir).rglob(f"*{contract.RESULT_SUFFIX}"))
+    if not files:
+        raise FileNotFoundError(f"{runs_dir}: no evaluation results (run the evaluate stage first)")
+    runs = [json.loads(f.read_text()) for f in files]
+    runs.sort(key=lambda r: (PAPER_ORDER.index(r["algorithm"]) if r["algorithm"] in PAPER_ORDER else 99,
+                             r["algorithm"], r["seed"]))
+    return runs
+
+
+def held_out_domains(runs: list[dict]) -> list[str]:
+    return [d for _, d in sorted({(r.get("held_out_index") or 0, r["held_out_domain"]) for r in runs})]
+
+
+def _mean_std(vals: list[float]) -> dict:
+    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """Per algorithm and held-out domain: mean and std over seeds of each selection's target accuracy; the
+    communication per round; and the average over the domains ("avg") when every domain has runs."""
+    domains = held_out_domains(runs)
+    by: dict = {}
+    for r in runs:
+        by.setdefault(r["algorithm"], {}).setdefault(r["held_out_domain"], []).append(r)
+    metrics: dict = {}
+    for alg, per_dom in by.items():
+        m = {dom: {**{key: _mean_std([x[key] for x in rs]) for key, _ in SELECTIONS},
+                   "seeds": sorted(x["seed"] for x in rs)} for dom, rs in per_dom.items()}
+        m["comm_mb_per_round"] = {
+            k: statistics.fmean(x[f"bytes_{k}_per_round"] for rs in per_dom.values() for x in rs) / 1e6
+            for k in ("up", "down")}
+        if len(per_dom) == len(domains):
+            m["avg"] = {key: statistics.fmean(m[d][key]["mean"] for d in domains) for key, _ in SELECTIONS}
+        metrics[alg] = m
+    return metrics
+
+
+def table_markdown(runs: list[dict], metrics: dict) -> list[str]:
+    """The paper-style tables (one column per held-out domain, Avg.) and the communication per round."""
+    domains = held_out_domains(runs)
+
+    def cell(alg, dom, key):
+        if dom not in metrics[alg]:
+            return "–"
+        s = metrics[alg][dom][key]
+        return f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}" if s["n"] > 1 else f"{100 * s['mean']:.2f}"
+
+    lines = []
+    for p in sorted({json.dumps(r.get("partition") or {}, sort_keys=True) for r in runs}):
+        # the partition the runs were trained on (one line; several if runs were mixed)
+        lines += ["Partition: " + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items())
+                                   or "not recorded"), ""]
+    for key, title in SELECTIONS:
+        lines += [f"### {runs[0]['dataset']}: target accuracy (%), {title}", "",
+                  "| Algorithm | " + " | ".join(domains) + " | Avg. |", "|---" * (len(domains) + 2) + "|"]
+        for alg in metrics:
+            avg = metrics[alg].get("avg", {}).get(key)
+            avg_cell = f"{100 * avg:.2f}" if avg is not None else "–"
+            lines.append(f"| {alg} | " + " | ".join(cell(alg, d, key) for d in domains) + f" | {avg_cell} |")
+        lines.append("")
+    lines += ["### Communication per round (MB, all clients together): what the papers argue about", "",
+              "| Algorithm | up (weights + statistics / style bank) | down |", "|---|---|---|"]
+    for alg in metrics:
+        c = metrics[alg]["comm_mb_per_round"]
+        lines.append(f"| {alg} | {c['up']:.3f} | {c['down']:.3f} |")
+    lines.append("")
+    return lines
+
+
+def table_rows(runs: list[dict], metrics: dict) -> list[list]:
+    """The same numbers as CSV rows: one per (selection, algorithm)."""
+    domains = held_out_domains(runs)
+    rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
+    for key, _ in SELECTIONS:
+        for alg in metrics:
+            get = lambda d, s: metrics[alg][d][key][s] if d in metrics[alg] else ""  # noqa: E731
+            rows.append([key, alg, *[get(d, "mean") for d in domains], *[get(d, "std") for d in domains],
+                         metrics[alg].get("avg", {}).get(key, "")])
+    return rows
+
+
+def curve_rows(runs: list[dict]) -> list[list]:
+    """Per-round target accuracy, one column per run (DVC plots)."""
+    cols = {f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}":
+            {p[contract.ROUND]: p[contract.TARGET_ACC] for p in r["per_round"]} for r in runs}
+    rounds = sorted({p[contract.ROUND] for r in runs for p in r["per_round"]})
+    return [[contract.ROUND, *cols]] + [[rd, *[cols[c].get(rd, "") for c in cols]] for rd in rounds]
+
+
+# ---- the figures stage: evaluated runs with their training histories ----------------------------------
+def load_runs_with_history(models: Path, runs_dir: Path) -> list[dict]:
+    """The runs the evaluate stage reported (the current sweep), with their training histories: runs_dir
+    mirrors the models layout (contract.result_file)."""
+    out = []
+    for res in sorted(Path(runs_dir).rglob(f"*{contract.RESULT_SUFFIX}")):
+        hist = contract.run_of_result(models, runs_dir, res) / contract.HISTORY_FILE
+        doc = json.loads(hist.read_text())
+        out.append({"dir": hist.parent, "meta": doc["meta"], "rounds": doc["rounds"],
+                    "result": json.loads(res.read_text())})
+    if not out:
+        raise FileNotFoundError(f"{runs_dir}: no evaluated runs (run the evaluate stage first)")
+    return out
+
+
+def round_series(runs: list[dict]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """{metric: {algorithm: [(round, mean over seeds)]}} for target and validation accuracy, the loss and every
+    loss term, over runs of one held-out domain."""
+    import numpy as np
+
+    metrics = [contract.TARGET_ACC, contract.VAL_ACC, contract.LOSS]
+    metrics += sorted({k for r in runs for k in r["rounds"][0] if contract.is_loss_term(k)})
+    series: dict = {m: {} for m in metrics}
+    for alg in sorted({r["meta"]["algorithm"] for r in runs}):
+        rs = [r for r in runs if r["meta"]["algorithm"] == alg]
+        for m in metrics:
+            pts = []
+            for i, rec in enumerate(rs[0]["rounds"]):
+                vals = [r["rounds"][i][m] for r in rs if i < len(r["rounds"]) and r["rounds"][i].get(m) is not None]
+                if vals:
+                    pts.append((rec[contract.ROUND], float(np.mean(vals))))
+            series[m][alg] = pts
+    return series

@@ -1,0 +1,55 @@
+"""A saved run re-evaluated on its held-out domain (the evaluate stage), from the files the train stage wrote
+(fedccrl_core/contract.py's run layout)."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from fedccrl_core import contract
+
+
+def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
+    """The final-round target accuracy and that of the model of the best source-validation round (DomainBed's
+    training-domain validation), each re-computed from the saved models, with per-class accuracy and the
+    confusion matrix; plus the training history's communication and per-round accuracies."""
+    import numpy as np
+    import torch
+
+    from fedccrl_core.algorithms import load_model
+    from fedccrl_core.data.shards import load_domain_test, load_manifest
+    from fedccrl_core.evaluation import confusion_matrix, predict
+
+    hist_path = run / contract.HISTORY_FILE
+    if not hist_path.is_file():
+        raise FileNotFoundError(f"{hist_path}: missing (was the train stage interrupted?)")
+    rounds = json.loads(hist_path.read_text())["rounds"]
+    result = {}
+    for tag, fname in (("final", contract.MODEL_FILE), ("best_val", contract.BEST_FILE)):
+        model, meta = load_model(run / fname)
+        model.to(device)
+        x, y = load_domain_test(shards, meta["held_out_domain"])
+        x_t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous().to(device)
+        y_t = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
+        pred = predict(model, x_t, batch_size, meta["mean"], meta["std"])
+        cm = confusion_matrix(pred, y_t, meta["num_classes"]).cpu()
+        per_class = (cm.diag().float() / cm.sum(1).clamp(min=1).float()).tolist()
+        result[tag] = {contract.TARGET_ACC: float((pred == y_t).float().mean()), contract.ROUND: int(meta["round"]),
+                       "per_class_acc": dict(zip(meta["classes"], per_class)), "confusion": cm.tolist()}
+    doc = {"dataset": meta["dataset"], "algorithm": meta["algorithm"], "seed": meta["seed"],
+           "held_out_domain": meta["held_out_domain"], "held_out_index": meta.get("held_out_index"),
+           "classes": meta["classes"], "n_test": int(len(y)), "mlflow_run_id": meta.get("mlflow_run_id"),
+           contract.FINAL_TARGET_ACC: result["final"][contract.TARGET_ACC],
+           contract.BEST_VAL_TARGET_ACC: result["best_val"][contract.TARGET_ACC],
+           contract.BEST_ROUND: result["best_val"][contract.ROUND],
+           "final_val_acc": rounds[-1][contract.VAL_ACC], "detail": result,
+           "bytes_up_per_round": sum(r[contract.BYTES_UP] for r in rounds) / len(rounds),
+           "bytes_down_per_round": sum(r[contract.BYTES_DOWN] for r in rounds) / len(rounds),
+           "per_round": [{k: r[k] for k in (contract.ROUND, contract.TARGET_ACC, contract.VAL_ACC)} for r in rounds],
+           "partition": {k: v for k, v in load_manifest(shards).get("params", {}).items()
+                         if k.startswith("partition.")}}
+    recorded = rounds[-1][contract.TARGET_ACC]
+    if abs(recorded - doc[contract.FINAL_TARGET_ACC]) > 1e-6 and torch.device(device).type == "cpu":
+        print(f"warning: re-evaluated final accuracy {doc[contract.FINAL_TARGET_ACC]:.4f} differs from the one "
+              f"recorded in training {recorded:.4f}", file=sys.stderr)
+    return doc
