@@ -5,7 +5,11 @@ Reads every results/runs/<algorithm>/s<seed>/d<i>.json and writes
                                     over seeds of final and val-selected target accuracy, plus Avg.
   --table    results/table.md       the paper-style table (Table 1 layout: one column per held-out domain)
              results/table.csv      the same numbers, one row per (selection, algorithm)
-  --curves   results/curves.csv     per-round target accuracy, one column per run (DVC plots)
+  --curves   results/curves.csv     per-round target accuracy in long form, one row per (run, held-out domain,
+                                    round) with its `series` <algorithm>/s<seed>/<domain> (DVC plots: one line per
+                                    series, .dvc/plots/series.json)
+  --summary  results/summary.json   the compact DVC metric: per algorithm and held-out domain the mean final target
+                                    accuracy over seeds, plus avg (`dvc metrics show` stays narrow)
 """
 from __future__ import annotations
 
@@ -32,7 +36,7 @@ def _mean_std(vals: list[float]) -> dict:
 
 
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
-           params_path: Path | None = None) -> dict:
+           params_path: Path | None = None, summary_out: Path | None = None) -> dict:
     if params_path is not None:  # the stage validates the whole params file first, as every stage does
         from pipeline.params import load_config
 
@@ -88,12 +92,14 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
         c = metrics[alg]["comm_mb_per_round"]
         lines.append(f"| {alg} | {c['up']:.3f} | {c['down']:.3f} |")
     lines.append("")
-    rounds = sorted({p["round"] for r in runs for p in r["per_round"]})
-    cols = {f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}": {p["round"]: p["target_acc"] for p in r["per_round"]}
-            for r in runs}
     for path in (metrics_out, table_out, curves_out):
         path.parent.mkdir(parents=True, exist_ok=True)
     write_text(metrics_out, json.dumps(metrics, indent=1))
+    if summary_out is not None:
+        summary = {alg: {**{d: round(m[d]["final_target_acc"]["mean"], 4) for d in domains if d in m},
+                         **({"avg": round(m["avg"]["final_target_acc"], 4)} if "avg" in m else {})}
+                   for alg, m in metrics.items()}
+        write_text(summary_out, json.dumps(summary, indent=1))
     write_text(table_out, "\n".join(lines))
     csv_rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
     for key in ("final_target_acc", "best_val_target_acc"):
@@ -106,11 +112,14 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
         csv.writer(f).writerows(csv_rows)
     with atomic_file(curves_out, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["round", *cols])
-        for rd in rounds:
-            w.writerow([rd, *[cols[c].get(rd, "") for c in cols]])
+        w.writerow(["series", "algorithm", "seed", "held_out", "round", "target_acc"])
+        for r in runs:
+            for p in sorted(r["per_round"], key=lambda p: p["round"]):
+                w.writerow([f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}", r["algorithm"], r["seed"],
+                            r["held_out_domain"], p["round"], p["target_acc"]])
     print("\n".join(lines), file=sys.stderr)
-    _log_to_parent(runs, [metrics_out, table_out, table_csv, curves_out], metrics)
+    _log_to_parent(runs, [metrics_out, table_out, table_csv, curves_out, *([summary_out] if summary_out else [])],
+                   metrics)
     return metrics
 
 
@@ -143,7 +152,9 @@ def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
 @click.option("--metrics", "metrics_out", type=click.Path(path_type=Path), required=True)
 @click.option("--table", "table_out", type=click.Path(path_type=Path), required=True)
 @click.option("--curves", "curves_out", type=click.Path(path_type=Path), required=True)
+@click.option("--summary", "summary_out", type=click.Path(path_type=Path), default=None,
+              help="the compact DVC metric: mean final target accuracy per algorithm and held-out domain")
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-def command(runs_dir, metrics_out, table_out, curves_out, params_path):
+def command(runs_dir, metrics_out, table_out, curves_out, summary_out, params_path):
     """Mean ± std across seeds per held-out domain; the paper-style table."""
-    run_stage(report, runs_dir, metrics_out, table_out, curves_out, params_path)
+    run_stage(report, runs_dir, metrics_out, table_out, curves_out, params_path, summary_out)
