@@ -27,6 +27,7 @@ from serving import onnx_export
 from serving.onnx_export import export_onnx, metadata_props, parse_metadata
 
 HELD_OUT = "sketch"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -205,6 +206,10 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     reqs = mlflow.pyfunc.get_model_dependencies(uri)
     pins = [line.split("==")[0] for line in Path(reqs).read_text().split() if "==" in line]
     assert sum(p in ("onnxruntime", "onnxruntime-gpu") for p in pins) == 1, pins  # never both
+    lock = {ln.lower() for ln in (ROOT / "constraints.txt").read_text().split() if "==" in ln}
+    logged = [ln for ln in Path(reqs).read_text().split() if "==" in ln]
+    assert "pillow" in pins and "pandas" in pins and logged  # what the pyfunc reads images and answers with
+    assert [ln for ln in logged if ln.lower() not in lock] == []  # the logged pins are constraints.txt's
 
     # the pyfunc: raw uint8 HWC images in, class names and probabilities out, the PyTorch model's answers
     pf = mlflow.pyfunc.load_model(uri)
