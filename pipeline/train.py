@@ -330,8 +330,12 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     n_workers = worker_count(workers, cfg, len(jobs))
 
     sweep_params = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
+    from fedccrl_core.algorithms import ALGORITHMS
+
+    swept = set(params["train"]["algorithms"])  # the parent names only the groups of the sweep's algorithms
     sweep_params = {**sweep_params, "train": {k: v for k, v in sweep_params.get("train", {}).items()
-                                              if k not in ("held_out", "algorithms", "seeds")}}
+                                              if k not in ("held_out", "algorithms", "seeds")
+                                              and (k not in ALGORITHMS or k in swept)}}
     experiment = f"fedccrl-{cfg['dataset']}"
     commit = git_commit()
     from fedccrl_core.federation.engine import resolve_device

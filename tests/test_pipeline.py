@@ -140,6 +140,8 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
     parents = [r for r in runs if r.data.tags.get("fedccrl.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("fedccrl.role") == "child"]
     assert len(parents) == 1 and len(children) == 4  # the default: fedavg and fedccrl x held-out 0, 3
+    pp = parents[0].data.params  # params.yaml's keys; of the algorithm groups only the sweep's
+    assert pp["train.rounds"] == "2" and "train.fedccrl.r" in pp and not [k for k in pp if k.startswith("train.fedprox.")]
     manifest = ws / "data" / "shards" / "manifest.json"
     digest = __import__("hashlib").sha256(manifest.read_bytes()).hexdigest()[:16]
     for c in children:
