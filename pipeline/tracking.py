@@ -92,7 +92,31 @@ def mlflow_module():
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(f"sqlite:///{project_root() / 'mlflow.db'}")
+    _create_store_once(mlflow)
     return mlflow
+
+
+_store_ready: set[str] = set()
+
+
+def _create_store_once(mlflow) -> None:
+    """Create (or migrate) a SQLite store under an exclusive file lock: the experiments of `dvc queue start -j 2`
+    start side by side, and two processes creating the tables of a new mlflow.db at once fail ("table ...
+    already exists")."""
+    uri = mlflow.get_tracking_uri()
+    if uri in _store_ready or not uri.startswith("sqlite:///"):
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)  # creates the tables when missing
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _store_ready.add(uri)
 
 
 @timed

@@ -72,7 +72,9 @@ def test_two_queued_experiments_land_in_the_repos_mlflow_store(tmp_path):
                 break
             assert time.monotonic() < deadline, status
             time.sleep(5)
-        assert status.count("Success") == 2, status + _run(["dvc", "queue", "logs", "lr-a"], ws).stdout[-3000:]
+        logs = "".join(subprocess.run(["dvc", "queue", "logs", n], cwd=ws, env=_env(ws), capture_output=True,
+                                      text=True).stdout[-4000:] for n in ("lr-a", "lr-b") if status.count("Success") != 2)
+        assert status.count("Success") == 2, status + logs
     finally:
         subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=ws, env=_env(ws), capture_output=True, timeout=120)
 

