@@ -6,14 +6,21 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see README) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: repro test test-slow bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
+.PHONY: lock repro test test-slow bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
 
-$(STAMP): pyproject.toml
+# constraints.txt pins every package to the exact version it was tested with (make lock writes it)
+$(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
-	$(BIN)/pip install torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt torch==2.14.1 torchvision==0.29.1
+	$(BIN)/pip install -c constraints.txt -e '.[dev]'
 	touch $(STAMP)
+
+lock: $(STAMP)  ## regenerate constraints.txt from .venv: pip freeze, without fedccrl itself
+	{ echo "# Exact versions of every package in .venv except fedccrl itself; make installs with -c constraints.txt."; \
+	  echo "# Regenerate after changing dependencies: make lock"; \
+	  $(BIN)/pip freeze --exclude-editable | grep -v '^#' | grep -iv '^fedccrl=='; } > constraints.txt
+	touch $(STAMP)  # the venv is what the file now says
 
 repro: $(STAMP)   ## the main job: dvc repro on the embedded default dataset
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro

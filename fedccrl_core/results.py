@@ -102,11 +102,22 @@ def table_rows(runs: list[dict], metrics: dict) -> list[list]:
 
 
 def curve_rows(runs: list[dict]) -> list[list]:
-    """Per-round target accuracy, one column per run (DVC plots)."""
-    cols = {f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}":
-            {p[contract.ROUND]: p[contract.TARGET_ACC] for p in r["per_round"]} for r in runs}
-    rounds = sorted({p[contract.ROUND] for r in runs for p in r["per_round"]})
-    return [[contract.ROUND, *cols]] + [[rd, *[cols[c].get(rd, "") for c in cols]] for rd in rounds]
+    """Per-round target accuracy in long form, one row per (run, round) with its series
+    <algorithm>/s<seed>/<domain> (DVC plots: one line per series, .dvc/plots/series.json)."""
+    rows = [["series", "algorithm", "seed", "held_out", contract.ROUND, contract.TARGET_ACC]]
+    for r in runs:
+        for p in sorted(r["per_round"], key=lambda p: p[contract.ROUND]):
+            rows.append([f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}", r["algorithm"], r["seed"],
+                         r["held_out_domain"], p[contract.ROUND], p[contract.TARGET_ACC]])
+    return rows
+
+
+def summary_of(metrics: dict, domains: list[str]) -> dict:
+    """The compact DVC metric: per algorithm, the mean final target accuracy of each held-out domain, and avg."""
+    key = contract.FINAL_TARGET_ACC
+    return {alg: {**{d: round(m[d][key]["mean"], 4) for d in domains if d in m},
+                  **({"avg": round(m["avg"][key], 4)} if "avg" in m else {})}
+            for alg, m in metrics.items()}
 
 
 # ---- the figures stage: evaluated runs with their training histories ----------------------------------

@@ -10,8 +10,11 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shutil
 import signal
 import sys
+import tempfile
+import time
 from pathlib import Path
 
 import click
@@ -30,11 +33,9 @@ def sanitize(name: str) -> str:
 def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
            registered_model: str | None, alias: str | None, use_mlflow: bool) -> dict:
     import numpy as np
-    import torch
 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.statistics import normalize_u8
     from serving import onnx_export
 
     final_onnx, final_parity = out / "model.onnx", out / "parity.json"
@@ -61,21 +62,21 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
                 f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
                 "no model.onnx written")
         if use_mlflow:
-            example = normalize_u8(torch.from_numpy(np.ascontiguousarray(x[:2])), meta["mean"], meta["std"]).numpy()
-            log_to_mlflow(tmp_onnx, session, meta, result, example, registered_model, alias)
+            log_to_mlflow(tmp_onnx, session, meta, result, np.ascontiguousarray(x[:2]), registered_model, alias)
         write_text(final_parity, json.dumps(result, indent=1) + "\n")
     print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB) and {final_parity}", file=sys.stderr)
     return result
 
 
 def serving_requirements() -> list[str]:
-    """The exact pins the logged model needs, from this environment (no requirement-inference subprocess, and
+    """The exact pins the logged model needs (the pyfunc reads images with pillow, answers a pandas DataFrame;
+    MLflow adds its own pin), from this environment (no requirement-inference subprocess, and
     only the onnxruntime build that is installed: onnxruntime and onnxruntime-gpu must never be installed
     together)."""
     from importlib.metadata import PackageNotFoundError, version
 
     reqs = []
-    for pkg in ("onnx", "onnxruntime-gpu", "onnxruntime", "numpy"):
+    for pkg in ("onnx", "onnxruntime-gpu", "onnxruntime", "numpy", "pandas", "pillow"):
         try:
             reqs.append(f"{pkg}=={version(pkg)}")
         except PackageNotFoundError:
@@ -84,23 +85,64 @@ def serving_requirements() -> list[str]:
     return [r for r in reqs if not r.startswith("onnxruntime")] + ort[:1]
 
 
+def weights_sha256(onnx_path: Path) -> str:
+    """sha256 of the graph's weights only (every initializer's name, type, shape and bytes, in name order): a
+    model retrained to the same weights at another commit is the same registered version."""
+    import onnx
+    from onnx import numpy_helper
+
+    h = hashlib.sha256()
+    for t in sorted(onnx.load(str(onnx_path)).graph.initializer, key=lambda t: t.name):
+        a = numpy_helper.to_array(t)
+        h.update(f"{t.name}|{a.dtype}|{a.shape}|".encode())
+        h.update(a.tobytes())
+    return h.hexdigest()
+
+
+def registered_model_name(meta: dict) -> str:
+    """One registered model per (dataset, algorithm)."""
+    return f"fedccrl-{sanitize(meta.get('dataset', 'model'))}-{sanitize(meta.get('algorithm', 'model'))}"
+
+
+def _flavour(onnx_file: str):
+    """An MLflow flavour module for Model.log: the pyfunc of serving/pyfunc.py (raw images in, class names and
+    probabilities out), plus the onnx flavour pointing at the same .onnx file inside the model folder."""
+    import types
+
+    import mlflow.pyfunc
+    import onnx
+
+    def save_model(path, mlflow_model, **kwargs):
+        mlflow.pyfunc.save_model(path, mlflow_model=mlflow_model, **kwargs)
+        data = Path("artifacts") / Path(onnx_file).name
+        assert (Path(path) / data).is_file(), data
+        mlflow_model.add_flavor("onnx", onnx_version=onnx.__version__, data=data.as_posix(),
+                                providers=["CPUExecutionProvider"], onnx_session_options=None, code=None)
+        mlflow_model.save(str(Path(path) / "MLmodel"))
+
+    return types.SimpleNamespace(__name__="mlflow.pyfunc", save_model=save_model)
+
+
 @timed
-def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example, registered_model: str | None,
+def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example_u8, registered_model: str | None,
                   alias: str | None) -> None:
-    """Log the ONNX model (onnx flavour, with signature) and parity metrics to the training run, register
-    it and point an alias at the new version. Skipped with a notice when the run is unknown."""
+    """Log the model (pyfunc on raw images + onnx flavour) and the parity metrics to the training run through
+    its run id, never reopening it (its status and end time stay those of the training); register it as a new
+    version of fedccrl-<dataset>-<algorithm> only when its weights' sha256 is new, and point the alias at the
+    version holding these weights. Only called after the parity check passed, so an alias never moves to a
+    model that failed it. Skipped with a notice when the run is unknown."""
     run_id = meta.get("mlflow_run_id")
     if not run_id:
         print("notice: the model records no mlflow_run_id; skipping MLflow logging", file=sys.stderr)
         return
-    import onnx
-
     from pipeline.tracking import mlflow_module
 
     mlflow = mlflow_module()
-    import mlflow.onnx
+    from mlflow.entities import Metric
     from mlflow.exceptions import MlflowException
-    from mlflow.models import infer_signature
+    from mlflow.models import Model
+
+    from serving import pyfunc
 
     client = mlflow.MlflowClient()
     try:
@@ -109,45 +151,47 @@ def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example, r
         print(f"notice: MLflow run {run_id} is not in the tracking store {mlflow.get_tracking_uri()}; "
               "skipping MLflow logging", file=sys.stderr)
         return
-    name = registered_model or f"fedccrl-{sanitize(meta.get('dataset', 'model'))}"
-    default_alias = f"{meta.get('algorithm', 'model')}-s{meta.get('seed', 0)}-heldout-{meta['held_out_domain']}"
-    alias = sanitize(alias or default_alias)
-    logits = session.run(["logits"], {"images": example})[0]
-    signature = infer_signature({"images": example}, {"logits": logits})
+    name = registered_model or registered_model_name(meta)
+    alias = sanitize(alias or f"s{meta.get('seed', 0)}-heldout-{meta['held_out_domain']}")
     tags = {k: str(meta[k]) for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit")
             if meta.get(k) is not None}
-    # Resume the training run; end it with the status it had, so a failed registration never marks a
-    # finished training as FAILED (the stage itself fails instead).
-    weights_sha256 = hashlib.sha256(onnx_path.read_bytes()).hexdigest()
+    sha = weights_sha256(onnx_path)
     for mv in client.search_model_versions(f"name = '{name}'"):
-        if mv.tags.get("weights_sha256") == weights_sha256:  # the same model again: no duplicate version
-            client.set_registered_model_alias(name, alias, mv.version)  # parity passed (checked above)
-            print(f"MLflow: {name} version {mv.version} already holds these weights (sha256 {weights_sha256[:12]}); "
+        if mv.tags.get("weights_sha256") == sha:  # the same weights again: no duplicate version
+            client.set_registered_model_alias(name, alias, mv.version)
+            print(f"MLflow: {name} version {mv.version} already holds these weights (sha256 {sha[:12]}); "
                   f"alias @{alias} -> version {mv.version}, training run left untouched", file=sys.stderr)
             return
-    tags["weights_sha256"] = weights_sha256
-    status = client.get_run(run_id).info.status
-    mlflow.start_run(run_id=run_id)
-    try:
-        mlflow.log_metrics({"export_top1_agreement": result["top1_agreement"],
-                            "export_max_abs_logit_diff": result["max_abs_logit_diff"]})
-        info = mlflow.onnx.log_model(onnx.load(str(onnx_path)), name="onnx_model", signature=signature,
-                                     registered_model_name=name, save_as_external_data=False, tags=tags,
-                                     pip_requirements=serving_requirements())
-        version = info.registered_model_version
-        client.set_registered_model_alias(name, alias, version)
-        for k, v in tags.items():
-            client.set_model_version_tag(name, version, k, v)
-    finally:
-        mlflow.end_run(status=status if status in ("FINISHED", "FAILED", "KILLED") else "FINISHED")
-    print(f"MLflow: logged onnx_model to run {run_id}; registered {name} version {version} alias @{alias}",
-          file=sys.stderr)
+    tags["weights_sha256"] = sha
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric("export_top1_agreement", float(result["top1_agreement"]), now, 0),
+                                      Metric("export_max_abs_logit_diff", float(result["max_abs_logit_diff"]), now, 0)])
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:  # the artifact is named model.onnx, not the stage's temp name
+        onnx_file = Path(tmp) / "model.onnx"
+        shutil.copyfile(onnx_path, onnx_file)
+        # the logged model in the training run's experiment (Model.log alone would file it under the active one)
+        logged = client.create_logged_model(client.get_run(run_id).info.experiment_id, name="model",
+                                            source_run_id=run_id, tags=tags)
+        info = Model.log(artifact_path=None, name="model", flavor=_flavour(str(onnx_file)), run_id=run_id,
+                         model_id=logged.model_id,
+                         registered_model_name=name, tags=tags, python_model=pyfunc.ImageClassifier(),
+                         artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
+                         code_paths=[str(root / "serving"), str(root / "fedccrl_core")],
+                         signature=pyfunc.signature(meta["classes"], example_u8),
+                         pip_requirements=serving_requirements())
+    version = info.registered_model_version
+    for k, v in tags.items():
+        client.set_model_version_tag(name, version, k, v)
+    client.set_registered_model_alias(name, alias, version)
+    print(f"MLflow: logged the model to run {run_id} (run not reopened); registered {name} version {version} "
+          f"alias @{alias}", file=sys.stderr)
 
 
 def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summary: Path, min_agreement: float,
                  batch_size: int, registered_model: str | None, use_mlflow: bool) -> dict:
     """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
-    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and all parity figures in `summary`."""
+    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`."""
     from pipeline.params import load_config, run_dirs
 
     results = {}
@@ -156,8 +200,9 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
         results[key] = export(run / contract.MODEL_FILE, shards, out / key, min_agreement, batch_size,
                               registered_model, None, use_mlflow)
     worst = min(r["top1_agreement"] for r in results.values())
+    # the compact DVC metric: the worst figures over every run (each run's own numbers: out/<run>/parity.json)
     doc = {"min_top1_agreement": worst, "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
-           "runs": results}
+           "runs": len(results)}
     write_text(summary, json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -180,9 +225,9 @@ def _term_as_exit(signum, frame):
 @click.option("--min-agreement", type=click.FloatRange(0.0, 1.0), default=0.999, show_default=True,
               help="fail when ONNX and PyTorch agree on fewer top-1 predictions than this")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--registered-model", default=None, help="MLflow registered model name [default: fedccrl-<dataset>]")
+@click.option("--registered-model", default=None, help="MLflow registered model name [default: fedccrl-<dataset>-<algorithm>]")
 @click.option("--alias", default=None,
-              help="MLflow alias of the new version [default: <algorithm>-s<seed>-heldout-<domain>]")
+              help="MLflow alias of the version [default: s<seed>-heldout-<domain>]")
 @click.option("--mlflow/--no-mlflow", "use_mlflow", default=True, show_default=True,
               help="log to the training run recorded in the model (skipped with a notice when it has none)")
 def command(model_path, models, params_path, summary, shards, out, min_agreement, batch_size, registered_model, alias,

@@ -156,6 +156,12 @@ class FiguresParams(Declared):
     gradcam_images: int = Field(ge=1)
 
 
+class TrackingParams(Declared):
+    system_metrics: bool = Field(True, description="MLflow system metrics (CPU, RAM, GPU where present) on each "
+                                 "training run")
+    system_metrics_interval_s: float = Field(10.0, gt=0, description="seconds between two samples")
+
+
 class ParamsFile(Declared):
     dataset: DatasetParams
     download: DownloadParams
@@ -166,6 +172,7 @@ class ParamsFile(Declared):
     evaluate: EvaluateParams
     export: ExportParams
     figures: FiguresParams
+    tracking: TrackingParams = Field(default_factory=TrackingParams)
 
 
 # ---- checks across groups ----------------------------------------------------------------------------------------

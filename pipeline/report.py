@@ -5,7 +5,11 @@ Reads every results/runs/<algorithm>/s<seed>/d<i>.json and writes
                                     over seeds of final and val-selected target accuracy, plus Avg.
   --table    results/table.md       the paper-style table (Table 1 layout: one column per held-out domain)
              results/table.csv      the same numbers, one row per (selection, algorithm)
-  --curves   results/curves.csv     per-round target accuracy, one column per run (DVC plots)
+  --curves   results/curves.csv     per-round target accuracy in long form, one row per (run, held-out domain,
+                                    round) with its `series` <algorithm>/s<seed>/<domain> (DVC plots: one line per
+                                    series, .dvc/plots/series.json)
+  --summary  results/summary.json   the compact DVC metric: per algorithm and held-out domain the mean final target
+                                    accuracy over seeds, plus avg (`dvc metrics show` stays narrow)
 """
 from __future__ import annotations
 
@@ -22,8 +26,9 @@ from pipeline.tracking import timed
 
 
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
-           params_path: Path | None = None) -> dict:
-    from fedccrl_core.results import curve_rows, load_results, summarize, table_markdown, table_rows
+           params_path: Path | None = None, summary_out: Path | None = None) -> dict:
+    from fedccrl_core.results import (curve_rows, held_out_domains, load_results, summarize, summary_of,
+                                      table_markdown, table_rows)
 
     if params_path is not None:  # the stage validates the whole params file first, as every stage does
         from pipeline.params import load_config
@@ -35,13 +40,16 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
     for path in (metrics_out, table_out, curves_out):
         path.parent.mkdir(parents=True, exist_ok=True)
     write_text(metrics_out, json.dumps(metrics, indent=1))
+    if summary_out is not None:
+        write_text(summary_out, json.dumps(summary_of(metrics, held_out_domains(runs)), indent=1))
     write_text(table_out, "\n".join(lines))
     table_csv = table_out.with_suffix(".csv")
     for path, rows in ((table_csv, table_rows(runs, metrics)), (curves_out, curve_rows(runs))):
         with atomic_file(path, "w", newline="") as f:
             csv.writer(f).writerows(rows)
     print("\n".join(lines), file=sys.stderr)
-    _log_to_parent(runs, [metrics_out, table_out, table_csv, curves_out], metrics)
+    _log_to_parent(runs, [metrics_out, table_out, table_csv, curves_out, *([summary_out] if summary_out else [])],
+                   metrics)
     return metrics
 
 
@@ -74,7 +82,9 @@ def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
 @click.option("--metrics", "metrics_out", type=click.Path(path_type=Path), required=True)
 @click.option("--table", "table_out", type=click.Path(path_type=Path), required=True)
 @click.option("--curves", "curves_out", type=click.Path(path_type=Path), required=True)
+@click.option("--summary", "summary_out", type=click.Path(path_type=Path), default=None,
+              help="the compact DVC metric: mean final target accuracy per algorithm and held-out domain")
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-def command(runs_dir, metrics_out, table_out, curves_out, params_path):
+def command(runs_dir, metrics_out, table_out, curves_out, summary_out, params_path):
     """Mean ± std across seeds per held-out domain; the paper-style table."""
-    run_stage(report, runs_dir, metrics_out, table_out, curves_out, params_path)
+    run_stage(report, runs_dir, metrics_out, table_out, curves_out, params_path, summary_out)

@@ -92,7 +92,31 @@ def mlflow_module():
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(f"sqlite:///{project_root() / 'mlflow.db'}")
+    _create_store_once(mlflow)
     return mlflow
+
+
+_store_ready: set[str] = set()
+
+
+def _create_store_once(mlflow) -> None:
+    """Create (or migrate) a SQLite store under an exclusive file lock: the experiments of `dvc queue start -j 2`
+    start side by side, and two processes creating the tables of a new mlflow.db at once fail ("table ...
+    already exists")."""
+    uri = mlflow.get_tracking_uri()
+    if uri in _store_ready or not uri.startswith("sqlite:///"):
+        return
+    import fcntl
+
+    db = Path(uri.removeprefix("sqlite:///"))
+    db.parent.mkdir(parents=True, exist_ok=True)
+    with open(db.with_name(db.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            mlflow.MlflowClient(uri).search_experiments(max_results=1)  # creates the tables when missing
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    _store_ready.add(uri)
 
 
 @timed
@@ -147,6 +171,21 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
     return run.info.run_id
 
 
+def file_digest(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+
+
+def log_dataset(client, run_id: str, name: str, path: Path, context: str = "training", profile: dict | None = None):
+    """Dataset lineage (the run's Inputs in the UI, what mlflow.log_input records): the dataset named by the
+    file that describes it (the partition's manifest.json), with that file's sha256 as its digest."""
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    path = Path(path).resolve()
+    ds = Dataset(name=name, digest=file_digest(path), source_type="local",
+                 source=json.dumps({"uri": path.as_uri()}), profile=json.dumps(profile or {}))
+    client.log_inputs(run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])])
+
+
 def _run_exists(mlflow, run_id: str) -> bool:
     try:
         mlflow.MlflowClient().get_run(run_id)
@@ -162,7 +201,10 @@ class ChildRun:
 
     @timed
     def __init__(self, experiment: str, parent_id: str, name: str, params: dict, tags: dict,
-                 resume_run_id: str | None = None):
+                 resume_run_id: str | None = None, dataset: dict | None = None, system_metrics_s: float | None = None):
+        """params: flat (dotted keys); dataset: log_dataset's keywords, logged once on a new run;
+        system_metrics_s: sample CPU, RAM (GPU where present) into system/* metrics every this many seconds
+        until finish(), None = off."""
         self.mlflow = mlflow_module()
         exp = set_experiment(experiment)
         self.client = self.mlflow.MlflowClient()
@@ -183,7 +225,17 @@ class ChildRun:
             items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
             for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
+            if dataset:
+                log_dataset(self.client, self.run_id, **dataset)
         self.experiment_id = exp.experiment_id
+        self.monitor = None
+        if system_metrics_s:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=system_metrics_s,
+                                                resume_logging=bool(resume_run_id),
+                                                tracking_uri=self.mlflow.get_tracking_uri())
+            self.monitor.start()
 
     @timed
     def log_metrics(self, metrics: dict, step: int = 0) -> None:
@@ -204,4 +256,7 @@ class ChildRun:
 
     @timed
     def finish(self, status: str = "FINISHED") -> None:
+        if self.monitor is not None:
+            self.monitor.finish()
+            self.monitor = None
         self.client.set_terminated(self.run_id, status=status)

@@ -122,6 +122,27 @@ def plan_runs(params: dict, cfg: dict, manifest: dict, algorithm: str, seed: int
     return jobs
 
 
+def mlflow_params(params: dict, job: dict, device: str) -> dict:
+    """A child run's MLflow params: params.yaml's dotted keys with the values the run actually used (the
+    backbone, pretrained weights and image size that `auto` resolved to, every hyperparameter of its
+    algorithm as validated, the device that ran), for its one algorithm, seed and held-out domain
+    (train.algorithm, train.seed, train.held_out)."""
+    from pipeline.params import TrainSweep
+    from pipeline.tracking import flatten
+
+    t = params["train"]
+    train = {k: t[k] for k in TrainSweep.model_fields if k in t and k not in ("held_out", "algorithms", "seeds")}
+    if train.get("engine") != "flower":
+        train.pop("flower", None)
+    train.update(device=device, algorithm=job["algorithm"], seed=job["seed"], held_out=job["target"])
+    train[job["algorithm"]] = job["run_params"][job["algorithm"]]
+    return flatten({"dataset": params["dataset"],
+                    "preprocess": {**params["preprocess"], "image_size": job["image_size"]},
+                    "partition": params.get("partition") or {},
+                    "model": {"backbone": job["backbone"], "pretrained": job["pretrained"]},
+                    "train": train, "evaluate": {"batch_size": params["evaluate"]["batch_size"]}})
+
+
 def run_one(job: dict, shards: Path, pools: Path, report, run_ids=None) -> dict:
     """Train one held-out domain (in this process or in a worker) and write job['out'] at once at the end.
     report(kind, payload) receives every round record ("round") as it appears. On the CPU the run uses one
@@ -310,10 +331,20 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     n_workers = worker_count(workers, cfg, len(jobs))
 
     sweep_params = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
+    from fedccrl_core.algorithms import ALGORITHMS
+
+    swept = set(params["train"]["algorithms"])  # the parent names only the groups of the sweep's algorithms
     sweep_params = {**sweep_params, "train": {k: v for k, v in sweep_params.get("train", {}).items()
-                                              if k not in ("held_out", "algorithms", "seeds")}}
+                                              if k not in ("held_out", "algorithms", "seeds")
+                                              and (k not in ALGORITHMS or k in swept)}}
     experiment = f"fedccrl-{cfg['dataset']}"
     commit = git_commit()
+    from fedccrl_core.federation.engine import resolve_device
+
+    device = resolve_device(cfg["device"]).type  # what ran, not `auto`
+    tracking = get(params, "tracking", {}) or {}
+    system_metrics_s = tracking.get("system_metrics_interval_s", 10.0) if tracking.get("system_metrics", True) else None
+    shards_manifest = Path(shards) / "manifest.json"
     runs: dict[int, ChildRun] = {}
     parent: list[str] = []  # found or created on the first start(): MLflow starts up while a worker trains
 
@@ -324,12 +355,17 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
         resume_id = json.loads(side.read_text())["run_id"] if (resumable and side.is_file()) else None
         if not parent:
             parent.append(parent_run_id(experiment, params_hash(sweep_params), sweep_params))
-        run = ChildRun(experiment, parent[0], f"{algorithm}-{cfg['dataset']}-s{seed}-{job['target']}", job["run_params"],
+        run = ChildRun(experiment, parent[0], f"{algorithm}-{cfg['dataset']}-s{seed}-{job['target']}",
+                       mlflow_params(params, job, device),
                        {"git_commit": commit, "mlflow.source.git.commit": commit.removesuffix("-dirty"),
                         **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
                         "dvc_stage": f"train@{algorithm}-{seed}", "fedccrl.role": "child",
                         "fedccrl.sweep": params_hash(sweep_params), "held_out": job["target"],
-                        "algorithm": algorithm, "seed": str(seed)}, resume_run_id=resume_id)
+                        "algorithm": algorithm, "seed": str(seed)}, resume_run_id=resume_id,
+                       dataset={"name": f"{cfg['dataset']}-shards", "path": shards_manifest,
+                                "profile": {"domains": manifest["domains"], "clients": len(manifest["clients"]),
+                                            "image_size": manifest["image_size"], "held_out": job["target"]}},
+                       system_metrics_s=system_metrics_s)
         write_text(side, json.dumps({"run_id": run.run_id}))
         runs[job["index"]] = run
         return {"commit": commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}

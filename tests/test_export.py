@@ -27,6 +27,7 @@ from serving import onnx_export
 from serving.onnx_export import export_onnx, metadata_props, parse_metadata
 
 HELD_OUT = "sketch"
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -167,45 +168,116 @@ def test_metadata_needs_the_preprocessing():
 
 # ------------------------------------------------------------------ MLflow
 
-def test_mlflow_logs_registers_and_aliases_the_onnx_model(shards, tmp_path):
+def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(shards, tmp_path):
     import mlflow
+    import pandas as pd
+    from PIL import Image
 
     # artifacts under tmp_path too: with a sqlite store MLflow's default artifact root is ./mlruns in the CWD
     exp_id = mlflow.create_experiment("fedccrl-test", artifact_location=(tmp_path / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=exp_id, run_name="train") as run:
         mlflow.log_param("algorithm", "fedccrl")
     run_id = run.info.run_id
-    model = write_model(tmp_path / "model.pt", shards, mlflow_run_id=run_id)
-    result = run_export(model, shards, tmp_path / "out", "--registered-model", "fedccrl-synthetic-test")
-    assert result.exit_code == 0, result.stderr
     client = mlflow.MlflowClient()
-    version = client.get_model_version_by_alias("fedccrl-synthetic-test", "fedccrl-s0-heldout-sketch")
+    trained = client.get_run(run_id).info
+    model = write_model(tmp_path / "model.pt", shards, mlflow_run_id=run_id)
+    result = run_export(model, shards, tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    name, uri = "fedccrl-synthetic-fedccrl", "models:/fedccrl-synthetic-fedccrl@s0-heldout-sketch"
+    after = client.get_run(run_id).info  # the FIRST export already leaves the training run's timing alone
+    assert (after.status, after.end_time, after.start_time) == (trained.status, trained.end_time, trained.start_time)
+    version = client.get_model_version_by_alias(name, "s0-heldout-sketch")
     assert version.run_id == run_id
     assert version.tags["held_out_domain"] == HELD_OUT and version.tags["params_hash"] == "feedbeef01234567"
     logged = mlflow.search_logged_models(experiment_ids=[exp_id], filter_string=f"source_run_id = '{run_id}'",
                                          output_format="list")
-    assert [m.name for m in logged] == ["onnx_model"]
-    info = mlflow.models.get_model_info("models:/fedccrl-synthetic-test@fedccrl-s0-heldout-sketch")
-    assert "onnx" in info.flavors
+    assert [m.name for m in logged] == ["model"]
+    info = mlflow.models.get_model_info(uri)
+    assert {"onnx", "python_function"} <= set(info.flavors)
     inputs = info.signature.inputs.to_dict()
-    assert inputs[0]["name"] == "images" and list(inputs[0]["tensor-spec"]["shape"]) == [-1, 3, 32, 32]
-    assert info.signature.outputs.to_dict()[0]["name"] == "logits"
-    proto = mlflow.onnx.load_model("models:/fedccrl-synthetic-test@fedccrl-s0-heldout-sketch")
+    assert inputs[0]["name"] == "images" and inputs[0]["tensor-spec"]["dtype"] == "uint8"
+    assert list(inputs[0]["tensor-spec"]["shape"]) == [-1, -1, -1, 3]
+    classes = json.loads((shards / "manifest.json").read_text())["classes"]
+    assert info.signature.outputs.input_names() == ["class", "probability", *[f"p_{c}" for c in classes]]
+    proto = mlflow.onnx.load_model(uri)  # the onnx flavour: the plain graph, metadata inside
     assert {p.key: p.value for p in proto.metadata_props}["fedccrl_format"] == "1"
     metrics = client.get_run(run_id).data.metrics
     assert metrics["export_top1_agreement"] == 1.0 and metrics["export_max_abs_logit_diff"] < 1e-4
-    reqs = mlflow.pyfunc.get_model_dependencies("models:/fedccrl-synthetic-test@fedccrl-s0-heldout-sketch")
+    reqs = mlflow.pyfunc.get_model_dependencies(uri)
     pins = [line.split("==")[0] for line in Path(reqs).read_text().split() if "==" in line]
     assert sum(p in ("onnxruntime", "onnxruntime-gpu") for p in pins) == 1, pins  # never both
+    lock = {ln.lower() for ln in (ROOT / "constraints.txt").read_text().split() if "==" in ln}
+    logged = [ln for ln in Path(reqs).read_text().split() if "==" in ln]
+    assert "pillow" in pins and "pandas" in pins and logged  # what the pyfunc reads images and answers with
+    assert [ln for ln in logged if ln.lower() not in lock] == []  # the logged pins are constraints.txt's
 
-    # re-export of the same weights: no new version, and the training run is not reopened (end time kept)
-    end_time = client.get_run(run_id).info.end_time
+    # the pyfunc: raw uint8 HWC images in, class names and probabilities out, the PyTorch model's answers
+    pf = mlflow.pyfunc.load_model(uri)
+    x, _ = load_domain_test(shards, HELD_OUT)
+    torch_model, meta = load_model(model)
+    with torch.no_grad():
+        ref = torch.softmax(torch_model(normalized(x, meta)), 1).numpy()
+    got = pf.predict(np.ascontiguousarray(x))
+    assert isinstance(got, pd.DataFrame) and len(got) == len(x)
+    assert list(got["class"]) == [classes[i] for i in ref.argmax(1)]
+    np.testing.assert_allclose(got[[f"p_{c}" for c in classes]].to_numpy(), ref, atol=1e-5)
+    np.testing.assert_allclose(got["probability"].to_numpy(), ref.max(1), atol=1e-5)
+    # a larger image is resized by the training transform; image files are read by path
+    big = np.asarray(Image.fromarray(x[0]).resize((64, 48), Image.BILINEAR))
+    assert pf.predict(big[None]).shape[0] == 1
+    files = []
+    for i in range(3):
+        Image.fromarray(x[i]).save(tmp_path / f"im{i}.png")
+        files.append(str(tmp_path / f"im{i}.png"))
+    by_path = pf.unwrap_python_model().predict(None, files)
+    assert list(by_path["class"]) == list(got["class"][:3])
+    np.testing.assert_allclose(by_path["probability"], got["probability"][:3], atol=1e-6)  # PNG is lossless
+
+    # export twice more: no new version, the training run's end time untouched
     for _ in range(2):
-        again = run_export(model, shards, tmp_path / "out2", "--registered-model", "fedccrl-synthetic-test")
+        again = run_export(model, shards, tmp_path / "out2")
         assert again.exit_code == 0, again.stderr
         assert "already holds these weights" in again.stderr
-    assert len(client.search_model_versions("name = 'fedccrl-synthetic-test'")) == 1
-    assert client.get_run(run_id).info.end_time == end_time
+    assert len(client.search_model_versions(f"name = '{name}'")) == 1
+    assert client.get_run(run_id).info.end_time == trained.end_time
+    # new weights: a new version, and the alias moves to it
+    retrained = write_model(tmp_path / "model2.pt", shards, mlflow_run_id=run_id, seed=0)
+    m2, meta2 = load_model(retrained)
+    with torch.no_grad():
+        next(m2.parameters()).add_(0.01)
+    save_model(retrained, m2, meta2)
+    assert run_export(retrained, shards, tmp_path / "out3").exit_code == 0
+    assert len(client.search_model_versions(f"name = '{name}'")) == 2
+    assert str(client.get_model_version_by_alias(name, "s0-heldout-sketch").version) == "2"
+    assert client.get_run(run_id).info.end_time == trained.end_time
+
+
+def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monkeypatch):
+    import mlflow
+
+    exp_id = mlflow.create_experiment("fedccrl-parity", artifact_location=(tmp_path / "artifacts").as_uri())
+    with mlflow.start_run(experiment_id=exp_id, run_name="train") as run:
+        pass
+    model = write_model(tmp_path / "model.pt", shards, mlflow_run_id=run.info.run_id, dataset="synthetic",
+                        algorithm="fedavg")
+    assert run_export(model, shards, tmp_path / "out").exit_code == 0
+    client = mlflow.MlflowClient()
+    name = "fedccrl-synthetic-fedavg"
+    before = client.get_model_version_by_alias(name, "s0-heldout-sketch").version
+    m, meta = load_model(model)
+    with torch.no_grad():
+        next(m.parameters()).add_(0.5)
+    save_model(model, m, meta)
+    real = onnx_export.parity
+
+    def degraded(*args, **kwargs):
+        r = real(*args, **kwargs)
+        return {**r, "top1_agreement": 0.5}
+
+    monkeypatch.setattr(onnx_export, "parity", degraded)
+    assert run_export(model, shards, tmp_path / "out").exit_code != 0
+    assert len(client.search_model_versions(f"name = '{name}'")) == 1
+    assert client.get_model_version_by_alias(name, "s0-heldout-sketch").version == before
 
 
 def test_mlflow_is_skipped_with_a_notice_for_an_unknown_run(exported, capsys):

@@ -251,10 +251,11 @@ def test_held_out_by_name_through_train_and_evaluate(tiny, tmp_path, monkeypatch
     client = mlflow.MlflowClient()
     (child,) = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
                 if r.data.tags.get("fedccrl.role") == "child"]
-    logged = {k.removeprefix("fedccrl."): v for k, v in child.data.params.items() if k.startswith("fedccrl.")}
+    logged = {k.removeprefix("train.fedccrl."): v for k, v in child.data.params.items()
+              if k.startswith("train.fedccrl.")}
     declared = resolve_variant(ALGORITHMS["fedccrl"].defaults)  # the variant's switches logged as read (issue 19)
     assert logged == {k: str(v) for k, v in declared.items()}
-    assert child.data.params["held_out"] == "sketch"
+    assert child.data.params["train.held_out"] == "sketch"
 
     res = CliRunner().invoke(evaluate, ["--shards", str(tiny / "data" / "shards"), "--models", "models",
                                         "--out", "results/runs", "--params", "params.yaml"])

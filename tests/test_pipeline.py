@@ -51,7 +51,8 @@ def _write_params(ws: Path, **overrides) -> Path:
 
 
 _DELETE = object()
-SMALL = {"train.rounds": 2, "train.local_epochs": 1, "train.held_out": ["photo", 3]}  # a name and an index
+SMALL = {"train.rounds": 2, "train.local_epochs": 1, "train.held_out": ["photo", 3],  # a name and an index
+         "tracking.system_metrics_interval_s": 0.5}
 
 
 @pytest.fixture(scope="module")
@@ -62,6 +63,7 @@ def repro_ws(tmp_path_factory):
         (ws / code).symlink_to(REPO / code)
     _write_params(ws, **SMALL)
     _run(["dvc", "init", "--no-scm", "-q"], ws)
+    shutil.copytree(REPO / ".dvc" / "plots", ws / ".dvc" / "plots")  # the curves' template
     t0 = time.perf_counter()
     p = _run(["dvc", "repro"], ws)
     return ws, time.perf_counter() - t0, p
@@ -73,13 +75,15 @@ def test_repro_produces_every_output(repro_ws):
         run_dir = ws / "models" / "fedccrl" / "s0" / f"d{d}"
         for f in ("model.pt", "best.pt", "history.json", "history.csv"):
             assert (run_dir / f).is_file(), f
-        parity = json.loads((ws / "results" / "parity.json").read_text())["runs"][f"fedccrl/s0/d{d}"]
+        parity = json.loads((ws / "exports" / "fedccrl" / "s0" / f"d{d}" / "parity.json").read_text())
         assert parity["top1_agreement"] >= 0.999 and (ws / "exports" / "fedccrl" / "s0" / f"d{d}" / "model.onnx").is_file()
         res = json.loads((ws / "results" / "runs" / "fedccrl" / "s0" / f"d{d}.json").read_text())
         assert 0.0 <= res["final_target_acc"] <= 1.0 and res["best_round"] in (1, 2)
         assert len(res["per_round"]) == 2
     metrics = json.loads((ws / "results" / "metrics.json").read_text())
     assert set(metrics["fedccrl"]) == {"photo", "sketch", "avg", "comm_mb_per_round"}
+    summary = json.loads((ws / "results" / "parity.json").read_text())
+    assert summary["runs"] == 4 and summary["min_top1_agreement"] >= 0.999
     table = (ws / "results" / "table.md").read_text()
     assert "| fedccrl |" in table and "| fedavg |" in table and "photo" in table and "sketch" in table
     print(f"dvc repro (2 held-out domains, 2 rounds x 1 epoch): {seconds:.1f}s")
@@ -97,9 +101,31 @@ def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
     ws, _, _ = repro_ws
     p = _run(["dvc", "metrics", "show", "--json"], ws)
     shown = json.loads(p.stdout)
-    assert "fedccrl" in json.dumps(shown)
+    data = shown[""]["data"]
+    assert set(data) == {"results/summary.json", "results/parity.json"}  # the compact metrics only
+    summary = data["results/summary.json"]["data"]
+    metrics = json.loads((ws / "results" / "metrics.json").read_text())
+    for alg in ("fedavg", "fedccrl"):
+        assert set(summary[alg]) == {"photo", "sketch", "avg"}
+        assert summary[alg]["sketch"] == round(metrics[alg]["sketch"]["final_target_acc"]["mean"], 4)
+    # one line per (run, held-out domain), y declared; the figures' PNGs in the same output
+    doc = json.loads(_run(["dvc", "plots", "show", "--json"], ws).stdout)["data"]
+    (curves,) = doc["results/curves.csv"]
+    spec = curves["content"]
+    assert spec["encoding"]["y"]["field"] == "target_acc" and spec["encoding"]["x"]["field"] == "round"
+    assert spec["encoding"]["color"]["field"] == "series"
+    values = spec["data"]["values"]
+    series = {v["series"] for v in values}
+    assert series == {f"{a}/s0/{d}" for a in ("fedavg", "fedccrl") for d in ("photo", "sketch")}
+    for s in series:  # each series: the run's rounds, its target accuracy as evaluated
+        alg, _, dom = s.split("/")
+        rounds = {int(v["round"]): float(v["target_acc"]) for v in values if v["series"] == s}
+        run = json.loads((ws / "results" / "runs" / alg / "s0" / f"d{'photo' if dom == 'photo' else 3}.json").read_text())
+        assert rounds == {r["round"]: r["target_acc"] for r in run["per_round"]}
+    assert any(k.startswith("plots/") and k.endswith(".png") and v[0]["type"] == "image" for k, v in doc.items())
     _run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")], ws)
-    assert (tmp_path / "plots" / "index.html").is_file()
+    html = (tmp_path / "plots" / "index.html").read_text()
+    assert "<img" in html and "series" in html  # the figures and the curves in one page
     status = _run(["dvc", "status"], ws)
     assert "changed" not in status.stdout  # everything up to date: a rerun would do nothing
 
@@ -114,19 +140,37 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
     parents = [r for r in runs if r.data.tags.get("fedccrl.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("fedccrl.role") == "child"]
     assert len(parents) == 1 and len(children) == 4  # the default: fedavg and fedccrl x held-out 0, 3
+    pp = parents[0].data.params  # params.yaml's keys; of the algorithm groups only the sweep's
+    assert pp["train.rounds"] == "2" and "train.fedccrl.r" in pp and not [k for k in pp if k.startswith("train.fedprox.")]
+    manifest = ws / "data" / "shards" / "manifest.json"
+    digest = __import__("hashlib").sha256(manifest.read_bytes()).hexdigest()[:16]
     for c in children:
-        alg = c.data.params["algorithm"]
+        p = c.data.params
+        alg = p["train.algorithm"]
         assert c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
         assert c.data.tags["git_commit"] and c.data.tags["dvc_stage"] == f"train@{alg}-0"
-        assert c.data.params["rounds"] == "2"
+        # params.yaml's dotted keys, resolved values: `auto` replaced by what ran
+        assert p["train.rounds"] == "2" and p["train.lr"] == "0.003" and p["dataset.name"] == "synthetic"
+        assert p["train.device"] == "cpu" and p["model.backbone"] == "small_cnn" and p["preprocess.image_size"] == "32"
+        assert p["train.held_out"] in ("photo", "sketch") and p["train.seed"] == "0"
+        assert {k.split(".")[0] for k in p} == {"dataset", "preprocess", "partition", "model", "train", "evaluate"}
+        other = "fedavg" if alg == "fedccrl" else "fedccrl"
+        assert not [k for k in p if k.startswith((f"train.{other}.", "train.flower."))]  # only what the run read
+        # dataset lineage: the shards' manifest, its sha256 as the digest
+        inputs = c.inputs.dataset_inputs
+        assert [(i.dataset.name, i.dataset.digest) for i in inputs] == [("synthetic-shards", digest)]
+        assert {t.key: t.value for t in inputs[0].tags}["mlflow.data.context"] == "training"
         hist = client.get_metric_history(c.info.run_id, "target_acc")
         assert sorted(m.step for m in hist) == [1, 2]
         keys = ("val_acc", "lr", "seconds", "bytes_up", "bytes_down") + (("l_ra", "l_js", "l_cls") if alg == "fedccrl" else ())
         if alg == "fedccrl":
-            assert c.data.params["fedccrl.r"] == "0.1"
+            assert c.data.params["train.fedccrl.r"] == "0.1" and c.data.params["train.fedccrl.variant"] == "paper"
         for key in keys:
             assert len(client.get_metric_history(c.info.run_id, key)) == 2, key
         assert c.info.status == "FINISHED"
+    # system metrics, on by default (sampled every 0.5 s here). MLflow's monitor thread stops for good at the first
+    # store error (a busy SQLite file under load), so a run may lack them: at least one run has them
+    assert any(k.startswith("system/cpu_utilization") for c in children for k in c.data.metrics)
 
 
 def _train_cmd(ws, out, params):
@@ -218,7 +262,7 @@ def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, tmp_path, m
     meta = json.loads((tmp_path / "out" / "d1" / "history.json").read_text())["meta"]
     assert meta["hparams"]["variant"] == "reference" and meta["hparams"]["forward"] == "per_view"
     run = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(meta["mlflow_run_id"])
-    recorded = {k: run.data.params[f"fedccrl.{k}"] for k in ("variant", "l_cls", "supcon", "upload", "uint8_wrap")}
+    recorded = {k: run.data.params[f"train.fedccrl.{k}"] for k in ("variant", "l_cls", "supcon", "upload", "uint8_wrap")}
     assert recorded == {"variant": "reference", "l_cls": "sum", "supcon": "self_positive", "upload": "floor_unbiased",
                         "uint8_wrap": "False"}
 

@@ -27,7 +27,8 @@ def test_table_from_known_inputs(tmp_path):
     _run(tmp_path, "fedccrl", 1, 1, "b", 0.5, 0.6)
     _run(tmp_path, "fedavg", 0, 0, "a", 0.4, 0.4, up=1e6)
     _run(tmp_path, "fedavg", 0, 1, "b", 0.2, 0.3, up=1e6)
-    m = report(tmp_path / "runs", tmp_path / "metrics.json", tmp_path / "table.md", tmp_path / "curves.csv")
+    m = report(tmp_path / "runs", tmp_path / "metrics.json", tmp_path / "table.md", tmp_path / "curves.csv",
+               summary_out=tmp_path / "summary.json")
     assert m["fedccrl"]["a"]["final_target_acc"]["mean"] == pytest.approx(0.7)
     assert m["fedccrl"]["a"]["final_target_acc"]["std"] == pytest.approx(0.1)
     assert m["fedccrl"]["avg"]["final_target_acc"] == pytest.approx(0.6)
@@ -45,7 +46,15 @@ def test_table_from_known_inputs(tmp_path):
     assert rec[1]["algorithm"] == "fedccrl" and float(rec[1]["a_mean"]) == pytest.approx(0.7)
     with open(tmp_path / "curves.csv") as f:
         curves = list(csv.DictReader(f))
-    assert [r["round"] for r in curves] == ["1", "2"] and float(curves[1]["fedccrl/s1/a"]) == pytest.approx(0.6)
+    # long form: one row per (run, held-out domain, round), `series` names the line in `dvc plots show`
+    series = {}
+    for r in curves:
+        series.setdefault(r["series"], {})[int(r["round"])] = float(r["target_acc"])
+    assert len(series) == 6 and series["fedccrl/s1/a"][2] == pytest.approx(0.6)
+    assert all(sorted(v) == [1, 2] for v in series.values())
+    assert {(r["algorithm"], r["seed"], r["held_out"]) for r in curves if r["series"] == "fedavg/s0/b"} == {("fedavg", "0", "b")}
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary == {"fedavg": {"a": 0.4, "b": 0.2, "avg": 0.3}, "fedccrl": {"a": 0.7, "b": 0.5, "avg": 0.6}}
     assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads(json.dumps(m))
 
 
