@@ -6,7 +6,8 @@ Client state (Adam moments and LR schedule, FedBN/SiloBN's local BN layers in `e
 `train.client_state`:
   persistent  (default; the reference FedCCRL code keeps one optimizer per client across rounds)
               a client's state is loaded only when it is sampled: from memory, or, once a checkpoint
-              holds it, from its own state file (federation/checkpoints.py), which leaves memory;
+              holds it, from its record in a round's state file (federation/checkpoints.py); after
+              training it is appended to this round's state file and leaves memory;
   stateless   a fresh optimizer and schedule every round (cross-device FL, FedDG-Bench); nothing
               per client is kept or checkpointed.
 """
