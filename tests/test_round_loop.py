@@ -226,11 +226,6 @@ def test_round_state_files_stay_near_the_live_states(tmp_path):
     ck = tmp_path / "ck.pt"
     rounds = 8
     whole = engine(clients, rounds=rounds, fraction=0.25).run()
-    seen = []
-
-    def watch(rec):
-        live = sum(n for _, _, n in e.checkpoints.client_records.values())
-        seen.append(live)
 
     e = engine(clients, rounds=rounds, fraction=0.25, ckpt=ck, on_round=crash_at(rounds))
     sizes = []

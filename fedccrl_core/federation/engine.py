@@ -127,7 +127,7 @@ class InProcessTransport:
     def _client_args(self, rnd, cid, global_w, payload) -> tuple:
         """One client's local-training arguments after the model, with its per-(seed, round, client)
         generators: the same in the sequential and the interleaved mode."""
-        return (self.clients[cid], self._state(cid), global_w, payload,
+        return (self.clients[cid].resident(), self._state(cid), global_w, payload,  # lazy: its images now
                 torch_generator(self.seed, "augment", rnd, cid, device=self.device),
                 numpy_rng(self.seed, "shuffle", rnd, cid))
 
