@@ -45,17 +45,26 @@ class CheckpointFallbackWarning(UserWarning):
 
 
 # ---- one client's record: tensors as raw bytes, the rest pickled ----------------------------------
-def _tensor_from(dtype: str, shape: tuple, data: np.ndarray, device=None) -> torch.Tensor:
-    t = torch.from_numpy(data).view(getattr(torch, dtype)).reshape(shape)
+def _tensor_from(dtype: str | None, shape: tuple, data: np.ndarray, device=None) -> torch.Tensor:
+    t = torch.from_numpy(data)
+    if dtype is not None:  # a dtype numpy lacks (bfloat16, ...): its bytes, viewed back
+        t = t.view(getattr(torch, dtype)).reshape(shape)
     return t if device is None else t.to(device)
 
 
 class _Pickler(pickle.Pickler):
     def reducer_override(self, obj):
         if isinstance(obj, torch.Tensor):  # the bytes leave the pickle as one out-of-band buffer
-            t = obj.detach().cpu().contiguous()
-            return _tensor_from, (str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                                  t.reshape(-1).view(torch.uint8).numpy())
+            t = obj.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            try:
+                return _tensor_from, (None, None, t.numpy())
+            except TypeError:  # no numpy dtype
+                return _tensor_from, (str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                                      t.reshape(-1).view(torch.uint8).numpy())
         return NotImplemented
 
 
