@@ -23,7 +23,8 @@ def run(algorithms, clients, total, size, rounds, batch_size, threads, client_st
     res = bench_scale(algorithms, clients, total, size, rounds, batch_size, threads, client_state)
     print(f"same total data ({total} images, {size}px, small CNN) over {clients} clients, every client "
           f"trains each round, {rounds} rounds, {threads} thread(s), client_state={client_state}; "
-          "phases are seconds per round (train includes the streamed Eq. 2); x6 = ratio to the fewest clients")
+          "phases are wall seconds per round (train includes the streamed Eq. 2 and appending the trained clients' "
+          "states); CPU s = the child's user + system time; x6 = ratio to the fewest clients")
     print(table(res))
     return res
 

@@ -76,7 +76,7 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
         held_out = [d for d in entry.get("domain_counts", {entry["domain"]: 1}) if d not in domains]
         if entry["domain"] != MIXED and entry["domain"] not in domains:
             continue
-        s = load_client(shards, entry["id"], exclude_domain=held_out[0] if held_out else None)
+        s = load_client(shards, entry["id"], exclude_domain=held_out[0] if held_out else None, mmap=True)
         if not len(s.train_y):
             continue                                   # a mixed client holding only the held-out domain
         mu, sigma = load_pool(pools, entry["id"])
@@ -86,7 +86,7 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
             raise ValueError(f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
                              "(pools are stale: rerun the pools stage)")
         clients.append(ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device,
-                                             mu, sigma))
+                                             mu, sigma, lazy=True))  # images read when sampled (issue 18)
     return clients
 
 

@@ -16,12 +16,13 @@ def test_bench_scale_prints_a_row_per_algorithm_and_client_count():
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in p.stdout.splitlines() if re.match(r"\| fedavg \| \d+ \|", line)]
     assert [int(r[1]) for r in rows] == [2, 4]
-    assert float(rows[0][3]) == 1.0  # ratio to the fewest clients
-    peak = [float(r[8]) for r in rows]
+    assert float(rows[0][3]) == 1.0 and float(rows[0][5]) == 1.0  # wall and CPU ratios to the fewest clients
+    assert all(float(r[4]) > 0 for r in rows)  # CPU seconds per round, measured in the child
+    peak = [float(r[10]) for r in rows]
     assert all(v > 50 for v in peak)  # measured in the child (torch alone is well above 50 MiB)
-    ckpt = [int(r[11]) for r in rows]
-    assert ckpt[1] > ckpt[0]  # every client trains each round: twice the state files
-    sent = [float(r[12]) for r in rows]
+    ckpt = [int(r[13]) for r in rows]
+    assert ckpt[1] > ckpt[0]  # every client trains each round: twice the states in the round's file
+    sent = [float(r[14]) for r in rows]
     assert sent[1] == 2 * sent[0]  # each client receives and returns the model
 
 

@@ -87,8 +87,12 @@ def test_checkpoint_bytes_follow_the_clients_trained(tmp_path, algorithm):
         res = e.run()
         assert all(len([k for k in r if k.startswith("train_acc/")]) == 6 for r in res.history)
         written[n] = e.checkpoints.bytes_written
-        state_files = list((tmp_path / f"{n}" / "ck.pt.clients").iterdir())
-        assert len(state_files) == len({k for r in res.history for k in r if k.startswith("train_acc/")})
+        # one state file per round, one record per client trained (its newest state)
+        state_files = sorted(f.name for f in (tmp_path / f"{n}" / "ck.pt.clients").iterdir())
+        assert state_files == sorted({f"r{r}.bin" for r, _, _ in e.checkpoints.client_records.values()})
+        assert state_files == (["r2.bin"] if n == 6 else ["r1.bin", "r2.bin"]), state_files  # all retrained at 6
+        assert len(e.checkpoints.client_records) == \
+            len({k for r in res.history for k in r if k.startswith("train_acc/")})
     assert abs(written[60] - written[6]) <= 0.1 * written[6], written
     assert written[6] > 6 * 1000  # the client states are in it (Adam moments of the small CNN)
 
@@ -165,9 +169,9 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     assert_same_run(resumed, whole)
     # completed: pruned to the latest checkpoint and the state files it names
     assert not prev.exists() and not ck.with_name("ck.pt.corrupt").exists()
-    named = torch.load(ck, weights_only=False)["client_files"]
+    named = torch.load(ck, weights_only=False)["client_records"]
     assert sorted(f.name for f in (tmp_path / "ck.pt.clients").iterdir()) == \
-        sorted(f"{c}.r{r}.pt" for c, r in named.items())
+        sorted({f"r{r}.bin" for r, _, _ in named.values()})
 
 
 def test_unreadable_checkpoint_without_a_previous_one_starts_fresh(tmp_path):
@@ -176,3 +180,89 @@ def test_unreadable_checkpoint_without_a_previous_one_starts_fresh(tmp_path):
     clients = toy_clients(3, 8)
     res = engine(clients, rounds=1, ckpt=ck).run()
     assert res.resumed_from == 0 and torch.load(ck, weights_only=False)["round"] == 1
+
+
+# ------------------------------------------------------------------ one state file per round (issue 18)
+def test_a_client_record_reads_back_bit_identical():
+    """Raw tensor bytes behind a pickle: every dtype and shape (0-dim Adam steps, bfloat16, empty), numpy
+    arrays and the containers' types come back as they went in, and a record starts at ALIGN."""
+    import io
+    from collections import OrderedDict
+
+    import numpy as np
+
+    from fedccrl_core.federation.checkpoints import ALIGN, read_record, write_record
+
+    g = torch.Generator().manual_seed(3)
+    state = {"optimizer": {"state": {0: {"step": torch.tensor(7.0), "exp_avg": torch.randn(5, 3, generator=g),
+                                         "exp_avg_sq": torch.randn(5, 3, generator=g).t()}},  # not contiguous
+                           "param_groups": [{"lr": 0.003, "betas": (0.9, 0.999), "params": [0]}]},
+             "scheduler": None,
+             "extra": {"bn": OrderedDict(w=torch.randn(4, generator=g).bfloat16(), n=torch.tensor(3),
+                                         e=torch.zeros(0, 2), b=torch.tensor([True, False])),
+                       "bank": {"mu": np.arange(6, dtype=np.float32).reshape(2, 3)}, "loss": 0.25}}
+    f = io.BytesIO()
+    n = write_record(state, f)
+    write_record(state, f)  # a second record behind the first
+    assert n % ALIGN == 0 and f.tell() == 2 * n
+    raw = np.frombuffer(f.getvalue(), dtype=np.uint8).copy()
+    for back in (read_record(raw[:n]), read_record(raw[n:])):
+        o, s = back["optimizer"]["state"][0], state["optimizer"]["state"][0]
+        for k in s:
+            assert o[k].dtype == s[k].dtype and torch.equal(o[k], s[k]), k
+        assert back["optimizer"]["param_groups"] == state["optimizer"]["param_groups"]
+        assert type(back["extra"]["bn"]) is OrderedDict and list(back["extra"]["bn"]) == ["w", "n", "e", "b"]
+        for k, v in state["extra"]["bn"].items():
+            assert back["extra"]["bn"][k].dtype == v.dtype and torch.equal(back["extra"]["bn"][k], v), k
+        assert np.array_equal(back["extra"]["bank"]["mu"], state["extra"]["bank"]["mu"])
+        assert back["scheduler"] is None and back["extra"]["loss"] == 0.25
+
+
+def test_round_state_files_stay_near_the_live_states(tmp_path):
+    """Clients trained in round t keep round t's file alive; a file less than half live has its live
+    records copied forward, so the state files on disk stay under about twice the live states, and a
+    resume after many rounds still reads every client back (identical run)."""
+    clients = toy_clients(12, 4)
+    ck = tmp_path / "ck.pt"
+    rounds = 8
+    whole = engine(clients, rounds=rounds, fraction=0.25).run()
+
+    e = engine(clients, rounds=rounds, fraction=0.25, ckpt=ck, on_round=crash_at(rounds))
+    sizes = []
+    orig_save = e.checkpoints.save
+
+    def save(rnd, main, trained):
+        out = orig_save(rnd, main, trained)
+        disk = sum(f.stat().st_size for f in (tmp_path / "ck.pt.clients").iterdir() if f.name.startswith("r"))
+        live = sum(n for _, _, n in e.checkpoints.client_records.values())
+        prev_only = {r for r, _, _ in e.checkpoints._prev_records.values()} - \
+            {r for r, _, _ in e.checkpoints.client_records.values()}
+        disk -= sum(e.checkpoints.round_file(r).stat().st_size for r in prev_only)  # kept for P.prev only
+        sizes.append((disk, live))
+        return out
+
+    e.checkpoints.save = save
+    with pytest.raises(Crash):
+        e.run()
+    assert all(disk <= 2 * live + 3 * (live // 12 + 1) for disk, live in sizes), sizes
+    assert len(list((tmp_path / "ck.pt.clients").iterdir())) < rounds - 1
+    trained = [{k[len("train_acc/"):] for k in r if k.startswith("train_acc/")} for r in whole.history]
+    copied = [c for c, (r, _, _) in e.checkpoints.client_records.items() if c not in trained[r - 1]]
+    assert copied, "no record was copied forward: the test does not reach a half-live round file"
+    resumed = engine(clients, rounds=rounds, fraction=0.25, ckpt=ck).run()
+    assert resumed.resumed_from == rounds - 1
+    assert_same_run(resumed, whole)
+
+
+def test_a_checkpoint_of_the_one_file_per_client_format_is_not_resumed(tmp_path):
+    clients = toy_clients(3, 8)
+    ck = tmp_path / "ck.pt"
+    engine(clients, rounds=1, ckpt=ck).run()
+    old = torch.load(ck, weights_only=False)
+    old["client_files"] = {"c000": 1}
+    torch.save(old, ck)
+    logs = []
+    e = engine(clients, rounds=2, ckpt=ck)
+    e.checkpoints.log = logs.append
+    assert e.run().resumed_from == 0
+    assert any("one-file-per-client" in m for m in logs), logs

@@ -145,6 +145,7 @@ class CCST(Algorithm):
         return client_id not in self.style_bank
 
     def client_upload(self, data, rng):
+        data = data.resident()  # its images, read for this upload only (lazy clients)
         nets = self.networks(data.train_x.device)
         if self.hp["style_type"] == "overall":  # Eq. 8
             mu, sigma = overall_style(nets, data.train_x, TRANSFER_BATCH)

@@ -147,7 +147,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
         if data.stats_mu is None:
             raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (run the pools stage)")
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng, rounding="floor")
-        return {"mu": mu, "sigma": unbiased_sigma(sigma, data.train_x.shape[2] * data.train_x.shape[3])}
+        return {"mu": mu, "sigma": unbiased_sigma(sigma, data.image_hw[0] * data.image_hw[1])}
 
     def min_batch(self) -> int:
         return 1 if self.hp["last_batch"] == "keep" else 2

@@ -5,10 +5,14 @@ version". This module is that version, used only by the benchmark and its tests:
 
   * images stay ENCODED (PNG bytes in memory, as a folder of image files would be) and a torch
     DataLoader decodes them with PIL for every batch of every epoch;
-  * the augmentation runs on the host, one sample at a time, inside the Dataset: MixStyle from the
-    statistics pool with numpy (Alg. 2, MixStyle reading as in augment/ccdt.py), then AugMix with
-    PIL ImageOps / Image.transform on the 8-bit image (Alg. 3, the AugMix reference code's
-    structure and magnitudes, per sample), twice per sample for X1 and X2 (Eq. 3);
+  * the augmentation runs on the host (fp32 CPU tensors / numpy / PIL), in one of two forms:
+    - per batch (`augment="batch"`, the default baseline): as the reference FedCCRL code does it, on the
+      decoded batch after the DataLoader: MixStyle with one pool row per sample, the cast to 8-bit levels,
+      then torchvision's AugMix on the batch tensor (one op chain per batch; augment/augmix.py
+      `augmix_batch`, torchvision's draws and magnitudes), twice for X1 and X2 (Eq. 3);
+    - per sample (`augment="per_sample"`, a second row): inside the Dataset, one sample at a time,
+      MixStyle with numpy (Alg. 2) then AugMix with PIL ImageOps / Image.transform on the 8-bit image
+      (Alg. 3, the AugMix reference code's structure and magnitudes, per sample);
   * float32, contiguous NCHW, no autocast; a per-step `loss.item()` for the running loss;
   * clients one after another; evaluation through a DataLoader at the training batch size.
 The loss is the same: `fedccrl_core.losses.fedccrl_loss` on one concatenated forward of the three
@@ -93,6 +97,29 @@ def host_augmix(img_u8: np.ndarray, beta: float, severity: int, rng: np.random.G
     return np.clip(m * (img_u8.astype(np.float32) / 255.0) + (1 - m) * mix, 0.0, 1.0)  # line 13
 
 
+def host_batch_augment(x: torch.Tensor, pool_mu: np.ndarray, pool_sigma: np.ndarray, hp: dict, mean: np.ndarray,
+                       std: np.ndarray, rng: np.random.Generator, generator: torch.Generator) -> torch.Tensor:
+    """M on a normalized host batch [B, C, H, W] as the reference code runs it: MixStyle (one pool row
+    and one lambda per sample), 8-bit levels, torchvision's AugMix on the whole batch."""
+    from fedccrl_core.augment.augmix import augmix_batch, to_uint8_levels
+
+    m = torch.from_numpy(np.asarray(mean, np.float32))[None, :, None, None]
+    s = torch.from_numpy(np.asarray(std, np.float32))[None, :, None, None]
+    b = x.shape[0]
+    if hp["ccdt"]:
+        mu = x.mean(dim=(2, 3), keepdim=True)
+        sigma = (x.var(dim=(2, 3), keepdim=True, unbiased=False) + 1e-6).sqrt()
+        j = rng.integers(len(pool_mu), size=b)
+        lam = torch.from_numpy(rng.beta(hp["alpha"], hp["alpha"], size=(b, 1, 1, 1)).astype(np.float32))
+        mu_mix = lam * torch.from_numpy(pool_mu[j])[:, :, None, None] + (1 - lam) * mu
+        sigma_mix = lam * torch.from_numpy(pool_sigma[j])[:, :, None, None] + (1 - lam) * sigma
+        x = sigma_mix * (x - mu) / sigma + mu_mix
+    if hp["difp"]:
+        levels = to_uint8_levels((x * s + m).clamp(0.0, 1.0))
+        x = (augmix_batch(levels, hp["beta"], hp["severity"], generator=generator) - m) / s
+    return x
+
+
 def host_fedccrl_augment(x: np.ndarray, pool_mu, pool_sigma, hp: dict, mean: np.ndarray, std: np.ndarray,
                          rng: np.random.Generator) -> np.ndarray:
     """M = AugMix . MixStyle (Eq. 3) on ONE normalized sample [C, H, W] -> normalized [C, H, W]."""
@@ -141,15 +168,29 @@ class EncodedImages(torch.utils.data.Dataset):
         return torch.from_numpy(self.normalized(i)), int(self.labels[i])
 
 
+AUGMENT_FORMS = ("batch", "per_sample")
+
+
 class FedCCRLViews(EncodedImages):
-    """(X, X1, X2, y) per item: decode, then Eq. 3 twice on the host. Times its decoding and its
+    """augment "per_sample": (X, X1, X2, y) per item: decode, then Eq. 3 twice on the host; "batch":
+    (X, y) per item, and `batch_views` makes X1, X2 of a whole batch. Times its decoding and its
     augmentation (meaningful with num_workers=0, where items are built in this process)."""
 
-    def __init__(self, encoded, labels, mean, std, hp: dict, seed: int):
+    def __init__(self, encoded, labels, mean, std, hp: dict, seed: int, augment: str = "batch"):
         super().__init__(encoded, labels, mean, std)
-        self.hp, self.rng = hp, np.random.default_rng(seed)
+        if augment not in AUGMENT_FORMS:
+            raise ValueError(f"plain baseline: augment must be one of {AUGMENT_FORMS}, got {augment!r}")
+        self.hp, self.rng, self.augment = hp, np.random.default_rng(seed), augment
+        self.generator = torch.Generator().manual_seed(seed)
         self.pool_mu = self.pool_sigma = None
         self.decode_s = self.augment_s = 0.0
+
+    def batch_views(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        t0 = time.perf_counter()
+        views = tuple(host_batch_augment(x, self.pool_mu, self.pool_sigma, self.hp, self.mean, self.std, self.rng,
+                                         self.generator) for _ in range(2))
+        self.augment_s += time.perf_counter() - t0
+        return views
 
     def set_pool(self, mu: np.ndarray, sigma: np.ndarray) -> None:
         self.pool_mu, self.pool_sigma = np.asarray(mu, np.float32), np.asarray(sigma, np.float32)
@@ -158,9 +199,11 @@ class FedCCRLViews(EncodedImages):
         t0 = time.perf_counter()
         x = self.normalized(i)
         t1 = time.perf_counter()
+        self.decode_s += t1 - t0
+        if self.augment == "batch":
+            return torch.from_numpy(x), int(self.labels[i])
         views = [host_fedccrl_augment(x, self.pool_mu, self.pool_sigma, self.hp, self.mean, self.std, self.rng)
                  for _ in range(2)]
-        self.decode_s += t1 - t0
         self.augment_s += time.perf_counter() - t1
         return torch.from_numpy(x), torch.from_numpy(views[0]), torch.from_numpy(views[1]), int(self.labels[i])
 
@@ -220,9 +263,14 @@ def plain_local_train_steps(alg, model, client: PlainClient, global_weights: dic
     running = 0.0
     correct = seen = steps = 0
     for _ in range(alg.local.local_epochs):
-        for x, x1, x2, y in loader:
-            if y.shape[0] < 2:
+        for item in loader:
+            if item[-1].shape[0] < 2:
                 continue
+            if len(item) == 2:  # per-batch augmentation, on the host batch (the reference's form)
+                x, y = item
+                x1, x2 = client.views.batch_views(x)
+            else:
+                x, x1, x2, y = item
             x, x1, x2, y = (t.to(device) for t in (x, x1, x2, y))
             loss, _, logits = plain_fedccrl_loss(model, x, x1, x2, y, alg.hp)
             opt.zero_grad()

@@ -8,7 +8,8 @@ Each (algorithm, client count) runs in its own child process (`python -m fedccrl
 over the clients (the partition stage and its lambda partition are not used here). Every client
 trains each round (client_fraction 1.0): the work per round is the same at every client count,
 so what grows with the count is per-client overhead. A child reports, per round, seconds split
-into phases (uploads, local training incl. streamed Eq. 2, evaluation, checkpoint), peak RSS and
+into phases (uploads, local training incl. streamed Eq. 2, evaluation, checkpoint), the process's CPU
+seconds per round (user + system: steadier than wall time on a shared machine), peak RSS and
 the RSS after start-up (torch imported, data built), the checkpoint bytes of its last round and
 the bytes sent.
 """
@@ -89,12 +90,12 @@ def child(spec: dict) -> dict:
         tr.train = timed("train", tr.train)
         loop.evaluate = timed("evaluate", loop.evaluate)
         engine.checkpoints.save = timed("checkpoint", engine.checkpoints.save)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = engine.run()
-        seconds = time.perf_counter() - t0
+        seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         ckpt_bytes = engine.checkpoints.bytes_written
     h = res.history
-    return {"seconds_per_round": seconds / len(h), "phases": {k: v / len(h) for k, v in phases.items()},
+    return {"seconds_per_round": seconds / len(h), "cpu_seconds_per_round": cpu / len(h), "phases": {k: v / len(h) for k, v in phases.items()},
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_start_mib": rss_start,
             "checkpoint_bytes": ckpt_bytes,
             "bytes_per_round": sum(r[contract.BYTES_UP] + r[contract.BYTES_DOWN] for r in h) / len(h)}
@@ -113,15 +114,16 @@ def measure(algorithm: str, clients: int, total: int, size: int, rounds: int, ba
 
 
 def table(results: dict) -> str:
-    head = ("| algorithm | clients | s/round | x6 | train | uploads | eval | ckpt | peak RSS MiB | x6 "
-            "| RSS above start MiB | ckpt bytes/round | bytes sent/round |")
-    lines = [head, "|---" * 13 + "|"]
+    head = ("| algorithm | clients | s/round | x6 | CPU s/round | x6 | train | uploads | eval | ckpt | peak RSS MiB "
+            "| x6 | RSS above start MiB | ckpt bytes/round | bytes sent/round |")
+    lines = [head, "|---" * 15 + "|"]
     for alg, per in results.items():
         base = per[min(per)]
         for k, r in sorted(per.items()):
             ph = r["phases"]
             lines.append(
                 f"| {alg} | {k} | {r['seconds_per_round']:.2f} | {r['seconds_per_round'] / base['seconds_per_round']:.2f} "
+                f"| {r['cpu_seconds_per_round']:.2f} | {r['cpu_seconds_per_round'] / base['cpu_seconds_per_round']:.2f} "
                 f"| {ph.get('train', 0):.2f} | {ph.get('uploads', 0):.2f} | {ph.get('evaluate', 0):.2f} "
                 f"| {ph.get('checkpoint', 0):.2f} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base['peak_rss_mib']:.2f} "
                 f"| {r['peak_rss_mib'] - r['rss_start_mib']:.0f} | {r['checkpoint_bytes']} "

@@ -1,8 +1,11 @@
 """`fedccrl bench`: the fast engine path against the plain baseline (plain.py), in one process on one
 device, on generated data (the embedded synthetic dataset's renderer, resized to `size`).
 
-For each path (fast, then plain, alternating `repeats` times; the fastest repeat of each timing is
-reported, since on a shared machine other load only ever adds time):
+Three paths: fast (the engine), plain (the baseline with the reference code's per-batch AugMix) and
+plain per-sample (the baseline with per-sample PIL AugMix); see plain.py. Each path runs in its own
+child process (`python -m fedccrl_core.bench.speed --child ...`), once per repeat, the paths
+alternating; the fastest repeat of each timing is reported, since on a shared machine other load only
+ever adds time. In each child:
   1. a FedCCRL local step on client 0: `warmup` untimed steps, then `steps` timed ones
      -> images/s (source images per second: each step also forwards the two augmented views);
      the share of that time spent augmenting (fast: the two device-side M(X) of the same batches,
@@ -10,8 +13,9 @@ reported, since on a shared machine other load only ever adds time):
   2. one round of Algorithm 1 over every client (`epochs` local epochs each), aggregation and the
      evaluation of the source validation set and the target -> seconds per round;
   3. the evaluation alone on the target images -> images/s;
-  4. the peak memory over 1-3: CUDA torch.cuda.max_memory_allocated; CPU the peak resident set size
-     of the process while the path runs (/proc/self/statm sampled every 5 ms).
+  4. the peak memory: the child's peak resident set size (getrusage ru_maxrss: data generation,
+     the path's set-up and 1-3, the same for every path), and on CUDA torch.cuda.max_memory_allocated
+     over 1-3.
 The projection of a full PACS sweep (4 held-out domains x `PACS_ROUNDS` rounds x `PACS_EPOCHS`
 epochs, the registry's per-domain counts, 90/10 train/val split) uses the step and evaluation
 images/s measured here, i.e. at THIS image size and backbone on THIS device: it is a projection
@@ -19,13 +23,13 @@ for a 224 px sweep only when the bench ran with --size 224.
 """
 from __future__ import annotations
 
-import gc
+import json
 import math
 import os
 import platform
 import resource
+import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 
@@ -104,49 +108,6 @@ def make_data(cfg: BenchConfig) -> BenchData:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
-
-
-class PeakMemory:
-    """Peak memory while the block runs: CUDA allocated bytes, or the CPU process's resident set size."""
-
-    def __init__(self, device: torch.device):
-        self.device, self.peak_mib, self.what = device, None, ""
-        self._stop = threading.Event()
-
-    def _rss(self) -> int:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    def _sample(self):
-        peak = 0
-        while True:
-            peak = max(peak, self._rss())
-            if self._stop.wait(0.005):
-                break
-        self._peak = max(peak, self._rss())
-
-    def __enter__(self):
-        gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.what = "CUDA max_memory_allocated"
-        elif os.path.exists("/proc/self/statm"):
-            self.what = "peak RSS of the process while the path ran"
-            self._thread = threading.Thread(target=self._sample, daemon=True)
-            self._thread.start()
-        else:
-            self.what = "n/a"
-        return self
-
-    def __exit__(self, *exc):
-        if self.device.type == "cuda":
-            self.peak_mib = torch.cuda.max_memory_allocated(self.device) / 2**20
-        elif self.what != "n/a":
-            self._stop.set()
-            self._thread.join()
-            self.peak_mib = self._peak / 2**20
-        return False
 
 
 def _time_steps(steps, n_warm: int, n_timed: int, device) -> float:
@@ -273,9 +234,9 @@ class FastPath:
 
 
 class PlainPath:
-    """The plain baseline (plain.py)."""
+    """The plain baseline (plain.py), with the reference code's per-batch AugMix."""
 
-    name = "plain"
+    name, augment = "plain", "batch"
 
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
         from fedccrl_core.bench.plain import EncodedImages, FedCCRLViews, PlainClient, encode_png
@@ -283,7 +244,7 @@ class PlainPath:
 
         self.cfg, self.data, self.device = cfg, data, device
         hp, m, s = _hp(), IMAGENET_MEAN, IMAGENET_STD
-        self.clients = [PlainClient(f"client{i}", FedCCRLViews(encode_png(x), y, m, s, hp, cfg.seed + i),
+        self.clients = [PlainClient(f"client{i}", FedCCRLViews(encode_png(x), y, m, s, hp, cfg.seed + i, self.augment),
                                     *_statistics(x)) for i, (x, y) in enumerate(data.train)]
         self.val = EncodedImages(encode_png(np.concatenate([v[0] for v in data.val])),
                                  np.concatenate([v[1] for v in data.val]), m, s)
@@ -337,38 +298,67 @@ class PlainPath:
         return time.perf_counter() - t0
 
 
-def measure(paths: list, cfg: BenchConfig, device: torch.device) -> dict[str, dict]:
-    """Every figure of every path, `cfg.repeats` times with the paths alternating; the fastest repeat
-    of each timing is kept (on a shared machine the other load only ever adds time)."""
-    runs = {p.name: [] for p in paths}
-    peaks = {p.name: [] for p in paths}
+class PlainPerSamplePath(PlainPath):
+    """The plain baseline with per-sample PIL AugMix in the Dataset (the second plain row)."""
+
+    name, augment = "plain_per_sample", "per_sample"
+
+
+PATHS = {p.name: p for p in (FastPath, PlainPath, PlainPerSamplePath)}
+
+
+def child(cfg: BenchConfig, name: str) -> dict:
+    """One path, measured in this (child) process: timings, the peak RSS of the process, CUDA peak."""
+    from fedccrl_core.federation.engine import resolve_device
+
+    device = resolve_device(cfg.device)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    path = PATHS[name](cfg, make_data(cfg), device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    step_s, aug_s, dec_s = path.step_seconds()
+    round_s, eval_s = path.round_seconds(), path.eval_seconds()
+    return {"step_s": step_s, "augment_s": aug_s, "decode_s": dec_s, "round_s": round_s, "eval_s": eval_s,
+            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "cuda_peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+            "concurrent_clients": getattr(path, "concurrent", 1), "threads": torch.get_num_threads()}
+
+
+def run_child(cfg: BenchConfig, name: str) -> dict:
+    p = subprocess.run([sys.executable, "-m", "fedccrl_core.bench.speed", "--child",
+                        json.dumps({"cfg": asdict(cfg), "path": name})], capture_output=True, text=True)
+    if p.returncode != 0:
+        raise RuntimeError(f"bench child ({name}) failed:\n{p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
+    """Every figure of every path, `cfg.repeats` times with the paths alternating, each run in its own
+    child process; the fastest repeat of each timing is kept, the largest peak memory."""
+    runs: dict[str, list[dict]] = {n: [] for n in names}
     for rep in range(cfg.repeats):
-        for p in paths:
-            with PeakMemory(device) as mem:
-                step_s, aug_s, dec_s = p.step_seconds()
-                round_s = p.round_seconds()
-                eval_s = p.eval_seconds()
-            runs[p.name].append((step_s, aug_s, dec_s, round_s, eval_s))
-            peaks[p.name].append(mem)
-            _log(f"{p.name} (repeat {rep + 1}/{cfg.repeats}): local step {cfg.steps * cfg.batch_size / step_s:.1f} "
-                 f"images/s, round {round_s:.2f}s")
+        for n in names:
+            r = run_child(cfg, n)
+            runs[n].append(r)
+            _log(f"{n} (repeat {rep + 1}/{cfg.repeats}): local step {cfg.steps * cfg.batch_size / r['step_s']:.1f} "
+                 f"images/s, round {r['round_s']:.2f}s, peak RSS {r['peak_rss_mib']:.0f} MiB")
+    n_target = cfg.images_per_client
     out = {}
-    for p in paths:
-        best = min(runs[p.name], key=lambda r: r[0])  # the shares come from the fastest step repeat
-        step_s, aug_s, dec_s = best[:3]
-        n_target = len(p.data.target[1])
-        mems = [m.peak_mib for m in peaks[p.name] if m.peak_mib is not None]
-        out[p.name] = {
-            "step_ips": cfg.steps * cfg.batch_size / step_s,
-            "augment_share": None if aug_s is None else min(aug_s / step_s, 1.0),
-            "decode_share": None if dec_s is None else min(dec_s / step_s, 1.0),
-            "round_s": min(r[3] for r in runs[p.name]),
-            "eval_ips": n_target / min(r[4] for r in runs[p.name]),
-            "peak_mib": max(mems) if mems else None,
-            "memory": peaks[p.name][0].what,
-            "repeats": [dict(zip(("step_s", "augment_s", "decode_s", "round_s", "eval_s"), r)) for r in runs[p.name]],
+    for n in names:
+        best = min(runs[n], key=lambda r: r["step_s"])  # the shares come from the fastest step repeat
+        cuda = [r["cuda_peak_mib"] for r in runs[n] if r["cuda_peak_mib"] is not None]
+        out[n] = {
+            "step_ips": cfg.steps * cfg.batch_size / best["step_s"],
+            "augment_share": None if best["augment_s"] is None else min(best["augment_s"] / best["step_s"], 1.0),
+            "decode_share": None if best["decode_s"] is None else min(best["decode_s"] / best["step_s"], 1.0),
+            "round_s": min(r["round_s"] for r in runs[n]),
+            "eval_ips": n_target / min(r["eval_s"] for r in runs[n]),
+            "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[n]),
+            "cuda_peak_mib": max(cuda) if cuda else None,
+            "concurrent_clients": best["concurrent_clients"], "threads": best["threads"],
+            "repeats": runs[n],
         }
-    out["fast"]["concurrent_clients"] = next(p for p in paths if p.name == "fast").concurrent
     return out
 
 
@@ -394,54 +384,68 @@ def _ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-def figures(fast: dict, plain: dict) -> list[dict]:
+COLUMNS = (("fast", "fast"), ("plain", "plain (per-batch AugMix, reference)"),
+           ("plain_per_sample", "plain (per-sample PIL AugMix)"))
+
+
+def figures(results: dict[str, dict], cuda: bool) -> list[dict]:
     rows = [
-        ("FedCCRL local step, images/s", "step_ips", "{:.1f}"),
-        ("seconds per round", "round_s", "{:.2f}"),
-        ("evaluation, images/s", "eval_ips", "{:.1f}"),
-        ("share of step time in augmentation", "augment_share", "{:.0%}"),
+        ("FedCCRL local step on client 0, source images/s", "step_ips", "{:.1f}"),
+        ("seconds per round (every client, Eq. 2, source validation and target evaluation)", "round_s", "{:.2f}"),
+        ("evaluation of the target, images/s", "eval_ips", "{:.1f}"),
+        ("share of step time in augmentation (X1, X2)", "augment_share", "{:.0%}"),
         ("share of step time in decoding", "decode_share", "{:.0%}"),
-        ("peak memory, MiB", "peak_mib", "{:.0f}"),
+        ("peak RSS of the child process, MiB", "peak_rss_mib", "{:.0f}"),
+        *([("CUDA max_memory_allocated, MiB", "cuda_peak_mib", "{:.0f}")] if cuda else []),
         ("projected PACS sweep, hours", "pacs_h", "{:.2f}"),
     ]
-    for p in (fast, plain):
+    for p in results.values():
         p["pacs_h"] = pacs_sweep_seconds(p["step_ips"], p["eval_ips"]) / 3600
-    return [{"figure": name, "key": key, "fast": fast.get(key), "plain": plain.get(key),
-             "ratio": _ratio(fast.get(key), plain.get(key)), "fmt": fmt} for name, key, fmt in rows]
+    fast = results["fast"]
+    return [{"figure": name, "key": key, **{n: results[n].get(key) for n in results},
+             **{f"fast/{n}": _ratio(fast.get(key), results[n].get(key)) for n in results if n != "fast"},
+             "fmt": fmt} for name, key, fmt in rows]
 
 
-def render_table(cfg: BenchConfig, device: torch.device, fast: dict, plain: dict, rows: list[dict]) -> str:
+def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: list[dict]) -> str:
     def cell(v, fmt):
         return "n/a" if v is None else fmt.format(v)
 
-    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
+    fast = results["fast"]
+    dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {fast['threads']} threads"
+    names = [n for n, _ in COLUMNS if n in results]
     lines = [
         f"fedccrl bench: FedCCRL, {cfg.backbone} (pretrained none), {cfg.size} px, batch {cfg.batch_size}, "
         f"{cfg.clients} clients x {cfg.images_per_client} images, {cfg.steps} timed steps, {cfg.epochs} epoch(s) "
-        f"per round, on {device} ({dev}; torch {torch.__version__}, {platform.machine()}), best of {cfg.repeats} "
-        f"alternating repeats, load average {os.getloadavg()[0]:.1f} at the end",
-        f"fast: shards uint8 on the device, device-side per-sample CCDT+AugMix, fast switches "
+        f"per round, on {device} ({dev}; torch {torch.__version__}, {platform.machine()}), each path in its own "
+        f"child process, best of {cfg.repeats} alternating repeats, load average {os.getloadavg()[0]:.1f} at the end",
+        f"fast: shards uint8 on the device, device-side per-sample CCDT+AugMix (Alg. 3), fast switches "
         f"{'on (bf16 autocast, channels_last)' if device.type == 'cuda' else 'no-ops on the CPU'}, "
         f"{fast['concurrent_clients']} client(s) at once, eval batch {cfg.eval_batch_size}",
-        f"plain: PNG decoded by a DataLoader ({cfg.workers} workers) every step, host per-sample MixStyle+AugMix "
-        f"(numpy/PIL), fp32, clients in sequence, eval batch {cfg.batch_size}",
+        f"plain: PNG decoded by a DataLoader ({cfg.workers} workers) every step, fp32, clients in sequence, eval "
+        f"batch {cfg.batch_size}; augmentation on the host: per batch as the reference FedCCRL code (MixStyle, "
+        f"8-bit levels, torchvision's AugMix on the batch tensor), or per sample (numpy MixStyle, PIL AugMix)",
         "",
-        "| figure | fast | plain | fast/plain |",
-        "|---|---|---|---|",
+        "| figure | " + " | ".join(dict(COLUMNS)[n] for n in names) + " | "
+        + " | ".join(f"fast/{n}" for n in names if n != "fast") + " |",
+        "|---" * (2 * len(names)) + "|",
     ]
     for r in rows:
-        ratio = "n/a" if r["ratio"] is None else f"{r['ratio']:.2f}"
-        lines.append(f"| {r['figure']} | {cell(r['fast'], r['fmt'])} | {cell(r['plain'], r['fmt'])} | {ratio} |")
+        ratios = ["n/a" if r[f"fast/{n}"] is None else f"{r[f'fast/{n}']:.2f}" for n in names if n != "fast"]
+        lines.append(f"| {r['figure']} | " + " | ".join(cell(r[n], r["fmt"]) for n in names) + " | "
+                     + " | ".join(ratios) + " |")
     lines += [
         "",
-        f"images/s count source images (each step also forwards their two augmented views); memory: {fast['memory']}",
+        "images/s count source images (each step also forwards their two augmented views); peak RSS: the child "
+        "process's ru_maxrss (data generation, set-up and the three measurements)",
         f"projected PACS sweep: 4 held-out domains x {PACS_ROUNDS} rounds x {PACS_EPOCHS} epochs, 6 clients, registry "
         f"counts, at the speeds measured here ({cfg.size} px, {cfg.backbone}, {device.type})"
         + ("" if cfg.size == 224 else "; NOT a 224 px figure unless run with --size 224"),
     ]
     for r in rows:
-        if r["ratio"] is not None:
-            lines.append(f"ratio fast/plain, {r['figure']}: {r['ratio']:.2f}")
+        for n in names:
+            if n != "fast" and r[f"fast/{n}"] is not None:
+                lines.append(f"ratio fast/{n}, {r['figure']}: {r[f'fast/{n}']:.2f}")
     return "\n".join(lines)
 
 
@@ -449,18 +453,20 @@ def bench(cfg: BenchConfig) -> dict:
     from fedccrl_core.federation.engine import resolve_device
 
     device = resolve_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    _log(f"generating {cfg.clients} clients x {cfg.images_per_client} images at {cfg.size} px")
-    data = make_data(cfg)
-    paths = [FastPath(cfg, data, device), PlainPath(cfg, data, device)]
-    _log(f"measuring on {device}, {cfg.repeats} repeat(s)")
-    results = measure(paths, cfg, device)
-    fast, plain = results["fast"], results["plain"]
-    rows = figures(fast, plain)
-    table = render_table(cfg, device, fast, plain, rows)
-    peak_rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    _log(f"measuring on {device}: {len(PATHS)} paths x {cfg.repeats} repeat(s), each in a child process "
+         f"({cfg.clients} clients x {cfg.images_per_client} images at {cfg.size} px)")
+    results = measure(list(PATHS), cfg)
+    rows = figures(results, device.type == "cuda")
+    table = render_table(cfg, device, results, rows)
     return {"config": asdict(cfg), "device": str(device), "torch": torch.__version__, "loadavg": os.getloadavg(),
-            "threads": torch.get_num_threads(), "fast": fast, "plain": plain,
-            "figures": [{k: v for k, v in r.items() if k != "fmt"} for r in rows],
-            "process_peak_rss_mib": peak_rss_mib, "table": table}
+            "threads": results["fast"]["threads"], **results,
+            "figures": [{k: v for k, v in r.items() if k != "fmt"} for r in rows], "table": table}
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--child":
+        spec = json.loads(sys.argv[2])
+        print(json.dumps(child(BenchConfig(**spec["cfg"]), spec["path"])), flush=True)
+    else:
+        print("internal: python -m fedccrl_core.bench.speed --child '<json>' (use `fedccrl bench`)", file=sys.stderr)
+        sys.exit(2)

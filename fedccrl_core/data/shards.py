@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import sys
 import time
 import zipfile
@@ -368,7 +369,32 @@ def _client_entry(manifest: dict, shards_dir: Path, cid: str) -> dict:
                     f"{', '.join(c['id'] for c in manifest['clients'])})")
 
 
-def _read_shard(path: Path, entry: dict, manifest: dict) -> dict[str, np.ndarray]:
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local file header (APPNOTE 4.3.7), 30 bytes
+
+
+def _member_memmap(path: Path, name: str) -> np.memmap | None:
+    """The array `name` of an .npz, memory-mapped read-only where it lies in the file (np.savez stores
+    members uncompressed); None for a compressed member."""
+    with zipfile.ZipFile(path) as zf:
+        info = zf.getinfo(f"{name}.npy")
+    if info.compress_type != zipfile.ZIP_STORED:
+        return None
+    with open(path, "rb") as f:
+        f.seek(info.header_offset)
+        head = _LOCAL_HEADER.unpack(f.read(_LOCAL_HEADER.size))
+        if head[0] != b"PK\x03\x04":
+            raise zipfile.BadZipFile(f"member {name}.npy: bad local header")
+        f.seek(info.header_offset + _LOCAL_HEADER.size + head[-2] + head[-1])  # + file name + extra field
+        version = np.lib.format.read_magic(f)
+        read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+        shape, fortran, dtype = read_header(f)
+        offset = f.tell()
+    if dtype.hasobject:
+        raise ValueError(f"member {name}.npy holds Python objects")
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+
+
+def _read_shard(path: Path, entry: dict, manifest: dict, mmap: bool = False) -> dict[str, np.ndarray]:
     if not path.is_file():
         raise DataError(f"{path}: shard file missing (client {entry['id']})")
     try:
@@ -376,7 +402,8 @@ def _read_shard(path: Path, entry: dict, manifest: dict) -> dict[str, np.ndarray
             missing = [k for k in SHARD_KEYS if k not in z.files]
             if missing:
                 raise DataError(f"{path}: shard lacks key(s) {', '.join(missing)}")
-            arrs = {k: z[k] for k in SHARD_KEYS}
+            lazy = {"train_x": _member_memmap(path, "train_x")} if mmap else {}
+            arrs = {k: lazy[k] if lazy.get(k) is not None else z[k] for k in SHARD_KEYS}
             if "domain_counts" in entry:
                 if "train_domain" not in z.files or "val_domain" not in z.files:
                     raise DataError(f"{path}: a mixed-domain shard lacks train_domain/val_domain")
@@ -401,23 +428,26 @@ def _read_shard(path: Path, entry: dict, manifest: dict) -> dict[str, np.ndarray
 
 
 def load_client(shards_dir: str | os.PathLike, client_id: str,
-                exclude_domain: str | int | None = None) -> ClientShard:
+                exclude_domain: str | int | None = None, mmap: bool = False) -> ClientShard:
     """One client's shard, checked against the manifest (errors name the shard file).
 
+    `mmap`: train_x is an np.memmap of the shard file (nothing of it read yet; issue 18's lazy shards);
+    when `exclude_domain` drops some of its rows, the kept rows are copied (a mixed feddg_bench client).
     `exclude_domain` (the held-out domain) drops that domain's rows of a mixed-domain (feddg_bench)
     client; `train_rows` then says which stored training rows were kept (the pools align with them).
     """
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
     entry = _client_entry(manifest, shards_dir, client_id)
-    a = _read_shard(shards_dir / entry["file"], entry, manifest)
+    a = _read_shard(shards_dir / entry["file"], entry, manifest, mmap=mmap)
     rows = None
     if exclude_domain is not None and "train_domain" in a:
         skip = manifest["domains"].index(domain_name(manifest, exclude_domain))
         rows = np.flatnonzero(a["train_domain"] != skip)
         keep_val = a["val_domain"] != skip
         for k in ("train_x", "train_y", "train_paths"):
-            a[k] = a[k][rows]
+            if rows.size < a[k].shape[0]:  # all rows kept: a memory-mapped train_x stays unread
+                a[k] = a[k][rows]
         for k in ("val_x", "val_y", "val_paths"):
             a[k] = a[k][keep_val]
     return ClientShard(client_id=client_id, domain=entry["domain"], train_x=a["train_x"], train_y=a["train_y"],

@@ -1,33 +1,121 @@
 """Round checkpoints of the round loop: verified before they replace anything, a fallback when the
-latest is corrupt, per-client state written incrementally, pruned when the run completes.
+latest is corrupt, per-client state written incrementally into one file per round, pruned when the
+run completes.
 
 Layout for a checkpoint path P (e.g. models/.../checkpoint.pt):
   P                    the latest round: global and best weights, history, server state, run info, and
-                       `client_files` {client id: round of its newest state file}
+                       `client_records` {client id: (round t, offset, length) of its newest state}
   P.prev               the round before, kept until P has been written and read back (issue 17 part 4)
   P.corrupt            a latest checkpoint that could not be read (kept for inspection until completion)
-  P.clients/<cid>.r<t>.pt   one client's state (optimizer, LR schedule, `extra`) after round t
+  P.clients/r<t>.bin   the states (optimizer, LR schedule, `extra`) of the clients trained in round t,
+                       one record per client, appended as each client finishes training
 
-A round writes P and the state files of the clients it trained, nothing else (issue 18 part 1): the
-bytes a round writes follow the clients it trained, not the number of clients. A state file is
-deleted once neither P nor P.prev names it. `prune()` (run completed) deletes P.prev and every
-state file P does not name.
+A round writes P and one state file holding the clients it trained, nothing else (issue 18 part 1):
+the bytes a round writes follow the clients it trained, not the number of clients, and a round costs
+one file and one fsync however many clients it trains (one file per client cost an fsync each). A
+record is raw tensor bytes behind a small pickle (`write_record`), so reading one client back reads
+only its own bytes. A state file is deleted once neither P nor P.prev names it; a round file whose
+named records fill less than half of it has them copied (bytes as they are) into the round being
+written, so the files on disk stay under about twice the live states. `prune()` (run completed)
+deletes P.prev and every state file P does not name.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import io
 import os
+import pickle
+import struct
 import warnings
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import torch
 
-from fedccrl_core.checkpoint import atomic_torch_save
-from fedccrl_core.fsio import atomic_file
+from fedccrl_core.fsio import atomic_file, atomic_path
+
+ALIGN = 64  # every record and every tensor's bytes start at a multiple of this (aligned views on read)
+_HEAD = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then one <Q length per buffer
 
 
 class CheckpointFallbackWarning(UserWarning):
     """The latest checkpoint was unreadable; the run resumes from the one before it."""
+
+
+# ---- one client's record: tensors as raw bytes, the rest pickled ----------------------------------
+def _tensor_from(dtype: str | None, shape: tuple, data: np.ndarray, device=None) -> torch.Tensor:
+    t = torch.from_numpy(data)
+    if dtype is not None:  # a dtype numpy lacks (bfloat16, ...): its bytes, viewed back
+        t = t.view(getattr(torch, dtype)).reshape(shape)
+    return t if device is None else t.to(device)
+
+
+class _Pickler(pickle.Pickler):
+    def reducer_override(self, obj):
+        if isinstance(obj, torch.Tensor):  # the bytes leave the pickle as one out-of-band buffer
+            t = obj.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if not t.is_contiguous():
+                t = t.contiguous()
+            try:
+                return _tensor_from, (None, None, t.numpy())
+            except TypeError:  # no numpy dtype
+                return _tensor_from, (str(t.dtype).removeprefix("torch."), tuple(t.shape),
+                                      t.reshape(-1).view(torch.uint8).numpy())
+        return NotImplemented
+
+
+class _Unpickler(pickle.Unpickler):
+    def __init__(self, file, buffers, device):
+        super().__init__(file, buffers=buffers)
+        self.device = device
+
+    def find_class(self, module, name):
+        if module == __name__ and name == "_tensor_from":
+            return functools.partial(_tensor_from, device=self.device)
+        return super().find_class(module, name)
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def write_record(state, f) -> int:
+    """Append one client's state to the open file `f` (positioned at a multiple of ALIGN); returns the
+    record's length, padding included."""
+    bufs: list[pickle.PickleBuffer] = []
+    meta = io.BytesIO()
+    _Pickler(meta, protocol=5, buffer_callback=bufs.append).dump(state)
+    raws = [b.raw() for b in bufs]
+    head = _HEAD.pack(meta.tell(), len(raws)) + struct.pack(f"<{len(raws)}Q", *(r.nbytes for r in raws))
+    n = f.write(head) + f.write(meta.getbuffer())
+    n += f.write(b"\0" * _pad(n))
+    for r in raws:
+        n += f.write(r)
+        n += f.write(b"\0" * _pad(n))
+    return n
+
+
+def read_record(buf: np.ndarray, device=None):
+    """The state `write_record` wrote, from its bytes; tensors are views of `buf` (CPU) or copies on
+    `device`."""
+    mv = memoryview(buf)
+    meta_len, nbuf = _HEAD.unpack_from(mv, 0)
+    lens = struct.unpack_from(f"<{nbuf}Q", mv, _HEAD.size)
+    pos = _HEAD.size + 8 * nbuf
+    meta = mv[pos:pos + meta_len]
+    pos += meta_len
+    pos += _pad(pos)
+    views = []
+    for n in lens:
+        views.append(mv[pos:pos + n])
+        pos += n
+        pos += _pad(pos)
+    dev = None if device is None or torch.device(device).type == "cpu" else device
+    return _Unpickler(io.BytesIO(meta), views, dev).load()
 
 
 class RoundCheckpoints:
@@ -37,20 +125,29 @@ class RoundCheckpoints:
         self.client_dir = self.path.with_name(self.path.name + ".clients")
         self.corrupt = self.path.with_name(self.path.name + ".corrupt")
         self.device, self.log = device, log
-        self.client_files: dict[str, int] = {}  # of the latest checkpoint written or loaded
-        self._prev_files: dict[str, int] = {}
-        self.bytes_written = 0  # by the last save (checkpoint plus state files)
-        self._pending: dict[str, int] = {}  # state files written this round, named by no checkpoint yet
-        self._pending_bytes = 0
+        self.client_records: dict[str, tuple[int, int, int]] = {}  # of the latest checkpoint written or loaded
+        self._prev_records: dict[str, tuple[int, int, int]] = {}
+        self.bytes_written = 0  # by the last save (checkpoint plus the round's state file)
+        self._pending: dict[str, tuple[int, int, int]] = {}  # records written this round, named by no checkpoint yet
+        self._store: contextlib.ExitStack | None = None  # the round's state file being written
+        self._store_round, self._store_file, self._store_pos = 0, None, 0
 
     # ---- reading ------------------------------------------------------------------------------
+    def round_file(self, rnd: int) -> Path:
+        return self.client_dir / f"r{rnd}.bin"
+
     def _read(self, path: Path):
         ck = torch.load(path, map_location=self.device, weights_only=False)
         if not isinstance(ck, dict) or "round" not in ck:
             raise ValueError("not a round checkpoint")
-        missing = [c for c, r in (ck.get("client_files") or {}).items() if not self.state_file(c, r).is_file()]
+        if "client_files" in ck:
+            raise ValueError("a checkpoint of the one-file-per-client format (before round state files)")
+        recs = ck.get("client_records") or {}
+        sizes = {r: self.round_file(r).stat().st_size if self.round_file(r).is_file() else -1
+                 for r in {rec[0] for rec in recs.values()}}
+        missing = [c for c, (r, off, n) in recs.items() if sizes[r] < off + n]
         if missing:
-            raise FileNotFoundError(f"client state file(s) missing: {missing[:3]}")
+            raise FileNotFoundError(f"client state record(s) missing: {missing[:3]}")
         return ck
 
     def load(self, accept: Callable[[dict], str | None]) -> dict | None:
@@ -74,52 +171,98 @@ class RoundCheckpoints:
             if reason:
                 self.log(f"checkpoint {path} {reason}; starting from round 1")
                 return None
-            self.client_files = dict(ck.get("client_files") or {})
+            self.client_records = {c: tuple(r) for c, r in (ck.get("client_records") or {}).items()}
             return ck
         return None
 
-    def state_file(self, cid: str, rnd: int) -> Path:
-        return self.client_dir / f"{cid}.r{rnd}.pt"
+    def _raw(self, rec: tuple[int, int, int]) -> np.ndarray:
+        rnd, off, n = rec
+        buf = np.empty(n, dtype=np.uint8)
+        with open(self.round_file(rnd), "rb") as f:
+            f.seek(off)
+            if f.readinto(memoryview(buf)) != n:
+                raise EOFError(f"{self.round_file(rnd)}: record at {off} is truncated")
+        return buf
 
     def load_client(self, cid: str) -> dict | None:
-        """The newest saved state of one client (None: it never trained, or its state is not kept)."""
-        rnd = self.client_files.get(cid)
-        if rnd is None:
-            return None
-        return torch.load(self.state_file(cid, rnd), map_location=self.device, weights_only=False)
+        """The newest saved state of one client (None: it never trained, or its state is not kept); reads
+        that client's record only."""
+        rec = self.client_records.get(cid)
+        return None if rec is None else read_record(self._raw(rec), self.device)
 
     def client_states(self) -> dict[str, dict]:
         """Every client state the latest checkpoint names (for inspection and tests; the engine loads
         only the sampled clients' states, with `load_client`)."""
         ck = torch.load(self.path, map_location=self.device, weights_only=False)
-        self.client_files = dict(ck.get("client_files") or {})
-        return {cid: self.load_client(cid) for cid in sorted(self.client_files)}
+        self.client_records = {c: tuple(r) for c, r in (ck.get("client_records") or {}).items()}
+        return {cid: self.load_client(cid) for cid in sorted(self.client_records)}
 
     # ---- writing ------------------------------------------------------------------------------
+    def _open_round(self, rnd: int) -> None:
+        if self._store is not None and self._store_round == rnd:
+            return
+        self._abort_round()
+        stack = contextlib.ExitStack()
+        tmp = stack.enter_context(atomic_path(self.round_file(rnd)))  # fsynced and renamed at close
+        self._store_file = stack.enter_context(open(tmp, "xb"))
+        self._store, self._store_round, self._store_pos, self._pending = stack, rnd, 0, {}
+
+    def _abort_round(self) -> None:
+        if self._store is not None:  # a round that never reached save(): its temporary file goes
+            with contextlib.suppress(BaseException):
+                self._store.__exit__(RuntimeError, RuntimeError("round abandoned"), None)
+        self._store, self._store_file, self._pending = None, None, {}
+
+    def _append(self, cid: str, write: Callable) -> None:
+        n = write(self._store_file)
+        self._pending[cid] = (self._store_round, self._store_pos, n)
+        self._store_pos += n
+
     def write_client(self, cid: str, rnd: int, state: dict) -> None:
-        """One client's state after round `rnd`, as soon as it has trained (it can then leave memory).
-        No checkpoint names the file until `save(rnd, ...)`: a crash before that leaves it unused, and
-        the next save deletes it."""
-        f = self.state_file(cid, rnd)
-        atomic_torch_save(state, f)
-        self._pending[cid] = rnd
-        self._pending_bytes += f.stat().st_size
+        """Append one client's state after round `rnd` to that round's file, as soon as it has trained
+        (it can then leave memory). No checkpoint names it until `save(rnd, ...)`: a crash before that
+        leaves only a temporary file, removed by the next run."""
+        self._open_round(rnd)
+        self._append(cid, lambda f: write_record(state, f))
+
+    def _compact(self, records: dict) -> None:
+        """Copy the live records of older round files that are less than half live into this round's."""
+        live: dict[int, list[str]] = {}
+        for cid, rec in records.items():
+            if rec[0] != self._store_round:
+                live.setdefault(rec[0], []).append(cid)
+        for rnd, cids in sorted(live.items()):
+            size = self.round_file(rnd).stat().st_size
+            if 2 * sum(records[c][2] for c in cids) < size:
+                for cid in cids:
+                    raw = self._raw(records[cid])
+                    self._append(cid, lambda f, raw=raw: f.write(memoryview(raw)))
 
     def save(self, rnd: int, main: dict, trained: dict[str, dict]) -> int:
-        """Write round `rnd`: the state files of the clients in `trained` (besides those `write_client`
-        wrote this round), then the checkpoint itself (read back before it replaces P; P becomes
-        P.prev). Returns the bytes written this round."""
+        """Write round `rnd`: the states of the clients in `trained` (besides those `write_client`
+        wrote this round) into the round's file, closed with one fsync, then the checkpoint itself
+        (read back before it replaces P; P becomes P.prev). Returns the bytes written this round."""
         for cid, state in trained.items():
             self.write_client(cid, rnd, state)
-        written, self._pending_bytes = self._pending_bytes, 0
-        files = {**self.client_files, **{cid: r for cid, r in self._pending.items() if r == rnd}}
+        written = 0
+        records = dict(self.client_records)
+        if self._store is not None and self._store_round == rnd:
+            records.update(self._pending)
+            self._compact(records)
+            records.update(self._pending)
+            self._store_file.close()
+            stack, self._store, self._store_file = self._store, None, None
+            stack.close()  # fsync, rename to P.clients/r<rnd>.bin
+            written += self.round_file(rnd).stat().st_size
+        else:
+            self._abort_round()
         self._pending = {}
         # read back before it replaces anything; then P becomes P.prev and the new file P (fsio.atomic_file)
         with atomic_file(self.path, "wb", verify=self._read, previous=self.prev) as f:
-            torch.save({**main, "round": rnd, "client_files": files}, f)
+            torch.save({**main, "round": rnd, "client_records": records}, f)
         written += self.path.stat().st_size
-        self._prev_files, self.client_files = self.client_files, files
-        self._delete_unreferenced({**self._named(self._prev_files), **self._named(files)})
+        self._prev_records, self.client_records = self.client_records, records
+        self._delete_unreferenced({**self._named(self._prev_records), **self._named(records)})
         self.bytes_written = written
         return written
 
@@ -127,15 +270,15 @@ class RoundCheckpoints:
         """The run completed: keep only the latest checkpoint and the state files it names."""
         self.prev.unlink(missing_ok=True)
         self.corrupt.unlink(missing_ok=True)
-        self._prev_files = {}
-        self._delete_unreferenced(self._named(self.client_files))
+        self._prev_records = {}
+        self._delete_unreferenced(self._named(self.client_records))
 
-    def _named(self, files: dict[str, int]) -> dict[str, None]:
-        return {self.state_file(c, r).name: None for c, r in files.items()}
+    def _named(self, records: dict) -> dict[str, None]:
+        return {self.round_file(r[0]).name: None for r in records.values()}
 
     def _delete_unreferenced(self, keep: dict[str, None]) -> None:
         if not self.client_dir.is_dir():
             return
         for f in self.client_dir.iterdir():
-            if f.name not in keep:
+            if f.name not in keep and not f.name.startswith("."):  # temporary files are fsio's to sweep
                 f.unlink(missing_ok=True)

@@ -6,7 +6,8 @@ Client state (Adam moments and LR schedule, FedBN/SiloBN's local BN layers in `e
 `train.client_state`:
   persistent  (default; the reference FedCCRL code keeps one optimizer per client across rounds)
               a client's state is loaded only when it is sampled: from memory, or, once a checkpoint
-              holds it, from its own state file (federation/checkpoints.py), which leaves memory;
+              holds it, from its record in a round's state file (federation/checkpoints.py); after
+              training it is appended to this round's state file and leaves memory;
   stateless   a fresh optimizer and schedule every round (cross-device FL, FedDG-Bench); nothing
               per client is kept or checkpointed.
 """
@@ -118,7 +119,7 @@ class InProcessTransport:
     def _client_args(self, rnd, cid, global_w, payload) -> tuple:
         """One client's local-training arguments after the model, with its per-(seed, round, client)
         generators: the same in the sequential and the interleaved mode."""
-        return (self.clients[cid], self._state(cid), global_w, payload,
+        return (self.clients[cid].resident(), self._state(cid), global_w, payload,  # lazy: its images now
                 torch_generator(self.seed, "augment", rnd, cid, device=self.device),
                 numpy_rng(self.seed, "shuffle", rnd, cid))
 
