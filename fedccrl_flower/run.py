@@ -385,6 +385,7 @@ def train_with_flower(flower_params: dict | None, *, algorithm: str, local, hpar
                       eval_batch_size=int(eval_batch_size), min_clients=settings.min_clients,
                       num_clients=settings.num_clients, wait_for_clients_s=float(settings.wait_for_clients_s),
                       query_timeout_s=float(settings.query_timeout_s), train_timeout_s=float(settings.train_timeout_s),
+                      timeout_factor=float(settings.timeout_factor), timeout_floor_s=float(settings.timeout_floor_s),
                       checkpoint=str(checkpoint), run_info=dict(run_info), client_state=client_state)
     return run_flower(settings, spec, pools, on_round=on_round, log=log)
 

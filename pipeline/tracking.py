@@ -198,6 +198,14 @@ class ChildRun:
                           if k != "round" and isinstance(v, (int, float)) and v is not None}, step=int(rec["round"]))
         if rec.get("val_pred_classes") == 1:  # federation/loop.py warned: the model predicts one class
             self.client.set_tag(self.run_id, "fedccrl.collapsed", f"round {int(rec['round'])}")
+        for kind in ("dropped", "refused"):  # the Flower engine's round record: who and why (server_app.py)
+            who = rec.get(f"{kind}_clients") or []
+            for d in who:
+                if d.get("client"):
+                    self.log_metrics({f"{kind}/{d['client']}": 1}, step=int(rec["round"]))
+            if who:
+                self.client.set_tag(self.run_id, f"fedccrl.{kind}.round_{int(rec['round'])}",
+                                    json.dumps(who, sort_keys=True)[:5000])
 
     @timed
     def finish(self, status: str = "FINISHED") -> None:
