@@ -166,11 +166,13 @@ class ChildRun:
         self.mlflow = mlflow_module()
         exp = set_experiment(experiment)
         self.client = self.mlflow.MlflowClient()
+        self.healed, self.logged_rounds = False, set()
         if resume_run_id and not _run_exists(self.mlflow, resume_run_id):
             # the store was deleted or replaced (e.g. mlflow.db removed): heal instead of a traceback
             print(f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
                   f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)
             resume_run_id = None
+            self.healed = True  # the rounds logged to the lost run are logged again at the end (backfill)
         if resume_run_id:
             self.client.update_run(resume_run_id, status="RUNNING")
             self.run_id = resume_run_id
@@ -192,8 +194,17 @@ class ChildRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
+    def backfill(self, history: list[dict]) -> int:
+        """A healed run (its store was lost) lacks the rounds logged before the resume: log every round of
+        the finished run's history that this run has not logged. Returns how many."""
+        missing = [rec for rec in history if int(rec["round"]) not in self.logged_rounds] if self.healed else []
+        for rec in missing:
+            self.log_round(rec)
+        return len(missing)
+
     @timed
     def log_round(self, rec: dict) -> None:
+        self.logged_rounds.add(int(rec["round"]))
         self.log_metrics({k: v for k, v in rec.items()
                           if k != "round" and isinstance(v, (int, float)) and v is not None}, step=int(rec["round"]))
         if rec.get("val_pred_classes") == 1:  # federation/loop.py warned: the model predicts one class
