@@ -92,7 +92,34 @@ def mlflow_module():
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(f"sqlite:///{project_root() / 'mlflow.db'}")
+    _create_sqlite_store_whole(mlflow.get_tracking_uri())
     return mlflow
+
+
+def _create_sqlite_store_whole(uri: str) -> None:
+    """A new SQLite store comes into being whole or not at all. MLflow creates its tables in many migration
+    steps, and a process killed among them (kill -9 of `train` while its MLflow starts up) leaves a store that
+    every later run fails on with a traceback ("table _alembic_tmp_experiments already exists"). So a missing
+    store is built in an fsio scratch folder beside it and hard-linked into place (a store another process
+    created meanwhile wins); a scratch folder left by a killed process is removed by the next run."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):])
+    if path.exists() or not path.parent.is_dir():
+        return
+    try:
+        from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
+    except ImportError:  # another MLflow: it creates the store itself
+        return
+    from fedccrl_core.fsio import scratch_dir
+
+    with scratch_dir(path) as tmp:
+        store = _get_sqlalchemy_store(f"sqlite:///{tmp / path.name}", None)  # MLflow's own creation and migrations
+        store.engine.dispose()
+        try:
+            os.link(tmp / path.name, path)
+        except FileExistsError:
+            pass
 
 
 @timed
@@ -145,6 +172,16 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
         client.log_param(run.info.run_id, k, str(v)[:6000])
     client.set_terminated(run.info.run_id)
     return run.info.run_id
+
+
+@timed
+def run_status(run_id: str) -> str | None:
+    """The run's status (RUNNING, FINISHED, KILLED, FAILED), None when the store has no such run."""
+    mlflow = mlflow_module()
+    try:
+        return mlflow.MlflowClient().get_run(run_id).info.status
+    except Exception:  # MlflowException RESOURCE_DOES_NOT_EXIST (or an unreadable store)
+        return None
 
 
 def _run_exists(mlflow, run_id: str) -> bool:

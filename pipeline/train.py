@@ -297,7 +297,8 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.fsio import write_text
-    from pipeline.tracking import ChildRun, dvc_experiment_name, git_commit, params_hash, parent_run_id
+    from pipeline.tracking import (ChildRun, dvc_experiment_name, git_commit, params_hash, parent_run_id,
+                                   run_status)
 
     params = load_params(params_path)  # the whole file, before any data is read and before MLflow
     cfg = train_config(params, algorithm)
@@ -320,7 +321,10 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
         ckpt = job["ckpt"]
         side = ckpt.with_suffix(".mlflow.json")
         resumable = ckpt.is_file() or ckpt.with_name(ckpt.name + ".prev").is_file()  # federation/checkpoints.py
-        resume_id = json.loads(side.read_text())["run_id"] if (resumable and side.is_file()) else None
+        recorded = json.loads(side.read_text())["run_id"] if side.is_file() else None
+        # continue the recorded run when its checkpoint is there, and also when its process was killed before the
+        # first checkpoint (the run is still RUNNING): one run per training, never a RUNNING one left behind
+        resume_id = recorded if recorded and (resumable or run_status(recorded) == "RUNNING") else None
         if not parent:
             parent.append(parent_run_id(experiment, params_hash(sweep_params), sweep_params))
         run = ChildRun(experiment, parent[0], f"{algorithm}-{cfg['dataset']}-s{seed}-{job['target']}", job["run_params"],

@@ -18,6 +18,8 @@ point holds still; this script then kills its target). Usage:
 
   python scripts/chaos.py [--only NAME,...] [--keep] [--workspace DIR]
 
+(--workspace with a kept workspace reuses its reference run, after a `dvc repro` that restores it.)
+
 Exit code 0 when every row reads clean, 1 otherwise.
 """
 from __future__ import annotations
@@ -192,14 +194,18 @@ def mlflow_steps(db: Path) -> dict[str, dict[int, float]]:
     return out
 
 
-def start_and_kill(args: list[str], ws: Path, env: dict, fault_dir: Path, target: str = "self",
-                   sig: int = signal.SIGKILL, timeout: float = 600):
-    """Start the faulted command; when a process reaches the fault point, snapshot the PID tree and send `sig`
-    to the target (the command's process, or its `fedccrl train` descendant for target="train")."""
+def start_and_kill(args: list[str], ws: Path, env: dict, fault_dir: Path, sig: int = signal.SIGKILL,
+                   timeout: float = 600):
+    """Start the faulted command; when a process reaches the fault point, snapshot the command's PID tree and
+    send `sig` to the command's own process (`fedccrl train`, `dvc repro`, `fedccrl figures`)."""
     trigger = fault_dir / "trigger"
     proc = subprocess.Popen(args, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + timeout
     while not trigger.is_file():
+        if (fault_dir / "hook-error").is_file():
+            proc.kill()
+            proc.communicate()
+            return None, [], f"fault hook failed: {(fault_dir / 'hook-error').read_text().strip()}"
         if proc.poll() is not None:
             out = proc.stdout.read()
             return None, [], f"fault not injected: the command ended ({proc.returncode}) first:\n{out[-2000:]}"
@@ -210,14 +216,6 @@ def start_and_kill(args: list[str], ws: Path, env: dict, fault_dir: Path, target
     time.sleep(0.2)  # the holder has written its pid; let it settle at the point
     snapshot = tree(proc.pid)
     victim = proc.pid
-    if target == "train":
-        for p in snapshot:
-            try:
-                if any(a == "train" for a in p.cmdline()[1:3]) or p.cmdline()[-len(TRAIN_ARGS):] == TRAIN_ARGS:
-                    victim = p.pid
-                    break
-            except psutil.NoSuchProcess:
-                pass
     os.kill(victim, sig)
     try:
         out, _ = proc.communicate(timeout=120)
@@ -363,7 +361,12 @@ def main(argv=None) -> int:
     ws = (args.workspace or Path(tempfile.mkdtemp(prefix="fedccrl-chaos-"))).resolve()
     t0 = time.perf_counter()
     try:
-        setup(ws)
+        if args.workspace and (ws / "plots").is_dir() and (ws / "dvc.lock").is_file():
+            say(f"reusing the reference run in {ws}")  # a kept workspace (--keep): its faults are redone
+            shutil.rmtree(ws / "faults", ignore_errors=True)
+            subprocess.run(["dvc", "repro", "-q"], cwd=ws, env=env_for(ws, ws / "mlflow.db"), check=True)
+        else:
+            setup(ws)
         models = ws / "models" / ALGORITHM / f"s{SEED}"
         reference = {d.name[1:]: rounds(d) for d in sorted(models.glob("d*"))}
         ref_plots = {q.name: hashlib.sha256(q.read_bytes()).hexdigest() for q in sorted((ws / "plots").glob("*.png"))}

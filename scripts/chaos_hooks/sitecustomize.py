@@ -51,13 +51,13 @@ def _install() -> None:
 
         checkpoints.RoundCheckpoints.save = save
         if HOOK == "mid-step":
-            import torch
+            from torch.optim.optimizer import register_optimizer_step_pre_hook
 
             def pre_step(optimizer, args, kwargs):
                 if saves[0] >= 1:
                     _hold(HOOK)
 
-            torch.optim.optimizer.register_optimizer_step_pre_hook(pre_step)
+            register_optimizer_step_pre_hook(pre_step)
         if HOOK == "mid-checkpoint":
             from contextlib import contextmanager
 
@@ -108,4 +108,9 @@ def _install() -> None:
 
 
 if HOOK:
-    _install()
+    try:
+        _install()
+    except BaseException as e:  # Python would only print "Error in sitecustomize": leave chaos.py the reason
+        with open(os.path.join(os.environ["CHAOS_DIR"], "hook-error"), "a") as f:
+            f.write(f"{os.getpid()}: {e.__class__.__name__}: {e}\n")
+        raise
