@@ -203,13 +203,13 @@ class ChildRun:
         self.mlflow = mlflow_module()
         exp = set_experiment(experiment)
         self.client = self.mlflow.MlflowClient()
-        self.healed, self.logged_rounds = False, set()
+        self.logged_rounds: set[int] = set()
         if resume_run_id and not _run_exists(self.mlflow, resume_run_id):
             # the store was deleted or replaced (e.g. mlflow.db removed): heal instead of a traceback
             print(f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
                   f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)
             resume_run_id = None
-            self.healed = True  # the rounds logged to the lost run are logged again at the end (backfill)
+        self.resumed = bool(resume_run_id)
         if resume_run_id:
             self.client.update_run(resume_run_id, status="RUNNING")
             self.run_id = resume_run_id
@@ -231,13 +231,17 @@ class ChildRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
-    def backfill(self, history: list[dict]) -> int:
-        """A healed run (its store was lost) lacks the rounds logged before the resume: log every round of
-        the finished run's history that this run has not logged. Returns how many."""
-        missing = [rec for rec in history if int(rec["round"]) not in self.logged_rounds] if self.healed else []
+    def backfill(self, history: list[dict]) -> list[int]:
+        """Log every round of the finished training's history that this run lacks, and return their numbers.
+        A resumed run can lack rounds: its process was killed after a round's checkpoint but before the round
+        reached MLflow (a worker checkpoints while the parent logs), or its store was deleted (a fresh run, see above)."""
+        have = set(self.logged_rounds)
+        if self.resumed:
+            have |= {int(m.step) for m in self.client.get_metric_history(self.run_id, "target_acc")}
+        missing = [rec for rec in history if int(rec["round"]) not in have]
         for rec in missing:
             self.log_round(rec)
-        return len(missing)
+        return [int(rec["round"]) for rec in missing]
 
     @timed
     def log_round(self, rec: dict) -> None:

@@ -341,11 +341,11 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
         if kind == "round":
             runs[index].log_round(payload)
         elif kind == "done":
-            if runs[index].healed:  # a deleted store healed: the fresh run gets the rounds before the resume too
-                job = next(j for j in jobs if j["index"] == index)
-                n = runs[index].backfill(json.loads((Path(job["out"]) / "history.json").read_text())["rounds"])
-                LOG(f"[{algorithm} {job['target']}] MLflow: {n} round(s) of the lost run logged again to run "
-                    f"{runs[index].run_id}")
+            job = next(j for j in jobs if j["index"] == index)  # every round in MLflow, also after a kill or a lost store
+            late = runs[index].backfill(json.loads((Path(job["out"]) / "history.json").read_text())["rounds"])
+            if late:
+                LOG(f"[{algorithm} {job['target']}] MLflow: round(s) {late} logged now (the run that trained them "
+                    f"was interrupted before they reached MLflow)")
             runs[index].log_metrics(payload)
             runs[index].finish()
 

@@ -161,11 +161,13 @@ def orphans_after(snapshot: list[psutil.Process], token: str, wait_s: float = 20
     return names
 
 
-def temps(root: Path) -> list[str]:
+def temps(root: Path, own: Path) -> list[str]:
+    """fsio temporary paths in the workspace (of the other faults' folders, none: they are not this fault's)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = [d for d in dirnames if d not in (".dvc", "fedccrl_core", "fedccrl_flower", "flower_app",
-                                                        "serving", "pipeline")]
+                                                        "serving", "pipeline")
+                       and (Path(dirpath) != root / "faults" or d == own.name)]
         found += [os.path.join(dirpath, n) for n in dirnames + filenames if TEMP_RE.match(n)]
     return sorted(os.path.relpath(f, root) for f in found)
 
@@ -241,7 +243,7 @@ FAULTS = [
           "kill -9 of `fedccrl train` (train.engine: flower) after round 1"),
     Fault("corrupt latest checkpoint", "after-round-2", "corrupt",
           "kill -9 after round 2's checkpoint, which is then truncated"),
-    Fault("deleted mlflow.db", "mid-step", "deldb", "kill -9 mid-step, then mlflow.db deleted"),
+    Fault("deleted mlflow.db", "mid-mlflow", "deldb", "kill -9 mid-MLflow-write, then mlflow.db deleted"),
     Fault("kill -9 fedccrl figures", "mid-figure", "figures", "kill -9 of `fedccrl figures` after its first PNG"),
 ]
 
@@ -264,10 +266,10 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: d
         rc, snap, log = start_and_kill(cmd, ws, env_for(ws, db, f.hook, fd, token), fd)
         before = statuses(db)
         row["orphans"] = orphans_after(snap, token)
-        left = temps(ws)
+        left = temps(ws, fd)
         p = run(cmd, ws, env_for(ws, db))
         got = {q.name: hashlib.sha256(q.read_bytes()).hexdigest() for q in sorted((ws / "plots").glob("*.png"))}
-        row["temps"] = temps(ws)
+        row["temps"] = temps(ws, fd)
         row["lost"] = sorted(set(ref_plots) - set(got))
         row["identical"] = got == ref_plots
         notice = "removed stale temp" if any("notice: removed" in ln for ln in p.stderr.splitlines()) else ""
@@ -304,7 +306,7 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: d
             db.unlink()
         p = run(cmd, ws, env_for(ws, db))
         result_dir = out
-    row["temps"] = temps(ws)
+    row["temps"] = temps(ws, fd)
     notes = [n for n, key in (("resumed", "resuming from checkpoint"), ("fell back to .prev", "falling back"),
                               ("healed deleted run", "no longer exists"), ("removed stale temp", "notice: removed"))
              if key in p.stderr]
@@ -375,7 +377,8 @@ def main(argv=None) -> int:
             t1 = time.perf_counter()
             say(f"{f.name}: {f.what}")
             rows.append(run_fault(f, ws, reference, ref_plots))
-            say(f"{f.name}: {'clean' if clean(rows[-1]) else 'NOT CLEAN'} ({time.perf_counter() - t1:.0f}s)")
+            say(f"{f.name}: {'clean' if clean(rows[-1]) else 'NOT CLEAN'} ({time.perf_counter() - t1:.0f}s): "
+                f"{json.dumps(rows[-1])}")
         print(table(rows), flush=True)
         say(f"{len(rows)} fault(s) in {time.perf_counter() - t0:.0f}s; workspace {ws}"
             + ("" if args.keep else " (removed)"))
