@@ -337,9 +337,8 @@ def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on
     work = Path(spec.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     ids = source_clients(spec.shards, spec.held_out)
-    if max(settings.min_clients, spec.min_clients) > len(ids):
-        raise ValueError(f"params.yaml: train.flower.min_clients is {max(settings.min_clients, spec.min_clients)} "
-                         f"but held-out {spec.held_out} leaves {len(ids)} source clients")
+    settings.model_copy(update={"min_clients": max(settings.min_clients, spec.min_clients)}).require_clients(
+        len(ids), spec.held_out)
     spec.num_clients = spec.num_clients or settings.num_clients or len(ids)
     shards, pools = str(Path(spec.shards).resolve()), str(Path(pools).resolve())
     state_dir = str(work / "client-state")

@@ -39,6 +39,12 @@ class FlowerSettings(Declared):
             raise ValueError("superlink is for deployment; simulation starts its own SuperLink")
         return v
 
+    def require_clients(self, n_sources: int, held_out: str) -> None:
+        """A federation that can never reach min_clients is refused before anything starts."""
+        if self.min_clients > n_sources:
+            raise ValueError(f"params.yaml: train.flower.min_clients is {self.min_clients} but held-out {held_out} "
+                             f"leaves {n_sources} source clients")
+
     @classmethod
     def from_mapping(cls, d: dict | None) -> "FlowerSettings":
         return validate(cls, dict(d or {}), prefix="train.flower")

@@ -305,6 +305,10 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     held_out = [held_out_entry(h) for h in held_out] if held_out else list(params["train"]["held_out"])
     manifest = load_manifest(shards)  # metadata only: the held-out domains and the clients' sizes
     targets = check_train(params, manifest, algorithm, held_out)  # before any shard is read, before MLflow
+    from fedccrl_core.data.pools import check_pools
+    from fedccrl_core.data.shards import client_ids
+
+    check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
     alg_hp = build_algorithm(algorithm, local_config(cfg), cfg["hparams"]).hp
     jobs = plan_runs(params, cfg, manifest, algorithm, seed, held_out, targets, out, checkpoints, alg_hp)
     n_workers = worker_count(workers, cfg, len(jobs))
