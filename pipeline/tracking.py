@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 import subprocess
 import sys
 from pathlib import Path
 
 
+OWNER_TAG = "fedccrl.owner"  # <host>:<pid>:<since> of the process that has the run open
 SECONDS = 0.0  # wall seconds spent in MLflow calls (imports included) by this process; `fedccrl bench-repro`
 _depth = 0
 
@@ -210,19 +212,45 @@ class ChildRun:
                   f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)
             resume_run_id = None
         self.resumed = bool(resume_run_id)
+        owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"  # who, since when (owner_alive)
         if resume_run_id:
             self.client.update_run(resume_run_id, status="RUNNING")
+            self.client.set_tag(resume_run_id, OWNER_TAG, owner)
             self.run_id = resume_run_id
         else:
             run = self.client.create_run(exp.experiment_id, run_name=name,
-                                         tags={**tags, "mlflow.parentRunId": parent_id})
+                                         tags={**tags, "mlflow.parentRunId": parent_id, OWNER_TAG: owner})
             self.run_id = run.info.run_id
             from mlflow.entities import Param
 
             items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]
             for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
+        self._close_orphans(exp.experiment_id, tags)
         self.experiment_id = exp.experiment_id
+
+    def _close_orphans(self, experiment_id: str, tags: dict) -> None:
+        """Runs of this same training (held-out domain, algorithm, seed) left RUNNING by a process of this host
+        that no longer runs (kill -9, then a rerun that could not continue them, e.g. after a code change) are
+        marked KILLED, with a notice: a RUNNING run always has a live process."""
+        from fedccrl_core.fsio import owner_alive
+
+        same = " and ".join(f"tags.`{k}` = '{tags[k]}'" for k in ("held_out", "algorithm", "seed") if k in tags)
+        if not same:
+            return
+        host = socket.gethostname()
+        for run in self.client.search_runs([experiment_id], filter_string=f"{same} and attributes.status = 'RUNNING'"):
+            who = run.data.tags.get(OWNER_TAG, "")
+            if run.info.run_id == self.run_id or not who.startswith(f"{host}:"):
+                continue  # this run, or one whose process lives on another machine (or is older than the tag)
+            try:
+                pid, since = (int(x) for x in who.split(":")[1:3])
+            except ValueError:
+                continue
+            if not owner_alive(pid, since):
+                self.client.set_terminated(run.info.run_id, status="KILLED")
+                print(f"notice: MLflow run {run.info.run_id} was left RUNNING by process {pid}, which is no longer "
+                      f"running; marked KILLED", file=sys.stderr, flush=True)
 
     @timed
     def log_metrics(self, metrics: dict, step: int = 0) -> None:

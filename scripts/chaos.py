@@ -307,9 +307,11 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: d
         p = run(cmd, ws, env_for(ws, db))
         result_dir = out
     row["temps"] = temps(ws, fd)
+    logs = p.stderr + "".join(q.read_text(errors="replace") for q in fd.rglob("server.log"))  # + the ServerApp's
     notes = [n for n, key in (("resumed", "resuming from checkpoint"), ("fell back to .prev", "falling back"),
-                              ("healed deleted run", "no longer exists"), ("removed stale temp", "notice: removed"))
-             if key in p.stderr]
+                              ("healed deleted run", "no longer exists"), ("removed stale temp", "notice: removed"),
+                              ("closed a run left RUNNING", "was left RUNNING"))
+             if key in logs]
     row["outcome"] = f"rerun rc {p.returncode}" + (f", {', '.join(notes)}" if notes else "") + \
         ("" if rc is not None else f" ({log.splitlines()[0] if log else ''})")
     if p.returncode != 0:

@@ -648,3 +648,19 @@ def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
     for rec in history:
         fresh.log_round(rec)
     assert fresh.backfill(history) == []
+
+
+def test_f_a_run_left_running_by_a_dead_process_is_marked_killed(tmp_path, capsys):
+    """kill -9 leaves the run RUNNING; a rerun that cannot continue it (a new configuration) closes it."""
+    from pipeline.tracking import OWNER_TAG, ChildRun, parent_run_id
+
+    tags = {"held_out": "photo", "algorithm": "fedavg", "seed": "0"}
+    parent = parent_run_id("orph", "k", {})
+    dead = ChildRun("orph", parent, "r", {}, tags)
+    dead.client.set_tag(dead.run_id, OWNER_TAG, f"{__import__('socket').gethostname()}:999999999:{int(time.time())}")
+    other = ChildRun("orph", parent, "o", {}, {**tags, "held_out": "sketch"})  # another training: untouched
+    alive = ChildRun("orph", parent, "a", {}, tags)  # this process: alive, untouched by the next one
+    rerun = ChildRun("orph", parent, "r2", {}, tags)
+    status = {r: rerun.client.get_run(r.run_id).info.status for r in (dead, other, alive, rerun)}
+    assert status == {dead: "KILLED", other: "RUNNING", alive: "RUNNING", rerun: "RUNNING"}
+    assert f"MLflow run {dead.run_id} was left RUNNING by process 999999999" in capsys.readouterr().err
