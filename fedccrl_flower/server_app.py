@@ -57,9 +57,12 @@ from fedccrl_core.evaluation import accuracy
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import resolve_device
 from fedccrl_core.federation.loop import EvalSets, RoundLoop, nbytes
+from fedccrl_core.procs import die_with_parent
 from fedccrl_flower import messages as M
 
 app = ServerApp()
+if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
+    die_with_parent()  # it ends with the process that started it (fedccrl_core/procs.py), never orphaned
 
 
 class RoundFailure(RuntimeError):

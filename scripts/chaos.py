@@ -282,12 +282,11 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: d
     if f.kill == "dvc":
         shutil.rmtree(ws / ".fedccrl", ignore_errors=True)
         shutil.rmtree(ws / "models" / ALGORITHM, ignore_errors=True)
-        stage = f"train@{ALGORITHM}-{SEED}"
-        rc, snap, log = start_and_kill(["dvc", "repro", "-s", stage], ws, env_for(ws, db, f.hook, fd, token), fd,
-                                       sig=signal.SIGTERM)
+        repro = ["dvc", "repro", "-s", "--no-run-cache", f"train@{ALGORITHM}-{SEED}"]  # train, not a cache restore
+        rc, snap, log = start_and_kill(repro, ws, env_for(ws, db, f.hook, fd, token), fd, sig=signal.SIGTERM)
         row["orphans"] = orphans_after(snap, token)
         before = statuses(db)
-        p = run(["dvc", "repro", "-s", stage], ws, env_for(ws, db))
+        p = run(repro, ws, env_for(ws, db))
         result_dir = ws / "models" / ALGORITHM / f"s{SEED}"
     else:
         params_env = env_for(ws, db, f.hook, fd, token)
