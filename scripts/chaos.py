@@ -282,7 +282,7 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: d
     if f.kill == "dvc":
         shutil.rmtree(ws / ".fedccrl", ignore_errors=True)
         shutil.rmtree(ws / "models" / ALGORITHM, ignore_errors=True)
-        repro = ["dvc", "repro", "-s", "--no-run-cache", f"train@{ALGORITHM}-{SEED}"]  # train, not a cache restore
+        repro = ["dvc", "repro", "-f", "-s", f"train@{ALGORITHM}-{SEED}"]  # -f: train, not a restore from the cache
         rc, snap, log = start_and_kill(repro, ws, env_for(ws, db, f.hook, fd, token), fd, sig=signal.SIGTERM)
         row["orphans"] = orphans_after(snap, token)
         before = statuses(db)
