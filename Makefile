@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see README) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: lock repro test test-slow bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
+.PHONY: lock repro test test-slow chaos bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
 
 # constraints.txt pins every package to the exact version it was tested with (make lock writes it)
 $(STAMP): pyproject.toml constraints.txt
@@ -30,6 +30,9 @@ test: $(STAMP)    ## the default test suite (slow tests excluded)
 
 test-slow: $(STAMP)  ## only the slow tests (full PACS epoch on the CPU)
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m slow
+
+chaos: $(STAMP)  ## the fault suite (issue 17): one row per fault (orphans, temp files left, data lost, metrics identical)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/chaos.py
 
 bench: $(STAMP)  ## fast engine path vs the plain baseline on generated data (CPU sizes; GPU: see README)
 	PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl bench --size 32 --threads 1

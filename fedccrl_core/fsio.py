@@ -147,6 +147,26 @@ def _as_output_error(path: Path, any_errno: bool = True) -> Iterator[None]:
         raise
 
 
+def _make_parents(path: Path) -> list[Path]:
+    """mkdir -p of `path`'s folder; returns the folders it created, deepest first, for `_unmake` on failure."""
+    created, d = [], path.parent
+    while not d.exists() and d != d.parent:
+        created.append(d)
+        d = d.parent
+    with _as_output_error(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    return created
+
+
+def _unmake(created: list[Path]) -> None:
+    """A failed write leaves no folder it created (still empty) behind: no partial output, not even a folder."""
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:  # not empty (someone else wrote there) or already gone
+            return
+
+
 def _fsync_dir(d: Path) -> None:
     with contextlib.suppress(OSError):  # not every file system can open a folder
         fd = os.open(d, os.O_RDONLY)
@@ -174,8 +194,7 @@ def atomic_path(path: str | os.PathLike, *, verify: Callable[[Path], object] | N
     interruption the temporary file is removed and `path` is untouched."""
     path = Path(path)
     parent = path.parent
-    with _as_output_error(path):
-        parent.mkdir(parents=True, exist_ok=True)
+    created = _make_parents(path)
     _sweep_once(parent)
     tmp = temp_path(path)
     try:
@@ -194,6 +213,7 @@ def atomic_path(path: str | os.PathLike, *, verify: Callable[[Path], object] | N
     except BaseException:
         with contextlib.suppress(OSError):
             tmp.unlink()
+        _unmake(created)
         raise
 
 
@@ -255,8 +275,7 @@ def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
     complete `out` untouched, and no run ever leaves a partial folder under the name `out`."""
     out = Path(out)
     parent = out.parent
-    with _as_output_error(out):
-        parent.mkdir(parents=True, exist_ok=True)
+    created = _make_parents(out)
     _sweep_once(parent)
     tmp = temp_path(out)
     try:
@@ -275,6 +294,7 @@ def atomic_dir(out: str | os.PathLike) -> Iterator[Path]:
             _remove(old)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        _unmake(created)
         raise
 
 
@@ -283,13 +303,16 @@ def scratch_dir(near: str | os.PathLike) -> Iterator[Path]:
     """A temporary work folder next to `near` (same file system, so renames out of it are cheap),
     removed at the end whatever happens; left by a killed process, the next call removes it."""
     near = Path(near)
-    with _as_output_error(near):
-        near.parent.mkdir(parents=True, exist_ok=True)
+    created = _make_parents(near)
     _sweep_once(near.parent)
     tmp = temp_path(near)
-    with _as_output_error(near):
-        tmp.mkdir()
     try:
+        with _as_output_error(near):
+            tmp.mkdir()
         yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        _unmake(created)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

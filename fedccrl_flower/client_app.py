@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -35,9 +36,12 @@ from fedccrl_core.federation.client import ClientData, ClientState
 from fedccrl_core.federation.engine import nbytes, resolve_device
 from fedccrl_core.fsio import atomic_file
 from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
+from fedccrl_core.procs import die_with_parent
 from fedccrl_flower import messages as M
 
 app = ClientApp()
+if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
+    die_with_parent()  # it ends with the process that started it (fedccrl_core/procs.py), never orphaned
 
 _CACHE: dict = {}  # per process: a simulation actor serves many rounds; a deployment ClientApp one message
 

@@ -338,9 +338,8 @@ def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on
     work = Path(spec.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     ids = source_clients(spec.shards, spec.held_out)
-    if max(settings.min_clients, spec.min_clients) > len(ids):
-        raise ValueError(f"params.yaml: train.flower.min_clients is {max(settings.min_clients, spec.min_clients)} "
-                         f"but held-out {spec.held_out} leaves {len(ids)} source clients")
+    settings.model_copy(update={"min_clients": max(settings.min_clients, spec.min_clients)}).require_clients(
+        len(ids), spec.held_out)
     spec.num_clients = spec.num_clients or settings.num_clients or len(ids)
     shards, pools = str(Path(spec.shards).resolve()), str(Path(pools).resolve())
     state_dir = str(work / "client-state")
@@ -386,6 +385,7 @@ def train_with_flower(flower_params: dict | None, *, algorithm: str, local, hpar
                       eval_batch_size=int(eval_batch_size), min_clients=settings.min_clients,
                       num_clients=settings.num_clients, wait_for_clients_s=float(settings.wait_for_clients_s),
                       query_timeout_s=float(settings.query_timeout_s), train_timeout_s=float(settings.train_timeout_s),
+                      timeout_factor=float(settings.timeout_factor), timeout_floor_s=float(settings.timeout_floor_s),
                       checkpoint=str(checkpoint), run_info=dict(run_info), client_state=client_state)
     return run_flower(settings, spec, pools, on_round=on_round, log=log)
 

@@ -19,7 +19,11 @@ it keeps val/target accuracy identical to the in-process engine). Clients never 
 
 Faults: a SuperNode that does not answer within the phase's timeout (or that leaves) is dropped from
 the round; the round goes on if at least `min_clients` clients remain, and otherwise fails with a
-message that names the missing clients. A SuperNode that comes back (a new node id, same client
+message that names the missing clients. Every dropped client is in the round's record
+(`dropped_clients`: client id, node id, phase, reason `timeout` | `disconnected` | `error`, detail) and
+so in MLflow (pipeline/tracking.py). A phase's timeout scales with the measured reply times: the
+spec's `query_timeout_s` / `train_timeout_s` until a reply of that phase has been timed, then
+max(timeout_floor_s, timeout_factor x the slowest reply of that phase so far) (`reply_timeout`). A SuperNode that comes back (a new node id, same client
 id) is used from the next round on. A rerun resumes after the last checkpointed round (the
 checkpoint is the in-process engine's format minus client states, which live on the clients).
 
@@ -54,9 +58,12 @@ from fedccrl_core.evaluation import accuracy
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import resolve_device
 from fedccrl_core.federation.loop import EvalSets, RoundLoop, nbytes
+from fedccrl_core.procs import die_with_parent
 from fedccrl_flower import messages as M
 
 app = ServerApp()
+if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
+    die_with_parent()  # it ends with the process that started it (fedccrl_core/procs.py), never orphaned
 
 
 class RoundFailure(RuntimeError):
@@ -83,8 +90,10 @@ class ServerSpec:
     min_clients: int = 2            # fewest clients a round may aggregate
     num_clients: int = 0            # SuperNodes to wait for before the first round (0: min_clients)
     wait_for_clients_s: float = 120.0
-    query_timeout_s: float = 60.0
-    train_timeout_s: float = 600.0
+    query_timeout_s: float = 300.0  # until a query reply has been timed (then reply_timeout scales)
+    train_timeout_s: float = 600.0  # until a train reply has been timed
+    timeout_factor: float = 3.0
+    timeout_floor_s: float = 30.0
     poll_s: float = 0.5
     checkpoint: str = ""            # "" = <work_dir>/checkpoint.pt
     client_state: str = "persistent"  # params.yaml train.client_state: persistent | stateless
@@ -109,6 +118,18 @@ class ServerSpec:
                 "client_state": self.client_state}
         key = hashlib.sha256(json.dumps({**core, "run_info": self.run_info}, sort_keys=True, default=str).encode())
         return {**core, "state_key": key.hexdigest()[:16]}
+
+
+def _answered(replies: dict[int, Message]) -> set[str]:
+    """Client ids that sent a query reply with content (well-formed or not)."""
+    out = set()
+    for r in replies.values():
+        try:
+            if r.has_content() and M.INFO in r.content:
+                out.add(str(r.content[M.INFO][M.F_CLIENT_ID]))
+        except (KeyError, TypeError):
+            pass
+    return out
 
 
 def load_evalsets(shards: str, held_out: str, batch_size: int, device) -> EvalSets:
@@ -147,6 +168,8 @@ class FlowerServer:
         self.client_of_node: dict[int, str] = {}  # last client id each node answered with
         self.refused: list[dict] = []  # replies that arrived malformed
         self.dropped: list[dict] = []  # clients that did not answer, were unavailable or raised
+        self.slowest: dict[str, float] = {}  # phase -> the slowest reply time measured so far (s)
+        self._timeouts: dict[str, float] = {}  # phase -> the timeout its last exchange used
 
     def _default_log(self, msg: str) -> None:
         line = f"[fedccrl server] {msg}"
@@ -171,22 +194,38 @@ class FlowerServer:
             cfg[M.F_CLIENT_ID] = cid
         return ConfigRecord(cfg)
 
-    def _exchange(self, messages: list[Message], timeout: float, phase: str,
+    def reply_timeout(self, phase: str) -> float:
+        """How long a phase ("query" | "train") waits for its replies: the spec's fixed timeout until a
+        reply of that phase has been timed, then max(floor, factor x the slowest reply so far)."""
+        s = self.spec
+        if phase not in self.slowest:
+            return s.query_timeout_s if phase == "query" else s.train_timeout_s
+        return max(s.timeout_floor_s, s.timeout_factor * self.slowest[phase])
+
+    def _exchange(self, messages: list[Message], phase: str, label: str,
                   done_early: Callable[[set[int], dict[int, Message]], bool] | None = None):
-        """Push, then pull replies until all are in, the timeout passes, the pending nodes left the
-        SuperLink, or `done_early` says the rest is not needed. Returns ({node: reply}, missing nodes)."""
+        """Push, then pull replies until all are in, the phase's timeout passes, the pending nodes left
+        the SuperLink, or `done_early` says the rest is not needed. Returns ({node: reply},
+        {missing node: (reason, detail)}) with reason "timeout" or "disconnected". Every reply's time
+        (push to pull) feeds `reply_timeout`."""
         dst = [m.metadata.dst_node_id for m in messages]
+        timeout = self._timeouts[phase] = self.reply_timeout(phase)
+        t_push = self.clock()
         ids = list(self.grid.push_messages(messages))
         pending = {mid: node for mid, node in zip(ids, dst) if mid}
+        missing: dict[int, tuple[str, str]] = {}
         for node in {n for mid, n in zip(ids, dst) if not mid}:
-            self.log(f"{phase}: message to node {node} could not be pushed")
+            self.log(f"{label}: message to node {node} could not be pushed")
+            missing[node] = ("disconnected", "the SuperLink did not take the message")
         replies: dict[int, Message] = {}
-        deadline, next_check = self.clock() + timeout, self.clock() + 2.0
+        deadline, next_check = t_push + timeout, t_push + 2.0
         while pending:
             for r in self.grid.pull_messages(list(pending)):
                 node = pending.pop(r.metadata.reply_to_message_id, None)
                 if node is not None:
                     replies[node] = r
+                    if not r.has_error():
+                        self.slowest[phase] = max(self.slowest.get(phase, 0.0), self.clock() - t_push)
             if not pending or (done_early and done_early(set(pending.values()), replies)):
                 break
             now = self.clock()
@@ -195,11 +234,24 @@ class FlowerServer:
             if now >= next_check:
                 alive = set(self.grid.get_node_ids())
                 for mid in [m for m, n in pending.items() if n not in alive]:
-                    self.log(f"{phase}: node {pending[mid]} left the SuperLink")
-                    pending.pop(mid)
+                    self.log(f"{label}: node {pending[mid]} left the SuperLink")
+                    missing[pending.pop(mid)] = ("disconnected", f"left the SuperLink after {now - t_push:.1f}s")
                 next_check = now + 2.0
             self.sleep(self.spec.poll_s)
-        return replies, set(pending.values())
+        for node in pending.values():
+            missing[node] = ("timeout", f"no {phase} reply within {timeout:.1f}s")
+        return replies, missing
+
+    def _dropped(self, rnd: int, client: str | None, node: int, phase: str, reason: str, detail: str) -> None:
+        """One client dropped from round `rnd`: in the round's record (`dropped_clients`) and the log."""
+        self.dropped.append({"round": rnd, "client": client, "node": node, "phase": phase, "reason": reason,
+                             "detail": detail})
+        self.log(f"round {rnd}: {client or 'unknown client'} (node {node}) dropped in the {phase} phase: "
+                 f"{reason} ({detail})")
+
+    def _dropped_text(self, rnd: int) -> str:
+        return "; ".join(f"{d['client'] or 'node ' + str(d['node'])}: {d['reason']} in {d['phase']} ({d['detail']})"
+                         for d in self.dropped if d["round"] == rnd) or "none"
 
     def _wait_for_nodes(self, rnd: int, want: int) -> list[int]:
         s = self.spec
@@ -219,17 +271,14 @@ class FlowerServer:
         self.refused.append({"round": rnd, "client": who, "reason": reason})
         self.log(f"round {rnd}: REFUSED reply of {who}: {reason}")
 
-    def _drop(self, rnd: int, who: str, phase: str, reply: Message) -> None:
-        """An error reply: the node is gone (Flower's NODE_UNAVAILABLE, ...) or its ClientApp raised.
-        Counted as a dropped client in the TRAIN phase; in the QUERY phase the node was never part of
-        the round (its client may have answered from a restarted node), so it is only logged."""
+    @staticmethod
+    def _error_reason(reply: Message) -> tuple[str, str]:
+        """An error reply: the node is gone (Flower's NODE_UNAVAILABLE, ...: "disconnected") or its
+        ClientApp raised ("error")."""
         e = reply.error
-        kind = "unavailable" if e.code in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
-                                           ErrorCode.REPLY_MESSAGE_UNAVAILABLE) else "failed"
-        if phase == "training":
-            self.dropped.append({"round": rnd, "client": who, "reason": f"{kind}: {e.reason} (code {e.code})"})
-        self.log(f"round {rnd}: {who} {'dropped, ' if phase == 'training' else ''}{phase} {kind}: "
-                 f"{e.reason} (code {e.code})")
+        kind = "disconnected" if e.code in (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE,
+                                            ErrorCode.REPLY_MESSAGE_UNAVAILABLE) else "error"
+        return kind, f"{e.reason} (code {e.code})"
 
     # ---- round phases -------------------------------------------------------------------------
     def _query(self, rnd: int, nodes: list[int]):
@@ -242,24 +291,21 @@ class FlowerServer:
         down = sum(M.content_nbytes(m.content) for m in msgs)
 
         def done_early(pending_nodes, replies):  # a restarted client answered from its new node
-            answered = {str(r.content[M.INFO][M.F_CLIENT_ID]) for r in replies.values()
-                        if r.has_content() and M.INFO in r.content}
+            answered = _answered(replies)
             return all(self.client_of_node.get(n) in answered for n in pending_nodes)
 
         t0 = time.perf_counter()
-        replies, missing = self._exchange(msgs, self.spec.query_timeout_s, f"round {rnd} query", done_early)
+        replies, missing = self._exchange(msgs, "query", f"round {rnd} query", done_early)
         self.log(f"round {rnd}: query to {len(nodes)} node(s), {len(replies)} replied in "
                  f"{time.perf_counter() - t0:.1f}s")
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
-        if missing:
-            self.log(f"round {rnd}: no query reply from node(s) {sorted(missing)} "
-                     f"(last seen as {[self.client_of_node.get(n, '?') for n in sorted(missing)]})")
+        failed = dict(missing)  # node -> (reason, detail): dropped unless its client answered from another node
         uploads, node_of, n_of, sigs = {}, {}, {}, {}
         for node in sorted(replies):
             r = replies[node]
             who = f"node {node}" + (f" ({self.client_of_node[node]})" if node in self.client_of_node else "")
             if r.has_error():
-                self._drop(rnd, who, "query", r)
+                failed[node] = self._error_reason(r)
                 continue
             try:
                 info = r.content[M.INFO]
@@ -283,6 +329,13 @@ class FlowerServer:
                 self._refuse(rnd, cid, f"upload {sigs[cid]} does not match the other clients' {consensus}")
                 for d in (uploads, node_of, n_of):
                     d.pop(cid)
+        answered = _answered(replies)  # refused clients answered: refused, not dropped
+        for node in sorted(failed):
+            cid = self.client_of_node.get(node)
+            if cid is not None and cid in answered:  # a restarted client answered from its new node
+                self.log(f"round {rnd}: stale node {node} of {cid} did not answer ({failed[node][0]})")
+                continue
+            self._dropped(rnd, cid, node, "query", *failed[node])
         return {cid: uploads[cid] for cid in sorted(uploads)}, node_of, n_of, up, down
 
     def _train(self, rnd: int, global_w: dict, sampled: list[str], payloads: dict, node_of: dict):
@@ -296,20 +349,19 @@ class FlowerServer:
             msgs.append(Message(content, dst_node_id=node_of[cid], message_type=M.TRAIN, group_id=str(rnd)))
         down = sum(M.content_nbytes(m.content) for m in msgs)
         t0 = time.perf_counter()
-        replies, missing = self._exchange(msgs, self.spec.train_timeout_s, f"round {rnd} train")
+        replies, missing = self._exchange(msgs, "train", f"round {rnd} train")
         self.log(f"round {rnd}: train to {len(msgs)} client(s), {len(replies)} replied in "
                  f"{time.perf_counter() - t0:.1f}s")
         cid_of = {node_of[c]: c for c in sampled}
         for node in sorted(missing):
-            self.dropped.append({"round": rnd, "client": cid_of[node], "reason": "no train reply"})
-            self.log(f"round {rnd}: client {cid_of[node]} (node {node}) sent no train reply; dropped from this round")
+            self._dropped(rnd, cid_of[node], node, "train", *missing[node])
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
         reference = {k: v.detach().cpu() for k, v in global_w.items()}
         valid = []
         for node, r in replies.items():
             cid = cid_of[node]
             if r.has_error():
-                self._drop(rnd, cid, "training", r)
+                self._dropped(rnd, cid, node, "train", *self._error_reason(r))
                 continue
             try:
                 info = r.content[M.INFO]
@@ -370,7 +422,7 @@ class FlowerServer:
         if len(uploads) < s.min_clients:
             raise RoundFailure(f"round {rnd}: only {len(uploads)} client(s) answered "
                                f"({', '.join(uploads) or 'none'}), fewer than train.flower.min_clients = "
-                               f"{s.min_clients}")
+                               f"{s.min_clients}; dropped: {self._dropped_text(rnd)}")
         self._uploads = uploads
         return uploads
 
@@ -385,7 +437,7 @@ class FlowerServer:
             got = {r.client_id for r in replies}
             raise RoundFailure(f"round {rnd}: {len(replies)} valid update(s) ({', '.join(sorted(got)) or 'none'}), "
                                f"fewer than train.flower.min_clients = {self.spec.min_clients}; no reply or refused: "
-                               f"{', '.join(c for c in sampled if c not in got)}")
+                               f"{', '.join(c for c in sampled if c not in got)}; dropped: {self._dropped_text(rnd)}")
         for r in replies:  # client-id order
             fold(r)
         self._payloads = payloads
@@ -395,7 +447,12 @@ class FlowerServer:
     def round_record(self, rnd: int) -> dict:
         rec = {"wire_bytes_up": self._q_up + self._t_up, "wire_bytes_down": self._q_down + self._t_down,
                "clients": len(self._replies), "refused": sum(1 for x in self.refused if x["round"] == rnd),
-               "dropped": sum(1 for x in self.dropped if x["round"] == rnd)}
+               "dropped": sum(1 for x in self.dropped if x["round"] == rnd),
+               "dropped_clients": [{k: v for k, v in x.items() if k != "round"} for x in self.dropped
+                                   if x["round"] == rnd],
+               "refused_clients": [{k: v for k, v in x.items() if k != "round"} for x in self.refused
+                                   if x["round"] == rnd],
+               "query_timeout_s": self._timeouts.get("query"), "train_timeout_s": self._timeouts.get("train")}
         for cid in self._uploads:
             rec[f"upload_bytes/{cid}"] = nbytes(self._uploads[cid])
             rec[f"payload_bytes/{cid}"] = nbytes(self._payloads.get(cid))

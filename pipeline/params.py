@@ -336,6 +336,11 @@ def check_train(params: dict, manifest: dict, algorithm: str, held_out: list) ->
     key = f"train.{algorithm}.batch_size" if alg.hp.get("batch_size") is not None else "train.batch_size"
     for target in targets:
         check_batches(manifest, target, alg.local.batch_size, key)
+        if params["train"].get("engine") == "flower":
+            from fedccrl_core.data.shards import client_ids
+
+            FlowerSettings.from_mapping(params["train"].get("flower")).require_clients(
+                len(client_ids(manifest, target)), target)
     return targets
 
 

@@ -6,12 +6,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import time
 import subprocess
 import sys
 from pathlib import Path
 
 
+OWNER_TAG = "fedccrl.owner"  # <host>:<pid>:<since> of the process that has the run open
 SECONDS = 0.0  # wall seconds spent in MLflow calls (imports included) by this process; `fedccrl bench-repro`
 _depth = 0
 
@@ -92,31 +94,34 @@ def mlflow_module():
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
         mlflow.set_tracking_uri(f"sqlite:///{project_root() / 'mlflow.db'}")
-    _create_store_once(mlflow)
+    _create_sqlite_store_whole(mlflow.get_tracking_uri())
     return mlflow
 
 
-_store_ready: set[str] = set()
-
-
-def _create_store_once(mlflow) -> None:
-    """Create (or migrate) a SQLite store under an exclusive file lock: the experiments of `dvc queue start -j 2`
-    start side by side, and two processes creating the tables of a new mlflow.db at once fail ("table ...
-    already exists")."""
-    uri = mlflow.get_tracking_uri()
-    if uri in _store_ready or not uri.startswith("sqlite:///"):
+def _create_sqlite_store_whole(uri: str) -> None:
+    """A new SQLite store comes into being whole or not at all. MLflow creates its tables in many migration
+    steps, and a process killed among them (kill -9 of `train` while its MLflow starts up) leaves a store that
+    every later run fails on with a traceback ("table _alembic_tmp_experiments already exists"). So a missing
+    store is built in an fsio scratch folder beside it and hard-linked into place (a store another process
+    created meanwhile wins); a scratch folder left by a killed process is removed by the next run."""
+    if not uri.startswith("sqlite:///"):
         return
-    import fcntl
+    path = Path(uri[len("sqlite:///"):])
+    if path.exists() or not path.parent.is_dir():
+        return
+    try:
+        from mlflow.tracking._tracking_service.utils import _get_sqlalchemy_store
+    except ImportError:  # another MLflow: it creates the store itself
+        return
+    from fedccrl_core.fsio import scratch_dir
 
-    db = Path(uri.removeprefix("sqlite:///"))
-    db.parent.mkdir(parents=True, exist_ok=True)
-    with open(db.with_name(db.name + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with scratch_dir(path) as tmp:
+        store = _get_sqlalchemy_store(f"sqlite:///{tmp / path.name}", None)  # MLflow's own creation and migrations
+        store.engine.dispose()
         try:
-            mlflow.MlflowClient(uri).search_experiments(max_results=1)  # creates the tables when missing
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-    _store_ready.add(uri)
+            os.link(tmp / path.name, path)
+        except FileExistsError:
+            pass
 
 
 @timed
@@ -186,6 +191,16 @@ def log_dataset(client, run_id: str, name: str, path: Path, context: str = "trai
     client.log_inputs(run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])])
 
 
+@timed
+def run_status(run_id: str) -> str | None:
+    """The run's status (RUNNING, FINISHED, KILLED, FAILED), None when the store has no such run."""
+    mlflow = mlflow_module()
+    try:
+        return mlflow.MlflowClient().get_run(run_id).info.status
+    except Exception:  # MlflowException RESOURCE_DOES_NOT_EXIST (or an unreadable store)
+        return None
+
+
 def _run_exists(mlflow, run_id: str) -> bool:
     try:
         mlflow.MlflowClient().get_run(run_id)
@@ -208,17 +223,21 @@ class ChildRun:
         self.mlflow = mlflow_module()
         exp = set_experiment(experiment)
         self.client = self.mlflow.MlflowClient()
+        self.logged_rounds: set[int] = set()
         if resume_run_id and not _run_exists(self.mlflow, resume_run_id):
             # the store was deleted or replaced (e.g. mlflow.db removed): heal instead of a traceback
             print(f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
                   f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)
             resume_run_id = None
+        self.resumed = bool(resume_run_id)
+        owner = f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"  # who, since when (owner_alive)
         if resume_run_id:
             self.client.update_run(resume_run_id, status="RUNNING")
+            self.client.set_tag(resume_run_id, OWNER_TAG, owner)
             self.run_id = resume_run_id
         else:
             run = self.client.create_run(exp.experiment_id, run_name=name,
-                                         tags={**tags, "mlflow.parentRunId": parent_id})
+                                         tags={**tags, "mlflow.parentRunId": parent_id, OWNER_TAG: owner})
             self.run_id = run.info.run_id
             from mlflow.entities import Param
 
@@ -227,6 +246,7 @@ class ChildRun:
                 self.client.log_batch(self.run_id, params=items[i:i + 100])
             if dataset:
                 log_dataset(self.client, self.run_id, **dataset)
+        self._close_orphans(exp.experiment_id, tags)
         self.experiment_id = exp.experiment_id
         self.monitor = None
         if system_metrics_s:
@@ -237,6 +257,29 @@ class ChildRun:
                                                 tracking_uri=self.mlflow.get_tracking_uri())
             self.monitor.start()
 
+    def _close_orphans(self, experiment_id: str, tags: dict) -> None:
+        """Runs of this same training (held-out domain, algorithm, seed) left RUNNING by a process of this host
+        that no longer runs (kill -9, then a rerun that could not continue them, e.g. after a code change) are
+        marked KILLED, with a notice: a RUNNING run always has a live process."""
+        from fedccrl_core.fsio import owner_alive
+
+        same = " and ".join(f"tags.`{k}` = '{tags[k]}'" for k in ("held_out", "algorithm", "seed") if k in tags)
+        if not same:
+            return
+        host = socket.gethostname()
+        for run in self.client.search_runs([experiment_id], filter_string=f"{same} and attributes.status = 'RUNNING'"):
+            who = run.data.tags.get(OWNER_TAG, "")
+            if run.info.run_id == self.run_id or not who.startswith(f"{host}:"):
+                continue  # this run, or one whose process lives on another machine (or is older than the tag)
+            try:
+                pid, since = (int(x) for x in who.split(":")[1:3])
+            except ValueError:
+                continue
+            if not owner_alive(pid, since):
+                self.client.set_terminated(run.info.run_id, status="KILLED")
+                print(f"notice: MLflow run {run.info.run_id} was left RUNNING by process {pid}, which is no longer "
+                      f"running; marked KILLED", file=sys.stderr, flush=True)
+
     @timed
     def log_metrics(self, metrics: dict, step: int = 0) -> None:
         from mlflow.entities import Metric
@@ -244,15 +287,35 @@ class ChildRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
+    def backfill(self, history: list[dict]) -> list[int]:
+        """Log every round of the finished training's history that this run lacks, and return their numbers.
+        A resumed run can lack rounds: its process was killed after a round's checkpoint but before the round
+        reached MLflow (a worker checkpoints while the parent logs), or its store was deleted (a fresh run, see above)."""
+        have = set(self.logged_rounds)
+        if self.resumed:
+            have |= {int(m.step) for m in self.client.get_metric_history(self.run_id, "target_acc")}
+        missing = [rec for rec in history if int(rec["round"]) not in have]
+        for rec in missing:
+            self.log_round(rec)
+        return [int(rec["round"]) for rec in missing]
+
     @timed
     def log_round(self, rec: dict) -> None:
         from fedccrl_core import contract
 
         rnd = int(rec[contract.ROUND])
+        self.logged_rounds.add(rnd)
         self.log_metrics({k: v for k, v in rec.items()
                           if k != contract.ROUND and isinstance(v, (int, float)) and v is not None}, step=rnd)
         if rec.get(contract.VAL_PRED_CLASSES) == 1:  # federation/loop.py warned: the model predicts one class
             self.client.set_tag(self.run_id, "fedccrl.collapsed", f"round {rnd}")
+        for kind in ("dropped", "refused"):  # the Flower engine's round record: who and why (server_app.py)
+            who = rec.get(f"{kind}_clients") or []
+            for d in who:
+                if d.get("client"):
+                    self.log_metrics({f"{kind}/{d['client']}": 1}, step=rnd)
+            if who:
+                self.client.set_tag(self.run_id, f"fedccrl.{kind}.round_{rnd}", json.dumps(who, sort_keys=True)[:5000])
 
     @timed
     def finish(self, status: str = "FINISHED") -> None:

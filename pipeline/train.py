@@ -319,13 +319,18 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.fsio import write_text
-    from pipeline.tracking import ChildRun, dvc_experiment_name, git_commit, params_hash, parent_run_id
+    from pipeline.tracking import (ChildRun, dvc_experiment_name, git_commit, params_hash, parent_run_id,
+                                   run_status)
 
     params = load_params(params_path)  # the whole file, before any data is read and before MLflow
     cfg = train_config(params, algorithm)
     held_out = [held_out_entry(h) for h in held_out] if held_out else list(params["train"]["held_out"])
     manifest = load_manifest(shards)  # metadata only: the held-out domains and the clients' sizes
     targets = check_train(params, manifest, algorithm, held_out)  # before any shard is read, before MLflow
+    from fedccrl_core.data.pools import check_pools
+    from fedccrl_core.data.shards import client_ids
+
+    check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
     alg_hp = build_algorithm(algorithm, local_config(cfg), cfg["hparams"]).hp
     jobs = plan_runs(params, cfg, manifest, algorithm, seed, held_out, targets, out, checkpoints, alg_hp)
     n_workers = worker_count(workers, cfg, len(jobs))
@@ -352,7 +357,10 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
         ckpt = job["ckpt"]
         side = ckpt.with_suffix(".mlflow.json")
         resumable = ckpt.is_file() or ckpt.with_name(ckpt.name + ".prev").is_file()  # federation/checkpoints.py
-        resume_id = json.loads(side.read_text())["run_id"] if (resumable and side.is_file()) else None
+        recorded = json.loads(side.read_text())["run_id"] if side.is_file() else None
+        # continue the recorded run when its checkpoint is there, and also when its process was killed before the
+        # first checkpoint (the run is still RUNNING): one run per training, never a RUNNING one left behind
+        resume_id = recorded if recorded and (resumable or run_status(recorded) == "RUNNING") else None
         if not parent:
             parent.append(parent_run_id(experiment, params_hash(sweep_params), sweep_params))
         run = ChildRun(experiment, parent[0], f"{algorithm}-{cfg['dataset']}-s{seed}-{job['target']}",
@@ -374,6 +382,11 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
         if kind == "round":
             runs[index].log_round(payload)
         elif kind == "done":
+            job = next(j for j in jobs if j["index"] == index)  # every round in MLflow, also after a kill or a lost store
+            late = runs[index].backfill(json.loads((Path(job["out"]) / "history.json").read_text())["rounds"])
+            if late:
+                LOG(f"[{algorithm} {job['target']}] MLflow: round(s) {late} logged now (the run that trained them "
+                    f"was interrupted before they reached MLflow)")
             runs[index].log_metrics(payload)
             runs[index].finish()
 

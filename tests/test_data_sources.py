@@ -241,7 +241,8 @@ def test_layout_and_count_errors_name_the_culprit(tmp_path, damage, message):
     with pytest.raises(DataError, match=message):
         run(tmp_path, archive)
     assert not (tmp_path / "work" / "raw").exists()
-    assert not [p for p in os.listdir(tmp_path / "work") if p.startswith(".")]
+    work = tmp_path / "work"  # fsio removes the folders a failed write created: work/ may be gone too
+    assert not [p for p in (os.listdir(work) if work.exists() else []) if p.startswith(".")]
 
 
 def test_registry_domain_aliases_and_order(tmp_path):

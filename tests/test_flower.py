@@ -116,7 +116,9 @@ def inprocess_fedccrl(data):
 class LoopbackGrid:
     """Flower's Grid contract in one process: each message and reply is deflated to Flower's wire
     objects and inflated back; every node has its own Context (node config, persistent state).
-    `dead` nodes never answer; `tamper(node, reply)` may rewrite a reply (a malicious client)."""
+    `dead` nodes never answer; `tamper(node, reply)` may rewrite a reply (a malicious client);
+    `delay(node, msg)` -> seconds a reply takes on the simulated clock `now` (a slow client);
+    `leave` nodes leave the SuperLink once a message was sent to them."""
 
     def __init__(self, node_configs: dict[int, dict], run_config: dict | None = None):
         from flwr.app import Context, RecordDict
@@ -128,6 +130,10 @@ class LoopbackGrid:
         self.inbox: dict[str, object] = {}
         self.dead: set[int] = set()
         self.tamper = None
+        self.delay = None
+        self.leave: set[int] = set()
+        self.now = [0.0]  # the simulated clock serve() runs the server on
+        self.held: dict[str, tuple[float, object]] = {}  # message id -> (ready at, reply)
         self.sent: list = []
 
     @staticmethod
@@ -141,7 +147,8 @@ class LoopbackGrid:
         return out
 
     def get_node_ids(self):
-        return sorted(self.contexts)
+        gone = self.leave & {m.metadata.dst_node_id for m in self.sent}
+        return sorted(set(self.contexts) - gone)
 
     def push_messages(self, messages):
         ids = []
@@ -159,19 +166,22 @@ class LoopbackGrid:
 
         out = []
         for mid in list(message_ids):
-            msg = self.inbox.get(mid)
-            node = msg.metadata.dst_node_id
-            if node in self.dead:
-                continue
-            del self.inbox[mid]
-            handler = handle_query if msg.metadata.message_type == M.QUERY else handle_train
-            try:
-                reply = handler(msg, self.contexts[node])
-            except Exception as e:  # what Flower returns when a ClientApp raises
-                reply = Message(Error(code=2, reason=f"{e.__class__.__name__}: {e}"), reply_to=msg)
-            if self.tamper is not None:
-                reply = self.tamper(node, reply)
-            out.append(self.wire(reply))
+            if mid not in self.held:
+                msg = self.inbox.get(mid)
+                node = msg.metadata.dst_node_id
+                if node in self.dead or node in self.leave:
+                    continue
+                del self.inbox[mid]
+                handler = handle_query if msg.metadata.message_type == M.QUERY else handle_train
+                try:
+                    reply = handler(msg, self.contexts[node])
+                except Exception as e:  # what Flower returns when a ClientApp raises
+                    reply = Message(Error(code=2, reason=f"{e.__class__.__name__}: {e}"), reply_to=msg)
+                if self.tamper is not None:
+                    reply = self.tamper(node, reply)
+                self.held[mid] = (self.now[0] + (self.delay(node, msg) if self.delay else 0.0), self.wire(reply))
+            if self.held[mid][0] <= self.now[0]:
+                out.append(self.held.pop(mid)[1])
         return out
 
 
@@ -189,7 +199,7 @@ def serve(grid, spec, log=None):
     """The ServerApp's loop on a simulated clock (timeouts pass instantly), one torch thread."""
     from fedccrl_flower.server_app import FlowerServer
 
-    now = [0.0]
+    now = getattr(grid, "now", [0.0])
 
     def sleep(s):
         now[0] += s
@@ -423,13 +433,83 @@ def test_loopback_dead_client_and_min_clients(data, tmp_path):
     grid = loopback(data)
     grid.dead = {102}  # photo_c0
     res = serve(grid, make_spec(data, tmp_path / "a", "fedavg", rounds=1, min_clients=2, query_timeout_s=5))
-    assert res["history"][0]["clients"] == 2 and "train_acc/photo_c0" not in res["history"][0]
+    rec = res["history"][0]
+    assert rec["clients"] == 2 and "train_acc/photo_c0" not in rec
+    # issue 17: a query that timed out was recorded as dropped=0; now the node, phase and reason are kept
+    assert rec["dropped"] == 1 and rec["dropped_clients"] == [
+        {"client": None, "node": 102, "phase": "query", "reason": "timeout", "detail": "no query reply within 5.0s"}]
     grid = loopback(data)
     grid.dead = {102}
     with pytest.raises(RoundFailure, match="round 1: only 2 client\\(s\\) answered \\(art_c0, cartoon_c0\\), "
-                                           "fewer than train.flower.min_clients = 3"):
+                                           "fewer than train.flower.min_clients = 3; dropped: node 102: timeout"):
         serve(grid, make_spec(data, tmp_path / "b", "fedavg", rounds=1, min_clients=3, query_timeout_s=5))
     assert json.loads((tmp_path / "b" / "status.json").read_text())["status"] == "failed"
+
+
+def test_loopback_dropped_clients_say_why_and_reach_mlflow(data, tmp_path):
+    """Round 1: photo_c0's ClientApp raises in training (error), cartoon_c0's node leaves the SuperLink
+    during training (disconnected); the round aggregates art_c0 alone (min_clients=1). Every dropped
+    client is in the record with its node, phase and reason, and ChildRun.log_round puts them in MLflow."""
+    from flwr.app import Error, Message
+
+    from pipeline.tracking import ChildRun, parent_run_id
+
+    grid = loopback(data)
+
+    def tamper(node, reply):
+        if node == 102 and reply.has_content() and M.WEIGHTS in reply.content:
+            asked = next(m for m in grid.sent if m.object_id == reply.metadata.reply_to_message_id)
+            return Message(Error(code=2, reason="RuntimeError: CUDA out of memory"), reply_to=asked)
+        return reply
+
+    grid.tamper = tamper
+    original_push = grid.push_messages
+
+    def push(messages):  # cartoon_c0 (node 101) leaves as soon as it is sent its TRAIN message
+        if messages and messages[0].metadata.message_type == M.TRAIN:
+            grid.leave = {101}
+        return original_push(messages)
+
+    grid.push_messages = push
+    res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1))
+    rec = res["history"][0]
+    why = {d["client"]: (d["node"], d["phase"], d["reason"]) for d in rec["dropped_clients"]}
+    assert why == {"photo_c0": (102, "train", "error"), "cartoon_c0": (101, "train", "disconnected")}
+    assert rec["dropped"] == 2 and rec["clients"] == 1 and "CUDA out of memory" in str(rec["dropped_clients"])
+    run = ChildRun("flower-test", parent_run_id("flower-test", "k", {}), "drops", {}, {})
+    run.log_round(rec)
+    got = run.client.get_run(run.run_id).data
+    assert got.metrics["dropped"] == 2 and got.metrics["dropped/photo_c0"] == 1 and "dropped/art_c0" not in got.metrics
+    assert json.loads(got.tags["fedccrl.dropped.round_1"]) == rec["dropped_clients"]
+
+
+def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
+    """The wait is the spec's fixed timeout until a phase's reply time is measured, then
+    max(timeout_floor_s, timeout_factor x the slowest reply so far): round 1's clients take 4 s to
+    train (art_c0 8 s), so round 2 waits 3 x 8 = 24 s, and photo_c0, which sleeps 30 s in round 2, is
+    dropped as a timeout; under a fixed 600 s it would have been waited for."""
+    from fedccrl_flower.server_app import FlowerServer
+
+    grid = loopback(data)
+
+    def delay(node, msg):
+        if msg.metadata.message_type != M.TRAIN:
+            return 0.5
+        rnd = int(msg.content[M.CONFIG][M.F_ROUND])
+        return {1: {100: 8.0}, 2: {102: 30.0}}.get(rnd, {}).get(node, 4.0)
+
+    grid.delay = delay
+    spec = make_spec(data, tmp_path, "fedavg", rounds=2, min_clients=2, timeout_factor=3.0, timeout_floor_s=2.0)
+    res = serve(grid, spec)
+    r1, r2 = res["history"]
+    assert (r1["train_timeout_s"], r1["query_timeout_s"]) == (spec.train_timeout_s, spec.query_timeout_s)
+    assert r1["dropped"] == 0 and r1["clients"] == 3
+    assert r2["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=spec.poll_s * 3)  # polled: within a few polls
+    assert r2["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=spec.poll_s * 3)
+    assert r2["clients"] == 2 and [(d["client"], d["reason"]) for d in r2["dropped_clients"]] == [("photo_c0", "timeout")]
+    server = FlowerServer.__new__(FlowerServer)  # the rule itself: the floor wins over a fast phase
+    server.spec, server.slowest = spec, {"query": 0.1}
+    assert server.reply_timeout("query") == 2.0 and server.reply_timeout("train") == spec.train_timeout_s
 
 
 def test_loopback_resume_after_serverapp_crash(data, tmp_path):

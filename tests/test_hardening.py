@@ -286,7 +286,7 @@ def test_b_full_disk_is_one_line_and_no_half_written_output(tmp_path, images, co
     """, tmp_path)
     assert r.returncode == 2, r.stderr
     assert f"fedccrl-serve: error: {out}: cannot write (File too large)" in r.stderr and "Traceback" not in r.stderr
-    assert os.listdir(out.parent) == []  # no half-written o.json, no temporary file
+    assert not out.parent.exists()  # no half-written o.json, no temporary file, not even the folder it made
 
 
 def test_b_output_is_atomic_an_interrupted_run_keeps_the_old_one(tmp_path, images, monkeypatch):
@@ -593,3 +593,74 @@ def test_e_a_dataset_wrapped_in_two_folders_is_found_and_a_wrong_layout_says_why
     with pytest.raises(DataError, match=r"cats/1.png, is 1 folder level\(s\) below the source; add the missing"):
         prepare_raw(spec, str(tmp_path / "flat"), tmp_path / "raw", None, progress=False)
     assert sorted(os.listdir(tmp_path / "raw")) == ["art", "photo"] and temps(tmp_path) == []  # the good run's
+
+
+# ------------------------------------------------------------------ F. found by `make chaos` (scripts/chaos.py)
+
+def test_f_a_failed_write_leaves_no_folder_it_created(tmp_path):
+    (tmp_path / "kept").mkdir()
+    with pytest.raises(RuntimeError):
+        with fsio.atomic_file(tmp_path / "a" / "b" / "f.json", "w") as f:
+            f.write("{")
+            raise RuntimeError("the body failed")
+    assert not (tmp_path / "a").exists()
+    with pytest.raises(RuntimeError):
+        with fsio.atomic_dir(tmp_path / "kept" / "c" / "plots"):
+            raise RuntimeError("the body failed")
+    assert sorted(os.listdir(tmp_path)) == ["kept"] and os.listdir(tmp_path / "kept") == []  # its own only
+
+
+def test_f_a_new_mlflow_store_is_created_whole(tmp_path, monkeypatch):
+    """MLflow migrates a new SQLite store in many steps; kill -9 among them left a store that failed every
+    rerun. The store is now built in a scratch folder and linked into place; a dead process's scratch folder
+    is removed by the next run."""
+    import sqlite3
+
+    from pipeline.tracking import mlflow_module
+
+    stale = tmp_path / ".new.db.tmp-999999999-0123abcd"  # a creation killed midway (no such pid)
+    stale.mkdir()
+    (stale / "new.db").write_bytes(b"half a migration")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'new.db'}")
+    mlflow_module()
+    assert not stale.exists() and sorted(os.listdir(tmp_path)) == ["new.db"]
+    with sqlite3.connect(tmp_path / "new.db") as con:
+        tables = {t for (t,) in con.execute("select name from sqlite_master where type = 'table'")}
+    assert {"experiments", "runs", "metrics", "alembic_version"} <= tables
+    assert not [t for t in tables if t.startswith("_alembic_tmp")]
+
+
+def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
+    """A worker checkpoints a round before the parent has logged it: kill -9 between the two, and the
+    resumed run lacked that round in MLflow. At completion it logs what it lacks, and only that."""
+    from pipeline.tracking import ChildRun, parent_run_id
+
+    parent = parent_run_id("bf", "k", {})
+    first = ChildRun("bf", parent, "r", {}, {})
+    first.log_round({"round": 2, "target_acc": 0.5})  # round 1 never reached MLflow
+    resumed = ChildRun("bf", parent, "r", {}, {}, resume_run_id=first.run_id)
+    history = [{"round": 1, "target_acc": 0.25}, {"round": 2, "target_acc": 0.5}, {"round": 3, "target_acc": 0.75}]
+    resumed.log_round(history[2])
+    assert resumed.backfill(history) == [1]
+    steps = sorted((m.step, m.value) for m in resumed.client.get_metric_history(first.run_id, "target_acc"))
+    assert steps == [(1, 0.25), (2, 0.5), (3, 0.75)]
+    fresh = ChildRun("bf", parent, "f", {}, {})
+    for rec in history:
+        fresh.log_round(rec)
+    assert fresh.backfill(history) == []
+
+
+def test_f_a_run_left_running_by_a_dead_process_is_marked_killed(tmp_path, capsys):
+    """kill -9 leaves the run RUNNING; a rerun that cannot continue it (a new configuration) closes it."""
+    from pipeline.tracking import OWNER_TAG, ChildRun, parent_run_id
+
+    tags = {"held_out": "photo", "algorithm": "fedavg", "seed": "0"}
+    parent = parent_run_id("orph", "k", {})
+    dead = ChildRun("orph", parent, "r", {}, tags)
+    dead.client.set_tag(dead.run_id, OWNER_TAG, f"{__import__('socket').gethostname()}:999999999:{int(time.time())}")
+    other = ChildRun("orph", parent, "o", {}, {**tags, "held_out": "sketch"})  # another training: untouched
+    alive = ChildRun("orph", parent, "a", {}, tags)  # this process: alive, untouched by the next one
+    rerun = ChildRun("orph", parent, "r2", {}, tags)
+    status = {r: rerun.client.get_run(r.run_id).info.status for r in (dead, other, alive, rerun)}
+    assert status == {dead: "KILLED", other: "RUNNING", alive: "RUNNING", rerun: "RUNNING"}
+    assert f"MLflow run {dead.run_id} was left RUNNING by process 999999999" in capsys.readouterr().err

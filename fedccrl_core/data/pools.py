@@ -115,6 +115,19 @@ def load_pool_manifest(pools_dir: str | os.PathLike) -> dict:
     return m
 
 
+def check_pools(pools_dir: str | os.PathLike, client_ids: list[str]) -> None:
+    """Every client's pool file is listed and present (metadata only: what `train` checks before any work)."""
+    pools_dir = Path(pools_dir)
+    listed = {c["id"]: c["file"] for c in load_pool_manifest(pools_dir)["clients"]}
+    unlisted = [c for c in client_ids if c not in listed]
+    if unlisted:
+        raise DataError(f"{pools_dir / MANIFEST}: no client(s) {unlisted} (the pools are stale: rerun the pools stage)")
+    missing = [str(pools_dir / listed[c]) for c in client_ids if not (pools_dir / listed[c]).is_file()]
+    if missing:
+        raise DataError(f"{missing[0]}: pool file missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1
+                                                              else ""))
+
+
 def load_pool(pools_dir: str | os.PathLike, client_id: str) -> tuple[np.ndarray, np.ndarray]:
     """(mu, sigma) float32 [n_train, 3] of a client (errors name the pool file)."""
     pools_dir = Path(pools_dir)

@@ -1,0 +1,393 @@
+"""`make chaos`: the fault suite of issue 17, one row per fault.
+
+A tiny experiment (the embedded synthetic data, K=1 client per domain, fedavg, 2 rounds of 1 local epoch,
+held-out domains 0 and 3, so `fedccrl train` runs two spawned workers) is set up in a temporary DVC
+workspace and run once uninterrupted: that run is the reference. Then each fault is injected into a fresh
+run and the run is repeated the way a user would (the same command again), and the row reports:
+
+  outcome            the recovery command's exit code and the notice it gave (resumed, fell back, healed, ...)
+  orphans            processes of the faulted run still alive after the kill: the PID tree taken (psutil)
+                     just before the kill, plus every process carrying the fault's CHAOS_TOKEN environment
+  temps left         fsio temporary paths (.<name>.tmp-<pid>-<token>) anywhere in the workspace after recovery
+  data lost          rounds missing from the recovered history or from the MLflow metric history
+  metrics identical  the recovered run's per-round metrics against the reference run's (figures: the PNGs)
+  mlflow             the fault's MLflow run statuses after the kill -> after recovery (FINISHED expected)
+
+Faults are injected at exact points by scripts/chaos_hooks/sitecustomize.py (the process reaching the
+point holds still; this script then kills its target). Usage:
+
+  python scripts/chaos.py [--only NAME,...] [--keep] [--workspace DIR]
+
+(--workspace with a kept workspace reuses its reference run, after a `dvc repro` that restores it.)
+
+Exit code 0 when every row reads clean, 1 otherwise.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from fedccrl_core.fsio import TEMP_RE  # noqa: E402  the one naming of temporary paths
+
+BIN = Path(sys.executable).parent
+HOOKS = Path(__file__).resolve().parent / "chaos_hooks"
+ALGORITHM, SEED = "fedavg", 0
+TINY = {"partition.clients_per_domain": 1, "train.rounds": 2, "train.local_epochs": 1, "train.held_out": [0, 3],
+        "train.algorithms": [ALGORITHM], "train.seeds": [SEED], "train.flower.client_threads": 1,
+        "figures.tsne_points": 60, "figures.preview_images": 2, "figures.gradcam_images": 2}
+STABLE = ("round", "val_acc", "target_acc", "loss", "train_acc", "lr", "bytes_up", "bytes_down")  # not seconds
+TRAIN_ARGS = ["train", "--shards", "data/shards", "--pools", "data/pools", "--algorithm", ALGORITHM,
+              "--seed", str(SEED)]
+
+
+def say(msg: str) -> None:
+    print(f"[chaos] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- the workspace and the reference run
+def write_params(path: Path, **overrides) -> Path:
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for dotted, value in {**TINY, **overrides}.items():
+        node = params
+        *head, last = dotted.split(".")
+        for h in head:
+            node = node.setdefault(h, {})
+        node[last] = value
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return path
+
+
+def env_for(ws: Path, db: Path, hook: str = "", fault_dir: Path | None = None, token: str = "") -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONPATH"] = os.pathsep.join(([str(HOOKS)] if hook else []) + [str(REPO)])
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
+    env["DVC_NO_ANALYTICS"] = "1"
+    env["OMP_NUM_THREADS"] = "1"
+    env.pop("CHAOS_HOOK", None)
+    if hook:
+        env.update(CHAOS_HOOK=hook, CHAOS_DIR=str(fault_dir))
+    if token:
+        env["CHAOS_TOKEN"] = token
+    return env
+
+
+def run(args: list[str], ws: Path, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run(args, cwd=ws, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def setup(ws: Path) -> None:
+    ws.mkdir(parents=True, exist_ok=True)
+    shutil.copy(REPO / "dvc.yaml", ws / "dvc.yaml")
+    for code in ("fedccrl_core", "fedccrl_flower", "flower_app", "serving", "pipeline"):
+        (ws / code).symlink_to(REPO / code)
+    write_params(ws / "params.yaml")
+    env = env_for(ws, ws / "mlflow.db")
+    for args in (["dvc", "init", "--no-scm", "-q"], ["dvc", "repro"]):
+        t0 = time.perf_counter()
+        p = run(args, ws, env)
+        if p.returncode != 0:
+            raise SystemExit(f"chaos: reference `{' '.join(args)}` failed:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        say(f"reference `{' '.join(args)}`: {time.perf_counter() - t0:.0f}s")
+
+
+def rounds(run_dir: Path) -> list[dict]:
+    doc = json.loads((run_dir / "history.json").read_text())
+    return [{k: v for k, v in r.items() if k in STABLE or k.startswith(("l_", "train_acc/"))} for r in doc["rounds"]]
+
+
+# ---------------------------------------------------------------- observing a fault
+def tree(pid: int) -> list[psutil.Process]:
+    try:
+        p = psutil.Process(pid)
+        return [p] + p.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+
+
+def alive(p: psutil.Process) -> bool:
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def tokened(token: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get("CHAOS_TOKEN") == token and alive(p):
+                out.append(p)
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return out
+
+
+def orphans_after(snapshot: list[psutil.Process], token: str, wait_s: float = 20.0) -> list[str]:
+    """What is still running of the faulted run `wait_s` after its kill (PDEATHSIG needs a moment)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = {p.pid: p for p in snapshot if alive(p)}
+        left.update({p.pid: p for p in tokened(token)})
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    names = []
+    for p in left.values():
+        try:
+            names.append(f"{p.pid}:{p.name()}")
+        except psutil.NoSuchProcess:
+            continue
+        try:
+            p.kill()  # our own leftovers: this run's processes, by pid
+        except psutil.NoSuchProcess:
+            pass
+    return names
+
+
+def temps(root: Path, own: Path) -> list[str]:
+    """fsio temporary paths in the workspace (of the other faults' folders, none: they are not this fault's)."""
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = [d for d in dirnames if d not in (".dvc", "fedccrl_core", "fedccrl_flower", "flower_app",
+                                                        "serving", "pipeline")
+                       and (Path(dirpath) != root / "faults" or d == own.name)]
+        found += [os.path.join(dirpath, n) for n in dirnames + filenames if TEMP_RE.match(n)]
+    return sorted(os.path.relpath(f, root) for f in found)
+
+
+def statuses(db: Path) -> list[str]:
+    """The child runs' statuses (a fresh sqlite connection: no MLflow client caches)."""
+    if not db.is_file():
+        return []
+    with sqlite3.connect(db) as con:
+        return sorted(s for (s,) in con.execute(
+            "select r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+            "where t.key = 'fedccrl.role' and t.value = 'child'"))
+
+
+def mlflow_steps(db: Path) -> dict[str, dict[int, float]]:
+    """Per child run (by held-out tag): target_acc per step, the last value logged for each step."""
+    if not db.is_file():
+        return {}
+    with sqlite3.connect(db) as con:
+        rows = con.execute(
+            "select t.value, m.step, m.value from metrics m join tags t on t.run_uuid = m.run_uuid "
+            "where m.key = 'target_acc' and t.key = 'held_out' order by m.timestamp").fetchall()
+    out: dict[str, dict[int, float]] = {}
+    for held_out, step, value in rows:
+        out.setdefault(held_out, {})[int(step)] = value
+    return out
+
+
+def start_and_kill(args: list[str], ws: Path, env: dict, fault_dir: Path, sig: int = signal.SIGKILL,
+                   timeout: float = 600):
+    """Start the faulted command; when a process reaches the fault point, snapshot the command's PID tree and
+    send `sig` to the command's own process (`fedccrl train`, `dvc repro`, `fedccrl figures`)."""
+    trigger = fault_dir / "trigger"
+    proc = subprocess.Popen(args, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + timeout
+    while not trigger.is_file():
+        if (fault_dir / "hook-error").is_file():
+            proc.kill()
+            proc.communicate()
+            return None, [], f"fault hook failed: {(fault_dir / 'hook-error').read_text().strip()}"
+        if proc.poll() is not None:
+            out = proc.stdout.read()
+            return None, [], f"fault not injected: the command ended ({proc.returncode}) first:\n{out[-2000:]}"
+        if time.monotonic() > deadline:
+            proc.kill()
+            return None, [], "fault not injected: timeout"
+        time.sleep(0.05)
+    time.sleep(0.2)  # the holder has written its pid; let it settle at the point
+    snapshot = tree(proc.pid)
+    victim = proc.pid
+    os.kill(victim, sig)
+    try:
+        out, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return proc.returncode, snapshot, out
+
+
+# ---------------------------------------------------------------- the faults
+class Fault:
+    def __init__(self, name: str, hook: str, kill: str, what: str):
+        self.name, self.hook, self.kill, self.what = name, hook, kill, what
+
+
+FAULTS = [
+    Fault("train kill -9 mid-step", "mid-step", "train", "kill -9 of `fedccrl train` during a round-2 optimizer step"),
+    Fault("train kill -9 mid-checkpoint", "mid-checkpoint", "train",
+          "kill -9 with round 2's checkpoint in its temporary file"),
+    Fault("train kill -9 mid-MLflow-write", "mid-mlflow", "train", "kill -9 with half of round 2's metrics logged"),
+    Fault("SIGTERM to dvc repro", "mid-step", "dvc", "SIGTERM to the `dvc repro` parent while train runs"),
+    Fault("kill -9 Flower launcher", "round-1-logged", "flower",
+          "kill -9 of `fedccrl train` (train.engine: flower) after round 1"),
+    Fault("corrupt latest checkpoint", "after-round-2", "corrupt",
+          "kill -9 after round 2's checkpoint, which is then truncated"),
+    Fault("deleted mlflow.db", "mid-mlflow", "deldb", "kill -9 mid-MLflow-write, then mlflow.db deleted"),
+    Fault("kill -9 fedccrl figures", "mid-figure", "figures", "kill -9 of `fedccrl figures` after its first PNG"),
+]
+
+
+def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: dict[str, str]) -> dict:
+    slug = f.name.replace(" ", "_").replace("-", "").replace("`", "")
+    fd = ws / "faults" / slug
+    fd.mkdir(parents=True)
+    token = uuid.uuid4().hex
+    db = fd / "mlflow.db"
+    out, ck = fd / "out", fd / "ck"
+    row = {"fault": f.name, "orphans": [], "temps": [], "lost": [], "identical": None, "mlflow": ""}
+    train = ["fedccrl", *TRAIN_ARGS, "--out", str(out), "--checkpoints", str(ck)]
+
+    if f.kill == "figures":
+        db = ws / "mlflow.db"  # figures log to the reference sweep's runs
+        cmd = ["fedccrl", "figures", "--shards", "data/shards", "--pools", "data/pools", "--models", "models",
+               "--runs", "results/runs", "--out", "plots"]
+        shutil.rmtree(ws / "plots", ignore_errors=True)
+        rc, snap, log = start_and_kill(cmd, ws, env_for(ws, db, f.hook, fd, token), fd)
+        before = statuses(db)
+        row["orphans"] = orphans_after(snap, token)
+        left = temps(ws, fd)
+        p = run(cmd, ws, env_for(ws, db))
+        got = {q.name: hashlib.sha256(q.read_bytes()).hexdigest() for q in sorted((ws / "plots").glob("*.png"))}
+        row["temps"] = temps(ws, fd)
+        row["lost"] = sorted(set(ref_plots) - set(got))
+        row["identical"] = got == ref_plots
+        notice = "removed stale temp" if any("notice: removed" in ln for ln in p.stderr.splitlines()) else ""
+        row["outcome"] = f"rerun rc {p.returncode}" + (f", {notice}" if notice else "") + \
+            ("" if rc is not None else f" ({log})") + (f"; {len(left)} temp(s) after kill" if left else "")
+        row["mlflow"] = f"{'/'.join(before) or '-'} -> {'/'.join(statuses(db)) or '-'}"
+        row["ok"] = p.returncode == 0 and rc is not None
+        return row
+
+    if f.kill == "dvc":
+        shutil.rmtree(ws / ".fedccrl", ignore_errors=True)
+        shutil.rmtree(ws / "models" / ALGORITHM, ignore_errors=True)
+        repro = ["dvc", "repro", "-f", "-s", f"train@{ALGORITHM}-{SEED}"]  # -f: train, not a restore from the cache
+        rc, snap, log = start_and_kill(repro, ws, env_for(ws, db, f.hook, fd, token), fd, sig=signal.SIGTERM)
+        row["orphans"] = orphans_after(snap, token)
+        before = statuses(db)
+        p = run(repro, ws, env_for(ws, db))
+        result_dir = ws / "models" / ALGORITHM / f"s{SEED}"
+    else:
+        params_env = env_for(ws, db, f.hook, fd, token)
+        cmd = list(train)
+        if f.kill == "flower":
+            flower_params = write_params(fd / "params.yaml", **{"train.engine": "flower"})
+            cmd += ["--params", str(flower_params), "--held-out", "3"]
+        rc, snap, log = start_and_kill(cmd, ws, params_env, fd)
+        row["orphans"] = orphans_after(snap, token)
+        before = statuses(db)
+        if f.kill == "corrupt":
+            latest = [q for q in ck.rglob("*.pt") if not q.parent.name.endswith(".clients")]
+            for q in latest:
+                q.write_bytes(q.read_bytes()[: q.stat().st_size // 2])  # a torn write the OS did not finish
+        if f.kill == "deldb":
+            db.unlink()
+        p = run(cmd, ws, env_for(ws, db))
+        result_dir = out
+    row["temps"] = temps(ws, fd)
+    logs = p.stderr + "".join(q.read_text(errors="replace") for q in fd.rglob("server.log"))  # + the ServerApp's
+    notes = [n for n, key in (("resumed", "resuming from checkpoint"), ("fell back to .prev", "falling back"),
+                              ("healed deleted run", "no longer exists"), ("removed stale temp", "notice: removed"),
+                              ("closed a run left RUNNING", "was left RUNNING"))
+             if key in logs]
+    row["outcome"] = f"rerun rc {p.returncode}" + (f", {', '.join(notes)}" if notes else "") + \
+        ("" if rc is not None else f" ({log.splitlines()[0] if log else ''})")
+    if p.returncode != 0:
+        row["outcome"] += f": {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}"
+    after = statuses(db)
+    row["mlflow"] = f"{'/'.join(before) or '-'} -> {'/'.join(after) or '-'}"
+    held = ["3"] if f.kill == "flower" else sorted(reference)
+    identical, lost = True, []
+    steps = mlflow_steps(db)
+    for h in held:
+        d = result_dir / f"d{h}"
+        if not (d / "history.json").is_file():
+            lost.append(f"d{h}/history.json")
+            identical = False
+            continue
+        got, ref = rounds(d), reference[h]
+        identical &= got == ref
+        lost += [f"d{h} round {r['round']}" for r in ref if r["round"] not in {g["round"] for g in got}]
+        name = json.loads((d / "history.json").read_text())["meta"]["held_out_domain"]
+        logged = steps.get(name, {})
+        lost += [f"MLflow {name} step {r['round']}" for r in ref if r["round"] not in logged]
+        lost += [f"MLflow {name} step {s} differs" for s, v in logged.items()
+                 if any(r["round"] == s and r["target_acc"] != v for r in got)]
+    row["identical"], row["lost"] = identical, lost
+    row["ok"] = (p.returncode == 0 and rc is not None and after and all(s == "FINISHED" for s in after))
+    return row
+
+
+def clean(row: dict) -> bool:
+    return bool(row["ok"] and not row["orphans"] and not row["temps"] and not row["lost"] and row["identical"])
+
+
+def table(rows: list[dict]) -> str:
+    head = ["fault", "outcome", "orphans", "temps left", "data lost", "metrics identical", "mlflow runs", "clean"]
+    body = [[r["fault"], r["outcome"], ", ".join(r["orphans"]) or "0", ", ".join(r["temps"]) or "0",
+             ", ".join(r["lost"]) or "none", "yes" if r["identical"] else "NO", r["mlflow"],
+             "clean" if clean(r) else "NOT CLEAN"] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+    return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated substrings of fault names")
+    ap.add_argument("--keep", action="store_true", help="keep the workspace")
+    ap.add_argument("--workspace", type=Path, help="workspace folder (default: a new temporary folder)")
+    args = ap.parse_args(argv)
+    faults = [f for f in FAULTS if not args.only or any(s.strip() and s.strip() in f.name
+                                                           for s in args.only.split(","))]
+    ws = (args.workspace or Path(tempfile.mkdtemp(prefix="fedccrl-chaos-"))).resolve()
+    t0 = time.perf_counter()
+    try:
+        if args.workspace and (ws / "plots").is_dir() and (ws / "dvc.lock").is_file():
+            say(f"reusing the reference run in {ws}")  # a kept workspace (--keep): its faults are redone
+            shutil.rmtree(ws / "faults", ignore_errors=True)
+            subprocess.run(["dvc", "repro", "-q"], cwd=ws, env=env_for(ws, ws / "mlflow.db"), check=True)
+        else:
+            setup(ws)
+        models = ws / "models" / ALGORITHM / f"s{SEED}"
+        reference = {d.name[1:]: rounds(d) for d in sorted(models.glob("d*"))}
+        ref_plots = {q.name: hashlib.sha256(q.read_bytes()).hexdigest() for q in sorted((ws / "plots").glob("*.png"))}
+        rows = []
+        for f in faults:
+            t1 = time.perf_counter()
+            say(f"{f.name}: {f.what}")
+            rows.append(run_fault(f, ws, reference, ref_plots))
+            say(f"{f.name}: {'clean' if clean(rows[-1]) else 'NOT CLEAN'} ({time.perf_counter() - t1:.0f}s): "
+                f"{json.dumps(rows[-1])}")
+        print(table(rows), flush=True)
+        say(f"{len(rows)} fault(s) in {time.perf_counter() - t0:.0f}s; workspace {ws}"
+            + ("" if args.keep else " (removed)"))
+        return 0 if all(clean(r) for r in rows) else 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(ws, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
