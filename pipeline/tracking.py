@@ -291,13 +291,15 @@ class ChildRun:
         """Log every round of the finished training's history that this run lacks, and return their numbers.
         A resumed run can lack rounds: its process was killed after a round's checkpoint but before the round
         reached MLflow (a worker checkpoints while the parent logs), or its store was deleted (a fresh run, see above)."""
+        from fedccrl_core import contract
+
         have = set(self.logged_rounds)
         if self.resumed:
-            have |= {int(m.step) for m in self.client.get_metric_history(self.run_id, "target_acc")}
-        missing = [rec for rec in history if int(rec["round"]) not in have]
+            have |= {int(m.step) for m in self.client.get_metric_history(self.run_id, contract.TARGET_ACC)}
+        missing = [rec for rec in history if int(rec[contract.ROUND]) not in have]
         for rec in missing:
             self.log_round(rec)
-        return [int(rec["round"]) for rec in missing]
+        return [int(rec[contract.ROUND]) for rec in missing]
 
     @timed
     def log_round(self, rec: dict) -> None:

@@ -383,7 +383,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
             runs[index].log_round(payload)
         elif kind == "done":
             job = next(j for j in jobs if j["index"] == index)  # every round in MLflow, also after a kill or a lost store
-            late = runs[index].backfill(json.loads((Path(job["out"]) / "history.json").read_text())["rounds"])
+            late = runs[index].backfill(json.loads((Path(job["out"]) / contract.HISTORY_FILE).read_text())["rounds"])
             if late:
                 LOG(f"[{algorithm} {job['target']}] MLflow: round(s) {late} logged now (the run that trained them "
                     f"was interrupted before they reached MLflow)")
