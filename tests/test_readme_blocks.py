@@ -81,6 +81,9 @@ SUBSTITUTIONS = [
     (r"--seeds 0,1,2", "--seeds 0", "3 seeds: one runs the same commands"),
     (r"(-S '[\w.]+=)([^,'\s]+),([^,'\s]+)(,[^'\s]+)+'", r"\1\2,\3'",
      "a sweep grid: its first two values run the same sweep"),
+    (r"(-S '[\w.]+=[^,'\s\[]+,[^,'\s]+' -S '[\w.]+=[^,'\s\[]+),[^'\s]+'", r"\1'",
+     "a second swept key in the same run: its first value (2 experiments, not a 2 x 2 grid)"),
+    (r"for c in ccdt difp l_ra l_js;", "for c in ccdt l_js;", "Table 2's four switches: two run the same loop"),
     (r"^make (bench-accuracy|bench-table1)\b", r"make \1 TABLE_ALGORITHMS=fedavg,fedccrl",
      "the 12 algorithms of Table 1: two run the same recipe"),
     (r"fedccrl bench-scale\b", "fedccrl bench-scale --total 960 --rounds 1",
@@ -157,14 +160,18 @@ def test_markers_name_a_kind_and_a_reason():
 
 
 def test_every_substitution_matches_the_readme():
-    for pattern, _, reason in SUBSTITUTIONS:
-        assert any(re.search(pattern, b.code, flags=re.M) for b in BLOCKS if b.marker != "skip"), (
+    codes = [b.code for b in BLOCKS if b.marker != "skip"]
+    for pattern, repl, reason in SUBSTITUTIONS:                           # in order, as ci_code applies them
+        assert any(re.search(pattern, c, flags=re.M) for c in codes), (
             f"substitution {pattern!r} ({reason}) matches no README block: remove it or update it")
+        codes = [re.sub(pattern, repl, c, flags=re.M) for c in codes]
 
 
 def test_sweep_grid_substitution_keeps_a_sweep():
     grid = "-S 'train.fedccrl.lambda1=0,0.01,0.1,1' -S 'train.fedccrl.r=0.1'"
     assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0,0.01' -S 'train.fedccrl.r=0.1'"
+    grid = "-S 'train.fedccrl.lambda1=0,0.01,0.1,1' -S 'train.fedccrl.lambda2=0,0.01,0.1,1'"
+    assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0,0.01' -S 'train.fedccrl.lambda2=0'"
 
 
 # ------------------------------------------------------------------ the clone
@@ -251,6 +258,7 @@ def clone(tmp_path_factory, mirror):
     if mirror:
         env["FEDCCRL_DATASET_MIRROR"] = mirror
     yield dest, env
+    subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=dest, env=env, capture_output=True)  # no worker outlives it
 
 
 def _wait_for_queue(dest: Path, env: dict, deadline: float) -> str:
@@ -260,6 +268,19 @@ def _wait_for_queue(dest: Path, env: dict, deadline: float) -> str:
         if not re.search(r"\b(Queued|Running)\b", out) or time.monotonic() > deadline:
             return out
         time.sleep(5)
+
+
+def _run_block(code: str, dest: Path, env: dict) -> subprocess.CompletedProcess:
+    """bash -c PRELUDE + code in its own process group, killed whole past BLOCK_TIMEOUT_S."""
+    p = subprocess.Popen(["bash", "-c", PRELUDE + code], cwd=dest, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, err = p.communicate()
+        err += f"\n(killed after {BLOCK_TIMEOUT_S}s)"
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def _uses_pacs(code: str) -> bool:
@@ -282,8 +303,7 @@ def test_readme_block(block: Block, clone, mirror):
     _git("checkout", "--", "params.yaml", cwd=dest)
     code = ci_code(block.code)
     t0 = time.monotonic()
-    proc = subprocess.run(["bash", "-c", PRELUDE + code], cwd=dest, env={**env, "CI_PORT": str(_free_port())},
-                          capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    proc = _run_block(code, dest, {**env, "CI_PORT": str(_free_port())})
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, (
         f"README.md:{block.line}: block failed with exit code {proc.returncode} after "
