@@ -280,6 +280,9 @@ def _run_block(code: str, dest: Path, env: dict) -> subprocess.CompletedProcess:
         os.killpg(p.pid, 9)
         out, err = p.communicate()
         err += f"\n(killed after {BLOCK_TIMEOUT_S}s)"
+    except BaseException:                                                  # Ctrl-C: no block outlives the test
+        os.killpg(p.pid, 9)
+        raise
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
