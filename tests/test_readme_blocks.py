@@ -8,10 +8,11 @@ changes, so the test runs what a developer sees. `../shared` is linked beside it
 `.venv` mirrors the running interpreter's environment (each entry linked) with a fresh `.installed` stamp,
 so `source .venv/bin/activate` and `make` use the installed environment and never pip-install; the
 blocks run with that environment's bin first on PATH and PYTHONPATH = the clone, and with no
-MLFLOW_TRACKING_URI, so MLflow uses the README's store (the clone's mlflow.db). Before each block
-params.yaml is reset to the clone's committed one: each block is a recipe a reader runs after `make
-repro`, not a continuation of the previous recipe's `dvc exp run` (which leaves its params in the
-workspace).
+MLFLOW_TRACKING_URI, so MLflow uses the README's store (the clone's mlflow.db). After the `make repro`
+block its dvc.lock is committed in the clone, and before each block params.yaml and dvc.lock are reset
+to the committed ones and `dvc checkout` restores their outputs: each block is a recipe a reader runs
+after `make repro` (the serve block reads its exports), not a continuation of the previous recipe's
+`dvc exp run`, which leaves its params and outputs in the workspace.
 
 Tiny scale. TINY below is written into the clone's params.yaml and committed, so that `make repro`,
 `dvc repro`, `dvc exp run` (queued ones too, which start from the committed params) and the bench
@@ -304,6 +305,9 @@ def test_readme_block(block: Block, clone, mirror):
         pytest.skip(msg)
     dest, env = clone
     _git("checkout", "--", "params.yaml", cwd=dest)
+    if _git("ls-files", "dvc.lock", cwd=dest).strip():                     # back to `make repro`'s outputs
+        _git("checkout", "--", "dvc.lock", cwd=dest)
+        subprocess.run(["dvc", "checkout", "--force", "--quiet"], cwd=dest, env=env, check=True, capture_output=True)
     code = ci_code(block.code)
     t0 = time.monotonic()
     proc = _run_block(code, dest, {**env, "CI_PORT": str(_free_port())})
@@ -312,6 +316,9 @@ def test_readme_block(block: Block, clone, mirror):
         f"README.md:{block.line}: block failed with exit code {proc.returncode} after "
         f"{time.monotonic() - t0:.0f}s\n--- as run ---\n{code}\n--- stderr tail ---\n{proc.stderr[-3000:]}\n"
         f"--- stdout tail ---\n{proc.stdout[-1500:]}")
+    if re.search(r"^make repro\b", code, flags=re.M):                   # the state every later block starts from
+        _git("add", "dvc.lock", cwd=dest)
+        _git("commit", "-qm", "CI: make repro's dvc.lock", cwd=dest)
     if "dvc queue start" in code:
         status = _wait_for_queue(dest, env, time.monotonic() + BLOCK_TIMEOUT_S)
         assert not re.search(r"\b(Queued|Running)\b", status), f"README.md:{block.line}: queue still busy:\n{status}"
