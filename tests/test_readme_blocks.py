@@ -318,7 +318,8 @@ def test_readme_block(block: Block, clone, mirror):
         f"--- stdout tail ---\n{proc.stdout[-1500:]}")
     if re.search(r"^make repro\b", code, flags=re.M):                   # the state every later block starts from
         _git("add", "dvc.lock", cwd=dest)
-        _git("commit", "-qm", "CI: make repro's dvc.lock", cwd=dest)
+        _git("-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "-qm", "CI: make repro's dvc.lock",
+             cwd=dest)
     if "dvc queue start" in code:
         status = _wait_for_queue(dest, env, time.monotonic() + BLOCK_TIMEOUT_S)
         assert not re.search(r"\b(Queued|Running)\b", status), f"README.md:{block.line}: queue still busy:\n{status}"
