@@ -173,6 +173,29 @@ def test_url_without_known_sha256_warns_and_reports_it(server, tmp_path, capsys)
     assert any(digest in w for w in rep["warnings"]) and rep["total"] == 4
 
 
+def test_registry_source_from_a_mirror(server, tmp_path, monkeypatch):
+    """FEDCCRL_DATASET_MIRROR: `registry` fetches <base>/<the registry's file name>, with its sha256 checked."""
+    import dataclasses
+
+    from fedccrl_core.data.sources import MIRROR_ENV
+
+    root, base, behaviour = server
+    digest = hashlib.sha256(_tiny_zip(root / "tiny-mirror.zip").read_bytes()).hexdigest()
+    spec = dataclasses.replace(TINY, sources=(registry.Source("https://unreachable.invalid/t.zip", digest, None,
+                                                              "tiny-mirror.zip"),))
+    monkeypatch.setenv(MIRROR_ENV, base + "/")
+    rep = prepare_raw(spec, "registry", tmp_path / "raw", tmp_path / "r.json", progress=False)
+    arch = rep["source"]["archives"][0]
+    assert arch["url"] == f"{base}/tiny-mirror.zip" and arch["verified"] and rep["total"] == 4
+    assert behaviour.requests[-1] == "tiny-mirror.zip"
+    bad = dataclasses.replace(spec, sources=(dataclasses.replace(spec.sources[0], sha256="0" * 64),))
+    with pytest.raises(ChecksumError):                                    # the mirror's file is checked as the URL's
+        prepare_raw(bad, "registry", tmp_path / "raw2", None, retries=0, progress=False)
+    monkeypatch.setenv(MIRROR_ENV, "/srv/datasets")
+    with pytest.raises(DataError, match=f"{MIRROR_ENV}='/srv/datasets': not an http"):
+        prepare_raw(spec, "registry", tmp_path / "raw3", None, progress=False)
+
+
 def test_transient_server_errors_are_retried(server, tmp_path):
     root, base, behaviour = server
     _tiny_zip(root / "flaky.zip")

@@ -19,6 +19,11 @@ user to pin `dataset.sha256`. An archive (local or downloaded) with no sha256 in
 when the hash is one of the registry's known archives (e.g. shared/datasets/pacs/pacs_128.zip) the
 report gives the registry's sha256 as `expected_sha256` and `"verified": true`.
 
+Mirror. With the environment variable FEDCCRL_DATASET_MIRROR set to a base URL, `registry` fetches
+each of the registry's archives from `<base>/<its file name>` (PACS: `<base>/PACS.zip`) instead of
+its URL, with the same checksum checks; the report records the URL used. CI serves its local copies
+this way (tests/test_readme_blocks.py); a site with its own copy of the datasets can do the same.
+
 Safety (refused archive members) is described in `archives`, retries in `http`.
 
 Atomicity. The output tree is built in a temporary folder next to `--out` and the archives are
@@ -40,6 +45,19 @@ from fedccrl_core.data.http import DEADLINE_S, download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
 from fedccrl_core.errors import ChecksumError, DataError
 from fedccrl_core.fsio import atomic_dir, scratch_dir, write_json
+
+
+MIRROR_ENV = "FEDCCRL_DATASET_MIRROR"
+
+
+def registry_url(src) -> str:
+    """Where the registry's archive `src` (a registry.Source) is fetched from: its URL, or the mirror's."""
+    base = os.environ.get(MIRROR_ENV, "").strip()
+    if not base:
+        return src.url
+    if not _is_url(base):
+        raise DataError(f"environment variable {MIRROR_ENV}={base!r}: not an http(s) base URL")
+    return f"{base.rstrip('/')}/{src.filename}"
 
 
 def _is_url(s: str) -> bool:
@@ -147,7 +165,7 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                                         f"'{spec.name}'; set dataset.source to a URL, an archive or a folder")
                     names = [s.filename for s in spec.sources]
                     params_sha = _expected_shas(sha256, len(names), names)
-                    urls = [(s.url, s.filename, p or s.sha256) for s, p in zip(spec.sources, params_sha)]
+                    urls = [(registry_url(s), s.filename, p or s.sha256) for s, p in zip(spec.sources, params_sha)]
                     src_rec["kind"] = "registry"
                 elif _is_url(source):
                     fname = _archive_name_from_url(source)

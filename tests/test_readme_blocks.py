@@ -1,0 +1,342 @@
+"""Every fenced ```bash block of README.md runs, in README order, in one scratch clone (issue 16, point 5).
+
+One test per block (its id is the README line of the opening fence); a block fails the test when any of
+its commands exits non-zero (`set -eo pipefail`), and the failure names the line and the output's tail.
+
+The clone. `git clone` of this repository into a temporary folder, plus the working tree's uncommitted
+changes, so the test runs what a developer sees. `../shared` is linked beside it when present. Its
+`.venv` mirrors the running interpreter's environment (each entry linked) with a fresh `.installed` stamp,
+so `source .venv/bin/activate` and `make` use the installed environment and never pip-install; the
+blocks run with that environment's bin first on PATH and PYTHONPATH = the clone, and with no
+MLFLOW_TRACKING_URI, so MLflow uses the README's store (the clone's mlflow.db). After the `make repro`
+block its dvc.lock is committed in the clone, and before each block params.yaml and dvc.lock are reset
+to the committed ones and `dvc checkout` restores their outputs: each block is a recipe a reader runs
+after `make repro` (the serve block reads its exports), not a continuation of the previous recipe's
+`dvc exp run`, which leaves its params and outputs in the workspace.
+
+Tiny scale. TINY below is written into the clone's params.yaml and committed, so that `make repro`,
+`dvc repro`, `dvc exp run` (queued ones too, which start from the committed params) and the bench
+commands all run 1 round of 1 local epoch of the small CNN at 32 px on one held-out domain.
+SUBSTITUTIONS then rewrite what a block sets itself (a schedule, a sweep grid, seeds, a server that
+never exits); each names its reason, and the test fails when one no longer matches the README, so the
+table cannot go stale. Blocks that start `dvc queue start` are followed by a wait for the queue, and
+fail when one of the queued experiments failed.
+
+PACS. The README's PACS recipe downloads from the dataset registry (`dataset.source: registry`). Here
+../shared/datasets/pacs/pacs_128.zip is served on 127.0.0.1 under the registry's file name and
+FEDCCRL_DATASET_MIRROR points the download at it (fedccrl_core/data/sources.py). A block that uses PACS
+skips with a stated reason when ../shared is absent, and fails instead when FEDCCRL_REQUIRE_SHARED=1.
+
+Markers. A block that is not run carries, on the line above its fence, `<!-- ci: skip (reason) -->`;
+one that is run only with FEDCCRL_README_SLOW=1 carries `<!-- ci: slow (reason) -->` (together about
+45-70 minutes on 2 shared cores, estimated from block timings: too much for .ci/run's 90-minute budget beside
+the rest of the suite). Every marker must give a reason.
+"""
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+SHARED = Path(os.environ.get("FEDCCRL_SHARED", REPO.parent / "shared"))
+REQUIRE_SHARED = os.environ.get("FEDCCRL_REQUIRE_SHARED") == "1"
+RUN_SLOW = os.environ.get("FEDCCRL_README_SLOW") == "1"
+BLOCK_TIMEOUT_S = 1200
+
+# dotted params.yaml key -> value, committed in the clone (see the module docstring)
+TINY = {
+    "train.rounds": 1,
+    "train.local_epochs": 1,
+    "train.held_out": [3],
+    "model.backbone": "small_cnn",
+    "model.pretrained": "none",
+    "preprocess.image_size": 32,
+    "figures.tsne_points": 40,
+    "figures.gradcam_images": 2,
+    "figures.preview_images": 2,
+}
+
+# (README regex, replacement, reason); every regex must match at least one block
+SUBSTITUTIONS = [
+    (r"^make test(?![-\w]).*$", ": make test skipped",
+     "the suite this test belongs to (CI runs it: .ci/run is `make test`)"),
+    (r"^mlflow ui (.*?)\s*(#.*)?$", r"ci_serves mlflow ui \1 --port $CI_PORT",
+     "a server never exits: start it, wait until it answers on a free port, stop it"),
+    (r"train\.local_epochs=3", "train.local_epochs=1", "the paper's 3 local epochs: 1 is enough to run"),
+    (r"'train\.algorithms=\[fedavg,fedprox[^\]]*\]'", "'train.algorithms=[fedavg,fedccrl]'",
+     "the 12 algorithms of Table 1: two run the same commands"),
+    (r"'train\.seeds=\[0,1,2\]'", "'train.seeds=[0]'", "3 seeds: one runs the same commands"),
+    (r"--seeds 0,1,2", "--seeds 0", "3 seeds: one runs the same commands"),
+    (r"(-S '[\w.]+=)([^,'\s]+),([^,'\s]+)(,[^'\s]+)+'", r"\1\2,\3'",
+     "a sweep grid: its first two values run the same sweep"),
+    (r"(-S '[\w.]+=[^,'\s\[]+,[^,'\s]+' -S '[\w.]+=[^,'\s\[]+),[^'\s]+'", r"\1'",
+     "a second swept key in the same run: its first value (2 experiments, not a 2 x 2 grid)"),
+    (r"for c in ccdt difp l_ra l_js;", "for c in ccdt l_js;", "Table 2's four switches: two run the same loop"),
+    (r"^make (bench-accuracy|bench-table1)\b", r"make \1 TABLE_ALGORITHMS=fedavg,fedccrl",
+     "the 12 algorithms of Table 1: two run the same recipe"),
+    (r"fedccrl bench-scale\b", "fedccrl bench-scale --total 960 --rounds 1",
+     "3840 images and 2 rounds per client count: 960 and 1 run the same bench"),
+]
+
+MARKER = re.compile(r"<!--\s*ci:\s*(?P<kind>\w+)\s*(?:\((?P<reason>[^)]*)\))?\s*-->")
+
+# bash prelude of every block: `ci_serves CMD...` runs a server in its own process group until
+# http://127.0.0.1:$CI_PORT/ answers (at most 180 s), then stops the group
+PRELUDE = r"""set -eo pipefail
+ci_serves() {
+  setsid "$@" > .ci_server.log 2>&1 &
+  local pid=$! ok=1
+  for _ in $(seq 180); do
+    if python -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$CI_PORT/', timeout=5)" 2>/dev/null
+    then ok=0; break; fi
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 1
+  done
+  kill -TERM -- "-$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  if [ "$ok" != 0 ]; then echo "ci_serves: $* never answered on port $CI_PORT" >&2; tail -20 .ci_server.log >&2; fi
+  return "$ok"
+}
+"""
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int          # README line of the opening fence
+    code: str
+    marker: str | None  # skip | slow | None
+    reason: str | None
+
+
+def readme_blocks(text: str) -> list[Block]:
+    lines = text.splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() == "```bash":
+            start = i
+            j = i + 1
+            while lines[j].strip() != "```":
+                j += 1
+            above = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
+            m = MARKER.search(above)
+            blocks.append(Block(start + 1, "\n".join(lines[start + 1:j]), m["kind"] if m else None,
+                                (m["reason"] or "").strip() if m else None))
+            i = j
+        i += 1
+    return blocks
+
+
+def ci_code(code: str) -> str:
+    for pattern, repl, _ in SUBSTITUTIONS:
+        code = re.sub(pattern, repl, code, flags=re.M)
+    return code
+
+
+BLOCKS = readme_blocks(README.read_text())
+
+
+# ------------------------------------------------------------------ the marker and substitution rules
+def test_markers_name_a_kind_and_a_reason():
+    text = README.read_text()
+    for n, line in enumerate(text.splitlines(), 1):
+        if "<!-- ci:" in line or "<!--ci:" in line:
+            m = MARKER.search(line)
+            assert m and m["kind"] in ("skip", "slow"), f"README.md:{n}: marker {line.strip()!r}: kind is skip or slow"
+            assert m["reason"] and m["reason"].strip(), f"README.md:{n}: marker {line.strip()!r} gives no reason"
+    marked = [b for b in BLOCKS if b.marker == "skip"]
+    assert len(marked) <= len(BLOCKS) // 4, f"{len(marked)} of {len(BLOCKS)} blocks are skipped: keep them few"
+
+
+def test_every_substitution_matches_the_readme():
+    codes = [b.code for b in BLOCKS if b.marker != "skip"]
+    for pattern, repl, reason in SUBSTITUTIONS:                           # in order, as ci_code applies them
+        assert any(re.search(pattern, c, flags=re.M) for c in codes), (
+            f"substitution {pattern!r} ({reason}) matches no README block: remove it or update it")
+        codes = [re.sub(pattern, repl, c, flags=re.M) for c in codes]
+
+
+def test_sweep_grid_substitution_keeps_a_sweep():
+    grid = "-S 'train.fedccrl.lambda1=0,0.01,0.1,1' -S 'train.fedccrl.r=0.1'"
+    assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0,0.01' -S 'train.fedccrl.r=0.1'"
+    grid = "-S 'train.fedccrl.lambda1=0,0.01,0.1,1' -S 'train.fedccrl.lambda2=0,0.01,0.1,1'"
+    assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0,0.01' -S 'train.fedccrl.lambda2=0'"
+
+
+# ------------------------------------------------------------------ the clone
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _git(*args, cwd: Path) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
+
+
+def _set(doc: dict, dotted: str, value) -> None:
+    *parents, last = dotted.split(".")
+    for p in parents:
+        doc = doc[p]
+    assert last in doc, f"TINY key {dotted} is not in params.yaml"
+    doc[last] = value
+
+
+def _mirror_venv(dest: Path) -> None:
+    """dest/.venv: every entry of the running environment linked, and a fresh `.installed` stamp."""
+    dest.mkdir()
+    for entry in Path(sys.prefix).iterdir():
+        if entry.name != ".installed":
+            (dest / entry.name).symlink_to(entry)
+    (dest / ".installed").touch()
+
+
+@pytest.fixture(scope="module")
+def mirror():
+    """PACS: ../shared/datasets/pacs/pacs_128.zip served on 127.0.0.1 under the registry's file name."""
+    from fedccrl_core.data.registry import get_dataset
+
+    pacs = SHARED / "datasets" / "pacs" / "pacs_128.zip"
+    if not pacs.is_file():
+        yield None
+        return
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as served:
+        for src in get_dataset("pacs").sources:
+            (Path(served) / src.filename).symlink_to(pacs)
+
+        class Quiet(http.server.SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+        httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=served))
+        t = threading.Thread(target=httpd.serve_forever, daemon=True)
+        t.start()
+        yield f"http://127.0.0.1:{httpd.server_address[1]}"
+        httpd.shutdown()
+        httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def clone(tmp_path_factory, mirror):
+    top = tmp_path_factory.mktemp("readme")
+    dest = top / "fedccrl"
+    _git("clone", "-q", str(REPO), str(dest), cwd=top)
+    for rel in _git("ls-files", "-m", "-o", "--exclude-standard", "-z", cwd=REPO).split("\0"):
+        if rel and (REPO / rel).is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, dest / rel)
+    for rel in _git("ls-files", "-d", "-z", cwd=REPO).split("\0"):
+        if rel:
+            (dest / rel).unlink(missing_ok=True)
+    if SHARED.is_dir():
+        (top / "shared").symlink_to(SHARED)
+    params = yaml.safe_load((dest / "params.yaml").read_text())
+    for key, value in TINY.items():
+        _set(params, key, value)
+    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    _git("-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "-qam", "CI: tiny scale",
+         "--allow-empty", cwd=dest)
+    _mirror_venv(dest / ".venv")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "FEDCCRL_MLFLOW_ARTIFACTS", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST")}
+    env.update(PATH=f"{dest / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(dest),
+               GIT_AUTHOR_NAME="ci", GIT_AUTHOR_EMAIL="ci@localhost", GIT_COMMITTER_NAME="ci",
+               GIT_COMMITTER_EMAIL="ci@localhost")
+    if mirror:
+        env["FEDCCRL_DATASET_MIRROR"] = mirror
+    yield dest, env
+    subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=dest, env=env, capture_output=True)  # no worker outlives it
+
+
+def _wait_for_queue(dest: Path, env: dict, deadline: float) -> str:
+    """Wait until `dvc queue status` lists nothing queued or running; return its last output."""
+    while True:
+        out = subprocess.run(["dvc", "queue", "status"], cwd=dest, env=env, capture_output=True, text=True).stdout
+        if not re.search(r"\b(Queued|Running)\b", out) or time.monotonic() > deadline:
+            return out
+        time.sleep(5)
+
+
+def _run_block(code: str, dest: Path, env: dict) -> subprocess.CompletedProcess:
+    """bash -c PRELUDE + code in its own process group, killed whole past BLOCK_TIMEOUT_S."""
+    p = subprocess.Popen(["bash", "-c", PRELUDE + code], cwd=dest, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = p.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(p.pid, 9)
+        out, err = p.communicate()
+        err += f"\n(killed after {BLOCK_TIMEOUT_S}s)"
+    except BaseException:                                                  # Ctrl-C: no block outlives the test
+        os.killpg(p.pid, 9)
+        raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _uses_pacs(code: str) -> bool:
+    return "dataset.name=pacs" in code
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{b.line}" for b in BLOCKS])
+def test_readme_block(block: Block, clone, mirror):
+    if block.marker == "skip":
+        pytest.skip(f"README.md:{block.line}: ci: skip ({block.reason})")
+    if block.marker == "slow" and not RUN_SLOW:
+        pytest.skip(f"README.md:{block.line}: ci: slow ({block.reason}); runs with FEDCCRL_README_SLOW=1")
+    if _uses_pacs(block.code) and mirror is None:
+        msg = f"README.md:{block.line} downloads PACS: needs {SHARED}/datasets/pacs/pacs_128.zip (absent in a user's clone)"
+        if REQUIRE_SHARED:
+            pytest.fail(f"FEDCCRL_REQUIRE_SHARED=1 but {msg}")
+        pytest.skip(msg)
+    dest, env = clone
+    _git("checkout", "--", "params.yaml", cwd=dest)
+    if _git("ls-files", "dvc.lock", cwd=dest).strip():                     # back to `make repro`'s outputs
+        _git("checkout", "--", "dvc.lock", cwd=dest)
+        subprocess.run(["dvc", "checkout", "--force", "--quiet"], cwd=dest, env=env, check=True, capture_output=True)
+    code = ci_code(block.code)
+    t0 = time.monotonic()
+    proc = _run_block(code, dest, {**env, "CI_PORT": str(_free_port())})
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, (
+        f"README.md:{block.line}: block failed with exit code {proc.returncode} after "
+        f"{time.monotonic() - t0:.0f}s\n--- as run ---\n{code}\n--- stderr tail ---\n{proc.stderr[-3000:]}\n"
+        f"--- stdout tail ---\n{proc.stdout[-1500:]}")
+    if re.search(r"^make repro\b", code, flags=re.M):                   # the state every later block starts from
+        _git("add", "dvc.lock", cwd=dest)
+        _git("-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "-qm", "CI: make repro's dvc.lock",
+             cwd=dest)
+    if "dvc queue start" in code:
+        status = _wait_for_queue(dest, env, time.monotonic() + BLOCK_TIMEOUT_S)
+        assert not re.search(r"\b(Queued|Running)\b", status), f"README.md:{block.line}: queue still busy:\n{status}"
+        assert "Failed" not in status, f"README.md:{block.line}: a queued experiment failed:\n{status}"
+    if _uses_pacs(block.code):
+        import json
+
+        rep = json.loads((dest / "data" / "reports" / "download.json").read_text())
+        arch = rep["source"]["archives"][0]
+        assert rep["source"]["kind"] == "registry" and arch["url"].startswith(mirror), rep["source"]
+        assert arch["verified"] and arch["known_as"] == "pacs_128.zip" and rep["total"] == 9991
+    if "dataset.name=imagefolder" in block.code:                           # the tree the block wrote, as is
+        import json
+
+        rep = json.loads((dest / "data" / "reports" / "download.json").read_text())
+        tree = Path(rep["source"]["path"])
+        assert rep["source"]["kind"] == "folder" and tree.is_relative_to(dest), rep["source"]
+        assert rep["domains"] == sorted(p.name for p in tree.iterdir() if p.is_dir())
+        assert rep["total"] == sum(1 for p in tree.rglob("*") if p.is_file())
+    assert "Traceback (most recent call last)" not in out, f"README.md:{block.line}: a traceback:\n{out[-3000:]}"
