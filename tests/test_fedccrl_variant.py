@@ -22,7 +22,7 @@ from fedccrl_core.augment import fedccrl_augment
 from fedccrl_core.augment.augmix import (ALL_OPS, COLOR_OPS, OPS, apply_op, augmix_batch, batch_op_magnitude,
                                          sample_augmix_plan, sample_batch_augmix_plan, to_uint8_levels,
                                          _augmix_with)
-from fedccrl_core.augment.ccdt import _ccdt_with, pool_rows
+from fedccrl_core.augment.ccdt import mixstyle, pool_rows
 from fedccrl_core.client import ClientData, ClientState
 from fedccrl_core.data.pools import compute_statistics, sample_statistics, unbiased_sigma, upload_size
 from fedccrl_core.errors import DataError
@@ -184,7 +184,7 @@ def test_unbiased_against_population_statistics():
         math.sqrt(5 / 3))
     one, zero = torch.ones(1), torch.zeros(1, 1)  # lambda = 1: x_hat = (x - mu) / sigma(x) with the pool row (0, 1)
     for unbiased, var in ((False, 1.25), (True, 5 / 3)):
-        got = _ccdt_with(x, zero, torch.ones(1, 1), one, eps=0.0, unbiased=unbiased)
+        got = mixstyle(x, zero, torch.ones(1, 1), one, eps=0.0, unbiased=unbiased)
         assert torch.allclose(got.flatten(), (torch.tensor([0.0, 1, 2, 3]) - 1.5) / math.sqrt(var))
 
 
