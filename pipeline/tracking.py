@@ -216,10 +216,12 @@ class ChildRun:
 
     @timed
     def __init__(self, experiment: str, parent_id: str, name: str, params: dict, tags: dict,
-                 resume_run_id: str | None = None, dataset: dict | None = None, system_metrics_s: float | None = None):
+                 resume_run_id: str | None = None, dataset: dict | None = None, system_metrics_s: float | None = None,
+                 on_created=None):
         """params: flat (dotted keys); dataset: log_dataset's keywords, logged once on a new run;
         system_metrics_s: sample CPU, RAM (GPU where present) into system/* metrics every this many seconds
-        until finish(), None = off."""
+        until finish(), None = off; on_created(run_id): called as soon as a new run exists, before its params are
+        logged, so the caller records the id at once (a kill while the rest starts up leaves no unknown run)."""
         self.mlflow = mlflow_module()
         exp = set_experiment(experiment)
         self.client = self.mlflow.MlflowClient()
@@ -239,6 +241,8 @@ class ChildRun:
             run = self.client.create_run(exp.experiment_id, run_name=name,
                                          tags={**tags, "mlflow.parentRunId": parent_id, OWNER_TAG: owner})
             self.run_id = run.info.run_id
+            if on_created is not None:
+                on_created(self.run_id)
             from mlflow.entities import Param
 
             items = [Param(k, str(v)[:6000]) for k, v in flatten(params).items()]

@@ -373,7 +373,8 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
                        dataset={"name": f"{cfg['dataset']}-shards", "path": shards_manifest,
                                 "profile": {"domains": manifest["domains"], "clients": len(manifest["clients"]),
                                             "image_size": manifest["image_size"], "held_out": job["target"]}},
-                       system_metrics_s=system_metrics_s)
+                       system_metrics_s=system_metrics_s,
+                       on_created=lambda run_id: write_text(side, json.dumps({"run_id": run_id})))
         write_text(side, json.dumps({"run_id": run.run_id}))
         runs[job["index"]] = run
         return {"commit": commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
