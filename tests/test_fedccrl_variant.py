@@ -352,5 +352,5 @@ def test_reference_variant_through_dvc(tmp_path):
     meta = json.loads((tmp_path / "models/fedccrl/s0/d3/history.json").read_text())["meta"]
     assert {k: meta["hparams"][k] for k in REFERENCE} == REFERENCE
     run = mlflow.MlflowClient(tracking_uri=_env(tmp_path)["MLFLOW_TRACKING_URI"]).get_run(meta["mlflow_run_id"])
-    assert {k: run.data.params[f"fedccrl.{k}"] for k in REFERENCE} == REFERENCE
-    assert run.data.params["fedccrl.variant"] == "reference" and run.info.status == "FINISHED"
+    assert {k: run.data.params[f"train.fedccrl.{k}"] for k in REFERENCE} == REFERENCE
+    assert run.data.params["train.fedccrl.variant"] == "reference" and run.info.status == "FINISHED"
