@@ -90,20 +90,24 @@ def _shards_dir(context: Context) -> str:
     return shards
 
 
-def load_client_data(context: Context, cid: str, device: torch.device) -> ClientData:
+def load_client_data(context: Context, cid: str, device: torch.device, held_out: str) -> ClientData:
+    """This client's data for a run that holds out `held_out`: a mixed-domain (feddg_bench) client drops that
+    domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/train.py)."""
     from fedccrl_core.data.pools import load_pool
-    from fedccrl_core.data.shards import MIXED, load_client
+    from fedccrl_core.data.shards import load_client
 
     shards, pools = _shards_dir(context), _setting(context, M.NODE_POOLS, M.RUN_POOLS)
-    key = ("data", shards, pools, cid, str(device))
+    key = ("data", shards, pools, cid, held_out, str(device))
     if key not in _CACHE:
-        s = load_client(shards, cid)
-        if s.domain == MIXED:   # its held-out rows would have to be dropped here; not wired into Flower yet
-            raise ValueError(f"{shards}: client {cid} mixes domains (partition.scheme feddg_bench), which the "
-                             f"Flower engine does not support yet; use the in-process engine")
+        s = load_client(shards, cid, exclude_domain=held_out)
+        if not len(s.train_y):
+            raise ValueError(f"{shards}: client {cid} holds only the held-out domain {held_out}; it is not a "
+                             f"source client of this run")
         mu = sigma = None
         if pools:
             mu, sigma = load_pool(pools, cid)
+            if s.train_rows is not None:
+                mu, sigma = mu[s.train_rows], sigma[s.train_rows]
             if len(mu) != len(s.train_y):
                 raise ValueError(f"{pools}/{cid}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
                                  "(pools are stale: rerun the pools stage)")
@@ -190,7 +194,7 @@ def handle_query(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
-    data = load_client_data(context, cid, device)
+    data = load_client_data(context, cid, device, spec["held_out"])
     alg, _ = build_client_algorithm(spec, device)
     skip = json.loads(str(msg.content[M.CONFIG].get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
     upload = None if cid in skip else alg.client_upload(data, numpy_rng(spec["seed"], "upload", rnd, cid))
@@ -209,7 +213,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     cid = resolve_client_id(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]} but this SuperNode holds {cid}")
-    data = load_client_data(context, cid, device)
+    data = load_client_data(context, cid, device, spec["held_out"])
     alg, model = build_client_algorithm(spec, device)
     reference = model.state_dict()
     received = M.record_to_arrays(msg.content[M.WEIGHTS], "global weights")

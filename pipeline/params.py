@@ -90,9 +90,6 @@ class PartitionParams(Declared):
     @classmethod
     def _feddg_bench_needs(cls, v, info):
         if v == "feddg_bench":
-            if info.data.get("dirichlet_alpha") is not None:
-                raise ValueError("feddg_bench needs partition.dirichlet_alpha: null (label skew inside the lambda "
-                                 "partition is not implemented)")
             missing = [k for k, f in (("num_clients", "num_clients"), ("lambda", "lambda_"))
                        if f not in info.data or info.data[f] is None]
             if missing:

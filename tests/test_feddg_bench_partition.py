@@ -118,3 +118,96 @@ def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_targe
         tx, ty = load_domain_test(tmp_path / "sh", target)
         assert len(ty) == m["domain_sizes"][target]                       # the whole target, once
         assert len(seen) + len(ty) == sum(sizes)                          # sources + target = everything
+
+
+# ---- label skew inside the lambda partition (partition.dirichlet_alpha; feddg_bench.py "Label skew") ----------
+def _labels(sizes, num_classes, seed):
+    """Each domain's labels with its own uneven class mix (so a domain's mix differs from the pooled one)."""
+    rng = np.random.default_rng(100 + seed)
+    return np.concatenate([rng.choice(num_classes, size=n, p=rng.dirichlet(np.full(num_classes, 3.0)))
+                           for n in sizes])
+
+
+SKEW_GRID = list(itertools.product(SIZES, [2, 4, 7, 30], [0.0, 0.5, 1.0], [0.1, 1.0], [0, 1]))
+
+
+@pytest.mark.parametrize("sizes,C,lam,alpha,seed", SKEW_GRID)
+def test_label_skew_keeps_the_lambda_counts_and_deals_every_example_once(sizes, C, lam, alpha, seed):
+    dom, y = _domain_of(sizes), _labels(sizes, 7, seed)
+    parts = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(seed), y, alpha)
+    assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(dom.size))
+    got = np.array([np.bincount(dom[p], minlength=len(sizes)) for p in parts])
+    assert np.array_equal(got, feddg_bench.client_counts(sizes, C, lam))    # the domain axis is FedDG-Bench's
+    if lam == 0.0 and C >= len(sizes):
+        assert all(np.unique(dom[p]).size == 1 for p in parts)              # single-domain clients still
+    again = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(seed), y, alpha)
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))          # same seed, same assignment
+
+
+def _skew(parts, dom, y, num_classes):
+    """Mean over (client, domain) cells of at least 10 examples: total-variation distance between the cell's
+    class histogram and its domain's class mix."""
+    tv = []
+    for p in parts:
+        for d in np.unique(dom[p]):
+            cell = y[p][dom[p] == d]
+            if cell.size >= 10:
+                mix = np.bincount(y[dom == d], minlength=num_classes) / (dom == d).sum()
+                tv.append(0.5 * np.abs(np.bincount(cell, minlength=num_classes) / cell.size - mix).sum())
+    return float(np.mean(tv))
+
+
+def test_small_alpha_skews_labels_and_large_alpha_follows_the_domain_mix():
+    sizes, C = (600, 400, 500), 6
+    dom, y = _domain_of(sizes), _labels(sizes, 7, 0)
+    for seed in range(3):
+        skewed = _skew(feddg_bench.assign(dom, 3, C, 0.5, np.random.default_rng(seed), y, 0.1), dom, y, 7)
+        mixed = _skew(feddg_bench.assign(dom, 3, C, 0.5, np.random.default_rng(seed), y, 100.0), dom, y, 7)
+        plain = _skew(feddg_bench.assign(dom, 3, C, 0.5, np.random.default_rng(seed)), dom, y, 7)
+        assert skewed > 0.4 > 0.15 > mixed, (seed, skewed, mixed)
+        assert plain < 0.15                                                 # the benchmark's dealing: no skew
+
+
+def test_without_alpha_the_dealing_is_the_benchmarks():
+    """dirichlet_alpha = None: each domain's shuffled examples in consecutive runs, client order (unchanged)."""
+    sizes, C, lam = (37, 120, 55, 64), 7, 0.1
+    dom = _domain_of(sizes)
+    rng = np.random.default_rng(5)
+    counts = feddg_bench.client_counts(sizes, C, lam)
+    want = [[] for _ in range(C)]
+    for d in range(len(sizes)):
+        idx = rng.permutation(np.flatnonzero(dom == d))
+        for c in range(C):
+            lo = counts[:c, d].sum()
+            want[c].append(idx[lo:lo + counts[c, d]])
+    got = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(5), _labels(sizes, 7, 0), None)
+    assert all(np.array_equal(g, np.sort(np.concatenate(w))) for g, w in zip(got, want))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_class_counts_meet_both_margins_exactly(seed):
+    rng = np.random.default_rng(seed)
+    C, K = int(rng.integers(1, 9)), int(rng.integers(1, 8))
+    cols = rng.integers(0, 40, size=K)
+    cols[0] += 1
+    rows = np.bincount(rng.integers(0, C, size=cols.sum()), minlength=C)   # any split of the same total
+    x = feddg_bench.class_counts(rows, cols, rng.dirichlet(np.full(K, 0.3), size=C))
+    assert (x >= 0).all() and np.array_equal(x.sum(1), rows) and np.array_equal(x.sum(0), cols)
+
+
+def test_stage_with_label_skew_records_alpha_and_skews_clients(tmp_path):
+    from fedccrl_core.data import registry, synthetic
+    from fedccrl_core.data.shards import partition
+
+    spec = registry.get_dataset("synthetic")
+    synthetic.generate(tmp_path / "raw", seed=0, images_per_class=8, progress=False)
+    kw = dict(val_fraction=0.1, seed=0, workers=1, progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
+    m = partition(tmp_path / "raw", tmp_path / "skew", spec, 16, dirichlet_alpha=0.1, **kw)
+    even = partition(tmp_path / "raw", tmp_path / "even", spec, 16, **kw)
+    assert m["params"]["partition.dirichlet_alpha"] == 0.1 and even["params"]["partition.dirichlet_alpha"] is None
+    for a, b in zip(m["clients"], even["clients"]):
+        assert a["domain_counts"] == b["domain_counts"]                     # the lambda counts are untouched
+
+    def spread(man):   # mean over clients of the largest class share of its training rows
+        return np.mean([max(c["train_class_hist"]) / max(1, sum(c["train_class_hist"])) for c in man["clients"]])
+    assert spread(m) > spread(even) + 0.1

@@ -212,9 +212,6 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
     if scheme == "feddg_bench":
         from fedccrl_core.data import feddg_bench
         feddg_bench.client_counts([1], num_clients, lam)            # checks num_clients and lambda up front
-        if dirichlet_alpha is not None:
-            raise DataError("params.yaml: partition.dirichlet_alpha must be null with partition.scheme feddg_bench "
-                            "(label skew inside the lambda partition is not implemented)")
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise DataError(f"params.yaml: preprocess.image_size must resolve to an int >= 8, got {image_size!r}")
     t0 = time.monotonic()
@@ -266,7 +263,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             del xs
         if scheme == "feddg_bench":
             clients = _write_feddg_bench(stage, decoded, domains, len(classes), num_clients, lam, val_fraction,
-                                         seed, progress)
+                                         seed, progress, dirichlet_alpha)
         manifest = {
             "format_version": FORMAT_VERSION,
             "dataset": spec.name,
@@ -296,7 +293,8 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
 
 
 def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_classes: int, num_clients: int,
-                       lam: float, val_fraction: float, seed: int, progress: bool) -> list[dict]:
+                       lam: float, val_fraction: float, seed: int, progress: bool,
+                       dirichlet_alpha: float | None = None) -> list[dict]:
     """FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over ALL domains; clients `c<k>`
     (k zero-padded to the width of num_clients - 1).
 
@@ -304,7 +302,8 @@ def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_class
     run drops the held-out domain's rows from every client (`load_client(exclude_domain=...)`) and the
     clients left with no training rows (`client_ids`), so no target image is ever in a training client;
     the target's test set is all its rows (`load_domain_test`). Each client's train/val split is stratified
-    by class (`split_train_val`), as in the per_domain scheme.
+    by class (`split_train_val`), as in the per_domain scheme. `dirichlet_alpha` adds label skew inside each
+    (client, domain) count (feddg_bench.py, "Label skew").
     """
     from fedccrl_core.data import feddg_bench
 
@@ -314,7 +313,7 @@ def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_class
     dom = np.repeat(np.arange(len(decoded)), [d[1].size for d in decoded]).astype(np.int64)
     rng = np.random.default_rng(np.random.SeedSequence([seed]))
     clients = []
-    for k, idx in enumerate(feddg_bench.assign(dom, len(domains), num_clients, lam, rng)):
+    for k, idx in enumerate(feddg_bench.assign(dom, len(domains), num_clients, lam, rng, y, dirichlet_alpha)):
         cid = f"c{k:0{len(str(num_clients - 1))}d}"     # zero-padded: sorts in client order
         tr, va = split_train_val(idx, y, val_fraction, rng)
         if tr.size == 0:
