@@ -432,3 +432,56 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
         flat = view.flatten(1)
         assert (torch.cdist(flat, flat) + torch.eye(16) * 1e9).min() > 1e-3
     assert torch.all((x1 - x2).flatten(1).abs().amax(1) > 1e-3)
+
+
+# ---- augmix_impl: pil (augment/augmix_pil.py): the same Alg. 3 reading, other random draws ----------------------
+def _synthetic_batch(n=256, size=24):
+    from fedccrl_core.bench.speed import generate
+
+    return torch.from_numpy(np.concatenate([generate(n // 4, d, size, 0)[0] for d in range(4)])
+                            ).permute(0, 3, 1, 2).float() / 255.0
+
+
+def test_pil_augmix_has_the_distribution_of_the_tensor_augmix():
+    """Per image: the mean absolute change |x_hat - x| and the per-channel mean of x_hat, averaged over 2 x 256
+    images, agree between the two implementations within 4 standard errors (+ the 8-bit quantization, 1/255)."""
+    from fedccrl_core.augment.augmix_pil import augmix_pil
+
+    x = _synthetic_batch()
+    g1, g2 = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+    t = torch.cat([augmix(x, 1.0, 3, g1) for _ in range(2)])
+    p = torch.cat([augmix_pil(x, 1.0, 3, g2) for _ in range(2)])
+    assert p.shape == t.shape and p.dtype == t.dtype and 0 <= p.min() and p.max() <= 1
+    xx = torch.cat([x, x])
+    for stat in (lambda y: (y - xx).abs().mean(dim=(1, 2, 3)), lambda y: y.mean(dim=(2, 3))):
+        a, b = stat(t), stat(p)
+        se = torch.sqrt(a.var(0) / len(a) + b.var(0) / len(b))
+        assert torch.all((a.mean(0) - b.mean(0)).abs() < 4 * se + 1 / 255), (a.mean(0), b.mean(0), se)
+    assert (t - xx).abs().mean() > 0.01 and (p - xx).abs().mean() > 0.01       # both really augment
+
+
+def test_pil_augmix_is_reproducible_from_the_generator_and_per_sample():
+    from fedccrl_core.augment.augmix_pil import augmix_pil
+
+    x = _synthetic_batch(16)
+    a = augmix_pil(x, 1.0, 3, torch.Generator().manual_seed(3))
+    assert torch.equal(a, augmix_pil(x, 1.0, 3, torch.Generator().manual_seed(3)))
+    assert not torch.equal(a, augmix_pil(x, 1.0, 3, torch.Generator().manual_seed(4)))
+    same = augmix_pil(x[:1].repeat(8, 1, 1, 1), 1.0, 3, torch.Generator().manual_seed(0))
+    assert len({tuple(s.flatten()[:64].tolist()) for s in same}) > 1              # own draws per sample
+
+
+def test_fedccrl_augment_routes_augmix_impl_and_refuses_pil_for_the_batch_reading():
+    from fedccrl_core.algorithms import LocalConfig, build_algorithm
+    from fedccrl_core.augment import AugmentConfig, fedccrl_augment
+
+    x = torch.randn(8, 3, 16, 16)
+    cfg = dict(ccdt=False, difp=True)
+    outs = {impl: fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl=impl), torch.Generator().manual_seed(0))
+            for impl in ("tensor", "pil")}
+    assert outs["tensor"].shape == outs["pil"].shape and not torch.equal(outs["tensor"], outs["pil"])
+    assert torch.equal(outs["pil"], fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl="pil"),
+                                                    torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="train.fedccrl.augmix_impl pil implements augmix per_sample only"):
+        build_algorithm("fedccrl", LocalConfig(), {"variant": "reference", "augmix_impl": "pil"})
+    assert build_algorithm("fedccrl", LocalConfig(), {"augmix_impl": "pil"}).hp["augmix_impl"] == "pil"

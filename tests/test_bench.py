@@ -288,6 +288,10 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
     assert {f["key"] for f in data["figures"]} >= {"step_ips", "round_s", "pacs_h", "augment_share", "peak_rss_mib"}
     assert all(f[n] is not None for f in data["figures"] for n in ("fast", "plain", "plain_per_sample")
                if f["key"] != "cuda_peak_mib")
+    assert data["fast"]["augmix_impl"] in ("tensor", "pil")       # the fast side's AugMix: picked by a probe
+    probe = data["fast"]["augmix_probe_s"]
+    assert set(probe) == {"tensor", "pil"} and data["fast"]["augmix_impl"] == min(probe, key=probe.get)
+    assert f"AugMix implementation {data['fast']['augmix_impl']} (train.fedccrl.augmix_impl)" in res.output
     for n in ("fast", "plain", "plain_per_sample"):
         assert 50 < data[n]["peak_rss_mib"] < 4096, (n, data[n]["peak_rss_mib"])  # measured, not a constant
         assert len({r["peak_rss_mib"] for r in data[n]["repeats"]}) >= 1
@@ -349,3 +353,22 @@ def test_bench_repro_links_the_code_the_stages_depend_on():
     dirs = _code_dirs(root, yaml.safe_load((root / "dvc.yaml").read_text()))
     assert {"fedccrl_core", "pipeline", "serving"} <= set(dirs)
     assert not {"data", "models", "results", "exports", "plots"} & set(dirs)  # stage outputs stay fresh
+
+
+def test_fastest_picks_the_cheapest_candidate_by_its_best_repeat():
+    """augment/augmix_pil.py `fastest` on a fake clock: each call advances it by the candidate's cost."""
+    from fedccrl_core.augment.augmix_pil import fastest
+
+    clock, costs, calls = [0.0], {"a": [5.0, 3.0, 0.5, 4.0], "b": [1.0, 1.0, 1.0, 1.0]}, {"a": 0, "b": 0}
+
+    def run(name):
+        def go():
+            clock[0] += costs[name][calls[name]]
+            calls[name] += 1
+        return go
+
+    name, seconds = fastest({"a": run("a"), "b": run("b")}, repeats=3, timer=lambda: clock[0])
+    assert (name, seconds) == ("a", {"a": 0.5, "b": 1.0})          # the first call is a warm-up, untimed
+    assert calls == {"a": 4, "b": 4}
+    tie, _ = fastest({"x": lambda: None, "y": lambda: None}, repeats=1, timer=lambda: 0.0)
+    assert tie == "x"

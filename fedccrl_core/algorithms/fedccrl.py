@@ -62,6 +62,9 @@ def resolve_variant(hp: dict) -> dict:
         elif out[key] not in readings:
             raise ValueError(f"params.yaml: train.fedccrl.{key} must be auto, {readings[0]} or {readings[1]}, "
                              f"got {out[key]!r}")
+    if out.get("augmix_impl", "tensor") == "pil" and out["augmix"] != "per_sample":
+        raise ValueError(f"params.yaml: train.fedccrl.augmix_impl pil implements augmix per_sample only, but augmix "
+                         f"is {out['augmix']} (variant {variant}); use augmix_impl: tensor")
     if not isinstance(out["uint8_wrap"], bool):
         raise ValueError(f"params.yaml: train.fedccrl.uint8_wrap must be true or false, got {out['uint8_wrap']!r}")
     return out
@@ -127,6 +130,10 @@ class FedCCRLParams(HParams):
                                            "std (reference algorithm/client/fedccrl.py:21-44)")
     last_batch: _switch("last_batch") = hp("auto", "skip_single = a last batch of 1 skipped (BatchNorm) | keep = "
                                                    "every batch (reference DataLoader, no drop_last)")
+    augmix_impl: Literal["tensor", "pil"] = hp("tensor", "how augmix per_sample runs, not what it draws: tensor = "
+                                                         "batched on the device | pil = PIL per sample on the host "
+                                                         "(augment/augmix_pil.py); `fedccrl bench` says which is "
+                                                         "faster on a device")
     uint8_wrap: bool = hp(False, "reference algorithm/client/fedccrl.py:157-159 casts MixStyle's output to uint8 "
                                  "unclamped (values outside [0, 1] wrap mod 256): a defect, off even in variant "
                                  "reference; true reproduces it")

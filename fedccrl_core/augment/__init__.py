@@ -67,6 +67,7 @@ class AugmentConfig:
     pool_draw: str = "with_replacement"  # with_replacement (Alg. 2 line 5) | reference (distinct rows when pool >= B)
     augmix: str = "per_sample"  # per_sample (Alg. 3) | batch (reference code: torchvision's AugMix on the batch)
     uint8_wrap: bool = False  # reference code's cast wrapping mod 256 between MixStyle and AugMix (a defect)
+    augmix_impl: str = "tensor"  # per_sample's implementation: tensor (batched, on the device) | pil (augmix_pil.py)
 
     @classmethod
     def from_mapping(cls, params: Mapping[str, Any]) -> "AugmentConfig":
@@ -110,6 +111,9 @@ def fedccrl_augment(
             x01 = x01.clamp(0.0, 1.0)
         if cfg.augmix == "batch":
             x = augmix_batch(x01, cfg.beta, cfg.severity, generator)
+        elif cfg.augmix_impl == "pil":
+            from fedccrl_core.augment.augmix_pil import augmix_pil
+            x = augmix_pil(x01, cfg.beta, cfg.severity, generator)
         else:
             x = augmix(x01, cfg.beta, cfg.severity, generator)
         x = normalize(x, mean, std)

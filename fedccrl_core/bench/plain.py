@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from PIL import Image, ImageOps
+from PIL import Image
 
 from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.augment.augmix import OPS
+from fedccrl_core.augment.augmix_pil import host_augmix, pil_op  # noqa: F401 (the bench's per-sample row)
 from fedccrl_core.aggregation import weighted_average
 from fedccrl_core.federation.client import ClientState
 from fedccrl_core.losses import fedccrl_loss
@@ -45,29 +45,6 @@ from fedccrl_core.losses import fedccrl_loss
 # ---------------------------------------------------------------------------------------------
 # Host-side, per-sample augmentation
 # ---------------------------------------------------------------------------------------------
-def pil_op(img: Image.Image, op: str, level: float, sign: float) -> Image.Image:
-    """One AugMix operation on a PIL image; level u in [0.1, severity], magnitudes as the AugMix
-    reference: int(u * M / 10) or u * M / 10 (see augment/augmix.py)."""
-    w, h = img.size
-    if op == "autocontrast":
-        return ImageOps.autocontrast(img)
-    if op == "equalize":
-        return ImageOps.equalize(img)
-    if op == "posterize":
-        return ImageOps.posterize(img, 4 - int(level * 4 / 10))
-    if op == "solarize":
-        return ImageOps.solarize(img, 256 - int(level * 256 / 10))
-    if op == "rotate":
-        return img.rotate(sign * int(level * 30 / 10), resample=Image.BILINEAR)
-    affine = {
-        "shear_x": (1, sign * level * 0.3 / 10, 0, 0, 1, 0),
-        "shear_y": (1, 0, 0, sign * level * 0.3 / 10, 1, 0),
-        "translate_x": (1, 0, sign * int(level * (w / 3) / 10), 0, 1, 0),
-        "translate_y": (1, 0, 0, 0, 1, sign * int(level * (h / 3) / 10)),
-    }[op]
-    return img.transform((w, h), Image.AFFINE, affine, resample=Image.BILINEAR)
-
-
 def host_mixstyle(x: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, alpha: float,
                   rng: np.random.Generator, eps: float = 1e-6) -> np.ndarray:
     """Alg. 2 on ONE normalized sample x [C, H, W]: a pool row and lambda ~ Beta(alpha, alpha)."""
@@ -79,22 +56,6 @@ def host_mixstyle(x: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, al
     sigma_mix = lam * pool_sigma[j] + (1 - lam) * sigma
     return (sigma_mix[:, None, None] * (x - mu[:, None, None]) / sigma[:, None, None]
             + mu_mix[:, None, None]).astype(np.float32)
-
-
-def host_augmix(img_u8: np.ndarray, beta: float, severity: int, rng: np.random.Generator) -> np.ndarray:
-    """Alg. 3 on ONE uint8 HWC image with PIL; returns float32 HWC in [0, 1]."""
-    pil = Image.fromarray(img_u8)
-    k = int(rng.integers(1, 4))  # line 4
-    weights = rng.dirichlet([beta] * k)  # line 5
-    mix = np.zeros(img_u8.shape, dtype=np.float32)
-    for i in range(k):
-        chain = pil
-        for _ in range(int(rng.integers(1, 4))):  # op1, op2.op1 or op3.op2.op1
-            op = OPS[int(rng.integers(len(OPS)))]
-            chain = pil_op(chain, op, rng.uniform(0.1, severity), -1.0 if rng.uniform() < 0.5 else 1.0)
-        mix += weights[i] * (np.asarray(chain, dtype=np.float32) / 255.0)  # line 10
-    m = rng.beta(beta, beta)  # line 12
-    return np.clip(m * (img_u8.astype(np.float32) / 255.0) + (1 - m) * mix, 0.0, 1.0)  # line 13
 
 
 def host_batch_augment(x: torch.Tensor, pool_mu: np.ndarray, pool_sigma: np.ndarray, hp: dict, mean: np.ndarray,

@@ -165,6 +165,7 @@ class FastPath:
 
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
         from fedccrl_core.algorithms.fedccrl import FedCCRL
+        from fedccrl_core.augment.augmix_pil import probe_augmix_impl
         from fedccrl_core.federation.client import ClientData
         from fedccrl_core.federation.engine import EvalSets, concurrent_width
 
@@ -175,8 +176,13 @@ class FastPath:
         self.target = ClientData.from_numpy("target", "sketch", tx, ty, tx[:0], ty[:0], device)
         self.evalsets = EvalSets(torch.cat([c.val_x for c in self.clients]), torch.cat([c.val_y for c in self.clients]),
                                  self.target.train_x, self.target.train_y, cfg.eval_batch_size)
+        # its AugMix implementation: the faster of the two on this device at this size (augment/augmix_pil.py)
+        self.augmix_impl, self.augmix_probe_s = probe_augmix_impl(device, cfg.size, cfg.batch_size)
+        self.hparams = {"augmix_impl": self.augmix_impl}
+        _log(f"fast: AugMix implementation {self.augmix_impl} (probe, one {cfg.batch_size}-image batch: "
+             + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in self.augmix_probe_s.items()) + ")")
         self.concurrent = concurrent_width(cfg.concurrent_clients, device, len(self.clients),
-                                           FedCCRL(_local(cfg, 1, True)))
+                                           FedCCRL(_local(cfg, 1, True), self.hparams))
 
     def step_seconds(self) -> tuple[float, float, float]:
         """(seconds of cfg.steps local steps on client 0, seconds of their augmentation alone, decoding)."""
@@ -187,7 +193,7 @@ class FastPath:
         from fedccrl_core.statistics import normalize_u8
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
-        alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), True))
+        alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), True), self.hparams)
         payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
                                        for i, c in enumerate(self.clients)})[c0.client_id]
         model = _model(cfg, self.data.num_classes, device)
@@ -212,7 +218,7 @@ class FastPath:
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_core.federation.engine import InProcessEngine
 
-        alg = FedCCRL(_local(self.cfg, self.cfg.epochs, True))
+        alg = FedCCRL(_local(self.cfg, self.cfg.epochs, True), self.hparams)
         self.model = _model(self.cfg, self.data.num_classes, self.device)
         engine = InProcessEngine(alg, self.model, self.clients, self.evalsets, 1, self.cfg.seed, log=lambda m: None,
                                  concurrent_clients=self.cfg.concurrent_clients)
@@ -237,6 +243,7 @@ class PlainPath:
     """The plain baseline (plain.py), with the reference code's per-batch AugMix."""
 
     name, augment = "plain", "batch"
+    augmix_impl = "batch (reference)"  # the one implementation of the reference's reading
 
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
         from fedccrl_core.bench.plain import EncodedImages, FedCCRLViews, PlainClient, encode_png
@@ -302,6 +309,7 @@ class PlainPerSamplePath(PlainPath):
     """The plain baseline with per-sample PIL AugMix in the Dataset (the second plain row)."""
 
     name, augment = "plain_per_sample", "per_sample"
+    augmix_impl = "pil"
 
 
 PATHS = {p.name: p for p in (FastPath, PlainPath, PlainPerSamplePath)}
@@ -322,7 +330,9 @@ def child(cfg: BenchConfig, name: str) -> dict:
     return {"step_s": step_s, "augment_s": aug_s, "decode_s": dec_s, "round_s": round_s, "eval_s": eval_s,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "cuda_peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-            "concurrent_clients": getattr(path, "concurrent", 1), "threads": torch.get_num_threads()}
+            "concurrent_clients": getattr(path, "concurrent", 1), "threads": torch.get_num_threads(),
+            "augmix_impl": path.augmix_impl,
+            "augmix_probe_s": getattr(path, "augmix_probe_s", None)}
 
 
 def run_child(cfg: BenchConfig, name: str) -> dict:
@@ -357,6 +367,7 @@ def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
             "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[n]),
             "cuda_peak_mib": max(cuda) if cuda else None,
             "concurrent_clients": best["concurrent_clients"], "threads": best["threads"],
+            "augmix_impl": best["augmix_impl"], "augmix_probe_s": best["augmix_probe_s"],
             "repeats": runs[n],
         }
     return out
@@ -419,7 +430,10 @@ def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: li
         f"{cfg.clients} clients x {cfg.images_per_client} images, {cfg.steps} timed steps, {cfg.epochs} epoch(s) "
         f"per round, on {device} ({dev}; torch {torch.__version__}, {platform.machine()}), each path in its own "
         f"child process, best of {cfg.repeats} alternating repeats, load average {os.getloadavg()[0]:.1f} at the end",
-        f"fast: shards uint8 on the device, device-side per-sample CCDT+AugMix (Alg. 3), fast switches "
+        f"fast: shards uint8 on the device, per-sample CCDT+AugMix (Alg. 3) with the AugMix implementation "
+        f"{fast['augmix_impl']} (train.fedccrl.augmix_impl), the faster on this device in a probe of one "
+        f"{cfg.batch_size}-image batch ("
+        + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in (fast["augmix_probe_s"] or {}).items()) + "), fast switches "
         f"{'on (bf16 autocast, channels_last)' if device.type == 'cuda' else 'no-ops on the CPU'}, "
         f"{fast['concurrent_clients']} client(s) at once, eval batch {cfg.eval_batch_size}",
         f"plain: PNG decoded by a DataLoader ({cfg.workers} workers) every step, fp32, clients in sequence, eval "
