@@ -45,7 +45,8 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.federation.client import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
-    from pipeline.train import load_clients, local_config, resolve_model, train_config
+    from fedccrl_core.federation.jobs import load_clients, local_config, resolve_model
+    from pipeline.train import train_config
 
     from fedccrl_core.algorithms.fedccrl import VARIANTS
 

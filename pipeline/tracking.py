@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fedccrl_core.runkey import code_hash, params_hash  # noqa: F401 (the run key is the library's)
+
 
 OWNER_TAG = "fedccrl.owner"  # <host>:<pid>:<since> of the process that has the run open
 SECONDS = 0.0  # wall seconds spent in MLflow calls (imports included) by this process; `fedccrl bench-repro`
@@ -34,22 +36,6 @@ def timed(fn):
             if _depth == 0:
                 SECONDS += time.perf_counter() - t0
     return wrapper
-
-
-def params_hash(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def code_hash() -> str:
-    """Hash of the library's source: a round checkpoint is only resumed by the same code."""
-    import fedccrl_core
-
-    root = Path(fedccrl_core.__file__).parent
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
-        h.update(str(f.relative_to(root)).encode())
-        h.update(f.read_bytes())
-    return h.hexdigest()[:16]
 
 
 def git_commit() -> str:

@@ -25,7 +25,8 @@ from fedccrl_core.data.synthetic import generate
 from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from pipeline.params import load_params
-from pipeline.train import load_clients, local_config, resolve_model, train_config
+from fedccrl_core.federation.jobs import load_clients, local_config, resolve_model
+from pipeline.train import train_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
