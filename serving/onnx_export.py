@@ -223,3 +223,48 @@ def parity(session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray 
     if labels is not None:
         result.update(onnx_accuracy=correct_onnx / n, torch_accuracy=correct_torch / n)
     return result
+
+
+def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
+                   publish=None) -> dict:
+    """A trained model -> out/model.onnx + out/parity.json (`fedccrl export`). Parity is measured on every image
+    of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a ParityError, and no output.
+    Outputs appear only on success: parity.json first, then model.onnx renamed from a temp name, so a model.onnx
+    is always complete; stale outputs of an earlier export are removed before anything else happens.
+    publish(onnx_path, session, meta, result, example_u8), if given, runs after the parity check passed and
+    before the outputs appear (the stage logs the model to MLflow there)."""
+    import sys
+
+    from fedccrl_core import contract
+    from fedccrl_core.algorithms import load_model
+    from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.fsio import atomic_path, write_text
+
+    final_onnx, final_parity = out / "model.onnx", out / "parity.json"
+    for stale in (final_onnx, final_parity):  # as DVC does: a failed export leaves no earlier output behind
+        stale.unlink(missing_ok=True)
+    if model_path.is_dir():
+        model_path = model_path / contract.MODEL_FILE
+    model, meta = load_model(model_path)
+    x, y = load_domain_test(shards, meta["held_out_domain"])
+    if x.shape[1:] != (meta["image_size"], meta["image_size"], 3):
+        raise ValueError(f"{shards}: held-out images are {x.shape[1:]}, the model expects "
+                         f"{meta['image_size']}x{meta['image_size']}x3 (shards from another image size?)")
+    with atomic_path(final_onnx) as tmp_onnx:  # renamed to model.onnx after parity.json is written
+        export_onnx(model, meta, tmp_onnx)
+        session = cpu_session(tmp_onnx)
+        result = parity(session, model, x, meta["mean"], meta["std"], labels=y, batch_size=batch_size)
+        result.update(min_agreement=min_agreement, held_out_domain=meta["held_out_domain"],
+                      onnx_bytes=tmp_onnx.stat().st_size)
+        print(f"parity on {result['n_images']} {meta['held_out_domain']} images: top-1 agreement "
+              f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}", file=sys.stderr)
+        if result["top1_agreement"] < min_agreement:
+            raise ParityError(
+                f"ONNX/PyTorch top-1 agreement {result['top1_agreement']:.6f} < --min-agreement {min_agreement} "
+                f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
+                "no model.onnx written")
+        if publish is not None:
+            publish(tmp_onnx, session, meta, result, np.ascontiguousarray(x[:2]))
+        write_text(final_parity, json.dumps(result, indent=1) + "\n")
+    print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB) and {final_parity}", file=sys.stderr)
+    return result
