@@ -140,6 +140,39 @@ def dvc_experiment_name() -> str | None:
     return os.environ.get("DVC_EXP_NAME") or None
 
 
+def changed_params(sweep_params: dict, baseline_yaml: str | None = None) -> dict | None:
+    """The params of this sweep that differ from the committed params.yaml (`git show HEAD:params.yaml`: the
+    experiment's baseline, also inside `dvc exp run --temp/--queue` copies), as dotted keys; None without git."""
+    import yaml
+
+    if baseline_yaml is None:
+        try:
+            p = subprocess.run(["git", "show", "HEAD:params.yaml"], capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if p.returncode != 0:
+            return None
+        baseline_yaml = p.stdout
+    try:
+        base = flatten(yaml.safe_load(baseline_yaml) or {})
+    except yaml.YAMLError:
+        return None
+    now = flatten(sweep_params)
+    return {k: v for k, v in now.items() if k in base and base[k] != v}
+
+
+def sweep_run_name(exp_name: str | None, sweep_params: dict, sweep_key: str, baseline_yaml: str | None = None) -> str:
+    """A parent run's name: the DVC experiment and its changed params (`gauge-damn train.fedccrl.lambda1=1`),
+    `default` for the committed params, `sweep-<key>` when there is no git baseline to compare with."""
+    changed = changed_params(sweep_params, baseline_yaml)
+    if changed is None:
+        return exp_name or f"sweep-{sweep_key[:8]}"
+    parts = [exp_name] if exp_name else []
+    parts += [f"{k}={v}" for k, v in changed.items()] or ([] if exp_name else ["default"])
+    name = " ".join(parts)
+    return name if len(name) <= 250 else name[:249] + "…"   # MLflow's run-name limit
+
+
 @timed
 def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
     """Find or create the sweep's parent run (tagged fedccrl.sweep=<key>)."""
@@ -155,7 +188,7 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
             "mlflow.source.git.commit": git_commit().removesuffix("-dirty")}
     if exp_name:
         tags["dvc.exp_name"] = exp_name
-    run = client.create_run(exp.experiment_id, run_name=exp_name or f"sweep-{sweep_key[:8]}", tags=tags)
+    run = client.create_run(exp.experiment_id, run_name=sweep_run_name(exp_name, sweep_params, sweep_key), tags=tags)
     for k, v in list(flatten(sweep_params).items())[:500]:
         client.log_param(run.info.run_id, k, str(v)[:6000])
     client.set_terminated(run.info.run_id)

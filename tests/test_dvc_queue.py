@@ -86,10 +86,11 @@ def test_two_queued_experiments_land_in_the_repos_mlflow_store(tmp_path):
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{ws / 'mlflow.db'}")
     exp = client.get_experiment_by_name("fedccrl-synthetic")
     runs = client.search_runs([exp.experiment_id])
-    parents = {r.info.run_name: r for r in runs if r.data.tags.get("fedccrl.role") == "parent"}
+    parents = {r.data.tags.get("dvc.exp_name"): r for r in runs if r.data.tags.get("fedccrl.role") == "parent"}
     assert set(parents) == {"lr-a", "lr-b"}
     for name, lr in (("lr-a", "0.002"), ("lr-b", "0.004")):
         parent = parents[name]
+        assert parent.info.run_name == f"{name} train.lr={lr}"    # the experiment and its changed params
         assert parent.data.tags["dvc.exp_name"] == name and parent.data.params["train.lr"] == lr
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
         assert [c.info.run_name for c in children] == ["fedccrl-synthetic-s0-sketch"]

@@ -320,3 +320,25 @@ def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
     assert statuses == [("FINISHED",)]
     if (ws / "runA").exists():  # written by the kill -9 test when it ran first
         assert _rounds(ws, "runT") == _rounds(ws, "runA")
+
+
+def test_a_sweeps_parent_run_is_named_after_the_experiment_and_its_changed_params():
+    from pipeline.tracking import sweep_run_name
+
+    base = yaml.safe_dump({"train": {"lr": 0.001, "rounds": 10, "fedccrl": {"lambda1": 0.1}}, "seed": 0})
+    changed = {"train": {"lr": 0.001, "rounds": 2, "fedccrl": {"lambda1": 1}}, "seed": 0}
+    assert sweep_run_name("gauge-damn", changed, "0123456789", base) == \
+        "gauge-damn train.rounds=2 train.fedccrl.lambda1=1"
+    assert sweep_run_name(None, changed, "0123456789", base) == "train.rounds=2 train.fedccrl.lambda1=1"
+    same = yaml.safe_load(base)
+    assert sweep_run_name(None, same, "0123456789", base) == "default"
+    assert sweep_run_name("exp-a", same, "0123456789", base) == "exp-a"
+    assert len(sweep_run_name("x", {"k": "v" * 400}, "0123456789", yaml.safe_dump({"k": "w"}))) == 250
+
+
+def test_a_parent_run_without_a_git_baseline_keeps_the_experiment_or_the_sweep_key(tmp_path, monkeypatch):
+    from pipeline.tracking import sweep_run_name
+
+    monkeypatch.chdir(tmp_path)                                # not a git repository: no baseline to compare with
+    assert sweep_run_name(None, {"a": 1}, "0123456789abcdef") == "sweep-01234567"
+    assert sweep_run_name("lr-a", {"a": 1}, "0123456789abcdef") == "lr-a"
