@@ -4,7 +4,9 @@ The round loop itself is fedccrl_core/federation/loop.py (RoundLoop), the one th
 drives too; `FlowerServer` only moves its uploads, payloads, weights and replies as messages:
   1. QUERY every connected SuperNode; each answers with its client id, n_i and its upload
      (lines 3-6; FedCCRL: F_i as an ArrayRecord). Uploads are checked (messages.validate_upload) and
-     must share one signature (keys, dtypes, row shapes); a misfit is refused.
+     must share one signature (keys, dtypes, row shapes); a misfit is refused, and so is a client that
+     is not a source of this run (`shards.client_ids`: not of the held-out domain, and for a feddg_bench
+     partition one with training rows outside it), so only those clients are sampled.
   2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client: global weights + its payload (FedCCRL: F_pool minus F_i).
   3. check every reply against the global weights' keys/shapes/dtypes (finite floats, n_i as
      announced) - a malformed reply is logged and refused, never aggregated - then
@@ -170,6 +172,7 @@ class FlowerServer:
         self.dropped: list[dict] = []  # clients that did not answer, were unavailable or raised
         self.slowest: dict[str, float] = {}  # phase -> the slowest reply time measured so far (s)
         self._timeouts: dict[str, float] = {}  # phase -> the timeout its last exchange used
+        self.sources: set[str] | None = None  # the run's source clients (shards.client_ids), set by _run
 
     def _default_log(self, msg: str) -> None:
         line = f"[fedccrl server] {msg}"
@@ -316,6 +319,10 @@ class FlowerServer:
                 M.validate_upload(upload, f"upload of {cid}")
             except (M.MalformedUpdate, KeyError, TypeError, ValueError) as e:
                 self._refuse(rnd, who, f"malformed query reply: {e}")
+                continue
+            if self.sources is not None and cid not in self.sources:  # e.g. a held-out domain's client
+                self._refuse(rnd, who, f"client {cid} is not a source client of held-out {self.spec.held_out} "
+                                       f"(it holds no training rows outside it)")
                 continue
             if cid in node_of:
                 self.log(f"round {rnd}: client {cid} answered from nodes {node_of[cid]} and {node}; "
@@ -465,7 +472,10 @@ class FlowerServer:
         self._start = ck["round"] + 1 if ck is not None else 1
 
     def _run(self) -> dict:
+        from fedccrl_core.data.shards import client_ids, load_manifest
+
         s = self.spec
+        self.sources = set(client_ids(load_manifest(s.shards), s.held_out))  # feddg_bench: the non-empty clients
         evalsets = load_evalsets(s.shards, s.held_out, s.eval_batch_size, self.device)
         torch.manual_seed(s.seed)  # as pipeline/train.py builds the model for the in-process engine
         model = self.alg.build_model(s.backbone, s.num_classes, s.pretrained, self.alg.hp).to(self.device)

@@ -818,3 +818,18 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
     for k, v in ref.final_weights.items():
         assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
     assert all(r["clients"] == 5 for r in res["history"])
+
+
+def test_loopback_a_held_out_domain_client_is_refused_never_sampled(data, tmp_path):
+    """A SuperNode holding a client that is not a source of the run (here the held-out domain's own client) is
+    refused at every query, never sent a TRAIN message: the run equals the one without it."""
+    ref = run_inprocess(data, "fedavg", 2)
+    grid = loopback(data, clients=[*SOURCES, "sketch_c0"])
+    res = serve(grid, make_spec(data, tmp_path, "fedavg"))
+    assert_same_history(res["history"], ref.history)
+    for k, v in ref.final_weights.items():
+        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
+    assert [r["refused"] for r in res["history"]] == [1, 1] and all(r["clients"] == 3 for r in res["history"])
+    assert all("sketch_c0 is not a source client of held-out sketch" in r["refused_clients"][0]["reason"]
+               for r in res["history"])
+    assert not [m for m in grid.sent if m.metadata.message_type == M.TRAIN and m.metadata.dst_node_id == 103]
