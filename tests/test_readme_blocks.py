@@ -27,10 +27,10 @@ PACS. The README's PACS recipe downloads from the dataset registry (`dataset.sou
 FEDCCRL_DATASET_MIRROR points the download at it (fedccrl_core/data/sources.py). A block that uses PACS
 skips with a stated reason when ../shared is absent, and fails instead when FEDCCRL_REQUIRE_SHARED=1.
 
-Markers. A block that is not run carries, on the line above its fence, `<!-- ci: skip (reason) -->`;
-one that is run only with FEDCCRL_README_SLOW=1 carries `<!-- ci: slow (reason) -->` (together about
-45-70 minutes on 2 shared cores, estimated from block timings: too much for .ci/run's 90-minute budget beside
-the rest of the suite). Every marker must give a reason.
+Markers. A block that is not run carries, on the line above its fence, `<!-- ci: skip (reason) -->`,
+and the reason is required. There is no other kind: the queued sweeps, the Flower rehearsal and the
+benchmarks run in the default suite (.ci/run), made cheap by SUBSTITUTIONS. Each block prints its wall
+seconds to stderr (`pytest -s` shows them).
 """
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 SHARED = Path(os.environ.get("FEDCCRL_SHARED", REPO.parent / "shared"))
 REQUIRE_SHARED = os.environ.get("FEDCCRL_REQUIRE_SHARED") == "1"
-RUN_SLOW = os.environ.get("FEDCCRL_README_SLOW") == "1"
 BLOCK_TIMEOUT_S = 1200
 
 # dotted params.yaml key -> value, committed in the clone (see the module docstring)
@@ -81,15 +80,33 @@ SUBSTITUTIONS = [
      "the 12 algorithms of Table 1: two run the same commands"),
     (r"'train\.seeds=\[0,1,2\]'", "'train.seeds=[0]'", "3 seeds: one runs the same commands"),
     (r"--seeds 0,1,2", "--seeds 0", "3 seeds: one runs the same commands"),
+    (r"^dvc exp run --queue -S 'train\.fedccrl\.r=[^']*'$", ": the r sweep is not queued in CI",
+     "Figure 6's r grid: a one-key grid of train.fedccrl, the command form of the Figure 4 line above it and "
+     "of the lambda line below it (each queued experiment costs 1-2 minutes on 2 shared cores)"),
+    (r"(-S 'train\.fedccrl\.\w+=)([^,'\s]+),[^'\s]+'", r"\1\2'",
+     "Figure 6's lambda1 x lambda2 grid: its first values run the same command; the block's Figure 4 grid "
+     "keeps two values, so its queue still holds a sweep"),
+    (r"'partition\.lambda=1,0\.1,0'", "partition.lambda=1",
+     "FedDG-Bench's lambda grid: one value runs the same command; the next line queues lambda 0, so the queue "
+     "still holds two experiments"),
+    (r"'partition\.num_clients=4,12,24,48'", "partition.num_clients=4",
+     "FedDG-Bench's client counts at lambda 0: one runs the same command"),
     (r"(-S '[\w.]+=)([^,'\s]+),([^,'\s]+)(,[^'\s]+)+'", r"\1\2,\3'",
      "a sweep grid: its first two values run the same sweep"),
-    (r"(-S '[\w.]+=[^,'\s\[]+,[^,'\s]+' -S '[\w.]+=[^,'\s\[]+),[^'\s]+'", r"\1'",
-     "a second swept key in the same run: its first value (2 experiments, not a 2 x 2 grid)"),
-    (r"for c in ccdt difp l_ra l_js;", "for c in ccdt l_js;", "Table 2's four switches: two run the same loop"),
+    (r"for c in ccdt difp l_ra l_js;", "for c in l_js;", "Table 2's four switches: one runs the same loop"),
     (r"^make (bench-accuracy|bench-table1)\b", r"make \1 TABLE_ALGORITHMS=fedavg,fedccrl",
      "the 12 algorithms of Table 1: two run the same recipe"),
+    (r"^fedccrl bench-scale(?=\s+#)", "fedccrl bench-scale --clients 6,30",
+     "4 client counts: two give the ratio to 6 clients the same way"),
     (r"fedccrl bench-scale\b", "fedccrl bench-scale --total 960 --rounds 1",
      "3840 images and 2 rounds per client count: 960 and 1 run the same bench"),
+    (r"^fedccrl bench-repro$", "fedccrl bench-repro --thread-steps 10",
+     "40 steps per thread-policy measurement: 10 run the same measurement"),
+    (r"fedccrl bench-threads --steps 40 --repeats 2", "fedccrl bench-threads --steps 10 --repeats 1",
+     "40 steps, best of 2: 10 steps once run the same measurement"),
+    (r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
+     r"\1 -S partition.clients_per_domain=1 ",
+     "six SuperNodes (2 clients per source domain): three run the same deployment"),
 ]
 
 MARKER = re.compile(r"<!--\s*ci:\s*(?P<kind>\w+)\s*(?:\((?P<reason>[^)]*)\))?\s*-->")
@@ -118,7 +135,7 @@ ci_serves() {
 class Block:
     line: int          # README line of the opening fence
     code: str
-    marker: str | None  # skip | slow | None
+    marker: str | None  # skip | None
     reason: str | None
 
 
@@ -155,7 +172,7 @@ def test_markers_name_a_kind_and_a_reason():
     for n, line in enumerate(text.splitlines(), 1):
         if "<!-- ci:" in line or "<!--ci:" in line:
             m = MARKER.search(line)
-            assert m and m["kind"] in ("skip", "slow"), f"README.md:{n}: marker {line.strip()!r}: kind is skip or slow"
+            assert m and m["kind"] == "skip", f"README.md:{n}: marker {line.strip()!r}: the one kind is skip"
             assert m["reason"] and m["reason"].strip(), f"README.md:{n}: marker {line.strip()!r} gives no reason"
     marked = [b for b in BLOCKS if b.marker == "skip"]
     assert len(marked) <= len(BLOCKS) // 4, f"{len(marked)} of {len(BLOCKS)} blocks are skipped: keep them few"
@@ -170,10 +187,10 @@ def test_every_substitution_matches_the_readme():
 
 
 def test_sweep_grid_substitution_keeps_a_sweep():
-    grid = "-S 'train.fedccrl.lambda1=0,0.01,0.1,1' -S 'train.fedccrl.r=0.1'"
-    assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0,0.01' -S 'train.fedccrl.r=0.1'"
+    grid = "-S 'partition.lambda=1,0.5,0' -S 'train.algorithms=[fedccrl]'"
+    assert ci_code(grid) == "-S 'partition.lambda=1,0.5' -S 'train.algorithms=[fedccrl]'"
     grid = "-S 'train.fedccrl.lambda1=0,0.01,0.1,1' -S 'train.fedccrl.lambda2=0,0.01,0.1,1'"
-    assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0,0.01' -S 'train.fedccrl.lambda2=0'"
+    assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0' -S 'train.fedccrl.lambda2=0'"
 
 
 # ------------------------------------------------------------------ the clone
@@ -296,8 +313,6 @@ def _uses_pacs(code: str) -> bool:
 def test_readme_block(block: Block, clone, mirror):
     if block.marker == "skip":
         pytest.skip(f"README.md:{block.line}: ci: skip ({block.reason})")
-    if block.marker == "slow" and not RUN_SLOW:
-        pytest.skip(f"README.md:{block.line}: ci: slow ({block.reason}); runs with FEDCCRL_README_SLOW=1")
     if _uses_pacs(block.code) and mirror is None:
         msg = f"README.md:{block.line} downloads PACS: needs {SHARED}/datasets/pacs/pacs_128.zip (absent in a user's clone)"
         if REQUIRE_SHARED:
@@ -310,7 +325,10 @@ def test_readme_block(block: Block, clone, mirror):
         subprocess.run(["dvc", "checkout", "--force", "--quiet"], cwd=dest, env=env, check=True, capture_output=True)
     code = ci_code(block.code)
     t0 = time.monotonic()
-    proc = _run_block(code, dest, {**env, "CI_PORT": str(_free_port())})
+    try:
+        proc = _run_block(code, dest, {**env, "CI_PORT": str(_free_port())})
+    finally:
+        print(f"\nREADME.md:{block.line}: block ran {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, (
         f"README.md:{block.line}: block failed with exit code {proc.returncode} after "
