@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see README) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: lock repro test test-slow chaos bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
+.PHONY: lock repro test test-all chaos bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
 
 # constraints.txt pins every package to the exact version it was tested with (make lock writes it)
 $(STAMP): pyproject.toml constraints.txt
@@ -25,11 +25,11 @@ lock: $(STAMP)  ## regenerate constraints.txt from .venv: pip freeze, without fe
 repro: $(STAMP)   ## the main job: dvc repro on the embedded default dataset
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 
-test: $(STAMP)    ## the default test suite (slow tests excluded)
+test: $(STAMP)    ## the fast tier (minutes): every test not marked `full`; it lists what it leaves to test-all
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest
 
-test-slow: $(STAMP)  ## only the slow tests (full PACS epoch on the CPU)
-	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m slow
+test-all: $(STAMP)  ## the full tier (what CI runs): also the README blocks, DVC pipelines and queues, Flower, benches
+	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m ""
 
 chaos: $(STAMP)  ## the fault suite (issue 17): one row per fault (orphans, temp files left, data lost, metrics identical)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/chaos.py

@@ -72,6 +72,9 @@ def table_markdown(runs: list[dict], metrics: dict) -> list[str]:
         # the partition the runs were trained on (one line; several if runs were mixed)
         lines += ["Partition: " + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items())
                                    or "not recorded"), ""]
+    for platform in sorted({r.get("platform") or "not recorded" for r in runs}):
+        # the kernels that made the numbers (fedccrl_core/numerics.py): they differ in the last digits by CPU
+        lines += [f"Platform: {platform}", ""]
     for key, title in SELECTIONS:
         lines += [f"### {runs[0]['dataset']}: target accuracy (%), {title}", "",
                   "| Algorithm | " + " | ".join(domains) + " | Avg. |", "|---" * (len(domains) + 2) + "|"]

@@ -77,3 +77,35 @@ def toy_client():
     """The one toy client factory of the tests: toy_client(cid, domain, n, seed, shift, contrast=1.0, size=8,
     n_val=8, stats=False, stats_mean=0.0) -> ClientData."""
     return _make_toy_client
+
+
+# ---- the two tiers ---------------------------------------------------------------------------------
+# `make test` runs every test not marked `full` (minutes); `make test-all` runs them all (.ci/run). A full-tier
+# test says why it is there: `@pytest.mark.full("the README's blocks, each in a scratch clone")`.
+_left_to_full: dict[str, list] = {}  # test file -> [number of tests, {reasons}]
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        mark = item.get_closest_marker("full")
+        if mark is not None and not (mark.args and isinstance(mark.args[0], str) and mark.args[0].strip()):
+            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.full needs its reason, e.g. "
+                                    "@pytest.mark.full('runs the whole pipeline through DVC')")
+
+
+def pytest_deselected(items):
+    for item in items:
+        mark = item.get_closest_marker("full")
+        if mark is not None:
+            entry = _left_to_full.setdefault(item.path.name, [0, set()])
+            entry[0] += 1
+            entry[1].add(mark.args[0])
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _left_to_full:
+        return
+    total = sum(n for n, _ in _left_to_full.values())
+    terminalreporter.section(f"left to the full tier (make test-all): {total} tests")
+    for name, (n, reasons) in sorted(_left_to_full.items()):
+        terminalreporter.write_line(f"{name} ({n}): {'; '.join(sorted(reasons))}")

@@ -1,7 +1,12 @@
-"""The main job (`make repro`): `dvc repro` of the embedded default, end to end, shows the method working
-(issue 15 point 2): FedCCRL at least 55 % on average over the four held-out domains (final round, seed 0)
-and at least 10 points above FedAvg. Training is deterministic on the CPU (one torch thread per run,
-pipeline/train.py), so the README's table is this run's table, number for number."""
+"""The main job (`make repro`): `dvc repro` of the embedded default, end to end, shows the method working:
+FedCCRL at least 55 % on average over the four held-out domains (final round, seed 0) and at least 10 points
+above FedAvg, on whatever CPU runs it (.ci/run reruns this module with ATEN_CPU_CAPABILITY=default).
+
+The README's table was made on one machine. Training is bit-identical there (one torch thread per run), but
+oneDNN, MKL and ATen pick float32 kernels by instruction set, so another CPU flips a few of each domain's 240
+test images. The README's table must hold within TOLERANCE, which the spread measured across instruction sets
+justifies (see TOLERANCE), and must name the platform that made it.
+"""
 from __future__ import annotations
 
 import json
@@ -17,6 +22,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
+pytestmark = [pytest.mark.full("the whole default experiment through DVC, about 4 minutes on 2 cores"),
+              pytest.mark.timeout(2400)]
 
 
 @pytest.fixture(scope="module")
@@ -60,11 +67,31 @@ def test_default_runs_fedccrl_and_fedavg_and_fedccrl_wins(default_ws):
     assert avg["fedccrl"] >= avg["fedavg"] + 0.10, avg
 
 
-def test_readme_default_table_is_this_runs_table(default_ws):
-    """The README's numbers are tested numbers: its default-experiment table equals results/table.md's."""
+# Measured spread of the default's final-round accuracy (points) between instruction sets, seed 0, torch 2.14.1:
+# the same commands under ATEN_CPU_CAPABILITY=default|avx2, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS and
+# MKL_CBWR on an AVX2 CPU, and an AVX-512 CPU's table (docs: the numbers section of the README). The largest
+# per-domain difference seen was MAX_SEEN_DOMAIN, of the average MAX_SEEN_AVG; the tolerance is twice that.
+MAX_SEEN_DOMAIN, MAX_SEEN_AVG = 1.25, 0.10
+TOLERANCE = {"domain": 2 * MAX_SEEN_DOMAIN, "avg": 2 * MAX_SEEN_AVG}
+
+
+def test_readme_default_table_holds_here_within_the_measured_spread(default_ws):
+    """The README's numbers are tested numbers: its default-experiment table is this run's table within
+    TOLERANCE, and it names the platform that made it. (Bit-identity is a property of one machine: the reruns,
+resume and engine tests check it there.)"""
     readme = (REPO / "README.md").read_text()
     m = re.search(r"<!-- default-table -->\n(.*?)<!-- /default-table -->", readme, re.S)
     assert m, "README.md: no <!-- default-table --> block"
+    platform = re.search(r"^Platform: (cpu|cuda) .+, torch \d+\.\d+.*$", m.group(1), re.M)
+    assert platform, "README.md: the default table names no platform (a 'Platform: ...' line from results/table.md)"
     shown = _final_table("final round\n" + m.group(1))
-    measured = _final_table((default_ws / "results" / "table.md").read_text())
-    assert set(shown) == {"fedavg", "fedccrl"} and shown == {k: measured[k] for k in shown}, (shown, measured)
+    table = (default_ws / "results" / "table.md").read_text()
+    measured = _final_table(table)
+    assert set(shown) == {"fedavg", "fedccrl"} and set(shown) <= set(measured), (shown, measured)
+    for alg, cells in shown.items():
+        header = ["photo", "art", "cartoon", "sketch", "Avg."]
+        for col, a, b in zip(header, cells, measured[alg]):
+            tol = TOLERANCE["avg" if col == "Avg." else "domain"]
+            assert abs(float(a) - float(b)) <= tol, (
+                f"{alg} {col}: README {a}, this run {b} (|diff| > {tol} points, the measured spread across "
+                f"instruction sets; this run's platform: {re.search(r'^Platform: .*$', table, re.M)[0]})")

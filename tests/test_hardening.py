@@ -515,19 +515,27 @@ def test_d_tar_members_go_through_tarfiles_data_filter(tmp_path, monkeypatch):
     assert not (tmp_path.parent / "escape.png").exists() and not (tmp_path / "escape.png").exists()
 
 
-def test_d_fedalign_clusters_with_scikit_learn_kmeans():
-    """FedAlign's k-means (Sec. 3.3) is scikit-learn's KMeans seeded by one draw of the client's rng."""
+def test_d_fedalign_kmeans_recovers_known_clusters_numbered_by_first_appearance():
+    """FedAlign's k-means (Sec. 3.3) through its wrapper: three well-separated blobs, interleaved, are found
+    exactly, numbered by first appearance, with their means as centers; k is capped by the distinct points;
+    the rng gives one draw, so the same rng state gives the same clustering."""
     import numpy as np
-    from sklearn.cluster import KMeans
 
-    from fedccrl_core.algorithms.fedalign import KMEANS_MAX_ITERS, KMEANS_RESTARTS, kmeans
+    from fedccrl_core.algorithms.fedalign import kmeans
 
-    x = np.random.default_rng(0).normal(size=(400, 6))
-    labels, centers = kmeans(x, 3, np.random.default_rng(5))
-    seed = int(np.random.default_rng(5).integers(2**31 - 1))
-    ref = KMeans(3, n_init=KMEANS_RESTARTS, max_iter=KMEANS_MAX_ITERS, random_state=seed).fit(x).labels_
-    assert len(set(zip(labels.tolist(), ref.tolist()))) == 3  # the same partition, renumbered
-    assert labels[0] == 0 and np.allclose(centers, [x[labels == c].mean(0) for c in range(3)])
+    g = np.random.default_rng(0)
+    truth = np.array([2, 0, 1] * 40)                          # first appearance: blob 2, then 0, then 1
+    x = np.array([[0, 0], [50, 0], [0, 50]], dtype=float)[truth] + g.normal(scale=0.5, size=(120, 2))
+    rng = np.random.default_rng(5)
+    labels, centers = kmeans(x, 3, rng)
+    assert labels.tolist() == [0, 1, 2] * 40                   # blob 2 -> 0, blob 0 -> 1, blob 1 -> 2
+    assert np.allclose(centers, [x[truth == b].mean(0) for b in (2, 0, 1)])
+    assert rng.bit_generator.state == (r := np.random.default_rng(5), r.integers(2**31 - 1))[0].bit_generator.state
+    again, _ = kmeans(x, 3, np.random.default_rng(5))
+    assert again.tolist() == labels.tolist()
+    two = np.array([[1.0, 1.0]] * 5 + [[9.0, 9.0]] * 5)
+    labels2, centers2 = kmeans(two, 4, np.random.default_rng(1))   # 4 asked, 2 distinct points: 2 clusters
+    assert labels2.tolist() == [0] * 5 + [1] * 5 and np.allclose(centers2, [[1, 1], [9, 9]])
     dup = np.repeat(x[:2], 5, axis=0)  # 2 distinct points: at most 2 clusters, no warning
     import warnings
     with warnings.catch_warnings():

@@ -109,6 +109,49 @@ SUBSTITUTIONS = [
      "six SuperNodes (2 clients per source domain): three run the same deployment"),
 ]
 
+NUM = r"(\d+(?:\.\d+)?)"
+# (command in a block, [what its output must show]): a benchmark block passes on what it printed, not on its
+# exit code alone. Each regex must match the block's stdout + stderr; every number a regex captures (the
+# measured figures and their ratios) must be finite and positive.
+BENCH_OUTPUTS = [
+    (r"^fedccrl bench-repro\b",
+     [rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
+      *[rf"^  {stage:<10} +\d+ +{NUM} +[\d.]+ +{NUM} +[\d.]+$" for stage in ("download", "train", "report")],
+      rf"^    wall +{NUM}s vs +{NUM}s  \({NUM}x\)$",
+      rf"spin / passive wall {NUM}x cpu {NUM}x"]),
+    (r"^fedccrl bench-threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
+    (r"^(make bench-accuracy|.*fedccrl bench-accuracy)\b",
+     [r"^final-round target accuracy \(%\), mean ± std over seeds",
+      rf"^\| fedccrl[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$"]),
+    (r"^make bench-table1\b", [rf"^\| fedccrl \|(?: {NUM} \|)+$", rf"^\| fedavg \|(?: {NUM} \|)+$"]),
+    (r"^(make bench(?![-\w])|fedccrl bench --size)",
+     [rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {NUM}$",
+      rf"^ratio fast/plain_per_sample, peak RSS of the child process, MiB: {NUM}$"]),
+    (r"^fedccrl bench-scale\b",
+     [rf"^\| FedAvg \| 6 \| {NUM} \| 1\.00 \| {NUM} \| 1\.00 \|", rf"^\| (FedAvg|FedCCRL) \| \d+ \| {NUM} \| {NUM} \|"]),
+]
+
+
+def check_bench_output(code: str, out: str) -> list[str]:
+    """What is wrong with a block's output under BENCH_OUTPUTS (empty when the block runs no benchmark)."""
+    problems = []
+    for command, patterns in BENCH_OUTPUTS:
+        if not re.search(command, code, flags=re.M):
+            continue
+        for pattern in patterns:
+            m = re.search(pattern, out, flags=re.M)
+            if m is None:
+                problems.append(f"{command}: no line matches {pattern!r}")
+                continue
+            bad = [g for g in m.groups() if g is not None and re.fullmatch(r"[\d.]+", g) and not float(g) > 0]
+            if bad:
+                problems.append(f"{command}: {m[0]!r} has figures that are not positive: {bad}")
+    if any(re.search(c, code, flags=re.M) for c, _ in BENCH_OUTPUTS):
+        problems += [f"a figure is not finite: {line!r}" for line in out.splitlines()
+                     if re.search(r"\b(nan|inf)\b", line, flags=re.I)]
+    return problems
+
+
 MARKER = re.compile(r"<!--\s*ci:\s*(?P<kind>\w+)\s*(?:\((?P<reason>[^)]*)\))?\s*-->")
 
 # bash prelude of every block: `ci_serves CMD...` runs a server in its own process group until
@@ -309,6 +352,24 @@ def _uses_pacs(code: str) -> bool:
     return "dataset.name=pacs" in code
 
 
+def test_bench_output_checks_fail_on_a_missing_line_or_a_figure_that_is_not_finite():
+    threads = "fedccrl bench-threads --steps 10 --repeats 1"
+    good = "thread policy, 10 small-CNN steps\n  spin / passive: wall 1.39x  cpu 2.19x\n"
+    assert check_bench_output(threads, good) == []
+    assert check_bench_output("echo hi", "") == []                     # not a benchmark: nothing to check
+    assert check_bench_output(threads, good.replace("1.39x", "nanx"))  # the line no longer matches
+    assert check_bench_output(threads, good.replace("1.39x", "0.00x"))  # a ratio of zero is no measurement
+    assert check_bench_output(threads, good + "step time: inf\n")     # any nan or inf in a bench's output
+    assert check_bench_output(threads, "")                             # it printed nothing
+    acc = "make bench-accuracy TABLE_ALGORITHMS=fedavg,fedccrl"
+    table = ("final-round target accuracy (%), mean ± std over seeds [0], 12s in all\n| Algorithm | sketch | Avg. |\n"
+             "|---|---|---|\n| fedccrl | 41.25 ± 0.00 | 41.25 |\n| fedavg | 30.00 ± 0.00 | 30.00 |\n")
+    assert check_bench_output(acc, table) == []
+    assert check_bench_output(acc, table.replace("| fedccrl |", "| fedavg |"))  # no FedCCRL row
+
+
+@pytest.mark.full("each README block runs in a scratch clone: the pipeline, queued sweeps, Flower, the benches")
+@pytest.mark.timeout(BLOCK_TIMEOUT_S + 300)
 @pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{b.line}" for b in BLOCKS])
 def test_readme_block(block: Block, clone, mirror):
     if block.marker == "skip":
@@ -358,3 +419,5 @@ def test_readme_block(block: Block, clone, mirror):
         assert rep["domains"] == sorted(p.name for p in tree.iterdir() if p.is_dir())
         assert rep["total"] == sum(1 for p in tree.rglob("*") if p.is_file())
     assert "Traceback (most recent call last)" not in out, f"README.md:{block.line}: a traceback:\n{out[-3000:]}"
+    problems = check_bench_output(code, out)
+    assert not problems, f"README.md:{block.line}: " + "; ".join(problems) + f"\n--- output tail ---\n{out[-3000:]}"

@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from fedccrl_core import contract
+from fedccrl_core.numerics import numeric_platform
 from fedccrl_core.runkey import code_hash, params_hash
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -152,7 +153,8 @@ given, returns the MLflow ids the outputs record; a worker receives them from th
             "resize": job["resize"], "dataset": cfg["dataset"], "domains": job["domains"],
             "held_out_domain": target, "held_out_index": job["index"], "algorithm": job["algorithm"],
             "seed": job["seed"], "hparams": alg.hp, "params_hash": job["run_key"], "git_commit": job["commit"],
-            "mlflow_run_id": job["mlflow_run_id"], "mlflow_experiment_id": job["mlflow_experiment_id"]}
+            "mlflow_run_id": job["mlflow_run_id"], "mlflow_experiment_id": job["mlflow_experiment_id"],
+            "platform": numeric_platform(str(device))}
     from fedccrl_core.fsio import atomic_dir
 
     with atomic_dir(out) as tmp:  # fedccrl_core.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
