@@ -267,6 +267,7 @@ def test_pacs_projection_by_hand():
                                                                           + 606 + 3929))
 
 
+@pytest.mark.full("the bench command: three child processes, each importing torch")
 def test_bench_command_runs_on_the_cpu(tmp_path):
     """Three paths, each in its own child process: every figure is measured for every path, peak RSS
     included (a child's ru_maxrss, so above the size of torch alone), and every ratio is printed."""

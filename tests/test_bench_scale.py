@@ -6,9 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.full("the bench-scale command: child processes per client count")
 def test_bench_scale_prints_a_row_per_algorithm_and_client_count():
     p = subprocess.run([sys.executable, "-m", "pipeline.cli", "bench-scale", "--algorithms", "fedavg",
                         "--clients", "2,4", "--total", "24", "--size", "8", "--rounds", "1", "--batch-size", "4"],

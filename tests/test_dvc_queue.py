@@ -60,7 +60,8 @@ def _scratch_repo(root: Path) -> Path:
     return ws
 
 
-@pytest.mark.slow  # 454 s measured on the shared 2-core machine under load (two whole pipelines side by side)
+@pytest.mark.full("two queued experiments, whole pipelines side by side (454 s on 2 shared cores)")
+@pytest.mark.timeout(1800)
 def test_two_queued_experiments_land_in_the_repos_mlflow_store(tmp_path):
     ws = _scratch_repo(tmp_path)
     _run(["dvc", "exp", "run", "--queue", "-n", "lr-a", "-S", "train.lr=0.002"], ws)

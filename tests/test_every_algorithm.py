@@ -2,11 +2,11 @@
 
 - its params.yaml group validates as a run of that algorithm alone (pipeline/params.py, as every stage does);
 - DVC trains it: `dvc repro --single-item train@<alg>-0` in one scratch clone, one tiny round, and the run's files
-  land where evaluate, export and figures look for them (fedccrl_core/contract.py). The slow variant runs the
+  land where evaluate, export and figures look for them (fedccrl_core/contract.py). The full tier also runs the
   README's own command, `dvc exp run --temp` with that algorithm alone, once per algorithm (~1 min each here);
 - the Flower loopback engine equals the in-process engine bit for bit: tests/test_flower.py
   test_loopback_every_algorithm_matches_inprocess_engine, parametrized over the same registry (CCST and FedADG
-  there are `slow`: style transfer and an adversarial generator take 20-45 s per engine on the CPU).
+  are in the full tier: style transfer and an adversarial generator take 20-45 s per engine on the CPU).
 """
 from __future__ import annotations
 
@@ -96,13 +96,16 @@ def _assert_one_round_trained(models: Path, name: str) -> None:
     assert rec[contract.ROUND] == 1 and 0 <= rec[contract.TARGET_ACC] <= 1 and rec[contract.BYTES_UP] > 0
 
 
+@pytest.mark.full("every algorithm through DVC in a scratch clone (in-process: test_embedded_round.py, test_round_loop.py)")
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_dvc_trains_one_tiny_round(name, clone):
     _run([_dvc(), "repro", "--single-item", f"train@{name}-0"], clone)
     _assert_one_round_trained(clone / "models", name)
 
 
-@pytest.mark.slow
+@pytest.mark.full("every algorithm through DVC in a scratch clone (in-process: test_embedded_round.py, test_round_loop.py)")
+@pytest.mark.timeout(1500)
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_dvc_exp_run_temp_with_the_algorithm_alone(name, tmp_path):
     """The README's command in a fresh clone: `dvc exp run --temp -S 'train.algorithms=[<alg>]' ...` runs the

@@ -334,6 +334,8 @@ def test_reference_variant_through_flower_equals_inprocess(data, monkeypatch, tm
     assert run_inprocess(data, "fedccrl", 1).history[0]["loss"] != ref.history[0]["loss"]
 
 
+@pytest.mark.full("the variant through dvc exp run")
+@pytest.mark.timeout(900)
 def test_reference_variant_through_dvc(tmp_path):
     """`train.fedccrl.variant: reference` in params.yaml, run by `dvc repro` (download -> partition -> pools ->
     train, one round, one held-out domain): the run trains the reference's readings and MLflow records them."""

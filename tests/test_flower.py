@@ -4,11 +4,12 @@ algorithm against the in-process engine, faults (dead client, min_clients, malfo
 ServerApp resume), and real processes: a SuperLink and three SuperNodes on 127.0.0.1
 (`--insecure`), and `flwr run` on a simulation SuperLink (Ray, offline).
 
-Default suite: everything but the `slow` ones below; the deployment end-to-end test dominates
-(~95 s on 2 shared CPU cores: Flower 1.41 starts a fresh ClientApp process, i.e. a torch import,
-per message). Slow: the process-level fault test (kill -9 a SuperNode mid-round, restart it,
-`flwr stop` + rerun; ~2-2.5 min, mostly timeouts), the process-level malformed update (~65 s),
-`fedccrl train` with `train.engine: flower` (~75 s), and CCST / FedADG on the loopback.
+The fast tier (`make test`) runs the message checks and the loopback; the full tier (`make test-all`) adds
+the real processes: the deployment end to end (~95 s on 2 shared CPU cores: Flower 1.41 starts a fresh
+ClientApp process, i.e. a torch import, per message), the process-level fault test (kill -9 a SuperNode
+mid-round, restart it, `flwr stop` + rerun; ~2-2.5 min, mostly timeouts), the process-level malformed update
+(~65 s), `flwr run` on a simulation SuperLink, `fedccrl train` with `train.engine: flower` (~75 s), and CCST /
+FedADG on the loopback.
 
 Data: the embedded default (synthetic, 32 px) with K=1 client per domain, held-out sketch -> three
 source clients (photo_c0, art_c0, cartoon_c0), 216 training samples each. The Flower processes run
@@ -544,7 +545,10 @@ def test_loopback_resume_after_serverapp_crash(data, tmp_path):
 SLOW_ON_CPU = {"ccst", "fedadg"}  # AdaIN style transfer / an adversarial generator: 20-45 s here
 
 
-@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.slow) if a in SLOW_ON_CPU else a
+SLOW_REASON = "style transfer or an adversarial generator: 20-45 s per engine on the CPU"
+
+
+@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.full(SLOW_REASON)) if a in SLOW_ON_CPU else a
                                        for a in sorted(ALGORITHMS)])
 def test_loopback_every_algorithm_matches_inprocess_engine(algorithm, data, inprocess_fedccrl, tmp_path):
     """One implementation, two engines: every registered algorithm, 2 rounds over the Message API
@@ -591,6 +595,8 @@ def _records(work: Path, run_id: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
+@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.timeout(900)
 def test_deployment_end_to_end_matches_inprocess(data, inprocess_fedccrl, tmp_path):
     """`train.engine: flower`, deployment: a SuperLink and 3 SuperNodes as processes (--insecure on
     127.0.0.1), 2 rounds of FedCCRL; MLflow gets the in-process engine's record per round; the
@@ -668,7 +674,8 @@ def train(msg, context):
 """
 
 
-@pytest.mark.slow
+@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.timeout(900)
 def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
     """A SuperNode whose ClientApp sends a mis-shaped array: the ServerApp logs and refuses it and
     aggregates the two valid replies."""
@@ -691,7 +698,8 @@ def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
     assert all(torch.isfinite(v.float()).all() for v in res.final_weights.values())
 
 
-@pytest.mark.slow
+@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.timeout(900)
 def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, data, tmp_path):
     """Process-level faults on one federation:
     (a) min_clients cannot be met -> the run fails with a clear message (FlowerRunError);
@@ -731,6 +739,8 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
     assert fed.supernodes["photo_c0"].log_path.read_text().count("Receiving: train message") >= 1
 
 
+@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.timeout(900)
 def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path):
     """`train.flower.mode: simulation`: `flwr run` on a local simulation SuperLink, Flower's Ray
     backend (offline), 3 simulated SuperNodes (partition-id -> client id via the manifest)."""
@@ -746,7 +756,8 @@ def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
 
 
-@pytest.mark.slow
+@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.timeout(900)
 def test_train_stage_with_flower_engine(data, tmp_path):
     """`fedccrl train` with `train.engine: flower` (deployment): the stage's outputs and MLflow child run."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())

@@ -24,6 +24,7 @@ def test_params_group_matches_declaration(name):
         assert group[key] == value, f"train.{name}.{key}: params.yaml {group[key]!r} != declared default {value!r}"
 
 
+@pytest.mark.full("dvc's own resolution of params.yaml")
 def test_every_algorithm_resolves_in_dvc(tmp_path):
     """`dvc repro --dry` of one train stage per algorithm, in a scratch clone: no 'Parameters train.<alg> are
     missing' (the README's PACS recipe, the sweeps and `make bench-table1` all list fedavg)."""

@@ -69,6 +69,8 @@ def repro_ws(tmp_path_factory):
     return ws, time.perf_counter() - t0, p
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_repro_produces_every_output(repro_ws):
     ws, seconds, _ = repro_ws
     for d in ("photo", 3):  # models/<alg>/s<seed>/d<held_out entry>: dphoto, d3
@@ -89,6 +91,8 @@ def test_repro_produces_every_output(repro_ws):
     print(f"dvc repro (2 held-out domains, 2 rounds x 1 epoch): {seconds:.1f}s")
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_two_rounds_lower_the_loss(repro_ws):
     ws, _, _ = repro_ws
     for d in ("photo", 3):  # models/<alg>/s<seed>/d<held_out entry>: dphoto, d3
@@ -97,6 +101,8 @@ def test_two_rounds_lower_the_loss(repro_ws):
         assert {"l_cls", "l_ra", "l_js", "train_acc", "val_acc", "target_acc", "lr", "bytes_up"} <= set(rounds[0])
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
     ws, _, _ = repro_ws
     p = _run(["dvc", "metrics", "show", "--json"], ws)
@@ -130,6 +136,8 @@ def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
     assert "changed" not in status.stdout  # everything up to date: a rerun would do nothing
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
     ws, _, _ = repro_ws
     import mlflow
@@ -183,6 +191,8 @@ def _rounds(ws, out):
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rounds]
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_resume_after_kill9_gives_the_same_metrics_as_an_uninterrupted_run(repro_ws):
     """Round 1 is computed by the killed process and round 2 by the resumed one; both equal the
     uninterrupted run's, so this also shows that two processes with the same params and seed agree."""
@@ -232,6 +242,8 @@ def _train_in_process(ws, out, params, monkeypatch, algorithm="fedccrl"):
     ({"train.fedccrl.variant": "code"}, "key 'train.fedccrl.variant': got 'code'; must be one of paper, reference"),
     ({"train.fedccrl.uint8_wrap": "yes"}, "key 'train.fedccrl.uint8_wrap': got 'yes'; must be true or false"),
 ])
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_bad_params_give_one_clear_line(repro_ws, overrides, message, tmp_path, monkeypatch):
     ws, _, _ = repro_ws
     params = _write_params(tmp_path, **{**SMALL, **overrides})
@@ -242,6 +254,8 @@ def test_bad_params_give_one_clear_line(repro_ws, overrides, message, tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_unknown_algorithm_named(repro_ws, tmp_path, monkeypatch):
     ws, _, _ = repro_ws
     params = _write_params(tmp_path, **SMALL)
@@ -250,6 +264,8 @@ def test_unknown_algorithm_named(repro_ws, tmp_path, monkeypatch):
     assert "fedccrl, fedavg, fedprox" in res.stderr  # the valid names are listed
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, tmp_path, monkeypatch):
     """Issue 19: train.fedccrl.variant: reference trains through the train stage, and its MLflow run records
     the variant and each switch's reading (so the two variants compare side by side in MLflow)."""
@@ -282,6 +298,8 @@ def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkey
     assert project_root() == repo.resolve()
 
 
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
 def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
     """SIGTERM during training (fedccrl_core/procs.py) ends the MLflow run KILLED, leaves no output and no
     process; deleting mlflow.db afterwards gives a warning and a fresh run, not a traceback, and the resumed

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,12 +57,14 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     commands = stage_commands(yaml.safe_load((REPO / "dvc.yaml").read_text()), params)
-    assert [n.split("@")[0] for n in commands[:3]] == ["download", "partition", "pools"]
+    assert [n.split("@")[0] for n, _ in commands[:3]] == ["download", "partition", "pools"]
     assert {n for n, _ in commands} >= {"train@fedavg-0", "train@fedccrl-0", "evaluate", "export", "report",
                                          "figures"}
     for name, cmd in commands:
         assert cmd.startswith("fedccrl "), f"dvc.yaml stage {name}: {cmd!r} is not a fedccrl command"
+        t0 = time.monotonic()
         p = subprocess.run(cmd, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+        print(f"stage {name}: {time.monotonic() - t0:.1f}s", file=sys.stderr)
         assert p.returncode == 0, f"stage {name}: {cmd}\n{p.stderr[-3000:]}"
     metrics = json.loads((tmp_path / "results" / "metrics.json").read_text())
     assert set(metrics) == {"fedavg", "fedccrl"}
