@@ -255,11 +255,12 @@ def _type_name(ann: Any) -> str:
 
 
 def markdown(groups: dict[str, type[HParams]]) -> str:
-    """docs/hyperparameters.md: one table per `train.<name>` group, each row a declared hyperparameter's key, type,
-    default, allowed range and source, straight from the declarations (a test keeps the file equal to this)."""
+    """The documentation site's hyperparameters page: one table per `train.<name>` group, each row a declared
+    hyperparameter's key, type, default, allowed range and source, straight from the declarations. The page is
+    generated when the site is built (scripts/mkdocs_hooks.py), never committed, so it cannot go stale."""
     out = ["# Hyperparameters", "",
            "Generated from each algorithm's declaration (`Params` in `fedccrl_core/algorithms/<name>.py`) by",
-           "`make hyperparameters-doc`; a test fails when this file and the declarations disagree. params.yaml's",
+           "`make docs` when the site is built (`python -m fedccrl_core.algorithms` prints the same text). params.yaml's",
            "`train.<algorithm>` groups hold these defaults; `-S train.<algorithm>.<key>=<value>` overrides one.", ""]
     for name, params in groups.items():
         out += [f"## `train.{name}`", ""]
