@@ -5,7 +5,7 @@ validation failure into lines a user can act on.
 A hyperparameter is declared with `hp(default, source, **bounds)`: its type is the annotation, its
 default and allowed range sit beside it, and `source` (kept as the field's description) says where
 the value comes from: the paper's equation or table, a reference implementation, or the reason for
-our choice. params.yaml's `train.<algorithm>` groups, docs/hyperparameters.md, the MLflow params and
+our choice. params.yaml's `train.<algorithm>` groups, the documentation's hyperparameters page, the MLflow params and
 the stages' validation all come from, or are tested against, these declarations.
 
 Validation is strict: no silent coercion ("3" is not 3, true is not 1); an int is accepted where a

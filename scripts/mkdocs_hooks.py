@@ -1,6 +1,6 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): pages generated at build time instead of committed.
 
-`hyperparameters.md` is made from the algorithms' declarations (`Params` in each module of
+The hyperparameters page is made from the algorithms' declarations (`Params` in each module of
 fedccrl_core/algorithms), so the tables cannot drift from the code: `python -m fedccrl_core.algorithms`
 prints the same text.
 """
