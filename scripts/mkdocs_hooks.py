@@ -14,7 +14,7 @@ GENERATED = "hyperparameters.md"
 
 
 def hyperparameters_markdown() -> str:
-    if str(ROOT) not in sys.path:
+    if not sys.path or sys.path[0] != str(ROOT):   # this checkout's code, before any installed copy
         sys.path.insert(0, str(ROOT))
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.hparams import markdown
