@@ -467,7 +467,7 @@ def test_d_the_local_pacs_archive_is_verified_against_the_registry(pacs128):
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.sources import _local_archive
 
-    rec = _local_archive(pacs128, None, get_dataset("pacs"))  # dataset.sha256: null, as in the README recipe
+    rec = _local_archive(pacs128, None, get_dataset("pacs"))  # dataset.sha256: null, as in the PACS recipe (docs/experiments.md)
     assert rec["verified"] is True and rec["known_as"] == "pacs_128.zip"
     assert rec["expected_sha256"] == rec["sha256"] == "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
 

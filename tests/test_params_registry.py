@@ -26,7 +26,7 @@ def test_params_group_matches_declaration(name):
 
 def test_every_algorithm_resolves_in_dvc(tmp_path):
     """`dvc repro --dry` of one train stage per algorithm, in a scratch clone: no 'Parameters train.<alg> are
-    missing' (the README's PACS recipe, the sweeps and `make bench-table1` all list fedavg)."""
+    missing' (the PACS recipe, the sweeps and `make bench-table1` all list fedavg)."""
     import shutil
     import subprocess
     import sys
