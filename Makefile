@@ -3,10 +3,10 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
-# FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see README) and the other seed papers' methods
+# FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see docs/algorithms/baselines.md) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: lock repro test test-all chaos bench bench-accuracy bench-table1 figures-docs hyperparameters-doc clean-venv
+.PHONY: lock repro test test-all chaos bench bench-accuracy bench-table1 figures-docs docs docs-serve clean-venv
 
 # constraints.txt pins every package to the exact version it was tested with (make lock writes it)
 $(STAMP): pyproject.toml constraints.txt
@@ -31,7 +31,7 @@ test: $(STAMP)    ## the fast tier (minutes): every test not marked `full`; it l
 test-all: $(STAMP)  ## the full tier (what CI runs): also the README blocks, DVC pipelines and queues, Flower, benches
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m ""
 
-chaos: $(STAMP)  ## the fault suite (issue 17): one row per fault (orphans, temp files left, data lost, metrics identical)
+chaos: $(STAMP)  ## the fault suite: one row per fault (orphans, temp files left, data lost, metrics identical)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/chaos.py
 
 bench: $(STAMP)  ## fast engine path vs the plain baseline on generated data (CPU sizes; GPU: see README)
@@ -49,8 +49,11 @@ figures-docs: $(STAMP)  ## regenerate docs/*.png: FedCCRL and FedAvg on the embe
 	mkdir -p docs && cp plots/augmentation_preview.png plots/curves_sketch.png plots/tsne_sketch.png \
 	  plots/gradcam_sketch.png plots/confusion_fedccrl_sketch.png docs/
 
-hyperparameters-doc: $(STAMP)  ## regenerate docs/hyperparameters.md from the algorithms' declarations
-	$(BIN)/python -m fedccrl_core.algorithms > docs/hyperparameters.md
+docs: $(STAMP)  ## the documentation site into site/ (strict: a broken link or anchor fails); hyperparameters page generated
+	NO_MKDOCS_2_WARNING=1 PATH="$(CURDIR)/$(BIN):$$PATH" mkdocs build --strict -d site
+
+docs-serve: $(STAMP)  ## the documentation site on http://127.0.0.1:8000, rebuilt as you edit
+	NO_MKDOCS_2_WARNING=1 PATH="$(CURDIR)/$(BIN):$$PATH" mkdocs serve -a 127.0.0.1:8000
 
 clean-venv:
 	rm -rf $(VENV)

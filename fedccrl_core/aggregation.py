@@ -1,6 +1,6 @@
 """Eq. 2 of FedCCRL, theta^{t+1} = 1/N sum_i n_i theta_i^t with N = sum_i n_i, as tensor arithmetic.
 
-Floor 1 (DESIGN.md "Layers"): algorithms (floor 2) aggregate with it and the round loop (floor 3)
+Floor 1 (docs/architecture.md, "Layers"): algorithms (floor 2) aggregate with it and the round loop (floor 3)
 streams replies into it. `WeightedSum` folds one client's weights at a time into float64
 accumulators, so no list of every client's weights is ever held; `weighted_average` over a list
 is the same sum, term for term, so both give the same bits when they see the same total.

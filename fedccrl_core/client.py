@@ -19,7 +19,7 @@ def _images(a: np.ndarray, device) -> torch.Tensor:
 class ClientData:
     """A client's shard as uint8 NCHW on the training device (decoded once, DESIGN 'Speed').
 
-    Lazy (issue 18): `train_x` is None and `train_source` is the shard's training images, uint8 NHWC,
+    Lazy, so that a federation's memory does not grow with its clients: `train_x` is None and `train_source` is the shard's training images, uint8 NHWC,
     memory-mapped from the shard file (data/shards.py `load_client(mmap=True)`); `resident()` copies
     them to the device for one client's turn (uploads or local training), so only the sampled clients'
     pages are read and at most the clients training at once are in memory. Labels, validation split and

@@ -5,7 +5,7 @@ validation failure into lines a user can act on.
 A hyperparameter is declared with `hp(default, source, **bounds)`: its type is the annotation, its
 default and allowed range sit beside it, and `source` (kept as the field's description) says where
 the value comes from: the paper's equation or table, a reference implementation, or the reason for
-our choice. params.yaml's `train.<algorithm>` groups, docs/hyperparameters.md, the MLflow params and
+our choice. params.yaml's `train.<algorithm>` groups, the documentation's hyperparameters page, the MLflow params and
 the stages' validation all come from, or are tested against, these declarations.
 
 Validation is strict: no silent coercion ("3" is not 3, true is not 1); an int is accepted where a
@@ -255,11 +255,12 @@ def _type_name(ann: Any) -> str:
 
 
 def markdown(groups: dict[str, type[HParams]]) -> str:
-    """docs/hyperparameters.md: one table per `train.<name>` group, each row a declared hyperparameter's key, type,
-    default, allowed range and source, straight from the declarations (a test keeps the file equal to this)."""
+    """The documentation site's hyperparameters page: one table per `train.<name>` group, each row a declared
+    hyperparameter's key, type, default, allowed range and source, straight from the declarations. The page is
+    generated when the site is built (scripts/mkdocs_hooks.py), never committed, so it cannot go stale."""
     out = ["# Hyperparameters", "",
            "Generated from each algorithm's declaration (`Params` in `fedccrl_core/algorithms/<name>.py`) by",
-           "`make hyperparameters-doc`; a test fails when this file and the declarations disagree. params.yaml's",
+           "`make docs` when the site is built (`python -m fedccrl_core.algorithms` prints the same text). params.yaml's",
            "`train.<algorithm>` groups hold these defaults; `-S train.<algorithm>.<key>=<value>` overrides one.", ""]
     for name, params in groups.items():
         out += [f"## `train.{name}`", ""]

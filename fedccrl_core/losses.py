@@ -17,7 +17,7 @@ Departures and readings (each also in the function's docstring):
     follow the paper.
   * L_JS clamps Y_bar to [1e-7, 1] before the log, as AugMix's reference code does.
 The reference code's two forms are offered as switches (params.yaml train.fedccrl.supcon and
-l_cls, issue 19): ``supcon_self_positive_loss`` and ``three_view_ce(..., reduction="sum")``.
+l_cls), to reproduce the reference code's runs: ``supcon_self_positive_loss`` and ``three_view_ce(..., reduction="sum")``.
 """
 from __future__ import annotations
 
@@ -157,7 +157,7 @@ def fedccrl_loss(
     Returns (L, terms) where terms holds detached 0-dim tensors (contract.LOSS, L_CLS and
     L_RA / L_JS when on); convert them to floats only when logging, to keep the
     training step free of host syncs. ``l_cls`` ("mean" | "sum") and ``supcon`` ("paper" |
-    "self_positive") choose the paper's or the reference code's form (issue 19).
+    "self_positive") choose the paper's or the reference code's form.
     """
     loss_cls = three_view_ce(logits, logits1, logits2, y, l_cls)
     total = loss_cls

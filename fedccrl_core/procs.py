@@ -1,4 +1,4 @@
-"""The process policy every fedccrl process and child process follows (issue 17).
+"""The process policy every fedccrl process and child process follows, so that no stage outlives what started it and a killed run stays resumable.
 
 - `die_with_parent()`: Linux PR_SET_PDEATHSIG, so a stage (or a Flower SuperLink/SuperNode started by the
   launcher) receives SIGTERM when the process that started it dies: SIGTERM to `dvc repro` no longer

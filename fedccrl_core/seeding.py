@@ -16,8 +16,8 @@ def derive_seed(seed: int, *keys) -> int:
 def seed_everything(seed: int) -> None:
     """Python's, numpy's and torch's global generators. torch's CPU generator, and the CUDA ones once
     CUDA is initialized: `torch.manual_seed` before that queues a lazy CUDA seeding with a formatted
-    stack trace per call (0.3 ms, and a list that grows with every call of a CPU-only run; issue 18's
-    per-client cost). The engine moves the model to the device before any seeding it relies on."""
+    stack trace per call (0.3 ms, and a list that grows with every call of a CPU-only run; a cost paid
+    per client and round). The engine moves the model to the device before any seeding it relies on."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.default_generator.manual_seed(seed)

@@ -55,7 +55,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     if bad:
         raise ValueError(f"--variants: {bad[0]!r} is not a FedCCRL variant; choose from {', '.join(VARIANTS)}")
     cfgs = {a: train_config(params, a) for a in algorithms}  # every algorithm's params, before any training
-    rows = []  # (label, algorithm, hparams): one per algorithm, one per variant of FedCCRL (issue 19)
+    rows = []  # (label, algorithm, hparams): one per algorithm, one per variant of FedCCRL
     for a in algorithms:
         for label, override in ([(f"fedccrl ({v})", {"variant": v}) for v in variants]
                                 if a == "fedccrl" and variants else [(a, {})]):

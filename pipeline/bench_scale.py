@@ -40,7 +40,7 @@ def run(algorithms, clients, total, size, rounds, batch_size, threads, client_st
 @click.option("--client-state", type=click.Choice(["persistent", "stateless"]), default="persistent",
               show_default=True)
 def command(algorithms, clients, total, size, rounds, batch_size, threads, client_state):
-    """Round cost against the client count, the total data fixed (issue 18)."""
+    """Round cost against the client count, the total data fixed (FedDG-Bench sweeps the client count)."""
     from fedccrl_core.algorithms import ALGORITHMS
 
     algs = [a.strip() for a in algorithms.split(",") if a.strip()]

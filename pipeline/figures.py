@@ -29,7 +29,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     with atomic_dir(final_out) as out:  # .<out>.tmp-<pid>-<token>, renamed into place at the end
         fp = cfg.figures
         seed, n_preview, n_tsne, n_cam = fp.seed, fp.preview_images, fp.tsne_points, fp.gradcam_images
-        fcfg = resolve_variant(cfg.train.fedccrl.model_dump())  # the variant's readings (issue 19)
+        fcfg = resolve_variant(cfg.train.fedccrl.model_dump())  # the variant's readings
         mean, std = cfg.preprocess.mean, cfg.preprocess.std
         manifest = load_manifest(shards)
         classes = list(manifest["classes"])

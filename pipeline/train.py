@@ -3,7 +3,7 @@
 For each held-out entry h (a domain name or its index, pipeline/params.py) it writes <out>/d<h>/model.pt (final
 global model), best.pt (global model at the round of best source-validation accuracy), history.json and
 history.csv (per-round metrics), all at once at the end. One process per (algorithm, seed) saves the imports and
-MLflow start-up each run used to pay (issue 15); on the CPU the held-out domains train side by side in worker
+MLflow start-up each run used to pay; on the CPU the held-out domains train side by side in worker
 processes, one torch thread each, and only this process talks to MLflow. The jobs themselves are
 fedccrl_core/federation/jobs.py; the MLflow side is pipeline/train_tracking.py. Round checkpoints live
 outside the DVC output (DVC deletes outputs before a rerun), under --checkpoints, keyed by the run's hash.

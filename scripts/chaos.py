@@ -1,4 +1,4 @@
-"""`make chaos`: the fault suite of issue 17, one row per fault.
+"""`make chaos`: the fault suite, one row per fault.
 
 A tiny experiment (the embedded synthetic data, K=1 client per domain, fedavg, 2 rounds of 1 local epoch,
 held-out domains 0 and 3, so `fedccrl train` runs two spawned workers) is set up in a temporary DVC

@@ -1,4 +1,4 @@
-"""Screenshots of the MLflow UI for the README (docs/mlflow_runs.png, docs/mlflow_compare.png), taken in a real
+"""Screenshots of the MLflow UI for the docs' MLflow page (docs/mlflow_runs.png, docs/mlflow_compare.png), taken in a real
 browser against a running `mlflow ui`: headless Chromium (Debian: `apt-get install chromium`) driven by Playwright
 (`pip install playwright`; only its driver is used, no browser download).
 

@@ -405,7 +405,7 @@ def test_fedccrl_augment_runs_on_cuda_without_host_syncs():
 
 
 # ---------------------------------------------------------------------------------------------
-# Per-sample randomness of the device-side path (the fast engine path, issue #8)
+# Per-sample randomness of the device-side path (the fast engine path)
 # ---------------------------------------------------------------------------------------------
 def test_augmix_plan_op_choice_differs_per_sample():
     """Each sample of a batch draws its own ops (torchvision's batch AugMix draws one chain per batch):

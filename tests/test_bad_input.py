@@ -1,4 +1,4 @@
-"""Issue 17's bad-input suite: what a new user gets wrong, over download, data, params, training, export and
+"""The bad-input suite: what a new user gets wrong, over download, data, params, training, export and
 serving, one row of CASES each. Every case runs the command line a user would type (in process, through click)
 and asserts the same five things:
 
@@ -418,7 +418,7 @@ def test_bad_input(case: Case, tiny, tmp_path, monkeypatch):  # noqa: F811
 
 
 def test_the_suite_covers_every_area():
-    """At least 120 cases (issue 17), every area with a share, and no id twice."""
+    """At least 120 cases, every area with a share, and no id twice."""
     per_area = {a: sum(c.area == a for c in CASES) for a in AREAS}
     assert len(CASES) >= 120 and all(n >= 10 for n in per_area.values()), per_area
     assert len({c.id for c in CASES}) == len(CASES)

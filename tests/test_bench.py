@@ -106,7 +106,7 @@ def test_concurrent_width():
 
 
 def test_every_algorithm_trains_through_the_one_local_loop():
-    """Issue 14 point 3: no algorithm overrides local_train, so each gets the fast path and the interleaving."""
+    """No algorithm overrides local_train, so each gets the fast path and the interleaving."""
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.algorithms.base import Algorithm
 

@@ -1,4 +1,4 @@
-"""`fedccrl bench-scale` (issue 18 point 3): a tiny run through the CLI, each size in a child process."""
+"""`fedccrl bench-scale` : a tiny run through the CLI, each size in a child process."""
 from __future__ import annotations
 
 import re

@@ -1,4 +1,4 @@
-"""The names several layers spell are defined once, in fedccrl_core/contract.py (issue 14 point 4): no module
+"""The names several layers spell are defined once, in fedccrl_core/contract.py: no module
 of the library, the stage scripts, serving or the Flower app spells one of them as a bare string literal."""
 from __future__ import annotations
 

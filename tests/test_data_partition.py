@@ -219,7 +219,7 @@ def test_eq8_subset_size_and_rows(pools):
         sample_statistics(mu, sigma, 0.0, np.random.default_rng(0))
 
 
-# ---------------------------------------------------------------- the reference FedCCRL split (issue 19 point 8)
+# ---------------------------------------------------------------- the reference FedCCRL split
 def test_reference_scheme_is_an_unstratified_pooled_split():
     from fedccrl_core.data.shards import client_splits
 

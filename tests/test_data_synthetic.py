@@ -98,7 +98,7 @@ def _central_gap(x, y, held_out):
 
 
 def test_held_out_domain_shift_is_real(full_synthetic):
-    """The embedded default stays a domain-generalization problem (issue 15): trained centrally on three
+    """The embedded default stays a domain-generalization problem, so that the default compares methods on a real shift: trained centrally on three
     domains, a model is at least 15 points better in-domain than on the held-out domain, for at least two of
     the four held-out domains; so the shift cannot be tuned away to buy accuracy."""
     x, y = full_synthetic

@@ -1,9 +1,9 @@
-"""Exact DVC code dependencies (issue 14 point 5): each stage of dvc.yaml depends on its own script
+"""Exact DVC code dependencies: each stage of dvc.yaml depends on its own script
 (pipeline/<stage>.py), on `fedccrl`'s entry point (pipeline/cli.py) and on exactly the project modules these import,
 transitively, lazy imports inside functions included; nothing it does not use. So a changed module reruns only the
 stages that import it.
 
-One boundary: every stage first validates the whole of params.yaml (pipeline/params.py, issue 14 point 2), which
+One boundary: every stage first validates the whole of params.yaml (pipeline/params.py, so that a bad key fails before any work), which
 imports every algorithm's `Params`, the dataset registry and the Flower settings to do so. Validation can stop a
 stage but never changes what it writes, so pipeline/params.py is a dep of every stage while the modules it imports
 count only where the stage itself uses them (otherwise editing FedSR would re-download the dataset).

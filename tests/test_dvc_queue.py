@@ -1,4 +1,4 @@
-"""Issue 16: two queued DVC experiments run side by side (`dvc queue start -j 2`) log to the one MLflow store
+"""Two queued DVC experiments run side by side (`dvc queue start -j 2`) log to the one MLflow store
 the README points `mlflow ui` at (<repo>/mlflow.db): both parents, named after their experiments, their
 children, and each experiment's changed params.
 

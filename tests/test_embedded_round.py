@@ -1,4 +1,4 @@
-"""Issue 5: one round of every registered algorithm on the embedded default dataset.
+"""One round of every registered algorithm on the embedded default dataset.
 
 The data path is the pipeline's own (synthetic generator -> partition -> pools -> load_clients),
 with fewer images per class so the module stays fast; each algorithm runs with the

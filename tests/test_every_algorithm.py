@@ -1,4 +1,4 @@
-"""Every registered algorithm through the user's own paths (issue 14, "Tests must show"):
+"""Every registered algorithm through the user's own paths:
 
 - its params.yaml group validates as a run of that algorithm alone (pipeline/params.py, as every stage does);
 - DVC trains it: `dvc repro --single-item train@<alg>-0` in one scratch clone, one tiny round, and the run's files

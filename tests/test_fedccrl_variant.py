@@ -1,4 +1,4 @@
-"""Issue 19: FedCCRL as the reference code runs it (train.fedccrl.variant: reference) beside the paper's
+"""FedCCRL as the reference code runs it (train.fedccrl.variant: reference) beside the paper's
 reading. Each switch pinned on tiny tensors against hand-computed values; one local step under the
 reference variant differs from the paper only where a switch says so; the reference variant end to
 end through the in-process engine, Flower (loopback Grid) and the train stage (params.yaml -> MLflow)."""

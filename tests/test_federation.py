@@ -147,7 +147,7 @@ def test_checkpoint_of_other_config_is_ignored(toy_client, tmp_path):
 
 def test_a_collapsed_global_model_is_reported(toy_client, tmp_path):
     """A global model that predicts one class for all validation images gets a warning and
-    val_pred_classes = 1 in its round record (issue 15 point 5); a healthy one does not."""
+    val_pred_classes = 1 in its round record, since its accuracy is then only that class's share; a healthy one does not."""
     logs = []
     eng = _engine(toy_client, tmp_path, rounds=1, ckpt_name="collapsed.pt")
     eng.loop.log = logs.append

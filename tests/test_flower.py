@@ -436,7 +436,7 @@ def test_loopback_dead_client_and_min_clients(data, tmp_path):
     res = serve(grid, make_spec(data, tmp_path / "a", "fedavg", rounds=1, min_clients=2, query_timeout_s=5))
     rec = res["history"][0]
     assert rec["clients"] == 2 and "train_acc/photo_c0" not in rec
-    # issue 17: a query that timed out was recorded as dropped=0; now the node, phase and reason are kept
+    # a query that timed out used to be recorded as dropped=0; now the node, phase and reason are kept
     assert rec["dropped"] == 1 and rec["dropped_clients"] == [
         {"client": None, "node": 102, "phase": "query", "reason": "timeout", "detail": "no query reply within 5.0s"}]
     grid = loopback(data)

@@ -1,4 +1,4 @@
-"""Issue 17 (and 16's hand-written-code points): faults and bad input handled at their root.
+"""Faults and bad input handled at their root.
 
 - fedccrl_core.fsio: the one atomic write; temporary paths of dead processes removed by the next run;
 - serving: atomic outputs, metadata checked against the graph, non-regular inputs skipped, a deadline;
@@ -52,7 +52,7 @@ def test_a_killed_writer_leaves_temps_that_the_next_run_removes(tmp_path):
     killed = run_py(KILLED_WRITER, tmp_path)
     assert killed.returncode == -signal.SIGKILL
     left_plots, left_results = temps(tmp_path), temps(tmp_path / "results")
-    assert len(left_plots) == 1 and left_plots[0].startswith(".plots.tmp-")  # what issue 17 found, for good
+    assert len(left_plots) == 1 and left_plots[0].startswith(".plots.tmp-")  # a kill -9 of `fedccrl figures` left one behind: the next run removes it
     assert len(left_results) == 1 and left_results[0].startswith(".d0.json.tmp-")
     assert not (tmp_path / "plots").exists() and not (tmp_path / "results" / "d0.json").exists()
 
@@ -467,7 +467,7 @@ def test_d_the_local_pacs_archive_is_verified_against_the_registry(pacs128):
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.sources import _local_archive
 
-    rec = _local_archive(pacs128, None, get_dataset("pacs"))  # dataset.sha256: null, as in the README recipe
+    rec = _local_archive(pacs128, None, get_dataset("pacs"))  # dataset.sha256: null, as in the PACS recipe (docs/experiments.md)
     assert rec["verified"] is True and rec["known_as"] == "pacs_128.zip"
     assert rec["expected_sha256"] == rec["sha256"] == "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
 

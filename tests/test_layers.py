@@ -1,4 +1,4 @@
-"""Imports point down only (README "Layers"; issue 14 point 4). Every import statement is read from the source
+"""Imports point down only (docs/architecture.md, "Layers"). Every import statement is read from the source
 (function-level ones included, so a lazy import cannot hide an upward dependency), without importing anything.
 
 The library fedccrl_core imports none of the outer packages (pipeline, serving, fedccrl_flower) nor DVC, MLflow,
@@ -94,7 +94,7 @@ SOURCES = sorted(p for pkg in ("fedccrl_core", "serving", "fedccrl_flower") for 
 def test_every_library_module_has_a_floor():
     unplaced = [module_name(p) for p in SOURCES if module_name(p).startswith("fedccrl_core")
                 and floor(module_name(p)) is None]
-    assert not unplaced, f"give these modules a floor in tests/test_layers.py FLOORS (and the README): {unplaced}"
+    assert not unplaced, f"give these modules a floor in tests/test_layers.py FLOORS (and docs/architecture.md): {unplaced}"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))

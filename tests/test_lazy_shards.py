@@ -1,4 +1,4 @@
-"""Lazy shards (issue 18): a client's training images are memory-mapped from its shard file and read
+"""Lazy shards, so memory stays flat in the client count: a client's training images are memory-mapped from its shard file and read
 only when the client is sampled; the shards on disk stay within 1.5x the decoded uint8 pixels."""
 from __future__ import annotations
 

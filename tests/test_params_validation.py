@@ -1,5 +1,5 @@
 """params.yaml is validated whole, at the start of every stage, before any data is read and before any MLflow run
-is opened (issues 14 and 17). One test per class of bad parameter: each asserts exit code 2, one `error:` line per
+is opened, so that a bad key costs no work. One test per class of bad parameter: each asserts exit code 2, one `error:` line per
 problem that names the key, no traceback, and an MLflow store without runs. Then `held_out` by domain name through
 the train and evaluate stages on tiny synthetic data."""
 from __future__ import annotations
@@ -253,7 +253,7 @@ def test_held_out_by_name_through_train_and_evaluate(tiny, tmp_path, monkeypatch
                 if r.data.tags.get("fedccrl.role") == "child"]
     logged = {k.removeprefix("train.fedccrl."): v for k, v in child.data.params.items()
               if k.startswith("train.fedccrl.")}
-    declared = resolve_variant(ALGORITHMS["fedccrl"].defaults)  # the variant's switches logged as read (issue 19)
+    declared = resolve_variant(ALGORITHMS["fedccrl"].defaults)  # the variant's switches logged as read
     assert logged == {k: str(v) for k, v in declared.items()}
     assert child.data.params["train.held_out"] == "sketch"
 

@@ -267,7 +267,7 @@ def test_unknown_algorithm_named(repro_ws, tmp_path, monkeypatch):
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
 def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, tmp_path, monkeypatch):
-    """Issue 19: train.fedccrl.variant: reference trains through the train stage, and its MLflow run records
+    """train.fedccrl.variant: reference trains through the train stage, and its MLflow run records
     the variant and each switch's reading (so the two variants compare side by side in MLflow)."""
     import mlflow
 
@@ -303,7 +303,7 @@ def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkey
 def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
     """SIGTERM during training (fedccrl_core/procs.py) ends the MLflow run KILLED, leaves no output and no
     process; deleting mlflow.db afterwards gives a warning and a fresh run, not a traceback, and the resumed
-    run's metrics equal an uninterrupted run's (issue 17)."""
+    run's metrics equal an uninterrupted run's."""
     import mlflow
 
     ws, _, _ = repro_ws

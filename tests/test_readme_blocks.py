@@ -1,7 +1,10 @@
-"""Every fenced ```bash block of README.md runs, in README order, in one scratch clone (issue 16, point 5).
+"""Every fenced ```bash block of README.md and of the documentation pages runs, in one scratch clone: the
+README's blocks in order, then each page's in the order of mkdocs.yml's `nav`, so the README's `make repro`
+block runs first and every later block starts from its outputs.
 
-One test per block (its id is the README line of the opening fence); a block fails the test when any of
-its commands exits non-zero (`set -eo pipefail`), and the failure names the line and the output's tail.
+One test per block; its id is the file and the line of the opening fence (`README.md:23`,
+`docs/serving.md:11`). A block fails the test when any of its commands exits non-zero
+(`set -eo pipefail`), and the failure names the block and the output's tail.
 
 The clone. `git clone` of this repository into a temporary folder, plus the working tree's uncommitted
 changes, so the test runs what a developer sees. `../shared` is linked beside it when present. Its
@@ -18,11 +21,11 @@ Tiny scale. TINY below is written into the clone's params.yaml and committed, so
 `dvc repro`, `dvc exp run` (queued ones too, which start from the committed params) and the bench
 commands all run 1 round of 1 local epoch of the small CNN at 32 px on one held-out domain.
 SUBSTITUTIONS then rewrite what a block sets itself (a schedule, a sweep grid, seeds, a server that
-never exits); each names its reason, and the test fails when one no longer matches the README, so the
+never exits); each names its reason, and the test fails when one no longer matches any block, so the
 table cannot go stale. Blocks that start `dvc queue start` are followed by a wait for the queue, and
 fail when one of the queued experiments failed.
 
-PACS. The README's PACS recipe downloads from the dataset registry (`dataset.source: registry`). Here
+PACS. The PACS recipe (docs/experiments.md) downloads from the dataset registry (`dataset.source: registry`). Here
 ../shared/datasets/pacs/pacs_128.zip is served on 127.0.0.1 under the registry's file name and
 FEDCCRL_DATASET_MIRROR points the download at it (fedccrl_core/data/sources.py). A block that uses PACS
 skips with a stated reason when ../shared is absent, and fails instead when FEDCCRL_REQUIRE_SHARED=1.
@@ -52,6 +55,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+MKDOCS = REPO / "mkdocs.yml"
 SHARED = Path(os.environ.get("FEDCCRL_SHARED", REPO.parent / "shared"))
 REQUIRE_SHARED = os.environ.get("FEDCCRL_REQUIRE_SHARED") == "1"
 BLOCK_TIMEOUT_S = 1200
@@ -69,10 +73,10 @@ TINY = {
     "figures.preview_images": 2,
 }
 
-# (README regex, replacement, reason); every regex must match at least one block
+# (block regex, replacement, reason); every regex must match at least one block
 SUBSTITUTIONS = [
     (r"^make test(?![-\w]).*$", ": make test skipped",
-     "the suite this test belongs to (CI runs it: .ci/run is `make test`)"),
+     "the suite this test belongs to (CI runs it: .ci/run runs `make test-all`)"),
     (r"^mlflow ui (.*?)\s*(#.*)?$", r"ci_serves mlflow ui \1 --port $CI_PORT",
      "a server never exits: start it, wait until it answers on a free port, stop it"),
     (r"train\.local_epochs=3", "train.local_epochs=1", "the paper's 3 local epochs: 1 is enough to run"),
@@ -176,13 +180,18 @@ ci_serves() {
 
 @dataclass(frozen=True)
 class Block:
-    line: int          # README line of the opening fence
+    line: int          # line of the opening fence in its file
     code: str
     marker: str | None  # skip | None
     reason: str | None
+    source: str = "README.md"  # the file, relative to the repository root
+
+    @property
+    def id(self) -> str:
+        return f"{self.source}:{self.line}"
 
 
-def readme_blocks(text: str) -> list[Block]:
+def readme_blocks(text: str, source: str = "README.md") -> list[Block]:
     lines = text.splitlines()
     blocks, i = [], 0
     while i < len(lines):
@@ -194,7 +203,7 @@ def readme_blocks(text: str) -> list[Block]:
             above = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
             m = MARKER.search(above)
             blocks.append(Block(start + 1, "\n".join(lines[start + 1:j]), m["kind"] if m else None,
-                                (m["reason"] or "").strip() if m else None))
+                                (m["reason"] or "").strip() if m else None, source))
             i = j
         i += 1
     return blocks
@@ -206,26 +215,49 @@ def ci_code(code: str) -> str:
     return code
 
 
-BLOCKS = readme_blocks(README.read_text())
+def nav_pages(nav) -> list[str]:
+    """The Markdown files of mkdocs.yml's `nav`, in order (sections flattened; generated pages included)."""
+    out = []
+    for entry in nav:
+        items = entry.values() if isinstance(entry, dict) else [entry]
+        for item in items:
+            out += nav_pages(item) if isinstance(item, list) else [item] if str(item).endswith(".md") else []
+    return out
+
+
+def doc_files() -> list[str]:
+    """README.md, then every page of the documentation site that exists in docs/, in nav order."""
+    docs_dir = yaml.safe_load(MKDOCS.read_text()).get("docs_dir", "docs")
+    pages = [f"{docs_dir}/{page}" for page in nav_pages(yaml.safe_load(MKDOCS.read_text())["nav"])]
+    return ["README.md"] + [p for p in pages if (REPO / p).is_file()]
+
+
+BLOCKS = [b for rel in doc_files() for b in readme_blocks((REPO / rel).read_text(), rel)]
 
 
 # ------------------------------------------------------------------ the marker and substitution rules
+def test_blocks_start_with_the_readme_make_repro_and_cover_the_docs():
+    assert BLOCKS[0].source == "README.md" and re.search(r"^make repro\b", BLOCKS[0].code, flags=re.M), BLOCKS[0]
+    assert any(b.source.startswith("docs/") for b in BLOCKS), "no block collected from the documentation pages"
+    assert nav_pages([{"A": "a.md"}, {"B": [{"C": "b/c.md"}, "d.md"]}, "e.md"]) == ["a.md", "b/c.md", "d.md", "e.md"]
+
+
 def test_markers_name_a_kind_and_a_reason():
-    text = README.read_text()
-    for n, line in enumerate(text.splitlines(), 1):
-        if "<!-- ci:" in line or "<!--ci:" in line:
-            m = MARKER.search(line)
-            assert m and m["kind"] == "skip", f"README.md:{n}: marker {line.strip()!r}: the one kind is skip"
-            assert m["reason"] and m["reason"].strip(), f"README.md:{n}: marker {line.strip()!r} gives no reason"
+    for rel in doc_files():
+        for n, line in enumerate((REPO / rel).read_text().splitlines(), 1):
+            if "<!-- ci:" in line or "<!--ci:" in line:
+                m = MARKER.search(line)
+                assert m and m["kind"] == "skip", f"{rel}:{n}: marker {line.strip()!r}: the one kind is skip"
+                assert m["reason"] and m["reason"].strip(), f"{rel}:{n}: marker {line.strip()!r} gives no reason"
     marked = [b for b in BLOCKS if b.marker == "skip"]
     assert len(marked) <= len(BLOCKS) // 4, f"{len(marked)} of {len(BLOCKS)} blocks are skipped: keep them few"
 
 
-def test_every_substitution_matches_the_readme():
+def test_every_substitution_matches_a_block():
     codes = [b.code for b in BLOCKS if b.marker != "skip"]
     for pattern, repl, reason in SUBSTITUTIONS:                           # in order, as ci_code applies them
         assert any(re.search(pattern, c, flags=re.M) for c in codes), (
-            f"substitution {pattern!r} ({reason}) matches no README block: remove it or update it")
+            f"substitution {pattern!r} ({reason}) matches no block of README.md or docs/: remove it or update it")
         codes = [re.sub(pattern, repl, c, flags=re.M) for c in codes]
 
 
@@ -368,14 +400,14 @@ def test_bench_output_checks_fail_on_a_missing_line_or_a_figure_that_is_not_fini
     assert check_bench_output(acc, table.replace("| fedccrl |", "| fedavg |"))  # no FedCCRL row
 
 
-@pytest.mark.full("each README block runs in a scratch clone: the pipeline, queued sweeps, Flower, the benches")
+@pytest.mark.full("each README and docs block runs in a scratch clone: the pipeline, queued sweeps, Flower, the benches")
 @pytest.mark.timeout(BLOCK_TIMEOUT_S + 300)
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{b.line}" for b in BLOCKS])
+@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_readme_block(block: Block, clone, mirror):
     if block.marker == "skip":
-        pytest.skip(f"README.md:{block.line}: ci: skip ({block.reason})")
+        pytest.skip(f"{block.id}: ci: skip ({block.reason})")
     if _uses_pacs(block.code) and mirror is None:
-        msg = f"README.md:{block.line} downloads PACS: needs {SHARED}/datasets/pacs/pacs_128.zip (absent in a user's clone)"
+        msg = f"{block.id} downloads PACS: needs {SHARED}/datasets/pacs/pacs_128.zip (absent in a user's clone)"
         if REQUIRE_SHARED:
             pytest.fail(f"FEDCCRL_REQUIRE_SHARED=1 but {msg}")
         pytest.skip(msg)
@@ -389,10 +421,10 @@ def test_readme_block(block: Block, clone, mirror):
     try:
         proc = _run_block(code, dest, {**env, "CI_PORT": str(_free_port())})
     finally:
-        print(f"\nREADME.md:{block.line}: block ran {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+        print(f"\n{block.id}: block ran {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, (
-        f"README.md:{block.line}: block failed with exit code {proc.returncode} after "
+        f"{block.id}: block failed with exit code {proc.returncode} after "
         f"{time.monotonic() - t0:.0f}s\n--- as run ---\n{code}\n--- stderr tail ---\n{proc.stderr[-3000:]}\n"
         f"--- stdout tail ---\n{proc.stdout[-1500:]}")
     if re.search(r"^make repro\b", code, flags=re.M):                   # the state every later block starts from
@@ -401,8 +433,8 @@ def test_readme_block(block: Block, clone, mirror):
              cwd=dest)
     if "dvc queue start" in code:
         status = _wait_for_queue(dest, env, time.monotonic() + BLOCK_TIMEOUT_S)
-        assert not re.search(r"\b(Queued|Running)\b", status), f"README.md:{block.line}: queue still busy:\n{status}"
-        assert "Failed" not in status, f"README.md:{block.line}: a queued experiment failed:\n{status}"
+        assert not re.search(r"\b(Queued|Running)\b", status), f"{block.id}: queue still busy:\n{status}"
+        assert "Failed" not in status, f"{block.id}: a queued experiment failed:\n{status}"
     if _uses_pacs(block.code):
         import json
 
@@ -418,6 +450,6 @@ def test_readme_block(block: Block, clone, mirror):
         assert rep["source"]["kind"] == "folder" and tree.is_relative_to(dest), rep["source"]
         assert rep["domains"] == sorted(p.name for p in tree.iterdir() if p.is_dir())
         assert rep["total"] == sum(1 for p in tree.rglob("*") if p.is_file())
-    assert "Traceback (most recent call last)" not in out, f"README.md:{block.line}: a traceback:\n{out[-3000:]}"
+    assert "Traceback (most recent call last)" not in out, f"{block.id}: a traceback:\n{out[-3000:]}"
     problems = check_bench_output(code, out)
-    assert not problems, f"README.md:{block.line}: " + "; ".join(problems) + f"\n--- output tail ---\n{out[-3000:]}"
+    assert not problems, f"{block.id}: " + "; ".join(problems) + f"\n--- output tail ---\n{out[-3000:]}"

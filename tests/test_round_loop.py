@@ -1,6 +1,6 @@
 """The one round loop (federation/loop.py): streamed Eq. 2, per-client state files written only for
 the clients a round trains, stateless clients, resume at many clients, round checkpoints that keep
-the previous one and fall back from a corrupt latest one (issues 14, 17, 18)."""
+the previous one and fall back from a corrupt latest one."""
 from __future__ import annotations
 
 import warnings
@@ -79,7 +79,7 @@ def test_streamed_aggregate_equals_list_aggregate(algorithm):
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedbn"])
 def test_checkpoint_bytes_follow_the_clients_trained(tmp_path, algorithm):
     """60 clients at client_fraction 0.1 and 6 clients at 1.0 both train 6 clients a round: a round's
-    checkpoint writes within 10 % of the same bytes (issue 18's test)."""
+    checkpoint writes within 10 % of the same bytes: a round's checkpoint costs what its clients did."""
     written = {}
     for n, fraction in ((6, 1.0), (60, 0.1)):
         e = engine(toy_clients(n, 8), rounds=2, fraction=fraction, ckpt=tmp_path / f"{n}" / "ck.pt",
@@ -151,7 +151,7 @@ def test_resume_at_60_clients_gives_identical_metrics(tmp_path):
         "a client must train twice for the resume to read a state file back"
 
 
-# ------------------------------------------------------------------ round checkpoints (issue 17 part 4)
+# ------------------------------------------------------------------ round checkpoints
 def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     clients = toy_clients(6, 8)
     whole = engine(clients, rounds=4, fraction=0.5).run()
@@ -182,7 +182,7 @@ def test_unreadable_checkpoint_without_a_previous_one_starts_fresh(tmp_path):
     assert res.resumed_from == 0 and torch.load(ck, weights_only=False)["round"] == 1
 
 
-# ------------------------------------------------------------------ one state file per round (issue 18)
+# ------------------------------------------------------------------ one state file per round
 def test_a_client_record_reads_back_bit_identical():
     """Raw tensor bytes behind a pickle: every dtype and shape (0-dim Adam steps, bfloat16, empty), numpy
     arrays and the containers' types come back as they went in, and a record starts at ALIGN."""

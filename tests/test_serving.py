@@ -407,8 +407,8 @@ def test_console_script_end_to_end(exported, labelled):
 
 
 def test_serving_runs_without_torch(exported, labelled):
-    """`fedccrl-serve predict` and `evaluate` in a process where `import torch` fails (issue 15: no torch in
-    the serving process; preprocessing is numpy/PIL, inference onnxruntime)."""
+    """`fedccrl-serve predict` and `evaluate` in a process where `import torch` fails (no torch in
+    the serving process, which keeps it fast to start and small; preprocessing is numpy/PIL, inference onnxruntime)."""
     path, model = exported
     code = ("import sys; sys.modules['torch'] = None; from serving.cli import main; "
             "main(sys.argv[1:], standalone_mode=True)")

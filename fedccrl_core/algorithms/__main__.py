@@ -1,5 +1,5 @@
-"""`python -m fedccrl_core.algorithms`: print docs/hyperparameters.md, the table of every registered algorithm's
-declared hyperparameters (`make hyperparameters-doc` writes it)."""
+"""`python -m fedccrl_core.algorithms`: print the hyperparameters page of the documentation site, the table of
+every registered algorithm's declared hyperparameters (`make docs` generates the page from the same function)."""
 from fedccrl_core.algorithms import ALGORITHMS
 from fedccrl_core.hparams import markdown
 

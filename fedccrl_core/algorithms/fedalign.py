@@ -23,7 +23,7 @@ Client k, each round (the statistics exchange is FedCCRL's, which FedAlign build
              layer (DANN, Ganin & Lempitsky 2015, cited in Sec. 2.1), so the step minimizes
              Eq. 16 + L_ADV(D(GRL_{lambda_adv}(Z))): D descends L_ADV, h ascends lambda_adv L_ADV.
 
-Departures and choices (each also in params.yaml train.fedalign and the README):
+Departures and choices (each also in params.yaml train.fedalign and docs/algorithms/fedalign.md):
   * Eq. 16 has no adversarial term although Sec. 3.4 trains D; we add it as above (`adv: false` gives
     exactly Eq. 16 and leaves D untouched).
   * Eq. 11 prints x_aug = gamma_mix x_tilde + beta_mix with gamma from the MEANS (Eq. 9) and beta from

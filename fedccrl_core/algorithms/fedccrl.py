@@ -12,10 +12,10 @@ Client i, each round:
 The three views go through h in one concatenated batch (as AugMix's JSD training does), so
 BatchNorm sees the batch statistics of all three views together.
 
-`variant: paper | reference` (issue 19). The paper's Table 1 comes from the authors' code
+`variant: paper | reference`. The paper's Table 1 comes from the authors' code
 (SanphouWang/FedCCRL at 60b2d9b), which differs from the equations above. Each difference is a
 switch of its own (VARIANT_SWITCHES: key -> (paper reading, reference reading)); a switch left
-at `auto` follows `variant`. The README's table lists them with the reference's file:line.
+at `auto` follows `variant`. docs/algorithms/fedccrl.md lists them with the reference's file:line.
 """
 from __future__ import annotations
 
@@ -111,7 +111,7 @@ class FedCCRLParams(HParams):
     difp: bool = hp(True, "Table 2 ablation: DIFP (per-sample AugMix) in M")
     l_ra: bool = hp(True, "Table 2 ablation: L_RA in Eq. 15")
     l_js: bool = hp(True, "Table 2 ablation: L_JS in Eq. 15")
-    # the paper's reading or the reference code's (issue 19): each switch is auto (follow `variant`) or a reading
+    # the paper's reading or the reference code's: each switch is auto (follow `variant`) or a reading
     variant: Literal[VARIANTS] = hp("paper", "paper = Eq. 3-16 and Alg. 1-3 | reference = the authors' code "
                                              "(SanphouWang/FedCCRL at 60b2d9b) behind Table 1")
     forward: _switch("forward") = hp("auto", "Eq. 4: joint = one pass on the 3B concatenation | per_view = three "

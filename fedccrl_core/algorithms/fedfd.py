@@ -219,7 +219,7 @@ class FDParams(LocalBNParams):
     lambda1: float = hp(0.1, "L_CACL weight, Eq. 5 (section 4.1); Eq. 5 weighs L_CE by 1 - lambda1", ge=0, le=1)
     lambda2: float = hp(4.0, "L_CAFL weight, Eq. 5 (section 4.1)", ge=0)
     cafl_reduction: Literal["mean", "sum"] = hp("mean", "our choice: mean over feature dims (Eq. 3 / V); sum = Eq. 3 "
-                                                        "as printed collapses training at lambda2 4.0 (README)")
+                                                        "as printed collapses training at lambda2 4.0 (docs/algorithms/local-bn.md)")
     statistics: Literal["mixed", "global", "instance"] = hp("mixed", "Table 2 ablation: mixed (Eq. 2) | global "
                                                                      "(u = 0) | instance (u = 1)")
     u_sampling: Literal["random", "fixed"] = hp("random", "Table 2 ablation: random (u ~ U(u_low, u_high) per "

@@ -15,7 +15,7 @@ Both steps use the same minibatch and one SGD optimizer; each parameter group ge
 its own objective only: the main network's parameters are frozen (requires_grad off) while the
 adapter's forward is recorded, and the adapter takes no part in the Eq. 5 forwards. Departure: the
 two updates happen in the same optimizer step, so the adapter's step sees the main network before,
-not after, this minibatch's update (one step of lag; see README).
+not after, this minibatch's update (one step of lag; see docs/algorithms/local-bn.md).
 
 Our choices (the paper is silent): hidden width max(adapter_min_hidden, C // adapter_reduction)
 with ReLU (C/16 gives Table 4's +0.22M parameters on ResNet-18: 11.31M -> 11.53M); z drawn per

@@ -15,7 +15,7 @@ Ablation switches (Table 2): ``ccdt=False`` or ``difp=False`` makes that step th
 (with ``difp=False`` nothing is denormalized or clamped). Two calls give X^(1) and X^(2) with
 independent draws.
 
-Reference-code switches (issue 19; README "FedCCRL: the paper and the reference code"):
+Reference-code switches, to reproduce the authors' code (docs/algorithms/fedccrl.md lists them):
 ``mixstyle_var``/``pool_draw`` (``ccdt.py``), ``augmix="batch"`` (``augmix.augmix_batch``: its
 input is cast to 8-bit levels as the reference does, ``augmix.to_uint8_levels``) and
 ``uint8_wrap`` (the cast wraps mod 256 instead of the clamp: the reference's defect, off unless

@@ -55,8 +55,8 @@ Where the authors' FedCCRL code differs from Alg. 3 (we follow Alg. 3): it calls
 AugMix's own code weights the ORIGINAL by 1 - m and the mix by m; Alg. 3 weights the original
 by m. With m ~ Beta(beta, beta) symmetric, the two have the same distribution.
 
-The reference code's form is offered as a switch (params.yaml train.fedccrl.augmix: batch;
-issue 19): ``augmix_batch`` draws as torchvision's ``AugMix()`` does on a batch tensor
+The reference code's form is offered as a switch (params.yaml train.fedccrl.augmix: batch,
+to reproduce the reference code's runs): ``augmix_batch`` draws as torchvision's ``AugMix()`` does on a batch tensor
 (SanphouWang/FedCCRL 60b2d9b algorithm/client/fedccrl.py:154-165, torchvision defaults
 severity=3, mixture_width=3, chain_depth=-1, alpha=1, all_ops=True, bilinear, fill 0):
     - k = 3 chains always, each of depth ~ U{1, 2, 3}; depth, ops, magnitudes and signs drawn

@@ -29,7 +29,7 @@ statistics expressed in the same space, MixStyle in normalized space equals MixS
 space followed by the normalization (up to the eps inside the square root, which is scaled by
 s^2). The pool holds statistics of normalized samples (``statistics.py``), so we mix there.
 
-Reference-code switches (params.yaml train.fedccrl.mixstyle_var, pool_draw; issue 19). The
+Reference-code switches (params.yaml train.fedccrl.mixstyle_var, pool_draw), so the reference code's runs can be reproduced. The
 authors' MixStyle (SanphouWang/FedCCRL 60b2d9b model/models.py:271-273) takes the UNBIASED
 variance (divides by HW - 1), and its pool draw (algorithm/client/fedccrl.py:55-63) takes B
 DISTINCT rows (a random permutation's first B) when the pool holds at least B rows, with

@@ -1,5 +1,5 @@
 """`fedccrl bench-scale`: the cost of a round against the number of clients, the total data fixed
-(issue 18: FedDG-Bench sweeps the client count; the goal is at most 1.2x time and memory at 120
+(FedDG-Bench sweeps the client count; the goal is at most 1.2x time and memory at 120
 clients against 6).
 
 Each (algorithm, client count) runs in its own child process (`python -m fedccrl_core.bench.scale

@@ -14,7 +14,7 @@ Eq. 8: each round client i uploads F_i, the statistics of ceil(r * n_i) of its s
 The reference code (SanphouWang/FedCCRL 60b2d9b algorithm/client/fedccrl.py:21-44) uploads
 floor(r * n_i) rows, the first of a freshly shuffled pass (a uniform subset without replacement,
 as here), recomputed every round with torch.var's unbiased variance: `sample_statistics(...,
-rounding="floor")` and `unbiased_sigma` give that (train.fedccrl.upload: floor_unbiased, issue 19).
+rounding="floor")` and `unbiased_sigma` give that (train.fedccrl.upload: floor_unbiased, the reference code's upload).
 """
 from __future__ import annotations
 

@@ -159,7 +159,7 @@ def client_splits(labels: np.ndarray, num_clients: int, val_fraction: float, rng
 
     per_domain: clients first (`assign_clients`), then each client's own stratified `split_train_val`.
     reference: the reference FedCCRL code's split (SanphouWang/FedCCRL data/partition_data.py:128-165,
-      issue 19 point 8): an unstratified random val_fraction of the whole domain is validation, and the
+      so that its runs can be reproduced): an unstratified random val_fraction of the whole domain is validation, and the
       rest is dealt to the clients (`assign_clients`); the domain's validation examples are cut into
       near-equal random parts, one per client, so the union of the clients' val splits (the source
       validation set) is the pooled per-domain validation of the reference.
@@ -430,7 +430,7 @@ def load_client(shards_dir: str | os.PathLike, client_id: str,
                 exclude_domain: str | int | None = None, mmap: bool = False) -> ClientShard:
     """One client's shard, checked against the manifest (errors name the shard file).
 
-    `mmap`: train_x is an np.memmap of the shard file (nothing of it read yet; issue 18's lazy shards);
+    `mmap`: train_x is an np.memmap of the shard file (nothing of it read yet: a client's images are read only when it trains);
     when `exclude_domain` drops some of its rows, the kept rows are copied (a mixed feddg_bench client).
     `exclude_domain` (the held-out domain) drops that domain's rows of a mixed-domain (feddg_bench)
     client; `train_rows` then says which stored training rows were kept (the pools align with them).

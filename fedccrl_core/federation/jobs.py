@@ -59,7 +59,7 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
             raise ValueError(f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
                              "(pools are stale: rerun the pools stage)")
         clients.append(ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device,
-                                             mu, sigma, lazy=True))  # images read when sampled (issue 18)
+                                             mu, sigma, lazy=True))  # images read when sampled: memory flat in the clients
     return clients
 
 

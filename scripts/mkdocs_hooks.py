@@ -1,0 +1,52 @@
+"""mkdocs hooks (mkdocs.yml `hooks:`): text generated from the code at build time instead of committed.
+
+A line `<!-- module-docstring: fedccrl_core.algorithms.fedfd -->` in a page becomes that module's docstring, as
+written (a plain-text block: the docstrings lay out their equations line by line), read without importing it.
+
+The hyperparameters page is made from the algorithms' declarations (`Params` in each module of
+fedccrl_core/algorithms), so the tables cannot drift from the code: `python -m fedccrl_core.algorithms`
+prints the same text.
+"""
+from __future__ import annotations
+
+import sys
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GENERATED = "hyperparameters.md"
+DOCSTRING = re.compile(r"^<!-- module-docstring: ([\w.]+) -->$", re.M)
+
+
+def module_docstring(dotted: str) -> str:
+    path = ROOT.joinpath(*dotted.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    doc = ast.get_docstring(ast.parse(path.read_text()))
+    if not doc:
+        raise ValueError(f"{path.relative_to(ROOT)} has no module docstring")
+    return doc
+
+
+def hyperparameters_markdown() -> str:
+    if not sys.path or sys.path[0] != str(ROOT):   # this checkout's code, before any installed copy
+        sys.path.insert(0, str(ROOT))
+    from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.hparams import markdown
+
+    return markdown({name: cls.Params for name, cls in ALGORITHMS.items()})
+
+
+def on_files(files, config):
+    from mkdocs.structure.files import File
+
+    stale = files.get_file_from_path(GENERATED)   # a copy written by hand into docs/ never wins
+    if stale is not None:
+        files.remove(stale)
+    files.append(File.generated(config, GENERATED, content=hyperparameters_markdown()))
+    return files
+
+
+def on_page_markdown(markdown, page, config, files):
+    return DOCSTRING.sub(lambda m: f"```text\n{module_docstring(m[1])}\n```\n\n*From the docstring of "
+                                   f"`{m[1]}`.*", markdown)
