@@ -70,6 +70,8 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
         cfg = cfgs[alg_name]
         backbone, pretrained = resolve_model(cfg)
         device = resolve_device(cfg["device"])
+        if device.type == "cpu":  # one torch thread, as every training run (federation/jobs.py): the same numbers
+            torch.set_num_threads(1)
         for target in domains:
             clients = load_clients(shards, pools, [d for d in domains if d != target], device)
             tx, ty = load_domain_test(shards, target)

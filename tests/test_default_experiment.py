@@ -67,11 +67,12 @@ def test_default_runs_fedccrl_and_fedavg_and_fedccrl_wins(default_ws):
     assert avg["fedccrl"] >= avg["fedavg"] + 0.10, avg
 
 
-# Measured spread of the default's final-round accuracy (points) between instruction sets, seed 0, torch 2.14.1:
-# the same commands under ATEN_CPU_CAPABILITY=default|avx2, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS and
-# MKL_CBWR on an AVX2 CPU, and an AVX-512 CPU's table (docs: the numbers section of the README). The largest
-# per-domain difference seen was MAX_SEEN_DOMAIN, of the average MAX_SEEN_AVG; the tolerance is twice that.
-MAX_SEEN_DOMAIN, MAX_SEEN_AVG = 1.25, 0.10
+# Measured spread of the default's final-round accuracy (points) between instruction sets, seed 0, torch 2.14.1
+# (docs/benchmarks.md, "The default across instruction sets"): the same runs under ATEN_CPU_CAPABILITY=default,
+# ONEDNN_MAX_CPU_ISA=SSE41, MKL_CBWR=COMPATIBLE and all of them together on an AVX2 CPU, and on an AVX-512
+# CPU. The largest per-domain difference between any two was MAX_SEEN_DOMAIN, of the average MAX_SEEN_AVG; the
+# tolerance is twice that.
+MAX_SEEN_DOMAIN, MAX_SEEN_AVG = 1.67, 0.94
 TOLERANCE = {"domain": 2 * MAX_SEEN_DOMAIN, "avg": 2 * MAX_SEEN_AVG}
 
 

@@ -295,6 +295,7 @@ def test_alias_is_sanitized():
 
 # ------------------------------------------------------------------ the paper's backbone
 
+@pytest.mark.full("MobileNetV3-Large at 224 px: the paper's backbone exported and checked, about a minute on 2 cores")
 def test_mobilenet_v3_large_224_exports_as_one_checked_file(tmp_path):
     torch.manual_seed(0)
     model = build_model("mobilenet_v3_large", 7).eval()
