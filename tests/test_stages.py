@@ -47,6 +47,7 @@ def stage_commands(dvc: dict, params: dict) -> list[tuple[str, str]]:
     return out
 
 
+@pytest.mark.timeout(900)  # about a minute on an idle 2-core machine; three on a busy one
 def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for dotted, v in TINY.items():
