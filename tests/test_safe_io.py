@@ -161,6 +161,21 @@ def test_a_regular_file_is_complete_or_absent(tmp_path):
         assert p.read_text() == "old" and temps(tmp_path) == []
 
 
+def test_a_folder_output_through_a_symlink_replaces_the_folder_it_names(tmp_path):
+    """atomic_dir (every stage's --out folder): the link stays and points at the new, complete folder."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "real" / "stale.json").write_text("{}")
+    (tmp_path / "out").symlink_to("real")
+    with fsio.atomic_dir(tmp_path / "out") as d:
+        (d / "new.json").write_text("[]")
+    assert os.readlink(tmp_path / "out") == "real" and sorted(os.listdir(tmp_path / "real")) == ["new.json"]
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(fsio.OutputError, match=f"^{tmp_path / 'fifo'}: cannot write \\(is a FIFO, not a folder\\)"):
+        with fsio.atomic_dir(tmp_path / "fifo"):
+            raise AssertionError("the body ran")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and temps(tmp_path) == []
+
+
 # ------------------------------------------------------------------ every CLI output
 @pytest.fixture
 def ws(tmp_path, images):  # noqa: F811
