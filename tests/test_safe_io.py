@@ -47,7 +47,7 @@ class FifoReader:
             self.data = f.read()
 
     def bytes(self) -> bytes:
-        self.thread.join(timeout=60)
+        self.thread.join(timeout=20)
         assert not self.thread.is_alive(), "the writer never closed the FIFO"
         return self.data
 
