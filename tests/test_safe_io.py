@@ -311,3 +311,36 @@ def test_cli_output_dash_is_stdout(name, ws, monkeypatch):
     res = run_cli(ws, name, "-", monkeypatch)
     assert res.exit_code == 0, res.output[-2000:]
     assert res.stdout_bytes == ref and not (ws / "-").exists()
+
+
+@pytest.mark.full  # three downloads of the synthetic dataset: about 30 s
+def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tmp_path, monkeypatch):
+    """`fedccrl download --report`: the data report of the stage, written by fedccrl_core.data.sources."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
+    monkeypatch.chdir(tmp_path)
+
+    def download(report: str):
+        return CliRunner().invoke(main, ["download", "--out", f"raw-{report}", "--report", report])
+
+    (tmp_path / "reports").mkdir()
+    (tmp_path / "link").symlink_to("reports/download.json")
+    res = download("link")
+    assert res.exit_code == 0, res.output[-2000:]
+    doc = json.loads((tmp_path / "reports" / "download.json").read_text())
+    assert doc["status"] == "ok" and doc["total"] == 960 and (tmp_path / "link").is_symlink()
+
+    reader = FifoReader(tmp_path / "fifo")
+    res = download("fifo")
+    assert res.exit_code == 0, res.output[-2000:]
+    streamed = json.loads(reader.bytes())
+    assert streamed["status"] == "ok" and streamed["total"] == 960 and streamed.keys() == doc.keys()
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+
+    full_device(tmp_path / "full")
+    res = download("full")
+    assert clean_error(res, "full", "error: ") == "error: full: cannot write (No space left on device)"
+    assert stat.S_ISCHR(os.lstat(tmp_path / "full").st_mode) and temps(tmp_path) == []
