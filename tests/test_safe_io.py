@@ -21,6 +21,7 @@ import pytest
 
 from fedccrl_core import fsio
 from test_hardening import images, temps, tiny_onnx  # noqa: F401  images: a fixture
+from test_untrusted_files import tiny, trained  # noqa: F401  fixtures: tiny data, one tiny trained run
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -343,4 +344,35 @@ def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tm
     full_device(tmp_path / "full")
     res = download("full")
     assert clean_error(res, "full", "error: ") == "error: full: cannot write (No space left on device)"
+    assert stat.S_ISCHR(os.lstat(tmp_path / "full").st_mode) and temps(tmp_path) == []
+
+
+@pytest.mark.full  # the tiny trained run of tests/test_untrusted_files.py (about 20 s) and three exports
+def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny, tmp_path, monkeypatch):  # noqa: F811
+    """`fedccrl export --summary`: the worst parity over the sweep's runs, a DVC metric."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    monkeypatch.chdir(trained)
+
+    def export(summary: Path, out: str):
+        return CliRunner().invoke(main, ["export", "--models", "models", "--shards", str(tiny / "data" / "shards"),
+                                         "--out", str(tmp_path / out), "--summary", str(summary), "--no-mlflow",
+                                         "--params", "params.yaml"])
+
+    (tmp_path / "link").symlink_to("parity.json")
+    res = export(tmp_path / "link", "e1")
+    assert res.exit_code == 0, res.output[-2000:]
+    doc = json.loads((tmp_path / "parity.json").read_text())
+    assert doc["runs"] == 1 and doc["min_top1_agreement"] >= 0.999 and (tmp_path / "link").is_symlink()
+
+    reader = FifoReader(tmp_path / "fifo")
+    res = export(tmp_path / "fifo", "e2")
+    assert res.exit_code == 0, res.output[-2000:]
+    assert json.loads(reader.bytes()) == doc and stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+
+    full_device(tmp_path / "full")
+    res = export(tmp_path / "full", "e3")
+    assert clean_error(res, "full", "error: ") == f"error: {tmp_path / 'full'}: cannot write (No space left on device)"
     assert stat.S_ISCHR(os.lstat(tmp_path / "full").st_mode) and temps(tmp_path) == []
