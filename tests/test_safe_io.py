@@ -127,19 +127,22 @@ def test_a_full_device_is_one_error_naming_it_and_stays_a_device(tmp_path):
     assert (tmp_path / "to_full").is_symlink() and temps(tmp_path) == []
 
 
-def test_dash_is_stdout(capsysbinary):
+def test_dash_is_stdout(capsysbinary, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where wrong code would make a file named "-"
     fsio.write_text("-", "to stdout\n")
     fsio.write_bytes("-", b"\x00bytes")
-    assert capsysbinary.readouterr().out == b"to stdout\n\x00bytes"
+    assert capsysbinary.readouterr().out == b"to stdout\n\x00bytes" and os.listdir(tmp_path) == []
 
 
-def test_dev_stdout_onto_a_file_appends_in_order(tmp_path):
+def test_a_link_to_stdout_onto_a_file_appends_in_order(tmp_path):
     """/dev/stdout is a link into /proc: reopened, it would write from offset 0 over what stdout already holds;
-    the process's own descriptor is duplicated instead, and never replaced by a rename."""
-    code = textwrap.dedent("""
+    the process's own descriptor is duplicated instead, and never replaced by a rename. The link here is made
+    under the test's folder (as /dev/stdout is: -> /proc/self/fd/1), so wrong code cannot replace /dev/stdout."""
+    (tmp_path / "stdout").symlink_to("/proc/self/fd/1")
+    code = textwrap.dedent(f"""
         from fedccrl_core import fsio
         print("before", flush=True)
-        fsio.write_text("/dev/stdout", "via /dev/stdout\\n")
+        fsio.write_text({str(tmp_path / "stdout")!r}, "via the link\\n")
         fsio.write_text("-", "via -\\n")
         print("after")
     """)
@@ -148,7 +151,8 @@ def test_dev_stdout_onto_a_file_appends_in_order(tmp_path):
         r = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.PIPE, text=True, timeout=60,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 0, r.stderr
-    assert out.read_text() == "before\nvia /dev/stdout\nvia -\nafter\n"
+    assert out.read_text() == "before\nvia the link\nvia -\nafter\n"
+    assert os.readlink(tmp_path / "stdout") == "/proc/self/fd/1"
 
 
 def test_a_regular_file_is_complete_or_absent(tmp_path):
