@@ -177,3 +177,21 @@ def test_train_refuses_to_resume_from_a_crafted_round_checkpoint(trained, tiny, 
         assert not (trained / "out").exists()
     finally:
         ck.write_bytes(kept)
+
+
+def test_a_client_record_may_name_only_a_torch_dtype(tmp_path):
+    """`_tensor_from` is the one project function a record names; its dtype argument comes from the file."""
+    import numpy as np
+
+    from fedccrl_core.federation import checkpoints
+
+    class Crafted:
+        def __reduce__(self):
+            return checkpoints._tensor_from, ("load", (1,), np.zeros(1, np.uint8))
+
+    cks = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None)
+    cks.save(1, {"global": {}}, {"a": {"extra": {"x": Crafted()}}})
+    again = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None)
+    again.load(lambda c: None)
+    with pytest.raises(UntrustedFileError, match="names 'load' as a tensor dtype"):
+        again.load_client("a")

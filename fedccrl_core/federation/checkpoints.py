@@ -51,7 +51,10 @@ class CheckpointFallbackWarning(UserWarning):
 def _tensor_from(dtype: str | None, shape: tuple, data: np.ndarray, device=None) -> torch.Tensor:
     t = torch.from_numpy(data)
     if dtype is not None:  # a dtype numpy lacks (bfloat16, ...): its bytes, viewed back
-        t = t.view(getattr(torch, dtype)).reshape(shape)
+        dt = getattr(torch, dtype, None)
+        if not isinstance(dt, torch.dtype):  # the name comes from the file: only a dtype is looked up
+            raise pickle.UnpicklingError(f"it names {dtype!r} as a tensor dtype")
+        t = t.view(dt).reshape(shape)
     return t if device is None else t.to(device)
 
 
