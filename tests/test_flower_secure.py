@@ -44,7 +44,8 @@ def recipe() -> tuple[str, str, str]:
 def localize(code: str, port: int) -> str:
     """The README's commands for this host: `localhost` and a free port; fails when the README changed."""
     assert HOST in code, f"the README recipe no longer names {HOST}:\n{code}"
-    for old, new in ((f"{HOST}:{PORT}", f"localhost:{port}"), (f"--port {PORT}", f"--port {port}"), (HOST, "localhost")):
+    for old, new in ((f"{HOST}:{PORT}", f"localhost:{port}"), (f"--port {PORT}", f"--port {port}"),
+                     (HOST, "localhost")):
         code = code.replace(old, new)
     return code
 
@@ -52,6 +53,16 @@ def localize(code: str, port: int) -> str:
 def commands(code: str) -> list[str]:
     """One shell command per line, backslash continuations joined."""
     return [ln.strip() for ln in code.replace("\\\n", " ").splitlines() if ln.strip()]
+
+
+def without(argv: list[str], flag: str) -> list[str]:
+    """argv less `flag` and its value."""
+    return argv[:argv.index(flag)] + argv[argv.index(flag) + 2:]
+
+
+def plain(argv: list[str]) -> list[str]:
+    """`--insecure` in place of `--root-certificates certs/ca.crt`."""
+    return without(argv, "--root-certificates") + ["--insecure"]
 
 
 def test_the_readme_recipe_registers_supernodes_and_refuses_the_others(data, tmp_path):  # noqa: F811
@@ -109,12 +120,10 @@ def test_the_readme_recipe_registers_supernodes_and_refuses_the_others(data, tmp
         for cid in SOURCES:
             supernode(cid, f"site_{cid}", cid)
         rogue = supernode("rogue", "site_rogue", SOURCES[0])
-        no_ca = supernode("no_ca", "site_no_ca", SOURCES[0],
-                          lambda a: a[:a.index("--root-certificates")] + a[a.index("--root-certificates") + 2:])
-        plain = lambda a: [x if x != "--root-certificates" else "--insecure" for x in a if x != "certs/ca.crt"]  # noqa: E731
+        no_ca = supernode("no_ca", "site_no_ca", SOURCES[0], lambda a: without(a, "--root-certificates"))
         insecure_key = supernode("insecure_key", "site_insecure_key", SOURCES[0], plain)
-        keyless = lambda a: a[:a.index("--auth-supernode-private-key")] + a[a.index("--auth-supernode-private-key") + 2:]  # noqa: E731
-        insecure = supernode("insecure", "site_insecure_key", SOURCES[0], lambda a: plain(keyless(a)))
+        insecure = supernode("insecure", "site_insecure_key", SOURCES[0],
+                             lambda a: plain(without(a, "--auth-supernode-private-key")))
 
         work = tmp_path / "work"
         spec = make_spec(data, work, "fedccrl", rounds=1, num_clients=3, min_clients=3)

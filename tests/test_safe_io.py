@@ -352,7 +352,8 @@ def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tm
 
 
 @pytest.mark.full  # the tiny trained run of tests/test_untrusted_files.py (about 20 s) and three exports
-def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny,  # noqa: F811
+                                                                            tmp_path, monkeypatch):
     """`fedccrl export --summary`: the worst parity over the sweep's runs, a DVC metric."""
     from click.testing import CliRunner
 

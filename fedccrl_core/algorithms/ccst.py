@@ -171,8 +171,8 @@ class CCST(Algorithm):
         return averaged
 
     def server_state(self):  # tensors, not numpy arrays: checkpoints hold tensors and plain data only
-        return {"style_bank": {cid: {k: torch.from_numpy(v) for k, v in s.items()} for cid, s in self.style_bank.items()},
-                "served": sorted(self.served)}
+        bank = {cid: {k: torch.from_numpy(v) for k, v in s.items()} for cid, s in self.style_bank.items()}
+        return {"style_bank": bank, "served": sorted(self.served)}
 
     def load_server_state(self, state):
         bank = state.get("style_bank") or {}
