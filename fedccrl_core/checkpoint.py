@@ -60,7 +60,7 @@ def load_model(path: str | Path, map_location: str = "cpu", builders: dict | Non
 
     `builders` maps an algorithm name to its `build_model` (an algorithm that adds modules knows its
     structure); `fedccrl_core.algorithms.load_model` passes the registry's. This module stays below the
-    algorithms (DESIGN.md "Layers") and falls back to the plain f = g . h without them."""
+    algorithms (docs/architecture.md, "Layers") and falls back to the plain f = g . h without them."""
     path = Path(path)
     if not path.is_file():
         raise FedCCRLError(f"{path}: model file not found")

@@ -1,5 +1,5 @@
-"""The one atomic write of the project (DESIGN.md, floor 0): an output appears complete under its name,
-or not at all, and a temporary path has one owner and one cleanup (issue 17, Build 3).
+"""The one atomic write of the project (floor 0, docs/architecture.md): an output appears complete under its
+name, or not at all, and a temporary path has one owner and one cleanup.
 
 Every temporary path is named after the output it will become, next to it, owned by one process:
 

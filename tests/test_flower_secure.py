@@ -1,14 +1,16 @@
-"""The README's secure Flower deployment (section "Run across real machines with Flower": TLS and SuperNode
-authentication), run as written on 127.0.0.1 with `localhost` for the host name:
+"""The documented secure Flower deployment (docs/flower.md, "Real deployment with TLS and SuperNode
+authentication"), run as written on 127.0.0.1 with `localhost` for the host name:
 
-  - the CA, the SuperLink's certificate and the SuperLink command come from the README's first block,
-    the key pair and `flwr supernode register` from the second, the SuperNode command from the third;
+  - the CA, the SuperLink's certificate and the SuperLink command come from the page's first block,
+    the key pair and `flwr supernode register` from the text after it, the SuperNode command from the
+    second block;
     the only rewrites are the host name, the port (a free one), the site's key name and node config,
     and a distinct runtime `--port` per SuperNode (several SuperNodes share this one host);
   - registered SuperNodes (one per source client) train one round of FedCCRL, and the result equals the
     in-process engine's (one torch thread on both sides, as in tests/test_flower.py);
   - a SuperNode whose key is not registered is refused (Flower exit code 305, activation failed), one
-    without the CA fails the TLS handshake, one that connects `--insecure` never comes online.
+    without the CA fails the TLS handshake (305), the documented SuperNode with `--insecure` stops at once
+    (303: an auth key needs TLS), and one `--insecure` without a key retries and never comes online.
 
 Full tier: about two minutes on 2 shared cores (RSA-4096 keys, a SuperLink, six SuperNodes, a round).
 """
@@ -25,25 +27,30 @@ from pathlib import Path
 import pytest
 
 from test_flower import SOURCES, _node_config, _wait, assert_same_history, data, make_spec, run_inprocess  # noqa: F401
-from test_readme_blocks import README, readme_blocks
+from test_readme_blocks import BLOCKS, REPO
 
-HOST = "superlink.example.org"  # the README's host name
-PORT = "8000"                   # the README's port
+PAGE = REPO / "docs" / "flower.md"
 
-pytestmark = pytest.mark.full
+HOST = "superlink.example.org"  # the documented host name
+PORT = "8000"                   # the documented port
+
+pytestmark = pytest.mark.full("a secure Flower deployment of real processes: a SuperLink, six SuperNodes, a round")
 
 
 def recipe() -> tuple[str, str, str]:
-    """The README's three blocks of the secure recipe: SuperLink host, key registration, site."""
-    blocks = [b.code for b in readme_blocks(README.read_text())]
-    pick = lambda needle: next(code for code in blocks if needle in code)  # noqa: E731
-    return (pick("flower-superlink --ssl-ca-certfile"), pick("flwr supernode register"),
-            pick(f"flower-supernode --superlink {HOST}"))
+    """The documented secure recipe: the SuperLink host's block, the key registration (a code span of the
+    text between the blocks: `ssh-keygen ... && flwr supernode register ...`), the site's block."""
+    def pick(needle: str) -> str:
+        (code,) = [b.code for b in BLOCKS if needle in b.code]
+        return code
+
+    (register,) = re.findall(r"`(ssh-keygen [^`]*&& flwr supernode register [^`]*)`", PAGE.read_text())
+    return pick("flower-superlink --ssl-ca-certfile"), register, pick(f"flower-supernode --superlink {HOST}")
 
 
 def localize(code: str, port: int) -> str:
-    """The README's commands for this host: `localhost` and a free port; fails when the README changed."""
-    assert HOST in code, f"the README recipe no longer names {HOST}:\n{code}"
+    """The documented commands for this host: `localhost` and a free port; fails when the recipe changed."""
+    assert HOST in code, f"the documented recipe no longer names {HOST}:\n{code}"
     for old, new in ((f"{HOST}:{PORT}", f"localhost:{port}"), (f"--port {PORT}", f"--port {port}"),
                      (HOST, "localhost")):
         code = code.replace(old, new)
@@ -65,7 +72,7 @@ def plain(argv: list[str]) -> list[str]:
     return without(argv, "--root-certificates") + ["--insecure"]
 
 
-def test_the_readme_recipe_registers_supernodes_and_refuses_the_others(data, tmp_path):  # noqa: F811
+def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data, tmp_path):  # noqa: F811
     from fedccrl_flower.run import BIN, Federation, Proc, flower_env, free_port, wait_for_result
 
     link_code, register_code, site_code = recipe()
@@ -116,7 +123,7 @@ def test_the_readme_recipe_registers_supernodes_and_refuses_the_others(data, tmp
         nodes = {cid: register(f"site_{cid}") for cid in SOURCES}
         nodes["no_ca"], nodes["insecure_key"] = register("site_no_ca"), register("site_insecure_key")
         subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", "keys/site_rogue"], cwd=ws,
-                       check=True, timeout=60)  # made as the README makes a key, never registered
+                       check=True, timeout=60)  # made as the recipe makes a key, never registered
         for cid in SOURCES:
             supernode(cid, f"site_{cid}", cid)
         rogue = supernode("rogue", "site_rogue", SOURCES[0])

@@ -318,7 +318,7 @@ def test_cli_output_dash_is_stdout(name, ws, monkeypatch):
     assert res.stdout_bytes == ref and not (ws / "-").exists()
 
 
-@pytest.mark.full  # three downloads of the synthetic dataset: about 30 s
+@pytest.mark.full("three downloads of the synthetic dataset, about 15 s")
 def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tmp_path, monkeypatch):
     """`fedccrl download --report`: the data report of the stage, written by fedccrl_core.data.sources."""
     from click.testing import CliRunner
@@ -351,7 +351,7 @@ def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tm
     assert stat.S_ISCHR(os.lstat(tmp_path / "full").st_mode) and temps(tmp_path) == []
 
 
-@pytest.mark.full  # the tiny trained run of tests/test_untrusted_files.py (about 20 s) and three exports
+@pytest.mark.full("the tiny trained run of tests/test_untrusted_files.py (about 20 s) and three ONNX exports")
 def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny,  # noqa: F811
                                                                             tmp_path, monkeypatch):
     """`fedccrl export --summary`: the worst parity over the sweep's runs, a DVC metric."""

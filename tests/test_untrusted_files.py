@@ -149,7 +149,7 @@ def crafted_run(trained, tmp_path):
     model.write_bytes(kept)
 
 
-@pytest.mark.full  # the trained fixture: about 20 s on 2 cores
+@pytest.mark.full("one tiny run trained and evaluated through the stage CLIs first, about 20 s")
 @pytest.mark.parametrize("stage", ["evaluate", "export", "figures"])
 def test_a_stage_refuses_a_crafted_model_file(stage, crafted_run, tiny, tmp_path, monkeypatch):  # noqa: F811
     ws, model, marker = crafted_run
@@ -163,7 +163,7 @@ def test_a_stage_refuses_a_crafted_model_file(stage, crafted_run, tiny, tmp_path
     assert not (ws / "out").exists()
 
 
-@pytest.mark.full
+@pytest.mark.full("one tiny run trained and evaluated through the stage CLIs first, about 20 s")
 def test_train_refuses_to_resume_from_a_crafted_round_checkpoint(trained, tiny, tmp_path, monkeypatch):  # noqa: F811
     (ck,) = [p for p in (trained / "ck").rglob("*.pt") if p.parent.suffix != ".clients"]
     kept = ck.read_bytes()

@@ -5,13 +5,12 @@ run completes.
 Layout for a checkpoint path P (e.g. models/.../checkpoint.pt):
   P                    the latest round: global and best weights, history, server state, run info, and
                        `client_records` {client id: (round t, offset, length) of its newest state}
-  P.prev               the round before, kept until P has been written and read back (issue 17 part 4)
+  P.prev               the round before, kept until P has been written and read back (a fallback if P is torn)
   P.corrupt            a latest checkpoint that could not be read (kept for inspection until completion)
   P.clients/r<t>.bin   the states (optimizer, LR schedule, `extra`) of the clients trained in round t,
                        one record per client, appended as each client finishes training
 
-A round writes P and one state file holding the clients it trained, nothing else (issue 18 part 1):
-the bytes a round writes follow the clients it trained, not the number of clients, and a round costs
+A round writes P and one state file holding the clients it trained, nothing else: the bytes a round writes follow the clients it trained, not the number of clients, and a round costs
 one file and one fsync however many clients it trains (one file per client cost an fsync each). A
 record is raw tensor bytes behind a small pickle (`write_record`), so reading one client back reads
 only its own bytes. A state file is deleted once neither P nor P.prev names it; a round file whose
