@@ -4,14 +4,20 @@ A model file is written by `save_model` with torch.save:
     {"format": "fedccrl-model/1", "state_dict": {...}, "meta": {...}}
 meta holds at least: backbone, num_classes, classes, image_size, mean, std, resize,
 dataset, domains, held_out_domain, algorithm, seed, round, params_hash, git_commit.
+
+Every torch file of the project (model files, round checkpoints, the Flower result) holds tensors and
+plain data only (dict, list, tuple, str, int, float, bool, None) and is read by `torch_load`, with
+torch's weights-only unpickler: a model file comes from anyone who can hand one over, and a full
+unpickler runs whatever code its pickle names.
 """
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import torch
 
-from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.errors import FedCCRLError, UntrustedFileError
 from fedccrl_core.fsio import atomic_file
 from fedccrl_core.models import FedModel, build_model
 
@@ -23,6 +29,22 @@ def atomic_torch_save(obj, path: str | Path) -> None:
     """torch.save through fedccrl_core.fsio.atomic_file: never a half-written file."""
     with atomic_file(path, "wb") as f:
         torch.save(obj, f)
+
+
+def torch_load(path: str | Path, map_location="cpu"):
+    """torch.load of tensors and plain data only: no pickled code runs. A file that names any other object
+    raises UntrustedFileError naming the file and those objects; an unreadable one raises as torch does."""
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        try:
+            unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+        except Exception:  # noqa: BLE001 - not a zip-format torch file: an unreadable one, reported as such
+            unsafe = []
+        if unsafe:
+            raise UntrustedFileError(f"{path}: refused: it holds objects other than tensors and plain data "
+                                     f"({', '.join(unsafe[:5])}); nothing in it was loaded or run") from e
+        raise
 
 
 def save_model(path: str | Path, model: FedModel, meta: dict) -> None:
@@ -38,12 +60,14 @@ def load_model(path: str | Path, map_location: str = "cpu", builders: dict | Non
 
     `builders` maps an algorithm name to its `build_model` (an algorithm that adds modules knows its
     structure); `fedccrl_core.algorithms.load_model` passes the registry's. This module stays below the
-    algorithms (DESIGN.md "Layers") and falls back to the plain f = g . h without them."""
+    algorithms (docs/architecture.md, "Layers") and falls back to the plain f = g . h without them."""
     path = Path(path)
     if not path.is_file():
         raise FedCCRLError(f"{path}: model file not found")
     try:
-        blob = torch.load(path, map_location=map_location, weights_only=False)
+        blob = torch_load(path, map_location)
+    except UntrustedFileError:
+        raise
     except Exception as e:
         raise FedCCRLError(f"{path}: not a readable fedccrl model file ({e.__class__.__name__})") from e
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:

@@ -24,3 +24,8 @@ class ParamError(FedCCRLError, ValueError):
     def __init__(self, *lines: str):
         super().__init__("\n".join(lines))
         self.lines = list(lines)
+
+
+class UntrustedFileError(FedCCRLError):
+    """A model file or checkpoint holds pickled objects other than tensors and plain data (a pickle can run
+    code when loaded); it was refused, nothing in it ran (names the file and what it holds)."""

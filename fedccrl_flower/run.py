@@ -31,9 +31,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from fedccrl_core import contract
+from fedccrl_core.checkpoint import torch_load
 from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.federation.engine import RunResult
 from fedccrl_core.fsio import write_text
@@ -303,7 +302,7 @@ def wait_for_result(fed: Federation, run_id: int, work_dir: Path, on_round: Call
         st = json.loads(st_path.read_text()) if st_path.is_file() else {}
         if st.get("status") == "completed":
             drain()
-            res = torch.load(work_dir / contract.FLOWER_RESULT_FILE, map_location="cpu", weights_only=False)
+            res = torch_load(work_dir / contract.FLOWER_RESULT_FILE)
             return RunResult(res["history"], res["final_weights"], res["best_weights"], res["best_round"],
                              resumed_from=res["resumed_from"], extra={**res["extra"], "run_id": run_id})
         if st.get("status") in ("failed", "stopped"):

@@ -37,8 +37,6 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
     runs = load_results(runs_dir)
     metrics = summarize(runs)
     lines = table_markdown(runs, metrics)
-    for path in (metrics_out, table_out, curves_out):
-        path.parent.mkdir(parents=True, exist_ok=True)
     write_text(metrics_out, json.dumps(metrics, indent=1))
     if summary_out is not None:
         write_text(summary_out, json.dumps(summary_of(metrics, held_out_domains(runs)), indent=1))
@@ -71,7 +69,8 @@ def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     if not parent:
         return
     for f in files:
-        client.log_artifact(parent, str(f), artifact_path="report")
+        if f.is_file():  # a FIFO or device output was streamed to its reader: nothing to read back
+            client.log_artifact(parent, str(f), artifact_path="report")
     for alg, m in metrics.items():
         for key, v in m.get("avg", {}).items():
             client.log_metric(parent, f"{alg}.avg_{key}", v)

@@ -5,7 +5,8 @@ errors go to stderr. Exit codes: 0 all good, 2 a fatal error (one line on stderr
 empty folder, not a fedccrl model, unwritable --output, --deadline passed, ...), 3 the run finished
 but some inputs could not be read (each has an error record in the output).
 
-An --output file is written atomically (fedccrl_core.fsio): it appears complete or not at all. A
+An --output file is written atomically (fedccrl_core.fsio): it appears complete or not at all; a symlink
+keeps pointing at the file written; a FIFO, a device or `-` (stdout) is written in place. A
 model's metadata is checked against its graph when it is loaded. Files that are not regular files
 (a FIFO named x.jpg) are skipped with a notice and never opened. JSON output never holds NaN.
 """
@@ -367,7 +368,8 @@ def main():
 @_model_arg
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="write results here, not stdout")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="write results here, not stdout (a FIFO or device is written in place; - is stdout)")
 @click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True,
               help="classes listed per image (capped at the number of classes)")
 @_batch_opt
@@ -408,7 +410,8 @@ def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quie
 @main.command()
 @_model_arg
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path), help="write the JSON report here")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
+              help="write the JSON report here (- is stdout, the table then goes to stderr)")
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout (the table goes to stderr)")
 @_batch_opt
 @_device_opt
@@ -443,7 +446,7 @@ def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet,
             out_file.write(text + "\n")
     if as_json:
         click.echo(text)
-    click.echo(format_table(report), err=as_json)
+    click.echo(format_table(report), err=as_json or str(output) == "-")  # stdout carries JSON only
     if errors:
         _note(f"{len(errors)} of {len(files)} images could not be read (listed under 'errors')")
         sys.exit(EXIT_SOME_FAILED)

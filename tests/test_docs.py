@@ -24,13 +24,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 CODE_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "flower_app", "scripts", "tests")
 
-# Files another change edits at the same time; their remaining references are cleared by the safe-IO change.
-# Remove this allow-list once that change is merged.
-CLEARED_BY_THE_SAFE_IO_CHANGE = {
-    "fedccrl_core/fsio.py", "fedccrl_core/checkpoint.py", "fedccrl_core/federation/checkpoints.py",
-    "serving/cli.py", "fedccrl_flower/run.py", "tests/test_default_experiment.py", "tests/conftest.py",
-}
-
 ISSUE = re.compile(r"\bissues?\s*#?\d+|(?<![\w&#/])#\d+\b", re.I)
 # a path into the repository: a top-level folder of the project, or a Markdown/config file named at the top
 TOP_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "flower_app", "scripts", "tests", "docs", ".ci")
@@ -100,8 +93,6 @@ def test_comments_and_docstrings_state_their_reasons():
     bad = []
     for path in code_files():
         rel = path.relative_to(REPO).as_posix()
-        if rel in CLEARED_BY_THE_SAFE_IO_CHANGE:
-            continue
         for line, text in comments_and_docstrings(path.read_text()):
             bad += [f"{rel}:{line}: {p}" for p in problems_in(text)]
     assert not bad, "a comment or docstring should state the reason itself:\n" + "\n".join(bad)

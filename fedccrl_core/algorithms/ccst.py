@@ -170,11 +170,14 @@ class CCST(Algorithm):
         self.served.update(client_ids)
         return averaged
 
-    def server_state(self):
-        return {"style_bank": self.style_bank, "served": sorted(self.served)}
+    def server_state(self):  # tensors, not numpy arrays: checkpoints hold tensors and plain data only
+        bank = {cid: {k: torch.from_numpy(v) for k, v in s.items()} for cid, s in self.style_bank.items()}
+        return {"style_bank": bank, "served": sorted(self.served)}
 
     def load_server_state(self, state):
-        self.style_bank = dict(state.get("style_bank") or {})
+        bank = state.get("style_bank") or {}
+        self.style_bank = {cid: {k: np.asarray(v.cpu(), dtype=np.float32) for k, v in s.items()}
+                           for cid, s in bank.items()}
         self.served = set(state.get("served") or ())
 
     # ---- 3.2.3: local style transfer (Alg. 1), then FedAvg on D^{C_n} ------------------------

@@ -5,13 +5,12 @@ run completes.
 Layout for a checkpoint path P (e.g. models/.../checkpoint.pt):
   P                    the latest round: global and best weights, history, server state, run info, and
                        `client_records` {client id: (round t, offset, length) of its newest state}
-  P.prev               the round before, kept until P has been written and read back (issue 17 part 4)
+  P.prev               the round before, kept until P has been written and read back (a fallback if P is torn)
   P.corrupt            a latest checkpoint that could not be read (kept for inspection until completion)
   P.clients/r<t>.bin   the states (optimizer, LR schedule, `extra`) of the clients trained in round t,
                        one record per client, appended as each client finishes training
 
-A round writes P and one state file holding the clients it trained, nothing else (issue 18 part 1):
-the bytes a round writes follow the clients it trained, not the number of clients, and a round costs
+A round writes P and one state file holding the clients it trained, nothing else: the bytes a round writes follow the clients it trained, not the number of clients, and a round costs
 one file and one fsync however many clients it trains (one file per client cost an fsync each). A
 record is raw tensor bytes behind a small pickle (`write_record`), so reading one client back reads
 only its own bytes. A state file is deleted once neither P nor P.prev names it; a round file whose
@@ -21,6 +20,7 @@ deletes P.prev and every state file P does not name.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import io
@@ -34,6 +34,8 @@ from typing import Callable
 import numpy as np
 import torch
 
+from fedccrl_core.checkpoint import torch_load
+from fedccrl_core.errors import UntrustedFileError
 from fedccrl_core.fsio import atomic_file, atomic_path
 
 ALIGN = 64  # every record and every tensor's bytes start at a multiple of this (aligned views on read)
@@ -48,7 +50,10 @@ class CheckpointFallbackWarning(UserWarning):
 def _tensor_from(dtype: str | None, shape: tuple, data: np.ndarray, device=None) -> torch.Tensor:
     t = torch.from_numpy(data)
     if dtype is not None:  # a dtype numpy lacks (bfloat16, ...): its bytes, viewed back
-        t = t.view(getattr(torch, dtype)).reshape(shape)
+        dt = getattr(torch, dtype, None)
+        if not isinstance(dt, torch.dtype):  # the name comes from the file: only a dtype is looked up
+            raise pickle.UnpicklingError(f"it names {dtype!r} as a tensor dtype")
+        t = t.view(dt).reshape(shape)
     return t if device is None else t.to(device)
 
 
@@ -68,6 +73,13 @@ class _Pickler(pickle.Pickler):
         return NotImplemented
 
 
+# Every class or function a client state's pickle names besides `_tensor_from` (optimizer and LR-schedule
+# state dicts, `extra`): numpy's rebuilder of an out-of-band array (numpy.core or numpy._core by version)
+# and its dtype, OrderedDict. A pickle names what it calls when loaded, so nothing else is looked up.
+_ALLOWED = {(f.__module__, f.__name__): f
+            for f in (np.zeros(1).__reduce_ex__(5)[0], np.dtype, collections.OrderedDict)}
+
+
 class _Unpickler(pickle.Unpickler):
     def __init__(self, file, buffers, device):
         super().__init__(file, buffers=buffers)
@@ -76,7 +88,10 @@ class _Unpickler(pickle.Unpickler):
     def find_class(self, module, name):
         if module == __name__ and name == "_tensor_from":
             return functools.partial(_tensor_from, device=self.device)
-        return super().find_class(module, name)
+        try:
+            return _ALLOWED[(module, name)]
+        except KeyError:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which a client state never holds") from None
 
 
 def _pad(n: int) -> int:
@@ -137,7 +152,7 @@ class RoundCheckpoints:
         return self.client_dir / f"r{rnd}.bin"
 
     def _read(self, path: Path):
-        ck = torch.load(path, map_location=self.device, weights_only=False)
+        ck = torch_load(path, self.device)
         if not isinstance(ck, dict) or "round" not in ck:
             raise ValueError("not a round checkpoint")
         if "client_files" in ck:
@@ -157,6 +172,8 @@ class RoundCheckpoints:
                 continue
             try:
                 ck = self._read(path)
+            except UntrustedFileError:  # not a torn write to fall back from: someone else's file, refused
+                raise
             except Exception as e:
                 msg = f"checkpoint {path} unreadable ({e.__class__.__name__}: {str(e)[:120]})"
                 if path == self.path and self.prev.is_file():
@@ -188,12 +205,18 @@ class RoundCheckpoints:
         """The newest saved state of one client (None: it never trained, or its state is not kept); reads
         that client's record only."""
         rec = self.client_records.get(cid)
-        return None if rec is None else read_record(self._raw(rec), self.device)
+        if rec is None:
+            return None
+        try:
+            return read_record(self._raw(rec), self.device)
+        except pickle.UnpicklingError as e:
+            raise UntrustedFileError(f"{self.round_file(rec[0])}: refused: the state of client {cid} {e}; "
+                                     f"nothing in it was loaded or run") from e
 
     def client_states(self) -> dict[str, dict]:
         """Every client state the latest checkpoint names (for inspection and tests; the engine loads
         only the sampled clients' states, with `load_client`)."""
-        ck = torch.load(self.path, map_location=self.device, weights_only=False)
+        ck = torch_load(self.path, self.device)
         self.client_records = {c: tuple(r) for c, r in (ck.get("client_records") or {}).items()}
         return {cid: self.load_client(cid) for cid in sorted(self.client_records)}
 
