@@ -57,6 +57,7 @@ class TrainTracking:
 
     def start(self, job: dict) -> dict:
         from fedccrl_core.fsio import write_text
+        from fedccrl_core.numerics import numeric_platform
 
         ckpt, cfg, manifest = job["ckpt"], self.cfg, self.manifest
         side = ckpt.with_suffix(".mlflow.json")
@@ -74,7 +75,8 @@ class TrainTracking:
                         **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
                         "dvc_stage": f"train@{self.algorithm}-{self.seed}", "fedccrl.role": "child",
                         "fedccrl.sweep": sweep_key, "held_out": job["target"],
-                        "algorithm": self.algorithm, "seed": str(self.seed)}, resume_run_id=resume_id,
+                        "algorithm": self.algorithm, "seed": str(self.seed),
+                        "fedccrl.platform": numeric_platform(self.device)}, resume_run_id=resume_id,
                        dataset={"name": f"{cfg['dataset']}-shards", "path": self.shards_manifest,
                                 "profile": {"domains": manifest["domains"], "clients": len(manifest["clients"]),
                                             "image_size": manifest["image_size"], "held_out": job["target"]}},

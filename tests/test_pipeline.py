@@ -157,6 +157,7 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
         alg = p["train.algorithm"]
         assert c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id
         assert c.data.tags["git_commit"] and c.data.tags["dvc_stage"] == f"train@{alg}-0"
+        assert c.data.tags["fedccrl.platform"].startswith("cpu ")  # the kernels that made its numbers
         # params.yaml's dotted keys, resolved values: `auto` replaced by what ran
         assert p["train.rounds"] == "2" and p["train.lr"] == "0.003" and p["dataset.name"] == "synthetic"
         assert p["train.device"] == "cpu" and p["model.backbone"] == "small_cnn" and p["preprocess.image_size"] == "32"
