@@ -166,9 +166,10 @@ def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar(toy_clie
     reply = alg.local_train(model, data, state, glob, payload, torch.Generator().manual_seed(0),
                             np.random.default_rng(0))
     # up: g_i, in the reply; local_train runs channels_last (train.fast, CPU too), which reorders the conv
-    # sums: equal to float32 round-off (3e-7 of 0.33 measured), not bit for bit
-    torch.testing.assert_close(reply.upload["weight"], expected[0], rtol=0, atol=1e-6)
-    torch.testing.assert_close(reply.upload["bias"], expected[1], rtol=0, atol=1e-6)
+    # sums: equal to float32 round-off, not bit for bit. Measured: 3e-7 of 0.33 with AVX2 kernels, 1.0e-6 of
+    # 0.012 (8.4e-5 relative) with ATen's unvectorized ones (ATEN_CPU_CAPABILITY=default); twice that allowed
+    torch.testing.assert_close(reply.upload["weight"], expected[0], rtol=2e-4, atol=2e-6)
+    torch.testing.assert_close(reply.upload["bias"], expected[1], rtol=2e-4, atol=2e-6)
     assert reply.metrics["l_iir"] > 0 and not torch.equal(reply.weights["g.weight"], glob["g.weight"])
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 0])  # the step's penalty is against g_bar
     model.train()
