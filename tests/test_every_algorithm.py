@@ -115,9 +115,9 @@ def test_dvc_runs_the_whole_pipeline_for_every_algorithm(name, clone):
 @pytest.mark.full(FULL)
 @pytest.mark.timeout(1500)
 def test_dvc_exp_run_temp_with_one_algorithm_alone(tmp_path):
-    """The documented command in a fresh clone: `dvc exp run --temp -S 'train.algorithms=[<alg>]' ...` runs the
-    whole pipeline (data, one round, evaluate, export, report, figures) in DVC's temporary copy of the
-    repository, for that algorithm alone."""
+    """`dvc exp run --temp -S 'train.algorithms=[<alg>]' ...` in a fresh clone runs the whole pipeline (data, one
+    round, evaluate, export, report, figures) in DVC's temporary copy of the repository (docs/mlflow.md: every
+    form of `dvc exp run` logs to the one store), for that algorithm alone."""
     repo = _clone(tmp_path / "repo", ["fedavg"])
     _run([_dvc(), "exp", "run", "--temp", "-S", "train.algorithms=[fedccrl]", "-S", "train.rounds=1",
           "-S", f"train.held_out=[{HELD_OUT}]"], repo, timeout=1200)
