@@ -121,5 +121,8 @@ def test_dvc_exp_run_temp_with_one_algorithm_alone(tmp_path):
     repo = _clone(tmp_path / "repo", ["fedavg"])
     _run([_dvc(), "exp", "run", "--temp", "-S", "train.algorithms=[fedccrl]", "-S", "train.rounds=1",
           "-S", f"train.held_out=[{HELD_OUT}]"], repo, timeout=1200)
-    exps = _run([_dvc(), "exp", "show", "--json"], repo).stdout
-    assert "fedccrl" in exps and "final_target_acc" in exps  # the experiment's metrics (report stage) were recorded
+    shown = json.loads(_run([_dvc(), "exp", "show", "--json"], repo).stdout)
+    (rev,) = [r for top in shown for e in top.get("experiments") or [] for r in e.get("revs", [])]  # the one experiment
+    summary = rev["data"]["metrics"]["results/summary.json"]["data"]   # the report stage's metrics, recorded by DVC
+    assert set(summary) == {"fedccrl"} and 0 <= summary["fedccrl"]["sketch"] <= 1, summary
+    assert rev["data"]["params"]["params.yaml"]["data"]["train"]["algorithms"] == ["fedccrl"]

@@ -132,7 +132,7 @@ BENCH_OUTPUTS = [
      [rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {NUM}$",
       rf"^ratio fast/plain_per_sample, peak RSS of the child process, MiB: {NUM}$"]),
     (r"^fedccrl bench-scale\b",
-     [rf"^\| FedAvg \| 6 \| {NUM} \| 1\.00 \| {NUM} \| 1\.00 \|", rf"^\| (FedAvg|FedCCRL) \| \d+ \| {NUM} \| {NUM} \|"]),
+     [rf"^\| fedavg \| 6 \| {NUM} \| 1\.00 \| {NUM} \| 1\.00 \|", rf"^\| fedavg \| \d+ \| {NUM} \| {NUM} \|"]),
 ]
 
 
