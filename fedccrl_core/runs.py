@@ -38,7 +38,8 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
                        "per_class_acc": dict(zip(meta["classes"], per_class)), "confusion": cm.tolist()}
     doc = {"dataset": meta["dataset"], "algorithm": meta["algorithm"], "seed": meta["seed"],
            "held_out_domain": meta["held_out_domain"], "held_out_index": meta.get("held_out_index"),
-           "classes": meta["classes"], "platform": meta.get("platform"), "n_test": int(len(y)), "mlflow_run_id": meta.get("mlflow_run_id"),
+           "classes": meta["classes"], "platform": meta.get("platform"), "n_test": int(len(y)),
+           "mlflow_run_id": meta.get("mlflow_run_id"),
            contract.FINAL_TARGET_ACC: result["final"][contract.TARGET_ACC],
            contract.BEST_VAL_TARGET_ACC: result["best_val"][contract.TARGET_ACC],
            contract.BEST_ROUND: result["best_val"][contract.ROUND],
