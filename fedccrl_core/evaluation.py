@@ -30,8 +30,3 @@ def accuracy(model, x_u8, y, batch_size=256, mean=IMAGENET_MEAN, std=IMAGENET_ST
         return float("nan")
     return float((predict(model, x_u8, batch_size, mean, std, fast) == y).float().mean())
 
-
-def confusion_matrix(pred: torch.Tensor, y: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """C[i, j] = number of samples of true class i predicted as j."""
-    idx = y.long() * num_classes + pred.long()
-    return torch.bincount(idx, minlength=num_classes * num_classes).view(num_classes, num_classes)

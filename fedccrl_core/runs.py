@@ -18,7 +18,8 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.evaluation import confusion_matrix, predict
+    from fedccrl_core.confusion import confusion_matrix
+    from fedccrl_core.evaluation import predict
 
     hist_path = run / contract.HISTORY_FILE
     if not hist_path.is_file():
@@ -32,8 +33,8 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
         x_t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous().to(device)
         y_t = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
         pred = predict(model, x_t, batch_size, meta["mean"], meta["std"])
-        cm = confusion_matrix(pred, y_t, meta["num_classes"]).cpu()
-        per_class = (cm.diag().float() / cm.sum(1).clamp(min=1).float()).tolist()
+        cm = confusion_matrix(y, pred.cpu().numpy(), meta["num_classes"])
+        per_class = (np.diag(cm).astype(np.float32) / np.maximum(cm.sum(1), 1).astype(np.float32)).tolist()
         result[tag] = {contract.TARGET_ACC: float((pred == y_t).float().mean()), contract.ROUND: int(meta["round"]),
                        "per_class_acc": dict(zip(meta["classes"], per_class)), "confusion": cm.tolist()}
     doc = {"dataset": meta["dataset"], "algorithm": meta["algorithm"], "seed": meta["seed"],

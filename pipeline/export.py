@@ -1,12 +1,11 @@
 """`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json, logged to MLflow.
 
-The export and its parity check are serving/onnx_export.py's `export_checked` (fails below --min-agreement, and
+The export and its parity check are pipeline/onnx_export.py's `export_checked` (fails below --min-agreement, and
 no output then); the MLflow side, after parity passed, is pipeline/model_registry.py.
 """
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 
 import click
@@ -18,8 +17,8 @@ from pipeline.cli import run_stage
 
 def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
            registered_model: str | None, alias: str | None, use_mlflow: bool) -> dict:
+    from pipeline import onnx_export
     from pipeline.model_registry import log_to_mlflow
-    from serving import onnx_export
 
     def publish(onnx_path, session, meta, result, example_u8):
         log_to_mlflow(onnx_path, session, meta, result, example_u8, registered_model, alias)
@@ -47,10 +46,6 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
     return doc
 
 
-def _term_as_exit(signum, frame):
-    raise SystemExit(128 + signum)  # lets the finally blocks remove temp files on SIGTERM
-
-
 @click.command("export")
 @click.option("--model", "model_path", type=click.Path(path_type=Path), default=None,
               help="one model.pt written by the train stage (or its folder)")
@@ -75,12 +70,9 @@ def command(model_path, models, params_path, summary, shards, out, min_agreement
     """Export trained models to ONNX, check parity on the held-out domain, register them in MLflow."""
     if (model_path is None) == (models is None):
         raise click.UsageError("give exactly one of --model and --models")
-    previous = signal.signal(signal.SIGTERM, _term_as_exit)
-    try:
-        if models is not None:
-            run_stage(export_sweep, models, params_path, shards, out, summary or out / "parity.json", min_agreement,
-                      batch_size, registered_model, use_mlflow)
-        else:
-            run_stage(export, model_path, shards, out, min_agreement, batch_size, registered_model, alias, use_mlflow)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    # SIGTERM ends the stage as SystemExit (run_stage), so the finally blocks remove the temporary files
+    if models is not None:
+        run_stage(export_sweep, models, params_path, shards, out, summary or out / "parity.json", min_agreement,
+                  batch_size, registered_model, use_mlflow)
+    else:
+        run_stage(export, model_path, shards, out, min_agreement, batch_size, registered_model, alias, use_mlflow)

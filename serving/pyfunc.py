@@ -42,10 +42,10 @@ def _images(model_input) -> tuple[np.ndarray | None, list[str] | None]:
 
 
 class ImageClassifier(mlflow.pyfunc.PythonModel):
-    """Wraps serving.cli.ServedModel (onnxruntime on the CPU) with the serving preprocessing."""
+    """Wraps serving.runtime.ServedModel (onnxruntime on the CPU) with the serving preprocessing."""
 
     def load_context(self, context):
-        from serving.cli import ServedModel
+        from serving.runtime import ServedModel
 
         self.model = ServedModel(Path(context.artifacts[ONNX_ARTIFACT]), device="cpu")
 
@@ -54,8 +54,8 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         from PIL import Image
 
         from fedccrl_core.data.images import resize_u8
-        from serving.cli import softmax
         from serving.preprocess import load_u8, normalize
+        from serving.runtime import softmax
 
         meta = self.model.meta
         x, paths = _images(model_input)

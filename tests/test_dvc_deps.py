@@ -132,6 +132,6 @@ def test_closure_follows_lazy_and_relative_imports():
     assert "fedccrl_core.data.shards" in closure({"pipeline.evaluate"})  # imported inside evaluate()
     assert {"fedccrl_core", "fedccrl_core.data"} <= closure({"fedccrl_core.data.shards"})  # parent packages
     assert "fedccrl_core.algorithms.base" in closure({"fedccrl_core.algorithms"})  # from .base import ...
-    assert "serving.onnx_export" not in closure({"pipeline.report"})  # report does not export
+    assert "pipeline.onnx_export" not in closure({"pipeline.report"})  # report does not export
     assert "fedccrl_core.algorithms" in closure({"pipeline.params"})
     assert "fedccrl_core.algorithms" not in closure({"pipeline.report"}, VALIDATION_ONLY)

@@ -22,10 +22,11 @@ from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.shards import load_domain_test, partition
 from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.models import build_model
+from pipeline import onnx_export
 from pipeline.export import command
 from pipeline.model_registry import log_to_mlflow, sanitize
-from serving import onnx_export
-from serving.onnx_export import export_onnx, metadata_props, parse_metadata
+from pipeline.onnx_export import export_onnx, metadata_props
+from serving.metadata import parse_metadata
 
 HELD_OUT = "sketch"
 ROOT = Path(__file__).resolve().parents[1]

@@ -23,7 +23,7 @@ from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms import load_model
 from fedccrl_core.checkpoint import save_model
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
-from serving import onnx_export
+from pipeline import onnx_export
 
 SMALL = {"batch_size": 8}
 

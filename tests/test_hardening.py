@@ -230,7 +230,8 @@ def test_b_metadata_is_checked_against_the_graph(tmp_path, images, case, over, n
 def test_b_logit_count_checked_on_the_batch_when_the_graph_leaves_it_symbolic(tmp_path, images):
     import numpy as np
 
-    from serving.cli import Fatal, ServedModel
+    from serving.console import Fatal
+    from serving.runtime import ServedModel
 
     model = tiny_onnx(tmp_path / "m.onnx", classes=tuple("abcdefg"), logits="K")  # declared symbolic, 7 wide
     assert serve("predict", model, images / "a" / "0.png").exit_code == 0
@@ -290,12 +291,12 @@ def test_b_full_disk_is_one_line_and_no_half_written_output(tmp_path, images, co
 
 
 def test_b_output_is_atomic_an_interrupted_run_keeps_the_old_one(tmp_path, images, monkeypatch):
-    import serving.cli
+    import serving.runtime
 
     model = tiny_onnx(tmp_path / "m.onnx")
     out = tmp_path / "pred.jsonl"
     out.write_text("the previous complete output\n")
-    real = serving.cli.softmax
+    real = serving.runtime.softmax
     calls = []
 
     def fault(z):
@@ -304,7 +305,7 @@ def test_b_output_is_atomic_an_interrupted_run_keeps_the_old_one(tmp_path, image
             raise KeyboardInterrupt  # Ctrl-C after the first batch was written
         return real(z)
 
-    monkeypatch.setattr(serving.cli, "softmax", fault)
+    monkeypatch.setattr(serving.runtime, "softmax", fault)
     r = serve("predict", model, images, "--output", out, "--batch-size", 4)
     assert r.exit_code != 0
     assert out.read_text() == "the previous complete output\n" and temps(tmp_path) == []

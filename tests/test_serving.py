@@ -24,9 +24,11 @@ from PIL import Image
 from fedccrl_core.data.images import RESIZE_POLICY, load_rgb, resize_u8
 from fedccrl_core.models import build_model
 from fedccrl_core.statistics import normalize_u8
-from serving.cli import ServedModel, main
-from serving.onnx_export import ServingMetadata, export_onnx
+from pipeline.onnx_export import export_onnx
+from serving.cli import main
+from serving.metadata import ServingMetadata
 from serving.preprocess import preprocess_files
+from serving.runtime import ServedModel
 
 CLASSES = ["dog", "elephant", "giraffe", "guitar"]
 SIZE = 32
@@ -190,7 +192,7 @@ def test_preprocessing_equals_training_eval_transform(exported, image_dir, tmp_p
 def test_model_with_another_resize_policy_is_refused(tmp_path):
     import onnx
 
-    from serving.onnx_export import metadata_props
+    from pipeline.onnx_export import metadata_props
 
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Flatten", ["images"], ["flat"]),

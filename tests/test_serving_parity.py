@@ -14,7 +14,7 @@ import torch
 from fedccrl_core.data.images import RESIZE_POLICY, decode_images
 from fedccrl_core.data.synthetic import DOMAINS, generate
 from fedccrl_core.statistics import normalize_u8
-from serving.onnx_export import ServingMetadata
+from serving.metadata import ServingMetadata
 from serving.preprocess import preprocess_files
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)

@@ -19,12 +19,13 @@ from fedccrl_core.errors import DataError
 
 RESIZE_POLICY = "resize SxS bilinear (PIL, antialiased), no crop, RGB uint8"
 
-# Files in a class folder that are not samples and are skipped silently (listed as ignored).
-IGNORED_NAMES = frozenset({"thumbs.db", "desktop.ini"})
+# Names that are not samples at any level of an image tree (compared in lower case): OS thumbnails and folder
+# settings, and the folder of resource forks that macOS zips carry (data/tree.py walks with this rule).
+IGNORED_NAMES = frozenset({"thumbs.db", "desktop.ini", "__macosx"})
 
 
 def is_ignored_name(name: str) -> bool:
-    """Hidden files (.DS_Store, ._foo from macOS zips) and OS thumbnails are not samples."""
+    """Hidden files (.DS_Store, ._foo from macOS zips), OS thumbnails and __MACOSX are not samples."""
     return name.startswith(".") or name.lower() in IGNORED_NAMES
 
 

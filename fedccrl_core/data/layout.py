@@ -10,19 +10,17 @@ import shutil
 from pathlib import Path
 
 from fedccrl_core.data.archives import member_path
+from fedccrl_core.data.tree import scan_classes, subfolders
 from fedccrl_core.errors import DataError
 
 
-_SKIP_DIRS = ("__MACOSX",)
 _MAX_DEPTH = 5
 
 
 def _subdirs(p: Path) -> list[Path]:
-    from fedccrl_core.data.images import is_ignored_name
     try:
-        return sorted(c for c in p.iterdir() if c.is_dir() and not is_ignored_name(c.name)
-                      and c.name not in _SKIP_DIRS)
-    except OSError:
+        return subfolders(p)
+    except OSError:  # an unreadable folder holds no dataset: the search goes on elsewhere
         return []
 
 
@@ -123,27 +121,16 @@ def _why_not(top: Path, root: Path) -> str:
 
 def materialize(domain_dirs: dict[str, Path], out: Path, move: bool) -> list[dict]:
     """Build out/<domain>/<class>/<file> from the found domain folders; returns ignored entries."""
-    from fedccrl_core.data.images import is_ignored_name
     ignored: list[dict] = []
     put = os.rename if move else shutil.copyfile
     for domain, ddir in domain_dirs.items():
         (out / domain).mkdir(parents=True, exist_ok=True)
-        for c in sorted(ddir.iterdir()):
-            rel_c = f"{domain}/{c.name}"
-            if is_ignored_name(c.name):
-                continue
-            if not c.is_dir():
-                ignored.append({"path": rel_c, "reason": "file outside any class folder"})
-                continue
-            (out / domain / c.name).mkdir(exist_ok=True)
-            for f in sorted(c.iterdir()):
-                rel = f"{rel_c}/{f.name}"
-                if is_ignored_name(f.name):
-                    ignored.append({"path": rel, "reason": "hidden or system file"})
-                elif f.is_dir():
-                    ignored.append({"path": rel, "reason": "folder nested below a class folder"})
-                else:
-                    put(f, out / domain / c.name / f.name)
+        classes, more = scan_classes(ddir, domain)
+        ignored += more
+        for c, names in classes.items():
+            (out / domain / c).mkdir(exist_ok=True)
+            for name in names:
+                put(ddir / c / name, out / domain / c / name)
     return ignored
 
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedccrl_core.data.images import RESIZE_POLICY, check_images, is_ignored_name
+from fedccrl_core.data.images import RESIZE_POLICY, check_images
 from fedccrl_core.data.registry import DatasetSpec
+from fedccrl_core.data.tree import Tree, scan_tree
 from fedccrl_core.errors import DataError
 
 REPORT_VERSION = 1
@@ -42,62 +42,6 @@ class ValidationError(DataError):
     def __init__(self, message: str, report: dict | None = None):
         super().__init__(message)
         self.report = report
-
-
-@dataclass
-class Tree:
-    """A scanned raw tree: files[domain][class] = sorted file names."""
-    root: Path
-    files: dict[str, dict[str, list[str]]]
-    ignored: list[dict] = field(default_factory=list)
-
-    def count(self, domain: str) -> int:
-        return sum(len(v) for v in self.files.get(domain, {}).values())
-
-    def relpaths(self, domains: list[str] | None = None) -> list[str]:
-        out = []
-        for d in domains or sorted(self.files):
-            for c in sorted(self.files[d]):
-                out.extend(f"{d}/{c}/{f}" for f in self.files[d][c])
-        return out
-
-
-def _dirs(p: Path) -> list[os.DirEntry]:
-    with os.scandir(p) as it:
-        return sorted((e for e in it), key=lambda e: e.name)
-
-
-def scan_tree(root: str | os.PathLike) -> Tree:
-    """Scan `root/<domain>/<class>/<file>`. Hidden dirs are skipped; stray files are listed as ignored."""
-    root = Path(root)
-    if not root.is_dir():
-        raise DataError(f"{root}: raw data folder not found")
-    files: dict[str, dict[str, list[str]]] = {}
-    ignored: list[dict] = []
-    for d in _dirs(root):
-        if is_ignored_name(d.name) or d.name == "__MACOSX":
-            continue
-        if not d.is_dir():
-            ignored.append({"path": d.name, "reason": "file outside any domain folder"})
-            continue
-        files[d.name] = {}
-        for c in _dirs(Path(d.path)):
-            if is_ignored_name(c.name):
-                continue
-            if not c.is_dir():
-                ignored.append({"path": f"{d.name}/{c.name}", "reason": "file outside any class folder"})
-                continue
-            names = []
-            for f in _dirs(Path(c.path)):
-                rel = f"{d.name}/{c.name}/{f.name}"
-                if is_ignored_name(f.name):
-                    ignored.append({"path": rel, "reason": "hidden or system file"})
-                elif f.is_dir():
-                    ignored.append({"path": rel, "reason": "folder nested below a class folder"})
-                else:
-                    names.append(f.name)
-            files[d.name][c.name] = names
-    return Tree(root, files, ignored)
 
 
 def domain_order(spec: DatasetSpec, found: list[str] | set[str]) -> list[str]:

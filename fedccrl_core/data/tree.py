@@ -1,0 +1,98 @@
+"""The one walker of image folders, with one rule for what is not a sample (`images.is_ignored_name`).
+
+- `scan_tree`: a raw `<domain>/<class>/<file>` tree (the download stage's checks, the partition stage);
+- `scan_classes`: one domain's `<class>/<file>` folders (also a source's domain folders, data/layout.py);
+- `subfolders` and `walk_files`: the folders `fedccrl-serve` reads (`evaluate`'s class folders, `predict`'s
+  folders searched recursively).
+
+Sorted by name everywhere, so every reader sees the same files in the same order. Numpy/PIL only: serving
+imports it without torch.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from fedccrl_core.data.images import is_ignored_name
+from fedccrl_core.errors import DataError
+
+
+def _entries(folder: str | os.PathLike) -> list[os.DirEntry]:
+    with os.scandir(folder) as it:
+        return sorted(it, key=lambda e: e.name)
+
+
+def subfolders(folder: str | os.PathLike) -> list[Path]:
+    """The folders in `folder`, sorted, ignored names skipped."""
+    return [Path(e.path) for e in _entries(folder) if e.is_dir() and not is_ignored_name(e.name)]
+
+
+def walk_files(folder: str | os.PathLike) -> Iterator[Path]:
+    """Every file under `folder`, recursively, sorted, ignored names (of files and folders) skipped."""
+    for root, dirs, files in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not is_ignored_name(d))
+        for name in sorted(files):
+            if not is_ignored_name(name):
+                yield Path(root) / name
+
+
+def scan_classes(folder: str | os.PathLike, rel: str) -> tuple[dict[str, list[str]], list[dict]]:
+    """`folder/<class>/<file>` -> ({class: sorted file names}, ignored entries {path, reason}, paths spelled
+    `rel/<class>/<file>`). Ignored names are skipped silently at the class level and listed at the file level."""
+    classes: dict[str, list[str]] = {}
+    ignored: list[dict] = []
+    for c in _entries(folder):
+        if is_ignored_name(c.name):
+            continue
+        if not c.is_dir():
+            ignored.append({"path": f"{rel}/{c.name}", "reason": "file outside any class folder"})
+            continue
+        names = []
+        for f in _entries(c.path):
+            path = f"{rel}/{c.name}/{f.name}"
+            if is_ignored_name(f.name):
+                ignored.append({"path": path, "reason": "hidden or system file"})
+            elif f.is_dir():
+                ignored.append({"path": path, "reason": "folder nested below a class folder"})
+            else:
+                names.append(f.name)
+        classes[c.name] = names
+    return classes, ignored
+
+
+@dataclass
+class Tree:
+    """A scanned raw tree: files[domain][class] = sorted file names."""
+    root: Path
+    files: dict[str, dict[str, list[str]]]
+    ignored: list[dict] = field(default_factory=list)
+
+    def count(self, domain: str) -> int:
+        return sum(len(v) for v in self.files.get(domain, {}).values())
+
+    def relpaths(self, domains: list[str] | None = None) -> list[str]:
+        out = []
+        for d in domains or sorted(self.files):
+            for c in sorted(self.files[d]):
+                out.extend(f"{d}/{c}/{f}" for f in self.files[d][c])
+        return out
+
+
+def scan_tree(root: str | os.PathLike) -> Tree:
+    """Scan `root/<domain>/<class>/<file>`. Ignored names are skipped; stray files are listed as ignored."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{root}: raw data folder not found")
+    files: dict[str, dict[str, list[str]]] = {}
+    ignored: list[dict] = []
+    for d in _entries(root):
+        if is_ignored_name(d.name):
+            continue
+        if not d.is_dir():
+            ignored.append({"path": d.name, "reason": "file outside any domain folder"})
+            continue
+        files[d.name], more = scan_classes(d.path, d.name)
+        ignored += more
+    return Tree(root, files, ignored)
