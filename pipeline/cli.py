@@ -93,7 +93,7 @@ def _seconds_since_process_start() -> float | None:
 def _record_stage_time(fn, startup: float | None, body: float) -> None:
     """With FEDCCRL_STAGE_TIMES=<file> (set by `fedccrl bench-repro`), append one JSON line per stage
     process: wall seconds of start-up + imports and of the stage body, CPU seconds (this process and its
-    workers), and the seconds spent talking to MLflow (pipeline/tracking.py)."""
+    workers), and the seconds spent talking to MLflow (pipeline/mlflow_clock.py)."""
     path = os.environ.get("FEDCCRL_STAGE_TIMES")
     if not path:
         return
@@ -102,11 +102,11 @@ def _record_stage_time(fn, startup: float | None, body: float) -> None:
 
     cpu = sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
               for f in ("ru_utime", "ru_stime"))
-    tracking = sys.modules.get("pipeline.tracking")
+    clock = sys.modules.get("pipeline.mlflow_clock")
     with open(path, "a") as f:
         f.write(json.dumps({"stage": fn.__module__.rsplit(".", 1)[-1], "argv": sys.argv[1:],
                             "startup_s": startup, "body_s": body, "cpu_s": cpu,
-                            "mlflow_s": getattr(tracking, "SECONDS", 0.0) if tracking else 0.0}) + "\n")
+                            "mlflow_s": clock.SECONDS if clock else 0.0}) + "\n")
 
 
 if __name__ == "__main__":

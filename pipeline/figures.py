@@ -11,7 +11,7 @@ import click
 from fedccrl_core import contract
 from pipeline.cli import run_stage
 from pipeline.params import load_config
-from pipeline.tracking import timed
+from pipeline.mlflow_clock import timed
 
 
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
@@ -72,7 +72,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
 
 @timed
 def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
-    from pipeline.tracking import mlflow_module
+    from pipeline.mlflow_store import mlflow_module
 
     run_ids = [r["meta"].get("mlflow_run_id") for r in runs if r["meta"].get("mlflow_run_id")]
     if not run_ids:

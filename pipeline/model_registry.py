@@ -10,7 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.tracking import timed
+from pipeline.mlflow_clock import timed
 
 
 def sanitize(name: str) -> str:
@@ -85,7 +85,7 @@ def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example_u8
     if not run_id:
         print("notice: the model records no mlflow_run_id; skipping MLflow logging", file=sys.stderr)
         return
-    from pipeline.tracking import mlflow_module
+    from pipeline.mlflow_store import mlflow_module
 
     mlflow = mlflow_module()
     from mlflow.entities import Metric

@@ -269,6 +269,11 @@ def get(params: dict, key: str, default: Any = _MISSING) -> Any:
     return node
 
 
+def parse_yaml(text: str) -> Any:
+    """YAML text read as params.yaml is (YAML 1.2 floats: `1e-3` is 0.001); yaml.YAMLError when it is not YAML."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+
+
 # ---- the sweep's runs --------------------------------------------------------------------------------------------
 def held_out_entry(text: str | int) -> int | str:
     """A held-out domain as the train stage's --held-out gives it (DVC passes ${item.held_out}): an index or a name."""

@@ -22,7 +22,7 @@ import click
 
 from fedccrl_core.fsio import atomic_file, write_text
 from pipeline.cli import run_stage
-from pipeline.tracking import timed
+from pipeline.mlflow_clock import timed
 
 
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
@@ -54,7 +54,7 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
 @timed
 def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
-    from pipeline.tracking import mlflow_module
+    from pipeline.mlflow_store import mlflow_module
 
     models_meta = [r.get("mlflow_run_id") for r in runs if r.get("mlflow_run_id")]
     if not models_meta:

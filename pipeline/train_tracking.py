@@ -6,8 +6,10 @@ import json
 import sys
 from pathlib import Path
 
-from pipeline.tracking import (ChildRun, dvc_experiment_name, flatten, git_commit, params_hash, parent_run_id,
-                               run_status)
+from fedccrl_core.runkey import params_hash
+from pipeline.git_state import git_commit
+from pipeline.run_names import dvc_experiment_name, flatten
+from pipeline.tracking import ChildRun, parent_run_id, run_status
 
 
 def mlflow_params(params: dict, job: dict, device: str) -> dict:

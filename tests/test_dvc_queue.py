@@ -24,7 +24,7 @@ TINY = {"train.algorithms": ["fedccrl"], "train.seeds": [0], "train.held_out": [
 
 
 def _env(ws: Path) -> dict:
-    """No MLFLOW_TRACKING_URI: the store is the one the stages resolve from the repository (pipeline/tracking.py)."""
+    """No MLFLOW_TRACKING_URI: the store is the one the stages resolve from the repository (pipeline/mlflow_store.py)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "FEDCCRL_MLFLOW_ARTIFACTS")}
     env.update(PATH=f"{BIN}:{env['PATH']}", DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ws))
     return env

@@ -625,7 +625,7 @@ def test_f_a_new_mlflow_store_is_created_whole(tmp_path, monkeypatch):
     is removed by the next run."""
     import sqlite3
 
-    from pipeline.tracking import mlflow_module
+    from pipeline.mlflow_store import mlflow_module
 
     stale = tmp_path / ".new.db.tmp-999999999-0123abcd"  # a creation killed midway (no such pid)
     stale.mkdir()
@@ -661,7 +661,8 @@ def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
 
 def test_f_a_run_left_running_by_a_dead_process_is_marked_killed(tmp_path, capsys):
     """kill -9 leaves the run RUNNING; a rerun that cannot continue it (a new configuration) closes it."""
-    from pipeline.tracking import OWNER_TAG, ChildRun, parent_run_id
+    from pipeline.orphan_runs import OWNER_TAG
+    from pipeline.tracking import ChildRun, parent_run_id
 
     tags = {"held_out": "photo", "algorithm": "fedavg", "seed": "0"}
     parent = parent_run_id("orph", "k", {})

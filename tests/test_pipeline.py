@@ -286,7 +286,7 @@ def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, tmp_path, m
 
 def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkeypatch):
     """`dvc exp run --temp/--queue` runs stages under <repo>/.dvc/tmp/exps/...: their runs go to <repo>/mlflow.db."""
-    from pipeline.tracking import project_root
+    from pipeline.mlflow_store import project_root
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
     repo = tmp_path / "repo"
@@ -342,7 +342,7 @@ def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
 
 
 def test_a_sweeps_parent_run_is_named_after_the_experiment_and_its_changed_params():
-    from pipeline.tracking import sweep_run_name
+    from pipeline.run_names import sweep_run_name
 
     base = yaml.safe_dump({"train": {"lr": 0.001, "rounds": 10, "fedccrl": {"lambda1": 0.1}}, "seed": 0})
     changed = {"train": {"lr": 0.001, "rounds": 2, "fedccrl": {"lambda1": 1}}, "seed": 0}
@@ -356,7 +356,7 @@ def test_a_sweeps_parent_run_is_named_after_the_experiment_and_its_changed_param
 
 
 def test_a_parent_run_without_a_git_baseline_keeps_the_experiment_or_the_sweep_key(tmp_path, monkeypatch):
-    from pipeline.tracking import sweep_run_name
+    from pipeline.run_names import sweep_run_name
 
     monkeypatch.chdir(tmp_path)                                # not a git repository: no baseline to compare with
     assert sweep_run_name(None, {"a": 1}, "0123456789abcdef") == "sweep-01234567"

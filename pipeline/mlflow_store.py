@@ -1,0 +1,118 @@
+"""The MLflow tracking store the stages log to: which one (MLFLOW_TRACKING_URI, else sqlite:///<repository>/mlflow.db),
+a new SQLite store created whole, a store that cannot be read stopped at once with its name (never taken for an
+empty one), and the experiment with its artifact root."""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from fedccrl_core.errors import FedCCRLError
+from pipeline.mlflow_clock import timed
+
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # MLflow's classic (model development) UI
+_opened: set[str] = set()  # the stores this process has checked
+
+
+class TrackingStoreError(FedCCRLError):
+    """The tracking store cannot be read (a file that is not an MLflow database, a folder without permission...)."""
+
+
+def project_root(cwd: Path | None = None) -> Path:
+    """The repository whose mlflow.db the README's `mlflow ui` opens. `dvc exp run --temp` and `--queue` run
+    the stages in a copy under <repo>/.dvc/tmp/exps/..., deleted afterwards: their runs belong to <repo>. DVC
+    names the parent repository in DVC_ROOT for experiment runs; the path is the fallback."""
+    if cwd is None and os.environ.get("DVC_ROOT"):
+        return Path(os.environ["DVC_ROOT"]).resolve()
+    cwd = (cwd or Path.cwd()).resolve()
+    for p in (cwd, *cwd.parents):
+        if p.name == "exps" and p.parent.name == "tmp" and p.parent.parent.name == ".dvc":
+            return p.parent.parent.parent
+    return cwd
+
+
+@timed
+def mlflow_module():
+    """mlflow, pointed at MLFLOW_TRACKING_URI or, by default, sqlite:///<project_root()>/mlflow.db (an absolute
+    path, so that every DVC way of running, --temp and --queue included, logs to the one store). A missing SQLite
+    store is created whole; a store that cannot be read raises TrackingStoreError naming it."""
+    import mlflow
+
+    if not os.environ.get("MLFLOW_TRACKING_URI"):
+        mlflow.set_tracking_uri(f"sqlite:///{project_root() / 'mlflow.db'}")
+    uri = mlflow.get_tracking_uri()
+    with store_errors(uri):
+        _create_sqlite_store_whole(uri)
+        if uri not in _opened:  # read once per process: a store MLflow cannot open fails here, not mid-run
+            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
+            _opened.add(uri)
+    return mlflow
+
+
+@contextlib.contextmanager
+def store_errors(uri: str):
+    """What a store that cannot be read raises (MLflow's, SQLAlchemy's or the OS's error) -> one TrackingStoreError
+    naming the store."""
+    from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
+
+    try:
+        yield
+    except (MlflowException, SQLAlchemyError, OSError) as e:
+        first = (str(e).splitlines() or [e.__class__.__name__])[0][:300]
+        raise TrackingStoreError(f"MLflow tracking store {uri} cannot be read ({first}); nothing was logged: repair "
+                                 "or move it (a missing SQLite store is created afresh), or set MLFLOW_TRACKING_URI "
+                                 "to another store") from e
+
+
+def _create_sqlite_store_whole(uri: str) -> None:
+    """A new SQLite store comes into being whole or not at all. MLflow creates its tables in many migration
+    steps, and a process killed among them (kill -9 of `train` while its MLflow starts up) leaves a store that
+    every later run fails on ("table _alembic_tmp_experiments already exists"). So a missing store is built in an
+    fsio scratch folder beside it, by MLflow's own client (its first query creates and migrates the store), and
+    hard-linked into place (a store another process created meanwhile wins); a scratch folder left by a killed
+    process is removed by the next run."""
+    if not uri.startswith("sqlite:///"):
+        return
+    path = Path(uri[len("sqlite:///"):])
+    if path.exists() or not path.parent.is_dir():
+        return
+    import mlflow
+
+    from fedccrl_core.fsio import scratch_dir
+
+    with scratch_dir(path) as tmp:
+        mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp / path.name}").search_experiments(max_results=1)
+        try:
+            os.link(tmp / path.name, path)
+        except FileExistsError:  # another process created the store meanwhile: it wins
+            pass
+
+
+@timed
+def set_experiment(name: str):
+    """Get or create the experiment, in MLflow's classic (model development) UI mode. A NEW experiment keeps
+    its artifacts under FEDCCRL_MLFLOW_ARTIFACTS (tests point it at a temp folder) or, with the default store,
+    <project_root()>/mlartifacts, never inside a DVC temp copy."""
+    mlflow = mlflow_module()
+    from mlflow.exceptions import MlflowException
+
+    if mlflow.get_experiment_by_name(name) is None:
+        if os.environ.get("FEDCCRL_MLFLOW_ARTIFACTS"):
+            root = Path(os.environ["FEDCCRL_MLFLOW_ARTIFACTS"]).resolve()
+        elif not os.environ.get("MLFLOW_TRACKING_URI"):
+            root = project_root() / "mlartifacts"
+        else:
+            root = None
+        if root is not None:
+            try:
+                mlflow.create_experiment(name, artifact_location=(root / name).as_uri(), tags=dict([EXPERIMENT_KIND]))
+            except MlflowException as e:
+                if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                    raise
+                # created meanwhile by another process: set_experiment below finds it
+    exp = mlflow.set_experiment(name)
+    kind, value = EXPERIMENT_KIND
+    if exp.tags.get(kind) != value:  # the classic UI, not GenAI
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, kind, value)
+    return exp
