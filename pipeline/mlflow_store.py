@@ -11,7 +11,6 @@ from fedccrl_core.errors import FedCCRLError
 from pipeline.mlflow_clock import timed
 
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # MLflow's classic (model development) UI
-_opened: set[str] = set()  # the stores this process has checked
 
 
 class TrackingStoreError(FedCCRLError):
@@ -43,9 +42,7 @@ def mlflow_module():
     uri = mlflow.get_tracking_uri()
     with store_errors(uri):
         _create_sqlite_store_whole(uri)
-        if uri not in _opened:  # read once per process: a store MLflow cannot open fails here, not mid-run
-            mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)
-            _opened.add(uri)
+        mlflow.MlflowClient(tracking_uri=uri).search_experiments(max_results=1)  # a store MLflow cannot read fails here
     return mlflow
 
 

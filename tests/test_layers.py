@@ -7,12 +7,17 @@ click or Flower. Inside it, a module may import its own floor or a lower one:
   floor 4  bench, viz (measurement and figures over the library)
   floor 3  federation (the round loop, engines, checkpoints of a run), runs (a saved run re-evaluated)
   floor 2  algorithms (hyperparameters + client hooks + server half)
-  floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, checkpoint, results
+  floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, confusion, checkpoint,
+           results
   floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey
 
 So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
 fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). A new module of fedccrl_core must be
 given a floor here: the test names it.
+
+serving runs without torch (`fedccrl-serve`, the MLflow pyfunc): no module of serving imports torch, lazily or not
+(the exporter, which needs torch, is pipeline/onnx_export.py), and importing serving's modules in a process where
+`import torch` fails works, so no fedccrl_core module that serving uses imports torch when imported.
 """
 from __future__ import annotations
 
@@ -29,7 +34,7 @@ FLOORS = {
     "fedccrl_core.fsio": 0, "fedccrl_core.runkey": 0,
     "fedccrl_core.data": 1, "fedccrl_core.statistics": 1, "fedccrl_core.augment": 1, "fedccrl_core.losses": 1,
     "fedccrl_core.models": 1, "fedccrl_core.aggregation": 1, "fedccrl_core.client": 1,
-    "fedccrl_core.evaluation": 1, "fedccrl_core.checkpoint": 1, "fedccrl_core.results": 1,
+    "fedccrl_core.evaluation": 1, "fedccrl_core.confusion": 1, "fedccrl_core.checkpoint": 1, "fedccrl_core.results": 1,
     "fedccrl_core.algorithms": 2,
     "fedccrl_core.federation": 3, "fedccrl_core.runs": 3,
     "fedccrl_core.bench": 4, "fedccrl_core.viz": 4,
@@ -37,6 +42,7 @@ FLOORS = {
 OUTSIDE_THE_LIBRARY = ("pipeline", "serving", "fedccrl_flower", "flower_app", "benchmarks", "click", "mlflow", "dvc",
                        "flwr")
 ABOVE_SERVING_AND_FLOWER = ("pipeline",)
+NOT_IN_SERVING = ("torch", "torchvision")  # serving runs on onnxruntime, numpy and PIL
 
 
 def module_name(path: Path) -> str:
@@ -85,6 +91,8 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
                     out.append(f"{module} (floor {floor(module)}) imports {target} (floor {floor(target)})")
         elif module.split(".")[0] in ("serving", "fedccrl_flower") and top in ABOVE_SERVING_AND_FLOWER:
             out.append(f"{module} imports {target}: {top} sits above serving and fedccrl_flower")
+        elif module.split(".")[0] == "serving" and top in NOT_IN_SERVING:
+            out.append(f"{module} imports {target}: serving runs without torch")
     return out
 
 
@@ -109,10 +117,32 @@ def test_imports_point_down(path):
     ("fedccrl_core.data.shards", "import mlflow"),
     ("fedccrl_core.models", "from pipeline.params import load_config"),
     ("serving.cli", "from pipeline.cli import run_stage"),
-], ids=["checkpoint-algorithms", "lazy-import", "relative-import", "mlflow", "pipeline", "serving-pipeline"])
+    ("serving.runtime", "def f():\n    import torch"),
+    ("serving.inputs", "from torchvision.io import decode_image"),
+    ("serving.metadata", "from pipeline.onnx_export import export_onnx"),
+], ids=["checkpoint-algorithms", "lazy-import", "relative-import", "mlflow", "pipeline", "serving-pipeline",
+        "serving-torch", "serving-torchvision", "serving-exporter"])
 def test_an_upward_import_is_caught(module, source):
     """The checker itself: each of these runs back up a layer."""
     assert violations(module, source)
+
+
+SERVING = sorted(module_name(p) for p in (ROOT / "serving").glob("*.py"))
+
+
+def test_serving_imports_without_torch():
+    """Every module of serving imports in a process where `import torch` fails (and so do the fedccrl_core modules
+    they import at import time): serving's own import statements are checked above, this catches the library's."""
+    import subprocess
+    import sys
+
+    assert {"serving.cli", "serving.runtime", "serving.inputs", "serving.report", "serving.metadata"} <= set(SERVING)
+    code = ("import importlib, sys; sys.modules['torch'] = None\n"
+            f"for m in {SERVING!r}: importlib.import_module(m)\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'torchvision')) and sys.modules[m]))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip() == "[]"
 
 
 def test_downward_and_sideways_imports_pass():

@@ -1,0 +1,135 @@
+"""The MLflow side of the stages (pipeline/mlflow_store.py, tracking.py, run_names.py): a store that cannot be read
+stops the stage with an error naming it and starts no run (it is never taken for a store whose run was deleted);
+params.yaml is read with one YAML dialect everywhere, so `lr: 1e-3` is the number 0.001 in the MLflow params and
+in the parent run's name."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from test_params_validation import tiny  # noqa: F401  the shards and pools of tiny synthetic data (a fixture)
+
+REPO = Path(__file__).resolve().parents[1]
+NOT_A_DATABASE = b"this is not an SQLite database " * 64
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _store() -> Path:
+    import os
+
+    return Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"))  # conftest: this test's own store
+
+
+def _small_params(path: Path) -> Path:
+    p = yaml.safe_load((REPO / "params.yaml").read_text())
+    p["train"].update(rounds=1, local_epochs=1, device="cpu")
+    p["tracking"]["system_metrics"] = False
+    path.write_text(yaml.safe_dump(p, sort_keys=False))
+    return path
+
+
+def _train_args(tmp_path: Path, data: Path) -> list[str]:
+    params = _small_params(tmp_path / "params.yaml")
+    return ["train", "--shards", str(data / "shards"), "--pools", str(data / "pools"), "--algorithm", "fedavg",
+            "--seed", "0", "--held-out", "0", "--out", "out/model", "--checkpoints", "ck", "--params", str(params),
+            "--workers", "1"]
+
+
+def test_an_unreadable_store_stops_the_train_stage(tiny, tmp_path, monkeypatch):  # noqa: F811
+    """A tracking store MLflow cannot read: the train stage stops before its first run with one error line naming
+    the store; no traceback, no output, no resume state, the store untouched."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    store = _store()
+    store.write_bytes(NOT_A_DATABASE)
+    r = CliRunner().invoke(main, _train_args(tmp_path, tiny / "data"))
+    assert r.exit_code == 2, r.output[-3000:]
+    assert f"error: MLflow tracking store sqlite:///{store} cannot be read" in r.output
+    assert "Traceback" not in r.output
+    assert store.read_bytes() == NOT_A_DATABASE
+    assert not (tmp_path / "out").exists() and not list(tmp_path.rglob("*.mlflow.json"))
+
+
+@pytest.mark.full("trains once (about 20 s on a busy 2-core machine), then reruns the train stage")
+def test_an_unreadable_store_stops_a_resumed_train_and_starts_no_run(tiny, tmp_path, monkeypatch):  # noqa: F811
+    """The train stage runs, leaving its resume state (checkpoint and the MLflow run id beside it); then the store
+    becomes a file MLflow cannot read. The rerun stops with one error line naming the store: no traceback, no new
+    run, the store untouched and the resume state still naming the old run."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    args = _train_args(tmp_path, tiny / "data")
+    first = CliRunner().invoke(main, args)
+    assert first.exit_code == 0, first.output[-3000:]
+    [side] = (tmp_path / "ck").rglob("*.mlflow.json")
+    run_id = json.loads(side.read_text())["run_id"]
+    store = _store()
+    store.write_bytes(NOT_A_DATABASE)
+    before = sorted(p.name for p in tmp_path.iterdir())
+
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 2, again.output[-3000:]
+    assert f"error: MLflow tracking store sqlite:///{store} cannot be read" in again.output
+    assert "Traceback" not in again.output and "starting a fresh run" not in again.output
+    assert store.read_bytes() == NOT_A_DATABASE                      # nothing written to it, nothing put in its place
+    assert sorted(p.name for p in tmp_path.iterdir()) == before      # no other store appeared beside it
+    assert json.loads(side.read_text())["run_id"] == run_id          # the resume state still names the old run
+
+
+def test_a_missing_run_heals_but_an_unreadable_store_is_an_error(tmp_path, capsys):
+    """A store without the recorded run (deleted and created afresh) gives a fresh run with a warning; a run lookup
+    that fails for any other reason is a TrackingStoreError naming the store, never `no such run`."""
+    from pipeline.mlflow_store import TrackingStoreError
+    from pipeline.tracking import ChildRun, parent_run_id, run_status
+
+    parent = parent_run_id("heal", "k", {})
+    assert run_status("0" * 32) is None
+    fresh = ChildRun("heal", parent, "r", {}, {}, resume_run_id="0" * 32)
+    assert not fresh.resumed and "no longer exists" in capsys.readouterr().err
+    fresh.finish()
+    _store().write_bytes(NOT_A_DATABASE)  # the open connections now read a file that is not a database
+    with pytest.raises(TrackingStoreError, match=re.escape(f"MLflow tracking store sqlite:///{_store()} cannot be read")):
+        run_status(fresh.run_id)
+
+
+def _with_lr(text: str, lr: str) -> str:
+    out, n = re.subn(r"(?m)^(  lr: )\S+", rf"\g<1>{lr}", text, count=1)  # train.lr, the first two-space `lr:`
+    assert n == 1
+    return out
+
+
+def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
+    """`lr: 1e-3` (YAML 1.2, as DVC writes it) is the float 0.001 when params.yaml is validated, in the training
+    config, in the child run's MLflow params, and against a committed baseline with the same line (no change in
+    the parent run's name); PyYAML's 1.1 reading made it the string '1e-3' on the baseline side."""
+    from pipeline.params import load_params
+    from pipeline.run_names import changed_params, sweep_run_name
+    from pipeline.tracking import ChildRun, parent_run_id
+    from pipeline.train import train_config
+    from pipeline.train_tracking import mlflow_params
+
+    text = _with_lr((REPO / "params.yaml").read_text(), "1e-3")
+    (tmp_path / "params.yaml").write_text(text)
+    params = load_params(tmp_path / "params.yaml")                                   # validation
+    assert params["train"]["lr"] == 0.001 and isinstance(params["train"]["lr"], float)
+    assert train_config(params, "fedavg")["lr"] == 0.001                             # training
+    job = {"algorithm": "fedavg", "seed": 0, "target": "photo", "image_size": 32, "backbone": "small_cnn",
+           "pretrained": "none", "run_params": {"fedavg": params["train"]["fedavg"]}}
+    flat = mlflow_params(params, job, "cpu")
+    assert flat["train.lr"] == 0.001 and isinstance(flat["train.lr"], float)
+    run = ChildRun("lr", parent_run_id("lr", "k", params), "r", flat, {})           # MLflow params
+    assert run.client.get_run(run.run_id).data.params["train.lr"] == "0.001"
+    run.finish()
+    assert changed_params(params, text) == {}                                        # parent-run naming
+    assert sweep_run_name(None, params, "0123456789", text) == "default"
+    assert changed_params(params, _with_lr(text, "0.003")) == {"train.lr": 0.001}
