@@ -10,6 +10,7 @@ import shutil
 from pathlib import Path
 
 from fedccrl_core.data.archives import member_path
+from fedccrl_core.data.images import is_ignored_name
 from fedccrl_core.data.tree import scan_classes, subfolders
 from fedccrl_core.errors import DataError
 
@@ -61,19 +62,17 @@ def find_registry_root(top: Path, spec) -> tuple[Path, dict[str, Path]]:
 
 
 def _has_files_at_depth(d: Path, depth: int) -> bool:
-    """True if some regular file sits exactly `depth` folder levels below d (d/x/.../file)."""
+    """True if some regular file (not an ignored name) sits exactly `depth` folder levels below d (d/x/.../file)."""
     if depth == 0:
         try:
-            return any(c.is_file() for c in d.iterdir())
+            return any(c.is_file() and not is_ignored_name(c.name) for c in d.iterdir())
         except OSError:
             return False
     return any(_has_files_at_depth(c, depth - 1) for c in _subdirs(d))
 
 
 def _first_file(top: Path, depth: int = _MAX_DEPTH + 2) -> Path | None:
-    """The first regular file breadth-first under `top` (sorted, hidden entries skipped), or None."""
-    from fedccrl_core.data.images import is_ignored_name
-
+    """The first regular file breadth-first under `top` (sorted, ignored names skipped), or None."""
     for d in _walk_dirs(top, depth):
         try:
             files = sorted(c for c in d.iterdir() if c.is_file() and not is_ignored_name(c.name))
