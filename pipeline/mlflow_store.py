@@ -10,7 +10,7 @@ from pathlib import Path
 from fedccrl_core.errors import FedCCRLError
 from pipeline.mlflow_clock import timed
 
-EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")  # MLflow's classic (model development) UI
+KIND_TAG, CLASSIC_UI = "mlflow.experimentKind", "custom_model_development"  # MLflow's classic (model development) UI
 
 
 class TrackingStoreError(FedCCRLError):
@@ -57,9 +57,8 @@ def store_errors(uri: str):
         yield
     except (MlflowException, SQLAlchemyError, OSError) as e:
         first = (str(e).splitlines() or [e.__class__.__name__])[0][:300]
-        raise TrackingStoreError(f"MLflow tracking store {uri} cannot be read ({first}); nothing was logged: repair "
-                                 "or move it (a missing SQLite store is created afresh), or set MLFLOW_TRACKING_URI "
-                                 "to another store") from e
+        raise TrackingStoreError(f"MLflow tracking store {uri} cannot be read ({first}); repair or move it (a missing "
+                                 "SQLite store is created afresh), or set MLFLOW_TRACKING_URI to another store") from e
 
 
 def _create_sqlite_store_whole(uri: str) -> None:
@@ -103,13 +102,12 @@ def set_experiment(name: str):
             root = None
         if root is not None:
             try:
-                mlflow.create_experiment(name, artifact_location=(root / name).as_uri(), tags=dict([EXPERIMENT_KIND]))
+                mlflow.create_experiment(name, artifact_location=(root / name).as_uri(), tags={KIND_TAG: CLASSIC_UI})
             except MlflowException as e:
                 if e.error_code != "RESOURCE_ALREADY_EXISTS":
                     raise
                 # created meanwhile by another process: set_experiment below finds it
     exp = mlflow.set_experiment(name)
-    kind, value = EXPERIMENT_KIND
-    if exp.tags.get(kind) != value:  # the classic UI, not GenAI
-        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, kind, value)
+    if exp.tags.get(KIND_TAG) != CLASSIC_UI:  # the classic UI, not GenAI
+        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, KIND_TAG, CLASSIC_UI)
     return exp
