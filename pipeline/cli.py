@@ -24,11 +24,11 @@ STAGES = {
     "report": "pipeline.report",
     "figures": "pipeline.figures",
     "export": "pipeline.export",
-    "bench-accuracy": "pipeline.bench",
-    "bench": "pipeline.bench_speed",
-    "bench-scale": "pipeline.bench_scale",
-    "bench-threads": "pipeline.bench_threads",
-    "bench-repro": "pipeline.bench_repro",
+    "bench-accuracy": "benchmarks.accuracy",
+    "bench": "benchmarks.speed_cli",
+    "bench-scale": "benchmarks.scale_cli",
+    "bench-threads": "benchmarks.threads",
+    "bench-repro": "benchmarks.repro",
 }
 
 
