@@ -224,15 +224,6 @@ def validate(model: type[BaseModel], data: Any, prefix: str = "", file: str = "p
         raise ParamError(*problems(e, data, model, prefix, file)) from None
 
 
-def params_from_defaults(name: str, defaults: dict) -> type[HParams]:
-    """An undeclared `defaults` dict as an HParams model (types from the values, no sources): keeps an
-    algorithm written against the old plain-dict form working; the registry test asks for its sources."""
-    from pydantic import create_model
-
-    fields = {k: ((type(v) if v is not None else Any), Field(v, description="")) for k, v in defaults.items()}
-    return create_model(name, __base__=HParams, **fields)
-
-
 # ---- the documentation table ---------------------------------------------------------------------------
 def _type_name(ann: Any) -> str:
     """A declared annotation in the words the errors use: int, number, bool, string, list, mapping, a | b."""
