@@ -33,7 +33,9 @@ STAGES = {
 
 
 class _LazyGroup(click.Group):
-    """Imports a stage's module only when it runs, so `fedccrl download` does not import torch's models."""
+    """Imports a stage's module only when it runs (`fedccrl --help` and one stage import no other stage). Every
+    stage still imports torch: it validates the whole params.yaml first, whose `train.<algorithm>` groups are
+    declared beside each algorithm's torch code (fedccrl_core/algorithms/)."""
 
     def list_commands(self, ctx):
         return list(STAGES)

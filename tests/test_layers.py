@@ -8,7 +8,7 @@ click or Flower. Inside it, a module may import its own floor or a lower one:
   floor 3  federation (the round loop, engines, checkpoints of a run), runs (a saved run re-evaluated)
   floor 2  algorithms (hyperparameters + client hooks + server half)
   floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, checkpoint, results
-  floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey
+  floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey, progress
 
 So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
 fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). benchmarks (research tooling: the
@@ -27,7 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {
     "fedccrl_core": 0, "fedccrl_core.errors": 0, "fedccrl_core.hparams": 0, "fedccrl_core.seeding": 0, "fedccrl_core.numerics": 0,
     "fedccrl_core.threads": 0, "fedccrl_core.procs": 0, "fedccrl_core.fastpath": 0, "fedccrl_core.contract": 0,
-    "fedccrl_core.fsio": 0, "fedccrl_core.runkey": 0,
+    "fedccrl_core.fsio": 0, "fedccrl_core.runkey": 0, "fedccrl_core.progress": 0,
     "fedccrl_core.data": 1, "fedccrl_core.statistics": 1, "fedccrl_core.augment": 1, "fedccrl_core.losses": 1,
     "fedccrl_core.models": 1, "fedccrl_core.aggregation": 1, "fedccrl_core.client": 1,
     "fedccrl_core.evaluation": 1, "fedccrl_core.checkpoint": 1, "fedccrl_core.results": 1,

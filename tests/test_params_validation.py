@@ -127,7 +127,7 @@ def test_unknown_keys(overrides, needles, tiny, tmp_path, monkeypatch):
     ({"train.held_out": "3"}, ["key 'train.held_out': got '3'; must be a list"]),
     ({"train.seeds": [True]}, ["key 'train.seeds[0]': got True; must be an integer"]),
     ({"preprocess.mean": [0.5, 0.5]}, ["key 'preprocess.mean': got [0.5, 0.5]; must have exactly 3 entries"]),
-    ({"train.rounds!": None}, ["key 'train.rounds': missing"]),
+    ({"train.engine!": None}, ["key 'train.engine': missing"]),  # rounds, lr, ... take their declared defaults
 ], ids=["int", "number", "bool", "algorithm-int", "held_out-not-a-list", "bool-is-not-int", "length", "missing"])
 def test_wrong_types(overrides, needles, tiny, tmp_path, monkeypatch):
     _params(tmp_path, **overrides)

@@ -124,12 +124,12 @@ def plan_runs(settings: RunSettings, partition: dict, manifest: dict, algorithm:
     return jobs
 
 
-def run_one(job: TrainJob, shards: Path, pools: Path, report, run_ids=None) -> dict:
+def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     """Train one held-out domain (in this process or in a worker) and write job.out at once at the end.
     report(kind, payload) receives every round record ("round") as it appears. On the CPU the run uses one
     torch thread, whatever the machine's core count, so its numbers are the same on every machine and with
-    any number of workers (parallelism comes from training several held-out domains at once). run_ids(), if
-    given, returns the MLflow ids the outputs record; a worker receives them from the parent meanwhile."""
+    any number of workers (parallelism comes from training several held-out domains at once). The MLflow ids
+    the outputs record are the job's (TrainJob.record_ids, by the caller before the job runs)."""
     import numpy as np
     import torch
 
@@ -175,8 +175,6 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report, run_ids=None) -> d
     finally:
         torch.set_num_threads(threads)
 
-    if run_ids is not None:
-        job.record_ids(run_ids())
     meta = {"backbone": s.backbone, "num_classes": len(job.classes), "classes": job.classes,
             "image_size": job.image_size, "mean": list(s.local.mean), "std": list(s.local.std),
             "resize": job.resize, "dataset": s.dataset, "domains": job.domains,
@@ -243,7 +241,7 @@ def _worker_start(records) -> None:
     records.put(("pid", None, os.getpid()))
 
 
-def _worker_run(train, job: TrainJob, shards: Path, pools: Path, ids) -> None:
+def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
     """One run in a worker: its round records and then its summary ("done") sent to the parent in order, through
     one queue; the parent alone talks to MLflow. A known error (bad data, a missing file) comes back as a
     ValueError naming the held-out domain; anything else as itself, with the worker's traceback attached by
@@ -251,7 +249,7 @@ def _worker_run(train, job: TrainJob, shards: Path, pools: Path, ids) -> None:
     from fedccrl_core.errors import FedCCRLError
 
     try:
-        summary = train(job, shards, pools, lambda kind, rec: _RECORDS.put((kind, job.index, rec)), ids.recv)
+        summary = train(job, shards, pools, lambda kind, rec: _RECORDS.put((kind, job.index, rec)))
     except (ValueError, FileNotFoundError, FedCCRLError) as e:
         raise ValueError(f"{job.target}: {e}") from None
     _RECORDS.put(("done", job.index, summary))
@@ -260,10 +258,10 @@ def _worker_run(train, job: TrainJob, shards: Path, pools: Path, ids) -> None:
 def run_jobs(jobs: list[TrainJob], workers: int, shards: Path, pools: Path, start, on_message,
              train: Callable = run_one) -> None:
     """Run the jobs, `workers` at a time: in this process when workers == 1, else in a spawned process pool
-    (one torch thread each). start(job) opens the job's MLflow run and returns the ids its outputs record: in
-    this process before an in-process job, and while a worker already trains (so MLflow's start-up, ~10 s on a
-    new store, overlaps training). on_message(kind, index, payload) receives "round" records and "done"
-    summaries, in this process. `train` is run_one (a test passes another module-level function)."""
+    (one torch thread each). start(job) opens the job's MLflow run and returns the ids its outputs record, in
+    this process, before the job is handed to a worker (a job travels to its worker whole: no channel back to it
+    is needed). on_message(kind, index, payload) receives "round" records and "done" summaries, in this process.
+    `train` is run_one (a test passes another module-level function)."""
     if workers == 1:
         for job in jobs:
             job.record_ids(start(job))
@@ -284,9 +282,8 @@ def run_jobs(jobs: list[TrainJob], workers: int, shards: Path, pools: Path, star
         while pending or live:
             while pending and len(live) < workers:
                 job = pending.pop(0)
-                ids, ids_child = ctx.Pipe()
-                live[job.index] = (pool.submit(_worker_run, train, job, shards, pools, ids_child), job, ids)
-                ids.send(start(job))
+                job.record_ids(start(job))
+                live[job.index] = (pool.submit(_worker_run, train, job, shards, pools), job)
             try:
                 kind, index, payload = records.get(timeout=0.5)
             except queue_mod.Empty:
@@ -297,7 +294,7 @@ def run_jobs(jobs: list[TrainJob], workers: int, shards: Path, pools: Path, star
                 on_message(kind, index, payload)
                 if kind == "done":
                     finished.add(index)
-            for index, (fut, job, _) in list(live.items()):
+            for index, (fut, job) in list(live.items()):
                 if not fut.done():
                     continue
                 try:
