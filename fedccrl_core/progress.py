@@ -12,7 +12,9 @@ def progress(total: int | None, label: str, enabled: bool = True, nbytes: bool =
     from tqdm import tqdm
 
     tty = sys.stderr.isatty()
-    fmt = "{desc}: {n_fmt}" + ("/{total_fmt}" if total else "") + (" ({percentage:.0f}%)" if nbytes and total else "")
+    unit = "B" if nbytes else ""
+    fmt = ("{desc}: {n_fmt}" + unit + ("/{total_fmt}" + unit if total else "")
+           + (" ({percentage:.0f}%)" if nbytes and total else ""))
     return tqdm(total=total, desc=label, file=sys.stderr, disable=not enabled, bar_format=fmt,
                 mininterval=0.5 if tty else 5.0, unit="B" if nbytes else "it", unit_scale=nbytes,
                 unit_divisor=1000, dynamic_ncols=tty)

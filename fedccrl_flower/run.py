@@ -381,7 +381,8 @@ def train_with_flower(flower_params: dict | None, *, algorithm: str, local, hpar
                       num_classes=int(num_classes), seed=int(seed), held_out=held_out,
                       shards=str(Path(shards).resolve()), work_dir=str(checkpoint.with_suffix(".flower")),
                       pretrained=pretrained, client_fraction=float(client_fraction), device=device,
-                      eval_batch_size=int(eval_batch_size), **settings.model_dump(include=set(ServerSpec.FROM_SETTINGS)),
+                      eval_batch_size=int(eval_batch_size),
+                      **settings.model_dump(include=set(ServerSpec.FROM_SETTINGS)),
                       checkpoint=str(checkpoint), run_info=dict(run_info), client_state=client_state)
     return run_flower(settings, spec, pools, on_round=on_round, log=log)
 

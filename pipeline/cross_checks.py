@@ -16,7 +16,8 @@ def _line(key: str, value: Any, what: str) -> str:
     return f"params.yaml: key '{key}': got {value!r}; {what}"
 
 
-def resolve_held_out(domains: list[str], entries: list, of: str, key: str = "train.held_out") -> tuple[list[str], list[str]]:
+def resolve_held_out(domains: list[str], entries: list, of: str,
+                     key: str = "train.held_out") -> tuple[list[str], list[str]]:
     """Held-out entries (names, or indices into `domains`) -> (the domain names, one problem line per entry that is
     not a domain of `of` or names a domain an earlier entry names). The one check of held-out entries: against
     the registry's domains when params.yaml is validated, against the manifest's in the train stage."""

@@ -15,8 +15,8 @@ from fedccrl_core.federation.jobs import RunSettings, TrainJob, run_jobs
 
 
 def _jobs(n: int, tmp: Path) -> list[TrainJob]:
-    s = RunSettings(dataset="synthetic", backbone="small_cnn", pretrained="none", local=LocalConfig(), engine="inprocess",
-                    device="cpu", client_fraction=1.0, concurrent_clients="auto", client_state="persistent",
+    s = RunSettings(dataset="synthetic", backbone="small_cnn", pretrained="none", local=LocalConfig(),
+                    engine="inprocess", device="cpu", client_fraction=1.0, concurrent_clients="auto", client_state="persistent",
                     eval_batch_size=8)
     doms = ["photo", "art", "cartoon", "sketch"]
     return [TrainJob(index=i, target=doms[i], sources=[d for d in doms if d != doms[i]], algorithm="fedavg", seed=0,

@@ -12,8 +12,8 @@ click or Flower. Inside it, a module may import its own floor or a lower one:
 
 So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
 fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). benchmarks (research tooling: the
-`fedccrl bench*` commands and the plain baseline trainer) sits on top of everything: no other package imports it. A new module of fedccrl_core must be
-given a floor here: the test names it.
+`fedccrl bench*` commands and the plain baseline trainer) sits on top of everything: no other package imports it.
+A new module of fedccrl_core must be given a floor here: the test names it.
 """
 from __future__ import annotations
 
