@@ -61,27 +61,31 @@ _TYPE_WORDS = {
 }
 
 
-def _is_tag(part) -> bool:
-    """A union member's or validator's tag in a pydantic location ('int', 'constrained-int', 'literal['auto']',
-    'function-after[...]'), not a key."""
-    return isinstance(part, str) and ("[" in part or "-" in part or part in ("int", "str", "float", "bool", "list",
-                                                                               "dict", "none"))
+def _fields(model) -> dict:
+    """A model's fields by the names params.yaml spells (alias or name); {} for anything that is not a model."""
+    if not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return {}
+    return {(f.alias or n): f for n, f in model.model_fields.items()}
 
 
-def _walk(data: Any, loc: tuple) -> tuple[list, Any, bool]:
-    """The data path of a pydantic error location (tags dropped), the value found there and whether the key
-    is present in the data."""
-    path, node, found = [], data, True
+def _walk(data: Any, loc: tuple, model: type[BaseModel] | None = None) -> tuple[list, Any, bool]:
+    """The data path of a pydantic error location (`e.errors()`' loc), the value found there and whether the key
+    is present in the data. A part of the location is a key when the data has it or the model at that point
+    declares it; any other part is pydantic's tag of a union member or validator ('int', 'literal[...]', ...)."""
+    path, node, found, sub = [], data, True, model
     for part in loc:
+        fields = _fields(sub)
         if isinstance(node, dict) and part in node:
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
-        elif isinstance(node, dict) and not _is_tag(part):
-            node, found = None, False  # a missing key
+        elif isinstance(node, dict) and part in fields:
+            node, found = None, False  # a declared key the data lacks
         else:
             continue     # a tag, or a location inside a value that is not a mapping
         path.append(part)
+        f = fields.get(part)
+        sub = f.annotation if f is not None else None
     return path, node, found
 
 
@@ -179,7 +183,7 @@ def problems(err: ValidationError, data: Any, model: type[BaseModel] | None = No
     alternatives of one union at one key become one line ('an integer or a string')."""
     merged: dict[tuple, dict] = {}
     for e in err.errors(include_url=False):
-        path, value, found = _walk(data, tuple(e["loc"]))
+        path, value, found = _walk(data, tuple(e["loc"]), model)
         key = dotted([prefix] * bool(prefix) + path)
         entry = merged.setdefault((key, e["type"] == "extra_forbidden", e["type"] == "missing"),
                                   {"value": value, "expected": []})
@@ -222,15 +226,6 @@ def validate(model: type[BaseModel], data: Any, prefix: str = "", file: str = "p
         return model.model_validate(data)
     except ValidationError as e:
         raise ParamError(*problems(e, data, model, prefix, file)) from None
-
-
-def params_from_defaults(name: str, defaults: dict) -> type[HParams]:
-    """An undeclared `defaults` dict as an HParams model (types from the values, no sources): keeps an
-    algorithm written against the old plain-dict form working; the registry test asks for its sources."""
-    from pydantic import create_model
-
-    fields = {k: ((type(v) if v is not None else Any), Field(v, description="")) for k, v in defaults.items()}
-    return create_model(name, __base__=HParams, **fields)
 
 
 # ---- the documentation table ---------------------------------------------------------------------------

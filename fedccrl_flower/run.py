@@ -377,14 +377,12 @@ def train_with_flower(flower_params: dict | None, *, algorithm: str, local, hpar
     beside it (<checkpoint>.flower/)."""
     settings = FlowerSettings.from_mapping(flower_params)
     checkpoint = Path(checkpoint).resolve()
-    spec = ServerSpec(algorithm=algorithm, local=asdict(local), hparams=dict(hparams), backbone=backbone,
+    spec = ServerSpec(algorithm=algorithm, local=local.model_dump(), hparams=dict(hparams), backbone=backbone,
                       num_classes=int(num_classes), seed=int(seed), held_out=held_out,
                       shards=str(Path(shards).resolve()), work_dir=str(checkpoint.with_suffix(".flower")),
                       pretrained=pretrained, client_fraction=float(client_fraction), device=device,
-                      eval_batch_size=int(eval_batch_size), min_clients=settings.min_clients,
-                      num_clients=settings.num_clients, wait_for_clients_s=float(settings.wait_for_clients_s),
-                      query_timeout_s=float(settings.query_timeout_s), train_timeout_s=float(settings.train_timeout_s),
-                      timeout_factor=float(settings.timeout_factor), timeout_floor_s=float(settings.timeout_floor_s),
+                      eval_batch_size=int(eval_batch_size),
+                      **settings.model_dump(include=set(ServerSpec.FROM_SETTINGS)),
                       checkpoint=str(checkpoint), run_info=dict(run_info), client_state=client_state)
     return run_flower(settings, spec, pools, on_round=on_round, log=log)
 

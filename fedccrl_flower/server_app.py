@@ -62,6 +62,7 @@ from fedccrl_core.federation.engine import resolve_device
 from fedccrl_core.federation.loop import EvalSets, RoundLoop, nbytes
 from fedccrl_core.procs import die_with_parent
 from fedccrl_flower import messages as M
+from fedccrl_flower.settings import FlowerSettings
 
 app = ServerApp()
 if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
@@ -89,17 +90,21 @@ class ServerSpec:
     client_fraction: float = 1.0
     device: str = "auto"
     eval_batch_size: int = 256
-    min_clients: int = 2            # fewest clients a round may aggregate
-    num_clients: int = 0            # SuperNodes to wait for before the first round (0: min_clients)
-    wait_for_clients_s: float = 120.0
-    query_timeout_s: float = 300.0  # until a query reply has been timed (then reply_timeout scales)
-    train_timeout_s: float = 600.0  # until a train reply has been timed
-    timeout_factor: float = 3.0
-    timeout_floor_s: float = 30.0
+    # params.yaml train.flower's waits (fedccrl_flower/settings.py declares each, with its default and meaning)
+    min_clients: int = FlowerSettings.model_fields["min_clients"].default
+    num_clients: int = FlowerSettings.model_fields["num_clients"].default  # 0: min_clients
+    wait_for_clients_s: float = FlowerSettings.model_fields["wait_for_clients_s"].default
+    query_timeout_s: float = FlowerSettings.model_fields["query_timeout_s"].default
+    train_timeout_s: float = FlowerSettings.model_fields["train_timeout_s"].default
+    timeout_factor: float = FlowerSettings.model_fields["timeout_factor"].default
+    timeout_floor_s: float = FlowerSettings.model_fields["timeout_floor_s"].default
     poll_s: float = 0.5
     checkpoint: str = ""            # "" = <work_dir>/checkpoint.pt
     client_state: str = "persistent"  # params.yaml train.client_state: persistent | stateless
     run_info: dict = field(default_factory=dict)
+
+    FROM_SETTINGS = ("min_clients", "num_clients", "wait_for_clients_s", "query_timeout_s", "train_timeout_s",
+                     "timeout_factor", "timeout_floor_s")  # the fields above, as train.flower gives them
 
     @property
     def rounds(self) -> int:

@@ -6,6 +6,10 @@ is that algorithm's own declaration (`Algorithm.Params`), `train.flower` the Flo
 (fedccrl_flower/settings.py): nothing here repeats them. Every problem becomes one line naming the key, the
 value and what is allowed (ParamError); `fedccrl <stage>` prints each as `error: ...` and exits 2.
 
+`load_config` returns the typed model, and that is what every stage and training job receives (a default is
+declared once, in these models or the library's `TrainSettings`/`Algorithm.Params`, and equals params.yaml's:
+tests/test_params_registry.py). The checks of a run against the data are pipeline/sweep.py.
+
 `train.held_out` lists domains by name (`[sketch]`) or by index. Indices follow the manifest's domain order:
 the dataset registry's order for a registered dataset (fedccrl_core/data/registry.py: synthetic photo, art,
 cartoon, sketch; PACS photo, art_painting, cartoon, sketch; ...), sorted folder names for `imagefolder`.
@@ -21,18 +25,16 @@ import yaml
 from pydantic import Field, create_model, field_validator
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms import ALGORITHMS
+from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, TrainSettings
 from fedccrl_core.data.registry import AUTO, REGISTRY
 from fedccrl_core.data.shards import SCHEMES
 from fedccrl_core.errors import ParamError
 from fedccrl_core.hparams import Declared, validate
+from pipeline.cross_checks import check_config, resolve_held_out
 from fedccrl_core.models import BACKBONES
 from fedccrl_flower.settings import FlowerSettings
 
-__all__ = ["ParamError", "ParamsFile", "load_config", "load_params", "check_config", "held_out_entry",
-           "resolve_held_out", "check_batches", "check_train", "run_dirs"]
-
-_MISSING = object()
+__all__ = ["ParamError", "ParamsFile", "load_config", "validate_params", "check_config", "resolve_held_out", "run_dirs"]
 
 
 def _one_of(values) -> Any:
@@ -82,8 +84,8 @@ class PartitionParams(Declared):
     val_fraction: float = Field(gt=0, lt=1)
     dirichlet_alpha: float | None = Field(None, gt=0)
     seed: int
-    num_clients: int | None = Field(None, ge=1)
-    lambda_: float | None = Field(None, alias="lambda", ge=0, le=1)
+    num_clients: int | None = Field(12, ge=1, description="C, feddg_bench only")
+    lambda_: float | None = Field(0.1, alias="lambda", ge=0, le=1, description="feddg_bench only")
     scheme: _one_of(SCHEMES) = "per_domain"  # type: ignore[valid-type]
 
     @field_validator("scheme")
@@ -105,9 +107,9 @@ class ModelParams(Declared):
 HeldOut = Union[Annotated[int, Field(ge=0)], Annotated[str, Field(min_length=1)]]
 
 
-class TrainSweep(Declared):
+class TrainSweep(TrainSettings):
     """train.*: the DVC matrix (algorithms x seeds), the held-out domains each train stage covers, and the
-    settings every algorithm shares."""
+    settings every algorithm shares (those its local training reads are the library's TrainSettings)."""
 
     held_out: Annotated[list[HeldOut], Field(min_length=1)]
     algorithms: Annotated[list[_one_of(ALGORITHMS)], Field(min_length=1)]  # type: ignore[valid-type]
@@ -115,14 +117,7 @@ class TrainSweep(Declared):
     engine: Literal["inprocess", "flower"]
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
     device: Literal["auto", "cpu", "cuda"]
-    rounds: int = Field(ge=1)
-    local_epochs: int = Field(ge=1)
-    batch_size: int = Field(ge=1)
-    lr: float = Field(gt=0)
-    weight_decay: float = Field(ge=0)
-    lr_schedule: Literal["cosine", "constant"]
     client_fraction: float = Field(gt=0, le=1)
-    fast: bool = True
     concurrent_clients: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
     client_state: Literal["persistent", "stateless"] = "persistent"
 
@@ -171,44 +166,14 @@ class ParamsFile(Declared):
     figures: FiguresParams
     tracking: TrackingParams = Field(default_factory=TrackingParams)
 
+    def local_config(self) -> LocalConfig:
+        """What every algorithm's local training reads: the train settings and preprocess's normalization."""
+        return LocalConfig(**self.train.model_dump(include=set(TrainSettings.model_fields)),
+                           mean=tuple(self.preprocess.mean), std=tuple(self.preprocess.std))
 
-# ---- checks across groups ----------------------------------------------------------------------------------------
-def _line(key: str, value: Any, what: str) -> str:
-    return f"params.yaml: key '{key}': got {value!r}; {what}"
-
-
-def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = ()) -> list[str]:
-    """Problems that involve more than one key: held_out against the dataset's domains, the backbone against
-    `pretrained`, and what an algorithm to be trained (listed in train.algorithms, or `run_algorithms`: a stage's
-    --algorithm) needs of its own group. One line each."""
-    out = []
-    spec = REGISTRY[cfg.dataset.name]
-    if spec.domains:  # imagefolder discovers its domains: checked against the manifest by the train stage
-        seen: dict[str, Any] = {}
-        for i, h in enumerate(cfg.train.held_out):
-            key = f"train.held_out[{i}]"
-            if isinstance(h, int) and h >= len(spec.domains):
-                out.append(_line(key, h, f"{spec.name} has {len(spec.domains)} domains, indices "
-                                         + ", ".join(f"{j}={d}" for j, d in enumerate(spec.domains))))
-                continue
-            if isinstance(h, str) and h not in spec.domains:
-                out.append(_line(key, h, f"must be a domain of {spec.name}: {', '.join(spec.domains)} "
-                                         "(or its index in that order)"))
-                continue
-            name = spec.domains[h] if isinstance(h, int) else h
-            if name in seen:
-                out.append(_line(key, h, f"names domain {name} as {seen[name]!r} does (each entry is one DVC stage "
-                                         "and one MLflow run)"))
-            seen.setdefault(name, h)
-    backbone = spec.backbone if cfg.model.backbone == AUTO else cfg.model.backbone
-    pretrained = spec.pretrained if cfg.model.pretrained == AUTO else cfg.model.pretrained
-    if backbone == "small_cnn" and pretrained != "none":
-        out.append(_line("model.pretrained", cfg.model.pretrained,
-                         f"{backbone} (model.backbone {cfg.model.backbone!r}) has no pretrained weights: use none"
-                         + (" or auto" if spec.pretrained == "none" else "")))
-    for name in dict.fromkeys([*cfg.train.algorithms, *run_algorithms]):
-        out += getattr(cfg.train, name).selected_problems(f"train.{name}")
-    return out
+    def as_written(self) -> dict:
+        """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
 
 
 # ---- loading -------------------------------------------------------------------------------------------------
@@ -228,12 +193,17 @@ def read_yaml(path: str | Path = "params.yaml") -> dict:
     if not path.is_file():
         raise ParamError(f"{path}: params file not found (run from the repository root)")
     try:
-        data = yaml.load(path.read_text(), Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        data = parse_yaml(path.read_text())
     except yaml.YAMLError as e:
         raise ParamError(f"{path}: not valid YAML ({e.__class__.__name__})") from e
     if not isinstance(data, dict):
         raise ParamError(f"{path}: top level must be a mapping of stage groups")
     return data
+
+
+def parse_yaml(text: str) -> Any:
+    """YAML text read as params.yaml is (YAML 1.2 floats: `1e-3` is 0.001); yaml.YAMLError when it is not YAML."""
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
 
 
 def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsFile:
@@ -248,102 +218,6 @@ def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsF
 
 def load_config(path: str | Path = "params.yaml") -> ParamsFile:
     return validate_params(read_yaml(path))
-
-
-def load_params(path: str | Path = "params.yaml") -> dict:
-    """params.yaml as read (a plain dict), after the whole file has validated."""
-    data = read_yaml(path)
-    validate_params(data)
-    return data
-
-
-def get(params: dict, key: str, default: Any = _MISSING) -> Any:
-    """Dotted lookup in a validated params dict: get(p, "train.flower")."""
-    node: Any = params
-    for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            if default is not _MISSING:
-                return default
-            raise ParamError(f"params.yaml: key '{key}' is missing")
-        node = node[part]
-    return node
-
-
-def parse_yaml(text: str) -> Any:
-    """YAML text read as params.yaml is (YAML 1.2 floats: `1e-3` is 0.001); yaml.YAMLError when it is not YAML."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
-
-
-# ---- the sweep's runs --------------------------------------------------------------------------------------------
-def held_out_entry(text: str | int) -> int | str:
-    """A held-out domain as the train stage's --held-out gives it (DVC passes ${item.held_out}): an index or a name."""
-    if isinstance(text, int):
-        return text
-    return int(text) if re.fullmatch(r"[0-9]+", text) else text
-
-
-def resolve_held_out(manifest: dict, entries: list, key: str = "train.held_out") -> list[str]:
-    """Held-out entries (names or indices into the manifest's domains) -> domain names; ParamError naming the entry
-    for one that is not a domain or repeats another (checked here for imagefolder, whose domains only the data
-    knows)."""
-    doms = list(manifest["domains"])
-    names, problems = [], []
-    for i, h in enumerate(entries):
-        where = f"params.yaml: key '{key}[{i}]'" if key == "train.held_out" else key
-        if isinstance(h, int) and not isinstance(h, bool) and 0 <= h < len(doms):
-            name = doms[h]
-        elif isinstance(h, str) and h in doms:
-            name = h
-        else:
-            problems.append(f"{where}: got {h!r}; must be a domain of the shards ({manifest.get('dataset')}): "
-                            + ", ".join(f"{j}={d}" for j, d in enumerate(doms)) + " (a name or its index)")
-            continue
-        if name in names:
-            problems.append(f"{where}: got {h!r}; names domain {name} a second time")
-        names.append(name)
-    if problems:
-        raise ParamError(*problems)
-    return names
-
-
-def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> None:
-    """Every source client must get a batch of >= 2 samples (BatchNorm, which every backbone has, cannot train on
-    one; the local loop skips such batches, so the client would train nothing). From the manifest's counts only,
-    before any shard is read."""
-    if batch_size < 2:
-        raise ParamError(f"params.yaml: key '{key}': got {batch_size}; must be >= 2 for a BatchNorm model "
-                         "(a batch of 1 trains nothing)")
-    for c in manifest["clients"]:
-        counts = c.get("train_domain_counts") or {c["domain"]: c["n_train"]}
-        n = sum(v for d, v in counts.items() if d != target)
-        if 0 < n < 2:
-            raise ParamError(f"data/shards manifest: client {c['id']} has {n} training sample without the held-out "
-                             f"domain {target}; BatchNorm needs a batch of at least 2 (fewer "
-                             "partition.clients_per_domain or a lower partition.val_fraction)")
-
-
-def check_train(params: dict, manifest: dict, algorithm: str, held_out: list) -> list[str]:
-    """Everything a train run is checked against before any shard is read and before MLflow: the held-out entries
-    it trains (`--held-out` values: names or indices) and train.held_out against the manifest's domains, and every
-    source client's BatchNorm batch under the batch size the algorithm trains with (FedBN's own 64 replaces
-    train.batch_size). `params` has passed validate_params(params, (algorithm,)). Returns the held-out domains'
-    names, in the order given."""
-    from fedccrl_core.algorithms import LocalConfig, build_algorithm
-
-    resolve_held_out(manifest, params["train"]["held_out"])
-    targets = resolve_held_out(manifest, [held_out_entry(h) for h in held_out], key="--held-out")
-    alg = build_algorithm(algorithm, LocalConfig(batch_size=params["train"]["batch_size"]),
-                          params["train"].get(algorithm))
-    # an algorithm whose own batch_size replaces train.batch_size (local_bn.py: FedBN, SiloBN, FedFD(-A))
-    key = f"train.{algorithm}.batch_size" if alg.hp.get("batch_size") is not None else "train.batch_size"
-    for target in targets:
-        check_batches(manifest, target, alg.local.batch_size, key)
-        if params["train"].get("engine") == "flower":
-            from fedccrl_core.data.shards import client_ids
-
-            FlowerSettings.from_mapping(params["train"].get("flower")).require_clients(
-                len(client_ids(manifest, target)), target)
-    return targets
 
 
 def run_dirs(cfg: ParamsFile, root: Path) -> list[Path]:

@@ -16,57 +16,64 @@ import click
 
 from fedccrl_core.federation.jobs import LOG
 from pipeline.cli import run_stage
-from pipeline.params import ParamError, check_train, held_out_entry, load_params, validate_params
+from pipeline.params import ParamError, ParamsFile, read_yaml, validate_params
+from pipeline.sweep import check_train, held_out_entry
 
 
-def train_config(params: dict, algorithm: str) -> dict:
-    """Every param the run depends on, from the validated params file (pipeline/params.py); ParamError with one
-    line per problem. The raw values are kept (e.g. an int lr stays an int), so a run's key and its MLflow params
-    are those of params.yaml as written."""
+def check_algorithm(name: str, option: str = "--algorithm") -> None:
     from fedccrl_core.algorithms import ALGORITHMS
 
-    if algorithm not in ALGORITHMS:
-        raise ParamError(f"--algorithm: got {algorithm!r}; must be one of {', '.join(ALGORITHMS)} "
+    if name not in ALGORITHMS:
+        raise ParamError(f"{option}: got {name!r}; must be one of {', '.join(ALGORITHMS)} "
                          "(params.yaml train.algorithms)")
-    validate_params(params, (algorithm,))
-    t = params["train"]
-    return {
-        "dataset": params["dataset"]["name"],
-        "backbone": params["model"]["backbone"], "pretrained": params["model"]["pretrained"],
-        "mean": params["preprocess"]["mean"], "std": params["preprocess"]["std"],
-        **{k: t[k] for k in ("engine", "device", "rounds", "local_epochs", "batch_size", "lr", "weight_decay",
-                             "lr_schedule", "client_fraction")},
-        "fast": t.get("fast", True), "concurrent_clients": t.get("concurrent_clients", "auto"),
-        "client_state": t.get("client_state", "persistent"),
-        "eval_batch_size": params["evaluate"]["batch_size"],
-        "hparams": t.get(algorithm) or {},
-    }
+
+
+def load_train_config(path: Path, algorithm: str) -> ParamsFile:
+    """The whole params file, typed, with `algorithm` (--algorithm) checked as one to be trained; ParamError with
+    one line per problem, before any data is read and before MLflow."""
+    check_algorithm(algorithm)
+    return validate_params(read_yaml(path), (algorithm,))
+
+
+def run_settings(cfg: ParamsFile):
+    """What every run of the stage shares (federation/jobs.py RunSettings), from the typed params: the `auto`
+    backbone and pretrained weights resolved for the dataset."""
+    from fedccrl_core.data.registry import resolve_backbone, resolve_pretrained
+    from fedccrl_core.federation.jobs import RunSettings
+
+    t = cfg.train
+    return RunSettings(dataset=cfg.dataset.name, backbone=resolve_backbone(cfg.model.backbone, cfg.dataset.name),
+                       pretrained=resolve_pretrained(cfg.model.pretrained, cfg.dataset.name),
+                       local=cfg.local_config(), engine=t.engine, device=t.device, client_fraction=t.client_fraction,
+                       concurrent_clients=t.concurrent_clients, client_state=t.client_state,
+                       eval_batch_size=cfg.evaluate.batch_size, flower=t.flower.model_dump())
 
 
 def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list | None, out: Path,
           params_path: Path, checkpoints: Path, workers: str = "auto") -> None:
-    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.data.pools import check_pools
     from fedccrl_core.data.shards import client_ids, load_manifest
-    from fedccrl_core.federation.jobs import local_config, plan_runs, run_jobs, worker_count
+    from fedccrl_core.federation.jobs import plan_runs, run_jobs, worker_count
     from pipeline.train_tracking import TrainTracking
 
-    params = load_params(params_path)  # the whole file, before any data is read and before MLflow
-    cfg = train_config(params, algorithm)
-    held_out = [held_out_entry(h) for h in held_out] if held_out else list(params["train"]["held_out"])
+    cfg = load_train_config(params_path, algorithm)  # the whole file, before any data is read and before MLflow
+    settings = run_settings(cfg)
+    held_out = [held_out_entry(h) for h in held_out] if held_out else list(cfg.train.held_out)
     manifest = load_manifest(shards)  # metadata only: the held-out domains and the clients' sizes
-    targets = check_train(params, manifest, algorithm, held_out)  # before any shard is read, before MLflow
+    targets = check_train(cfg, manifest, algorithm, held_out)  # before any shard is read, before MLflow
     check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
-    alg_hp = build_algorithm(algorithm, local_config(cfg), cfg["hparams"]).hp
-    jobs = plan_runs(params, cfg, manifest, algorithm, seed, held_out, targets, out, checkpoints, alg_hp)
-    if cfg["engine"] == "flower":  # the same jobs over Flower (fedccrl_flower/run.py)
+    hparams = ALGORITHMS[algorithm](settings.local, getattr(cfg.train, algorithm).model_dump()).hp
+    jobs = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, algorithm, seed, held_out, targets,
+                     out, checkpoints, hparams)
+    if settings.engine == "flower":  # the same jobs over Flower (fedccrl_flower/run.py)
         from fedccrl_flower.run import train_with_flower
 
         for job in jobs:
-            job["flower_train"] = train_with_flower
-    n_workers = worker_count(workers, cfg, len(jobs))
-    tracking = TrainTracking(params, cfg, algorithm, seed, manifest, shards, jobs)
-    LOG(f"train {algorithm} seed {seed}: held-out {[j['target'] for j in jobs]}, {n_workers} at a time")
+            job.flower_train = train_with_flower
+    n_workers = worker_count(workers, settings, len(jobs))
+    tracking = TrainTracking(cfg, settings, algorithm, seed, manifest, shards, jobs)
+    LOG(f"train {algorithm} seed {seed}: held-out {[j.target for j in jobs]}, {n_workers} at a time")
     try:
         run_jobs(jobs, n_workers, shards, pools, tracking.start, tracking.on_message)
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (fedccrl_core/procs.py): resumable, not failed

@@ -12,23 +12,23 @@ from pipeline.run_names import dvc_experiment_name, flatten
 from pipeline.tracking import ChildRun, parent_run_id, run_status
 
 
-def mlflow_params(params: dict, job: dict, device: str) -> dict:
+def mlflow_params(params: dict, job, device: str) -> dict:
     """A child run's MLflow params: params.yaml's dotted keys with the values the run actually used (the
     backbone, pretrained weights and image size that `auto` resolved to, every hyperparameter of its
     algorithm as validated, the device that ran), for its one algorithm, seed and held-out domain
-    (train.algorithm, train.seed, train.held_out)."""
+    (train.algorithm, train.seed, train.held_out). `params`: ParamsFile.as_written(); `job`: a TrainJob."""
     from pipeline.params import TrainSweep
 
     t = params["train"]
     train = {k: t[k] for k in TrainSweep.model_fields if k in t and k not in ("held_out", "algorithms", "seeds")}
     if train.get("engine") != "flower":
         train.pop("flower", None)
-    train.update(device=device, algorithm=job["algorithm"], seed=job["seed"], held_out=job["target"])
-    train[job["algorithm"]] = job["run_params"][job["algorithm"]]
+    train.update(device=device, algorithm=job.algorithm, seed=job.seed, held_out=job.target)
+    train[job.algorithm] = job.hparams
     return flatten({"dataset": params["dataset"],
-                    "preprocess": {**params["preprocess"], "image_size": job["image_size"]},
+                    "preprocess": {**params["preprocess"], "image_size": job.image_size},
                     "partition": params.get("partition") or {},
-                    "model": {"backbone": job["backbone"], "pretrained": job["pretrained"]},
+                    "model": {"backbone": job.settings.backbone, "pretrained": job.settings.pretrained},
                     "train": train, "evaluate": {"batch_size": params["evaluate"]["batch_size"]}})
 
 class TrainTracking:
@@ -36,32 +36,31 @@ class TrainTracking:
     first start), one ChildRun per held-out job, the round records as they arrive, and each run closed with its
     outcome. start(job) is run_jobs' `start`, on_message its `on_message` (fedccrl_core/federation/jobs.py)."""
 
-    def __init__(self, params: dict, cfg: dict, algorithm: str, seed: int, manifest: dict, shards: Path,
-                 jobs: list[dict]):
+    def __init__(self, cfg, settings, algorithm: str, seed: int, manifest: dict, shards: Path, jobs: list):
+        """cfg: the ParamsFile; settings: the jobs' RunSettings; jobs: TrainJobs (fedccrl_core/federation/jobs.py)."""
         from fedccrl_core.algorithms import ALGORITHMS
         from fedccrl_core.federation.engine import resolve_device
 
+        params = cfg.as_written()  # the keys params.yaml sets, typed: `lr: 1e-3` is 0.001 here too
         swept = set(params["train"]["algorithms"])  # the parent names only the groups of the sweep's algorithms
         sweep = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
         self.sweep_params = {**sweep, "train": {k: v for k, v in sweep.get("train", {}).items()
                                                 if k not in ("held_out", "algorithms", "seeds")
                                                 and (k not in ALGORITHMS or k in swept)}}
-        self.params, self.cfg, self.algorithm, self.seed, self.manifest, self.jobs = (params, cfg, algorithm, seed,
-                                                                                      manifest, jobs)
-        self.experiment, self.commit = f"fedccrl-{cfg['dataset']}", git_commit()
-        self.device = resolve_device(cfg["device"]).type  # what ran, not `auto`
-        tracking = params.get("tracking") or {}
-        self.system_metrics_s = (tracking.get("system_metrics_interval_s", 10.0)
-                                 if tracking.get("system_metrics", True) else None)
+        self.params, self.dataset, self.algorithm, self.seed, self.manifest, self.jobs = (
+            params, settings.dataset, algorithm, seed, manifest, jobs)
+        self.experiment, self.commit = f"fedccrl-{settings.dataset}", git_commit()
+        self.device = resolve_device(settings.device).type  # what ran, not `auto`
+        self.system_metrics_s = cfg.tracking.system_metrics_interval_s if cfg.tracking.system_metrics else None
         self.shards_manifest = Path(shards) / "manifest.json"
         self.runs: dict[int, ChildRun] = {}
         self.parent: str | None = None
 
-    def start(self, job: dict) -> dict:
+    def start(self, job) -> dict:
         from fedccrl_core.fsio import write_text
         from fedccrl_core.numerics import numeric_platform
 
-        ckpt, cfg, manifest = job["ckpt"], self.cfg, self.manifest
+        ckpt, dataset, manifest = job.ckpt, self.dataset, self.manifest
         side = ckpt.with_suffix(".mlflow.json")
         resumable = ckpt.is_file() or ckpt.with_name(ckpt.name + ".prev").is_file()  # federation/checkpoints.py
         recorded = json.loads(side.read_text())["run_id"] if side.is_file() else None
@@ -71,21 +70,21 @@ class TrainTracking:
         sweep_key = params_hash(self.sweep_params)
         if self.parent is None:
             self.parent = parent_run_id(self.experiment, sweep_key, self.sweep_params)
-        run = ChildRun(self.experiment, self.parent, f"{self.algorithm}-{cfg['dataset']}-s{self.seed}-{job['target']}",
+        run = ChildRun(self.experiment, self.parent, f"{self.algorithm}-{dataset}-s{self.seed}-{job.target}",
                        mlflow_params(self.params, job, self.device),
                        {"git_commit": self.commit, "mlflow.source.git.commit": self.commit.removesuffix("-dirty"),
                         **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
                         "dvc_stage": f"train@{self.algorithm}-{self.seed}", "fedccrl.role": "child",
-                        "fedccrl.sweep": sweep_key, "held_out": job["target"],
+                        "fedccrl.sweep": sweep_key, "held_out": job.target,
                         "algorithm": self.algorithm, "seed": str(self.seed),
                         "fedccrl.platform": numeric_platform(self.device)}, resume_run_id=resume_id,
-                       dataset={"name": f"{cfg['dataset']}-shards", "path": self.shards_manifest,
+                       dataset={"name": f"{dataset}-shards", "path": self.shards_manifest,
                                 "profile": {"domains": manifest["domains"], "clients": len(manifest["clients"]),
-                                            "image_size": manifest["image_size"], "held_out": job["target"]}},
+                                            "image_size": manifest["image_size"], "held_out": job.target}},
                        system_metrics_s=self.system_metrics_s,
                        on_created=lambda run_id: write_text(side, json.dumps({"run_id": run_id})))
         write_text(side, json.dumps({"run_id": run.run_id}))
-        self.runs[job["index"]] = run
+        self.runs[job.index] = run
         return {"commit": self.commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
 
     def on_message(self, kind: str, index: int, payload) -> None:
@@ -95,10 +94,10 @@ class TrainTracking:
         if kind == "round":
             run.log_round(payload)
         elif kind == "done":
-            job = next(j for j in self.jobs if j["index"] == index)  # every round in MLflow, also after a kill or a lost store
-            late = run.backfill(json.loads((Path(job["out"]) / contract.HISTORY_FILE).read_text())["rounds"])
+            job = next(j for j in self.jobs if j.index == index)  # every round in MLflow, also after a kill or a lost store
+            late = run.backfill(json.loads((Path(job.out) / contract.HISTORY_FILE).read_text())["rounds"])
             if late:
-                print(f"[{self.algorithm} {job['target']}] MLflow: round(s) {late} logged now (the run that trained "
+                print(f"[{self.algorithm} {job.target}] MLflow: round(s) {late} logged now (the run that trained "
                       f"them was interrupted before they reached MLflow)", file=sys.stderr, flush=True)
             run.log_metrics(payload)
             run.finish()

@@ -24,16 +24,17 @@ from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
 from fedccrl_core.data.synthetic import generate
 from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
-from pipeline.params import load_params
-from fedccrl_core.federation.jobs import load_clients, local_config, resolve_model
-from pipeline.train import train_config
+from fedccrl_core.federation.jobs import load_clients
+from pipeline.params import read_yaml, validate_params
+from pipeline.train import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt: bool = False) -> None:
     torch.set_num_threads(1)
-    params = load_params(ROOT / "params.yaml")
+    params = read_yaml(ROOT / "params.yaml")
+    validate_params(params)
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         generate(base / "raw", seed=params["dataset"]["seed"], images_per_class=6, progress=False)
@@ -49,16 +50,16 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
                 p = {**params, "train": {**params["train"], "rounds": rounds, "local_epochs": 1, "device": "cpu"}}
                 if name == "ccst":  # untrained AdaIN weights: validated like any other reading of the group
                     p["train"]["ccst"] = {**(p["train"].get("ccst") or {}), "adain_weights": "random"}
-                cfg = train_config(p, name)
+                cfg = validate_params(p, (name,))
+                s = run_settings(cfg)
                 clients = load_clients(base / "shards", base / "pools", domains[:3], "cpu")
                 tx, ty = load_domain_test(base / "shards", domains[3])
                 ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                               ClientData.from_numpy("t", domains[3], tx, ty, tx[:0], ty[:0], "cpu").train_x,
                               torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
-                alg = build_algorithm(name, local_config(cfg), cfg["hparams"])
-                backbone, pretrained = resolve_model(cfg)
+                alg = build_algorithm(name, s.local, getattr(cfg.train, name).model_dump())
                 torch.manual_seed(0)
-                model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp)
+                model = alg.build_model(s.backbone, len(manifest["classes"]), s.pretrained, alg.hp)
                 res = InProcessEngine(alg, model, clients, ev, rounds=rounds, seed=0, log=lambda m: None,
                                       client_fraction=fraction,
                                       checkpoint_path=(base / "ck" / f"{name}.pt") if ckpt else None).run()

@@ -436,7 +436,7 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
 
 # ---- augmix_impl: pil (augment/augmix_pil.py): the same Alg. 3 reading, other random draws ----------------------
 def _synthetic_batch(n=256, size=24):
-    from fedccrl_core.bench.speed import generate
+    from benchmarks.speed import generate
 
     return torch.from_numpy(np.concatenate([generate(n // 4, d, size, 0)[0] for d in range(4)])
                             ).permute(0, 3, 1, 2).float() / 255.0

@@ -195,7 +195,7 @@ CASES: list[Case] = [
          {"train.fedccrl.lamda1": 0.1}),
     Case("params-rounds-zero", "params", REPORT, ("train.rounds",), {"train.rounds": 0}),
     Case("params-rounds-float", "params", REPORT, ("train.rounds",), {"train.rounds": 2.5}),
-    Case("params-rounds-missing", "params", REPORT, ("train.rounds",), {"train.rounds!": None}),
+    Case("params-engine-missing", "params", REPORT, ("train.engine",), {"train.engine!": None}),
     Case("params-epochs-zero", "params", REPORT, ("train.local_epochs",), {"train.local_epochs": 0}),
     Case("params-batch-zero", "params", REPORT, ("train.batch_size",), {"train.batch_size": 0}),
     Case("params-lr-negative", "params", REPORT, ("train.lr",), {"train.lr": -0.001}),

@@ -16,8 +16,8 @@ from torch import nn
 from fedccrl_core import fastpath
 from fedccrl_core.algorithms import LocalConfig, build_algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
-from fedccrl_core.bench import plain
-from fedccrl_core.bench.speed import BenchConfig, generate, pacs_sweep_seconds
+from benchmarks import plain
+from benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.federation.client import ClientData, ClientState
 from fedccrl_core.federation.concurrent import Interleaver, Task
@@ -325,16 +325,16 @@ def test_bench_command_defaults_are_bench_config_defaults():
     """`fedccrl bench` without options measures BenchConfig() (each default written once, in BenchConfig)."""
     import dataclasses
 
-    from pipeline.bench_speed import command
+    from benchmarks.speed_cli import command
 
     fields = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
     options = {p.name: p.default for p in command.params if p.name != "json_out"}
-    assert options == {k: fields[k] for k in options}, "pipeline/bench_speed.py and BenchConfig disagree"
+    assert options == {k: fields[k] for k in options}, "benchmarks/speed_cli.py and BenchConfig disagree"
     assert set(fields) - set(options) == set(), f"BenchConfig fields without a CLI option: {set(fields) - set(options)}"
 
 
 def test_bench_accuracy_overrides_set_existing_keys_and_name_a_typo():
-    from pipeline.bench import apply_overrides
+    from benchmarks.accuracy import apply_overrides
     from pipeline.params import ParamError
 
     params = {"train": {"lr": 0.003, "local_epochs": 2, "fedccrl": {"r": 0.1}}}
@@ -349,7 +349,7 @@ def test_bench_accuracy_overrides_set_existing_keys_and_name_a_typo():
 def test_bench_repro_links_the_code_the_stages_depend_on():
     import yaml
 
-    from pipeline.bench_repro import _code_dirs
+    from benchmarks.repro import _code_dirs
 
     root = Path(__file__).resolve().parents[1]
     dirs = _code_dirs(root, yaml.safe_load((root / "dvc.yaml").read_text()))

@@ -22,9 +22,9 @@ from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
 from fedccrl_core.data.synthetic import generate
 from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
-from pipeline.params import load_params
-from fedccrl_core.federation.jobs import load_clients, local_config, resolve_model
-from pipeline.train import train_config
+from fedccrl_core.federation.jobs import load_clients
+from pipeline.params import read_yaml, validate_params
+from pipeline.train import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def embedded(tmp_path_factory):
     """Shards and pools of the embedded default: 4 domains x 6 classes, 8 images per class."""
     base = tmp_path_factory.mktemp("embedded")
-    params = load_params(ROOT / "params.yaml")
+    params = read_yaml(ROOT / "params.yaml")
     assert params["dataset"]["name"] == "synthetic", "the embedded default is the synthetic dataset"
     generate(base / "raw", seed=params["dataset"]["seed"], images_per_class=8, progress=False)
     spec = get_dataset("synthetic")
@@ -52,7 +52,8 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     base, params = embedded
     params = {**params, "train": {**params["train"], "rounds": 1, "local_epochs": 1, "device": "cpu",
                                   "ccst": {**params["train"]["ccst"], "adain_weights": "random"}}}
-    cfg = train_config(params, algorithm)  # validates CCST's group when CCST is the one trained
+    cfg = validate_params(params, (algorithm,))  # validates CCST's group when CCST is the one trained
+    settings = run_settings(cfg)
     manifest = load_manifest(base / "shards")
     domains = list(manifest["domains"])
     target, sources = domains[3], domains[:3]
@@ -62,8 +63,8 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                   ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], "cpu").train_x,
                   torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
-    alg = build_algorithm(algorithm, local_config(cfg), cfg["hparams"])
-    backbone, pretrained = resolve_model(cfg)
+    alg = build_algorithm(algorithm, settings.local, getattr(cfg.train, algorithm).model_dump())
+    backbone, pretrained = settings.backbone, settings.pretrained
     assert backbone == "small_cnn"
     torch.manual_seed(0)
     model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp)

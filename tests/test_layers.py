@@ -4,16 +4,17 @@
 The library fedccrl_core imports none of the outer packages (pipeline, serving, fedccrl_flower) nor DVC, MLflow,
 click or Flower. Inside it, a module may import its own floor or a lower one:
 
-  floor 4  bench, viz (measurement and figures over the library)
+  floor 4  viz (figures over the library)
   floor 3  federation (the round loop, engines, checkpoints of a run), runs (a saved run re-evaluated)
   floor 2  algorithms (hyperparameters + client hooks + server half)
   floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, confusion, checkpoint,
            results
-  floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey
+  floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey, progress
 
 So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
-fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). A new module of fedccrl_core must be
-given a floor here: the test names it.
+fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). benchmarks (research tooling: the
+`fedccrl bench*` commands and the plain baseline trainer) sits on top of everything: no other package imports it.
+A new module of fedccrl_core must be given a floor here: the test names it.
 
 serving runs without torch (`fedccrl-serve`, the MLflow pyfunc): no module of serving imports torch, lazily or not
 (the exporter, which needs torch, is pipeline/onnx_export.py), and importing serving's modules in a process where
@@ -31,17 +32,18 @@ ROOT = Path(__file__).resolve().parents[1]
 FLOORS = {
     "fedccrl_core": 0, "fedccrl_core.errors": 0, "fedccrl_core.hparams": 0, "fedccrl_core.seeding": 0, "fedccrl_core.numerics": 0,
     "fedccrl_core.threads": 0, "fedccrl_core.procs": 0, "fedccrl_core.fastpath": 0, "fedccrl_core.contract": 0,
-    "fedccrl_core.fsio": 0, "fedccrl_core.runkey": 0,
+    "fedccrl_core.fsio": 0, "fedccrl_core.runkey": 0, "fedccrl_core.progress": 0,
     "fedccrl_core.data": 1, "fedccrl_core.statistics": 1, "fedccrl_core.augment": 1, "fedccrl_core.losses": 1,
     "fedccrl_core.models": 1, "fedccrl_core.aggregation": 1, "fedccrl_core.client": 1,
     "fedccrl_core.evaluation": 1, "fedccrl_core.confusion": 1, "fedccrl_core.checkpoint": 1, "fedccrl_core.results": 1,
     "fedccrl_core.algorithms": 2,
     "fedccrl_core.federation": 3, "fedccrl_core.runs": 3,
-    "fedccrl_core.bench": 4, "fedccrl_core.viz": 4,
+    "fedccrl_core.viz": 4,
 }
 OUTSIDE_THE_LIBRARY = ("pipeline", "serving", "fedccrl_flower", "flower_app", "benchmarks", "click", "mlflow", "dvc",
                        "flwr")
-ABOVE_SERVING_AND_FLOWER = ("pipeline",)
+ABOVE_SERVING_AND_FLOWER = ("pipeline", "benchmarks")
+ABOVE_PIPELINE = ("benchmarks",)
 NOT_IN_SERVING = ("torch", "torchvision")  # serving runs on onnxruntime, numpy and PIL
 
 
@@ -93,10 +95,12 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
             out.append(f"{module} imports {target}: {top} sits above serving and fedccrl_flower")
         elif module.split(".")[0] == "serving" and top in NOT_IN_SERVING:
             out.append(f"{module} imports {target}: serving runs without torch")
+        elif module.split(".")[0] == "pipeline" and top in ABOVE_PIPELINE:
+            out.append(f"{module} imports {target}: {top} sits above pipeline (research tooling, not the product)")
     return out
 
 
-SOURCES = sorted(p for pkg in ("fedccrl_core", "serving", "fedccrl_flower") for p in (ROOT / pkg).rglob("*.py"))
+SOURCES = sorted(p for pkg in ("fedccrl_core", "serving", "fedccrl_flower", "pipeline", "benchmarks") for p in (ROOT / pkg).rglob("*.py"))
 
 
 def test_every_library_module_has_a_floor():
@@ -120,8 +124,13 @@ def test_imports_point_down(path):
     ("serving.runtime", "def f():\n    import torch"),
     ("serving.inputs", "from torchvision.io import decode_image"),
     ("serving.metadata", "from pipeline.onnx_export import export_onnx"),
+    ("fedccrl_core.runkey", "from benchmarks.plain import plain_round"),
+    ("fedccrl_core.federation.engine", "def f():\n    import benchmarks.speed"),
+    ("pipeline.train", "from benchmarks.accuracy import bench_accuracy"),
+    ("fedccrl_flower.run", "from benchmarks import speed"),
 ], ids=["checkpoint-algorithms", "lazy-import", "relative-import", "mlflow", "pipeline", "serving-pipeline",
-        "serving-torch", "serving-torchvision", "serving-exporter"])
+        "serving-torch", "serving-torchvision", "serving-exporter",
+        "library-benchmarks", "library-benchmarks-lazy", "pipeline-benchmarks", "flower-benchmarks"])
 def test_an_upward_import_is_caught(module, source):
     """The checker itself: each of these runs back up a layer."""
     assert violations(module, source)
@@ -145,6 +154,14 @@ def test_serving_imports_without_torch():
     assert r.stdout.strip() == "[]"
 
 
+def test_benchmarks_is_outside_the_library_and_on_top():
+    """The library never imports the benchmarks (their code does not enter the run key, runkey.code_hash); the
+    benchmarks may import every layer below them."""
+    assert not (ROOT / "fedccrl_core" / "bench").exists()
+    assert violations("benchmarks.speed", "from fedccrl_core.federation.engine import InProcessEngine") == []
+    assert violations("benchmarks.accuracy", "from pipeline.cli import run_stage") == []
+
+
 def test_downward_and_sideways_imports_pass():
     assert violations("fedccrl_core.federation.engine", "from fedccrl_core.algorithms import Algorithm") == []
     assert violations("fedccrl_core.checkpoint", "from fedccrl_core.models import FedModel") == []
@@ -152,7 +169,7 @@ def test_downward_and_sideways_imports_pass():
     assert violations("fedccrl_core.algorithms", "from .base import Algorithm", is_package=True) == []
 
 
-OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "flower_app")
+OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "flower_app", "benchmarks")
 EVERY_SOURCE = sorted(p for pkg in (*OWN, "tests", "scripts") for p in (ROOT / pkg).rglob("*.py"))  # tests too
 
 

@@ -128,3 +128,91 @@ def test_train_stage_depends_on_every_shared_train_setting():
     assert "train.${item.algorithm}" in keys
     assert not {f"train.{name}" for name in ALGORITHMS} & keys
     assert not {f"train.{k}" for k in matrix} & keys
+
+
+def _defaults(model, prefix: str = "") -> dict:
+    """{dotted key: declared default} of every field with a default in `model` and its nested models."""
+    from pydantic import BaseModel
+    from pydantic_core import PydanticUndefined
+
+    out = {}
+    for name, f in model.model_fields.items():
+        key = f"{prefix}{f.alias or name}"
+        ann = f.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.update(_defaults(ann, key + "."))
+        elif f.default is not PydanticUndefined:
+            out[key] = f.default
+    return out
+
+
+def test_every_registry_default_is_params_yaml_value():
+    """A default is written once, in the typed registry (pipeline/params.py's groups, the library's TrainSettings
+    and LocalConfig, each algorithm's Params, fedccrl_flower/settings.py), and params.yaml's value is the same:
+    the run a missing key gives is the run the committed file describes."""
+    from fedccrl_core.algorithms import LocalConfig, TrainSettings
+    from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
+    from fedccrl_flower.server_app import ServerSpec
+    from fedccrl_flower.settings import FlowerSettings
+    from pipeline.params import ParamsFile, read_yaml
+
+    data = read_yaml(ROOT / "params.yaml")  # as the stages read it (YAML 1.2 numbers)
+
+    def at(key):
+        node = data
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return KeyError
+            node = node[part]
+        return node
+
+    defaults = _defaults(ParamsFile)
+    assert {"train.lr", "train.local_epochs", "train.flower.query_timeout_s", "train.fedccrl.r"} <= set(defaults)
+    compared = 0
+    for key, default in defaults.items():
+        value = at(key)
+        if value is KeyError:
+            continue
+        compared += 1
+        assert value == default and type(value) is type(default) or (
+            isinstance(default, float) and isinstance(value, int) and float(value) == default), (
+            f"{key}: params.yaml {value!r}, declared default {default!r}")
+    assert compared > 100
+    for key in TrainSettings.model_fields:  # the library's LocalConfig takes the same defaults
+        assert getattr(LocalConfig(), key) == data["train"][key], key
+    assert (LocalConfig().mean, LocalConfig().std) == (IMAGENET_MEAN, IMAGENET_STD)
+    assert tuple(data["preprocess"]["mean"]) == IMAGENET_MEAN and tuple(data["preprocess"]["std"]) == IMAGENET_STD
+    for key in ServerSpec.FROM_SETTINGS:  # the Flower server's waits: FlowerSettings' defaults
+        assert ServerSpec.__dataclass_fields__[key].default == FlowerSettings.model_fields[key].default
+
+
+def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path):
+    """`lr: 1e-3` (YAML 1.2 reads a number, PyYAML's 1.1 a string) is 0.001 in the typed model, in the
+    LocalConfig every algorithm trains with, in the training job, and in the values the run key hashes."""
+    import re
+
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.federation.jobs import plan_runs
+    from pipeline.params import load_config
+    from pipeline.train import run_settings
+
+    path = tmp_path / "params.yaml"
+    path.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: 1e-3", (ROOT / "params.yaml").read_text()))
+    cfg = load_config(path)
+    assert cfg.train.lr == 0.001 and type(cfg.train.lr) is float
+    assert cfg.as_written()["train"]["lr"] == 0.001
+    settings = run_settings(cfg)
+    assert settings.local.lr == 0.001 and type(settings.local.lr) is float
+    assert build_algorithm("fedavg", settings.local).local.lr == 0.001
+    manifest = {"domains": ["photo", "art", "cartoon", "sketch"], "classes": ["a", "b"], "image_size": 32,
+                "clients": []}
+    (job,) = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [3], ["sketch"],
+                       tmp_path / "models", tmp_path / "ck", {})
+    assert job.settings.local.lr == 0.001
+    import pickle
+
+    assert pickle.loads(pickle.dumps(job)) == job  # a worker receives it whole
+    other = load_config(ROOT / "params.yaml")
+    (job2,) = plan_runs(run_settings(other), other.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [3],
+                        ["sketch"], tmp_path / "models", tmp_path / "ck", {})
+    assert job2.run_key != job.run_key  # the key hashes the learning rate as a number

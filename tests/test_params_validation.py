@@ -127,7 +127,7 @@ def test_unknown_keys(overrides, needles, tiny, tmp_path, monkeypatch):
     ({"train.held_out": "3"}, ["key 'train.held_out': got '3'; must be a list"]),
     ({"train.seeds": [True]}, ["key 'train.seeds[0]': got True; must be an integer"]),
     ({"preprocess.mean": [0.5, 0.5]}, ["key 'preprocess.mean': got [0.5, 0.5]; must have exactly 3 entries"]),
-    ({"train.rounds!": None}, ["key 'train.rounds': missing"]),
+    ({"train.engine!": None}, ["key 'train.engine': missing"]),  # rounds, lr, ... take their declared defaults
 ], ids=["int", "number", "bool", "algorithm-int", "held_out-not-a-list", "bool-is-not-int", "length", "missing"])
 def test_wrong_types(overrides, needles, tiny, tmp_path, monkeypatch):
     _params(tmp_path, **overrides)
@@ -177,14 +177,16 @@ def test_batch_of_one_for_a_batchnorm_model(tiny, tmp_path, monkeypatch):
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
                     "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model")
     from fedccrl_core.data.shards import load_manifest
-    from pipeline.params import ParamError, check_train, load_params
+    from pipeline.params import ParamError, read_yaml, validate_params
+    from pipeline.sweep import check_train
 
-    params, manifest = load_params(tmp_path / "params.yaml"), load_manifest(tiny / "data" / "shards")
-    assert params["train"]["fedbn"]["batch_size"] == 64  # fedfd-a.txt section 4.1
-    assert check_train(params, manifest, "fedbn", ["sketch", 0]) == ["sketch", "photo"]
-    params["train"]["fedbn"]["batch_size"] = 1
+    data, manifest = read_yaml(tmp_path / "params.yaml"), load_manifest(tiny / "data" / "shards")
+    cfg = validate_params(data, ("fedbn",))
+    assert cfg.train.fedbn.batch_size == 64  # fedfd-a.txt section 4.1
+    assert check_train(cfg, manifest, "fedbn", ["sketch", 0]) == ["sketch", "photo"]
+    data["train"]["fedbn"]["batch_size"] = 1
     with pytest.raises(ParamError, match=r"key 'train.fedbn.batch_size': got 1; must be an integer >= 2"):
-        check_train(params, manifest, "fedbn", ["sketch"])
+        validate_params(data, ("fedbn",))
 
 
 @pytest.mark.parametrize("client,target,ok", [
@@ -196,7 +198,8 @@ def test_batch_of_one_for_a_batchnorm_model(tiny, tmp_path, monkeypatch):
 ], ids=["one-sample", "two-samples", "held-out-client", "mixed-one-source-sample", "mixed-enough"])
 def test_a_client_without_a_batchnorm_batch(client, target, ok):
     """From the manifest's counts (a feddg_bench client counts only its samples outside the held-out domain)."""
-    from pipeline.params import ParamError, check_batches
+    from pipeline.params import ParamError
+    from pipeline.sweep import check_batches
 
     manifest = {"clients": [{"id": "c9", "domain": "photo", "n_train": 50}, client]}
     if ok:
@@ -268,13 +271,13 @@ def test_held_out_index_and_name_reach_the_same_domain(tiny, tmp_path, monkeypat
     """Indices follow the manifest's domain order, which is the registry's (synthetic: photo, art, cartoon, sketch)."""
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.shards import load_manifest
-    from pipeline.params import resolve_held_out
+    from pipeline.sweep import manifest_held_out
 
     manifest = load_manifest(tiny / "data" / "shards")
     assert manifest["domains"] == list(get_dataset("synthetic").domains)
-    assert resolve_held_out(manifest, [3, "photo"]) == ["sketch", "photo"]
-    with pytest.raises(ValueError, match=r"train.held_out\[1\]'.*names domain sketch a second time"):
-        resolve_held_out(manifest, [3, "sketch"])
+    assert manifest_held_out(manifest, [3, "photo"]) == ["sketch", "photo"]
+    with pytest.raises(ValueError, match=r"train.held_out\[1\]'.*names domain sketch as 3 does"):
+        manifest_held_out(manifest, [3, "sketch"])
 
 
 def test_yaml_exponent_floats_are_numbers(tmp_path):

@@ -121,7 +121,6 @@ BENCH_OUTPUTS = [
     (r"^fedccrl bench-repro\b",
      [rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
       *[rf"^  {stage:<10} +\d+ +{NUM} +[\d.]+ +{NUM} +[\d.]+$" for stage in ("download", "train", "report")],
-      rf"^    wall +{NUM}s vs +{NUM}s  \({NUM}x\)$",
       rf"spin / passive wall {NUM}x cpu {NUM}x"]),
     (r"^fedccrl bench-threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
     (r"^(make bench-accuracy|.*fedccrl bench-accuracy)\b",

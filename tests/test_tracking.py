@@ -112,19 +112,24 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
     """`lr: 1e-3` (YAML 1.2, as DVC writes it) is the float 0.001 when params.yaml is validated, in the training
     config, in the child run's MLflow params, and against a committed baseline with the same line (no change in
     the parent run's name); PyYAML's 1.1 reading made it the string '1e-3' on the baseline side."""
-    from pipeline.params import load_params
+    from fedccrl_core.federation.jobs import plan_runs
+    from pipeline.params import load_config
     from pipeline.run_names import changed_params, sweep_run_name
     from pipeline.tracking import ChildRun, parent_run_id
-    from pipeline.train import train_config
+    from pipeline.train import run_settings
     from pipeline.train_tracking import mlflow_params
 
     text = _with_lr((REPO / "params.yaml").read_text(), "1e-3")
     (tmp_path / "params.yaml").write_text(text)
-    params = load_params(tmp_path / "params.yaml")                                   # validation
+    cfg = load_config(tmp_path / "params.yaml")                                      # validation
+    params = cfg.as_written()
     assert params["train"]["lr"] == 0.001 and isinstance(params["train"]["lr"], float)
-    assert train_config(params, "fedavg")["lr"] == 0.001                             # training
-    job = {"algorithm": "fedavg", "seed": 0, "target": "photo", "image_size": 32, "backbone": "small_cnn",
-           "pretrained": "none", "run_params": {"fedavg": params["train"]["fedavg"]}}
+    settings = run_settings(cfg)
+    assert settings.local.lr == 0.001                                                # training
+    manifest = {"domains": ["photo", "art", "cartoon", "sketch"], "classes": ["a", "b"], "image_size": 32,
+                "clients": []}
+    (job,) = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [0], ["photo"],
+                       tmp_path / "models", tmp_path / "ck", {})
     flat = mlflow_params(params, job, "cpu")
     assert flat["train.lr"] == 0.001 and isinstance(flat["train.lr"], float)
     run = ChildRun("lr", parent_run_id("lr", "k", params), "r", flat, {})           # MLflow params

@@ -1,7 +1,7 @@
 """Algorithm registry: name -> class. Every algorithm is listed here explicitly (no import side effects)."""
 from __future__ import annotations
 
-from fedccrl_core.algorithms.base import Algorithm, LocalConfig, Reply
+from fedccrl_core.algorithms.base import Algorithm, LocalConfig, Reply, TrainSettings
 from fedccrl_core.algorithms.ccst import CCST
 from fedccrl_core.algorithms.fedadg import FedADG
 from fedccrl_core.algorithms.fedalign import FedAlign
@@ -34,4 +34,4 @@ def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) 
     return ALGORITHMS[name](local, hparams)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LocalConfig", "Reply", "build_algorithm", "load_model"]
+__all__ = ["ALGORITHMS", "Algorithm", "LocalConfig", "Reply", "TrainSettings", "build_algorithm", "load_model"]

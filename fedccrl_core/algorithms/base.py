@@ -13,34 +13,44 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import ConfigDict, Field
 
 from fedccrl_core import contract
 from fedccrl_core import fastpath
 from fedccrl_core.aggregation import WeightedSum
 from fedccrl_core.client import ClientData, ClientState
-from fedccrl_core.hparams import HParams, params_from_defaults, validate
+from fedccrl_core.hparams import Declared, HParams, validate
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 
 
-@dataclass
-class LocalConfig:
-    """What every algorithm's local training needs (train.* params)."""
+class TrainSettings(Declared):
+    """params.yaml `train.*` keys that every algorithm's local training reads, declared once: the type, bounds
+    and default of each. The defaults are params.yaml's (tests/test_params_registry.py); pipeline/params.py's
+    `TrainSweep` extends this model with the sweep's own keys."""
 
-    rounds: int = 10
-    local_epochs: int = 3
-    batch_size: int = 32
-    lr: float = 1e-3
-    weight_decay: float = 1e-4
-    lr_schedule: str = "cosine"  # cosine | constant
-    mean: tuple = IMAGENET_MEAN
-    std: tuple = IMAGENET_STD
-    fast: bool = True  # train.fast: bf16 autocast + channels_last on CUDA; a no-op on the CPU (fastpath.py)
+    rounds: int = Field(10, ge=1, description="T (paper: 10)")
+    local_epochs: int = Field(2, ge=1, description="E (paper: 3; 2 with lr 0.003 on the embedded default)")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.003, gt=0, description="Adam (paper: 0.001; 0.003 on the embedded default)")
+    weight_decay: float = Field(1e-4, ge=0)
+    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="cosine over rounds x local_epochs")
+    fast: bool = Field(True, description="bf16 autocast + channels_last on CUDA; a no-op on the CPU (fastpath.py)")
+
+
+class LocalConfig(TrainSettings):
+    """What every algorithm's local training needs: the train settings and the normalization of
+    params.yaml `preprocess` (mean, std). Immutable; `model_copy(update=...)` makes a changed copy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    mean: tuple[float, float, float] = Field(IMAGENET_MEAN, strict=False)  # a JSON list too (Flower's spec)
+    std: tuple[float, float, float] = Field(IMAGENET_STD, strict=False)
 
 
 @dataclass
@@ -77,13 +87,17 @@ class Algorithm:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        if "defaults" in cls.__dict__ and "Params" not in cls.__dict__:  # the older plain-dict form
-            cls.Params = params_from_defaults(f"{cls.__name__}Params", cls.__dict__["defaults"])
         cls.defaults = cls.Params().model_dump()
 
     def __init__(self, local: LocalConfig, hparams: dict | None = None):
         self.local = local
-        self.hp = validate(self.Params, hparams or {}, prefix=f"train.{self.name}").model_dump()
+        self.hp = self.validated(hparams)
+
+    @classmethod
+    def validated(cls, hparams: dict | None) -> dict:
+        """`hparams` (train.<name>) validated against this algorithm's declaration, every default filled in;
+        ParamError naming the key otherwise. Already validated values pass unchanged."""
+        return validate(cls.Params, hparams or {}, prefix=f"train.{cls.name}").model_dump()
 
     # ---- the model this algorithm trains ------------------------------------------------------
     @classmethod

@@ -99,7 +99,7 @@ class FedADG(Algorithm):
 
     @classmethod
     def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
-        hp = {**cls.defaults, **(hparams or {})}
+        hp = cls.validated(hparams)
         model = build_model(backbone, num_classes, pretrained)
         model.generator = ReferenceGenerator(hp["noise_dim"], num_classes, hp["gen_hidden"], model.feature_dim)
         return model

@@ -236,7 +236,7 @@ class FedAlign(StatisticsExchange, Algorithm):
     @classmethod
     def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
         """f = g . h plus the discriminator D (aggregated, never used by forward)."""
-        hp = {**cls.defaults, **(hparams or {})}
+        hp = cls.validated(hparams)
         model = build_model(backbone, num_classes, pretrained)
         model.discriminator = DomainDiscriminator(model.feature_dim, int(hp["disc_hidden"]), float(hp["disc_dropout"]))
         return model

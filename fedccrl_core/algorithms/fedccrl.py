@@ -51,22 +51,16 @@ def _switch(key: str):
 
 
 def resolve_variant(hp: dict) -> dict:
-    """hp with every `auto` switch replaced by the reading of hp["variant"]; one error naming the key."""
+    """hp (validated: `variant` and each switch are Literals of FedCCRLParams) with every `auto` switch replaced
+    by the reading of hp["variant"]."""
     variant = hp["variant"]
-    if variant not in VARIANTS:
-        raise ValueError(f"params.yaml: train.fedccrl.variant must be one of {', '.join(VARIANTS)}, got {variant!r}")
     out = dict(hp)
     for key, readings in VARIANT_SWITCHES.items():
         if out[key] == "auto":
             out[key] = readings[VARIANTS.index(variant)]
-        elif out[key] not in readings:
-            raise ValueError(f"params.yaml: train.fedccrl.{key} must be auto, {readings[0]} or {readings[1]}, "
-                             f"got {out[key]!r}")
     if out.get("augmix_impl", "tensor") == "pil" and out["augmix"] != "per_sample":
         raise ValueError(f"params.yaml: train.fedccrl.augmix_impl pil implements augmix per_sample only, but augmix "
                          f"is {out['augmix']} (variant {variant}); use augmix_impl: tensor")
-    if not isinstance(out["uint8_wrap"], bool):
-        raise ValueError(f"params.yaml: train.fedccrl.uint8_wrap must be true or false, got {out['uint8_wrap']!r}")
     return out
 
 

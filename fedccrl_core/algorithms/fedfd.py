@@ -261,7 +261,7 @@ class FedFD(LocalBNAlgorithm):
 
     @classmethod
     def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
-        hp = {**cls.defaults, **(hparams or {})}
+        hp = cls.validated(hparams)
         model = build_model(backbone, num_classes, pretrained)
         make = cls.make_adapter(hp)
         if replace_batchnorm(model.h, make, hp.get("inference", "global")) == 0:

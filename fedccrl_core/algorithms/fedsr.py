@@ -110,7 +110,7 @@ class FedSR(Algorithm):
 
     @classmethod
     def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
-        hp = {**cls.defaults, **(hparams or {})}
+        hp = cls.validated(hparams)
         base = build_model(backbone, num_classes, pretrained)
         z_dim = int(hp["z_dim"] or base.feature_dim)
         model = FedModel(ProbabilisticEncoder(base.h, base.feature_dim, z_dim), nn.Linear(z_dim, num_classes))

@@ -19,7 +19,6 @@ only for the global (held-out) model.
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Literal
 
 import torch
@@ -68,7 +67,7 @@ class LocalBNAlgorithm(Algorithm):
         super().__init__(local, hparams)
         if self.hp["batch_size"] is not None:
             # the paper's batch of 64 (section 4.1) replaces train.batch_size for this algorithm
-            self.local = dataclasses.replace(self.local, batch_size=int(self.hp["batch_size"]))
+            self.local = self.local.model_copy(update={"batch_size": int(self.hp["batch_size"])})
         self.framework = self.hp.get("framework", self.framework)
 
     # ---- optimizer: SGD lr 0.01, momentum 0.5, fixed learning rate (section 4.1) ------------------

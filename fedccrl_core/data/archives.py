@@ -24,6 +24,7 @@ from pathlib import Path, PurePosixPath
 
 from fedccrl_core.data.checksums import CHUNK, fmt_mb
 from fedccrl_core.errors import DataError, UnsafeArchiveError
+from fedccrl_core.progress import progress as counter
 
 
 def member_path(name: str) -> PurePosixPath | None:
@@ -162,9 +163,8 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
                             f"is free next to the output")
         for rel in plan.dirs:
             (dest / rel).mkdir(parents=True, exist_ok=True)
-        n = len(plan.files)
-        step = max(1, n // 10)
-        for i, (member, rel) in enumerate(plan.files, 1):
+        bar = counter(len(plan.files), f"extract {archive.name}", progress)
+        for member, rel in plan.files:
             target = dest / rel
             if target.exists():
                 raise DataError(f"{archive}: member {str(rel)!r} would overwrite an existing file")
@@ -180,8 +180,8 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
                                          f"({e}); nothing usable was extracted") from e
             except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as e:
                 raise DataError(f"{archive}: cannot extract member {str(rel)!r} ({e})") from e
-            if progress and (i % step == 0 or i == n):
-                print(f"extract {archive.name}: {i}/{n} files", file=sys.stderr, flush=True)
+            bar.update(1)
+        bar.close()
         for rel, target_rel in plan.links:
             src, dst = dest / target_rel, dest / rel
             if src.is_file() and not src.is_symlink() and not dst.exists():

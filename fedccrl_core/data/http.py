@@ -26,6 +26,7 @@ from pathlib import Path
 
 from fedccrl_core.data.checksums import CHUNK, check_sha256_format, fmt_mb
 from fedccrl_core.errors import ChecksumError, DataError
+from fedccrl_core.progress import progress as counter
 
 USER_AGENT = "fedccrl-download/0.1 (+https://github.com/; python urllib)"
 DEADLINE_S = 3600.0  # the whole download of one archive when the caller gives none (params: download.deadline_s)
@@ -75,8 +76,7 @@ def _download_once(url: str, dest: Path, timeout_s: float, progress: bool, label
                             f"confirmation page?); download the file by hand and set dataset.source to its path")
         length = resp.headers.get("Content-Length")
         expected = int(length) if length and length.isdigit() else None
-        last_t, last_pct = 0.0, -10
-        with open(dest, "wb") as f:
+        with open(dest, "wb") as f, counter(expected, f"download {label}", progress, nbytes=True) as bar:
             while True:
                 deadline.check(got, expected)
                 try:
@@ -89,13 +89,7 @@ def _download_once(url: str, dest: Path, timeout_s: float, progress: bool, label
                 f.write(chunk)
                 h.update(chunk)
                 got += len(chunk)
-                if progress:
-                    now = time.monotonic()
-                    pct = int(100 * got / expected) if expected else -1
-                    if (expected and pct >= last_pct + 10) or now - last_t >= 5.0:
-                        total = f"/{fmt_mb(expected)} ({pct}%)" if expected else ""
-                        print(f"download {label}: {fmt_mb(got)}{total}", file=sys.stderr, flush=True)
-                        last_t, last_pct = now, (pct // 10) * 10
+                bar.update(len(chunk))
     if expected is not None and got != expected:
         raise _Retryable(f"connection dropped: received {got} of {expected} bytes (Content-Length)")
     if got == 0:

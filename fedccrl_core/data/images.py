@@ -163,29 +163,25 @@ def _decode_one(args: tuple[str, int]):
 
 
 def _pool_map(fn, items: list, workers: int, label: str, progress: bool):
-    """Ordered map of fn over items with a process pool; progress lines on stderr."""
-    import sys
+    """Ordered map of fn over items with a process pool; progress on stderr (fedccrl_core/progress.py)."""
+    from fedccrl_core.progress import progress as counter
+
     n = len(items)
     workers = default_workers() if workers is None else max(1, workers)
-    step = max(1, n // 10)
-
-    def report(i):
-        if progress and (i % step == 0 or i == n):
-            print(f"{label}: {i}/{n}", file=sys.stderr, flush=True)
-
-    if workers == 1 or n < _INLINE_BELOW:
-        for i, it in enumerate(items, 1):
-            yield fn(it)
-            report(i)
-        return
-    import multiprocessing as mp
-    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    ctx = mp.get_context(method)
-    chunk = max(1, min(64, n // (workers * 8) or 1))
-    with ctx.Pool(workers) as pool:
-        for i, r in enumerate(pool.imap(fn, items, chunksize=chunk), 1):
-            yield r
-            report(i)
+    with counter(n, label, progress) as bar:
+        if workers == 1 or n < _INLINE_BELOW:
+            for it in items:
+                yield fn(it)
+                bar.update(1)
+            return
+        import multiprocessing as mp
+        method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+        ctx = mp.get_context(method)
+        chunk = max(1, min(64, n // (workers * 8) or 1))
+        with ctx.Pool(workers) as pool:
+            for r in pool.imap(fn, items, chunksize=chunk):
+                yield r
+                bar.update(1)
 
 
 def check_images(paths: list[str | os.PathLike], workers: int | None = None, progress: bool = True,

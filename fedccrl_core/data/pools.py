@@ -19,7 +19,6 @@ rounding="floor")` and `unbiased_sigma` give that (train.fedccrl.upload: floor_u
 from __future__ import annotations
 
 import inspect
-import json
 import math
 import os
 import sys
@@ -103,16 +102,9 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
 
 
 def load_pool_manifest(pools_dir: str | os.PathLike) -> dict:
-    path = Path(pools_dir) / MANIFEST
-    if not path.is_file():
-        raise DataError(f"{path}: pools manifest not found (run the pools stage)")
-    try:
-        m = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: corrupt manifest ({e})") from e
-    if m.get("format_version") != FORMAT_VERSION or "clients" not in m:
-        raise DataError(f"{path}: not a version-{FORMAT_VERSION} pools manifest; rerun the pools stage")
-    return m
+    from fedccrl_core.data.shards import read_manifest
+
+    return read_manifest(pools_dir, "pools", "pools", ("clients",), FORMAT_VERSION)
 
 
 def check_pools(pools_dir: str | os.PathLike, client_ids: list[str]) -> None:

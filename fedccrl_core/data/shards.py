@@ -343,21 +343,30 @@ def _has_rows_outside(entry: dict, skip: str | None, part: str = "train") -> boo
 
 
 # ---------------------------------------------------------------- loaders (used by training / evaluation)
-def load_manifest(shards_dir: str | os.PathLike) -> dict:
-    path = Path(shards_dir) / MANIFEST
+def read_manifest(folder: str | os.PathLike, what: str, stage: str, fields: tuple[str, ...],
+                  version: int = FORMAT_VERSION) -> dict:
+    """The one reader of a stage's manifest.json (the shards', the pools' (pools.py)): present, JSON, the
+    `fields` there and the format version this code writes; DataError naming the file and the stage to rerun."""
+    path = Path(folder) / MANIFEST
     if not path.is_file():
-        raise DataError(f"{path}: shard manifest not found (run the partition stage)")
+        raise DataError(f"{path}: {what} manifest not found (run the {stage} stage)")
     try:
         m = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: corrupt manifest ({e})") from e
-    for key in ("format_version", "dataset", "domains", "classes", "image_size", "clients"):
+    if not isinstance(m, dict):
+        raise DataError(f"{path}: corrupt manifest (not a JSON object)")
+    for key in ("format_version", *fields):
         if key not in m:
             raise DataError(f"{path}: manifest lacks the field '{key}'")
-    if m["format_version"] != FORMAT_VERSION:
-        raise DataError(f"{path}: shard format_version {m['format_version']} is not {FORMAT_VERSION}; "
-                        f"rerun the partition stage")
+    if m["format_version"] != version:
+        raise DataError(f"{path}: {what} format_version {m['format_version']} is not {version}; "
+                        f"rerun the {stage} stage")
     return m
+
+
+def load_manifest(shards_dir: str | os.PathLike) -> dict:
+    return read_manifest(shards_dir, "shard", "partition", ("dataset", "domains", "classes", "image_size", "clients"))
 
 
 def _client_entry(manifest: dict, shards_dir: Path, cid: str) -> dict:

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import colorsys
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -207,9 +206,12 @@ def generate(out_dir: str | Path, seed: int = 0, images_per_class: int = IMAGES_
              domains: tuple[str, ...] = DOMAINS, classes: tuple[str, ...] = CLASSES,
              progress: bool = True) -> int:
     """Write `<out_dir>/<domain>/<class>/<i:04d>.png`; return the number of images written."""
+    from fedccrl_core.progress import progress as counter
+
     out = Path(out_dir)
     n = 0
     total = len(domains) * len(classes) * images_per_class
+    bar = counter(total, "synthetic", progress)
     for d in domains:
         di = DOMAINS.index(d)
         for c in classes:
@@ -219,6 +221,6 @@ def generate(out_dir: str | Path, seed: int = 0, images_per_class: int = IMAGES_
             for i in range(images_per_class):
                 render(d, c, image_rng(seed, di, ci, i)).save(folder / f"{i:04d}.png", format="PNG")
                 n += 1
-        if progress:
-            print(f"synthetic: {n}/{total} images generated", file=sys.stderr, flush=True)
+                bar.update(1)
+    bar.close()
     return n

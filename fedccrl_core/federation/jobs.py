@@ -1,10 +1,15 @@
 """Training jobs: one (algorithm, seed) trained for each held-out domain (`fedccrl train`, pipeline/train.py).
 
-`plan_runs` turns validated params into one picklable job per held-out entry, keyed by a hash of everything that
-determines the run (its round checkpoint's name); `run_one` trains a job on the in-process engine (or over Flower,
-with the caller's `job["flower_train"]`) and writes its outputs at once at the end (the run layout of
-fedccrl_core/contract.py); `run_jobs` runs jobs side by side in spawned workers, one torch thread each, and hands
-their round records to the caller, which alone talks to the tracker (pipeline/tracking.py).
+`plan_runs` turns the run settings (typed, from the validated params file) into one picklable `TrainJob` per
+held-out entry, keyed by a hash of everything that determines the run (its round checkpoint's name); `run_one`
+trains a job on the in-process engine (or over Flower, with the caller's `job.flower_train`) and writes its
+outputs at once at the end (the run layout of fedccrl_core/contract.py); `run_jobs` runs jobs side by side in a
+`concurrent.futures.ProcessPoolExecutor` (spawned workers, one torch thread each) and hands their round records
+to the caller, which alone talks to the tracker (pipeline/tracking.py).
+
+The pool is the standard library's; two things it does not do are added here: the round records stream to the
+parent while a job trains (a queue every worker receives at start), and a failed run stops the workers still
+training (their process ids, reported by each worker at start, are terminated), so no trainer outlives the stage.
 """
 from __future__ import annotations
 
@@ -12,8 +17,9 @@ import csv
 import json
 import os
 import sys
-import traceback
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
 from fedccrl_core import contract
 from fedccrl_core.numerics import numeric_platform
@@ -22,30 +28,59 @@ from fedccrl_core.runkey import code_hash, params_hash
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
 
-def local_config(cfg: dict):
-    """The LocalConfig every algorithm's local training reads, from a validated train_config()."""
-    from fedccrl_core.algorithms import LocalConfig
+@dataclass(frozen=True)
+class RunSettings:
+    """What every run of one `fedccrl train` shares, from the validated params file (pipeline/params.py)."""
 
-    return LocalConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
-                       lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]), lr_schedule=cfg["lr_schedule"],
-                       mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), fast=cfg["fast"])
+    dataset: str
+    backbone: str                   # resolved: never `auto`
+    pretrained: str                 # resolved: never `auto`
+    local: Any                      # fedccrl_core.algorithms.LocalConfig (train.* + preprocess mean, std)
+    engine: str                     # train.engine: inprocess | flower
+    device: str                     # train.device: auto | cpu | cuda
+    client_fraction: float
+    concurrent_clients: int | str
+    client_state: str
+    eval_batch_size: int            # evaluate.batch_size
+    flower: dict = field(default_factory=dict)  # train.flower as validated (the Flower engine reads it)
 
 
-def resolve_model(cfg: dict) -> tuple[str, str]:
-    from fedccrl_core.data.registry import resolve_backbone, resolve_pretrained
+@dataclass
+class TrainJob:
+    """One held-out domain of one (algorithm, seed): everything a worker needs, picklable."""
 
-    return resolve_backbone(cfg["backbone"], cfg["dataset"]), resolve_pretrained(cfg["pretrained"], cfg["dataset"])
+    index: int                      # the held-out domain's index in `domains`
+    target: str                     # the held-out domain
+    sources: list[str]
+    algorithm: str
+    seed: int
+    hparams: dict                   # train.<algorithm>, validated (every default filled in)
+    settings: RunSettings
+    run_key: str                    # hash of everything that determines the run: names its round checkpoint
+    ckpt: Path
+    out: Path
+    domains: list[str]
+    classes: list[str]
+    image_size: int
+    resize: str
+    # the MLflow run that records the job (set by the caller's start(), fedccrl_core does not talk to MLflow)
+    commit: str = ""
+    mlflow_run_id: str | None = None
+    mlflow_experiment_id: str | None = None
+    flower_train: Callable | None = None  # fedccrl_flower.run.train_with_flower with train.engine: flower
+
+    def record_ids(self, ids: dict) -> None:
+        self.commit, self.mlflow_run_id, self.mlflow_experiment_id = (
+            ids["commit"], ids["mlflow_run_id"], ids["mlflow_experiment_id"])
 
 
 def load_clients(shards: Path, pools: Path, domains: list[str], device):
     from fedccrl_core.data.pools import load_pool
-    from fedccrl_core.data.shards import load_client
+    from fedccrl_core.data.shards import MIXED, load_client, load_manifest
     from fedccrl_core.federation.client import ClientData
 
     clients = []
-    from fedccrl_core.data.shards import MIXED
-
-    for entry in load_manifest_clients(shards):
+    for entry in load_manifest(shards)["clients"]:
         held_out = [d for d in entry.get("domain_counts", {entry["domain"]: 1}) if d not in domains]
         if entry["domain"] != MIXED and entry["domain"] not in domains:
             continue
@@ -63,42 +98,38 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
     return clients
 
 
-def load_manifest_clients(shards: Path) -> list[dict]:
-    from fedccrl_core.data.shards import load_manifest
-
-    return load_manifest(shards)["clients"]
-
-
-def plan_runs(params: dict, cfg: dict, manifest: dict, algorithm: str, seed: int, held_out: list,
-              targets: list[str], out: Path, checkpoints: Path, alg_hp: dict) -> list[dict]:
-    """One job per held-out entry (checked by check_train; `targets` are their domain names): everything a
-    worker needs (plain data, picklable), its run key (the hash of everything that determines the run, naming
-    its round checkpoint) and its output folder out/d<entry>."""
+def plan_runs(settings: RunSettings, partition: dict, manifest: dict, algorithm: str, seed: int, held_out: list,
+              targets: list[str], out: Path, checkpoints: Path, hparams: dict) -> list[TrainJob]:
+    """One job per held-out entry (checked by pipeline/sweep.py `check_train`; `targets` are their domain names),
+    its run key (the hash of every setting of the run, the manifest and the training code) and its output
+    folder out/d<entry>. `hparams`: train.<algorithm> validated; `partition`: params.yaml's partition group."""
     domains = list(manifest["domains"])
-    backbone, pretrained = resolve_model(cfg)
+    s = settings
     jobs = []
     for h, target in zip(held_out, targets):
         i = domains.index(target)
-        run_params = {**{k: v for k, v in cfg.items() if k != "hparams"}, "backbone": backbone,
-                      "pretrained": pretrained, "algorithm": algorithm, "seed": seed, "held_out": domains[i],
-                      algorithm: alg_hp, "partition": params.get("partition"), "image_size": manifest["image_size"]}
+        run_params = {"dataset": s.dataset, "backbone": s.backbone, "pretrained": s.pretrained,
+                      **s.local.model_dump(), "engine": s.engine, "device": s.device,
+                      "client_fraction": s.client_fraction, "concurrent_clients": s.concurrent_clients,
+                      "client_state": s.client_state, "eval_batch_size": s.eval_batch_size,
+                      "algorithm": algorithm, "seed": seed, "held_out": domains[i], algorithm: hparams,
+                      "partition": partition, "image_size": manifest["image_size"]}
         run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
-        ckpt = checkpoints / contract.checkpoint_dir_name(algorithm, seed, h) / f"{run_key}.pt"
-        jobs.append({"index": i, "target": domains[i], "sources": [d for d in domains if d != domains[i]],
-                     "algorithm": algorithm, "seed": seed, "cfg": cfg, "backbone": backbone,
-                     "pretrained": pretrained, "run_params": run_params, "run_key": run_key, "ckpt": ckpt,
-                     "out": out / contract.domain_dir_name(h), "flower": params["train"].get("flower") or {},
-                     "domains": domains, "classes": list(manifest["classes"]),
-                     "image_size": manifest["image_size"], "resize": manifest.get("resize_policy", "resize SxS bilinear")})
+        jobs.append(TrainJob(
+            index=i, target=domains[i], sources=[d for d in domains if d != domains[i]], algorithm=algorithm,
+            seed=seed, hparams=hparams, settings=s, run_key=run_key,
+            ckpt=checkpoints / contract.checkpoint_dir_name(algorithm, seed, h) / f"{run_key}.pt",
+            out=out / contract.domain_dir_name(h), domains=domains, classes=list(manifest["classes"]),
+            image_size=manifest["image_size"], resize=manifest.get("resize_policy", "resize SxS bilinear")))
     return jobs
 
 
-def run_one(job: dict, shards: Path, pools: Path, report, run_ids=None) -> dict:
-    """Train one held-out domain (in this process or in a worker) and write job['out'] at once at the end.
+def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
+    """Train one held-out domain (in this process or in a worker) and write job.out at once at the end.
     report(kind, payload) receives every round record ("round") as it appears. On the CPU the run uses one
     torch thread, whatever the machine's core count, so its numbers are the same on every machine and with
-    any number of workers (parallelism comes from training several held-out domains at once). run_ids(), if
-given, returns the MLflow ids the outputs record; a worker receives them from the parent meanwhile."""
+    any number of workers (parallelism comes from training several held-out domains at once). The MLflow ids
+    the outputs record are the job's (TrainJob.record_ids, by the caller before the job runs)."""
     import numpy as np
     import torch
 
@@ -108,58 +139,54 @@ given, returns the MLflow ids the outputs record; a worker receives them from th
     from fedccrl_core.federation.client import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
 
-    cfg, target, out = job["cfg"], job["target"], Path(job["out"])
-    device = resolve_device(cfg["device"])
+    s, target, out = job.settings, job.target, Path(job.out)
+    device = resolve_device(s.device)
     threads = torch.get_num_threads()
     if device.type == "cpu":
         torch.set_num_threads(1)
-    log = lambda msg: LOG(f"[{job['algorithm']} {target}] {msg}")  # noqa: E731
+    log = lambda msg: LOG(f"[{job.algorithm} {target}] {msg}")  # noqa: E731
     try:
-        log(f"seed {job['seed']}: held-out {target}, sources {job['sources']}, {job['backbone']} on {device}")
-        clients = load_clients(shards, pools, job["sources"], device)
+        log(f"seed {job.seed}: held-out {target}, sources {job.sources}, {s.backbone} on {device}")
+        clients = load_clients(shards, pools, job.sources, device)
         if len(clients) < 2:
             raise ValueError(f"{shards}: need at least 2 source clients, found {len(clients)}")
         tx, ty = load_domain_test(shards, target)
         evalsets = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                             ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
-                            torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
+                            torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), s.eval_batch_size)
         del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
-        alg = build_algorithm(job["algorithm"], local_config(cfg), cfg["hparams"])
-        torch.manual_seed(job["seed"])
-        model = alg.build_model(job["backbone"], len(job["classes"]), job["pretrained"], alg.hp).to(device)
+        alg = build_algorithm(job.algorithm, s.local, job.hparams)
+        torch.manual_seed(job.seed)
+        model = alg.build_model(s.backbone, len(job.classes), s.pretrained, alg.hp).to(device)
         on_round = lambda rec: report("round", rec)  # noqa: E731
-        if cfg["engine"] == "flower":  # same algorithm, seeds and record dicts over Flower: job["flower_train"] is
+        if s.engine == "flower":  # same algorithm, seeds and record dicts over Flower: job.flower_train is
             # fedccrl_flower.run.train_with_flower, set by the caller (the library does not import the transport)
-            result = job["flower_train"](
-                job["flower"], algorithm=job["algorithm"], local=alg.local, hparams=alg.hp,
-                backbone=job["backbone"], pretrained=job["pretrained"], num_classes=len(job["classes"]),
-                seed=job["seed"], held_out=target, shards=shards, pools=pools, device=cfg["device"],
-                eval_batch_size=cfg["eval_batch_size"], client_fraction=cfg["client_fraction"],
-                checkpoint=job["ckpt"], run_info={"run_key": job["run_key"]}, on_round=on_round, log=log,
-                client_state=cfg["client_state"])
+            result = job.flower_train(
+                s.flower, algorithm=job.algorithm, local=alg.local, hparams=alg.hp,
+                backbone=s.backbone, pretrained=s.pretrained, num_classes=len(job.classes),
+                seed=job.seed, held_out=target, shards=shards, pools=pools, device=s.device,
+                eval_batch_size=s.eval_batch_size, client_fraction=s.client_fraction,
+                checkpoint=job.ckpt, run_info={"run_key": job.run_key}, on_round=on_round, log=log,
+                client_state=s.client_state)
         else:
-            result = InProcessEngine(alg, model, clients, evalsets, cfg["rounds"], job["seed"],
-                                     float(cfg["client_fraction"]), job["ckpt"], on_round=on_round,
-                                     run_info={"run_key": job["run_key"]}, log=log,
-                                     concurrent_clients=cfg["concurrent_clients"],
-                                     client_state=cfg["client_state"]).run()
+            result = InProcessEngine(alg, model, clients, evalsets, s.local.rounds, job.seed, s.client_fraction,
+                                     job.ckpt, on_round=on_round, run_info={"run_key": job.run_key}, log=log,
+                                     concurrent_clients=s.concurrent_clients, client_state=s.client_state).run()
     finally:
         torch.set_num_threads(threads)
 
-    if run_ids is not None:
-        job.update(run_ids())
-    meta = {"backbone": job["backbone"], "num_classes": len(job["classes"]), "classes": job["classes"],
-            "image_size": job["image_size"], "mean": list(cfg["mean"]), "std": list(cfg["std"]),
-            "resize": job["resize"], "dataset": cfg["dataset"], "domains": job["domains"],
-            "held_out_domain": target, "held_out_index": job["index"], "algorithm": job["algorithm"],
-            "seed": job["seed"], "hparams": alg.hp, "params_hash": job["run_key"], "git_commit": job["commit"],
-            "mlflow_run_id": job["mlflow_run_id"], "mlflow_experiment_id": job["mlflow_experiment_id"],
+    meta = {"backbone": s.backbone, "num_classes": len(job.classes), "classes": job.classes,
+            "image_size": job.image_size, "mean": list(s.local.mean), "std": list(s.local.std),
+            "resize": job.resize, "dataset": s.dataset, "domains": job.domains,
+            "held_out_domain": target, "held_out_index": job.index, "algorithm": job.algorithm,
+            "seed": job.seed, "hparams": alg.hp, "params_hash": job.run_key, "git_commit": job.commit,
+            "mlflow_run_id": job.mlflow_run_id, "mlflow_experiment_id": job.mlflow_experiment_id,
             "platform": numeric_platform(str(device))}
     from fedccrl_core.fsio import atomic_dir
 
     with atomic_dir(out) as tmp:  # fedccrl_core.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
         model.load_state_dict(result.final_weights)
-        save_model(tmp / contract.MODEL_FILE, model, {**meta, "round": cfg["rounds"]})
+        save_model(tmp / contract.MODEL_FILE, model, {**meta, "round": s.local.rounds})
         model.load_state_dict(result.best_weights)
         save_model(tmp / contract.BEST_FILE, model, {**meta, "round": result.best_round})
         (tmp / contract.HISTORY_FILE).write_text(json.dumps({"meta": meta, contract.BEST_ROUND: result.best_round,
@@ -177,7 +204,7 @@ given, returns the MLflow ids the outputs record; a worker receives them from th
             contract.BEST_ROUND: result.best_round}
 
 
-def worker_count(setting: str, cfg: dict, n_jobs: int) -> int:
+def worker_count(setting: str, settings: RunSettings, n_jobs: int) -> int:
     """How many held-out domains train at once (--workers). auto: one per CPU core this process may use,
     on the CPU in-process engine; 1 on CUDA (one device; clients already overlap on CUDA streams) and with
     Flower (each run starts its own federation)."""
@@ -189,9 +216,9 @@ def worker_count(setting: str, cfg: dict, n_jobs: int) -> int:
         if n < 1:
             raise ValueError(f"--workers must be auto or an integer >= 1, got {setting!r}")
         return min(n, n_jobs)
-    if cfg["engine"] == "flower" or cfg["device"] == "cuda":
+    if settings.engine == "flower" or settings.device == "cuda":
         return 1
-    if cfg["device"] == "auto":
+    if settings.device == "auto":
         import torch
 
         if torch.cuda.is_available():
@@ -199,66 +226,100 @@ def worker_count(setting: str, cfg: dict, n_jobs: int) -> int:
     return max(1, min(len(os.sched_getaffinity(0)), n_jobs))
 
 
-def _worker_main(job: dict, shards: Path, pools: Path, queue, ids) -> None:
-    """A worker process (spawned): one run, its records and outcome sent to the parent, which alone talks
-    to MLflow."""
-    from fedccrl_core.errors import FedCCRLError
+# ---- the worker pool -----------------------------------------------------------------------------------------
+_RECORDS = None  # in a worker: the queue to the parent (set once by _worker_start, the pool's initializer)
+
+
+def _worker_start(records) -> None:
+    """A pool worker's initializer (spawned): killed with its parent (kill -9 included: no orphan trainer), and
+    its process id reported, so that the parent can stop it when another run fails."""
+    global _RECORDS
     from fedccrl_core.procs import die_with_parent
 
-    die_with_parent()  # the parent killed (kill -9 included): no orphan trainer
+    die_with_parent()
+    _RECORDS = records
+    records.put(("pid", None, os.getpid()))
+
+
+def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
+    """One run in a worker: its round records and then its summary ("done") sent to the parent in order, through
+    one queue; the parent alone talks to MLflow. A known error (bad data, a missing file) comes back as a
+    ValueError naming the held-out domain; anything else as itself, with the worker's traceback attached by
+    concurrent.futures."""
+    from fedccrl_core.errors import FedCCRLError
+
     try:
-        summary = run_one(job, shards, pools, lambda kind, rec: queue.put((kind, job["index"], rec)), ids.recv)
-        queue.put(("done", job["index"], summary))
+        summary = train(job, shards, pools, lambda kind, rec: _RECORDS.put((kind, job.index, rec)))
     except (ValueError, FileNotFoundError, FedCCRLError) as e:
-        queue.put(("error", job["index"], f"{job['target']}: {e}"))
-    except BaseException:
-        queue.put(("crash", job["index"], traceback.format_exc()))
+        raise ValueError(f"{job.target}: {e}") from None
+    _RECORDS.put(("done", job.index, summary))
 
 
-def run_jobs(jobs: list[dict], workers: int, shards: Path, pools: Path, start, on_message) -> None:
-    """Run the jobs, `workers` at a time: in this process when workers == 1, else in spawned worker
-    processes (one torch thread each). start(job) opens the job's MLflow run and returns the ids its outputs
-    record: in this process before an in-process job, and while a worker already trains (so MLflow's start-up,
-    ~10 s on a new store, overlaps training). on_message(kind, index, payload) receives "round" records and
-    "done" summaries, in this process."""
+def run_jobs(jobs: list[TrainJob], workers: int, shards: Path, pools: Path, start, on_message,
+             train: Callable = run_one) -> None:
+    """Run the jobs, `workers` at a time: in this process when workers == 1, else in a spawned process pool
+    (one torch thread each). start(job) opens the job's MLflow run and returns the ids its outputs record, in
+    this process, before the job is handed to a worker (a job travels to its worker whole: no channel back to it
+    is needed). on_message(kind, index, payload) receives "round" records and "done" summaries, in this process.
+    `train` is run_one (a test passes another module-level function)."""
     if workers == 1:
         for job in jobs:
-            job.update(start(job))
-            on_message("done", job["index"],
-                       run_one(job, shards, pools, lambda kind, rec, i=job["index"]: on_message(kind, i, rec)))
+            job.record_ids(start(job))
+            on_message("done", job.index, train(job, shards, pools,
+                                                lambda kind, rec, i=job.index: on_message(kind, i, rec)))
         return
     import multiprocessing as mp
     import queue as queue_mod
+    import signal
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
     ctx = mp.get_context("spawn")  # not fork: torch's OpenMP pool does not survive a fork
-    q = ctx.Queue()
-    pending, live, done = list(jobs), {}, set()
+    records = ctx.Queue()
+    pending, live, finished, pids = list(jobs), {}, set(), set()
+    pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_start, initargs=(records,))
     try:
         while pending or live:
             while pending and len(live) < workers:
                 job = pending.pop(0)
-                ids, ids_child = ctx.Pipe()
-                p = ctx.Process(target=_worker_main, args=(job, shards, pools, q, ids_child), daemon=True)
-                p.start()
-                live[job["index"]] = p
-                ids.send(start(job))
+                job.record_ids(start(job))
+                live[job.index] = (pool.submit(_worker_run, train, job, shards, pools), job)
             try:
-                kind, index, payload = q.get(timeout=0.5)
+                kind, index, payload = records.get(timeout=0.5)
             except queue_mod.Empty:
-                for index, p in list(live.items()):
-                    if p.exitcode not in (None, 0) and index not in done:
-                        raise RuntimeError(f"training worker for held-out index {index} died (exit code {p.exitcode})")
-                continue
-            if kind == "error":
-                raise ValueError(payload)
-            if kind == "crash":
-                raise RuntimeError(f"training worker for held-out index {index} failed:\n{payload}")
-            on_message(kind, index, payload)
-            if kind == "done":
-                done.add(index)
-                live.pop(index).join()
+                kind = None
+            if kind == "pid":
+                pids.add(payload)
+            elif kind is not None:
+                on_message(kind, index, payload)
+                if kind == "done":
+                    finished.add(index)
+            for index, (fut, job) in list(live.items()):
+                if not fut.done():
+                    continue
+                try:
+                    fut.result()
+                except BrokenProcessPool as e:
+                    raise RuntimeError(f"training worker for held-out {job.target} died ({e})") from None
+                except ValueError:
+                    raise
+                except BaseException as e:
+                    raise RuntimeError(f"training worker for held-out {job.target} failed:\n"
+                                       f"{getattr(e.__cause__, 'tb', '')}{type(e).__name__}: {e}") from e
+                if index in finished:  # its "done" came through the queue, after every round record
+                    live.pop(index)
     finally:
-        for p in live.values():
-            p.terminate()
-        for p in live.values():
-            p.join(10)
+        if live:  # a run failed or the stage was stopped: no worker trains on
+            while True:  # every worker's process id, also of one that started a moment ago
+                try:
+                    kind, _, payload = records.get(timeout=0.1)
+                except queue_mod.Empty:
+                    break
+                if kind == "pid":
+                    pids.add(payload)
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        pool.shutdown(wait=True, cancel_futures=True)

@@ -12,15 +12,13 @@ import click
 
 from fedccrl_core import contract
 from pipeline.cli import run_stage
-from pipeline.params import load_params
+from pipeline.params import read_yaml, validate_params
 
 
 def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -> dict:
     """`KEY=VALUE` overrides (dotted keys of params.yaml, YAML values), as `dvc exp run -S` spells them. A key
     must already exist: a typo is an error naming it, not a new entry that nothing reads."""
-    import yaml
-
-    from pipeline.params import ParamError, _Loader  # YAML 1.2 numbers, as params.yaml is read (1e-3 a float)
+    from pipeline.params import ParamError, parse_yaml  # YAML 1.2 numbers, as params.yaml is read (1e-3 a float)
 
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -32,7 +30,7 @@ def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -
             node = node.get(h) if isinstance(node, dict) else None
         if not isinstance(node, dict) or last not in node:
             raise ParamError(f"{source} {item!r}: params.yaml has no key '{key}'")
-        node[last] = yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+        node[last] = parse_yaml(text)
     return params
 
 
@@ -45,31 +43,33 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.federation.client import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
-    from fedccrl_core.federation.jobs import load_clients, local_config, resolve_model
-    from pipeline.train import train_config
+    from fedccrl_core.federation.jobs import load_clients
+    from pipeline.train import check_algorithm, run_settings
 
     from fedccrl_core.algorithms.fedccrl import VARIANTS
 
-    params = apply_overrides(load_params(params_path), list(overrides))
+    params = apply_overrides(read_yaml(params_path), list(overrides))
     bad = [v for v in variants or [] if v not in VARIANTS]
     if bad:
         raise ValueError(f"--variants: {bad[0]!r} is not a FedCCRL variant; choose from {', '.join(VARIANTS)}")
-    cfgs = {a: train_config(params, a) for a in algorithms}  # every algorithm's params, before any training
+    for a in algorithms:
+        check_algorithm(a, "--algorithms")
+    cfg = validate_params(params, tuple(algorithms))  # every algorithm's params, before any training
+    settings = run_settings(cfg)
     rows = []  # (label, algorithm, hparams): one per algorithm, one per variant of FedCCRL
     for a in algorithms:
         for label, override in ([(f"fedccrl ({v})", {"variant": v}) for v in variants]
                                 if a == "fedccrl" and variants else [(a, {})]):
-            hparams = {**cfgs[a]["hparams"], **override}
-            build_algorithm(a, local_config(cfgs[a]), hparams)  # a variant's switches checked before any training
+            hparams = {**getattr(cfg.train, a).model_dump(), **override}
+            build_algorithm(a, settings.local, hparams)  # a variant's switches checked before any training
             rows.append((label, a, hparams))
     manifest = load_manifest(shards)
     domains = list(manifest["domains"])
     acc: dict = {}
     t0 = time.perf_counter()
+    s = settings
     for label, alg_name, hparams in rows:
-        cfg = cfgs[alg_name]
-        backbone, pretrained = resolve_model(cfg)
-        device = resolve_device(cfg["device"])
+        device = resolve_device(s.device)
         if device.type == "cpu":  # one torch thread, as every training run (federation/jobs.py): the same numbers
             torch.set_num_threads(1)
         for target in domains:
@@ -77,13 +77,13 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
             tx, ty = load_domain_test(shards, target)
             ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                           ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], device).train_x,
-                          torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), cfg["eval_batch_size"])
+                          torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), s.eval_batch_size)
             for seed in seeds:
-                alg = build_algorithm(alg_name, local_config(cfg), hparams)
+                alg = build_algorithm(alg_name, s.local, hparams)
                 torch.manual_seed(seed)
-                model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp).to(device)
-                res = InProcessEngine(alg, model, clients, ev, cfg["rounds"], seed, float(cfg["client_fraction"]),
-                                      log=lambda m: None, concurrent_clients=cfg["concurrent_clients"]).run()
+                model = alg.build_model(s.backbone, len(manifest["classes"]), s.pretrained, alg.hp).to(device)
+                res = InProcessEngine(alg, model, clients, ev, s.local.rounds, seed, s.client_fraction,
+                                      log=lambda m: None, concurrent_clients=s.concurrent_clients).run()
                 acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1][contract.TARGET_ACC])
                 print(f"bench: {label} {target} seed {seed}: {acc[label][target][-1]:.4f} "
                       f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)

@@ -3,12 +3,10 @@
 Runs the repository's dvc.yaml and params.yaml from scratch in a temporary workspace (the code folders the
 stages depend on are linked, data/models/results are fresh; MLflow goes to a temporary SQLite store), with
 FEDCCRL_STAGE_TIMES set so every stage process records its start-up (interpreter + imports), body, CPU and
-MLflow seconds (pipeline/cli.py `run_stage`). Then, in the same run:
-  * the previous design's train stage for comparison: one process per (algorithm, seed, held-out domain),
-    run one after another as DVC ran them, with `train.fast: false` (no channels_last on the CPU);
-  * the thread policy: spin (OMP_WAIT_POLICY=ACTIVE) against passive while a busy process shares the cores
-    (pipeline/bench_threads.py).
-It prints what it measured and ratios against baselines measured in this run; it asserts nothing.
+MLflow seconds (pipeline/cli.py `run_stage`). Then, in the same run, the thread policy: spin
+(OMP_WAIT_POLICY=ACTIVE) against passive while a busy process shares the cores (benchmarks/threads.py).
+It reports this design only (the stage times against the 180 s target; the thread policy as a ratio against
+the passive baseline measured in this run); it asserts nothing.
 """
 from __future__ import annotations
 
@@ -58,8 +56,8 @@ def _stage_rows(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
 
 
-def bench_repro(compare: bool, thread_steps: int, keep: Path | None) -> dict:
-    from pipeline.bench_threads import measure
+def bench_repro(thread_steps: int, keep: Path | None) -> dict:
+    from benchmarks.threads import measure
 
     root = Path.cwd()
     for f in ("dvc.yaml", "params.yaml"):
@@ -69,7 +67,6 @@ def bench_repro(compare: bool, thread_steps: int, keep: Path | None) -> dict:
     if dvc_exe is None:
         raise FileNotFoundError("dvc: not on PATH (activate the project's .venv)")
     dvc_doc = yaml.safe_load((root / "dvc.yaml").read_text())
-    params = yaml.safe_load((root / "params.yaml").read_text())
     ws = Path(tempfile.mkdtemp(prefix="fedccrl-bench-repro-")) if keep is None else keep
     if keep is not None:
         if keep.exists() and any(keep.iterdir()):
@@ -88,33 +85,12 @@ def bench_repro(compare: bool, thread_steps: int, keep: Path | None) -> dict:
         repro_wall, repro_cpu = _run([dvc_exe, "repro"], ws, env, "dvc repro")
         rows = _stage_rows(times)
 
-        prev = None
-        if compare:
-            tr = params["train"]
-            prev_params = yaml.safe_load((root / "params.yaml").read_text())
-            prev_params["train"]["fast"] = False
-            (ws / "prev_params.yaml").write_text(yaml.safe_dump(prev_params, sort_keys=False))
-            prev_times = ws / "prev_times.jsonl"
-            penv = {**env, "FEDCCRL_STAGE_TIMES": str(prev_times)}
-            wall = cpu = 0.0
-            for alg in tr["algorithms"]:
-                for seed in tr["seeds"]:
-                    for i in tr["held_out"]:
-                        print(f"bench-repro: previous design, train {alg} seed {seed} held-out {i}",
-                              file=sys.stderr, flush=True)
-                        w, c = _run(["fedccrl", "train", "--shards", "data/shards", "--pools", "data/pools",
-                                     "--algorithm", str(alg), "--seed", str(seed), "--held-out", str(i),
-                                     "--out", f"prev/{alg}/s{seed}", "--checkpoints", "prev_checkpoints",
-                                     "--params", "prev_params.yaml", "--workers", "1"], ws, penv, "previous train")
-                        wall, cpu = wall + w, cpu + c
-            prev = {"wall_s": wall, "cpu_s": cpu, "rows": _stage_rows(prev_times)}
-
         print(f"bench-repro: thread policy ({thread_steps} steps, 1 busy process)", file=sys.stderr, flush=True)
         policy = measure(thread_steps, 2, 1)
     finally:
         if keep is None:
             shutil.rmtree(ws, ignore_errors=True)
-    result = {"repro_wall_s": repro_wall, "repro_cpu_s": repro_cpu, "stages": rows, "previous_train": prev,
+    result = {"repro_wall_s": repro_wall, "repro_cpu_s": repro_cpu, "stages": rows,
               "thread_policy": policy, "cores": len(os.sched_getaffinity(0)), "load_avg": os.getloadavg()[0]}
     _print(result)
     return result
@@ -143,35 +119,21 @@ def _print(r: dict) -> None:
     mlflow = sum(s["mlflow"] for s in by.values())
     echo(f"  overhead: start-up + imports {startup:.1f}s over {len(rows)} processes; MLflow {mlflow:.1f}s; "
          f"DVC itself {r['repro_wall_s'] - stage_wall:.1f}s")
-    p = r["previous_train"]
-    if p:
-        now = by.get("train", {"startup": 0.0, "body": 0.0, "cpu": 0.0, "mlflow": 0.0, "n": 0})
-        now_wall = now["startup"] + now["body"]
-        pstart = sum(x["startup_s"] or 0.0 for x in p["rows"])
-        pml = sum(x["mlflow_s"] for x in p["rows"])
-        echo("  train stage, this design vs the previous one (a process per held-out domain, in sequence, "
-             "train.fast false; same runs):")
-        echo(f"    wall   {now_wall:7.1f}s vs {p['wall_s']:7.1f}s  ({p['wall_s'] / max(now_wall, 1e-9):.2f}x)")
-        echo(f"    cpu    {now['cpu']:7.1f}s vs {p['cpu_s']:7.1f}s  ({p['cpu_s'] / max(now['cpu'], 1e-9):.2f}x)")
-        echo(f"    start-up {now['startup']:5.1f}s vs {pstart:7.1f}s over {now['n']} vs {len(p['rows'])} processes; "
-             f"MLflow {now['mlflow']:.1f}s vs {pml:.1f}s")
     a, q = r["thread_policy"]["ACTIVE"], r["thread_policy"]["PASSIVE"]
     echo(f"  thread policy, a busy process sharing the cores: spin / passive wall {a['wall'] / q['wall']:.2f}x "
          f"cpu {a['cpu'] / q['cpu']:.2f}x (spin {a['wall']:.2f}s, passive {q['wall']:.2f}s)")
 
 
 @click.command("bench-repro")
-@click.option("--compare/--no-compare", default=True, show_default=True,
-              help="also run the train stage the previous way (a process per held-out domain, fast off)")
 @click.option("--thread-steps", type=int, default=40, show_default=True, help="steps per thread-policy measurement")
 @click.option("--keep", type=click.Path(path_type=Path), default=None,
               help="run in this (empty or new) folder and keep it, instead of a temporary one")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
-def command(compare, thread_steps, keep, json_out):
+def command(thread_steps, keep, json_out):
     """`dvc repro` of the default from scratch: wall/CPU per stage, start-up, MLflow, thread policy."""
     from pipeline.cli import run_stage
 
-    result = run_stage(bench_repro, compare, thread_steps, keep)
+    result = run_stage(bench_repro, thread_steps, keep)
     if json_out is not None:
         from fedccrl_core.fsio import write_json
 

@@ -1,5 +1,5 @@
 """`fedccrl bench-scale`: seconds per round, peak RSS (child process), checkpoint bytes and bytes sent,
-for the same total data split over 6, 30, 120 and 300 clients (fedccrl_core/bench/scale.py)."""
+for the same total data split over 6, 30, 120 and 300 clients (benchmarks/scale.py)."""
 from __future__ import annotations
 
 import click
@@ -18,7 +18,7 @@ def _ints(text: str) -> list[int]:
 
 
 def run(algorithms, clients, total, size, rounds, batch_size, threads, client_state):
-    from fedccrl_core.bench.scale import bench_scale, table
+    from benchmarks.scale import bench_scale, table
 
     res = bench_scale(algorithms, clients, total, size, rounds, batch_size, threads, client_state)
     print(f"same total data ({total} images, {size}px, small CNN) over {clients} clients, every client "

@@ -1,6 +1,6 @@
 """`fedccrl bench`: images/s, seconds per round, a projected PACS sweep, augmentation share and peak
 memory of the fast engine path against a plain baseline, with the ratio fast/plain of each, in one
-process on one device (fedccrl_core/bench/). Progress on stderr, the table on stdout."""
+process on one device (benchmarks/). Progress on stderr, the table on stdout."""
 from __future__ import annotations
 
 import json
@@ -24,7 +24,7 @@ def _concurrent(value: str):
 
 
 def bench_speed(json_out: Path | None, **options) -> dict:
-    from fedccrl_core.bench.speed import BenchConfig, bench
+    from benchmarks.speed import BenchConfig, bench
 
     result = bench(BenchConfig(**options))
     print(result["table"], flush=True)
