@@ -27,6 +27,7 @@ from fedccrl_core.data.shards import SCHEMES
 from fedccrl_core.errors import ParamError
 from fedccrl_core.hparams import Declared, validate
 from fedccrl_core.models import BACKBONES
+from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
 
 __all__ = ["ParamError", "ParamsFile", "load_config", "load_params", "check_config", "held_out_entry",
@@ -125,6 +126,7 @@ class TrainSweep(Declared):
     fast: bool = True
     concurrent_clients: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
     client_state: Literal["persistent", "stateless"] = "persistent"
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)  # differential privacy, off by default
 
     @field_validator("held_out", "algorithms", "seeds")
     @classmethod

@@ -40,6 +40,8 @@ def train_config(params: dict, algorithm: str) -> dict:
         "client_state": t.get("client_state", "persistent"),
         "eval_batch_size": params["evaluate"]["batch_size"],
         "hparams": t.get(algorithm) or {},
+        # only when on: a run without DP keeps the run key (and checkpoint) it had before train.privacy existed
+        **({"privacy": t["privacy"]} if (t.get("privacy") or {}).get("enabled") else {}),
     }
 
 

@@ -41,6 +41,7 @@ class LocalConfig:
     mean: tuple = IMAGENET_MEAN
     std: tuple = IMAGENET_STD
     fast: bool = True  # train.fast: bf16 autocast + channels_last on CUDA; a no-op on the CPU (fastpath.py)
+    privacy: dict | None = None  # train.privacy (fedccrl_core/privacy/settings.py); None = off, the paper's protocol
 
 
 @dataclass

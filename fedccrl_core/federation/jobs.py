@@ -28,7 +28,7 @@ def local_config(cfg: dict):
 
     return LocalConfig(rounds=cfg["rounds"], local_epochs=cfg["local_epochs"], batch_size=cfg["batch_size"],
                        lr=float(cfg["lr"]), weight_decay=float(cfg["weight_decay"]), lr_schedule=cfg["lr_schedule"],
-                       mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), fast=cfg["fast"])
+                       mean=tuple(cfg["mean"]), std=tuple(cfg["std"]), fast=cfg["fast"], privacy=cfg.get("privacy"))
 
 
 def resolve_model(cfg: dict) -> tuple[str, str]:
