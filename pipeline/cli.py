@@ -24,6 +24,7 @@ STAGES = {
     "report": "pipeline.report",
     "figures": "pipeline.figures",
     "export": "pipeline.export",
+    "audit": "pipeline.audit",
     "bench-accuracy": "pipeline.bench",
     "bench": "pipeline.bench_speed",
     "bench-scale": "pipeline.bench_scale",
