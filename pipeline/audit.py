@@ -5,7 +5,7 @@ train.rounds rounds at train.seeds[0] with train.fedccrl.r (and train.privacy wh
   --out    results/audit.json  one record per round (released share, membership TPR at FPR 0.1 % and 1 %, AUC)
                                and the attribution of round 1's rows to their domain and client, against chance
   --table  results/audit.md    the same as a table
-  --plot   plots/audit.png     membership TPR and the released share over the rounds
+  --plot   results/audit.png    membership TPR and the released share over the rounds
 `--mlflow-run ID` also logs them to that MLflow run (metrics per round as steps, the files as artifacts).
 """
 from __future__ import annotations
@@ -105,7 +105,7 @@ def run_audit(shards: Path, pools: Path, out: Path, table_out: Path, plot_out: P
 @click.option("--out", type=click.Path(path_type=Path), default=Path("results/audit.json"), show_default=True)
 @click.option("--table", "table_out", type=click.Path(path_type=Path), default=Path("results/audit.md"),
               show_default=True)
-@click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=Path("plots/audit.png"),
+@click.option("--plot", "plot_out", type=click.Path(path_type=Path), default=Path("results/audit.png"),
               show_default=True)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 @click.option("--mlflow-run", default=None, help="an MLflow run id to log the audit to")
