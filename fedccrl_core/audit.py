@@ -39,10 +39,9 @@ class Client:
 def release(c: Client, r: float, seed: int, rnd: int, privacy: PrivacySettings) -> tuple[np.ndarray, np.ndarray]:
     """(released rows [k, 2C], the indices of the images they came from) of client c in round rnd."""
     rng = numpy_rng(seed, "upload", rnd, c.client_id)
-    idx = np.arange(len(c.mu))
-    # the same draws as StatisticsExchange.client_upload: the rows' order is the generator's choice of indices
-    mu, sigma = sample_statistics(c.mu, c.sigma, r, rng)
-    chosen = sample_statistics(idx[:, None], idx[:, None], r, numpy_rng(seed, "upload", rnd, c.client_id))[0][:, 0]
+    idx = np.arange(len(c.mu))[:, None]
+    chosen = sample_statistics(idx, idx, r, rng)[0][:, 0]  # Eq. 8's draw, as StatisticsExchange.client_upload
+    mu, sigma = c.mu[chosen], c.sigma[chosen]
     if privacy.on_statistics:
         mu, sigma = privatize_rows(mu, sigma, privacy, rng)
     return np.concatenate([mu, sigma], axis=1).astype(np.float64), chosen
