@@ -64,6 +64,10 @@ BYTES_DOWN = "bytes_down"
 LOSS = "loss"                          # the local objective, weighted mean over the clients (Eq. 2's n_i)
 TRAIN_ACC = "train_acc"
 LR = "lr"
+DP_EPSILON = "dp_epsilon"                        # train.privacy: epsilon at its delta so far, both channels composed
+DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
+DP_EPSILON_WEIGHTS = "dp_epsilon/weights"        # the weights channel alone
+DP_UPDATE_NORM = "dp_update_norm"                # median L2 norm of the clients' updates before clipping to S
 HISTORY_CSV_FIELDS = (ROUND, TARGET_ACC, VAL_ACC, LOSS, TRAIN_ACC, LR, SECONDS, BYTES_UP, BYTES_DOWN)
 
 

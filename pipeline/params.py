@@ -32,6 +32,7 @@ from fedccrl_core.errors import ParamError
 from fedccrl_core.hparams import Declared, validate
 from pipeline.cross_checks import check_config, resolve_held_out
 from fedccrl_core.models import BACKBONES
+from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
 
 __all__ = ["ParamError", "ParamsFile", "load_config", "validate_params", "check_config", "resolve_held_out", "run_dirs"]
@@ -120,6 +121,7 @@ class TrainSweep(TrainSettings):
     client_fraction: float = Field(gt=0, le=1)
     concurrent_clients: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
     client_state: Literal["persistent", "stateless"] = "persistent"
+    privacy: PrivacySettings = Field(default_factory=PrivacySettings)  # differential privacy, off by default
 
     @field_validator("held_out", "algorithms", "seeds")
     @classmethod
@@ -168,8 +170,10 @@ class ParamsFile(Declared):
 
     def local_config(self) -> LocalConfig:
         """What every algorithm's local training reads: the train settings and preprocess's normalization."""
+        privacy = self.train.privacy  # only when on: a run without DP keeps its run key (and checkpoint)
         return LocalConfig(**self.train.model_dump(include=set(TrainSettings.model_fields)),
-                           mean=tuple(self.preprocess.mean), std=tuple(self.preprocess.std))
+                           mean=tuple(self.preprocess.mean), std=tuple(self.preprocess.std),
+                           privacy=privacy.model_dump() if privacy.enabled else None)
 
     def as_written(self) -> dict:
         """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names."""

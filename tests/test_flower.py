@@ -40,6 +40,7 @@ from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm  # 
 from fedccrl_core.federation.client import ClientData  # noqa: E402
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine  # noqa: E402
 from fedccrl_flower import messages as M  # noqa: E402
+from fedccrl_core import contract  # noqa: E402
 
 BIN = Path(sys.executable).parent
 HELD_OUT = "sketch"
@@ -68,16 +69,17 @@ def data(tmp_path_factory) -> Path:
 HPARAMS = {"ccst": {"adain_weights": "random", "K": 2}}  # seeded random AdaIN networks: no download
 
 
-def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, **kw):
+def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, privacy=None, **kw):
     from fedccrl_flower.server_app import ServerSpec
 
-    alg = build_algorithm(algorithm, LocalConfig(**{**LOCAL, "rounds": rounds}), HPARAMS.get(algorithm))
-    return ServerSpec(algorithm=algorithm, local={**LOCAL, "rounds": rounds}, hparams=alg.hp, backbone="small_cnn",
+    local = {**LOCAL, "rounds": rounds, **({"privacy": privacy} if privacy else {})}
+    alg = build_algorithm(algorithm, LocalConfig(**local), HPARAMS.get(algorithm))
+    return ServerSpec(algorithm=algorithm, local=local, hparams=alg.hp, backbone="small_cnn",
                       num_classes=6, seed=SEED, held_out=HELD_OUT, shards=str(data / "shards"), work_dir=str(work),
                       device="cpu", run_info={"test": algorithm, "rounds": rounds}, **kw)
 
 
-def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent"):
+def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent", privacy=None):
     """pipeline/train.py's construction of the in-process engine, on the same data."""
     from fedccrl_core.data.pools import load_pool
     from fedccrl_core.data.shards import load_client, load_domain_test
@@ -92,7 +94,8 @@ def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persi
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                   ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
                   torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
-    local = LocalConfig(**{**LOCAL, "rounds": rounds, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"])})
+    local = LocalConfig(**{**LOCAL, "rounds": rounds, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"]),
+                           "privacy": privacy})
     alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
     torch.manual_seed(SEED)
     model = alg.build_model("small_cnn", 6, "none", alg.hp)
@@ -572,6 +575,19 @@ def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
         assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
     assert ref.history[1]["loss"] != persistent.history[1]["loss"]  # round 2 really started afresh
     assert not list((tmp_path / "state").rglob("*.npz"))  # nothing kept on the clients
+
+
+@pytest.mark.full("two 2-round FedCCRL runs with DP, in-process and over the loopback Grid: ~40 s on the CPU")
+def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path):
+    """train.privacy on both channels: the noised statistics (drawn on the clients) and DP-FedAvg's noise (on the
+    server) are the same numbers over the Message API as in-process, epsilon included."""
+    priv = {"enabled": True, "stats_noise_multiplier": 0.5, "weights_clip": 0.5, "weights_noise_multiplier": 0.8}
+    ref = run_inprocess(data, "fedccrl", 2, privacy=priv)
+    res = serve(loopback(data), make_spec(data, tmp_path, "fedccrl", privacy=priv))
+    assert_same_history(res["history"], ref.history)
+    assert [r[contract.DP_EPSILON] for r in res["history"]] == [r[contract.DP_EPSILON] for r in ref.history]
+    for k, v in ref.final_weights.items():
+        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
 
 
 # ================================================================ real processes: SuperLink + 3 SuperNodes on 127.0.0.1

@@ -8,7 +8,7 @@ click or Flower. Inside it, a module may import its own floor or a lower one:
   floor 3  federation (the round loop, engines, checkpoints of a run), runs (a saved run re-evaluated)
   floor 2  algorithms (hyperparameters + client hooks + server half)
   floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, confusion, checkpoint,
-           results
+           results, privacy, audit
   floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey, progress
 
 So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
@@ -36,6 +36,7 @@ FLOORS = {
     "fedccrl_core.data": 1, "fedccrl_core.statistics": 1, "fedccrl_core.augment": 1, "fedccrl_core.losses": 1,
     "fedccrl_core.models": 1, "fedccrl_core.aggregation": 1, "fedccrl_core.client": 1,
     "fedccrl_core.evaluation": 1, "fedccrl_core.confusion": 1, "fedccrl_core.checkpoint": 1, "fedccrl_core.results": 1,
+    "fedccrl_core.privacy": 1, "fedccrl_core.audit": 1,
     "fedccrl_core.algorithms": 2,
     "fedccrl_core.federation": 3, "fedccrl_core.runs": 3,
     "fedccrl_core.viz": 4,

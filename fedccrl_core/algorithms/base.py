@@ -51,6 +51,7 @@ class LocalConfig(TrainSettings):
 
     mean: tuple[float, float, float] = Field(IMAGENET_MEAN, strict=False)  # a JSON list too (Flower's spec)
     std: tuple[float, float, float] = Field(IMAGENET_STD, strict=False)
+    privacy: dict | None = None  # train.privacy when enabled (fedccrl_core/privacy/settings.py); None = off, the paper's protocol
 
 
 @dataclass

@@ -30,6 +30,8 @@ from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import sample_statistics, unbiased_sigma
 from fedccrl_core.losses import fedccrl_loss
+from fedccrl_core.privacy.dp import privatize_rows
+from fedccrl_core.privacy.settings import PrivacySettings
 
 # train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`
 VARIANT_SWITCHES = {
@@ -81,6 +83,15 @@ class StatisticsExchange:
         if data.stats_mu is None:
             raise ValueError(f"{type(self).__name__}: client {data.client_id} has no statistics (run the pools stage)")
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng)
+        return self.released({"mu": mu, "sigma": sigma}, rng)
+
+    def released(self, upload: dict, rng) -> dict:
+        """F_i as it leaves the client: as drawn (the paper), or each row clipped and noised when
+        train.privacy.statistics is on (privacy/dp.py), with draws from the same rng after Eq. 8's."""
+        s = PrivacySettings.from_mapping(self.local.privacy)
+        if not s.on_statistics:
+            return upload
+        mu, sigma = privatize_rows(upload["mu"], upload["sigma"], s, rng)
         return {"mu": mu, "sigma": sigma}
 
     def server_payloads(self, uploads):
@@ -148,7 +159,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
         if data.stats_mu is None:
             raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (run the pools stage)")
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng, rounding="floor")
-        return {"mu": mu, "sigma": unbiased_sigma(sigma, data.image_hw[0] * data.image_hw[1])}
+        return self.released({"mu": mu, "sigma": unbiased_sigma(sigma, data.image_hw[0] * data.image_hw[1])}, rng)
 
     def min_batch(self) -> int:
         return 1 if self.hp["last_batch"] == "keep" else 2

@@ -109,7 +109,7 @@ def plan_runs(settings: RunSettings, partition: dict, manifest: dict, algorithm:
     for h, target in zip(held_out, targets):
         i = domains.index(target)
         run_params = {"dataset": s.dataset, "backbone": s.backbone, "pretrained": s.pretrained,
-                      **s.local.model_dump(), "engine": s.engine, "device": s.device,
+                      **s.local.model_dump(exclude_none=True), "engine": s.engine, "device": s.device,
                       "client_fraction": s.client_fraction, "concurrent_clients": s.concurrent_clients,
                       "client_state": s.client_state, "eval_batch_size": s.eval_batch_size,
                       "algorithm": algorithm, "seed": seed, "held_out": domains[i], algorithm: hparams,

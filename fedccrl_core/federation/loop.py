@@ -27,7 +27,9 @@ from fedccrl_core import contract
 from fedccrl_core.algorithms.base import Algorithm, Reply
 from fedccrl_core.evaluation import accuracy, predict
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything
+from fedccrl_core.privacy.dp import DPFedAvgAggregation
+from fedccrl_core.privacy.settings import BudgetExhausted, PrivacySettings
+from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 
 
 def nbytes(obj) -> int:
@@ -43,6 +45,31 @@ def nbytes(obj) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(nbytes(v) for v in obj)
     return 0
+
+
+def privacy_of(alg: Algorithm):
+    """train.privacy of this run (LocalConfig.privacy): a RunPrivacy, or None when off. Refuses, before any
+    work, an algorithm whose uploads or aggregation the mechanisms of privacy/dp.py do not cover."""
+    s = PrivacySettings.from_mapping(alg.local.privacy)
+    if not s.enabled:
+        return None
+    if s.on_statistics and type(alg).client_upload is not Algorithm.client_upload and not hasattr(alg, "released"):
+        raise ValueError(f"train.privacy.statistics: {alg.name} uploads something other than FedCCRL's statistics "
+                         "rows; only those are clipped and noised (fedccrl_core/privacy/dp.py)")
+    if s.on_weights and (type(alg).aggregate is not Algorithm.aggregate
+                         or type(alg).after_aggregate is not Algorithm.after_aggregate):
+        raise ValueError(f"train.privacy.weights: {alg.name} aggregates with a rule of its own, not Eq. 2; "
+                         "DP-FedAvg replaces Eq. 2 only (fedavg, fedccrl, fedprox, ...)")
+    from fedccrl_core.privacy.accountant import RunPrivacy  # dp_accounting, imported only when on
+
+    return RunPrivacy(s)
+
+
+def upload_sizes(uploads: dict, transport) -> dict[str, tuple[int, int]]:
+    """{client: (n_i, k_i)}: the rows each statistics upload released out of the client's n_i."""
+    rows = {cid: len(u["mu"]) for cid, u in uploads.items() if isinstance(u, dict) and "mu" in u}
+    n = transport.announced_n(sorted(rows)) if rows else {}
+    return {cid: (int(n[cid]), k) for cid, k in rows.items()}
 
 
 def sample_clients(client_ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
@@ -117,6 +144,7 @@ class RoundLoop:
         self.rounds, self.seed, self.client_fraction = rounds, seed, client_fraction
         self.checkpoints, self.on_round = checkpoints, on_round or (lambda rec: None)
         self.run_info, self.log, self.engine = dict(run_info or {}), log, engine
+        self.privacy = privacy_of(algorithm)  # train.privacy: None when off (the paper's protocol)
 
     def _accept(self, ck: dict) -> str | None:
         if ck.get("run_info") != self.run_info:
@@ -154,17 +182,36 @@ class RoundLoop:
             global_w, best_w, best_round, best_val = ck["global"], ck["best"], ck["best_round"], ck["best_val"]
             history, start = ck["history"], ck["round"] + 1
             self.alg.load_server_state(ck.get("server_state") or {})
+            if self.privacy is not None:
+                self.privacy.load_state(ck.get("privacy"))
             self.log(f"resuming from checkpoint after round {ck['round']}")
         self.transport.restore(self.checkpoints, ck)
         w_bytes = nbytes(global_w)
         for rnd in range(start, self.rounds + 1):  # line 2
             t0 = time.perf_counter()
-            uploads = self.transport.collect_uploads(rnd)  # lines 3-6
-            sampled = sample_clients(list(uploads), self.client_fraction, self.seed, rnd)
+            try:
+                if self.privacy is not None:
+                    self.privacy.before_statistics(rnd)
+                uploads = self.transport.collect_uploads(rnd)  # lines 3-6
+                sampled = sample_clients(list(uploads), self.client_fraction, self.seed, rnd)
+                if self.privacy is not None:
+                    self.privacy.statistics(rnd, upload_sizes(uploads, self.transport))
+                    self.privacy.before_weights(rnd, len(uploads), len(sampled))
+            except BudgetExhausted as stop:
+                self.log(str(stop))
+                if not history:
+                    raise ValueError(f"{stop}: no round completed") from None
+                break
             payloads = self.alg.server_payloads(uploads)  # line 7
-            agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
+            if self.privacy is not None and self.privacy.s.on_weights:  # DP-FedAvg (privacy/dp.py)
+                agg = DPFedAvgAggregation(global_w, len(sampled), self.privacy.s,
+                                          torch_generator(self.seed, "dp_weights", rnd))
+            else:
+                agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
             replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
             global_w = agg.result()  # line 23, Eq. 2, streamed
+            if self.privacy is not None:
+                self.privacy.weights(rnd, len(uploads), len(sampled))
             self.model.load_state_dict(global_w)
             val_acc, tgt_acc, val_classes = self.evaluate()
             self._warn_if_collapsed(rnd, val_classes)
@@ -182,6 +229,10 @@ class RoundLoop:
             for r in replies:
                 rec[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
             rec.update(self.transport.round_record(rnd))
+            if self.privacy is not None:
+                rec.update(self.privacy.record())
+                if isinstance(agg, DPFedAvgAggregation):
+                    rec[contract.DP_UPDATE_NORM] = float(np.median(agg.norms))
             history.append(rec)
             self.log(f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
                      f"target_acc {tgt_acc:.4f} ({rec[contract.SECONDS]:.1f}s, {rec[contract.BYTES_UP]} B up, "
@@ -190,7 +241,8 @@ class RoundLoop:
             if self.checkpoints is not None:
                 self.checkpoints.save(rnd, {"global": global_w, "best": best_w, "best_round": best_round,
                                             "best_val": best_val, "history": history, "run_info": self.run_info,
-                                            "server_state": self.alg.server_state(), "engine": self.engine},
+                                            "server_state": self.alg.server_state(), "engine": self.engine,
+                                            **({"privacy": self.privacy.state()} if self.privacy else {})},
                                       self.transport.client_states())
         if self.checkpoints is not None:
             self.checkpoints.prune()

@@ -1,0 +1,153 @@
+"""Privacy accounting for both channels, composed over the rounds, with dp_accounting's RDP accountant
+(google/differential-privacy, the library Flower's `RdpAccountant` wraps).
+
+Neighbouring relation REPLACE_ONE (one training image replaced; the clients' sizes are public). Per round:
+  statistics  client i releases k_i = |F_i| (Eq. 8) of its n_i rows, drawn without replacement, each noised with
+              std z_s D for sensitivity D: SampledWithoutReplacementDpEvent(n_i, k_i, Gaussian(z_s)) (Wang, Balle,
+              Kasiviswanathan, AISTATS 2019, Thm. 27). An image belongs to one client, so the round's event is the
+              client's with the largest k_i / n_i (the RDP of a sampled Gaussian grows with the sampling ratio).
+  weights     m of the N clients are sampled without replacement (train.client_fraction); replacing one image
+              (or a client's whole data) moves the mean of the clipped updates by at most 2 S / m, and the noise
+              std is z S / m: SampledWithoutReplacementDpEvent(N, m, Gaussian(z / 2)).
+Both are composed every round (ComposedDpEvent); RDP adds over events and rounds, and epsilon at `delta` is
+the optimum over the RDP orders (Balle et al. 2020's conversion, dp_accounting.rdp.compute_epsilon).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import dp_accounting
+from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+from fedccrl_core import contract
+from fedccrl_core.privacy.settings import BudgetExhausted, PrivacySettings
+
+REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
+
+
+def sampled_gaussian(population: int, sample: int, noise_multiplier: float) -> dp_accounting.DpEvent:
+    """A Gaussian mechanism on a uniform sample of `sample` out of `population`, without replacement."""
+    if not 0 < sample <= population:
+        raise ValueError(f"privacy accounting: a sample of {sample} out of {population}")
+    gauss = dp_accounting.GaussianDpEvent(noise_multiplier)
+    if sample == population:
+        return gauss
+    return dp_accounting.SampledWithoutReplacementDpEvent(population, sample, gauss)
+
+
+def worst_client(sizes: dict[str, tuple[int, int]]) -> tuple[int, int]:
+    """sizes: {client: (n_i, k_i)} of one round's uploads; the (n_i, k_i) with the largest sampling ratio."""
+    return max(sizes.values(), key=lambda nk: (nk[1] / nk[0], -nk[0]))
+
+
+def statistics_event(s: PrivacySettings, sizes: dict[str, tuple[int, int]]) -> dp_accounting.DpEvent:
+    return sampled_gaussian(*worst_client(sizes), s.stats_noise_multiplier)
+
+
+def weights_event(s: PrivacySettings, clients: int, sampled: int) -> dp_accounting.DpEvent:
+    return sampled_gaussian(clients, sampled, s.weights_noise_multiplier / 2.0)
+
+
+def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, orders=None) -> float:
+    """epsilon at delta of the composition of `events` (RDP accountant, REPLACE_ONE)."""
+    acc = rdp.RdpAccountant(orders, neighboring_relation=REPLACE_ONE) if orders is not None \
+        else rdp.RdpAccountant(neighboring_relation=REPLACE_ONE)
+    counts: dict[dp_accounting.DpEvent, int] = {}
+    for e in events:  # equal events (every round's, as a rule) are composed as one self-composition: computed once
+        counts[e] = counts.get(e, 0) + 1
+    if counts:
+        acc.compose(dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(e, c) if c > 1 else e
+                                                   for e, c in counts.items()]))
+    return float(acc.get_epsilon(delta))
+
+
+@dataclass
+class Ledger:
+    """The releases of a run so far, in order: ('statistics' | 'weights', round, event). epsilon() composes them;
+    would_exceed() answers before a release whether it would take epsilon past max_epsilon."""
+
+    settings: PrivacySettings
+    releases: list[tuple[str, int, dp_accounting.DpEvent]] = field(default_factory=list)
+
+    def record(self, channel: str, rnd: int, event: dp_accounting.DpEvent) -> None:
+        self.releases.append((channel, rnd, event))
+
+    def epsilon(self, extra: dp_accounting.DpEvent | None = None, channel: str | None = None) -> float:
+        events = [e for c, _, e in self.releases if channel is None or c == channel]
+        return epsilon_of(events + ([extra] if extra is not None else []), self.settings.delta)
+
+    def would_exceed(self, event: dp_accounting.DpEvent) -> float | None:
+        """The epsilon after `event` if it exceeds max_epsilon (0 = no limit), else None."""
+        if not self.settings.max_epsilon:
+            return None
+        eps = self.epsilon(event)
+        return eps if eps > self.settings.max_epsilon else None
+
+
+STATISTICS, WEIGHTS = "statistics", "weights"
+
+
+class RunPrivacy:
+    """What the round loop asks of train.privacy, round by round (federation/loop.py):
+
+    before_statistics(t)  before round t's uploads: raise BudgetExhausted if they could exceed max_epsilon. The
+                          clients' sizes arrive with their first upload, so round 1 is checked as an unsampled
+                          Gaussian release (an upper bound); later rounds with the event of the round before.
+    statistics(t, sizes)  the uploads' event, recorded (sizes: {client: (n_i, k_i)}).
+    before_weights(t, N, m) / weights(t, N, m)  the same for the aggregate of m sampled clients out of N.
+    record()              the round record's fields: epsilon so far, and each channel alone.
+    The ledger is plain numbers (state() / load_state()): a resumed run goes on with the epsilon it had spent.
+    """
+
+    def __init__(self, settings: PrivacySettings):
+        self.s = settings
+        self.ledger = Ledger(settings)
+        self._plain: list[tuple[str, int, int, int, float]] = []
+        self._last_stats: dp_accounting.DpEvent | None = None
+
+    def _add(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
+        event = sampled_gaussian(population, sample, z)
+        self.ledger.record(channel, rnd, event)
+        self._plain.append((channel, rnd, population, sample, z))
+        if channel == STATISTICS:
+            self._last_stats = event
+
+    def _check(self, rnd: int, channel: str, event: dp_accounting.DpEvent) -> None:
+        eps = self.ledger.would_exceed(event)
+        if eps is not None:
+            raise BudgetExhausted(
+                f"privacy budget: round {rnd}'s {channel} release would bring epsilon to {eps:.3f} at delta "
+                f"{self.s.delta:g}, above train.privacy.max_epsilon = {self.s.max_epsilon:g} (spent so far: "
+                f"{self.ledger.epsilon():.3f}); stopping before it")
+
+    def before_statistics(self, rnd: int) -> None:
+        if self.s.on_statistics:
+            self._check(rnd, STATISTICS, self._last_stats or dp_accounting.GaussianDpEvent(self.s.stats_noise_multiplier))
+
+    def statistics(self, rnd: int, sizes: dict[str, tuple[int, int]]) -> None:
+        if self.s.on_statistics and sizes:
+            self._add(STATISTICS, rnd, *worst_client(sizes), self.s.stats_noise_multiplier)
+
+    def before_weights(self, rnd: int, clients: int, sampled: int) -> None:
+        if self.s.on_weights:
+            self._check(rnd, WEIGHTS, weights_event(self.s, clients, sampled))
+
+    def weights(self, rnd: int, clients: int, sampled: int) -> None:
+        if self.s.on_weights:
+            self._add(WEIGHTS, rnd, clients, sampled, self.s.weights_noise_multiplier / 2.0)
+
+    def record(self) -> dict[str, float]:
+        out = {contract.DP_EPSILON: self.ledger.epsilon()}
+        if self.s.on_statistics:
+            out[contract.DP_EPSILON_STATISTICS] = self.ledger.epsilon(channel=STATISTICS)
+        if self.s.on_weights:
+            out[contract.DP_EPSILON_WEIGHTS] = self.ledger.epsilon(channel=WEIGHTS)
+        return out
+
+    def state(self) -> list:
+        return [list(x) for x in self._plain]
+
+    def load_state(self, state: list | None) -> None:
+        self.ledger, self._plain, self._last_stats = Ledger(self.s), [], None
+        for channel, rnd, population, sample, z in state or []:
+            self._add(str(channel), int(rnd), int(population), int(sample), float(z))

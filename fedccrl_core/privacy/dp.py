@@ -1,0 +1,106 @@
+"""The two mechanisms, each a Gaussian mechanism on a clipped quantity (Dwork & Roth 2014, Thm. A.1).
+
+Statistics (Eq. 6-8's upload): each released row (mu_1..C, sigma_1..C) of one image is clipped into the box
+`stats_mu_range`^C x `stats_sigma_range`^C; replacing the image moves the row by at most the box's diameter D
+(PrivacySettings.stats_sensitivity), so N(0, (z_s D)^2) is added to every coordinate. The noisy row is then
+clipped into the box again (post-processing: sigma stays a non-negative std for CCDT).
+
+Weights (Eq. 2's aggregate): client-level DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent
+Language Models", ICLR 2018, Alg. 1 with the fixed denominator): each sampled client's update
+Delta_i = w_i - w (all floating-point state-dict entries as one vector) is clipped to L2 norm S, the clipped
+updates are averaged with equal weight over the m sampled clients, and N(0, (z S / m)^2) is added to every
+coordinate. A noised BatchNorm running variance is clamped to a small positive floor (post-processing).
+Integer buffers (BatchNorm's num_batches_tracked) keep the global value: they are not released.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from fedccrl_core.privacy.settings import PrivacySettings
+
+
+RUNNING_VAR_FLOOR = 1e-5  # BatchNorm's default eps: a noised running variance is clamped to it
+
+
+def clip_rows(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings) -> tuple[np.ndarray, np.ndarray]:
+    """Each row clipped into the stated box (float64)."""
+    return (np.clip(np.asarray(mu, np.float64), *s.stats_mu_range),
+            np.clip(np.asarray(sigma, np.float64), *s.stats_sigma_range))
+
+
+def stats_noise_std(s: PrivacySettings, channels: int) -> float:
+    """z_s x D: the std of the noise on each coordinate of a released row."""
+    return s.stats_noise_multiplier * s.stats_sensitivity(channels)
+
+
+def privatize_rows(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings,
+                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The released rows: clipped, noised (one draw per coordinate from `rng`), clipped into the box again.
+    The dtype of the input is kept (float32 on the wire)."""
+    dtype = np.asarray(mu).dtype
+    cmu, csig = clip_rows(mu, sigma, s)
+    std = stats_noise_std(s, cmu.shape[1])
+    nmu = cmu + rng.normal(0.0, std, size=cmu.shape)
+    nsig = csig + rng.normal(0.0, std, size=csig.shape)
+    out_mu, out_sig = clip_rows(nmu, nsig, s)
+    return out_mu.astype(dtype), out_sig.astype(dtype)
+
+
+def floating_keys(state: dict) -> list[str]:
+    return sorted(k for k, v in state.items() if v.is_floating_point())
+
+
+def clip_update(update: dict[str, torch.Tensor], clip: float) -> tuple[dict[str, torch.Tensor], float]:
+    """update scaled by min(1, S / ||update||) (one L2 norm over every entry); returns it and the norm before."""
+    norm = float(torch.sqrt(sum((v.to(torch.float64) ** 2).sum() for v in update.values())))
+    scale = min(1.0, clip / norm) if norm > 0 else 1.0
+    return {k: v.to(torch.float64) * scale for k, v in update.items()}, norm
+
+
+class DPFedAvgAggregation:
+    """One round's DP-FedAvg aggregate, fed one reply at a time like `algorithms.base.Aggregation`.
+
+    `sampled` is m, the number of clients sampled this round (the fixed denominator: a client that drops still
+    counts, so the sensitivity stays 2 S / m). `generator` draws the noise (CPU, float64, keys in sorted order),
+    derived from (seed, round) by the round loop: the same numbers in every engine."""
+
+    def __init__(self, global_weights: dict, sampled: int, s: PrivacySettings, generator: torch.Generator):
+        if sampled < 1:
+            raise ValueError("DP-FedAvg: no client sampled")
+        self.global_weights, self.m, self.s, self.generator = global_weights, int(sampled), s, generator
+        self.keys = floating_keys(global_weights)
+        self.sum = {k: torch.zeros(global_weights[k].shape, dtype=torch.float64) for k in self.keys}
+        self.client_ids: list[str] = []
+        self.norms: list[float] = []
+
+    def add(self, reply) -> None:
+        if reply.upload is not None:
+            raise ValueError(f"DP-FedAvg: client {reply.client_id} uploads more than weights ({sorted(reply.upload)}); "
+                             "train.privacy.weights covers the weights only")
+        update = {k: reply.weights[k].detach().cpu().to(torch.float64)
+                  - self.global_weights[k].detach().cpu().to(torch.float64) for k in self.keys}
+        clipped, norm = clip_update(update, self.s.weights_clip)
+        for k in self.keys:
+            self.sum[k] += clipped[k]
+        self.norms.append(norm)
+        self.client_ids.append(reply.client_id)
+
+    def noise_std(self) -> float:
+        return self.s.weights_noise_multiplier * self.s.weights_clip / self.m
+
+    def result(self) -> dict:
+        if not self.client_ids:
+            raise ValueError("DP-FedAvg: no client update to aggregate")
+        std = self.noise_std()
+        out = {}
+        for k, g in self.global_weights.items():
+            if k not in self.sum:
+                out[k] = g.clone()
+                continue
+            noise = torch.randn(self.sum[k].shape, dtype=torch.float64, generator=self.generator) * std
+            new = g.detach().cpu().to(torch.float64) + self.sum[k] / self.m + noise
+            if k.endswith("running_var"):  # post-processing: a variance stays positive (BatchNorm divides by it)
+                new = new.clamp_min(RUNNING_VAR_FLOOR)
+            out[k] = new.to(dtype=g.dtype, device=g.device)
+        return out

@@ -1,0 +1,78 @@
+"""params.yaml `train.privacy.*`: differential privacy on both upload channels, declared once (typed, bounded,
+with sources). Off by default: `enabled: false` is the paper's protocol, bit for bit. No torch here: every stage
+validates params.yaml with this model before it does any work (pipeline/params.py)."""
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from fedccrl_core.hparams import Declared, validate
+
+class BudgetExhausted(Exception):
+    """A release would take epsilon past train.privacy.max_epsilon; the round loop stops before it."""
+
+
+Range = Annotated[list[float], Field(min_length=2, max_length=2)]
+
+
+class PrivacySettings(Declared):
+    """params.yaml `train.privacy.*`.
+
+    Unit of privacy: one training image, neighbouring datasets differ by replacing it (dp_accounting's
+    REPLACE_ONE). The statistics channel releases that image's (mu, sigma) row (Eq. 6-7) when Eq. 8 samples it;
+    the weights channel releases the aggregate of the sampled clients' clipped updates, where replacing an image
+    (or a whole client's data) moves the client's clipped update by at most 2 S.
+    """
+
+    enabled: bool = Field(False, description="false = no clipping, no noise, no accounting (the paper's protocol)")
+    statistics: bool = Field(True, description="clip + noise each released (mu, sigma) row (Gaussian mechanism, "
+                                               "Dwork & Roth 2014 Thm. A.1) when enabled")
+    weights: bool = Field(True, description="client-level DP-FedAvg (McMahan et al., ICLR 2018, Alg. 1) when "
+                                            "enabled")
+    delta: float = Field(1e-5, gt=0, lt=1, description="the delta at which epsilon is reported and bounded")
+    max_epsilon: float = Field(0.0, ge=0, description="stop before a release that would make epsilon exceed it; "
+                                                       "0 = no limit")
+    stats_noise_multiplier: float = Field(1.0, gt=0, description="z_s: noise std per coordinate = z_s x the "
+                                          "row's L2 sensitivity (the diameter of the clipping box)")
+    stats_mu_range: Range = Field([-2.2, 2.7], description="clip each channel mean to [lo, hi]: the range of a "
+                                  "normalized pixel under ImageNet's mean/std ((0 - 0.485)/0.229, (1 - 0.406)/0.225)")
+    stats_sigma_range: Range = Field([0.0, 1.5], description="clip each channel std to [lo, hi]")
+    weights_clip: float = Field(1.0, gt=0, description="S: each client's update w_i - w (every floating-point "
+                                "entry of the state dict, one vector) is clipped to L2 norm S (McMahan et al. 2018)")
+    weights_noise_multiplier: float = Field(1.0, gt=0, description="z: Gaussian noise of std z S / m is added to "
+                                            "the mean of the m sampled clients' clipped updates (McMahan et al. "
+                                            "2018, fixed denominator)")
+
+    @field_validator("stats_mu_range", "stats_sigma_range")
+    @classmethod
+    def _ordered(cls, v):
+        if not (math.isfinite(v[0]) and math.isfinite(v[1]) and v[0] < v[1]):
+            raise ValueError(f"must be [lo, hi] with lo < hi, finite; got {v}")
+        return v
+
+    @field_validator("stats_sigma_range")
+    @classmethod
+    def _sigma_nonnegative(cls, v):
+        if v[0] < 0:
+            raise ValueError(f"a standard deviation is >= 0; got lo = {v[0]}")
+        return v
+
+    @property
+    def on_statistics(self) -> bool:
+        return self.enabled and self.statistics
+
+    @property
+    def on_weights(self) -> bool:
+        return self.enabled and self.weights
+
+    def stats_sensitivity(self, channels: int) -> float:
+        """L2 sensitivity of one released row under REPLACE_ONE: the diameter of the clipping box of its
+        `channels` means and `channels` stds."""
+        (a, b), (c, d) = self.stats_mu_range, self.stats_sigma_range
+        return math.sqrt(channels * (b - a) ** 2 + channels * (d - c) ** 2)
+
+    @classmethod
+    def from_mapping(cls, d: dict | None) -> "PrivacySettings":
+        return validate(cls, dict(d or {}), prefix="train.privacy")
