@@ -108,7 +108,10 @@ def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
     p = _run(["dvc", "metrics", "show", "--json"], ws)
     shown = json.loads(p.stdout)
     data = shown[""]["data"]
-    assert set(data) == {"results/summary.json", "results/parity.json"}  # the compact metrics only
+    assert set(data) == {"results/summary.json", "results/parity.json", "results/audit.json"}  # the compact ones
+    audit = data["results/audit.json"]["data"]  # the audit stage: one row per round, members against non-members
+    assert [r["round"] for r in audit["rounds"]] == list(range(1, len(audit["rounds"]) + 1))
+    assert all(0 <= r["tpr_at_fpr_0.01"] <= 1 and 0 <= r["auc"] <= 1 for r in audit["rounds"])
     summary = data["results/summary.json"]["data"]
     metrics = json.loads((ws / "results" / "metrics.json").read_text())
     for alg in ("fedavg", "fedccrl"):
@@ -232,7 +235,7 @@ def _train_in_process(ws, out, params, monkeypatch, algorithm="fedccrl"):
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"train.rounds": _DELETE}, "key 'train.rounds': missing"),
+    ({"train.engine": _DELETE}, "key 'train.engine': missing"),  # train.rounds has a registry default; engine none
     ({"train.rounds": "ten"}, "key 'train.rounds': got 'ten'; must be an integer"),
     ({"model.backbone": "vgg99"}, "key 'model.backbone': got 'vgg99'; must be one of auto, small_cnn"),
     ({"train.fedccrl.lambda3": 1.0}, "key 'train.fedccrl.lambda3': unknown key"),
