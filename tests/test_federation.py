@@ -151,7 +151,8 @@ def test_a_collapsed_global_model_is_reported(toy_client, tmp_path):
     logs = []
     eng = _engine(toy_client, tmp_path, rounds=1, ckpt_name="collapsed.pt")
     eng.loop.log = logs.append
-    eng.alg.local.lr = 0.0  # Adam with lr 0: the global model stays the collapsed initial one
+    eng.alg.local = eng.alg.local.model_copy(update={"lr": 0.0})  # Adam with lr 0: the global model stays
+    # the collapsed initial one (LocalConfig is immutable: a changed copy)
     with torch.no_grad():
         eng.model.g.weight.zero_()
         eng.model.g.bias.copy_(torch.tensor([0.0, 100.0, 0.0]))  # always class 1

@@ -751,7 +751,9 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
 
     res = wait_for_result(fed, fed.submit(spec), work, timeout=300)
     assert res.resumed_from == 2 and [r["round"] for r in res.history] == [1, 2, 3]
-    assert res.history[2]["clients"] == 3 and res.history[2]["dropped"] == 0 and "train_acc/photo_c0" in res.history[2]
+    # the restarted node trained round 3 with the other two; the killed node's old registration may still be listed
+    # until the SuperLink's heartbeat expires it, and is then recorded as dropped (0 or 1: a matter of timing)
+    assert res.history[2]["clients"] == 3 and res.history[2]["dropped"] in (0, 1) and "train_acc/photo_c0" in res.history[2]
     assert fed.supernodes["photo_c0"].log_path.read_text().count("Receiving: train message") >= 1
 
 

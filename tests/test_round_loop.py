@@ -106,7 +106,10 @@ def test_stateless_clients_write_no_client_state(tmp_path):
         sizes[n] = (e.checkpoints.bytes_written, (tmp_path / f"{n}" / "ck.pt").stat().st_size)
         assert not (tmp_path / f"{n}" / "ck.pt.clients").exists() or \
             not list((tmp_path / f"{n}" / "ck.pt.clients").iterdir())
-    assert sizes[60] == sizes[6], sizes
+    # no per-client state: the checkpoint does not grow with the clients (a persistent client's Adam state is
+    # > 1 KB, so 54 more clients would add > 10 %); what differs is the round records' client ids and metrics
+    assert abs(sizes[60][0] - sizes[6][0]) <= 0.01 * sizes[6][0], sizes
+    assert all(written == on_disk for written, on_disk in sizes.values()), sizes
 
 
 def test_stateless_clients_start_each_round_with_a_fresh_optimizer():
