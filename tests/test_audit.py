@@ -65,3 +65,23 @@ def test_audit_stage_writes_table_plot_and_json(tmp_path):
     plot(res, tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
     json.dumps(res)  # plain numbers only
+
+
+def test_one_client_per_domain_is_refused_naming_the_setting():
+    """Without a second client of the same domain there are no non-members: a clear error, not a table."""
+    one_each = [c for c in clients() if c.client_id in ("a0", "b2")]
+    with pytest.raises(ValueError, match="clients_per_domain >= 2"):
+        audit(one_each, 0.1, 2, seed=0, privacy=PrivacySettings())
+
+
+def test_audit_command_names_a_missing_shard_manifest_and_writes_nothing(tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.audit import command
+
+    out = tmp_path / "audit.json"
+    res = CliRunner().invoke(command, ["--shards", str(tmp_path / "none"), "--pools", str(tmp_path / "nopools"),
+                                       "--out", str(out), "--table", str(tmp_path / "a.md"),
+                                       "--plot", str(tmp_path / "a.png")])
+    assert res.exit_code == 2 and f"{tmp_path / 'none'}/manifest.json" in res.output + (res.stderr or "")
+    assert not list(tmp_path.glob("a.*")) and not out.exists()
