@@ -1,5 +1,6 @@
 """`fedccrl bench-accuracy`: mean held-out accuracy of several algorithms over several seeds, in one
-process on the current shards and pools (no DVC, no MLflow), printed as a table. A benchmark
+process on the current shards and pools (no DVC, no MLflow), printed as a table; the held-out domains are
+params.yaml's `train.held_out`, and each round's accuracies go to stderr as it ends. A benchmark
 command, not a test: it reports what it sees."""
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from fedccrl_core.federation.client import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
     from fedccrl_core.federation.jobs import load_clients
+    from pipeline.cross_checks import resolve_held_out
     from pipeline.train import check_algorithm, run_settings
 
     from fedccrl_core.algorithms.fedccrl import VARIANTS
@@ -65,6 +67,9 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
             rows.append((label, a, hparams))
     manifest = load_manifest(shards)
     domains = list(manifest["domains"])
+    targets, problems = resolve_held_out(domains, list(cfg.train.held_out), f"{shards}/manifest.json")
+    if problems:
+        raise ValueError("\n".join(problems))
     acc: dict = {}
     t0 = time.perf_counter()
     s = settings
@@ -72,7 +77,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
         device = resolve_device(s.device)
         if device.type == "cpu":  # one torch thread, as every training run (federation/jobs.py): the same numbers
             torch.set_num_threads(1)
-        for target in domains:
+        for target in targets:
             clients = load_clients(shards, pools, [d for d in domains if d != target], device)
             tx, ty = load_domain_test(shards, target)
             ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
@@ -82,12 +87,18 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
                 alg = build_algorithm(alg_name, s.local, hparams)
                 torch.manual_seed(seed)
                 model = alg.build_model(s.backbone, len(manifest["classes"]), s.pretrained, alg.hp).to(device)
+                def progress(rec, label=label, target=target, seed=seed):
+                    print(f"bench: {label} {target} seed {seed} round {rec[contract.ROUND]}/{s.local.rounds}: "
+                          f"target {rec[contract.TARGET_ACC]:.4f}, source val {rec[contract.VAL_ACC]:.4f} "
+                          f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+
                 res = InProcessEngine(alg, model, clients, ev, s.local.rounds, seed, s.client_fraction,
-                                      log=lambda m: None, concurrent_clients=s.concurrent_clients).run()
+                                      on_round=progress, log=lambda m: None,
+                                      concurrent_clients=s.concurrent_clients).run()
                 acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1][contract.TARGET_ACC])
                 print(f"bench: {label} {target} seed {seed}: {acc[label][target][-1]:.4f} "
                       f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
-    lines = [f"| Algorithm | {' | '.join(domains)} | Avg. |", "|---" * (len(domains) + 2) + "|"]
+    lines = [f"| Algorithm | {' | '.join(targets)} | Avg. |", "|---" * (len(targets) + 2) + "|"]
     for alg_name, per in acc.items():
         cells = [f"{100 * statistics.fmean(v):.2f} ± {100 * statistics.pstdev(v):.2f}" for v in per.values()]
         avg = statistics.fmean(statistics.fmean(v) for v in per.values())

@@ -87,3 +87,26 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
     _params(tmp_path, download__retries=-1)
     code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/r.json", monkeypatch=monkeypatch)
     assert code == 2 and "download.retries" in err
+
+
+def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(tmp_path, monkeypatch):
+    """`fedccrl bench-accuracy` honours `train.held_out` (one column per entry) and prints every round on stderr;
+    an entry that is not a domain of the shards is refused naming it, before any training."""
+    _params(tmp_path, dataset__name="synthetic", dataset__source="registry", preprocess__image_size="auto")
+    for args in (("download", "--out", "data/raw", "--report", "data/r.json"),
+                 ("partition", "--raw", "data/raw", "--out", "data/shards"),
+                 ("pools", "--shards", "data/shards", "--out", "data/pools")):
+        code, err = _cli(tmp_path, *args, monkeypatch=monkeypatch)
+        assert code == 0, err
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    bench = ["bench-accuracy", "--algorithms", "fedavg", "--seeds", "0", "--set", "train.rounds=2",
+             "--set", "train.local_epochs=1"]
+    res = CliRunner().invoke(main, bench + ["--set", "train.held_out=[sketch]"], catch_exceptions=False)
+    assert res.exit_code == 0, res.stderr
+    assert "| Algorithm | sketch | Avg. |" in res.stdout
+    rounds = [line for line in res.stderr.splitlines() if line.startswith("bench: fedavg sketch seed 0 round")]
+    assert [line.split(" round ")[1].split(":")[0] for line in rounds] == ["1/2", "2/2"]
+    res = CliRunner().invoke(main, bench + ["--set", "train.held_out=[9]"], catch_exceptions=False)
+    assert res.exit_code == 2 and "train.held_out[0]" in res.stderr and "bench: " not in res.stderr
