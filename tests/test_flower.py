@@ -2,10 +2,11 @@
 loop over a loopback Grid (every message makes Flower's wire round trip) for every registered
 algorithm against the in-process engine, faults (dead client, min_clients, malformed updates,
 ServerApp resume), and real processes: a SuperLink and three SuperNodes on 127.0.0.1
-(`--insecure`), and `flwr run` on a simulation SuperLink (Ray, offline).
+(`--insecure`; the SuperNodes run from the installed wheel, outside the checkout: `deployment`), one
+SuperNode of the wheel alone completing a round, and `flwr run` on a simulation SuperLink (Ray, offline).
 
 The fast tier (`make test`) runs the message checks and the loopback; the full tier (`make test-all`) adds
-the real processes: the deployment end to end (~95 s on 2 shared CPU cores: Flower 1.41 starts a fresh
+the real processes: the deployment end to end (~95 s on 2 shared CPU cores: Flower 1.42 starts a fresh
 ClientApp process, i.e. a torch import, per message), the process-level fault test (kill -9 a SuperNode
 mid-round, restart it, `flwr stop` + rerun; ~2-2.5 min, mostly timeouts), the process-level malformed update
 (~65 s), `flwr run` on a simulation SuperLink, `fedccrl train` with `train.engine: flower` (~75 s), and CCST /
