@@ -13,13 +13,15 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --upgrade pip
 	$(BIN)/pip install -c constraints.txt torch==2.14.1 torchvision==0.29.1
-	$(BIN)/pip install -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install -c constraints.txt -e '.[full,dev]'
 	touch $(STAMP)
 
-lock: $(STAMP)  ## regenerate constraints.txt from .venv: pip freeze, without fedccrl itself
+lock: $(STAMP)  ## regenerate constraints.txt from .venv: pip freeze, without fedccrl itself, + the serve extra's onnxruntime
 	{ echo "# Exact versions of every package in .venv except fedccrl itself; make installs with -c constraints.txt."; \
-	  echo "# Regenerate after changing dependencies: make lock"; \
-	  $(BIN)/pip freeze --exclude-editable | grep -v '^#' | grep -iv '^fedccrl=='; } > constraints.txt
+	  echo "# Regenerate after changing dependencies: make lock. onnxruntime (the serve extra's CPU build) is pinned"; \
+	  echo "# at the version of .venv's onnxruntime-gpu (the full install's build of the same release)."; \
+	  { $(BIN)/pip freeze --exclude-editable | grep -v '^#' | grep -iv '^fedccrl=='; \
+	    $(BIN)/pip freeze | sed -n 's/^onnxruntime-gpu==/onnxruntime==/p'; } | sort -f; } > constraints.txt
 	touch $(STAMP)  # the venv is what the file now says
 
 repro: $(STAMP)   ## the main job: dvc repro on the embedded default dataset

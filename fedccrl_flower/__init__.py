@@ -1,4 +1,4 @@
-"""Flower (1.41, Message API) engine for fedccrl_core: a ServerApp and a ClientApp that move the
+"""Flower (1.42, Message API) engine for fedccrl_core: a ServerApp and a ClientApp that move the
 payloads of any fedccrl_core algorithm, plus launchers for simulation and deployment (run.py).
 
 One algorithm, one implementation: the apps call `Algorithm.client_upload`, `server_payloads`,

@@ -1,10 +1,10 @@
 """Launch the Flower engine from Python (pipeline/train.py with `train.engine: flower`, and the tests).
 
-Two modes, one ServerApp/ClientApp (flower_app/pyproject.toml describes the app; its FAB holds only
-that file, the code comes from the installed fedccrl_core / fedccrl_flower packages, the data from
-each SuperNode's own folders):
+Two modes, one ServerApp/ClientApp (fedccrl_flower/app/pyproject.toml, package data, describes the
+app; its FAB holds only that file, the code comes from the installed fedccrl_core / fedccrl_flower
+packages, the data from each SuperNode's own folders):
 
-- simulation: a SuperLink started with `--simulation`, then `flwr run flower_app <connection>
+- simulation: a SuperLink started with `--simulation`, then `flwr run <APP_DIR> <connection>
   --federation-config "num-supernodes=N ..."`; Flower's Ray backend runs the ClientApps, node k
   gets partition-id=k (-> the k-th source client of the manifest).
 - deployment: a SuperLink and one SuperNode per source client as separate processes (`--insecure`
@@ -41,8 +41,7 @@ from fedccrl_flower import messages as M
 from fedccrl_flower.server_app import ServerSpec, report_dir
 from fedccrl_flower.settings import FlowerSettings
 
-REPO = Path(__file__).resolve().parents[1]
-APP_DIR = REPO / "flower_app"
+APP_DIR = Path(__file__).resolve().parent / "app"  # the Flower App's pyproject.toml, installed with the package
 BIN = Path(sys.executable).parent
 CONNECTION = "fedccrl"
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -62,7 +61,6 @@ def free_port() -> int:
 def flower_env(flwr_home: Path, extra: dict | None = None) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     env["FLWR_HOME"] = str(flwr_home)
     env.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     env.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -176,7 +174,7 @@ class Federation:
 
     def submit(self, spec: ServerSpec, run_config: dict | None = None, federation_config: str = "",
                app_dir: Path = APP_DIR) -> int:
-        """`flwr run flower_app <connection> --run-config <toml>`: the spec travels in the run config."""
+        """`flwr run <app_dir> <connection> --run-config <toml>`: the spec travels in the run config."""
         import tomli_w
 
         cfg = {M.RUN_SPEC: json.dumps(asdict(spec)), **(run_config or {})}
@@ -241,19 +239,25 @@ class LocalFederation(Federation):
             self.close()
             raise
 
-    def add_supernode(self, name: str, node_config: dict, threads: int = 0, wait: bool = True) -> Proc:
+    def add_supernode(self, name: str, node_config: dict, threads: int = 0, wait: bool = True,
+                      bin_dir: Path | None = None, cwd: Path | None = None) -> Proc:
         """One SuperNode (`--insecure`, node config e.g. client-id/shards/pools/state-dir); `threads`
         sets OMP_NUM_THREADS (torch's intra-op threads) for its ClientApps (0: torch's default);
-        `wait=False` returns at once (then call `wait_supernodes`)."""
+        `wait=False` returns at once (then call `wait_supernodes`). `bin_dir`: the bin folder of
+        another Python environment where fedccrl is installed (e.g. from its wheel): the SuperNode and
+        its ClientApps run from there, with no PYTHONPATH, in `cwd`."""
         if self.simulation:
             raise ValueError("a simulation SuperLink runs its own simulated SuperNodes")
         port = free_port()
         cfg = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in node_config.items())
-        args = [str(BIN / "flower-supernode"), "--insecure", "--superlink", self.address, "--port", str(port),
-                "--node-config", cfg]
+        args = [str((bin_dir or BIN) / "flower-supernode"), "--insecure", "--superlink", self.address, "--port",
+                str(port), "--node-config", cfg]
         k = self._restarts[name] = self._restarts.get(name, -1) + 1
         env = {**self.env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else self.env
-        proc = Proc(f"supernode {name}", args, env, self.workdir / "logs" / f"supernode-{name}-{k}.log")
+        if bin_dir is not None:
+            env = {key: v for key, v in env.items() if key != "PYTHONPATH"}
+            env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"  # flwr-clientapp of that environment
+        proc = Proc(f"supernode {name}", args, env, self.workdir / "logs" / f"supernode-{name}-{k}.log", cwd=cwd)
         proc.health_url = f"http://127.0.0.1:{port}/health"
         self.supernodes[name] = proc
         if wait:

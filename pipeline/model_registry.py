@@ -49,6 +49,22 @@ def weights_sha256(onnx_path: Path) -> str:
     return h.hexdigest()
 
 
+# The repository modules that the logged pyfunc (serving/pyfunc.py) imports when it is loaded and predicts, with
+# their packages' __init__.py: the logged model ships these and no other source (tests/test_export.py loads it
+# where nothing else of the repository is importable).
+SERVING_CODE = ("serving/__init__.py", "serving/pyfunc.py", "serving/runtime.py", "serving/console.py",
+                "serving/metadata.py", "serving/preprocess.py", "fedccrl_core/__init__.py", "fedccrl_core/errors.py",
+                "fedccrl_core/data/__init__.py", "fedccrl_core/data/images.py")
+
+
+def _code_tree(root: Path, dest: Path) -> list[str]:
+    """Copy SERVING_CODE from root into dest in its package layout; return the top-level folders (code_paths)."""
+    for rel in SERVING_CODE:
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / rel, dest / rel)
+    return [str(dest / top) for top in sorted({rel.split("/")[0] for rel in SERVING_CODE})]
+
+
 def registered_model_name(meta: dict) -> str:
     """One registered model per (dataset, algorithm)."""
     return f"fedccrl-{sanitize(meta.get('dataset', 'model'))}-{sanitize(meta.get('algorithm', 'model'))}"
@@ -127,7 +143,7 @@ def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example_u8
                          model_id=logged.model_id,
                          registered_model_name=name, tags=tags, python_model=pyfunc.ImageClassifier(),
                          artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
-                         code_paths=[str(root / "serving"), str(root / "fedccrl_core")],
+                         code_paths=_code_tree(root, Path(tmp) / "code"),
                          signature=pyfunc.signature(meta["classes"], example_u8),
                          pip_requirements=serving_requirements())
     version = info.registered_model_version

@@ -95,7 +95,7 @@ def run(args: list[str], ws: Path, env: dict, timeout: float = 900) -> subproces
 def setup(ws: Path) -> None:
     ws.mkdir(parents=True, exist_ok=True)
     shutil.copy(REPO / "dvc.yaml", ws / "dvc.yaml")
-    for code in ("fedccrl_core", "fedccrl_flower", "flower_app", "serving", "pipeline"):
+    for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):
         (ws / code).symlink_to(REPO / code)
     write_params(ws / "params.yaml")
     env = env_for(ws, ws / "mlflow.db")
@@ -165,8 +165,8 @@ def temps(root: Path, own: Path) -> list[str]:
     """fsio temporary paths in the workspace (of the other faults' folders, none: they are not this fault's)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in (".dvc", "fedccrl_core", "fedccrl_flower", "flower_app",
-                                                        "serving", "pipeline")
+        dirnames[:] = [d for d in dirnames if d not in (".dvc", "fedccrl_core", "fedccrl_flower", "serving",
+                                                        "pipeline")
                        and (Path(dirpath) != root / "faults" or d == own.name)]
         found += [os.path.join(dirpath, n) for n in dirnames + filenames if TEMP_RE.match(n)]
     return sorted(os.path.relpath(f, root) for f in found)

@@ -109,3 +109,27 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.section(f"left to the full tier (make test-all): {total} tests")
     for name, (n, reasons) in sorted(_left_to_full.items()):
         terminalreporter.write_line(f"{name} ({n}): {'; '.join(sorted(reasons))}")
+
+
+# ---- the wheel and venvs outside the repository (tests/wheel_envs.py): built once per session, full tier only
+@pytest.fixture(scope="session")
+def fedccrl_wheel(tmp_path_factory) -> Path:
+    from wheel_envs import build_wheel
+
+    return build_wheel(tmp_path_factory.mktemp("wheel"))
+
+
+@pytest.fixture(scope="session")
+def serve_venv(fedccrl_wheel, tmp_path_factory) -> Path:
+    """A fresh venv with `<wheel>[serve]` from the package index (-c constraints.txt)."""
+    from wheel_envs import serve_venv
+
+    return serve_venv(tmp_path_factory.mktemp("venvs"), fedccrl_wheel)
+
+
+@pytest.fixture(scope="session")
+def full_venv(fedccrl_wheel, tmp_path_factory) -> Path:
+    """A fresh venv with the wheel (--no-deps) and the training dependencies of this interpreter (a .pth file)."""
+    from wheel_envs import full_venv
+
+    return full_venv(tmp_path_factory.mktemp("venvs"), fedccrl_wheel)

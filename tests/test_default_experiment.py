@@ -33,7 +33,7 @@ def default_ws(tmp_path_factory):
     ws = tmp_path_factory.mktemp("default")
     for f in ("dvc.yaml", "params.yaml"):
         shutil.copy(REPO / f, ws / f)
-    for code in ("fedccrl_core", "fedccrl_flower", "flower_app", "serving", "pipeline"):
+    for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):
         (ws / code).symlink_to(REPO / code)
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
            "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}

@@ -22,11 +22,11 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-CODE_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "flower_app", "scripts", "tests")
+CODE_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "scripts", "tests")
 
 ISSUE = re.compile(r"\bissues?\s*#?\d+|(?<![\w&#/])#\d+\b", re.I)
 # a path into the repository: a top-level folder of the project, or a Markdown/config file named at the top
-TOP_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "flower_app", "scripts", "tests", "docs", ".ci")
+TOP_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "scripts", "tests", "docs", ".ci")
 PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*[\w/]|[A-Za-z][\w-]*\.md\b)" % "|".join(re.escape(d) for d in TOP_DIRS))
 
 

@@ -22,7 +22,7 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower")
-FLOWER_APP = "flower_app/pyproject.toml"  # `flwr run flower_app`: the train stage's Flower engine (train.engine)
+FLOWER_APP = "fedccrl_flower/app/pyproject.toml"  # `flwr run` of the train stage's Flower engine (train.engine)
 MODULES = {(".".join(p.relative_to(ROOT).with_suffix("").parts[:-1]) if p.name == "__init__.py"
             else ".".join(p.relative_to(ROOT).with_suffix("").parts)): p
            for pkg in OWN for p in (ROOT / pkg).rglob("*.py")}
@@ -79,7 +79,7 @@ def stage_roots(stage: dict) -> set[str]:
 def needed_files(stage: dict) -> set[str]:
     used = closure(stage_roots(stage), VALIDATION_ONLY)
     files = {MODULES[m].relative_to(ROOT).as_posix() for m in used}
-    if "fedccrl_flower.run" in used:  # the Flower engine starts `flwr run flower_app`: its components run too
+    if "fedccrl_flower.run" in used:  # the Flower engine starts `flwr run` on its app: its components run too
         comps = tomllib.loads((ROOT / FLOWER_APP).read_text())["tool"]["flwr"]["app"]["components"]
         extra = closure({ref.split(":")[0] for ref in comps.values()}, VALIDATION_ONLY)
         files |= {MODULES[m].relative_to(ROOT).as_posix() for m in extra} | {FLOWER_APP}
@@ -89,8 +89,7 @@ def needed_files(stage: dict) -> set[str]:
 def py_files(dep: str) -> set[str]:
     p = ROOT / dep
     if p.is_dir():
-        return {f.relative_to(ROOT).as_posix() for f in p.rglob("*.py")} | (
-            {f"{dep}/pyproject.toml"} if (p / "pyproject.toml").is_file() else set())
+        return {f.relative_to(ROOT).as_posix() for f in [*p.rglob("*.py"), *p.rglob("pyproject.toml")]}
     return {dep}
 
 
@@ -112,7 +111,7 @@ STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
 @pytest.mark.parametrize("name", sorted(STAGES))
 def test_stage_deps_are_exactly_the_code_it_imports(name):
     stage = STAGES[name]
-    code_deps = [d for d in stage.get("deps", []) if str(d).split("/")[0] in (*OWN, "flower_app")]
+    code_deps = [d for d in stage.get("deps", []) if str(d).split("/")[0] in OWN]
     listed = set().union(*(py_files(d) for d in code_deps)) if code_deps else set()
     needed = needed_files(stage)
     assert listed == needed, (

@@ -6,6 +6,9 @@ the model is a random small_cnn at 32 px (parity does not need a trained model).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +27,7 @@ from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.models import build_model
 from pipeline import onnx_export
 from pipeline.export import command
-from pipeline.model_registry import log_to_mlflow, sanitize
+from pipeline.model_registry import SERVING_CODE, log_to_mlflow, sanitize
 from pipeline.onnx_export import export_onnx, metadata_props
 from serving.metadata import parse_metadata
 
@@ -234,6 +237,27 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     by_path = pf.unwrap_python_model().predict(None, files)
     assert list(by_path["class"]) == list(got["class"][:3])
     np.testing.assert_allclose(by_path["probability"], got["probability"][:3], atol=1e-6)  # PNG is lossless
+
+    # the logged model ships only the serving code, and that is enough: loaded and run where nothing else of the
+    # repository is importable (no PYTHONPATH, no editable-install finder, another working directory)
+    local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "logged")))
+    shipped = sorted(p.relative_to(local / "code").as_posix() for p in (local / "code").rglob("*.py"))
+    assert shipped == sorted(SERVING_CODE)
+    np.save(tmp_path / "x.npy", x)
+    script = (
+        "import sys, json, numpy as np\n"
+        "sys.meta_path[:] = [f for f in sys.meta_path if 'editable' not in getattr(f, '__module__', '')]\n"
+        "import mlflow.pyfunc\n"
+        f"pf = mlflow.pyfunc.load_model({str(local)!r})\n"
+        f"out = pf.predict(np.load({str(tmp_path / 'x.npy')!r}))\n"
+        "mods = [m.__file__ for n, m in sys.modules.items() if n.split('.')[0] in ('serving', 'fedccrl_core')]\n"
+        "print(json.dumps({'classes': list(out['class']), 'files': mods}))\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    isolated = json.loads(run.stdout.strip().splitlines()[-1])
+    assert isolated["classes"] == list(got["class"])
+    assert isolated["files"] and all(f.startswith(str(local / "code")) for f in isolated["files"]), isolated["files"]
 
     # export twice more: no new version, the training run's end time untouched
     for _ in range(2):

@@ -345,7 +345,7 @@ def test_reference_variant_through_dvc(tmp_path):
     from test_pipeline import REPO, _env, _run, _write_params
 
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
-    for code in ("fedccrl_core", "fedccrl_flower", "flower_app", "serving", "pipeline"):
+    for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):
         (tmp_path / code).symlink_to(REPO / code)
     _write_params(tmp_path, **{"train.rounds": 1, "train.local_epochs": 1, "train.held_out": [3],
                                "train.algorithms": ["fedccrl"], "train.fedccrl.variant": "reference"})

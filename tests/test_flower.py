@@ -2,10 +2,11 @@
 loop over a loopback Grid (every message makes Flower's wire round trip) for every registered
 algorithm against the in-process engine, faults (dead client, min_clients, malformed updates,
 ServerApp resume), and real processes: a SuperLink and three SuperNodes on 127.0.0.1
-(`--insecure`), and `flwr run` on a simulation SuperLink (Ray, offline).
+(`--insecure`; the SuperNodes run from the installed wheel, outside the checkout: `deployment`), one
+SuperNode of the wheel alone completing a round, and `flwr run` on a simulation SuperLink (Ray, offline).
 
 The fast tier (`make test`) runs the message checks and the loopback; the full tier (`make test-all`) adds
-the real processes: the deployment end to end (~95 s on 2 shared CPU cores: Flower 1.41 starts a fresh
+the real processes: the deployment end to end (~95 s on 2 shared CPU cores: Flower 1.42 starts a fresh
 ClientApp process, i.e. a torch import, per message), the process-level fault test (kill -9 a SuperNode
 mid-round, restart it, `flwr stop` + rerun; ~2-2.5 min, mostly timeouts), the process-level malformed update
 (~65 s), `flwr run` on a simulation SuperLink, `fedccrl train` with `train.engine: flower` (~75 s), and CCST /
@@ -32,15 +33,13 @@ import pytest
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # until pyproject's package list names fedccrl_flower (the SuperNodes get PYTHONPATH)
-    sys.path.insert(0, str(REPO))
+from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
+from fedccrl_core.federation.client import ClientData
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core import contract
+from fedccrl_flower import messages as M
 
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm  # noqa: E402
-from fedccrl_core.federation.client import ClientData  # noqa: E402
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine  # noqa: E402
-from fedccrl_flower import messages as M  # noqa: E402
-from fedccrl_core import contract  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 BIN = Path(sys.executable).parent
 HELD_OUT = "sketch"
@@ -612,22 +611,24 @@ def _records(work: Path, run_id: int) -> list[dict]:
 
 
 @pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
-@pytest.mark.timeout(900)
-def test_deployment_end_to_end_matches_inprocess(data, inprocess_fedccrl, tmp_path):
-    """`train.engine: flower`, deployment: a SuperLink and 3 SuperNodes as processes (--insecure on
-    127.0.0.1), 2 rounds of FedCCRL; MLflow gets the in-process engine's record per round; the
-    statistics pools travel in the messages; the numbers equal the in-process engine's (one
-    torch thread on both sides)."""
-    from fedccrl_flower.run import FlowerSettings, run_flower
+@pytest.mark.timeout(1800)
+def test_deployment_end_to_end_matches_inprocess(deployment, data, inprocess_fedccrl, tmp_path):
+    """A deployment: a SuperLink and 3 SuperNodes as processes (--insecure on 127.0.0.1), the
+    SuperNodes from the installed wheel in a folder with no checkout (`deployment`), 2 rounds of
+    FedCCRL; MLflow gets the in-process engine's record per round; the statistics pools travel in
+    the messages; the numbers equal the in-process engine's (one torch thread on both sides)."""
+    from fedccrl_flower.run import wait_for_result
     from pipeline.tracking import ChildRun, parent_run_id
 
+    fed, _ = deployment
     run = ChildRun("flower-test", parent_run_id("flower-test", "k", {}), "deployment", {}, {})
     t0 = time.perf_counter()
-    res = run_flower(FlowerSettings(mode="deployment", min_clients=3, client_threads=1, run_timeout_s=600),
-                     make_spec(data, tmp_path / "work"), data / "pools", on_round=run.log_round)
+    work = tmp_path / "work"
+    run_id = fed.submit(make_spec(data, work, num_clients=3, min_clients=3))
+    res = wait_for_result(fed, run_id, work, on_round=run.log_round, timeout=600)
     seconds = time.perf_counter() - t0
     run.finish()
-    print(f"deployment, 2 rounds FedCCRL, 3 SuperNodes: {seconds:.1f}s")
+    print(f"deployment, 2 rounds FedCCRL, 3 SuperNodes from the wheel: {seconds:.1f}s")
     assert_same_history(res.history, inprocess_fedccrl.history, tol=0.0)
     for k, v in inprocess_fedccrl.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
@@ -643,24 +644,55 @@ def test_deployment_end_to_end_matches_inprocess(data, inprocess_fedccrl, tmp_pa
 
     hist = mlflow.MlflowClient().get_metric_history(run.run_id, "target_acc")
     assert [(m.step, m.value) for m in hist] == [(r["round"], pytest.approx(r["target_acc"])) for r in res.history]
-    assert not list((tmp_path / "work" / "federation").glob("*.fab"))  # the FAB is built in memory: no data in it
+    assert not list(fed.workdir.glob("*.fab")) and not list(work.glob("*.fab"))  # the FAB is built in memory
+    logs = [p.log_path.read_text() for p in fed.supernodes.values()]
+    assert all(log.count("Receiving: train message") >= 2 for log in logs)  # every wheel SuperNode trained both rounds
+
+
+def add_wheel_supernode(fed, data: Path, cid: str, root: Path, full_venv: Path, wait: bool = True):
+    """A SuperNode of the installed wheel's venv (tests/wheel_envs.py), in <root>/site-<cid>: no checkout there."""
+    site = root / f"site-{cid}"
+    site.mkdir(exist_ok=True)
+    return fed.add_supernode(cid, _node_config(data, cid, root / "client-state"), threads=1, wait=wait,
+                             bin_dir=full_venv / "bin", cwd=site)
 
 
 @pytest.fixture(scope="module")
-def deployment(data, tmp_path_factory):
-    """One SuperLink + 3 SuperNodes (one torch thread each), shared by the fault tests; every process
-    group is killed at the end, whatever happened."""
+def deployment(data, full_venv, tmp_path_factory):
+    """One SuperLink + 3 SuperNodes (one torch thread each), shared by the deployment tests. The SuperNodes
+    run from the installed wheel, not from the checkout: `full_venv` has the wheel installed with --no-deps
+    and reaches the training dependencies (torch, ...) through a .pth file pointing at this interpreter's
+    site-packages (tests/wheel_envs.py); they run with no PYTHONPATH, each in a folder with no checkout.
+    Every process group is killed at the end, whatever happened."""
     from fedccrl_flower.run import LocalFederation
 
     root = tmp_path_factory.mktemp("federation")
     fed = LocalFederation(root / "fed")
     try:
         for cid in SOURCES:
-            fed.add_supernode(cid, _node_config(data, cid, root / "client-state"), threads=1, wait=False)
+            add_wheel_supernode(fed, data, cid, root, full_venv, wait=False)
         fed.wait_supernodes()
         yield fed, root
     finally:
         fed.close()
+
+
+@pytest.mark.full("a Flower deployment of real processes, the SuperNode from the wheel installed in a venv")
+@pytest.mark.timeout(1800)
+def test_one_supernode_from_the_installed_wheel_completes_a_round(data, full_venv, tmp_path):
+    """In a folder with no checkout, one SuperNode of the installed wheel joins a loopback federation
+    (SuperLink on 127.0.0.1) and completes a round of FedAvg; its ClientApp imports fedccrl from the wheel."""
+    from fedccrl_flower.run import LocalFederation, wait_for_result
+
+    with LocalFederation(tmp_path / "fed") as fed:
+        node = add_wheel_supernode(fed, data, "art_c0", tmp_path, full_venv)
+        work = tmp_path / "work"
+        run_id = fed.submit(make_spec(data, work, "fedavg", rounds=1, num_clients=1, min_clients=1))
+        res = wait_for_result(fed, run_id, work, timeout=600)
+        log = node.log_path.read_text()
+    assert [r["round"] for r in res.history] == [1] and res.history[0]["clients"] == 1
+    assert "train_acc/art_c0" in res.history[0] and "Receiving: train message" in log
+    assert (node.args[0]).startswith(str(full_venv))
 
 
 EVIL_CLIENT = """
@@ -716,7 +748,7 @@ def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
 
 @pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
 @pytest.mark.timeout(900)
-def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, data, tmp_path):
+def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, data, full_venv, tmp_path):
     """Process-level faults on one federation:
     (a) min_clients cannot be met -> the run fails with a clear message (FlowerRunError);
     (b) the photo SuperNode is SIGKILLed while it trains in round 2 -> round 2 completes with the
@@ -741,7 +773,7 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
     _wait(lambda: photo.log_path.read_text().count("Receiving: train message") >= seen + 2, 240,
           "round 2 at photo_c0")
     photo.kill()
-    fed.add_supernode("photo_c0", _node_config(data, "photo_c0", root / "client-state"), threads=1)
+    add_wheel_supernode(fed, data, "photo_c0", root, full_venv)
     _wait(lambda: len(_records(work, run_id)) >= 2, 240, "round 2's record")
     fed.stop_run(run_id)
     _wait(lambda: fed.status(run_id).get("status", "").startswith("finished"), 60, "the stopped run", poll=2)

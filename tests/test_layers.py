@@ -41,7 +41,7 @@ FLOORS = {
     "fedccrl_core.federation": 3, "fedccrl_core.runs": 3,
     "fedccrl_core.viz": 4,
 }
-OUTSIDE_THE_LIBRARY = ("pipeline", "serving", "fedccrl_flower", "flower_app", "benchmarks", "click", "mlflow", "dvc",
+OUTSIDE_THE_LIBRARY = ("pipeline", "serving", "fedccrl_flower", "benchmarks", "click", "mlflow", "dvc",
                        "flwr")
 ABOVE_SERVING_AND_FLOWER = ("pipeline", "benchmarks")
 ABOVE_PIPELINE = ("benchmarks",)
@@ -170,7 +170,7 @@ def test_downward_and_sideways_imports_pass():
     assert violations("fedccrl_core.algorithms", "from .base import Algorithm", is_package=True) == []
 
 
-OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "flower_app", "benchmarks")
+OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "benchmarks")
 EVERY_SOURCE = sorted(p for pkg in (*OWN, "tests", "scripts") for p in (ROOT / pkg).rglob("*.py"))  # tests too
 
 

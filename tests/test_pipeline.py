@@ -59,7 +59,7 @@ SMALL = {"train.rounds": 2, "train.local_epochs": 1, "train.held_out": ["photo",
 def repro_ws(tmp_path_factory):
     ws = tmp_path_factory.mktemp("repro")
     shutil.copy(REPO / "dvc.yaml", ws / "dvc.yaml")
-    for code in ("fedccrl_core", "fedccrl_flower", "flower_app", "serving", "pipeline"):  # code deps of the stages
+    for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):  # code deps of the stages
         (ws / code).symlink_to(REPO / code)
     _write_params(ws, **SMALL)
     _run(["dvc", "init", "--no-scm", "-q"], ws)
