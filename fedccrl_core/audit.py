@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedccrl_core.data.pools import sample_statistics
-from fedccrl_core.privacy.dp import privatize_rows
+from fedccrl_core.privacy.dp import privatize
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_core.seeding import numpy_rng
 
@@ -43,7 +43,7 @@ def release(c: Client, r: float, seed: int, rnd: int, privacy: PrivacySettings) 
     chosen = sample_statistics(idx, idx, r, rng)[0][:, 0]  # Eq. 8's draw, as StatisticsExchange.client_upload
     mu, sigma = c.mu[chosen], c.sigma[chosen]
     if privacy.on_statistics:
-        mu, sigma = privatize_rows(mu, sigma, privacy, rng)
+        mu, sigma = privatize(mu, sigma, privacy, rng)
     return np.concatenate([mu, sigma], axis=1).astype(np.float64), chosen
 
 

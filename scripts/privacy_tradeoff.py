@@ -1,11 +1,12 @@
-"""The privacy trade-off table of docs/privacy.md: epsilon in {inf, 8, 4, 1} x {fedccrl, fedavg}, on the default
-data (the shards and pools of `dvc repro`), one held-out domain, params.yaml's training settings, in-process on
-the CPU with one torch thread. For each finite epsilon the noise multipliers are set by bisection so that the
-accountant (fedccrl_core/privacy/accountant.py) reaches epsilon after train.rounds rounds: FedAvg spends it on
-the weights alone; FedCCRL splits it, z_w = 2 z_s (the same Gaussian on both channels, its weights channel seeing
-a sensitivity 2 S). Prints one markdown row per cell: target accuracy of the last round, the audit's membership
-TPR at FPR 1 % after the last round, epsilon spent.
-Usage:  OMP_NUM_THREADS=1 python scripts/privacy_tradeoff.py [data dir (default data)] [held-out domain (sketch)]
+"""The privacy trade-off table and plot of docs/privacy.md: epsilon in {inf, 8, 4, 1}, on the default data (the
+shards and pools of `dvc repro`), one held-out domain, params.yaml's training settings, in-process on the CPU with
+one torch thread. Four configurations: FedCCRL with DP on both channels, FedCCRL with DP on the statistics alone
+(rows, then moments: train.privacy.stats_release), FedAvg (weights). For each finite epsilon the noise
+multipliers are set by bisection so that the accountant (fedccrl_core/privacy/accountant.py) reaches epsilon after
+train.rounds rounds; with both channels z_w = 2 z_s (the same Gaussian on both, the weights channel seeing a
+sensitivity 2 S). Prints one markdown row per cell: target accuracy of the last round, the audit's membership TPR
+at FPR 1 % after the last round, epsilon spent; and draws both against epsilon into the plot.
+Usage:  OMP_NUM_THREADS=1 python scripts/privacy_tradeoff.py [data dir (data)] [held-out domain (sketch)] [plot.png]
 """
 from __future__ import annotations
 
@@ -32,15 +33,26 @@ ROOT = Path(__file__).resolve().parents[1]
 EPSILONS = (float("inf"), 8.0, 4.0, 1.0)
 
 
-def calibrate(target: float, algorithm: str, rounds: int, n_clients: int, sizes: dict) -> dict:
-    """train.privacy for `algorithm` whose epsilon after `rounds` is `target` (bisection on z_s, z_w = 2 z_s)."""
+CONFIGS = (  # (label, algorithm, statistics channel, weights channel, stats_release)
+    ("FedCCRL, both channels", "fedccrl", True, True, "rows"),
+    ("FedCCRL, statistics only (rows)", "fedccrl", True, False, "rows"),
+    ("FedCCRL, statistics only (moments)", "fedccrl", True, False, "moments"),
+    ("FedAvg, weights", "fedavg", False, True, "rows"),
+)
+
+
+def calibrate(target: float, stats: bool, weights: bool, release: str, rounds: int, n_clients: int,
+              sizes: dict) -> dict:
+    """train.privacy whose epsilon after `rounds` is `target` (bisection on z_s, z_w = 2 z_s)."""
     def settings(z):
-        return PrivacySettings(enabled=True, statistics=algorithm == "fedccrl", stats_noise_multiplier=z,
-                               weights_noise_multiplier=2 * z)
+        return PrivacySettings(enabled=True, statistics=stats, weights=weights, stats_release=release,
+                               stats_noise_multiplier=z, weights_noise_multiplier=2 * z)
 
     def eps(z):
         s = settings(z)
-        per_round = [A.weights_event(s, n_clients, n_clients)]
+        per_round = []
+        if s.on_weights:
+            per_round.append(A.weights_event(s, n_clients, n_clients))
         if s.on_statistics:
             per_round.append(A.statistics_event(s, sizes))
         return A.epsilon_of(per_round * rounds, s.delta)
@@ -52,43 +64,79 @@ def calibrate(target: float, algorithm: str, rounds: int, n_clients: int, sizes:
     return settings(hi).model_dump()
 
 
-def main(data: Path, held_out: str) -> None:
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = {e: i for i, e in enumerate(sorted(EPSILONS))}  # 1, 4, 8, inf as evenly spaced categories
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for label, *_ in CONFIGS:
+        mine = [r for r in rows if r["label"] == label]
+        x = [xs[r["epsilon"]] for r in mine]
+        axes[0].plot(x, [r["acc"] for r in mine], "o-", label=label)
+        if mine[0]["tpr"] is not None:
+            axes[1].plot(x, [r["tpr"] for r in mine], "o-", label=label)
+    for ax, title in zip(axes, ("target accuracy, last round", "membership TPR at FPR 1 %, last round")):
+        ax.set_xticks(list(xs.values()), [f"{e:g}" if e != float("inf") else "no DP" for e in xs])
+        ax.set_xlabel("epsilon (delta 1e-5)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    axes[1].axhline(0.01, color="grey", ls=":", lw=1)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def main(data: Path, held_out: str, plot_path: Path | None) -> None:
     torch.set_num_threads(1)
     cfg = load_config(ROOT / "params.yaml")
     settings = run_settings(cfg)
     manifest = load_manifest(data / "shards")
     sources = [d for d in manifest["domains"] if d != held_out]
     rounds, r = cfg.train.rounds, cfg.train.fedccrl.r
-    print("| algorithm | epsilon target | z_s | z_w | target acc | membership TPR @ FPR 1 % | epsilon spent |")
+    print("| configuration | epsilon target | z_s | z_w | target acc | membership TPR @ FPR 1 % | epsilon spent |")
     print("|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("fedccrl", "fedavg"):
+    tx, ty = load_domain_test(data / "shards", held_out)
+    results = []
+    for label, name, stats, weights, release in CONFIGS:
         clients = load_clients(data / "shards", data / "pools", sources, "cpu")
         sizes = {c.client_id: (c.n_train, int(np.ceil(r * c.n_train))) for c in clients}
         for target in EPSILONS:
-            privacy = None if target == float("inf") else calibrate(target, name, rounds, len(clients), sizes)
+            prior = [x for x in results if x["algorithm"] == name and x["epsilon"] == target == float("inf")]
+            if prior:  # without DP the configurations of one algorithm are the same run
+                results.append({**prior[0], "label": label})
+                continue
+            privacy = None if target == float("inf") else calibrate(target, stats, weights, release, rounds,
+                                                                    len(clients), sizes)
             local = settings.local.model_copy(update={"privacy": privacy})
-            tx, ty = load_domain_test(data / "shards", held_out)
             ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                           ClientData.from_numpy("t", held_out, tx, ty, tx[:0], ty[:0], "cpu").train_x,
                           torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
             alg = build_algorithm(name, local, getattr(cfg.train, name).model_dump())
-            backbone, pretrained = settings.backbone, settings.pretrained
             torch.manual_seed(0)
-            model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp)
+            model = alg.build_model(settings.backbone, len(manifest["classes"]), settings.pretrained, alg.hp)
             res = InProcessEngine(alg, model, clients, ev, rounds=rounds, seed=0, log=lambda m: None,
                                   client_fraction=cfg.train.client_fraction).run()
             last = res.history[-1]
             ps = PrivacySettings.from_mapping(privacy)
-            tpr = "-"  # FedAvg releases no statistics
+            tpr = None  # FedAvg releases no statistics
             if name == "fedccrl":
-                rows = audit([c for c in load_audit_clients(data / "shards", data / "pools")
-                              if c.domain in sources], r, rounds, 0, ps)["rounds"][-1]
-                tpr = f"{rows['tpr_at_fpr_0.01']:.3f}"
-            spent = last.get(contract.DP_EPSILON, float("inf"))
-            print(f"| {name} | {target:g} | {ps.stats_noise_multiplier if privacy and ps.on_statistics else 0:.2f} | "
-                  f"{ps.weights_noise_multiplier if privacy else 0:.2f} | {last[contract.TARGET_ACC]:.3f} | {tpr} | "
-                  f"{spent:.2f} |", flush=True)
+                tpr = audit([c for c in load_audit_clients(data / "shards", data / "pools")
+                             if c.domain in sources], r, rounds, 0, ps)["rounds"][-1]["tpr_at_fpr_0.01"]
+            results.append({"label": label, "algorithm": name, "epsilon": target, "acc": last[contract.TARGET_ACC],
+                            "tpr": tpr, "spent": last.get(contract.DP_EPSILON, float("inf")),
+                            "z_s": ps.stats_noise_multiplier if privacy and ps.on_statistics else 0.0,
+                            "z_w": ps.weights_noise_multiplier if privacy and ps.on_weights else 0.0})
+        for x in results[-len(EPSILONS):]:
+            print(f"| {x['label']} | {x['epsilon']:g} | {x['z_s']:.2f} | {x['z_w']:.2f} | {x['acc']:.3f} | "
+                  f"{'-' if x['tpr'] is None else format(x['tpr'], '.3f')} | {x['spent']:.2f} |", flush=True)
+    if plot_path is not None:
+        plot(results, plot_path)
+        print(f"wrote {plot_path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "data", sys.argv[2] if len(sys.argv) > 2 else "sketch")
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "data", sys.argv[2] if len(sys.argv) > 2 else "sketch",
+         Path(sys.argv[3]) if len(sys.argv) > 3 else None)

@@ -4,6 +4,7 @@ its formula, and the round loop's accounting and max_epsilon stop."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,8 +14,11 @@ from fedccrl_core import contract
 from fedccrl_core.algorithms import LocalConfig, Reply, build_algorithm
 from fedccrl_core.errors import ParamError
 from fedccrl_core.privacy import accountant as A
-from fedccrl_core.privacy.dp import DPFedAvgAggregation, clip_update, privatize_rows, stats_noise_std
+from fedccrl_core.privacy.dp import (DPFedAvgAggregation, clip_update, noisy_moments, privatize,
+                                     privatize_rows, stats_noise_std)
 from fedccrl_core.privacy.settings import PrivacySettings
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -110,6 +114,43 @@ def test_statistics_noise_std_matches_its_formula():
     assert abs(float(rmu.mean())) < 5 * 0.04 * d / math.sqrt(n)
 
 
+def test_moments_sensitivity_is_the_hand_calculation():
+    """Box mu in [-1, 2], sigma in [0, 1], C = 3: per channel the ranges of mu, sigma, mu^2, sigma^2 are 3, 1, 4, 1,
+    so D_m = sqrt(3 (9 + 1 + 16 + 1)) = 9."""
+    s = PrivacySettings(enabled=True, stats_mu_range=[-1.0, 2.0], stats_sigma_range=[0.0, 1.0])
+    assert s.moments_sensitivity(3) == pytest.approx(9.0)
+    assert PrivacySettings(enabled=True, stats_mu_range=[1.0, 2.0], stats_sigma_range=[0.5, 1.0]).moments_sensitivity(1) \
+        == pytest.approx(math.sqrt(1 + 0.25 + 9 + 0.5625))  # squares of [1, 2]: [1, 4]; of [0.5, 1]: [0.25, 1]
+
+
+def test_moments_noise_std_matches_its_formula():
+    """k rows: the released mean moves from the true mean by the noise on the sum over k, std z_s D_m / k
+    (4,000 draws of 6 coordinates)."""
+    s = PrivacySettings(enabled=True, stats_noise_multiplier=0.3, stats_mu_range=[-1.0, 2.0],
+                        stats_sigma_range=[0.0, 1.0])
+    rng = np.random.default_rng(0)
+    rows = np.concatenate([rng.uniform(-1, 2, (50, 3)), rng.uniform(0, 1, (50, 3))], axis=1)
+    errors = np.stack([noisy_moments(rows, s, rng)[0] - rows.mean(0) for _ in range(4000)])
+    std = 0.3 * 9.0 / 50
+    assert float(errors.std()) == pytest.approx(std, rel=5 / math.sqrt(2 * errors.size))
+    assert abs(float(errors.mean())) < 5 * std / math.sqrt(errors.size)
+
+
+def test_moments_release_keeps_the_count_and_the_box_and_tracks_the_rows():
+    s = PrivacySettings(enabled=True, stats_release="moments", stats_noise_multiplier=1e-6)
+    rng = np.random.default_rng(0)
+    mu, sigma = rng.normal(0.3, 0.2, (400, 3)), rng.uniform(0.2, 0.6, (400, 3))
+    rmu, rsig = privatize(mu.astype(np.float32), sigma.astype(np.float32), s, rng)
+    assert rmu.shape == (400, 3) and rmu.dtype == np.float32
+    assert rmu.min() >= -2.2 and rmu.max() <= 2.7 and rsig.min() >= 0.0 and rsig.max() <= 1.5
+    # almost no noise: the drawn rows have the rows' mean and spread per coordinate
+    np.testing.assert_allclose(rmu.mean(0), mu.mean(0), atol=5 * 0.2 / math.sqrt(400))
+    np.testing.assert_allclose(rmu.std(0), mu.std(0), rtol=0.2)
+    noisy = PrivacySettings(enabled=True, stats_release="moments", stats_noise_multiplier=50.0)
+    nmu, nsig = privatize(mu, sigma, noisy, np.random.default_rng(1))
+    assert nmu.min() >= -2.2 and nmu.max() <= 2.7 and nsig.min() >= 0.0 and nsig.max() <= 1.5
+
+
 def test_dp_fedavg_noise_std_matches_z_s_over_m():
     """Clients that return the global weights: the aggregate moves by the noise alone, std z S / m."""
     s = PrivacySettings(enabled=True, weights_clip=0.7, weights_noise_multiplier=1.3)
@@ -188,3 +229,22 @@ def test_max_epsilon_stops_before_the_release_that_would_exceed_it():
 def test_algorithms_the_mechanisms_do_not_cover_are_refused():
     with pytest.raises(ValueError, match="train.privacy.weights: ga aggregates with a rule of its own"):
         _engine({"enabled": True, "statistics": False}, algorithm="ga")
+
+
+def test_tradeoff_calibration_reaches_the_target_epsilon():
+    """scripts/privacy_tradeoff.py's bisection: the multipliers it returns spend the target epsilon over the
+    rounds, as the round loop's accountant composes them (6 clients of 108 images, r = 0.1, 10 rounds)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("privacy_tradeoff", ROOT / "scripts" / "privacy_tradeoff.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    sizes = {f"c{i}": (108, 11) for i in range(6)}
+    for target, (stats, weights, release) in ((8.0, (True, True, "moments")), (1.0, (False, True, "rows"))):
+        s = PrivacySettings.from_mapping(script.calibrate(target, stats, weights, release, 10, 6, sizes))
+        assert (s.on_statistics, s.on_weights, s.stats_release) == (stats, weights, release)
+        run = A.RunPrivacy(s)
+        for t in range(1, 11):
+            run.statistics(t, sizes)
+            run.weights(t, 6, 6)
+        assert run.record()[contract.DP_EPSILON] == pytest.approx(target, rel=1e-3)

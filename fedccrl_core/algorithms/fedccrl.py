@@ -30,7 +30,7 @@ from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import sample_statistics, unbiased_sigma
 from fedccrl_core.losses import fedccrl_loss
-from fedccrl_core.privacy.dp import privatize_rows
+from fedccrl_core.privacy.dp import privatize
 from fedccrl_core.privacy.settings import PrivacySettings
 
 # train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`
@@ -91,7 +91,7 @@ class StatisticsExchange:
         s = PrivacySettings.from_mapping(self.local.privacy)
         if not s.on_statistics:
             return upload
-        mu, sigma = privatize_rows(upload["mu"], upload["sigma"], s, rng)
+        mu, sigma = privatize(upload["mu"], upload["sigma"], s, rng)
         return {"mu": mu, "sigma": sigma}
 
     def server_payloads(self, uploads):

@@ -4,6 +4,10 @@ Statistics (Eq. 6-8's upload): each released row (mu_1..C, sigma_1..C) of one im
 `stats_mu_range`^C x `stats_sigma_range`^C; replacing the image moves the row by at most the box's diameter D
 (PrivacySettings.stats_sensitivity), so N(0, (z_s D)^2) is added to every coordinate. The noisy row is then
 clipped into the box again (post-processing: sigma stays a non-negative std for CCDT).
+With `stats_release: moments` the client instead releases the sums of its k clipped rows and of their squares,
+each coordinate noised with std z_s D_m (D_m the sensitivity of the stacked sums); the k rows it uploads are drawn
+from a Gaussian per coordinate with the mean and variance those noisy sums give, clipped into the box
+(post-processing of the noisy sums: the same privacy event, a noise k times smaller relative to the mean).
 
 Weights (Eq. 2's aggregate): client-level DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent
 Language Models", ICLR 2018, Alg. 1 with the fixed denominator): each sampled client's update
@@ -45,6 +49,35 @@ def privatize_rows(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings,
     nsig = csig + rng.normal(0.0, std, size=csig.shape)
     out_mu, out_sig = clip_rows(nmu, nsig, s)
     return out_mu.astype(dtype), out_sig.astype(dtype)
+
+
+def noisy_moments(rows: np.ndarray, s: PrivacySettings, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(mean, variance) per coordinate of k clipped rows [k, 2C], from their sum and their sum of squares, each
+    coordinate noised with std z_s D_m (PrivacySettings.moments_sensitivity); the variance floored at 0."""
+    k, width = rows.shape
+    std = s.stats_noise_multiplier * s.moments_sensitivity(width // 2)
+    s1 = rows.sum(0) + rng.normal(0.0, std, size=width)
+    s2 = (rows ** 2).sum(0) + rng.normal(0.0, std, size=width)
+    mean = s1 / k
+    return mean, np.maximum(s2 / k - mean ** 2, 0.0)
+
+
+def privatize_moments(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings,
+                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """k rows drawn from the noisy first and second moments of the k clipped rows (float64 inside, the input's
+    dtype out): mean = S1 / k, var = max(S2 / k - mean^2, 0), S1 and S2 noised with std z_s D_m."""
+    dtype = np.asarray(mu).dtype
+    cmu, csig = clip_rows(mu, sigma, s)
+    mean, var = noisy_moments(np.concatenate([cmu, csig], axis=1), s, rng)
+    drawn = mean + np.sqrt(var) * rng.standard_normal((len(cmu), mean.size))
+    out_mu, out_sig = clip_rows(drawn[:, :cmu.shape[1]], drawn[:, cmu.shape[1]:], s)
+    return out_mu.astype(dtype), out_sig.astype(dtype)
+
+
+def privatize(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings,
+              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """The statistics release that train.privacy.stats_release names."""
+    return (privatize_moments if s.stats_release == "moments" else privatize_rows)(mu, sigma, s, rng)
 
 
 def floating_keys(state: dict) -> list[str]:

@@ -4,7 +4,7 @@ validates params.yaml with this model before it does any work (pipeline/params.p
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
@@ -34,8 +34,13 @@ class PrivacySettings(Declared):
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta at which epsilon is reported and bounded")
     max_epsilon: float = Field(0.0, ge=0, description="stop before a release that would make epsilon exceed it; "
                                                        "0 = no limit")
+    stats_release: Literal["rows", "moments"] = Field(
+        "rows", description="rows: each of Eq. 8's k_i rows clipped and noised; moments: the noisy sums of those "
+        "k_i clipped rows and of their squares, from which k_i rows are drawn per coordinate (a Gaussian of that "
+        "mean and variance, post-processing); the same sampling, the same accounting")
     stats_noise_multiplier: float = Field(1.0, gt=0, description="z_s: noise std per coordinate = z_s x the "
-                                          "row's L2 sensitivity (the diameter of the clipping box)")
+                                          "release's L2 sensitivity (rows: the diameter of the clipping box; "
+                                          "moments: that of the box of (row, row squared))")
     stats_mu_range: Range = Field([-2.2, 2.7], description="clip each channel mean to [lo, hi]: the range of a "
                                   "normalized pixel under ImageNet's mean/std ((0 - 0.485)/0.229, (1 - 0.406)/0.225)")
     stats_sigma_range: Range = Field([0.0, 1.5], description="clip each channel std to [lo, hi]")
@@ -72,6 +77,15 @@ class PrivacySettings(Declared):
         `channels` means and `channels` stds."""
         (a, b), (c, d) = self.stats_mu_range, self.stats_sigma_range
         return math.sqrt(channels * (b - a) ** 2 + channels * (d - c) ** 2)
+
+    def moments_sensitivity(self, channels: int) -> float:
+        """L2 sensitivity of the stacked sums (sum of rows, sum of squared rows) under REPLACE_ONE: one row moves
+        each coordinate of the first by at most its range and of the second by the range of its square."""
+        def sq_range(lo, hi):
+            return max(lo * lo, hi * hi) - (0.0 if lo <= 0.0 <= hi else min(lo * lo, hi * hi))
+
+        (a, b), (c, d) = self.stats_mu_range, self.stats_sigma_range
+        return math.sqrt(channels * ((b - a) ** 2 + (d - c) ** 2 + sq_range(a, b) ** 2 + sq_range(c, d) ** 2))
 
     @classmethod
     def from_mapping(cls, d: dict | None) -> "PrivacySettings":
