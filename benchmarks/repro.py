@@ -1,4 +1,5 @@
 """`fedccrl bench-repro`: `dvc repro` of the default pipeline, timed stage by stage, against the 180 s target on 2 cores.
+Its headline is the share of the wall time spent outside the train stages (DVC itself included), against 20 %.
 
 Runs the repository's dvc.yaml and params.yaml from scratch in a temporary workspace (the code folders the
 stages depend on are linked, data/models/results are fresh; MLflow goes to a temporary SQLite store), with
@@ -24,6 +25,7 @@ import click
 import yaml
 
 TARGET_S = 180.0  # the budget of the main job: `dvc repro` of the default within 180 s on 2 cores
+OVERHEAD_TARGET = 0.20  # everything but the train stages: at most this share of `dvc repro`'s wall time
 
 
 def _children_cpu() -> float:
@@ -107,6 +109,12 @@ def _print(r: dict) -> None:
         s["cpu"] += row["cpu_s"]
         s["mlflow"] += row["mlflow_s"]
     echo = click.echo
+    train = by.get("train", {"startup": 0.0, "body": 0.0})
+    train_wall = train["startup"] + train["body"]
+    other = r["repro_wall_s"] - train_wall
+    echo(f"everything but training: {100 * other / r['repro_wall_s']:.1f} % of dvc repro's wall "
+         f"({other:.1f}s of {r['repro_wall_s']:.1f}s; training {train_wall:.1f}s; target at most "
+         f"{100 * OVERHEAD_TARGET:.0f} %: {'met' if other <= OVERHEAD_TARGET * r['repro_wall_s'] else 'MISSED'})")
     echo(f"dvc repro of the default, from scratch: wall {r['repro_wall_s']:.1f}s  cpu {r['repro_cpu_s']:.1f}s  "
          f"({r['cores']} cores, load average {r['load_avg']:.2f}; target {TARGET_S:.0f}s: "
          f"{'met' if r['repro_wall_s'] <= TARGET_S else 'MISSED'})")

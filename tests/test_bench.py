@@ -374,3 +374,22 @@ def test_fastest_picks_the_cheapest_candidate_by_its_best_repeat():
     assert calls == {"a": 4, "b": 4}
     tie, _ = fastest({"x": lambda: None, "y": lambda: None}, repeats=1, timer=lambda: 0.0)
     assert tie == "x"
+
+
+def test_bench_repro_headline_is_the_share_outside_training(capsys):
+    """bench-repro's first line: (dvc repro's wall - the train stages' wall) / dvc repro's wall, against 20 %."""
+    from benchmarks.repro import _print
+
+    row = lambda stage, startup, body: {"stage": stage, "startup_s": startup, "body_s": body, "cpu_s": body,  # noqa: E731
+                                        "mlflow_s": 0.0}
+    result = {"repro_wall_s": 200.0, "repro_cpu_s": 300.0, "cores": 2, "load_avg": 0.1,
+              "stages": [row("download", 1.0, 4.0), row("train", 2.0, 70.0), row("train", 2.0, 86.0),
+                         row("export", 1.5, 10.0)],
+              "thread_policy": {"ACTIVE": {"wall": 2.0, "cpu": 3.0}, "PASSIVE": {"wall": 1.0, "cpu": 1.0}}}
+    _print(result)
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith("everything but training: 20.0 % of dvc repro's wall (40.0s of 200.0s; training 160.0s")
+    assert first.endswith("met)")
+    result["repro_wall_s"] = 201.0
+    _print(result)
+    assert capsys.readouterr().out.splitlines()[0].endswith("MISSED)")
