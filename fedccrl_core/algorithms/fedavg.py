@@ -2,12 +2,7 @@
 from __future__ import annotations
 
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
-from fedccrl_core.hparams import HParams
-
-
-class FedAvgParams(HParams):
-    """train.fedavg: FedAvg has no hyperparameters (the empty group keeps dvc.yaml's train.${item.algorithm}
-    resolvable)."""
+from fedccrl_core.algorithm_params.fedavg import FedAvgParams
 
 
 class FedAvg(Algorithm):
