@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from fedccrl_core import contract
 from fedccrl_core import fastpath
 from fedccrl_core.aggregation import WeightedSum
-from fedccrl_core.client import ClientData, ClientState
 from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.client import ClientData, ClientState
 from fedccrl_core.hparams import HParams, validate
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import normalize_u8

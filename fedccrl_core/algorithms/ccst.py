@@ -43,6 +43,7 @@ import math
 import numpy as np
 import torch
 
+from fedccrl_core.algorithm_params.ccst import CCSTParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.augment.adain import (
     AdaINNetworks,
@@ -53,7 +54,6 @@ from fedccrl_core.augment.adain import (
     stylize,
     to_u8,
 )
-from fedccrl_core.algorithm_params.ccst import CCSTParams
 from fedccrl_core.seeding import derive_seed
 
 TRANSFER_BATCH = 32  # images per encoder/decoder batch (the reference's batch)

@@ -25,14 +25,13 @@ the F, C step. Adam and cosine as every algorithm here (the reference: SGD, warm
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.algorithm_params.fedadg import FedADGParams
+from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.models import FedModel, build_model
 
 

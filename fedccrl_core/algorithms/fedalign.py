@@ -46,11 +46,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core import contract
+from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment import augmix, sample_beta
 from fedccrl_core.augment.ccdt import mixstyle
-from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.losses import js_loss, representation_alignment_loss
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import denormalize, normalize

@@ -19,13 +19,12 @@ at `auto` follows `variant`. docs/algorithms/fedccrl.md lists them with the refe
 """
 from __future__ import annotations
 
-
 import numpy as np
 import torch
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
+from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import sample_statistics, unbiased_sigma
 from fedccrl_core.losses import fedccrl_loss

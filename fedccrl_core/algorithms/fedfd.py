@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
 from fedccrl_core.algorithm_params.fedfd import FDParams
+from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import channel_stats
 

@@ -28,14 +28,13 @@ statistics, instance statistics (TBN), instance feature adapter).
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms.fedfd import FedFD, bn_mode
 from fedccrl_core.algorithm_params.fedfd_a import FedFDAParams
+from fedccrl_core.algorithms.fedfd import FedFD, bn_mode
 
 
 class InstanceAdapter(nn.Module):

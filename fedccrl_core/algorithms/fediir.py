@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from fedccrl_core import contract
-from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithm_params.fediir import FedIIRParams
+from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.statistics import normalize_u8
 
 

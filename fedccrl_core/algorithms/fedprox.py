@@ -3,8 +3,8 @@ with w^t the global weights received this round."""
 from __future__ import annotations
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.algorithm_params.fedprox import FedProxParams
+from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 
 
 class FedProx(Algorithm):

@@ -25,7 +25,6 @@ Readings and departures (see also `FedSRParams`):
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import nn

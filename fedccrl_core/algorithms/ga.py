@@ -25,13 +25,12 @@ Readings and departures:
 """
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core.algorithm_params.ga import GAParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.aggregation import weighted_average
-from fedccrl_core.algorithm_params.ga import GAParams
 from fedccrl_core.statistics import normalize_u8
 
 

@@ -19,12 +19,11 @@ only for the global (held-out) model.
 """
 from __future__ import annotations
 
-
 import torch
 from torch import nn
 
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.algorithm_params.local_bn import LocalBNParams
+from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 BN_AFFINE = ("weight", "bias")
