@@ -25,6 +25,7 @@ the F, C step. Adam and cosine as every algorithm here (the reference: SGD, warm
 """
 from __future__ import annotations
 
+
 import torch
 import torch.nn.functional as F
 from torch import nn
