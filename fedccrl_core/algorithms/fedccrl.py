@@ -14,8 +14,9 @@ BatchNorm sees the batch statistics of all three views together.
 
 `variant: paper | reference`. The paper's Table 1 comes from the authors' code
 (SanphouWang/FedCCRL at 60b2d9b), which differs from the equations above. Each difference is a
-switch of its own (VARIANT_SWITCHES: key -> (paper reading, reference reading)); a switch left
-at `auto` follows `variant`. docs/algorithms/fedccrl.md lists them with the reference's file:line.
+switch of its own (VARIANT_SWITCHES, beside the hyperparameters in
+fedccrl_core/algorithm_params/fedccrl.py: key -> (paper reading, reference reading)); a switch left at `auto`
+follows `variant`. docs/algorithms/fedccrl.md lists them with the reference's file:line.
 """
 from __future__ import annotations
 
