@@ -48,7 +48,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from pipeline.cross_checks import resolve_held_out
     from pipeline.train import check_algorithm, run_settings
 
-    from fedccrl_core.algorithms.fedccrl import VARIANTS
+    from fedccrl_core.algorithm_params.fedccrl import VARIANTS
 
     params = apply_overrides(read_yaml(params_path), list(overrides))
     bad = [v for v in variants or [] if v not in VARIANTS]

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-BACKBONES = ("small_cnn", "mobilenet_v3_large", "resnet18", "resnet50")
+from fedccrl_core.backbone_names import BACKBONES
 
 
 class FedModel(nn.Module):

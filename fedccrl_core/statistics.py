@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import torch
 
-# ImageNet normalization: the eval transform of every backbone here (torchvision's weights use it).
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+from fedccrl_core.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
 
 
 def per_channel(values, like: torch.Tensor) -> torch.Tensor:

@@ -34,9 +34,10 @@ STAGES = {
 
 
 class _LazyGroup(click.Group):
-    """Imports a stage's module only when it runs (`fedccrl --help` and one stage import no other stage). Every
-    stage still imports torch: it validates the whole params.yaml first, whose `train.<algorithm>` groups are
-    declared beside each algorithm's torch code (fedccrl_core/algorithms/)."""
+    """Imports a stage's module only when it runs (one stage imports no other stage). Every stage validates the
+    whole params.yaml first, without torch (the `train.<algorithm>` groups are declared in
+    fedccrl_core/algorithm_params/): download, partition, pools, report and `fedccrl --help` import no torch
+    (tests/test_layers.py)."""
 
     def list_commands(self, ctx):
         return list(STAGES)

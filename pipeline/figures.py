@@ -17,7 +17,7 @@ from pipeline.mlflow_clock import timed
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
     import numpy as np
 
-    from fedccrl_core.algorithms.fedccrl import resolve_variant
+    from fedccrl_core.algorithm_params.fedccrl import resolve_variant
     from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.fsio import atomic_dir
     from fedccrl_core.results import load_runs_with_history, round_series

@@ -2,7 +2,8 @@
 read and before any MLflow run is opened.
 
 Each group is a pydantic model (fedccrl_core/hparams.py: strict types, unknown keys refused). `train.<algorithm>`
-is that algorithm's own declaration (`Algorithm.Params`), `train.flower` the Flower engine's
+is that algorithm's own declaration (`Algorithm.Params`, declared without torch in fedccrl_core/algorithm_params/,
+so a stage that trains nothing does not import torch), `train.flower` the Flower engine's
 (fedccrl_flower/settings.py): nothing here repeats them. Every problem becomes one line naming the key, the
 value and what is allowed (ParamError); `fedccrl <stage>` prints each as `error: ...` and exits 2.
 
@@ -25,13 +26,13 @@ import yaml
 from pydantic import Field, create_model, field_validator
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, TrainSettings
+from fedccrl_core.algorithm_params import PARAMS, LocalConfig, TrainSettings
+from fedccrl_core.backbone_names import BACKBONES
 from fedccrl_core.data.registry import AUTO, REGISTRY
 from fedccrl_core.data.shards import SCHEMES
 from fedccrl_core.errors import ParamError
 from fedccrl_core.hparams import Declared, validate
 from pipeline.cross_checks import check_config, resolve_held_out
-from fedccrl_core.models import BACKBONES
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
 
@@ -113,7 +114,7 @@ class TrainSweep(TrainSettings):
     settings every algorithm shares (those its local training reads are the library's TrainSettings)."""
 
     held_out: Annotated[list[HeldOut], Field(min_length=1)]
-    algorithms: Annotated[list[_one_of(ALGORITHMS)], Field(min_length=1)]  # type: ignore[valid-type]
+    algorithms: Annotated[list[_one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]
     seeds: Annotated[list[int], Field(min_length=1)]
     engine: Literal["inprocess", "flower"]
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
@@ -131,7 +132,7 @@ class TrainSweep(TrainSettings):
 
 # train.<algorithm>: each algorithm's own declaration (absent or partial groups take the declared defaults)
 TrainParams = create_model("TrainParams", __base__=TrainSweep,
-                           **{name: (cls.Params, Field(default_factory=cls.Params)) for name, cls in ALGORITHMS.items()})
+                           **{name: (params, Field(default_factory=params)) for name, params in PARAMS.items()})
 
 
 class EvaluateParams(Declared):

@@ -132,5 +132,6 @@ def test_closure_follows_lazy_and_relative_imports():
     assert {"fedccrl_core", "fedccrl_core.data"} <= closure({"fedccrl_core.data.shards"})  # parent packages
     assert "fedccrl_core.algorithms.base" in closure({"fedccrl_core.algorithms"})  # from .base import ...
     assert "pipeline.onnx_export" not in closure({"pipeline.report"})  # report does not export
-    assert "fedccrl_core.algorithms" in closure({"pipeline.params"})
+    assert "fedccrl_core.algorithm_params" in closure({"pipeline.params"})  # the hyperparameters, without torch
+    assert "fedccrl_core.algorithms" not in closure({"pipeline.params"})
     assert "fedccrl_core.algorithms" not in closure({"pipeline.report"}, VALIDATION_ONLY)

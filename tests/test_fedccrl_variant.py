@@ -17,7 +17,8 @@ import torch
 from torch import nn
 
 from fedccrl_core.algorithms import LocalConfig
-from fedccrl_core.algorithms.fedccrl import VARIANT_SWITCHES, FedCCRL, resolve_variant
+from fedccrl_core.algorithm_params.fedccrl import VARIANT_SWITCHES, resolve_variant
+from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.augment import fedccrl_augment
 from fedccrl_core.augment.augmix import (ALL_OPS, COLOR_OPS, OPS, apply_op, augmix_batch, batch_op_magnitude,
                                          sample_augmix_plan, sample_batch_augmix_plan, to_uint8_levels,

@@ -6,10 +6,11 @@ click or Flower. Inside it, a module may import its own floor or a lower one:
 
   floor 4  viz (figures over the library)
   floor 3  federation (the round loop, engines, checkpoints of a run), runs (a saved run re-evaluated)
-  floor 2  algorithms (hyperparameters + client hooks + server half)
+  floor 2  algorithms (client hooks + server half), algorithm_params (their hyperparameters, torch-free)
   floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, confusion, checkpoint,
            results, privacy, audit
-  floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey, progress
+  floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey, progress,
+           backbone_names, imagenet_stats
 
 So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
 fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). benchmarks (research tooling: the
@@ -33,11 +34,12 @@ FLOORS = {
     "fedccrl_core": 0, "fedccrl_core.errors": 0, "fedccrl_core.hparams": 0, "fedccrl_core.seeding": 0, "fedccrl_core.numerics": 0,
     "fedccrl_core.threads": 0, "fedccrl_core.procs": 0, "fedccrl_core.fastpath": 0, "fedccrl_core.contract": 0,
     "fedccrl_core.fsio": 0, "fedccrl_core.runkey": 0, "fedccrl_core.progress": 0,
+    "fedccrl_core.backbone_names": 0, "fedccrl_core.imagenet_stats": 0,
     "fedccrl_core.data": 1, "fedccrl_core.statistics": 1, "fedccrl_core.augment": 1, "fedccrl_core.losses": 1,
     "fedccrl_core.models": 1, "fedccrl_core.aggregation": 1, "fedccrl_core.client": 1,
     "fedccrl_core.evaluation": 1, "fedccrl_core.confusion": 1, "fedccrl_core.checkpoint": 1, "fedccrl_core.results": 1,
     "fedccrl_core.privacy": 1, "fedccrl_core.audit": 1,
-    "fedccrl_core.algorithms": 2,
+    "fedccrl_core.algorithms": 2, "fedccrl_core.algorithm_params": 2,
     "fedccrl_core.federation": 3, "fedccrl_core.runs": 3,
     "fedccrl_core.viz": 4,
 }
@@ -153,6 +155,31 @@ def test_serving_imports_without_torch():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "[]"
+
+
+NO_TRAINING = ("pipeline.download", "pipeline.partition", "pipeline.pools", "pipeline.report")
+
+
+@pytest.mark.parametrize("argv", [*(["-c", f"import {m}"] for m in NO_TRAINING),
+                                  ["-c", "from pipeline.params import load_config; load_config('params.yaml')"],
+                                  ["-m", "pipeline.cli", "--help"], ["-m", "pipeline.cli", "partition", "--help"]],
+                         ids=[*NO_TRAINING, "load_config", "fedccrl --help", "fedccrl partition --help"])
+def test_stages_that_do_not_train_import_neither_torch_nor_mlflow(argv):
+    """download, partition, pools and report validate the whole params.yaml (every algorithm's hyperparameters:
+    fedccrl_core/algorithm_params/) without importing torch, which they never use (about 2 s of CPU a stage); nor
+    MLflow at import (report logs its table to MLflow when it runs, importing it then)."""
+    import subprocess
+    import sys
+
+    code = ("import atexit, sys\n"
+            "atexit.register(lambda: print('IMPORTED', sorted(m for m in ('torch', 'mlflow') if m in sys.modules)))\n")
+    if argv[0] == "-m":
+        code += f"import runpy; sys.argv = ['fedccrl', *{argv[2:]!r}]; runpy.run_module({argv[1]!r}, run_name='__main__')\n"
+    else:
+        code += argv[1] + "\n"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().splitlines()[-1] == "IMPORTED []", r.stdout[-3000:]
 
 
 def test_benchmarks_is_outside_the_library_and_on_top():

@@ -240,7 +240,7 @@ def test_held_out_by_name_through_train_and_evaluate(tiny, tmp_path, monkeypatch
     from click.testing import CliRunner
 
     from fedccrl_core.algorithms import ALGORITHMS
-    from fedccrl_core.algorithms.fedccrl import resolve_variant
+    from fedccrl_core.algorithm_params.fedccrl import resolve_variant
     from pipeline.evaluate import command as evaluate
 
     _params(tmp_path, **{"train.held_out": ["sketch"], "train.algorithms": ["fedccrl"]})

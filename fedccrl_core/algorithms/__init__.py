@@ -1,7 +1,8 @@
 """Algorithm registry: name -> class. Every algorithm is listed here explicitly (no import side effects)."""
 from __future__ import annotations
 
-from fedccrl_core.algorithms.base import Algorithm, LocalConfig, Reply, TrainSettings
+from fedccrl_core.algorithm_params import PARAMS, LocalConfig, TrainSettings
+from fedccrl_core.algorithms.base import Algorithm, Reply
 from fedccrl_core.algorithms.ccst import CCST
 from fedccrl_core.algorithms.fedadg import FedADG
 from fedccrl_core.algorithms.fedalign import FedAlign
@@ -18,6 +19,9 @@ from fedccrl_core.algorithms.silobn import SiloBN
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedCCRL, FedAvg, FedProx, CCST, FedADG, GA, FedSR, FedIIR, FedAlign,
                                                                   FedBN, SiloBN, FedFD, FedFDA)}
+if {n: cls.Params for n, cls in ALGORITHMS.items()} != PARAMS or list(ALGORITHMS) != list(PARAMS):
+    raise ImportError("fedccrl_core.algorithm_params.PARAMS (params.yaml's validation) must list the algorithms of "
+                      "ALGORITHMS, in its order, each with its class's Params")
 
 
 def load_model(path, map_location: str = "cpu"):

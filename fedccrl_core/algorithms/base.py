@@ -13,45 +13,20 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from pydantic import ConfigDict, Field
 
 from fedccrl_core import contract
 from fedccrl_core import fastpath
 from fedccrl_core.aggregation import WeightedSum
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.client import ClientData, ClientState
-from fedccrl_core.hparams import Declared, HParams, validate
+from fedccrl_core.hparams import HParams, validate
 from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
-
-
-class TrainSettings(Declared):
-    """params.yaml `train.*` keys that every algorithm's local training reads, declared once: the type, bounds
-    and default of each. The defaults are params.yaml's (tests/test_params_registry.py); pipeline/params.py's
-    `TrainSweep` extends this model with the sweep's own keys."""
-
-    rounds: int = Field(10, ge=1, description="T (paper: 10)")
-    local_epochs: int = Field(2, ge=1, description="E (paper: 3; 2 with lr 0.003 on the embedded default)")
-    batch_size: int = Field(32, ge=1)
-    lr: float = Field(0.003, gt=0, description="Adam (paper: 0.001; 0.003 on the embedded default)")
-    weight_decay: float = Field(1e-4, ge=0)
-    lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="cosine over rounds x local_epochs")
-    fast: bool = Field(True, description="bf16 autocast + channels_last on CUDA; a no-op on the CPU (fastpath.py)")
-
-
-class LocalConfig(TrainSettings):
-    """What every algorithm's local training needs: the train settings and the normalization of
-    params.yaml `preprocess` (mean, std). Immutable; `model_copy(update=...)` makes a changed copy."""
-
-    model_config = ConfigDict(frozen=True)
-
-    mean: tuple[float, float, float] = Field(IMAGENET_MEAN, strict=False)  # a JSON list too (Flower's spec)
-    std: tuple[float, float, float] = Field(IMAGENET_STD, strict=False)
-    privacy: dict | None = None  # train.privacy when enabled (fedccrl_core/privacy/settings.py); None = off, the paper's protocol
+from fedccrl_core.statistics import normalize_u8
 
 
 @dataclass

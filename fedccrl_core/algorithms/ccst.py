@@ -39,11 +39,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Literal
 
 import numpy as np
 import torch
 
+from fedccrl_core.algorithm_params.ccst import CCSTParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.augment.adain import (
     AdaINNetworks,
@@ -54,7 +54,6 @@ from fedccrl_core.augment.adain import (
     stylize,
     to_u8,
 )
-from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.seeding import derive_seed
 
 TRANSFER_BATCH = 32  # images per encoder/decoder batch (the reference's batch)
@@ -101,26 +100,6 @@ def transfer_plan(n: int, bank_sizes: dict[str, int], own_id: str, K: int, rng: 
         styles = rng.integers(0, sizes[clients])
     styles[clients == ids.index(own_id)] = 0
     return ids, clients.astype(np.int64), styles.astype(np.int64)
-
-
-class CCSTParams(HParams):
-    """train.ccst (ccst.txt)."""
-
-    style_type: Literal["overall", "single"] = hp("overall", "overall = Eq. 8 (Table 1's best) | single = Eq. 6-7")
-    K: int = hp(3, "augmentation level, K in 1..N clients (Alg. 1); Table 1's setting Overall, K = 3", ge=1)
-    J: int | None = hp(None, "single mode: styles per client; null = ceil(n_i / 32) (Sec. 4.2)", ge=1)
-    adain_weights: str | dict[str, str] | None = hp(
-        None, "the pretrained AdaIN VGG encoder and decoder (pytorch-AdaIN's vgg_normalised.pth, decoder.pth): "
-              "{vgg: <path|url>, decoder: <path|url>} or one combined file; 'random' = seeded random weights, "
-              "for tests only; required when ccst is trained")
-    adain_sha256: str | dict[str, str] | None = hp(None, "sha256 of adain_weights, in the same shape "
-                                                         "(a string or {vgg, decoder}); required with adain_weights")
-
-    def selected_problems(self, key: str) -> list[str]:
-        if self.adain_weights is None:
-            return [f"params.yaml: key '{key}.adain_weights': got None; CCST needs the AdaIN weights: set it to "
-                    "{vgg: <path|url>, decoder: <path|url>} (or one combined file) and adain_sha256 to their sha256"]
-        return []
 
 
 class CCST(Algorithm):

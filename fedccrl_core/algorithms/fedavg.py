@@ -1,13 +1,8 @@
 """FedAvg (McMahan et al., 2017): local cross-entropy training, aggregation weighted by n_i (Eq. 2)."""
 from __future__ import annotations
 
+from fedccrl_core.algorithm_params.fedavg import FedAvgParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
-from fedccrl_core.hparams import HParams
-
-
-class FedAvgParams(HParams):
-    """train.fedavg: FedAvg has no hyperparameters (the empty group keeps dvc.yaml's train.${item.algorithm}
-    resolvable)."""
 
 
 class FedAvg(Algorithm):

@@ -35,16 +35,14 @@ L_CAFL); f is the encoder output h(x) (the classifier's input).
 from __future__ import annotations
 
 import contextlib
-from typing import Literal
 
 import torch
 import torch.nn.functional as F
-from pydantic import field_validator
 from torch import nn
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm, LocalBNParams
-from fedccrl_core.hparams import hp
+from fedccrl_core.algorithm_params.fedfd import FDParams
+from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
 from fedccrl_core.models import FedModel, build_model
 from fedccrl_core.statistics import channel_stats
 
@@ -209,35 +207,6 @@ def cacl(logits_delta: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 def total_loss(l_ce, l_cacl, l_cafl, lambda1: float, lambda2: float) -> torch.Tensor:
     """Eq. 5: (1 - lambda1) L_CE + lambda1 L_CACL + lambda2 L_CAFL."""
     return (1 - lambda1) * l_ce + lambda1 * l_cacl + lambda2 * l_cafl
-
-
-class FDParams(LocalBNParams):
-    """train.fedfd (fedfd-a.txt section 3.2), and the base of train.fedfd_a."""
-
-    framework: Literal["silobn", "fedbn", "fedavg"] = hp("silobn", "the BN tensors kept local (Table 1); section "
-                                                                   "4.1 uses SiloBN")
-    lambda1: float = hp(0.1, "L_CACL weight, Eq. 5 (section 4.1); Eq. 5 weighs L_CE by 1 - lambda1", ge=0, le=1)
-    lambda2: float = hp(4.0, "L_CAFL weight, Eq. 5 (section 4.1)", ge=0)
-    cafl_reduction: Literal["mean", "sum"] = hp("mean", "our choice: mean over feature dims (Eq. 3 / V); sum = Eq. 3 "
-                                                        "as printed collapses training at lambda2 4.0 (docs/algorithms/local-bn.md)")
-    statistics: Literal["mixed", "global", "instance"] = hp("mixed", "Table 2 ablation: mixed (Eq. 2) | global "
-                                                                     "(u = 0) | instance (u = 1)")
-    u_sampling: Literal["random", "fixed"] = hp("random", "Table 2 ablation: random (u ~ U(u_low, u_high) per "
-                                                          "channel, Eq. 2) | fixed (u = u_fixed)")
-    u_low: float = hp(0.0, "Eq. 2: U(0, 1) (Table 9 tries U(0, 0.5), U(0.5, 1), U(-0.1, 1.1))")
-    u_high: float = hp(1.0, "Eq. 2: U(0, 1); >= u_low")
-    u_fixed: float = hp(0.5, "Table 2: 'Global & instance fixed: u = 0.5'")
-    local_statistics: Literal["instance", "batch"] = hp("instance", "section 3.2: instance (the paper's choice) | "
-                                                                    "batch")
-    diversification: bool = hp(True, "false: L_CE only, the framework alone (Table 3 (c1) with the adapter)")
-
-    @field_validator("u_high")
-    @classmethod
-    def _u_range(cls, v, info):
-        low = info.data.get("u_low")
-        if low is not None and low > v:
-            raise ValueError(f"must be >= u_low ({low:g}): u ~ U(u_low, u_high), Eq. 2")
-        return v
 
 
 class FedFD(LocalBNAlgorithm):

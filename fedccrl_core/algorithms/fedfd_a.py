@@ -28,16 +28,13 @@ statistics, instance statistics (TBN), instance feature adapter).
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
-from pydantic import field_validator
 from torch import nn
 
 from fedccrl_core import contract
-from fedccrl_core.algorithms.fedfd import FDParams, FedFD, bn_mode
-from fedccrl_core.hparams import hp
+from fedccrl_core.algorithm_params.fedfd_a import FedFDAParams
+from fedccrl_core.algorithms.fedfd import FedFD, bn_mode
 
 
 class InstanceAdapter(nn.Module):
@@ -67,26 +64,6 @@ class InstanceAdapter(nn.Module):
 
 def adapter_hidden(num_channels: int, reduction: int, min_hidden: int) -> int:
     return max(int(min_hidden), num_channels // int(reduction))
-
-
-class FedFDAParams(FDParams):
-    """train.fedfd_a (fedfd-a.txt sections 3.2-3.3)."""
-
-    adapter: bool = hp(True, "instance feature adapter (section 3.3); false = FedFD (Table 3)")
-    adapter_reduction: int = hp(16, "our choice: hidden width C/16 reproduces Table 4's +0.22M parameters on "
-                                    "ResNet-18", ge=1)
-    adapter_min_hidden: int = hp(4, "our choice: floor of the hidden width for narrow layers (small_cnn)", ge=1)
-    adapter_init_alpha: float = hp(0.5, "our choice: initial bias of epsilon, so alpha starts inside the clamp's "
-                                        "(0, 1)", ge=0, le=1)
-    inference: Literal["adapter", "global", "instance"] = hp("adapter", "Table 3 (c1): adapter (alpha = clamp("
-                                                                        "epsilon), Table 16) | global | instance (TBN)")
-
-    @field_validator("inference")
-    @classmethod
-    def _adapter_on(cls, v, info):
-        if v == "adapter" and info.data.get("adapter") is False:
-            raise ValueError("inference 'adapter' needs adapter: true (choose global or instance without it)")
-        return v
 
 
 class FedFDA(FedFD):

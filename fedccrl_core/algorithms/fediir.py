@@ -31,8 +31,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from fedccrl_core import contract
+from fedccrl_core.algorithm_params.fediir import FedIIRParams
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.statistics import normalize_u8
 
 
@@ -51,15 +51,6 @@ def iir_penalty(grads, grad_mean) -> torch.Tensor:
 def ema_update(grad_mean: torch.Tensor, grad_new: torch.Tensor, ema: float) -> torch.Tensor:
     """g_bar <- ema * g_bar + (1 - ema) * (mean of the clients' g_i)."""
     return ema * grad_mean + (1 - ema) * grad_new
-
-
-class FedIIRParams(HParams):
-    """train.fediir."""
-
-    gamma: float = hp(0.001, "gradient-alignment penalty weight: reference hparams_registry PACS 1e-3 (VLCS 5e-3, "
-                             "OfficeHome 5e-4); FedCCRL reference 0.001", ge=0)
-    ema: float = hp(0.95, "moving-average factor of the mean classifier gradient g_bar: reference and FedCCRL "
-                          "reference default 0.95", ge=0, le=1)
 
 
 class FedIIR(Algorithm):

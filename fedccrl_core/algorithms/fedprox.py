@@ -3,14 +3,8 @@ with w^t the global weights received this round."""
 from __future__ import annotations
 
 from fedccrl_core import contract
+from fedccrl_core.algorithm_params.fedprox import FedProxParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
-from fedccrl_core.hparams import HParams, hp
-
-
-class FedProxParams(HParams):
-    """train.fedprox."""
-
-    mu: float = hp(0.01, "their Eq. 2: proximal term weight; the FedCCRL reference's FedProx default 0.01", ge=0)
 
 
 class FedProx(Algorithm):

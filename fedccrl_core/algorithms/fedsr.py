@@ -25,14 +25,12 @@ Readings and departures (see also `FedSRParams`):
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core import contract
-from fedccrl_core.hparams import HParams, hp
+from fedccrl_core.algorithm_params.fedsr import FedSRParams
 
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.models import FedModel, build_model
@@ -89,19 +87,6 @@ def gaussian_kl(mu1, sigma1, mu2, sigma2) -> torch.Tensor:
 def cmi(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor, r: ClassConditionalReference) -> torch.Tensor:
     """l_CMI = mean_i sum_d KL(N(C mu_i, C sigma_i) || r(z|y_i))."""
     return gaussian_kl(r.C * mu, r.C * sigma, r.r_mu[y], F.softplus(r.r_sigma)[y]).sum(1).mean()
-
-
-class FedSRParams(HParams):
-    """train.fedsr."""
-
-    alpha_l2r: float = hp(0.01, "weight of l_L2R: official README (PACS run) --L2R_coeff 0.01; FedCCRL reference 1e-2",
-                          ge=0)
-    alpha_cmi: float = hp(0.001, "weight of l_CMI: official README (PACS run) --CMI_coeff 0.001 "
-                                 "(argparse default 5e-4)", ge=0)
-    z_dim: int | None = hp(None, "size of z; null = the encoder's feature dim (1280 for MobileNetV3-Large), "
-                                 "as in the official code", ge=1)
-    l2r: Literal["norm", "squared"] = hp("norm", "l_L2R: norm = the official code's mean ||z|| (Table 1 was tuned "
-                                                 "with it); squared = the paper's printed E||z||^2")
 
 
 class FedSR(Algorithm):

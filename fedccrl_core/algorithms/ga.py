@@ -25,14 +25,12 @@ Readings and departures:
 """
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core.algorithm_params.ga import GAParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.aggregation import weighted_average
-from fedccrl_core.hparams import HParams, hp
 from fedccrl_core.statistics import normalize_u8
 
 
@@ -53,15 +51,6 @@ def generalization_adjustment(a: dict[str, float], gaps: dict[str, float], d_r: 
     if total <= 0:
         return {cid: mass / len(gaps) for cid in gaps}
     return {cid: mass * w / total for cid, w in clipped.items()}
-
-
-class GAParams(HParams):
-    """train.ga."""
-
-    step_size: float = hp(0.05, "d, decayed linearly over rounds: FedCCRL reference GA server default "
-                                "(--step_size 0.05); the GA reference's argparse default is 0.2", gt=0, le=1)
-    gap_data: Literal["val", "train"] = hp("val", "data of each client's generalization gap: val = the GA "
-                                                  "reference (each site's val split)")
 
 
 class GA(Algorithm):

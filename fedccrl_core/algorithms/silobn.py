@@ -3,7 +3,7 @@ Histopathology Datasets"), as the FedFD-A paper uses it (fedfd-a.txt section 4.1
 only preserves BN statistics" locally; the BN affine parameters gamma, beta and every other
 parameter are aggregated with FedAvg (Eq. 2).
 
-Local training is cross-entropy (Eq. 1) with the paper's SGD setting (local_bn.LocalBNParams).
+Local training is cross-entropy (Eq. 1) with the paper's SGD setting (LocalBNParams, fedccrl_core/algorithm_params/local_bn.py).
 The global model evaluates the held-out domain with the global statistics mu_G, sigma_G, the Eq. 2
 average of the clients' local running statistics (section 3.1; Table 3 (a), "Inference: global
 statistics"). SiloBN's own paper instead re-estimates the statistics on the new center's data, which

@@ -1,0 +1,14 @@
+"""train.fediir: FedIIR's hyperparameters; the algorithm is fedccrl_core/algorithms/fediir.py.
+"""
+from __future__ import annotations
+
+from fedccrl_core.hparams import HParams, hp
+
+
+class FedIIRParams(HParams):
+    """train.fediir."""
+
+    gamma: float = hp(0.001, "gradient-alignment penalty weight: reference hparams_registry PACS 1e-3 (VLCS 5e-3, "
+                             "OfficeHome 5e-4); FedCCRL reference 0.001", ge=0)
+    ema: float = hp(0.95, "moving-average factor of the mean classifier gradient g_bar: reference and FedCCRL "
+                          "reference default 0.95", ge=0, le=1)
