@@ -6,7 +6,8 @@ multipliers are set by bisection so that the accountant (fedccrl_core/privacy/ac
 train.rounds rounds; with both channels z_w = 2 z_s (the same Gaussian on both, the weights channel seeing a
 sensitivity 2 S). Prints one markdown row per cell: target accuracy of the last round, the audit's membership TPR
 at FPR 1 % after the last round, epsilon spent; and draws both against epsilon into the plot.
-Usage:  OMP_NUM_THREADS=1 python scripts/privacy_tradeoff.py [data dir (data)] [held-out domain (sketch)] [plot.png]
+Usage:  OMP_NUM_THREADS=1 python scripts/privacy_tradeoff.py [DATA (data)] [HELD_OUT (sketch)] [PLOT.png]
+                [--rounds N (params.yaml's train.rounds)] [--epsilons inf,8,4,1]
 """
 from __future__ import annotations
 
@@ -64,12 +65,12 @@ def calibrate(target: float, stats: bool, weights: bool, release: str, rounds: i
     return settings(hi).model_dump()
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, epsilons: tuple[float, ...]) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    xs = {e: i for i, e in enumerate(sorted(EPSILONS))}  # 1, 4, 8, inf as evenly spaced categories
+    xs = {e: i for i, e in enumerate(sorted(epsilons))}  # 1, 4, 8, inf as evenly spaced categories
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for label, *_ in CONFIGS:
         mine = [r for r in rows if r["label"] == label]
@@ -89,13 +90,14 @@ def plot(rows: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main(data: Path, held_out: str, plot_path: Path | None) -> None:
+def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None = None,
+         epsilons: tuple[float, ...] = EPSILONS) -> None:
     torch.set_num_threads(1)
     cfg = load_config(ROOT / "params.yaml")
     settings = run_settings(cfg)
     manifest = load_manifest(data / "shards")
     sources = [d for d in manifest["domains"] if d != held_out]
-    rounds, r = cfg.train.rounds, cfg.train.fedccrl.r
+    rounds, r = rounds or cfg.train.rounds, cfg.train.fedccrl.r
     print("| configuration | epsilon target | z_s | z_w | target acc | membership TPR @ FPR 1 % | epsilon spent |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     tx, ty = load_domain_test(data / "shards", held_out)
@@ -103,7 +105,7 @@ def main(data: Path, held_out: str, plot_path: Path | None) -> None:
     for label, name, stats, weights, release in CONFIGS:
         clients = load_clients(data / "shards", data / "pools", sources, "cpu")
         sizes = {c.client_id: (c.n_train, int(np.ceil(r * c.n_train))) for c in clients}
-        for target in EPSILONS:
+        for target in epsilons:
             prior = [x for x in results if x["algorithm"] == name and x["epsilon"] == target == float("inf")]
             if prior:  # without DP the configurations of one algorithm are the same run
                 results.append({**prior[0], "label": label})
@@ -129,14 +131,25 @@ def main(data: Path, held_out: str, plot_path: Path | None) -> None:
                             "tpr": tpr, "spent": last.get(contract.DP_EPSILON, float("inf")),
                             "z_s": ps.stats_noise_multiplier if privacy and ps.on_statistics else 0.0,
                             "z_w": ps.weights_noise_multiplier if privacy and ps.on_weights else 0.0})
-        for x in results[-len(EPSILONS):]:
+        for x in results[-len(epsilons):]:
             print(f"| {x['label']} | {x['epsilon']:g} | {x['z_s']:.2f} | {x['z_w']:.2f} | {x['acc']:.3f} | "
                   f"{'-' if x['tpr'] is None else format(x['tpr'], '.3f')} | {x['spent']:.2f} |", flush=True)
     if plot_path is not None:
-        plot(results, plot_path)
+        plot(results, plot_path, epsilons)
         print(f"wrote {plot_path}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT / "data", sys.argv[2] if len(sys.argv) > 2 else "sketch",
-         Path(sys.argv[3]) if len(sys.argv) > 3 else None)
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("data", nargs="?", type=Path, default=ROOT / "data")
+    ap.add_argument("held_out", nargs="?", default="sketch")
+    ap.add_argument("plot", nargs="?", type=Path, default=None)
+    ap.add_argument("--rounds", type=int, default=None, help="rounds of every run (default: train.rounds)")
+    ap.add_argument("--epsilons", default="inf,8,4,1", help="comma-separated targets; inf = no DP")
+    a = ap.parse_args()
+    eps = tuple(float(e) for e in a.epsilons.split(","))
+    if a.rounds is not None and a.rounds < 1 or any(not e > 0 for e in eps):
+        ap.error("--rounds must be >= 1 and every epsilon > 0")
+    main(a.data, a.held_out, a.plot, a.rounds, eps)
