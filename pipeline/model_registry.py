@@ -49,20 +49,22 @@ def weights_sha256(onnx_path: Path) -> str:
     return h.hexdigest()
 
 
-# The repository modules that the logged pyfunc (serving/pyfunc.py) imports when it is loaded and predicts, with
-# their packages' __init__.py: the logged model ships these and no other source (tests/test_export.py loads it
-# where nothing else of the repository is importable).
-SERVING_CODE = ("serving/__init__.py", "serving/pyfunc.py", "serving/runtime.py", "serving/console.py",
-                "serving/metadata.py", "serving/preprocess.py", "fedccrl_core/__init__.py", "fedccrl_core/errors.py",
-                "fedccrl_core/data/__init__.py", "fedccrl_core/data/images.py")
+# The packages the logged pyfunc (serving/pyfunc.py) imports from when it is loaded and predicts, shipped whole:
+# MLflow puts the model's code folder first on sys.path of the process that loads it, so a partial copy of a
+# package would hide the rest of an installed fedccrl from that process and from the workers it spawns. No
+# pipeline, benchmarks or Flower code goes in (tests/test_export.py loads the model where nothing else of the
+# repository is importable).
+SERVING_PACKAGES = ("fedccrl_core", "serving")
 
 
 def _code_tree(root: Path, dest: Path) -> list[str]:
-    """Copy SERVING_CODE from root into dest in its package layout; return the top-level folders (code_paths)."""
-    for rel in SERVING_CODE:
-        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / rel, dest / rel)
-    return [str(dest / top) for top in sorted({rel.split("/")[0] for rel in SERVING_CODE})]
+    """Copy SERVING_PACKAGES' .py files from root into dest; return their folders there (code_paths)."""
+    for package in SERVING_PACKAGES:
+        for src in sorted((root / package).rglob("*.py")):
+            rel = src.relative_to(root)
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dest / rel)
+    return [str(dest / package) for package in SERVING_PACKAGES]
 
 
 def registered_model_name(meta: dict) -> str:

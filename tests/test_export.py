@@ -27,9 +27,11 @@ from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.models import build_model
 from pipeline import onnx_export
 from pipeline.export import command
-from pipeline.model_registry import SERVING_CODE, log_to_mlflow, sanitize
+from pipeline.model_registry import SERVING_PACKAGES, log_to_mlflow, sanitize
 from pipeline.onnx_export import export_onnx, metadata_props
 from serving.metadata import parse_metadata
+
+REPO = Path(__file__).resolve().parents[1]
 
 HELD_OUT = "sketch"
 ROOT = Path(__file__).resolve().parents[1]
@@ -173,7 +175,7 @@ def test_metadata_needs_the_preprocessing():
 
 # ------------------------------------------------------------------ MLflow
 
-def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(shards, tmp_path):
+def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(shards, tmp_path, monkeypatch):
     import mlflow
     import pandas as pd
     from PIL import Image
@@ -217,6 +219,7 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     assert [ln for ln in logged if ln.lower() not in lock] == []  # the logged pins are constraints.txt's
 
     # the pyfunc: raw uint8 HWC images in, class names and probabilities out, the PyTorch model's answers
+    monkeypatch.setattr(sys, "path", list(sys.path))  # MLflow prepends the model's code folder: undone after
     pf = mlflow.pyfunc.load_model(uri)
     x, _ = load_domain_test(shards, HELD_OUT)
     torch_model, meta = load_model(model)
@@ -242,7 +245,9 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     # repository is importable (no PYTHONPATH, no editable-install finder, another working directory)
     local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "logged")))
     shipped = sorted(p.relative_to(local / "code").as_posix() for p in (local / "code").rglob("*.py"))
-    assert shipped == sorted(SERVING_CODE)
+    assert {s.split("/")[0] for s in shipped} == set(SERVING_PACKAGES)        # no pipeline, benchmarks, Flower
+    assert shipped == sorted(p.relative_to(REPO).as_posix() for pkg in SERVING_PACKAGES
+                             for p in (REPO / pkg).rglob("*.py"))             # whole packages: nothing shadowed
     np.save(tmp_path / "x.npy", x)
     script = (
         "import sys, json, numpy as np\n"
