@@ -65,6 +65,11 @@ def calibrate(target: float, stats: bool, weights: bool, release: str, rounds: i
     return settings(hi).model_dump()
 
 
+def _eps(e: float, spec: str) -> str:
+    """An epsilon as the table prints it: no DP is the infinite epsilon, written as the symbol."""
+    return "∞" if e == float("inf") else format(e, spec)
+
+
 def plot(rows: list[dict], path: Path, epsilons: tuple[float, ...]) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -132,8 +137,8 @@ def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None =
                             "z_s": ps.stats_noise_multiplier if privacy and ps.on_statistics else 0.0,
                             "z_w": ps.weights_noise_multiplier if privacy and ps.on_weights else 0.0})
         for x in results[-len(epsilons):]:
-            print(f"| {x['label']} | {x['epsilon']:g} | {x['z_s']:.2f} | {x['z_w']:.2f} | {x['acc']:.3f} | "
-                  f"{'-' if x['tpr'] is None else format(x['tpr'], '.3f')} | {x['spent']:.2f} |", flush=True)
+            print(f"| {x['label']} | {_eps(x['epsilon'], 'g')} | {x['z_s']:.2f} | {x['z_w']:.2f} | {x['acc']:.3f} | "
+                  f"{'-' if x['tpr'] is None else format(x['tpr'], '.3f')} | {_eps(x['spent'], '.2f')} |", flush=True)
     if plot_path is not None:
         plot(results, plot_path, epsilons)
         print(f"wrote {plot_path}", file=sys.stderr)

@@ -129,7 +129,7 @@ BENCH_OUTPUTS = [
     (r"scripts/privacy_tradeoff\.py\b",
      [rf"^\| FedCCRL, both channels \| 8 \| {NUM} \| {NUM} \| {NUM} \| [\d.]+ \| {NUM} \|$",
       rf"^\| FedCCRL, statistics only \(moments\) \| 8 \| {NUM} \| 0\.00 \| {NUM} \| [\d.]+ \| {NUM} \|$",
-      rf"^\| FedAvg, weights \| inf \| 0\.00 \| 0\.00 \| {NUM} \| - \| inf \|$"]),
+      rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} \| - \| ∞ \|$"]),
     (r"^(make bench-accuracy|.*fedccrl bench-accuracy)\b",
      [r"^final-round target accuracy \(%\), mean ± std over seeds",
       rf"^\| fedccrl[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$"]),
