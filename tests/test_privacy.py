@@ -183,6 +183,8 @@ def test_settings_refuse_bad_values_with_the_key():
         PrivacySettings.from_mapping({"weights_clip": 0})
     with pytest.raises(ParamError, match="train.privacy.bogus"):
         PrivacySettings.from_mapping({"bogus": 1})
+    with pytest.raises(ParamError, match="train.privacy.stats_release.*one of rows, moments"):
+        PrivacySettings.from_mapping({"stats_release": "mean"})
 
 
 # ------------------------------------------------------------------ the round loop
