@@ -57,16 +57,6 @@ def weights_sha256(onnx_path: Path) -> str:
 SERVING_PACKAGES = ("fedccrl_core", "serving")
 
 
-def _code_tree(root: Path, dest: Path) -> list[str]:
-    """Copy SERVING_PACKAGES' .py files from root into dest; return their folders there (code_paths)."""
-    for package in SERVING_PACKAGES:
-        for src in sorted((root / package).rglob("*.py")):
-            rel = src.relative_to(root)
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(src, dest / rel)
-    return [str(dest / package) for package in SERVING_PACKAGES]
-
-
 def registered_model_name(meta: dict) -> str:
     """One registered model per (dataset, algorithm)."""
     return f"fedccrl-{sanitize(meta.get('dataset', 'model'))}-{sanitize(meta.get('algorithm', 'model'))}"
@@ -145,7 +135,7 @@ def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example_u8
                          model_id=logged.model_id,
                          registered_model_name=name, tags=tags, python_model=pyfunc.ImageClassifier(),
                          artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
-                         code_paths=_code_tree(root, Path(tmp) / "code"),
+                         code_paths=[str(root / package) for package in SERVING_PACKAGES],
                          signature=pyfunc.signature(meta["classes"], example_u8),
                          pip_requirements=serving_requirements())
     version = info.registered_model_version

@@ -24,6 +24,7 @@ from fedccrl_core.data.shards import load_domain_test, load_manifest
 from fedccrl_core.federation.client import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
+from fedccrl_core.fsio import atomic_file
 from fedccrl_core.privacy import accountant as A
 from fedccrl_core.privacy.settings import PrivacySettings
 from pipeline.audit import load_audit_clients
@@ -92,7 +93,9 @@ def plot(rows: list[dict], path: Path, epsilons: tuple[float, ...]) -> None:
     axes[0].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    with atomic_file(path, "wb") as f:  # no half-written PNG; a link or FIFO at the path is not replaced
+        fig.savefig(f, format="png", dpi=100)
+    plt.close(fig)
 
 
 def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None = None,
@@ -106,6 +109,7 @@ def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None =
     print("| configuration | epsilon target | z_s | z_w | target acc | membership TPR @ FPR 1 % | epsilon spent |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     tx, ty = load_domain_test(data / "shards", held_out)
+    audit_clients = [c for c in load_audit_clients(data / "shards", data / "pools") if c.domain in sources]
     results = []
     for label, name, stats, weights, release in CONFIGS:
         clients = load_clients(data / "shards", data / "pools", sources, "cpu")
@@ -130,8 +134,7 @@ def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None =
             ps = PrivacySettings.from_mapping(privacy)
             tpr = None  # FedAvg releases no statistics
             if name == "fedccrl":
-                tpr = audit([c for c in load_audit_clients(data / "shards", data / "pools")
-                             if c.domain in sources], r, rounds, 0, ps)["rounds"][-1]["tpr_at_fpr_0.01"]
+                tpr = audit(audit_clients, r, rounds, 0, ps)["rounds"][-1]["tpr_at_fpr_0.01"]
             results.append({"label": label, "algorithm": name, "epsilon": target, "acc": last[contract.TARGET_ACC],
                             "tpr": tpr, "spent": last.get(contract.DP_EPSILON, float("inf")),
                             "z_s": ps.stats_noise_multiplier if privacy and ps.on_statistics else 0.0,
@@ -154,7 +157,10 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=None, help="rounds of every run (default: train.rounds)")
     ap.add_argument("--epsilons", default="inf,8,4,1", help="comma-separated targets; inf = no DP")
     a = ap.parse_args()
-    eps = tuple(float(e) for e in a.epsilons.split(","))
+    try:
+        eps = tuple(float(e) for e in a.epsilons.split(","))
+    except ValueError:
+        ap.error(f"--epsilons {a.epsilons!r}: comma-separated numbers or inf, e.g. inf,8,4,1")
     if a.rounds is not None and a.rounds < 1 or any(not e > 0 for e in eps):
         ap.error("--rounds must be >= 1 and every epsilon > 0")
     main(a.data, a.held_out, a.plot, a.rounds, eps)

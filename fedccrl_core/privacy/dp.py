@@ -7,7 +7,7 @@ clipped into the box again (post-processing: sigma stays a non-negative std for 
 With `stats_release: moments` the client instead releases the sums of its k clipped rows and of their squares,
 each coordinate noised with std z_s D_m (D_m the sensitivity of the stacked sums); the k rows it uploads are drawn
 from a Gaussian per coordinate with the mean and variance those noisy sums give, clipped into the box
-(post-processing of the noisy sums: the same privacy event, a noise k times smaller relative to the mean).
+(post-processing of the noisy sums: the same privacy event; the mean's noise is z_s D_m / k, not z_s D per row).
 
 Weights (Eq. 2's aggregate): client-level DP-FedAvg (McMahan et al., "Learning Differentially Private Recurrent
 Language Models", ICLR 2018, Alg. 1 with the fixed denominator): each sampled client's update
