@@ -16,7 +16,7 @@ from pipeline.cli import run_stage
 
 
 def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
-           registered_model: str | None, alias: str | None, use_mlflow: bool) -> dict:
+           registered_model: str | None, alias: str | None, use_mlflow: bool, traces: dict | None = None) -> dict:
     from pipeline import onnx_export
     from pipeline.model_registry import log_to_mlflow
 
@@ -24,7 +24,7 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
         log_to_mlflow(onnx_path, session, meta, result, example_u8, registered_model, alias)
 
     return onnx_export.export_checked(model_path, shards, out, min_agreement, batch_size,
-                                      publish if use_mlflow else None)
+                                      publish if use_mlflow else None, traces)
 
 
 def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summary: Path, min_agreement: float,
@@ -33,11 +33,11 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
     out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`."""
     from pipeline.params import load_config, run_dirs
 
-    results = {}
+    results, traces = {}, {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
         key = run.relative_to(models).as_posix()
         results[key] = export(run / contract.MODEL_FILE, shards, out / key, min_agreement, batch_size,
-                              registered_model, None, use_mlflow)
+                              registered_model, None, use_mlflow, traces)
     worst = min(r["top1_agreement"] for r in results.values())
     # the compact DVC metric: the worst figures over every run (each run's own numbers: out/<run>/parity.json)
     doc = {"min_top1_agreement": worst, "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),

@@ -50,27 +50,78 @@ def _plain(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def export_onnx(model, meta: Mapping, dest: str | Path, example_batch: int = 2) -> Path:
-    """Export `model` with torch's dynamo exporter to ONE self-contained .onnx at `dest`.
+def _architecture(model, meta: Mapping) -> tuple:
+    """What fixes the exported graph of a model: its modules with their settings (the module tree as PyTorch prints
+    it: types, kernel sizes, strides, eps, ...), every state entry's name, shape and dtype, and the input size. Two
+    models of one architecture differ only in the values of their weights."""
+    return (repr(model), tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()),
+            int(meta["image_size"]))
 
-    The batch axis is dynamic (torch.export.Dim). The example batch has >= 2 images so the
-    exporter cannot specialize the batch dimension to 1. The file is checked with
-    onnx.checker (full check) after writing. Not atomic: the caller writes to a temp name.
-    """
-    import onnx
+
+def _trace(model, size: int, example_batch: int):
+    """torch's dynamo exporter on `model`, unoptimized: the graph (an onnx_ir Model), whose initializers are the model's
+    parameters and buffers under their state_dict names. The batch axis is dynamic (torch.export.Dim); the example
+    batch has >= 2 images so the exporter cannot specialize it to 1."""
     import torch
 
-    if example_batch < 2:
-        raise ValueError("export_onnx: example_batch must be >= 2 (a batch of 1 gets specialized)")
-    props = metadata_props(meta)
-    size = int(meta["image_size"])
-    model = model.eval().cpu()
     example = torch.randn(example_batch, 3, size, size, generator=torch.Generator().manual_seed(0))
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.onnx.export(
-            model, (example,), None, dynamo=True, external_data=False, verbose=False,
+            model, (example,), None, dynamo=True, external_data=False, verbose=False, optimize=False,
             input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamic_shapes=({0: batch},))
+    return program.model
+
+
+def _program_with_weights(traced, model, own_trace: bool):
+    """The traced graph with `model`'s weights as its initializers, then the exporter's own optimization
+    (ONNXProgram.optimize: constant folding, which folds each BatchNorm into its convolution from these weights).
+    A graph traced from another model that holds an initializer which is no state entry (a constant of that
+    trace) is not reused: None."""
+    import onnx_ir as ir
+    import torch
+
+    graph = traced.clone()  # the trace itself stays as traced, for the next model
+    state = model.state_dict()
+    if not own_trace and any(name not in state for name in graph.graph.initializers):
+        return None
+    for name, value in graph.graph.initializers.items():
+        if name not in state:
+            continue
+        weights = state[name].detach().cpu().numpy()
+        if tuple(value.shape) != weights.shape or value.dtype != ir.DataType.from_numpy(weights.dtype):
+            raise FedCCRLError(f"ONNX export: initializer {name} is {value.dtype} {tuple(value.shape)} in the traced "
+                               f"graph, {weights.dtype} {weights.shape} in the model")
+        value.const_value = ir.Tensor(weights, name=name)
+    program = torch.onnx.ONNXProgram(graph, None)
+    program.optimize()
+    return program
+
+
+def export_onnx(model, meta: Mapping, dest: str | Path, example_batch: int = 2, traces: dict | None = None) -> Path:
+    """Export `model` with torch's dynamo exporter to ONE self-contained .onnx at `dest`.
+
+    The graph is traced unoptimized, the model's weights are put in as its initializers, and then optimized as
+    torch.onnx.export(optimize=True) does. `traces`, a dict the caller keeps across models, holds one trace per
+    architecture (`_architecture`): a further model of an architecture already traced reuses that trace with its
+    own weights, which is the same graph as tracing it again (up to the names of intermediate values:
+    tests/test_export.py) at a twentieth of the time. The file is checked with onnx.checker (full check) after
+    writing. Not atomic: the caller writes to a temp name.
+    """
+    import onnx
+
+    if example_batch < 2:
+        raise ValueError("export_onnx: example_batch must be >= 2 (a batch of 1 gets specialized)")
+    props = metadata_props(meta)
+    model = model.eval().cpu()
+    arch = _architecture(model, meta)
+    traced = traces.get(arch) if traces is not None else None
+    program = _program_with_weights(traced, model, own_trace=False) if traced is not None else None
+    if program is None:
+        traced = _trace(model, int(meta["image_size"]), example_batch)
+        program = _program_with_weights(traced, model, own_trace=True)
+        if traces is not None:
+            traces[arch] = traced
     proto = program.model_proto
     del proto.metadata_props[:]
     for key, value in props.items():
@@ -132,13 +183,13 @@ def parity(session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray 
 
 
 def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
-                   publish=None) -> dict:
+                   publish=None, traces: dict | None = None) -> dict:
     """A trained model -> out/model.onnx + out/parity.json (`fedccrl export`). Parity is measured on every image
     of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a ParityError, and no output.
     Outputs appear only on success: parity.json first, then model.onnx renamed from a temp name, so a model.onnx
     is always complete; stale outputs of an earlier export are removed before anything else happens.
     publish(onnx_path, session, meta, result, example_u8), if given, runs after the parity check passed and
-    before the outputs appear (the stage logs the model to MLflow there)."""
+    before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's."""
     import sys
 
     from fedccrl_core import contract
@@ -157,7 +208,7 @@ def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: flo
         raise ValueError(f"{shards}: held-out images are {x.shape[1:]}, the model expects "
                          f"{meta['image_size']}x{meta['image_size']}x3 (shards from another image size?)")
     with atomic_path(final_onnx) as tmp_onnx:  # renamed to model.onnx after parity.json is written
-        export_onnx(model, meta, tmp_onnx)
+        export_onnx(model, meta, tmp_onnx, traces=traces)
         session = cpu_session(tmp_onnx)
         result = parity(session, model, x, meta["mean"], meta["std"], labels=y, batch_size=batch_size)
         result.update(min_agreement=min_agreement, held_out_domain=meta["held_out_domain"],

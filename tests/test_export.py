@@ -323,6 +323,111 @@ def test_alias_is_sanitized():
     assert sanitize("v1/../x") == "v1-x"
 
 
+# ------------------------------------------------------------------ one trace per architecture
+
+def _canonical(proto: onnx.ModelProto) -> bytes:
+    """The model with every intermediate value and node renamed in order of appearance: two exports of one model
+    compare equal when they compute the same graph with the same weights, whatever the exporter's name counters."""
+    p = onnx.ModelProto.FromString(proto.SerializeToString())
+    g, names = p.graph, {}
+    kept = {v.name for v in g.input} | {v.name for v in g.output}
+    rename = lambda n: n if n in kept or not n else names.setdefault(n, f"v{len(names)}")  # noqa: E731
+    for t in g.initializer:
+        t.name = rename(t.name)
+    for k, node in enumerate(g.node):
+        node.input[:] = [rename(n) for n in node.input]
+        node.output[:] = [rename(n) for n in node.output]
+        node.name = f"n{k}"
+    for v in g.value_info:
+        v.name = rename(v.name)
+    return p.SerializeToString()
+
+
+def _random_model(algorithm: str, seed: int):
+    """The algorithm's model on small_cnn with random weights AND random BatchNorm statistics (the optimization
+    folds them into the convolutions, so two seeds give two different folded graphs)."""
+    from fedccrl_core.algorithms import ALGORITHMS
+
+    torch.manual_seed(seed)
+    model = ALGORITHMS[algorithm].build_model("small_cnn", 4, "none", None)
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+            m.running_mean.uniform_(-1, 1)
+            m.running_var.uniform_(0.5, 2)
+    meta = dict(backbone="small_cnn", num_classes=4, classes=list("abcd"), image_size=32, algorithm=algorithm,
+                mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY)
+    return model.eval(), meta
+
+
+FAST_ALGORITHMS = ("fedccrl", "fedsr")  # FedSR: a probabilistic head and a reference distribution in its state
+
+
+@pytest.mark.parametrize("algorithm", [a if a in FAST_ALGORITHMS else pytest.param(a, marks=pytest.mark.full(
+    "one trace reused: every algorithm's model, three exports each")) for a in __import__(
+        "fedccrl_core.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS])
+def test_a_reused_trace_exports_the_same_graph_as_the_exporter_itself(algorithm, tmp_path):
+    """A second model of one architecture, exported through the first one's trace, is the graph that
+    torch.onnx.export(optimize=True) makes of it, with its own weights (up to intermediate value names)."""
+    first, meta = _random_model(algorithm, seed=1)
+    second, _ = _random_model(algorithm, seed=2)
+    traces = {}
+    export_onnx(first, meta, tmp_path / "first.onnx", traces=traces)
+    assert len(traces) == 1
+    reused = onnx.load(export_onnx(second, meta, tmp_path / "second.onnx", traces=traces))
+    assert len(traces) == 1  # the second model was not traced again
+    with torch.no_grad():
+        direct = torch.onnx.export(second, (torch.randn(2, 3, 32, 32),), None, dynamo=True, external_data=False,
+                                   verbose=False, input_names=["images"], output_names=["logits"],
+                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)).model_proto
+    first_graph = onnx.load(tmp_path / "first.onnx")
+    for m in (reused, first_graph, direct):  # our metadata and description apart
+        del m.metadata_props[:]
+        m.ClearField("doc_string")
+    assert _canonical(reused) == _canonical(direct)
+    assert _canonical(first_graph) != _canonical(direct)  # the weights differ: the comparison can fail
+
+
+def test_models_of_two_algorithms_share_one_trace_only_where_their_modules_match(tmp_path):
+    """FedAvg's and FedCCRL's models are the same modules (one trace serves both, and gives FedCCRL's model the graph
+    torch.onnx.export gives it); FedSR adds a probabilistic head (a trace of its own)."""
+    fedavg, meta = _random_model("fedavg", seed=1)
+    fedccrl, _ = _random_model("fedccrl", seed=2)
+    fedsr, _ = _random_model("fedsr", seed=3)
+    traces = {}
+    export_onnx(fedavg, meta, tmp_path / "fedavg.onnx", traces=traces)
+    shared = onnx.load(export_onnx(fedccrl, meta, tmp_path / "fedccrl.onnx", traces=traces))
+    assert len(traces) == 1
+    export_onnx(fedsr, meta, tmp_path / "fedsr.onnx", traces=traces)
+    assert len(traces) == 2
+    with torch.no_grad():
+        direct = torch.onnx.export(fedccrl, (torch.randn(2, 3, 32, 32),), None, dynamo=True, external_data=False,
+                                   verbose=False, input_names=["images"], output_names=["logits"],
+                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)).model_proto
+    for m in (shared, direct):
+        del m.metadata_props[:]
+        m.ClearField("doc_string")
+    assert _canonical(shared) == _canonical(direct)
+
+
+def test_a_trace_holding_its_own_constants_is_not_reused():
+    """A graph initializer that is no state entry (a tensor constant of the trace) may differ between two models of
+    one architecture: that trace serves only the model it came from."""
+
+    class WithConstant(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 2, 3)
+
+        def forward(self, x):
+            return self.conv(x).mean((2, 3)) + torch.tensor([1.0, 2.0])
+
+    model = WithConstant().eval()
+    traced = onnx_export._trace(model, 8, 2)
+    assert set(traced.graph.initializers) - set(model.state_dict())  # the constant is an initializer
+    assert onnx_export._program_with_weights(traced, WithConstant().eval(), own_trace=False) is None
+    assert onnx_export._program_with_weights(traced, model, own_trace=True) is not None
+
+
 # ------------------------------------------------------------------ the paper's backbone
 
 @pytest.mark.full("MobileNetV3-Large at 224 px: the paper's backbone exported and checked, about a minute on 2 cores")
