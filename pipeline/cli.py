@@ -24,6 +24,7 @@ STAGES = {
     "report": "pipeline.report",
     "figures": "pipeline.figures",
     "export": "pipeline.export",
+    "publish": "pipeline.publish",
     "audit": "pipeline.audit",
     "bench-accuracy": "benchmarks.accuracy",
     "bench": "benchmarks.speed_cli",

@@ -123,7 +123,7 @@ BENCH_OUTPUTS = [
     (r"^fedccrl bench-repro\b",
      [rf"^everything but training: {NUM} % of dvc repro's wall \({NUM}s of {NUM}s; training {NUM}s",
       rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
-      *[rf"^  {stage:<10} +\d+ +{NUM} +[\d.]+ +{NUM} +[\d.]+$" for stage in ("download", "train", "report")],
+      *[rf"^  {stage:<10} +\d+ +{NUM} +[\d.]+ +{NUM} +[\d.]+$" for stage in ("download", "train", "publish")],
       rf"spin / passive wall {NUM}x cpu {NUM}x"]),
     (r"^fedccrl bench-threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
     (r"scripts/privacy_tradeoff\.py\b",

@@ -59,8 +59,7 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     commands = stage_commands(yaml.safe_load((REPO / "dvc.yaml").read_text()), params)
     assert [n.split("@")[0] for n, _ in commands[:3]] == ["download", "partition", "pools"]
-    assert {n for n, _ in commands} >= {"train@fedavg-0", "train@fedccrl-0", "evaluate", "export", "report",
-                                         "figures"}
+    assert {n for n, _ in commands} >= {"train@fedavg-0", "train@fedccrl-0", "publish"}
     for name, cmd in commands:
         assert cmd.startswith("fedccrl "), f"dvc.yaml stage {name}: {cmd!r} is not a fedccrl command"
         t0 = time.monotonic()
