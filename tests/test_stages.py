@@ -75,3 +75,15 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
     assert re.search(r"^Platform: cpu \S+ \S+.*, torch \d", table, re.M), table[:500]
     assert sorted(p.name for p in (tmp_path / "exports").rglob("*.onnx"))
     assert any((tmp_path / "plots").glob("*.png"))
+    # publish runs the export in a child process: its failure (here: --exports lies under a file, which only the
+    # export finds out) fails the stage, after the other steps, with the export's own error and no stray process
+    publish = next(cmd for name, cmd in commands if name == "publish")
+    (tmp_path / "exports.txt").write_text("not a folder")
+    failing = publish.replace("--exports exports", "--exports exports.txt/sub")
+    assert failing != publish
+    p = subprocess.run(failing, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 2, p.stderr[-3000:]
+    assert "exports.txt" in p.stderr and "the ONNX export failed" in p.stderr, p.stderr[-3000:]
+    assert (tmp_path / "exports.txt").read_text() == "not a folder"
+    left = subprocess.run(["pgrep", "-f", "fedccrl export"], capture_output=True, text=True).stdout.split()
+    assert not left, f"export processes left: {left}"
