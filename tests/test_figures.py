@@ -10,7 +10,8 @@ from fedccrl_core.augment import AugmentConfig
 from fedccrl_core.models import build_model
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
 from fedccrl_core.viz import figures as fig
-from fedccrl_core.viz.compute import augmentation_views, cams, representations, tsne_2d
+from fedccrl_core.viz.compute import augmentation_views, cams, representations
+from fedccrl_core.viz.embed import tsne_2d
 
 M, S = IMAGENET_MEAN, IMAGENET_STD
 
