@@ -19,7 +19,6 @@ from pipeline.params import load_config
 from pipeline.mlflow_clock import timed
 
 
-
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
     import numpy as np
 
@@ -40,7 +39,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
         classes = list(manifest["classes"])
         pending = []  # the drawing processes' results: the PNGs' paths
         draw = lambda kind, *args: pending.append(  # noqa: E731
-            (tsne_pool if kind == "tsne" else pool).apply_async(_draw, (kind, *args)))
+            (tsne_pool if kind == "tsne" else pool).submit(_draw, kind, *args))
         say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
 
         # per-round curves (mean over seeds) and the confusion matrices of the first seed of each algorithm
@@ -77,7 +76,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
             say(f"figures: held-out {dom} computed")
         if any(r["meta"].get("mlflow_run_id") for r in runs):
             _open_mlflow()  # while the figures are drawn
-        written = [p.get() for p in pending]
+        written = [p.result() for p in pending]  # a drawing process's error is raised here
         say(f"figures: {len(written)} PNGs in {final_out}")
     written = [final_out / p.name for p in written]
     _log_to_mlflow(runs, written)
@@ -86,19 +85,20 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
 
 @contextlib.contextmanager
 def _drawing_process(tsne: bool = False):
-    """One drawing process for _draw (a fork: it starts at once, with this process's imports), on one thread.
-    Started before this process imports torch; in a process that had imported it already, the child never
-    calls it. It imports matplotlib (and sklearn for the t-SNE) while this process loads torch, and is sent
-    SIGTERM if this process dies."""
+    """One drawing process for _draw, on one thread: forked now (a first, empty job starts it), before this
+    process imports torch; in a process that had imported torch already, the child never calls it. It imports
+    matplotlib (and sklearn for the t-SNE) while this process loads torch; it is sent SIGTERM if this process
+    dies, and one that dies makes its jobs fail (BrokenProcessPool), never wait forever."""
     import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
 
-    pool = multiprocessing.get_context("fork").Pool(1, initializer=_worker_start, initargs=(tsne,))
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
+                               initargs=(tsne,))
     try:
+        pool.submit(int)
         yield pool
-        pool.close()
-        pool.join()
     finally:
-        pool.terminate()
+        pool.shutdown(wait=True, cancel_futures=True)  # on an error, the job it is drawing ends first
 
 
 def _worker_start(tsne: bool) -> None:
