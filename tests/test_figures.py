@@ -10,7 +10,8 @@ from fedccrl_core.augment import AugmentConfig
 from fedccrl_core.models import build_model
 from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
 from fedccrl_core.viz import figures as fig
-from fedccrl_core.viz.compute import augmentation_views, cams, representations, tsne_2d
+from fedccrl_core.viz.compute import augmentation_views, cams, representations
+from fedccrl_core.viz.embed import tsne_2d
 
 M, S = IMAGENET_MEAN, IMAGENET_STD
 
@@ -89,3 +90,15 @@ def test_every_figure_kind_is_a_readable_png(tmp_path):
 def test_representations_of_nothing_is_an_error(bad):
     with pytest.raises(ValueError, match="no images"):
         representations(build_model("small_cnn", 3), bad, M, S)
+
+
+def test_mosaic_places_each_image_with_white_gaps():
+    tiles = np.random.default_rng(0).integers(0, 200, (2, 3, 5, 4, 3), dtype=np.uint8)  # no white pixel in a tile
+    m = fig.mosaic(tiles, gap=2)
+    assert m.shape == (2 * 5 + 2, 3 * 4 + 2 * 2, 3) and m.dtype == np.uint8
+    for r in range(2):
+        for c in range(3):
+            assert np.array_equal(m[r * 7:r * 7 + 5, c * 6:c * 6 + 4], tiles[r, c])  # tile (r, c) is the input image
+    assert (m[5:7] == 255).all() and (m[:, 4:6] == 255).all() and (m[:, 10:12] == 255).all()  # the gaps are white
+    assert (m != 255).sum() == tiles.size  # nothing else
+    assert np.array_equal(fig.mosaic(tiles[:1, :1], gap=2), tiles[0, 0])  # one image: itself

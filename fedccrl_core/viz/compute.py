@@ -39,14 +39,6 @@ def representations(model, images_u8: np.ndarray, mean, std, batch_size: int = 2
     return torch.cat(out).numpy()
 
 
-def tsne_2d(features: np.ndarray, seed: int) -> np.ndarray:
-    from sklearn.manifold import TSNE
-
-    perplexity = float(min(30, max(2, (len(features) - 1) // 3)))
-    return TSNE(n_components=2, init="pca", random_state=seed, perplexity=perplexity,
-                max_iter=500).fit_transform(features)
-
-
 def cams(model, images_u8: np.ndarray, mean, std) -> tuple[np.ndarray, np.ndarray]:
     x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8)), mean, std)
     cam, pred = grad_cam(model, x)
@@ -77,15 +69,15 @@ def preview_rows(shards, pools, fedccrl_hp: dict, seed: int, n_preview: int, mea
     return rows
 
 
-def model_panels(models: dict, x: np.ndarray, y: np.ndarray, pick: np.ndarray, n_cam: int, mean, std,
-                 seed: int) -> tuple[dict, dict]:
-    """For each {algorithm: model file}: the t-SNE of h(x) over the picked held-out images (FedCCRL Fig. 5) and
-    the Grad-CAMs of the first n_cam of them (Fig. 7)."""
+def model_features(models: dict, x: np.ndarray, y: np.ndarray, pick: np.ndarray, n_cam: int, mean,
+                   std) -> tuple[dict, dict]:
+    """For each {algorithm: model file}: h(x) of the picked held-out images and their labels (the t-SNE input of
+    FedCCRL Fig. 5, embedded by tsne_2d) and the Grad-CAMs of the first n_cam of them (Fig. 7)."""
     from fedccrl_core.algorithms import load_model
 
-    panels, cam_maps = {}, {}
+    feats, cam_maps = {}, {}
     for alg, path in models.items():
         model, _ = load_model(path)
-        panels[alg] = (tsne_2d(representations(model, x[pick], mean, std), seed), y[pick])
+        feats[alg] = (representations(model, x[pick], mean, std), y[pick])
         cam_maps[alg] = cams(model, x[pick[:n_cam]], mean, std)
-    return panels, cam_maps
+    return feats, cam_maps

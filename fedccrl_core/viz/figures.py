@@ -5,19 +5,52 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+from matplotlib.collections import PatchCollection
+from matplotlib.font_manager import FontProperties
+from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
 from fedccrl_core.fsio import atomic_file
 
 CMAP = plt.get_cmap("tab10")
+GAP = 6  # white pixels between the small images of a mosaic (Fig. 3, 7)
+
+
+def mosaic(tiles: np.ndarray, gap: int = GAP) -> np.ndarray:
+    """One image from a grid of equal images: tiles [rows, cols, H, W, C] (uint8) -> [rows*H + (rows-1)*gap,
+    cols*W + (cols-1)*gap, C], white between tiles. Tile (r, c) starts at (r*(H+gap), c*(W+gap)). One imshow per
+    grid instead of one Axes per image: the grids of Fig. 3 and 7 drew 240 Axes."""
+    rows, cols, h, w, c = tiles.shape
+    out = np.full((rows * h + (rows - 1) * gap, cols * w + (cols - 1) * gap, c), 255, dtype=tiles.dtype)
+    for r in range(rows):
+        for k in range(cols):
+            out[r * (h + gap):r * (h + gap) + h, k * (w + gap):k * (w + gap) + w] = tiles[r, k]
+    return out
+
+
+def _show_mosaic(ax, tiles: np.ndarray, gap: int = GAP) -> None:
+    """imshow of mosaic(tiles) with a thin black frame round each tile (as each image's Axes had) and no ticks."""
+    rows, cols, h, w = tiles.shape[:4]
+    ax.imshow(mosaic(tiles, gap))
+    frames = [Rectangle((k * (w + gap) - 0.5, r * (h + gap) - 0.5), w, h) for r in range(rows) for k in range(cols)]
+    ax.add_collection(PatchCollection(frames, facecolor="none", edgecolor="black", linewidth=0.8, clip_on=False))
+    ax.set_xticks([]), ax.set_yticks([])
+    for s in ax.spines.values():
+        s.set_visible(False)
 
 
 def _save(fig, path: Path) -> Path:
+    """Lay the figure out once with its layout engine, then draw it once. savefig with an engine set draws
+    twice (a dry draw first) and lays out at each draw; bbox_inches="tight" adds another draw to measure the ink."""
     path = Path(path)
     try:
+        engine = fig.get_layout_engine()
+        if engine is not None:
+            engine.execute(fig)
+            fig.set_layout_engine(None)  # the positions stay; savefig then draws once
         with atomic_file(path, "wb") as f:
-            fig.savefig(f, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+            fig.savefig(f, format="png", dpi=110, metadata={"Software": None})
     finally:
         plt.close(fig)
     return path
@@ -25,20 +58,19 @@ def _save(fig, path: Path) -> Path:
 
 def augmentation_preview(rows: list[dict], path: Path) -> Path:
     """Fig. 3 per client: originals | CCDT (pool statistics of other clients) | CCDT then DIFP.
-    rows: [{"client": str, "original": u8 [n,H,W,3], "ccdt": ..., "ccdt_difp": ...}]"""
-    n = rows[0]["original"].shape[0]
+    rows: [{"client": str, "original": u8 [n,H,W,3], "ccdt": ..., "ccdt_difp": ...}]
+    One Axes per view: a mosaic of every client's images (one client per row, named on the left)."""
+    n, h, w = rows[0]["original"].shape[:3]
     cols = ("original", "ccdt", "ccdt_difp")
     titles = {"original": "original", "ccdt": "CCDT (MixStyle, other clients' pool)", "ccdt_difp": "CCDT + DIFP (AugMix)"}
-    fig, axes = plt.subplots(len(rows), 3 * n, figsize=(1.1 * 3 * n, 1.25 * len(rows) + 0.6), squeeze=False)
-    for r, row in enumerate(rows):
-        for g, col in enumerate(cols):
-            for i in range(n):
-                ax = axes[r, g * n + i]
-                ax.imshow(row[col][i])
-                ax.set_xticks([]), ax.set_yticks([])
-                if r == 0 and i == 0:
-                    ax.set_title(titles[col], fontsize=8, loc="left")
-            axes[r, 0].set_ylabel(row["client"], fontsize=8)
+    tall = (len(rows) * (h + GAP) - GAP) / (n * (w + GAP) - GAP)  # a view's mosaic: height / width
+    fig, axes = plt.subplots(1, 3, figsize=(1.1 * 3 * n, 1.1 * n * tall + 0.7), layout="tight")
+    for ax, col in zip(axes, cols):
+        _show_mosaic(ax, np.stack([row[col] for row in rows]))
+        ax.set_title(titles[col], fontsize=8, loc="left")
+    centres = [r * (h + GAP) + (h - 1) / 2 for r in range(len(rows))]
+    axes[0].set_yticks(centres, [row["client"] for row in rows], fontsize=8, rotation=90, va="center")
+    axes[0].tick_params(axis="y", length=0)
     fig.suptitle("FedCCRL feature augmentation per client (Fig. 3)", fontsize=10)
     return _save(fig, path)
 
@@ -48,7 +80,14 @@ def round_curves(domain: str, series: dict[str, dict[str, list[tuple[int, float]
     metrics = list(series)
     ncols = min(3, len(metrics))
     nrows = -(-len(metrics) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.9 * nrows), squeeze=False)
+    w, h = 3.6 * ncols, 2.9 * nrows
+    fig, axes = plt.subplots(nrows, ncols, figsize=(w, h), squeeze=False)
+    # fixed margins in inches, room for y tick labels of 7 characters, the axis labels and the titles: a tight
+    # layout measured every tick label of the 6 panels twice, half of this figure's time
+    left, right, bottom, top, wgap, hgap = 0.95, 0.15, 0.6, 0.35, 1.05, 0.85
+    aw, ah = (w - left - right - (ncols - 1) * wgap) / ncols, (h - bottom - top - (nrows - 1) * hgap) / nrows
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=wgap / aw,
+                        hspace=hgap / ah)
     for ax in axes.flat[len(metrics):]:
         ax.set_visible(False)
     for ax, metric in zip(axes.flat, metrics):
@@ -61,13 +100,12 @@ def round_curves(domain: str, series: dict[str, dict[str, list[tuple[int, float]
         ax.set_xlabel("round"), ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
     return _save(fig, path)
 
 
 def tsne_panels(domain: str, panels: dict[str, tuple[np.ndarray, np.ndarray]], classes: list[str], path: Path) -> Path:
     """Fig. 5: t-SNE of h(x) on the held-out domain, one panel per algorithm. panels: {alg: (xy [n,2], y [n])}."""
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4), squeeze=False, layout="tight")
     for ax, (alg, (xy, y)) in zip(axes[0], panels.items()):
         for c, name in enumerate(classes):
             m = y == c
@@ -81,20 +119,23 @@ def tsne_panels(domain: str, panels: dict[str, tuple[np.ndarray, np.ndarray]], c
 
 def gradcam_grid(domain: str, images: np.ndarray, cams: dict[str, tuple[np.ndarray, np.ndarray]], classes: list[str],
                  labels: np.ndarray, path: Path) -> Path:
-    """Fig. 7: Grad-CAM overlays, one row per algorithm. cams: {alg: (cam [n,H,W] in [0,1], pred [n])}."""
-    n = images.shape[0]
-    fig, axes = plt.subplots(len(cams) + 1, n, figsize=(1.4 * n, 1.5 * (len(cams) + 1)), squeeze=False)
-    for i in range(n):
-        axes[0, i].imshow(images[i])
-        axes[0, i].set_title(classes[labels[i]], fontsize=7)
-        for r, (alg, (cam, pred)) in enumerate(cams.items(), 1):
-            axes[r, i].imshow(images[i])
-            axes[r, i].imshow(cam[i], cmap="jet", alpha=0.45, vmin=0, vmax=1)
-            axes[r, i].set_title(f"pred {classes[pred[i]]}", fontsize=7)
-    for r, name in enumerate(["image (true class)", *cams]):
-        axes[r, 0].set_ylabel(name, fontsize=8)
-    for ax in axes.flat:
-        ax.set_xticks([]), ax.set_yticks([])
+    """Fig. 7: Grad-CAM overlays, one row per algorithm. cams: {alg: (cam [n,H,W] in [0,1], pred [n])}.
+    One Axes per row: a mosaic of the images (top row) or of the overlays, each image's label above it."""
+    n, h, w = images.shape[:3]
+    jet = plt.get_cmap("jet")
+    fig, axes = plt.subplots(len(cams) + 1, 1, figsize=(1.4 * n, 1.5 * (len(cams) + 1)), squeeze=False,
+                             layout="tight")
+    rows = [("image (true class)", images, [classes[c] for c in labels])]
+    for alg, (cam, pred) in cams.items():
+        # the heat map at alpha 0.45 over the image, blended here (as imshow(image); imshow(cam, alpha=0.45) did)
+        heat = jet(np.clip(cam, 0, 1))[..., :3]
+        over = (0.55 * images / 255.0 + 0.45 * heat) * 255 + 0.5
+        rows.append((alg, over.astype(np.uint8), [f"pred {classes[p]}" for p in pred]))
+    for ax, (name, tiles, titles) in zip(axes[:, 0], rows):
+        _show_mosaic(ax, tiles[None])
+        for i, t in enumerate(titles):
+            ax.text(i * (w + GAP) + (w - 1) / 2, -0.5 - 0.06 * h, t, fontsize=7, ha="center", va="bottom")
+        ax.set_ylabel(name, fontsize=8)
     fig.suptitle(f"Grad-CAM on held-out {domain} (Fig. 7)", fontsize=10)
     return _save(fig, path)
 
@@ -102,7 +143,14 @@ def gradcam_grid(domain: str, images: np.ndarray, cams: dict[str, tuple[np.ndarr
 def confusion(domain: str, algorithm: str, cm: np.ndarray, classes: list[str], path: Path) -> Path:
     cm = np.asarray(cm)
     norm = cm / np.clip(cm.sum(1, keepdims=True), 1, None)
-    fig, ax = plt.subplots(figsize=(1.0 + 0.5 * len(classes), 0.8 + 0.5 * len(classes)))
+    w, h = 1.0 + 0.5 * len(classes), 0.8 + 0.5 * len(classes)
+    fig, ax = plt.subplots(figsize=(w, h))
+    # margins in inches from the longest class name (7 pt tick labels, the x ones at 45 degrees), not measured
+    # from every text of the figure by a tight layout; the colorbar and its label on the right
+    r = fig.canvas.get_renderer()
+    name = max(r.get_text_width_height_descent(c, FontProperties(size=7), ismath=False)[0] for c in classes) / fig.dpi
+    left, bottom, top, right = name + 0.45, 0.71 * name + 0.5, 0.35, 0.8
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h)
     im = ax.imshow(norm, cmap="Blues", vmin=0, vmax=1)
     if len(classes) <= 20:
         for i in range(len(classes)):
