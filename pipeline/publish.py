@@ -69,9 +69,14 @@ def _export(models, params_path, shards, exports, parity, min_agreement, batch_s
     keeps its own), without a stage-time record of its own (`fedccrl bench-repro` counts it in the parent's)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.pop("FEDCCRL_STAGE_TIMES", None)
+    from pipeline.cli import exit_now
     from pipeline.export import export_sweep
 
-    run_stage(export_sweep, models, params_path, shards, exports, parity, min_agreement, batch_size, None, True)
+    try:
+        run_stage(export_sweep, models, params_path, shards, exports, parity, min_agreement, batch_size, None, True)
+    except SystemExit as e:  # run_stage's exit code 2 for a known error
+        exit_now(e.code if isinstance(e.code, int) else 1)
+    exit_now(0)
 
 
 @click.command("publish")

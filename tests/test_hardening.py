@@ -674,3 +674,35 @@ def test_f_a_run_left_running_by_a_dead_process_is_marked_killed(tmp_path, capsy
     status = {r: rerun.client.get_run(r.run_id).info.status for r in (dead, other, alive, rerun)}
     assert status == {dead: "KILLED", other: "RUNNING", alive: "RUNNING", rerun: "RUNNING"}
     assert f"MLflow run {dead.run_id} was left RUNNING by process 999999999" in capsys.readouterr().err
+
+
+def test_the_fedccrl_command_ends_as_python_would_without_the_module_teardown(tmp_path):
+    """pipeline.cli.exit_now (the end of every `fedccrl` process): threads that are not daemons finish, atexit
+    handlers and finalizers run (a TemporaryDirectory is removed), stdout is flushed, the exit code is kept."""
+    p = run_py(f"""
+        import atexit, sys, tempfile, threading, time
+        from pathlib import Path
+        from pipeline.cli import exit_now
+        out = Path({str(tmp_path)!r})
+        keep = tempfile.TemporaryDirectory(dir=out)  # removed by its finalizer at exit
+        (out / "tmpdir").write_text(keep.name)
+        atexit.register(lambda: (out / "atexit").write_text("ran"))
+        threading.Thread(target=lambda: (time.sleep(0.3), (out / "thread").write_text("done"))).start()
+        sys.stdout.write("buffered, not flushed")
+        exit_now(3)
+        (out / "after").write_text("never")
+    """, tmp_path)
+    assert p.returncode == 3, p.stderr
+    assert p.stdout == "buffered, not flushed"
+    assert (tmp_path / "atexit").read_text() == "ran" and (tmp_path / "thread").read_text() == "done"
+    assert not Path((tmp_path / "tmpdir").read_text()).exists() and not (tmp_path / "after").exists()
+
+
+def test_the_fedccrl_command_keeps_exit_codes_and_errors(tmp_path):
+    """The console script (pipeline.cli:entry): a stage's known error is its `error:` line and exit code 2; --help 0."""
+    fedccrl = Path(sys.executable).parent / "fedccrl"
+    p = subprocess.run([str(fedccrl), "pools", "--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "p")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stderr.startswith("error: params.yaml: "), p.stderr  # no params.yaml in tmp_path
+    p = subprocess.run([str(fedccrl), "--help"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "publish" in p.stdout
