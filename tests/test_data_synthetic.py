@@ -111,3 +111,19 @@ def test_held_out_domain_shift_is_real(full_synthetic):
     print({d: f"in-domain {v:.3f} held-out {h:.3f}" for d, (v, h) in gaps.items()})
     assert all(v > 0.6 for v, _ in gaps.values()), "classes must be learnable in the source domains"
     assert sum(h <= v - 0.15 for v, h in gaps.values()) >= 2, gaps
+
+
+def test_the_files_do_not_depend_on_the_worker_processes(tmp_path):
+    """generate() in a process pool writes the same bytes as in-process (each image has its own generator)."""
+    import hashlib
+
+    from fedccrl_core.data import synthetic
+
+    digests = []
+    for workers in (1, 2):
+        out = tmp_path / f"w{workers}"
+        assert synthetic.generate(out, images_per_class=25, domains=("art", "sketch"), progress=False,
+                                  workers=workers) == 2 * len(synthetic.CLASSES) * 25
+        digests.append({p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                        for p in sorted(out.rglob("*.png"))})
+    assert digests[0] == digests[1] and len(digests[0]) == 2 * len(synthetic.CLASSES) * 25

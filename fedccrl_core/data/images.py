@@ -162,14 +162,15 @@ def _decode_one(args: tuple[str, int]):
         return None, _strip_path(path, e)
 
 
-def _pool_map(fn, items: list, workers: int, label: str, progress: bool):
-    """Ordered map of fn over items with a process pool; progress on stderr (fedccrl_core/progress.py)."""
+def pool_map(fn, items: list, workers: int | None, label: str, progress: bool, inline_below: int | None = None):
+    """Ordered map of fn (a module-level function) over items with a process pool; progress on stderr
+    (fedccrl_core/progress.py). Fewer than `inline_below` items (default: decoding's break-even) run in-process."""
     from fedccrl_core.progress import progress as counter
 
     n = len(items)
     workers = default_workers() if workers is None else max(1, workers)
     with counter(n, label, progress) as bar:
-        if workers == 1 or n < _INLINE_BELOW:
+        if workers == 1 or n < (_INLINE_BELOW if inline_below is None else inline_below):
             for it in items:
                 yield fn(it)
                 bar.update(1)
@@ -187,10 +188,10 @@ def _pool_map(fn, items: list, workers: int, label: str, progress: bool):
 def check_images(paths: list[str | os.PathLike], workers: int | None = None, progress: bool = True,
                  label: str = "validate") -> list[tuple[str | None, str | None]]:
     """Decode every file with load_rgb; per path (None if good else the reason, sha256 of its bytes)."""
-    return list(_pool_map(_check_one, [str(p) for p in paths], workers, label, progress))
+    return list(pool_map(_check_one, [str(p) for p in paths], workers, label, progress))
 
 
 def decode_images(paths: list[str | os.PathLike], size: int, workers: int | None = None, progress: bool = True,
                   label: str = "decode"):
     """Yield (uint8 [size,size,3] or None, reason or None) per path, in order (load_rgb + resize_u8)."""
-    yield from _pool_map(_decode_one, [(str(p), size) for p in paths], workers, label, progress)
+    yield from pool_map(_decode_one, [(str(p), size) for p in paths], workers, label, progress)
