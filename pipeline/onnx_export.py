@@ -145,6 +145,8 @@ def cpu_session(path: str | Path):
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    # its idle threads sleep rather than spin: the parity check runs beside other work (`fedccrl publish`)
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
