@@ -19,7 +19,10 @@ from pipeline.params import load_config
 from pipeline.mlflow_clock import timed
 
 
-def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
+def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path,
+            drawing: tuple | None = None) -> list[Path]:
+    """`drawing`: the (t-SNE, other) drawing processes of `drawing_processes()`, when the caller started them
+    earlier (`fedccrl publish`, before it loads torch); by default this function starts its own."""
     import numpy as np
 
     from fedccrl_core.algorithm_params.fedccrl import resolve_variant
@@ -30,7 +33,8 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     cfg = load_config(params_path)  # the whole file, before anything is read or written
     final_out = out
     # .<out>.tmp-<pid>-<token>, renamed at the end; the drawing processes, started before torch is imported
-    with atomic_dir(final_out) as out, _drawing_process(tsne=True) as tsne_pool, _drawing_process() as pool:
+    with atomic_dir(final_out) as out, contextlib.ExitStack() as stack:
+        tsne_pool, pool = drawing or stack.enter_context(drawing_processes())
         fp = cfg.figures
         seed, n_preview, n_tsne, n_cam = fp.seed, fp.preview_images, fp.tsne_points, fp.gradcam_images
         fcfg = resolve_variant(cfg.train.fedccrl.model_dump())  # the variant's readings
@@ -81,6 +85,13 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
     written = [final_out / p.name for p in written]
     _log_to_mlflow(runs, written)
     return written
+
+
+@contextlib.contextmanager
+def drawing_processes():
+    """The two drawing processes of `figures`: (one for the t-SNE of Fig. 5, one for every other figure)."""
+    with _drawing_process(tsne=True) as tsne_pool, _drawing_process() as pool:
+        yield tsne_pool, pool
 
 
 @contextlib.contextmanager

@@ -25,30 +25,32 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
             curves: Path, exports: Path, parity: Path, plots: Path, min_agreement: float, batch_size: int,
             params_path: Path) -> None:
     from pipeline.evaluate import evaluate_all
-    from pipeline.figures import figures
+    from pipeline.figures import drawing_processes, figures
     from pipeline.params import load_config
     from pipeline.report import report
 
     load_config(params_path)  # the whole params file, before anything is read or written
-    export = _start_export(models, params_path, shards, exports, parity, min_agreement, batch_size)
-    try:
-        steps = (("evaluate", lambda: evaluate_all(shards, models, runs, params_path)),
-                 ("report", lambda: report(runs, metrics, table, curves, params_path, summary)),
-                 ("figures", lambda: figures(shards, pools, models, runs, plots, params_path)))
-        took = []
-        for k, (name, step) in enumerate(steps, 1):
-            print(f"publish: {k}/{len(steps)} {name} (the export runs beside)", file=sys.stderr, flush=True)
+    # the figures' drawing processes first: they import matplotlib and sklearn while this process imports torch
+    with drawing_processes() as drawing:
+        export = _start_export(models, params_path, shards, exports, parity, min_agreement, batch_size)
+        try:
+            steps = (("evaluate", lambda: evaluate_all(shards, models, runs, params_path)),
+                     ("report", lambda: report(runs, metrics, table, curves, params_path, summary)),
+                     ("figures", lambda: figures(shards, pools, models, runs, plots, params_path, drawing)))
+            took = []
+            for k, (name, step) in enumerate(steps, 1):
+                print(f"publish: {k}/{len(steps)} {name} (the export runs beside)", file=sys.stderr, flush=True)
+                t0 = time.perf_counter()
+                step()
+                took.append(f"{name} {time.perf_counter() - t0:.1f}s")
             t0 = time.perf_counter()
-            step()
-            took.append(f"{name} {time.perf_counter() - t0:.1f}s")
-        t0 = time.perf_counter()
-        export.join()
-        code = export.exitcode
-        took.append(f"then waited {time.perf_counter() - t0:.1f}s for the export")
-    finally:
-        if export.is_alive():  # this process failed or was stopped: the export stops with it
-            export.terminate()
             export.join()
+            code = export.exitcode
+            took.append(f"then waited {time.perf_counter() - t0:.1f}s for the export")
+        finally:
+            if export.is_alive():  # this process failed or was stopped: the export stops with it
+                export.terminate()
+                export.join()
     if code != 0:
         raise FedCCRLError(f"publish: the ONNX export failed (exit code {code}; its error is above): no exports")
     print(f"publish: done ({', '.join(took)})", file=sys.stderr, flush=True)
