@@ -78,9 +78,13 @@ def exit_now(code: int) -> None:
     are not daemons, flush stdout and stderr, run the atexit handlers (MLflow ending its runs, logging's flush,
     the finalizers of temporary folders), then os._exit. A process that imported torch and MLflow otherwise
     spends about half a second tearing its modules down after its work is done (docs/benchmarks.md).
-    atexit._run_exitfuncs is CPython's own exit step, the one that has no public name."""
+    atexit._run_exitfuncs is CPython's own exit step, the one that has no public name. Under a profiler or a
+    tracer (`python -m cProfile`, a debugger), which writes its results as the interpreter ends, the usual exit."""
     import atexit
     import threading
+
+    if sys.getprofile() is not None or sys.gettrace() is not None:
+        sys.exit(code)
 
     for t in threading.enumerate():
         if t is not threading.current_thread() and not t.daemon:

@@ -57,12 +57,13 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
 
 
 def _start_export(*args):
-    """export_sweep of the whole sweep in a child process, forked once this process has imported torch and MLflow
-    (about 4 s of CPU the child then does not repeat) and before it has run anything with them: no OpenMP, CUDA
-    or MLflow store state exists yet to be shared by the fork."""
+    """export_sweep of the whole sweep in a child process, forked once this process has imported torch, MLflow and
+    MLflow's SQL store (about 5 s of CPU the child then does not repeat) and before it has run anything with them:
+    no OpenMP, CUDA or MLflow store state (no database connection) exists yet to be shared by the fork."""
     import multiprocessing
 
     import mlflow  # noqa: F401
+    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     import torch  # noqa: F401
 
     process = multiprocessing.get_context("fork").Process(target=_export, args=args, name="fedccrl export")
