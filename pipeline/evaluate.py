@@ -34,14 +34,21 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=No
 def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> list[dict]:
     """Every trained run under models/<algorithm>/s<seed>/d<held_out> -> out/<algorithm>/s<seed>/d<held_out>.json,
     written into a temp folder renamed into place at the end."""
-    cfg = load_config(params_path)  # only the runs of the current sweep: stale folders of older sweeps are skipped
+    cfg = load_config(params_path)
+    wanted = trained_runs(cfg, models)
+    with atomic_dir(out) as tmp:
+        return [evaluate(shards, d, contract.result_file(tmp, models, d), params_path, cfg)
+                for d in wanted]
+
+
+def trained_runs(cfg, models: Path) -> list[Path]:
+    """The run folders of the current sweep (stale folders of older sweeps are skipped); FileNotFoundError naming
+    the first ones that the train stages have not finished."""
     wanted = run_dirs(cfg, models)
     missing = [str(d) for d in wanted if not (d / contract.HISTORY_FILE).is_file()]
     if missing:
         raise FileNotFoundError(f"trained runs missing (run the train stages first): {', '.join(missing[:4])}")
-    with atomic_dir(out) as tmp:
-        return [evaluate(shards, d, contract.result_file(tmp, models, d), params_path, cfg)
-                for d in wanted]
+    return wanted
 
 
 @click.command("evaluate")

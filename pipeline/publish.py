@@ -24,12 +24,13 @@ from pipeline.cli import run_stage
 def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, summary: Path, table: Path,
             curves: Path, exports: Path, parity: Path, plots: Path, min_agreement: float, batch_size: int,
             params_path: Path) -> None:
-    from pipeline.evaluate import evaluate_all
+    from pipeline.evaluate import evaluate_all, trained_runs
     from pipeline.figures import drawing_processes, figures
     from pipeline.params import load_config
     from pipeline.report import report
 
-    load_config(params_path)  # the whole params file, before anything is read or written
+    # the whole params file and every trained run, before any process starts or anything is written
+    trained_runs(load_config(params_path), models)
     # the figures' drawing processes first: they import matplotlib and sklearn while this process imports torch
     with drawing_processes() as drawing:
         export = _start_export(models, params_path, shards, exports, parity, min_agreement, batch_size)

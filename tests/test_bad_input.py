@@ -55,6 +55,9 @@ EVALUATE = ["evaluate", "--shards", "{data}/shards", "--models", "models", "--ou
 EXPORT = ["export", "--models", "models", "--shards", "{data}/shards", "--out", "out/exports",
           "--summary", "out/parity.json", "--no-mlflow"]
 REPORT = ["report", "--runs", "runs", "--metrics", "out/m.json", "--table", "out/t.md", "--curves", "out/c.csv"]
+PUBLISH = ["publish", "--shards", "{data}/shards", "--pools", "{data}/pools", "--models", "models", "--runs", "out/runs",
+           "--metrics", "out/m.json", "--summary", "out/s.json", "--table", "out/t.md", "--curves", "out/c.csv",
+           "--exports", "out/exports", "--parity", "out/p.json", "--plots", "out/plots"]
 
 
 def predict(*extra: str, model: str = "model.onnx", inputs: str = "imgs") -> list[str]:
@@ -317,6 +320,8 @@ CASES: list[Case] = [
          ("exports.txt",), setup=both(a_model_folder(), write("exports.txt", "x"))),
     Case("report-runs-missing", "export", REPORT, ("runs",)),
     Case("report-runs-empty", "export", REPORT, ("runs",), setup=mkdirs("runs")),
+    Case("publish-models-missing", "export", PUBLISH, ("models/", "train stages")),
+    Case("publish-params-unknown-key", "export", PUBLISH, ("export.min_agrement",), {"export.min_agrement": 0.9}),
     # ---- serving
     Case("serve-model-missing", "serving", predict(model="absent.onnx"), ("absent.onnx",),
          setup=png("imgs/a/0.png")),
