@@ -1,7 +1,7 @@
 """`fedccrl bench-repro`: `dvc repro` of the default pipeline, timed stage by stage, against the 180 s target on 2 cores.
 Its headline is the share of the wall time spent outside the train stages (DVC itself included), against 20 %.
 
-Runs the repository's dvc.yaml and params.yaml from scratch in a temporary workspace (the code folders the
+Runs the repository's dvc.yaml, params.yaml and .dvcignore from scratch in a temporary workspace (the code folders the
 stages depend on are linked, data/models/results are fresh; MLflow goes to a temporary SQLite store), with
 FEDCCRL_STAGE_TIMES set so every stage process records its start-up (interpreter + imports), body, CPU and
 MLflow seconds (pipeline/cli.py `run_stage`). Then, in the same run, the thread policy: spin
@@ -83,6 +83,8 @@ def bench_repro(thread_steps: int, keep: Path | None) -> dict:
         env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
                "FEDCCRL_STAGE_TIMES": str(times), "DVC_NO_ANALYTICS": "1"}
         subprocess.run([dvc_exe, "init", "--no-scm", "-q"], cwd=ws, env=env, check=True)
+        if (root / ".dvcignore").is_file():  # what DVC leaves out of the hashes of folders, as in the repository
+            shutil.copy(root / ".dvcignore", ws / ".dvcignore")
         print(f"bench-repro: dvc repro of the default in {ws}", file=sys.stderr, flush=True)
         repro_wall, repro_cpu = _run([dvc_exe, "repro"], ws, env, "dvc repro")
         rows = _stage_rows(times)

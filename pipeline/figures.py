@@ -90,7 +90,10 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
 
 @contextlib.contextmanager
 def drawing_processes():
-    """The two drawing processes of `figures`: (one for the t-SNE of Fig. 5, one for every other figure)."""
+    """The two drawing processes of `figures`: (one for the t-SNE of Fig. 5, one for every other figure). Both
+    are forked once this process has imported matplotlib (about 1 s of CPU that each would otherwise repeat)."""
+    import fedccrl_core.viz.figures  # noqa: F401
+
     with _drawing_process(tsne=True) as tsne_pool, _drawing_process() as pool:
         yield tsne_pool, pool
 
@@ -98,9 +101,9 @@ def drawing_processes():
 @contextlib.contextmanager
 def _drawing_process(tsne: bool = False):
     """One drawing process for _draw, on one thread: forked now (a first, empty job starts it), before this
-    process imports torch; in a process that had imported torch already, the child never calls it. It imports
-    matplotlib (and sklearn for the t-SNE) while this process loads torch; it is sent SIGTERM if this process
-    dies, and one that dies makes its jobs fail (BrokenProcessPool), never wait forever."""
+    process imports torch; in a process that had imported torch already, the child never calls it. The t-SNE one
+    imports sklearn while this process loads torch; each is sent SIGTERM if this process dies, and one that dies
+    makes its jobs fail (BrokenProcessPool), never wait forever."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 

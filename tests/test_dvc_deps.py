@@ -135,3 +135,23 @@ def test_closure_follows_lazy_and_relative_imports():
     assert "fedccrl_core.algorithm_params" in closure({"pipeline.params"})  # the hyperparameters, without torch
     assert "fedccrl_core.algorithms" not in closure({"pipeline.params"})
     assert "fedccrl_core.algorithms" not in closure({"pipeline.report"}, VALIDATION_ONLY)
+
+
+def test_bytecode_caches_stay_out_of_the_hash_of_a_folder_dep():
+    """A folder in deps (fedccrl_core/viz, ...) stands for its sources: Python's __pycache__ inside it, written
+    by the first import or by another Python version, must not change the stage's hash (.dvcignore)."""
+    import shutil
+    import subprocess
+
+    dvc = shutil.which("dvc")
+    if dvc is None:
+        pytest.skip("dvc is not on PATH (the project's .venv is not active)")
+    folders = sorted({d for st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()
+                      for d in st.get("deps", []) if (ROOT / d).is_dir() and any((ROOT / d).rglob("*.py"))})
+    assert folders  # the stages do depend on folders of code
+    pyc = [f"{d}/__pycache__/m.cpython-311.pyc" for d in folders]
+    ignored = subprocess.run([dvc, "check-ignore", *pyc], cwd=ROOT, capture_output=True, text=True)
+    assert ignored.stdout.split() == pyc, f"hashed with their folder: {sorted(set(pyc) - set(ignored.stdout.split()))}"
+    sources = subprocess.run([dvc, "check-ignore", *(f"{d}/m.py" for d in folders)], cwd=ROOT, capture_output=True,
+                             text=True)
+    assert sources.returncode == 1 and sources.stdout == "", f"sources left out of a folder's hash: {sources.stdout}"
