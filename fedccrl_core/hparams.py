@@ -255,7 +255,7 @@ def markdown(groups: dict[str, type[HParams]]) -> str:
     generated when the site is built (scripts/mkdocs_hooks.py), never committed, so it cannot go stale."""
     out = ["# Hyperparameters", "",
            "Generated from each algorithm's declaration (`Params` in `fedccrl_core/algorithms/<name>.py`) by",
-           "`make docs` when the site is built (`python -m fedccrl_core.algorithms` prints the same text). params.yaml's",
+           "`make docs` when the site is built (`python scripts/mkdocs_hooks.py` prints the same text). params.yaml's",
            "`train.<algorithm>` groups hold these defaults; `-S train.<algorithm>.<key>=<value>` overrides one.", ""]
     for name, params in groups.items():
         out += [f"## `train.{name}`", ""]

@@ -4,8 +4,8 @@ A line `<!-- module-docstring: fedccrl_core.algorithms.fedfd -->` in a page beco
 written (a plain-text block: the docstrings lay out their equations line by line), read without importing it.
 
 The hyperparameters page is made from the algorithms' declarations (`Params` in each module of
-fedccrl_core/algorithms), so the tables cannot drift from the code: `python -m fedccrl_core.algorithms`
-prints the same text.
+fedccrl_core/algorithms), so the tables cannot drift from the code: `python scripts/mkdocs_hooks.py` prints the
+same text.
 """
 from __future__ import annotations
 
@@ -50,3 +50,7 @@ def on_files(files, config):
 def on_page_markdown(markdown, page, config, files):
     return DOCSTRING.sub(lambda m: f"```text\n{module_docstring(m[1])}\n```\n\n*From the docstring of "
                                    f"`{m[1]}`.*", markdown)
+
+
+if __name__ == "__main__":  # the hyperparameters page, as the docs site shows it
+    print(hyperparameters_markdown(), end="")
