@@ -3,8 +3,8 @@ confusion matrices), from the trained runs. Logged as MLflow artifacts: everythi
 parent run, and each run's confusion matrix to its own child run.
 
 This process loads the data and the models (torch) and computes what the figures show; two drawing
-processes draw meanwhile, one the t-SNE of Fig. 5 (sklearn), the other every other figure. The curves and
-confusion matrices need no model: they are drawn while torch loads."""
+processes draw meanwhile, one the t-SNE of Fig. 5 (sklearn), the other every other figure. The curves need
+only the training histories: `fedccrl publish` has them drawn while it imports torch."""
 from __future__ import annotations
 
 import contextlib
@@ -22,70 +22,148 @@ from pipeline.mlflow_clock import timed
 
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path,
             drawing: tuple | None = None) -> list[Path]:
-    """`drawing`: the (t-SNE, other) drawing processes of `drawing_processes()`, when the caller started them
-    earlier (`fedccrl publish`, before it loads torch); by default this function starts its own."""
-    import numpy as np
+    """Every figure, into `out` (written whole at the end). `drawing`: the (t-SNE, other) drawing processes of
+    `drawing_processes()`, when the caller started them earlier; by default this function starts its own."""
+    load_config(params_path)  # the whole file, before any process starts
+    with contextlib.ExitStack() as stack:
+        drawing = drawing or stack.enter_context(drawing_processes())
+        with Figures(shards, models, out, params_path, drawing) as figs:
+            figs.curves()
+            figs.model_figures(pools)
+            figs.confusions(runs_dir)
+    return figs.log()
 
-    from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-    from fedccrl_core.data.shards import load_manifest
-    from fedccrl_core.fsio import atomic_dir
-    from fedccrl_core.results import load_runs_with_history, round_series
 
-    cfg = load_config(params_path)  # the whole file, before anything is read or written
-    final_out = out
-    # .<out>.tmp-<pid>-<token>, renamed at the end; the drawing processes, started before torch is imported
-    with atomic_dir(final_out) as out, contextlib.ExitStack() as stack:
-        tsne_pool, pool = drawing or stack.enter_context(drawing_processes())
-        fp = cfg.figures
-        seed, n_preview, n_tsne, n_cam = fp.seed, fp.preview_images, fp.tsne_points, fp.gradcam_images
-        fcfg = resolve_variant(cfg.train.fedccrl.model_dump())  # the variant's readings
-        mean, std = cfg.preprocess.mean, cfg.preprocess.std
+class Figures:
+    """The figures of one sweep, drawn by the drawing processes into a temporary folder that replaces `out` when
+    the `with` block ends without an error. Each group is submitted as soon as its inputs exist, so that
+    `fedccrl publish` can submit it early: the curves need only the training histories (before torch is
+    imported), Fig. 3, 5 and 7 the models (torch), the confusion matrices the evaluation results."""
+
+    def __init__(self, shards: Path, models: Path, out: Path, params_path: Path, drawing: tuple):
+        from fedccrl_core.data.shards import load_manifest
+
+        self.cfg = load_config(params_path)  # the whole file, before anything is read or written
+        self.shards, self.models, self.final_out = shards, models, out
+        self.tsne_pool, self.pool = drawing
         manifest = load_manifest(shards)
-        classes = list(manifest["classes"])
-        pending = []  # the drawing processes' results: the PNGs' paths
-        draw = lambda kind, *args: pending.append(  # noqa: E731
-            (tsne_pool if kind == "tsne" else pool).submit(_draw, kind, *args))
-        say = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
+        self.classes = list(manifest["classes"])
+        self.runs = _sweep_histories(self.cfg, models)
+        self.domains = [d for d in manifest["domains"] if any(r["meta"]["held_out_domain"] == d for r in self.runs)]
+        self.pending = []  # the drawing processes' results: the PNGs' paths
+        self.written: list[Path] = []
 
-        # per-round curves (mean over seeds) and the confusion matrices of the first seed of each algorithm
-        runs = load_runs_with_history(models, runs_dir)
-        domains = [d for d in manifest["domains"] if any(r["meta"]["held_out_domain"] == d for r in runs)]
-        first = {}  # {domain: {algorithm: run of its first seed}}, FedCCRL first, then FedAvg
-        for dom in domains:
-            dom_runs = [r for r in runs if r["meta"]["held_out_domain"] == dom]
-            by_alg = {}
-            for r in sorted(dom_runs, key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"])):
-                by_alg.setdefault(r["meta"]["algorithm"], r)
-            first[dom] = {a: by_alg[a] for a in sorted(by_alg, key=lambda a: (a != "fedccrl", a != "fedavg", a))}
-            draw("round_curves", dom, round_series(dom_runs), out / f"curves_{dom}.png")
-            for alg, r in first[dom].items():
-                cm = np.array(r["result"]["detail"]["final"]["confusion"])
-                draw("confusion", dom, alg, cm, classes, out / f"confusion_{alg}_{dom}.png")
+    def __enter__(self):
+        from fedccrl_core.fsio import atomic_dir
 
+        self._folder = atomic_dir(self.final_out)  # .<out>.tmp-<pid>-<token>, renamed at the end
+        self.out = self._folder.__enter__()
+        return self
+
+    def __exit__(self, kind, error, tb):
+        try:
+            if kind is None:
+                self.written = [p.result() for p in self.pending]  # a drawing process's error is raised here
+        except BaseException:
+            self._stop_drawing()
+            if not self._folder.__exit__(*sys.exc_info()):
+                raise
+            return False
+        if kind is not None:
+            self._stop_drawing()
+        done = self._folder.__exit__(kind, error, tb)
+        if kind is None:
+            print(f"figures: {len(self.written)} PNGs in {self.final_out}", file=sys.stderr, flush=True)
+        return done
+
+    def _stop_drawing(self) -> None:
+        """On an error: no PNG is drawn into the folder once it is removed."""
+        from concurrent.futures import wait
+
+        for p in self.pending:
+            p.cancel()
+        wait(self.pending)
+
+    def _draw(self, kind: str, *args) -> None:
+        self.pending.append((self.tsne_pool if kind == "tsne" else self.pool).submit(_draw, kind, *args))
+
+    def _first_seeds(self, dom: str) -> dict:
+        """{algorithm: run of its first seed} on held-out `dom`, FedCCRL first, then FedAvg."""
+        by_alg = {}
+        for r in sorted((r for r in self.runs if r["meta"]["held_out_domain"] == dom),
+                        key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"])):
+            by_alg.setdefault(r["meta"]["algorithm"], r)
+        return {a: by_alg[a] for a in sorted(by_alg, key=lambda a: (a != "fedccrl", a != "fedavg", a))}
+
+    def curves(self) -> None:
+        """Per-round curves (mean over seeds), one PNG per held-out domain: the training histories only."""
+        from fedccrl_core.results import round_series
+
+        for dom in self.domains:
+            dom_runs = [r for r in self.runs if r["meta"]["held_out_domain"] == dom]
+            self._draw("round_curves", dom, round_series(dom_runs), self.out / f"curves_{dom}.png")
+
+    def model_figures(self, pools: Path) -> None:
+        """FedCCRL Fig. 3 (every client: its originals, CCDT with the pool of the other clients, then DIFP), and
+        Fig. 5 and 7 (first seed of each algorithm, a fixed seeded sample of held-out images)."""
+        import numpy as np
+
+        from fedccrl_core.algorithm_params.fedccrl import resolve_variant
         from fedccrl_core.data.shards import load_domain_test
         from fedccrl_core.viz.compute import model_features, preview_rows  # torch
 
-        # Fig. 3: every client, its originals, CCDT with the pool of the other clients, then DIFP
-        rows = preview_rows(shards, pools, fcfg, seed, n_preview, mean, std)
-        draw("augmentation_preview", rows, out / "augmentation_preview.png")
+        fp, cfg = self.cfg.figures, self.cfg
+        mean, std = cfg.preprocess.mean, cfg.preprocess.std
+        fcfg = resolve_variant(cfg.train.fedccrl.model_dump())  # the variant's readings
+        rows = preview_rows(self.shards, pools, fcfg, fp.seed, fp.preview_images, mean, std)
+        self._draw("augmentation_preview", rows, self.out / "augmentation_preview.png")
+        for dom in self.domains:
+            x, y = load_domain_test(self.shards, dom)
+            pick = np.random.default_rng(fp.seed).permutation(len(y))[:fp.tsne_points]  # across all classes
+            cam_pick = pick[:fp.gradcam_images]
+            feats, cam_maps = model_features({a: r["dir"] / contract.MODEL_FILE
+                                              for a, r in self._first_seeds(dom).items()},
+                                             x, y, pick, fp.gradcam_images, mean, std)
+            self._draw("tsne", dom, feats, self.classes, fp.seed, self.out / f"tsne_{dom}.png")
+            self._draw("gradcam_grid", dom, x[cam_pick], cam_maps, self.classes, y[cam_pick],
+                       self.out / f"gradcam_{dom}.png")
+            print(f"figures: held-out {dom} computed", file=sys.stderr, flush=True)
 
-        # Fig. 5 and 7: first seed of each algorithm, fixed seeded sample of held-out images
-        for dom in domains:
-            x, y = load_domain_test(shards, dom)
-            pick = np.random.default_rng(seed).permutation(len(y))[:n_tsne]  # a seeded sample across all classes
-            cam_pick = pick[:n_cam]
-            feats, cam_maps = model_features({a: r["dir"] / contract.MODEL_FILE for a, r in first[dom].items()},
-                                             x, y, pick, n_cam, mean, std)
-            draw("tsne", dom, feats, classes, seed, out / f"tsne_{dom}.png")
-            draw("gradcam_grid", dom, x[cam_pick], cam_maps, classes, y[cam_pick], out / f"gradcam_{dom}.png")
-            say(f"figures: held-out {dom} computed")
-        if any(r["meta"].get("mlflow_run_id") for r in runs):
+    def confusions(self, runs_dir: Path) -> None:
+        """The confusion matrix of the first seed of each algorithm on each held-out domain: the evaluation
+        results of the evaluate step (runs_dir, the same runs)."""
+        import numpy as np
+
+        from fedccrl_core.results import load_runs_with_history
+
+        key = lambda m: (m["algorithm"], m["seed"], m["held_out_domain"])  # noqa: E731
+        results = {key(r["meta"]): r["result"] for r in load_runs_with_history(self.models, runs_dir)}
+        for dom in self.domains:
+            for alg, r in self._first_seeds(dom).items():
+                cm = np.array(results[key(r["meta"])]["detail"]["final"]["confusion"])
+                self._draw("confusion", dom, alg, cm, self.classes, self.out / f"confusion_{alg}_{dom}.png")
+        if any(r["meta"].get("mlflow_run_id") for r in self.runs):
             _open_mlflow()  # while the figures are drawn
-        written = [p.result() for p in pending]  # a drawing process's error is raised here
-        say(f"figures: {len(written)} PNGs in {final_out}")
-    written = [final_out / p.name for p in written]
-    _log_to_mlflow(runs, written)
-    return written
+
+    def log(self) -> list[Path]:
+        """After the folder is in place: the PNGs logged to MLflow; their final paths."""
+        written = [self.final_out / p.name for p in self.written]
+        _log_to_mlflow(self.runs, written)
+        return written
+
+
+def _sweep_histories(cfg, models: Path) -> list[dict]:
+    """The training history of every run of the current sweep ({"dir", "meta", "rounds"}), in the order of the
+    evaluate step's results (fedccrl_core.results.load_runs_with_history)."""
+    import json
+
+    from pipeline.evaluate import trained_runs
+
+    runs = []
+    for d in sorted(trained_runs(cfg, models), key=lambda d: contract.result_file(Path("r"), models, d)):
+        doc = json.loads((d / contract.HISTORY_FILE).read_text())
+        runs.append({"dir": d, "meta": doc["meta"], "rounds": doc["rounds"]})
+    return runs
 
 
 @contextlib.contextmanager

@@ -25,20 +25,23 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
             curves: Path, exports: Path, parity: Path, plots: Path, min_agreement: float, batch_size: int,
             params_path: Path) -> None:
     from pipeline.evaluate import evaluate_all, trained_runs
-    from pipeline.figures import drawing_processes, figures
+    from pipeline.figures import Figures, drawing_processes
     from pipeline.params import load_config
     from pipeline.report import report
 
     # the whole params file and every trained run, before any process starts or anything is written
     trained_runs(load_config(params_path), models)
-    # the figures' drawing processes first: they import matplotlib and sklearn while this process imports torch
-    with drawing_processes() as drawing:
+    took = []
+    # the figures' drawing processes first, then the curves (training histories only): they are drawn while this
+    # process imports torch
+    with drawing_processes() as drawing, Figures(shards, models, plots, params_path, drawing) as figs:
+        figs.curves()
         export = _start_export(models, params_path, shards, exports, parity, min_agreement, batch_size)
         try:
-            steps = (("evaluate", lambda: evaluate_all(shards, models, runs, params_path)),
+            steps = (("figures of the models", lambda: figs.model_figures(pools)),  # the t-SNE starts early
+                     ("evaluate", lambda: evaluate_all(shards, models, runs, params_path)),
                      ("report", lambda: report(runs, metrics, table, curves, params_path, summary)),
-                     ("figures", lambda: figures(shards, pools, models, runs, plots, params_path, drawing)))
-            took = []
+                     ("confusion matrices", lambda: figs.confusions(runs)))
             for k, (name, step) in enumerate(steps, 1):
                 print(f"publish: {k}/{len(steps)} {name} (the export runs beside)", file=sys.stderr, flush=True)
                 t0 = time.perf_counter()
@@ -52,6 +55,9 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
             if export.is_alive():  # this process failed or was stopped: the export stops with it
                 export.terminate()
                 export.join()
+        t0 = time.perf_counter()
+    took.append(f"and {time.perf_counter() - t0:.1f}s for the drawings")
+    figs.log()
     if code != 0:
         raise FedCCRLError(f"publish: the ONNX export failed (exit code {code}; its error is above): no exports")
     print(f"publish: done ({', '.join(took)})", file=sys.stderr, flush=True)

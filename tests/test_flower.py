@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -605,6 +606,22 @@ def _wait(pred, timeout: float, what: str, poll: float = 0.5):
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
+def _signal_all(nodes, sig: int) -> None:
+    """`sig` to each node's process and every descendant (Flower starts some in their own sessions)."""
+    import psutil
+
+    for node in nodes:
+        try:
+            procs = [psutil.Process(node.pid), *psutil.Process(node.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            continue
+        for p in procs:
+            try:
+                p.send_signal(sig)
+            except psutil.NoSuchProcess:
+                pass
+
+
 def _records(work: Path, run_id: int) -> list[dict]:
     path = work / f"run-{run_id}" / "rounds.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
@@ -774,9 +791,16 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
           "round 2 at photo_c0")
     photo.kill()
     add_wheel_supernode(fed, data, "photo_c0", root, full_venv)
-    _wait(lambda: len(_records(work, run_id)) >= 2, 240, "round 2's record")
-    fed.stop_run(run_id)
-    _wait(lambda: fed.status(run_id).get("status", "").startswith("finished"), 60, "the stopped run", poll=2)
+    _wait(lambda: len(_records(work, run_id)) >= 2, 240, "round 2's record", poll=0.1)
+    # the other two SuperNodes are paused at once: round 3 cannot gather min_clients replies (it waits up to
+    # train_timeout_s = 45 s), so the stop lands after round 2 however fast round 3 would train on this machine
+    others = [fed.supernodes[c] for c in SOURCES if c != "photo_c0"]
+    _signal_all(others, signal.SIGSTOP)
+    try:
+        fed.stop_run(run_id)
+        _wait(lambda: fed.status(run_id).get("status", "").startswith("finished"), 60, "the stopped run", poll=2)
+    finally:
+        _signal_all(others, signal.SIGCONT)
     first = _records(work, run_id)
     assert [r["clients"] for r in first[:2]] == [3, 2] and first[1]["dropped"] == 1
     assert "train_acc/photo_c0" in first[0] and "train_acc/photo_c0" not in first[1]
