@@ -55,12 +55,8 @@ def save_model(path: str | Path, model: FedModel, meta: dict) -> None:
     atomic_torch_save({"format": FORMAT, "state_dict": state, "meta": dict(meta)}, path)
 
 
-def load_model(path: str | Path, map_location: str = "cpu", builders: dict | None = None) -> tuple[FedModel, dict]:
-    """Rebuild the FedModel (no pretrained download) and load its weights. Returns (model in eval mode, meta).
-
-    `builders` maps an algorithm name to its `build_model` (an algorithm that adds modules knows its
-    structure); `fedccrl_core.algorithms.load_model` passes the registry's. This module stays below the
-    algorithms (docs/architecture.md, "Layers") and falls back to the plain f = g . h without them."""
+def _load(path: str | Path, map_location="cpu") -> dict:
+    """A fedccrl model file's {"format", "state_dict", "meta"}; FedCCRLError naming the file otherwise."""
     path = Path(path)
     if not path.is_file():
         raise FedCCRLError(f"{path}: model file not found")
@@ -72,6 +68,21 @@ def load_model(path: str | Path, map_location: str = "cpu", builders: dict | Non
         raise FedCCRLError(f"{path}: not a readable fedccrl model file ({e.__class__.__name__})") from e
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise FedCCRLError(f"{path}: not a fedccrl model file (expected format {FORMAT})")
+    return blob
+
+
+def load_meta(path: str | Path) -> dict:
+    """The meta of a model file (as load_model's), without building the model."""
+    return _load(path)["meta"]
+
+
+def load_model(path: str | Path, map_location: str = "cpu", builders: dict | None = None) -> tuple[FedModel, dict]:
+    """Rebuild the FedModel (no pretrained download) and load its weights. Returns (model in eval mode, meta).
+
+    `builders` maps an algorithm name to its `build_model` (an algorithm that adds modules knows its
+    structure); `fedccrl_core.algorithms.load_model` passes the registry's. This module stays below the
+    algorithms (docs/architecture.md, "Layers") and falls back to the plain f = g . h without them."""
+    blob = _load(path, map_location)
     meta = blob["meta"]
     builder = (builders or {}).get(meta.get("algorithm"))
     if builder is not None:

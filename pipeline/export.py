@@ -20,17 +20,19 @@ def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batc
     from pipeline import onnx_export
     from pipeline.model_registry import log_to_mlflow
 
-    def publish(onnx_path, session, meta, result, example_u8):
-        log_to_mlflow(onnx_path, session, meta, result, example_u8, registered_model, alias)
+    def publish(onnx_path, meta, result, example_u8):
+        log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias)
 
     return onnx_export.export_checked(model_path, shards, out, min_agreement, batch_size,
                                       publish if use_mlflow else None, traces)
 
 
 def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summary: Path, min_agreement: float,
-                 batch_size: int, registered_model: str | None, use_mlflow: bool) -> dict:
+                 batch_size: int, registered_model: str | None, use_mlflow: bool, exported=None) -> dict:
     """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
-    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`."""
+    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`.
+    exported(key), if given, is called with each run's key (<algorithm>/s<seed>/d<held_out>) once its files are
+    written."""
     from pipeline.params import load_config, run_dirs
 
     results, traces = {}, {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
@@ -38,12 +40,29 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
         key = run.relative_to(models).as_posix()
         results[key] = export(run / contract.MODEL_FILE, shards, out / key, min_agreement, batch_size,
                               registered_model, None, use_mlflow, traces)
+        if exported is not None:
+            exported(key)
     worst = min(r["top1_agreement"] for r in results.values())
     # the compact DVC metric: the worst figures over every run (each run's own numbers: out/<run>/parity.json)
     doc = {"min_top1_agreement": worst, "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
            "runs": len(results)}
     write_text(summary, json.dumps(doc, indent=1) + "\n")
     return doc
+
+
+def log_exported(run: Path, out: Path, shards: Path) -> None:
+    """A model that export_sweep wrote without MLflow (out/model.onnx and out/parity.json, from the run folder `run`)
+    logged to MLflow as `fedccrl export` logs it, under the default name and alias: `fedccrl publish` runs this
+    beside the export."""
+    from fedccrl_core.checkpoint import load_meta
+    from fedccrl_core.data.shards import load_domain_test
+    from pipeline.model_registry import log_to_mlflow
+    from pipeline.onnx_export import ONNX_FILE, PARITY_FILE, example_images
+
+    meta = load_meta(run / contract.MODEL_FILE)
+    images, _ = load_domain_test(shards, meta["held_out_domain"])
+    result = json.loads((out / PARITY_FILE).read_text())
+    log_to_mlflow(out / ONNX_FILE, meta, result, example_images(images), None, None)
 
 
 @click.command("export")

@@ -106,7 +106,7 @@ def _flavour(onnx_file: str):
 
 
 @timed
-def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example_u8, registered_model: str | None,
+def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registered_model: str | None,
                   alias: str | None) -> None:
     """Log the model (pyfunc on raw images + onnx flavour) and the parity metrics to the training run through
     its run id, never reopening it (its status and end time stay those of the training); register it as a new
@@ -162,9 +162,7 @@ def log_to_mlflow(onnx_path: Path, session, meta: dict, result: dict, example_u8
                          code_paths=[str(root / package) for package in SERVING_PACKAGES],
                          signature=pyfunc.signature(meta["classes"], example_u8),
                          pip_requirements=serving_requirements())
-    version = info.registered_model_version
-    for k, v in tags.items():
-        client.set_model_version_tag(name, version, k, v)
+    version = info.registered_model_version  # created with `tags` (Model.log tags the version it registers)
     client.set_registered_model_alias(name, alias, version)
     print(f"MLflow: logged the model to run {run_id} (run not reopened); registered {name} version {version} "
           f"alias @{alias}", file=sys.stderr)

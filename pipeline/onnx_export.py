@@ -16,6 +16,9 @@ from fedccrl_core.errors import FedCCRLError
 from serving.metadata import (FORMAT_KEY, FORMAT_VERSION, INPUT_NAME, INT_KEYS, JSON_KEYS, OUTPUT_NAME, REQUIRED_KEYS,
                               TEXT_KEYS)
 
+# an export's folder: the model and its parity figures (export_checked)
+ONNX_FILE, PARITY_FILE = "model.onnx", "parity.json"
+
 # protobuf cannot serialize one message of 2 GiB or more; a single-file ONNX must stay below it.
 MAX_ONNX_BYTES = 2**31 - 1
 
@@ -184,13 +187,18 @@ def parity(session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray 
     return result
 
 
+def example_images(images_u8: np.ndarray) -> np.ndarray:
+    """The input example logged with the MLflow model: the first two images of the held-out domain."""
+    return np.ascontiguousarray(images_u8[:2])
+
+
 def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
                    publish=None, traces: dict | None = None) -> dict:
     """A trained model -> out/model.onnx + out/parity.json (`fedccrl export`). Parity is measured on every image
     of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a ParityError, and no output.
     Outputs appear only on success: parity.json first, then model.onnx renamed from a temp name, so a model.onnx
     is always complete; stale outputs of an earlier export are removed before anything else happens.
-    publish(onnx_path, session, meta, result, example_u8), if given, runs after the parity check passed and
+    publish(onnx_path, meta, result, example_u8), if given, runs after the parity check passed and
     before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's."""
     import sys
 
@@ -199,7 +207,7 @@ def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: flo
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.fsio import atomic_path, write_text
 
-    final_onnx, final_parity = out / "model.onnx", out / "parity.json"
+    final_onnx, final_parity = out / ONNX_FILE, out / PARITY_FILE
     for stale in (final_onnx, final_parity):  # as DVC does: a failed export leaves no earlier output behind
         stale.unlink(missing_ok=True)
     if model_path.is_dir():
@@ -223,7 +231,7 @@ def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: flo
                 f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
                 "no model.onnx written")
         if publish is not None:
-            publish(tmp_onnx, session, meta, result, np.ascontiguousarray(x[:2]))
+            publish(tmp_onnx, meta, result, example_images(x))
         write_text(final_parity, json.dumps(result, indent=1) + "\n")
     print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB) and {final_parity}", file=sys.stderr)
     return result

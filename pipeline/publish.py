@@ -1,8 +1,13 @@
 """`fedccrl publish`: everything after training, as one stage. This process evaluates every trained run on its
 held-out domain (pipeline/evaluate.py), reports them (pipeline/report.py) and draws the figures
-(pipeline/figures.py); meanwhile a second process, `fedccrl export` (pipeline/export.py), exports every model to
-ONNX with its parity check and MLflow model. The export needs nothing the others write, and it is one thread of
-Python (torch's dynamo exporter) for most of its time: beside the rest it uses the second core.
+(pipeline/figures.py); meanwhile a second process exports every model to ONNX with its parity check
+(pipeline/export.py's export_sweep, as `fedccrl export --models --no-mlflow`). It names each model it has written
+through a pipe, and this process logs that model to MLflow (export.log_exported) once its own steps are done. The
+export is one thread of Python (torch's dynamo exporter) for most of its time, a long serial path: it uses the
+second core beside the rest and leaves to this process what this process can do.
+
+A model's files appear before it is logged (`fedccrl export` logs first): if logging fails, the stage fails, and
+DVC records no output of it.
 
 Why one stage: each of the four imports torch or MLflow (or both) and opens the MLflow store; as four DVC stages
 they paid that, and DVC's own bookkeeping, four times (docs/benchmarks.md). The commands `fedccrl evaluate`,
@@ -33,10 +38,10 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
     trained_runs(load_config(params_path), models)
     took = []
     # the figures' drawing processes first, then the curves (training histories only): they are drawn while this
-    # process imports torch
+    # process imports torch, and the export is forked then
     with drawing_processes() as drawing, Figures(shards, models, plots, params_path, drawing) as figs:
         figs.curves()
-        export = _start_export(models, params_path, shards, exports, parity, min_agreement, batch_size)
+        export, names = _start_export(models, params_path, shards, exports, parity, min_agreement, batch_size)
         try:
             steps = (("figures of the models", lambda: figs.model_figures(pools)),  # the t-SNE starts early
                      ("evaluate", lambda: evaluate_all(shards, models, runs, params_path)),
@@ -48,10 +53,13 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
                 step()
                 took.append(f"{name} {time.perf_counter() - t0:.1f}s")
             t0 = time.perf_counter()
+            logged = _log_exports(names, models, exports, shards)
             export.join()
             code = export.exitcode
-            took.append(f"then waited {time.perf_counter() - t0:.1f}s for the export")
+            took.append(f"then logged {logged} models to MLflow while the export ran, "
+                        f"{time.perf_counter() - t0:.1f}s")
         finally:
+            names.close()
             if export.is_alive():  # this process failed or was stopped: the export stops with it
                 export.terminate()
                 export.join()
@@ -63,24 +71,43 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
     print(f"publish: done ({', '.join(took)})", file=sys.stderr, flush=True)
 
 
-def _start_export(*args):
-    """export_sweep of the whole sweep in a child process, forked once this process has imported torch, MLflow and
-    MLflow's SQL store (about 5 s of CPU the child then does not repeat) and before it has run anything with them:
-    no OpenMP, CUDA or MLflow store state (no database connection) exists yet to be shared by the fork."""
+def _start_export(models, params_path, shards, exports, parity, min_agreement, batch_size):
+    """export_sweep of the whole sweep in a child process, forked once this process has imported torch (about 2.5 s
+    of CPU the child then does not repeat) and before it has run anything with it (no OpenMP or CUDA state exists
+    yet to be shared by the fork), and before it imports MLflow, which the child does not use. Returns (the process,
+    the reading end of the pipe through which it names each model written)."""
     import multiprocessing
 
-    import mlflow  # noqa: F401
-    import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
     import torch  # noqa: F401
 
-    process = multiprocessing.get_context("fork").Process(target=_export, args=args, name="fedccrl export")
+    fork = multiprocessing.get_context("fork")
+    names, written = fork.Pipe(duplex=False)
+    process = fork.Process(target=_export, name="fedccrl export",
+                           args=(written, models, params_path, shards, exports, parity, min_agreement, batch_size))
     process.start()
-    return process
+    written.close()  # only the child holds its end now (nothing else is forked after): its exit ends `names`
+    return process, names
 
 
-def _export(models, params_path, shards, exports, parity, min_agreement, batch_size) -> None:
-    """The child: `fedccrl export --models ...` on one torch thread (unless the user set OMP_NUM_THREADS; the parent
-    keeps its own), without a stage-time record of its own (`fedccrl bench-repro` counts it in the parent's)."""
+def _log_exports(names, models: Path, exports: Path, shards: Path) -> int:
+    """Log each model the export names to MLflow, until it closes the pipe (it finished or died). The names are
+    the run keys <algorithm>/s<seed>/d<held_out>, as plain bytes: nothing read from the pipe is unpickled."""
+    from pipeline.export import log_exported
+
+    logged = 0
+    while True:
+        try:
+            key = names.recv_bytes().decode()
+        except EOFError:
+            return logged
+        log_exported(models / key, exports / key, shards)
+        logged += 1
+
+
+def _export(written, models, params_path, shards, exports, parity, min_agreement, batch_size) -> None:
+    """The child: `fedccrl export --models ... --no-mlflow` on one torch thread (unless the user set
+    OMP_NUM_THREADS; the parent keeps its own), without a stage-time record of its own (`fedccrl bench-repro` counts
+    it in the parent's); it sends each run's key down `written` once the run's files are written."""
     import torch
 
     from pipeline.cli import exit_now
@@ -90,7 +117,8 @@ def _export(models, params_path, shards, exports, parity, min_agreement, batch_s
         torch.set_num_threads(1)
     os.environ.pop("FEDCCRL_STAGE_TIMES", None)
     try:
-        run_stage(export_sweep, models, params_path, shards, exports, parity, min_agreement, batch_size, None, True)
+        run_stage(export_sweep, models, params_path, shards, exports, parity, min_agreement, batch_size, None, False,
+                  lambda key: written.send_bytes(key.encode()))
     except SystemExit as e:  # run_stage's exit code 2 for a known error
         exit_now(e.code if isinstance(e.code, int) else 1)
     exit_now(0)

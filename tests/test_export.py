@@ -335,7 +335,7 @@ def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monk
 def test_mlflow_is_skipped_with_a_notice_for_an_unknown_run(exported, capsys):
     model_path, out, _ = exported
     _, meta = load_model(model_path)
-    log_to_mlflow(out / "model.onnx", None, {**meta, "mlflow_run_id": "0" * 32}, {}, None, None, None)
+    log_to_mlflow(out / "model.onnx", {**meta, "mlflow_run_id": "0" * 32}, {}, None, None, None)
     assert "not in the tracking store" in capsys.readouterr().err
 
 

@@ -227,7 +227,7 @@ def test_a_registered_pyfunc_loads_and_predicts_in_the_full_install_outside_the_
         mlflow.log_param("algorithm", "fedccrl")
     rng = np.random.default_rng(1)
     raw = rng.integers(0, 256, (5, SIZE, SIZE, 3), dtype=np.uint8)
-    log_to_mlflow(onnx_path, None, _meta(mlflow_run_id=run.info.run_id), {"top1_agreement": 1.0,
+    log_to_mlflow(onnx_path, _meta(mlflow_run_id=run.info.run_id), {"top1_agreement": 1.0,
                   "max_abs_logit_diff": 0.0}, raw[:2], None, None)
     outside = tmp_path / "site"
     outside.mkdir()

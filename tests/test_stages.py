@@ -73,8 +73,20 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
         assert dom == "sketch" and 0 <= metrics[alg][dom]["final_target_acc"]["mean"] <= 1
     table = (tmp_path / "results" / "table.md").read_text()
     assert re.search(r"^Platform: cpu \S+ \S+.*, torch \d", table, re.M), table[:500]
-    assert sorted(p.name for p in (tmp_path / "exports").rglob("*.onnx"))
+    onnx = sorted((tmp_path / "exports").rglob("*.onnx"))
+    assert onnx
     assert any((tmp_path / "plots").glob("*.png"))
+    # publish logs each exported model, named by the export process as it is written, to its training run and
+    # registers it: one version per model, tagged with its weights, under its alias
+    import mlflow
+
+    client = mlflow.MlflowClient()
+    for path in onnx:
+        algorithm = path.relative_to(tmp_path / "exports").parts[0]
+        version = client.get_model_version_by_alias(f"fedccrl-synthetic-{algorithm}", "s0-heldout-sketch")
+        assert version.tags["algorithm"] == algorithm and len(version.tags["weights_sha256"]) == 64
+        run = client.get_run(version.run_id)
+        assert run.data.metrics["export_top1_agreement"] >= 0.999 and run.info.status == "FINISHED"
     # publish runs the export in a child process: its failure (here: --exports lies under a file, which only the
     # export finds out) fails the stage, after the other steps, with the export's own error and no stray process
     publish = next(cmd for name, cmd in commands if name == "publish")
