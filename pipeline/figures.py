@@ -3,8 +3,8 @@ confusion matrices), from the trained runs. Logged as MLflow artifacts: everythi
 parent run, and each run's confusion matrix to its own child run.
 
 This process loads the data and the models (torch) and computes what the figures show; two drawing
-processes draw meanwhile, each taking the next figure submitted (the t-SNE of Fig. 5 with sklearn). The curves
-need only the training histories: `fedccrl publish` has them drawn while it imports torch."""
+processes draw meanwhile, one the t-SNE of Fig. 5 (sklearn), the other every other figure. The curves need
+only the training histories: `fedccrl publish` has them drawn while it imports torch."""
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +21,8 @@ from pipeline.mlflow_clock import timed
 
 
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path,
-            drawing=None) -> list[Path]:
-    """Every figure, into `out` (written whole at the end). `drawing`: the drawing processes of
+            drawing: tuple | None = None) -> list[Path]:
+    """Every figure, into `out` (written whole at the end). `drawing`: the (t-SNE, other) drawing processes of
     `drawing_processes()`, when the caller started them earlier; by default this function starts its own."""
     load_config(params_path)  # the whole file, before any process starts
     with contextlib.ExitStack() as stack:
@@ -40,12 +40,12 @@ class Figures:
     `fedccrl publish` can submit it early: the curves need only the training histories (before torch is
     imported), Fig. 3, 5 and 7 the models (torch), the confusion matrices the evaluation results."""
 
-    def __init__(self, shards: Path, models: Path, out: Path, params_path: Path, drawing):
+    def __init__(self, shards: Path, models: Path, out: Path, params_path: Path, drawing: tuple):
         from fedccrl_core.data.shards import load_manifest
 
         self.cfg = load_config(params_path)  # the whole file, before anything is read or written
         self.shards, self.models, self.final_out = shards, models, out
-        self.pool = drawing
+        self.tsne_pool, self.pool = drawing
         manifest = load_manifest(shards)
         self.classes = list(manifest["classes"])
         self.runs = _sweep_histories(self.cfg, models)
@@ -85,7 +85,7 @@ class Figures:
         wait(self.pending)
 
     def _draw(self, kind: str, *args) -> None:
-        self.pending.append(self.pool.submit(_draw, kind, *args))
+        self.pending.append((self.tsne_pool if kind == "tsne" else self.pool).submit(_draw, kind, *args))
 
     def _first_seeds(self, dom: str) -> dict:
         """{algorithm: run of its first seed} on held-out `dom`, FedCCRL first, then FedAvg."""
@@ -168,32 +168,43 @@ def _sweep_histories(cfg, models: Path) -> list[dict]:
 
 @contextlib.contextmanager
 def drawing_processes():
-    """The drawing processes of `figures`: two, each drawing the next figure submitted (_draw), on one thread.
-    Both are forked now, once this process has imported matplotlib (about 1 s of CPU that each would otherwise
-    repeat) and before it imports torch (in a process that had imported torch already, the children never call
-    it). Each is sent SIGTERM if this process dies, and one that dies makes the jobs fail (BrokenProcessPool),
-    never wait forever."""
+    """The two drawing processes of `figures`: (one for the t-SNE of Fig. 5, one for every other figure). Both
+    are forked once this process has imported matplotlib (about 1 s of CPU that each would otherwise repeat)."""
+    import fedccrl_core.viz.figures  # noqa: F401
+
+    with _drawing_process(tsne=True) as tsne_pool, _drawing_process() as pool:
+        yield tsne_pool, pool
+
+
+@contextlib.contextmanager
+def _drawing_process(tsne: bool = False):
+    """One drawing process for _draw, on one thread: forked now (a first, empty job starts it), before this
+    process imports torch; in a process that had imported torch already, the child never calls it. The t-SNE one
+    imports sklearn while this process loads torch; each is sent SIGTERM if this process dies, and one that dies
+    makes its jobs fail (BrokenProcessPool), never wait forever."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
-    import fedccrl_core.viz.figures  # noqa: F401
-
-    # a pool on "fork" starts all its processes at the first job (an empty one here), none later
-    pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start)
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
+                               initargs=(tsne,))
     try:
         pool.submit(int)
         yield pool
     finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # on an error, the jobs being drawn end first
+        pool.shutdown(wait=True, cancel_futures=True)  # on an error, the job it is drawing ends first
 
 
-def _worker_start() -> None:
+def _worker_start(tsne: bool) -> None:
     from fedccrl_core.procs import die_with_parent
 
     die_with_parent()
-    # below the other processes of the stage: in `fedccrl publish` the ONNX export beside is a long serial path
-    # (docs/benchmarks.md), and the drawing processes take the cores it leaves
+    # below the other processes of the stage: in `fedccrl publish` the ONNX export beside is the longer path,
+    # and given the cores first it ends with the figures instead of 3 s after them (docs/benchmarks.md)
     os.nice(8)
+    import fedccrl_core.viz.figures  # noqa: F401
+    if tsne:
+        import fedccrl_core.viz.embed  # noqa: F401
+        import sklearn.manifold  # noqa: F401
 
 
 def _draw(kind: str, *args) -> Path:
