@@ -25,24 +25,22 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
     if not hist_path.is_file():
         raise FileNotFoundError(f"{hist_path}: missing (was the train stage interrupted?)")
     rounds = json.loads(hist_path.read_text())["rounds"]
-    result, x_t, final = {}, None, None
-    for tag, fname in (("final", contract.MODEL_FILE), ("best_val", contract.BEST_FILE)):
-        model, meta = load_model(run / fname)
-        if final is not None and _same_weights(model, final):  # the best round is the last: the same predictions
-            result[tag] = {**result["final"], contract.ROUND: int(meta["round"])}
-            continue
-        if final is None:
-            final = model
-        model.to(device)
-        if x_t is None:
-            x, y = load_domain_test(shards, meta["held_out_domain"])
-            x_t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous().to(device)
-            y_t = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
-        pred = predict(model, x_t, batch_size, meta["mean"], meta["std"])
-        cm = confusion_matrix(y, pred.cpu().numpy(), meta["num_classes"])
+    final, final_meta = load_model(run / contract.MODEL_FILE)
+    best, meta = load_model(run / contract.BEST_FILE)
+    same = _same_weights(best, final)  # the best round is the last: the same predictions
+    x, y = load_domain_test(shards, meta["held_out_domain"])
+    x_t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous().to(device)
+    y_t = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
+
+    def scored(model, m) -> dict:
+        pred = predict(model.to(device), x_t, batch_size, m["mean"], m["std"])
+        cm = confusion_matrix(y, pred.cpu().numpy(), m["num_classes"])
         per_class = (np.diag(cm).astype(np.float32) / np.maximum(cm.sum(1), 1).astype(np.float32)).tolist()
-        result[tag] = {contract.TARGET_ACC: float((pred == y_t).float().mean()), contract.ROUND: int(meta["round"]),
-                       "per_class_acc": dict(zip(meta["classes"], per_class)), "confusion": cm.tolist()}
+        return {contract.TARGET_ACC: float((pred == y_t).float().mean()), contract.ROUND: int(m["round"]),
+                "per_class_acc": dict(zip(m["classes"], per_class)), "confusion": cm.tolist()}
+
+    result = {"final": scored(final, final_meta)}
+    result["best_val"] = {**result["final"], contract.ROUND: int(meta["round"])} if same else scored(best, meta)
     doc = {"dataset": meta["dataset"], "algorithm": meta["algorithm"], "seed": meta["seed"],
            "held_out_domain": meta["held_out_domain"], "held_out_index": meta.get("held_out_index"),
            "classes": meta["classes"], "platform": meta.get("platform"), "n_test": int(len(y)),
@@ -68,4 +66,4 @@ def _same_weights(a, b) -> bool:
     import torch
 
     sa, sb = a.state_dict(), b.state_dict()
-    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k].to(sa[k].device)) for k in sa)
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
