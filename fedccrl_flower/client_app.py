@@ -93,7 +93,7 @@ def _shards_dir(context: Context) -> str:
 def load_client_data(context: Context, cid: str, device: torch.device, held_out: str) -> ClientData:
     """This client's data for a run that holds out `held_out`: a mixed-domain (feddg_bench) client drops that
     domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/train.py)."""
-    from fedccrl_core.data.pools import load_pool
+    from fedccrl_core.data.pools import STALE, load_pool
     from fedccrl_core.data.shards import load_client
 
     shards, pools = _shards_dir(context), _setting(context, M.NODE_POOLS, M.RUN_POOLS)
@@ -110,7 +110,7 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
                 mu, sigma = mu[s.train_rows], sigma[s.train_rows]
             if len(mu) != len(s.train_y):
                 raise ValueError(f"{pools}/{cid}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
-                                 "(pools are stale: rerun the pools stage)")
+                                 f"({STALE})")
         _CACHE[key] = ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device,
                                             mu, sigma)
     return _CACHE[key]

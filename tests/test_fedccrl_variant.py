@@ -338,7 +338,7 @@ def test_reference_variant_through_flower_equals_inprocess(data, monkeypatch, tm
 @pytest.mark.full("the variant through dvc exp run")
 @pytest.mark.timeout(900)
 def test_reference_variant_through_dvc(tmp_path):
-    """`train.fedccrl.variant: reference` in params.yaml, run by `dvc repro` (download -> partition -> pools ->
+    """`train.fedccrl.variant: reference` in params.yaml, run by `dvc repro` (download -> partition with its pools ->
     train, one round, one held-out domain): the run trains the reference's readings and MLflow records them."""
     import shutil
 

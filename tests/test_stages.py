@@ -58,7 +58,7 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     commands = stage_commands(yaml.safe_load((REPO / "dvc.yaml").read_text()), params)
-    assert [n.split("@")[0] for n, _ in commands[:3]] == ["download", "partition", "pools"]
+    assert [n.split("@")[0] for n, _ in commands[:2]] == ["download", "partition"]
     assert {n for n, _ in commands} >= {"train@fedavg-0", "train@fedccrl-0", "publish"}
     for name, cmd in commands:
         assert cmd.startswith("fedccrl "), f"dvc.yaml stage {name}: {cmd!r} is not a fedccrl command"

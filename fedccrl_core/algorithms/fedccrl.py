@@ -27,7 +27,7 @@ from fedccrl_core import contract
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
-from fedccrl_core.data.pools import sample_statistics, unbiased_sigma
+from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma
 from fedccrl_core.losses import fedccrl_loss
 from fedccrl_core.privacy.dp import privatize
 from fedccrl_core.privacy.settings import PrivacySettings
@@ -48,7 +48,7 @@ class StatisticsExchange:
     def client_upload(self, data, rng):
         """Eq. 8: a fresh uniform subset of ceil(r n_i) of the client's own per-sample statistics."""
         if data.stats_mu is None:
-            raise ValueError(f"{type(self).__name__}: client {data.client_id} has no statistics (run the pools stage)")
+            raise ValueError(f"{type(self).__name__}: client {data.client_id} has no statistics (no pools: {REBUILD})")
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng)
         return self.released({"mu": mu, "sigma": sigma}, rng)
 
@@ -79,7 +79,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
         if self.hp["upload"] == "ceil":
             return super().client_upload(data, rng)
         if data.stats_mu is None:
-            raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (run the pools stage)")
+            raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (no pools: {REBUILD})")
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng, rounding="floor")
         return self.released({"mu": mu, "sigma": unbiased_sigma(sigma, data.image_hw[0] * data.image_hw[1])}, rng)
 

@@ -32,6 +32,9 @@ from fedccrl_core.errors import DataError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+# how a user remakes the pools: the pipeline's partition stage writes them (with the shards), `fedccrl pools` alone
+REBUILD = "rebuild them with `fedccrl pools`, or rerun the partition stage"
+STALE = f"the pools are stale: {REBUILD}"
 _BATCH = 32
 
 
@@ -113,7 +116,7 @@ def check_pools(pools_dir: str | os.PathLike, client_ids: list[str]) -> None:
     listed = {c["id"]: c["file"] for c in load_pool_manifest(pools_dir)["clients"]}
     unlisted = [c for c in client_ids if c not in listed]
     if unlisted:
-        raise DataError(f"{pools_dir / MANIFEST}: no client(s) {unlisted} (the pools are stale: rerun the pools stage)")
+        raise DataError(f"{pools_dir / MANIFEST}: no client(s) {unlisted} ({STALE})")
     missing = [str(pools_dir / listed[c]) for c in client_ids if not (pools_dir / listed[c]).is_file()]
     if missing:
         raise DataError(f"{missing[0]}: pool file missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1

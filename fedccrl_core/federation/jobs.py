@@ -75,7 +75,7 @@ class TrainJob:
 
 
 def load_clients(shards: Path, pools: Path, domains: list[str], device):
-    from fedccrl_core.data.pools import load_pool
+    from fedccrl_core.data.pools import STALE, load_pool
     from fedccrl_core.data.shards import MIXED, load_client, load_manifest
     from fedccrl_core.federation.client import ClientData
 
@@ -92,7 +92,7 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
             mu, sigma = mu[s.train_rows], sigma[s.train_rows]
         if len(mu) != len(s.train_y):
             raise ValueError(f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
-                             "(pools are stale: rerun the pools stage)")
+                             f"({STALE})")
         clients.append(ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device,
                                              mu, sigma, lazy=True))  # images read when sampled: memory flat in the clients
     return clients
