@@ -98,6 +98,22 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
+def folders_apart(**folders) -> None:
+    """Refuse a command's folders (keyword: the option's name, `_` for `-`) when one is another or lies inside it:
+    an output folder is replaced whole, so the input beside it, or another output, would go with it. Before any
+    work; a None (an option not given) is skipped."""
+    from pathlib import Path
+
+    from fedccrl_core.errors import DataError
+
+    named = [(f"--{k.replace('_', '-')} {v}", Path(v).resolve()) for k, v in folders.items() if v is not None]
+    for i, (a_name, a) in enumerate(named):
+        for b_name, b in named[i + 1:]:
+            if a.is_relative_to(b) or b.is_relative_to(a):
+                raise DataError(f"{a_name} and {b_name}: the same folder, or one inside the other (a command's "
+                                "output folder is replaced whole)")
+
+
 def run_stage(fn, *args, **kwargs):
     """Run a stage body; turn the project's known errors into clear lines (`error: ...`, one per problem) and
     exit code 2."""

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core import contract
-from pipeline.cli import run_stage
+from pipeline.cli import folders_apart, run_stage
 from pipeline.params import load_config
 from pipeline.mlflow_clock import timed
 
@@ -24,6 +24,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
             drawing: tuple | None = None) -> list[Path]:
     """Every figure, into `out` (written whole at the end). `drawing`: the (t-SNE, other) drawing processes of
     `drawing_processes()`, when the caller started them earlier; by default this function starts its own."""
+    folders_apart(shards=shards, pools=pools, models=models, runs=runs_dir, out=out)
     load_config(params_path)  # the whole file, before any process starts
     with contextlib.ExitStack() as stack:
         drawing = drawing or stack.enter_context(drawing_processes())

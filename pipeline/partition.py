@@ -8,21 +8,15 @@ and a round of DVC's bookkeeping for a fraction of a second of work (docs/benchm
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
-from fedccrl_core.errors import DataError
-from pipeline.cli import run_stage
+from pipeline.cli import folders_apart, run_stage
 from pipeline.params import load_config
 
 
 def _run(raw: str, out: str, pools: str | None, params_path: str) -> None:
+    folders_apart(raw=raw, out=out, pools=pools)
     cfg = load_config(params_path)  # the whole file, before any image is read
-    if pools is not None:  # each folder is replaced whole: neither may hold the other
-        a, b = Path(out).resolve(), Path(pools).resolve()
-        if a.is_relative_to(b) or b.is_relative_to(a):
-            raise DataError(f"--pools {pools}: must be a folder apart from --out {out} (each is replaced whole)")
     from fedccrl_core.data.registry import get_dataset, resolve_image_size
     from fedccrl_core.data.shards import partition
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.errors import FedCCRLError
-from pipeline.cli import run_stage
+from pipeline.cli import folders_apart, run_stage
 
 
 def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, summary: Path, table: Path,
@@ -34,7 +34,8 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
     from pipeline.params import load_config
     from pipeline.report import report
 
-    # the whole params file and every trained run, before any process starts or anything is written
+    # the folders, the whole params file and every trained run, before any process starts or anything is written
+    folders_apart(shards=shards, pools=pools, models=models, runs=runs, exports=exports, plots=plots)
     trained_runs(load_config(params_path), models)
     took = []
     # the figures' drawing processes first, then the curves (training histories only): they are drawn while this

@@ -187,6 +187,14 @@ CASES: list[Case] = [
     Case("pools-client-file-missing", "data", POOLS, ("photo_c0",), setup=shards_copy(drop="photo_c0.npz")),
     Case("pools-manifest-without-clients", "data", POOLS, ("manifest.json",),
          setup=shards_copy(lambda m: m.pop("clients"))),
+    # ---- folders that overlap: an output folder is replaced whole, and would take its neighbour with it
+    Case("part-out-is-raw", "data", ["partition", "--raw", "raw", "--out", "raw"], ("--raw raw", "--out raw"),
+         setup=raw_tree()),
+    Case("part-pools-inside-out", "data", [*PARTITION, "--pools", "out/shards/pools"],
+         ("--out out/shards", "--pools out/shards/pools"), setup=raw_tree()),
+    Case("part-pools-around-raw", "data", [*PARTITION, "--pools", "."], ("--raw raw", "--pools ."), setup=raw_tree()),
+    Case("pools-out-is-shards", "data", ["pools", "--shards", "shards", "--out", "shards"],
+         ("--shards shards", "--out shards"), setup=shards_copy()),
     # ---- params: the file itself, and keys every stage validates first (run through `report`, the cheapest)
     Case("params-missing-file", "params", [*REPORT, "--params", "absent.yaml"], ("absent.yaml",)),
     Case("params-not-yaml", "params", REPORT, ("params.yaml",), setup=write("params.yaml", "train: [unclosed\n")),
@@ -296,6 +304,8 @@ CASES: list[Case] = [
                                                         ignore=lambda d, names: [n for n in names if "art_c0" in n])),
     Case("eval-models-missing", "training", EVALUATE, ("models",)),
     Case("eval-models-empty", "training", EVALUATE, ("models",), setup=mkdirs("models")),
+    Case("eval-out-inside-models", "training", ["evaluate", "--shards", "{data}/shards", "--models", "models",
+                                                "--out", "models/runs"], ("--models models", "--out models/runs")),
     # ---- export
     Case("export-models-missing", "export", EXPORT, ("models",)),
     Case("export-models-empty", "export", EXPORT, ("models",), setup=mkdirs("models")),
@@ -321,6 +331,8 @@ CASES: list[Case] = [
     Case("report-runs-missing", "export", REPORT, ("runs",)),
     Case("report-runs-empty", "export", REPORT, ("runs",), setup=mkdirs("runs")),
     Case("publish-models-missing", "export", PUBLISH, ("models/", "train stages")),
+    Case("publish-plots-are-models", "export", [a if a != "out/plots" else "models" for a in PUBLISH],
+         ("--models models", "--plots models")),
     Case("publish-params-unknown-key", "export", PUBLISH, ("export.min_agrement",), {"export.min_agrement": 0.9}),
     # ---- serving
     Case("serve-model-missing", "serving", predict(model="absent.onnx"), ("absent.onnx",),

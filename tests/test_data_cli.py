@@ -93,7 +93,12 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
     for pools in ("data/shards", "data", "data/shards/pools"):  # one folder inside or around the other
         code, err = _cli(tmp_path, "partition", "--raw", "nowhere", "--out", "data/shards", "--pools", pools,
                          monkeypatch=monkeypatch)
-        assert code == 2 and err.startswith(f"error: --pools {pools}: must be a folder apart from --out"), err
+        assert code == 2 and f"--out data/shards and --pools {pools}: the same folder, or one inside" in err, err
+    (tmp_path / "raw").mkdir()
+    (tmp_path / "raw" / "keep.txt").write_text("a user's file")
+    code, err = _cli(tmp_path, "partition", "--raw", "raw", "--out", "raw", monkeypatch=monkeypatch)
+    assert code == 2 and "--raw raw and --out raw: the same folder" in err, err
+    assert (tmp_path / "raw" / "keep.txt").read_text() == "a user's file"  # refused, nothing replaced
     _params(tmp_path, preprocess__std=[0.2, 0.0, 0.2])
     code, err = _cli(tmp_path, "partition", "--raw", "nowhere", "--out", "data/shards", "--pools", "data/pools",
                      monkeypatch=monkeypatch)
