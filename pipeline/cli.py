@@ -98,18 +98,19 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def folders_apart(**folders) -> None:
-    """Refuse a command's folders (keyword: the option's name, `_` for `-`) when one is another or lies inside it:
-    an output folder is replaced whole, so the input beside it, or another output, would go with it. Before any
-    work; a None (an option not given) is skipped."""
+def folders_apart(reads: dict, writes: dict) -> None:
+    """Refuse an output folder of a command (`writes`) that is another of its folders, or lies inside or around
+    one: it is replaced whole, and would take the other with it. Two folders it only `reads` may overlap. Keys:
+    the options' names (`_` for `-`); a None (an option not given) is skipped. Before any work."""
     from pathlib import Path
 
     from fedccrl_core.errors import DataError
 
-    named = [(f"--{k.replace('_', '-')} {v}", Path(v).resolve()) for k, v in folders.items() if v is not None]
-    for i, (a_name, a) in enumerate(named):
-        for b_name, b in named[i + 1:]:
-            if a.is_relative_to(b) or b.is_relative_to(a):
+    named = [(f"--{k.replace('_', '-')} {v}", Path(v).resolve(), k in writes)
+             for k, v in {**reads, **writes}.items() if v is not None]
+    for i, (a_name, a, a_out) in enumerate(named):
+        for b_name, b, b_out in named[i + 1:]:
+            if (a_out or b_out) and (a.is_relative_to(b) or b.is_relative_to(a)):
                 raise DataError(f"{a_name} and {b_name}: the same folder, or one inside the other (a command's "
                                 "output folder is replaced whole)")
 

@@ -34,7 +34,7 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=No
 def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> list[dict]:
     """Every trained run under models/<algorithm>/s<seed>/d<held_out> -> out/<algorithm>/s<seed>/d<held_out>.json,
     written into a temp folder renamed into place at the end."""
-    folders_apart(shards=shards, models=models, out=out)
+    folders_apart({"shards": shards, "models": models}, {"out": out})
     cfg = load_config(params_path)
     wanted = trained_runs(cfg, models)
     with atomic_dir(out) as tmp:

@@ -24,7 +24,7 @@ def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, 
             drawing: tuple | None = None) -> list[Path]:
     """Every figure, into `out` (written whole at the end). `drawing`: the (t-SNE, other) drawing processes of
     `drawing_processes()`, when the caller started them earlier; by default this function starts its own."""
-    folders_apart(shards=shards, pools=pools, models=models, runs=runs_dir, out=out)
+    folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
     load_config(params_path)  # the whole file, before any process starts
     with contextlib.ExitStack() as stack:
         drawing = drawing or stack.enter_context(drawing_processes())

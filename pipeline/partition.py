@@ -15,7 +15,7 @@ from pipeline.params import load_config
 
 
 def _run(raw: str, out: str, pools: str | None, params_path: str) -> None:
-    folders_apart(raw=raw, out=out, pools=pools)
+    folders_apart({"raw": raw}, {"out": out, "pools": pools})
     cfg = load_config(params_path)  # the whole file, before any image is read
     from fedccrl_core.data.registry import get_dataset, resolve_image_size
     from fedccrl_core.data.shards import partition

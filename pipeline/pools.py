@@ -11,7 +11,7 @@ from pipeline.params import load_config
 
 
 def _run(shards: str, out: str, params_path: str) -> None:
-    folders_apart(shards=shards, out=out)
+    folders_apart({"shards": shards}, {"out": out})
     cfg = load_config(params_path)  # the whole file, before any shard is read
     from fedccrl_core.data.pools import build_pools
 

@@ -35,7 +35,8 @@ def publish(shards: Path, pools: Path, models: Path, runs: Path, metrics: Path, 
     from pipeline.report import report
 
     # the folders, the whole params file and every trained run, before any process starts or anything is written
-    folders_apart(shards=shards, pools=pools, models=models, runs=runs, exports=exports, plots=plots)
+    folders_apart({"shards": shards, "pools": pools, "models": models},
+                  {"runs": runs, "exports": exports, "plots": plots})
     trained_runs(load_config(params_path), models)
     took = []
     # the figures' drawing processes first, then the curves (training histories only): they are drawn while this

@@ -129,3 +129,15 @@ def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(tmp_pa
     assert [line.split(" round ")[1].split(":")[0] for line in rounds] == ["1/2", "2/2"]
     res = CliRunner().invoke(main, bench + ["--set", "train.held_out=[9]"], catch_exceptions=False)
     assert res.exit_code == 2 and "train.held_out[0]" in res.stderr and "bench: " not in res.stderr
+
+
+def test_folders_apart_refuses_only_overlaps_with_an_output(tmp_path):
+    """Two folders a command only reads may overlap (pools kept inside the shards folder); an output may not."""
+    import pytest
+
+    from fedccrl_core.errors import DataError
+    from pipeline.cli import folders_apart
+
+    folders_apart({"shards": tmp_path / "d", "pools": tmp_path / "d/pools"}, {"out": tmp_path / "o", "plots": None})
+    with pytest.raises(DataError, match="--shards .* and --out .*: the same folder, or one inside the other"):
+        folders_apart({"shards": tmp_path / "d", "pools": tmp_path / "p"}, {"out": tmp_path / "d/out"})
