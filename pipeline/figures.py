@@ -2,13 +2,11 @@
 confusion matrices), from the trained runs. Logged as MLflow artifacts: everything to the sweep's
 parent run, and each run's confusion matrix to its own child run.
 
-This process loads the data and the models (torch) and computes what the figures show; two drawing
-processes draw meanwhile, one the t-SNE of Fig. 5 (sklearn), the other every other figure. The curves need
-only the training histories: `fedccrl publish` has them drawn while it imports torch."""
+One plain process: it loads the data and the models (torch), computes what each figure shows on a bounded sample
+(`figures.tsne_points`, `figures.gradcam_images`, `figures.preview_images`) and draws it. The PNGs go into a
+temporary folder that replaces --out only when every figure is drawn."""
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
 from pathlib import Path
 
@@ -17,41 +15,33 @@ import click
 from fedccrl_core import contract
 from pipeline.cli import folders_apart, run_stage
 from pipeline.params import load_config
-from pipeline.mlflow_clock import timed
 
 
-def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path,
-            drawing: tuple | None = None) -> list[Path]:
-    """Every figure, into `out` (written whole at the end). `drawing`: the (t-SNE, other) drawing processes of
-    `drawing_processes()`, when the caller started them earlier; by default this function starts its own."""
+def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
+    """Every figure, into `out` (written whole at the end), then logged to MLflow."""
     folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
-    load_config(params_path)  # the whole file, before any process starts
-    with contextlib.ExitStack() as stack:
-        drawing = drawing or stack.enter_context(drawing_processes())
-        with Figures(shards, models, out, params_path, drawing) as figs:
-            figs.curves()
-            figs.model_figures(pools)
-            figs.confusions(runs_dir)
+    load_config(params_path)  # the whole file, before anything is read
+    with Figures(shards, models, out, params_path) as figs:
+        figs.curves()
+        figs.model_figures(pools)
+        figs.confusions(runs_dir)
     return figs.log()
 
 
 class Figures:
-    """The figures of one sweep, drawn by the drawing processes into a temporary folder that replaces `out` when
-    the `with` block ends without an error. Each group is submitted as soon as its inputs exist, so that
-    `fedccrl publish` can submit it early: the curves need only the training histories (before torch is
-    imported), Fig. 3, 5 and 7 the models (torch), the confusion matrices the evaluation results."""
+    """The figures of one sweep, drawn into a temporary folder that replaces `out` when the `with` block ends
+    without an error: the curves from the training histories, Fig. 3, 5 and 7 from the models, the confusion
+    matrices from the evaluation results."""
 
-    def __init__(self, shards: Path, models: Path, out: Path, params_path: Path, drawing: tuple):
+    def __init__(self, shards: Path, models: Path, out: Path, params_path: Path):
         from fedccrl_core.data.shards import load_manifest
 
         self.cfg = load_config(params_path)  # the whole file, before anything is read or written
         self.shards, self.models, self.final_out = shards, models, out
-        self.tsne_pool, self.pool = drawing
         manifest = load_manifest(shards)
         self.classes = list(manifest["classes"])
         self.runs = _sweep_histories(self.cfg, models)
         self.domains = [d for d in manifest["domains"] if any(r["meta"]["held_out_domain"] == d for r in self.runs)]
-        self.pending = []  # the drawing processes' results: the PNGs' paths
         self.written: list[Path] = []
 
     def __enter__(self):
@@ -62,31 +52,13 @@ class Figures:
         return self
 
     def __exit__(self, kind, error, tb):
-        try:
-            if kind is None:
-                self.written = [p.result() for p in self.pending]  # a drawing process's error is raised here
-        except BaseException:
-            self._stop_drawing()
-            if not self._folder.__exit__(*sys.exc_info()):
-                raise
-            return False
-        if kind is not None:
-            self._stop_drawing()
         done = self._folder.__exit__(kind, error, tb)
         if kind is None:
             print(f"figures: {len(self.written)} PNGs in {self.final_out}", file=sys.stderr, flush=True)
         return done
 
-    def _stop_drawing(self) -> None:
-        """On an error: no PNG is drawn into the folder once it is removed."""
-        from concurrent.futures import wait
-
-        for p in self.pending:
-            p.cancel()
-        wait(self.pending)
-
     def _draw(self, kind: str, *args) -> None:
-        self.pending.append((self.tsne_pool if kind == "tsne" else self.pool).submit(_draw, kind, *args))
+        self.written.append(_draw(kind, *args))
 
     def _first_seeds(self, dom: str) -> dict:
         """{algorithm: run of its first seed} on held-out `dom`, FedCCRL first, then FedAvg."""
@@ -143,8 +115,6 @@ class Figures:
             for alg, r in self._first_seeds(dom).items():
                 cm = np.array(results[key(r["meta"])]["detail"]["final"]["confusion"])
                 self._draw("confusion", dom, alg, cm, self.classes, self.out / f"confusion_{alg}_{dom}.png")
-        if any(r["meta"].get("mlflow_run_id") for r in self.runs):
-            _open_mlflow()  # while the figures are drawn
 
     def log(self) -> list[Path]:
         """After the folder is in place: the PNGs logged to MLflow; their final paths."""
@@ -167,49 +137,8 @@ def _sweep_histories(cfg, models: Path) -> list[dict]:
     return runs
 
 
-@contextlib.contextmanager
-def drawing_processes():
-    """The two drawing processes of `figures`: (one for the t-SNE of Fig. 5, one for every other figure). Both
-    are forked once this process has imported matplotlib (about 1 s of CPU that each would otherwise repeat)."""
-    import fedccrl_core.viz.figures  # noqa: F401
-
-    with _drawing_process(tsne=True) as tsne_pool, _drawing_process() as pool:
-        yield tsne_pool, pool
-
-
-@contextlib.contextmanager
-def _drawing_process(tsne: bool = False):
-    """One drawing process for _draw, on one thread: forked now (a first, empty job starts it), before this
-    process imports torch; in a process that had imported torch already, the child never calls it. The t-SNE one
-    imports sklearn while this process loads torch; each is sent SIGTERM if this process dies, and one that dies
-    makes its jobs fail (BrokenProcessPool), never wait forever."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("fork"), initializer=_worker_start,
-                               initargs=(tsne,))
-    try:
-        pool.submit(int)
-        yield pool
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)  # on an error, the job it is drawing ends first
-
-
-def _worker_start(tsne: bool) -> None:
-    from fedccrl_core.procs import die_with_parent
-
-    die_with_parent()
-    # below the other processes of the stage: in `fedccrl publish` the ONNX export beside is the longer path,
-    # and given the cores first it ends with the figures instead of 3 s after them (docs/benchmarks.md)
-    os.nice(8)
-    import fedccrl_core.viz.figures  # noqa: F401
-    if tsne:
-        import fedccrl_core.viz.embed  # noqa: F401
-        import sklearn.manifold  # noqa: F401
-
-
 def _draw(kind: str, *args) -> Path:
-    """One PNG, in a drawing process: a function of fedccrl_core.viz.figures, or "tsne": the t-SNE of each
+    """One PNG: a function of fedccrl_core.viz.figures, or "tsne": the t-SNE of each
     algorithm's h(x) (FedCCRL Fig. 5), then its panels. args end with the PNG's path."""
     from fedccrl_core.viz import figures as fig
 
@@ -222,16 +151,6 @@ def _draw(kind: str, *args) -> Path:
     return getattr(fig, kind)(*args)
 
 
-def _open_mlflow() -> None:
-    """Import mlflow and open the store now (seconds). A store that fails is reported by _log_to_mlflow, once
-    the PNGs are written."""
-    from pipeline.mlflow_store import mlflow_module
-
-    with contextlib.suppress(Exception):
-        mlflow_module()
-
-
-@timed
 def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
     from pipeline.mlflow_store import mlflow_module
 

@@ -8,7 +8,6 @@ import os
 from pathlib import Path
 
 from fedccrl_core.errors import FedCCRLError
-from pipeline.mlflow_clock import timed
 
 KIND_TAG, CLASSIC_UI = "mlflow.experimentKind", "custom_model_development"  # MLflow's classic (model development) UI
 
@@ -30,7 +29,6 @@ def project_root(cwd: Path | None = None) -> Path:
     return cwd
 
 
-@timed
 def mlflow_module():
     """mlflow, pointed at MLFLOW_TRACKING_URI or, by default, sqlite:///<project_root()>/mlflow.db (an absolute
     path, so that every DVC way of running, --temp and --queue included, logs to the one store). A missing SQLite
@@ -85,7 +83,6 @@ def _create_sqlite_store_whole(uri: str) -> None:
             pass
 
 
-@timed
 def set_experiment(name: str):
     """Get or create the experiment, in MLflow's classic (model development) UI mode. A NEW experiment keeps
     its artifacts under FEDCCRL_MLFLOW_ARTIFACTS (tests point it at a temp folder) or, with the default store,

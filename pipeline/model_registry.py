@@ -2,7 +2,6 @@
 without reopening it, registered once per (dataset, algorithm), a new version only for new weights."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import re
 import shutil
@@ -11,7 +10,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from pipeline.mlflow_clock import timed
 
 
 def sanitize(name: str) -> str:
@@ -34,29 +32,6 @@ def serving_requirements() -> list[str]:
             continue
     ort = [r for r in reqs if r.startswith("onnxruntime")]
     return [r for r in reqs if not r.startswith("onnxruntime")] + ort[:1]
-
-
-@contextlib.contextmanager
-def pins_from_metadata():
-    """While the model is saved: MLflow checks its pip requirements against this environment (a warning
-    only) and, the first time in a process, maps every importable module to its distribution for it
-    (importlib.metadata.packages_distributions(), which reads the RECORD file of every installed distribution:
-    about 1 s of CPU, more than the rest of logging a model). The map is consulted only for a required package
-    that has no metadata, to import it and read its __version__; every pin of serving_requirements() was read
-    from this environment's metadata, and MLflow's own pin is read from mlflow.__version__. So the map stays
-    empty while the model is saved, and is restored after: the version check itself runs as before (a
-    mismatch is still warned), and later requirement inference in this process builds the real map.
-    tests/test_export.py checks that the requirements logged are the same and that no scan ran."""
-    from mlflow.utils import requirements_utils as ru
-
-    if getattr(ru, "_MODULES_TO_PACKAGES", ...) is not None:  # built already, or an MLflow without this cache
-        yield
-        return
-    ru._MODULES_TO_PACKAGES = {}
-    try:
-        yield
-    finally:
-        ru._MODULES_TO_PACKAGES = None
 
 
 def weights_sha256(onnx_path: Path) -> str:
@@ -105,7 +80,6 @@ def _flavour(onnx_file: str):
     return types.SimpleNamespace(__name__="mlflow.pyfunc", save_model=save_model)
 
 
-@timed
 def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registered_model: str | None,
                   alias: str | None) -> None:
     """Log the model (pyfunc on raw images + onnx flavour) and the parity metrics to the training run through
@@ -149,7 +123,7 @@ def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registe
     client.log_batch(run_id, metrics=[Metric("export_top1_agreement", float(result["top1_agreement"]), now, 0),
                                       Metric("export_max_abs_logit_diff", float(result["max_abs_logit_diff"]), now, 0)])
     root = Path(__file__).resolve().parents[1]  # the repository: serving/ and fedccrl_core/ beside pipeline/
-    with tempfile.TemporaryDirectory() as tmp, pins_from_metadata():  # the artifact is named model.onnx
+    with tempfile.TemporaryDirectory() as tmp:  # the artifact is named model.onnx
         onnx_file = Path(tmp) / "model.onnx"
         shutil.copyfile(onnx_path, onnx_file)
         # the logged model in the training run's experiment (Model.log alone would file it under the active one)

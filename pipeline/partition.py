@@ -1,10 +1,7 @@
-"""`fedccrl partition`: split every domain of --raw into K clients and write one shard per client; with --pools,
-also every client's statistic pool (FedCCRL Eq. 6-7, as `fedccrl pools` writes it).
+"""`fedccrl partition`: split every domain of --raw into K clients and write one shard per client.
 
 Reads `dataset.name`, `preprocess.image_size` and the `partition` group (see fedccrl_core/data/shards.py for the
-split and the shard format), and with --pools `preprocess.mean` and `preprocess.std` (fedccrl_core/data/pools.py).
-The pipeline's partition stage writes both: as a stage of its own the pools paid a process start, torch's import
-and a round of DVC's bookkeeping for a fraction of a second of work (docs/benchmarks.md).
+split and the shard format). The clients' statistic pools are the next stage's (`fedccrl pools`).
 """
 from __future__ import annotations
 
@@ -14,8 +11,8 @@ from pipeline.cli import folders_apart, run_stage
 from pipeline.params import load_config
 
 
-def _run(raw: str, out: str, pools: str | None, params_path: str) -> None:
-    folders_apart({"raw": raw}, {"out": out, "pools": pools})
+def _run(raw: str, out: str, params_path: str) -> None:
+    folders_apart({"raw": raw}, {"out": out})
     cfg = load_config(params_path)  # the whole file, before any image is read
     from fedccrl_core.data.registry import get_dataset, resolve_image_size
     from fedccrl_core.data.shards import partition
@@ -26,18 +23,12 @@ def _run(raw: str, out: str, pools: str | None, params_path: str) -> None:
               val_fraction=p.val_fraction, dirichlet_alpha=p.dirichlet_alpha, seed=p.seed, scheme=p.scheme,
               num_clients=p.num_clients if feddg else None, lam=p.lambda_ if feddg else None,
               params={"dataset.name": spec.name, "preprocess.image_size": size_param})
-    if pools is not None:
-        from fedccrl_core.data.pools import build_pools
-
-        build_pools(out, pools, cfg.preprocess.mean, cfg.preprocess.std)
 
 
 @click.command()
 @click.option("--raw", required=True, type=click.Path(file_okay=False), help="raw <domain>/<class>/<image> folder")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="shards folder to (re)create")
-@click.option("--pools", type=click.Path(file_okay=False),
-              help="also write the statistic pools to this folder (to (re)create), as `fedccrl pools` does")
 @click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
-def command(raw: str, out: str, pools: str | None, params_path: str) -> None:
-    """Decode once, split into clients (train/val), write <client>.npz shards and manifest.json (and the pools)."""
-    run_stage(_run, raw, out, pools, params_path)
+def command(raw: str, out: str, params_path: str) -> None:
+    """Decode once, split into clients (train/val), write <client>.npz shards and manifest.json."""
+    run_stage(_run, raw, out, params_path)

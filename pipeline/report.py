@@ -22,7 +22,6 @@ import click
 
 from fedccrl_core.fsio import atomic_file, write_text
 from pipeline.cli import run_stage
-from pipeline.mlflow_clock import timed
 
 
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
@@ -51,7 +50,6 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
     return metrics
 
 
-@timed
 def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
     from pipeline.mlflow_store import mlflow_module

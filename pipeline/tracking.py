@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 from pipeline.git_state import git_commit
-from pipeline.mlflow_clock import timed
 from pipeline.mlflow_store import mlflow_module, set_experiment, store_errors
 from pipeline.orphan_runs import OWNER_TAG, close_orphans, owner
 from pipeline.run_names import dvc_experiment_name, flatten, sweep_run_name
@@ -18,7 +17,6 @@ from pipeline.run_names import dvc_experiment_name, flatten, sweep_run_name
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 
 
-@timed
 def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
     """Find or create the sweep's parent run (tagged fedccrl.sweep=<key>)."""
     mlflow = mlflow_module()
@@ -70,7 +68,6 @@ def _find_run(mlflow, run_id: str):
             raise
 
 
-@timed
 def run_status(run_id: str) -> str | None:
     """The run's status (RUNNING, FINISHED, KILLED, FAILED), None when the store has no such run."""
     run = _find_run(mlflow_module(), run_id)
@@ -82,7 +79,6 @@ class ChildRun:
     MlflowClient with explicit run ids (not the fluent API's one active run), so one train process can keep
     the runs of several held-out domains open at once."""
 
-    @timed
     def __init__(self, experiment: str, parent_id: str, name: str, params: dict, tags: dict,
                  resume_run_id: str | None = None, dataset: dict | None = None, system_metrics_s: float | None = None,
                  on_created=None):
@@ -128,7 +124,6 @@ class ChildRun:
                                                 tracking_uri=self.mlflow.get_tracking_uri())
             self.monitor.start()
 
-    @timed
     def log_metrics(self, metrics: dict, step: int = 0) -> None:
         from mlflow.entities import Metric
 
@@ -149,7 +144,6 @@ class ChildRun:
             self.log_round(rec)
         return [int(rec[contract.ROUND]) for rec in missing]
 
-    @timed
     def log_round(self, rec: dict) -> None:
         from fedccrl_core import contract
 
@@ -167,7 +161,6 @@ class ChildRun:
             if who:
                 self.client.set_tag(self.run_id, f"fedccrl.{kind}.round_{rnd}", json.dumps(who, sort_keys=True)[:5000])
 
-    @timed
     def finish(self, status: str = "FINISHED") -> None:
         if self.monitor is not None:
             self.monitor.finish()

@@ -55,9 +55,8 @@ EVALUATE = ["evaluate", "--shards", "{data}/shards", "--models", "models", "--ou
 EXPORT = ["export", "--models", "models", "--shards", "{data}/shards", "--out", "out/exports",
           "--summary", "out/parity.json", "--no-mlflow"]
 REPORT = ["report", "--runs", "runs", "--metrics", "out/m.json", "--table", "out/t.md", "--curves", "out/c.csv"]
-PUBLISH = ["publish", "--shards", "{data}/shards", "--pools", "{data}/pools", "--models", "models", "--runs", "out/runs",
-           "--metrics", "out/m.json", "--summary", "out/s.json", "--table", "out/t.md", "--curves", "out/c.csv",
-           "--exports", "out/exports", "--parity", "out/p.json", "--plots", "out/plots"]
+FIGURES = ["figures", "--shards", "{data}/shards", "--pools", "{data}/pools", "--models", "models", "--runs", "runs",
+           "--out", "out/plots"]
 
 
 def predict(*extra: str, model: str = "model.onnx", inputs: str = "imgs") -> list[str]:
@@ -190,9 +189,8 @@ CASES: list[Case] = [
     # ---- folders that overlap: an output folder is replaced whole, and would take its neighbour with it
     Case("part-out-is-raw", "data", ["partition", "--raw", "raw", "--out", "raw"], ("--raw raw", "--out raw"),
          setup=raw_tree()),
-    Case("part-pools-inside-out", "data", [*PARTITION, "--pools", "out/shards/pools"],
-         ("--out out/shards", "--pools out/shards/pools"), setup=raw_tree()),
-    Case("part-pools-around-raw", "data", [*PARTITION, "--pools", "."], ("--raw raw", "--pools ."), setup=raw_tree()),
+    Case("part-out-around-raw", "data", ["partition", "--raw", "raw", "--out", "."], ("--raw raw", "--out ."),
+         setup=raw_tree()),
     Case("pools-out-is-shards", "data", ["pools", "--shards", "shards", "--out", "shards"],
          ("--shards shards", "--out shards"), setup=shards_copy()),
     # ---- params: the file itself, and keys every stage validates first (run through `report`, the cheapest)
@@ -330,10 +328,10 @@ CASES: list[Case] = [
          ("exports.txt",), setup=both(a_model_folder(), write("exports.txt", "x"))),
     Case("report-runs-missing", "export", REPORT, ("runs",)),
     Case("report-runs-empty", "export", REPORT, ("runs",), setup=mkdirs("runs")),
-    Case("publish-models-missing", "export", PUBLISH, ("models/", "train stages")),
-    Case("publish-plots-are-models", "export", [a if a != "out/plots" else "models" for a in PUBLISH],
-         ("--models models", "--plots models")),
-    Case("publish-params-unknown-key", "export", PUBLISH, ("export.min_agrement",), {"export.min_agrement": 0.9}),
+    Case("figures-models-missing", "export", FIGURES, ("models/", "train stages")),
+    Case("figures-out-is-models", "export", [a if a != "out/plots" else "models" for a in FIGURES],
+         ("--models models", "--out models")),
+    Case("figures-params-unknown-key", "export", FIGURES, ("figures.tsne_pionts",), {"figures.tsne_pionts": 9}),
     # ---- serving
     Case("serve-model-missing", "serving", predict(model="absent.onnx"), ("absent.onnx",),
          setup=png("imgs/a/0.png")),

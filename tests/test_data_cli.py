@@ -1,4 +1,4 @@
-"""The download and partition stages (the partition writing the pools too) end to end through the CLI, and under
+"""The download, partition and pools stages end to end through the CLI, and under
 `dvc repro`."""
 from __future__ import annotations
 
@@ -50,16 +50,12 @@ def test_stages_end_to_end_on_synthetic(tmp_path, monkeypatch):
                      monkeypatch=monkeypatch)
     assert code == 0, err
     assert "validate: 960/960" in err                                           # progress on stderr
-    code, err = _cli(tmp_path, "partition", "--raw", "data/raw", "--out", "data/shards", "--pools", "data/pools",
-                     monkeypatch=monkeypatch)  # as the partition stage runs it: the shards and their pools
+    code, err = _cli(tmp_path, "partition", "--raw", "data/raw", "--out", "data/shards", monkeypatch=monkeypatch)
+    assert code == 0, err
+    code, err = _cli(tmp_path, "pools", "--shards", "data/shards", "--out", "data/pools", monkeypatch=monkeypatch)
     assert code == 0, err
     assert "pools: 8 clients -> data/pools" in err
     elapsed = time.monotonic() - t0
-    code, err = _cli(tmp_path, "pools", "--shards", "data/shards", "--out", "alone/pools", monkeypatch=monkeypatch)
-    assert code == 0, err  # `fedccrl pools` alone writes the same files, byte for byte
-    assert sorted(os.listdir(tmp_path / "alone/pools")) == sorted(os.listdir(tmp_path / "data/pools"))
-    for f in os.listdir(tmp_path / "data/pools"):
-        assert (tmp_path / "alone/pools" / f).read_bytes() == (tmp_path / "data/pools" / f).read_bytes(), f
     report = json.loads((tmp_path / "data/reports/download.json").read_text())
     assert report["status"] == "ok" and report["total"] == 960 and report["source"]["kind"] == "generated"
     manifest = json.loads((tmp_path / "data/shards/manifest.json").read_text())
@@ -70,7 +66,7 @@ def test_stages_end_to_end_on_synthetic(tmp_path, monkeypatch):
         with np.load(tmp_path / "data/pools" / c["file"]) as z:
             assert z["mu"].shape == (c["n"], 3)
     assert sorted(os.listdir(tmp_path / "data")) == ["pools", "raw", "reports", "shards"]  # no temp dirs
-    print(f"download+partition with pools on synthetic: {elapsed:.1f}s")
+    print(f"download, partition and pools on synthetic: {elapsed:.1f}s")
 
 
 def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
@@ -91,17 +87,15 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
     code, err = _cli(tmp_path, "pools", "--shards", "nowhere", "--out", "data/pools", monkeypatch=monkeypatch)
     assert code == 2 and "nowhere/manifest.json: shard manifest not found" in err
     for pools in ("data/shards", "data", "data/shards/pools"):  # one folder inside or around the other
-        code, err = _cli(tmp_path, "partition", "--raw", "nowhere", "--out", "data/shards", "--pools", pools,
-                         monkeypatch=monkeypatch)
-        assert code == 2 and f"--out data/shards and --pools {pools}: the same folder, or one inside" in err, err
+        code, err = _cli(tmp_path, "pools", "--shards", "data/shards", "--out", pools, monkeypatch=monkeypatch)
+        assert code == 2 and f"--shards data/shards and --out {pools}: the same folder, or one inside" in err, err
     (tmp_path / "raw").mkdir()
     (tmp_path / "raw" / "keep.txt").write_text("a user's file")
     code, err = _cli(tmp_path, "partition", "--raw", "raw", "--out", "raw", monkeypatch=monkeypatch)
     assert code == 2 and "--raw raw and --out raw: the same folder" in err, err
     assert (tmp_path / "raw" / "keep.txt").read_text() == "a user's file"  # refused, nothing replaced
     _params(tmp_path, preprocess__std=[0.2, 0.0, 0.2])
-    code, err = _cli(tmp_path, "partition", "--raw", "nowhere", "--out", "data/shards", "--pools", "data/pools",
-                     monkeypatch=monkeypatch)
+    code, err = _cli(tmp_path, "pools", "--shards", "nowhere", "--out", "data/pools", monkeypatch=monkeypatch)
     assert code == 2 and "preprocess.std" in err
     assert not (tmp_path / "data").exists()  # refused before any work
     _params(tmp_path, download__retries=-1)
@@ -114,7 +108,8 @@ def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(tmp_pa
     an entry that is not a domain of the shards is refused naming it, before any training."""
     _params(tmp_path, dataset__name="synthetic", dataset__source="registry", preprocess__image_size="auto")
     for args in (("download", "--out", "data/raw", "--report", "data/r.json"),
-                 ("partition", "--raw", "data/raw", "--out", "data/shards", "--pools", "data/pools")):
+                 ("partition", "--raw", "data/raw", "--out", "data/shards"),
+                 ("pools", "--shards", "data/shards", "--out", "data/pools")):
         code, err = _cli(tmp_path, *args, monkeypatch=monkeypatch)
         assert code == 0, err
     from click.testing import CliRunner

@@ -283,27 +283,6 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     assert client.get_run(run_id).info.end_time == trained.end_time
 
 
-def test_the_requirement_check_runs_without_scanning_every_distribution(monkeypatch):
-    """pins_from_metadata: MLflow's version check of the logged pins still runs (and still finds a mismatch),
-    but without its map of every installed distribution's modules, which is built as before afterwards."""
-    from mlflow.utils import requirements_utils as ru
-
-    from pipeline.model_registry import pins_from_metadata, serving_requirements
-
-    monkeypatch.setattr(ru, "_MODULES_TO_PACKAGES", None)
-    scans = []
-    monkeypatch.setattr(ru.importlib_metadata, "packages_distributions", lambda: scans.append(1) or {})
-    pins = serving_requirements()
-    with pins_from_metadata():
-        assert [ru._check_requirement_satisfied(r) for r in pins] == [None] * len(pins)
-        assert ru._check_requirement_satisfied(f"mlflow=={ru.mlflow.__version__}") is None
-        mismatch = ru._check_requirement_satisfied("numpy==0.0.1")
-    assert mismatch is not None and mismatch.package_name == "numpy" and mismatch.installed_version
-    assert scans == [] and ru._MODULES_TO_PACKAGES is None
-    ru._init_modules_to_packages_map()
-    assert scans == [1]
-
-
 def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monkeypatch):
     import mlflow
 

@@ -64,9 +64,6 @@ STAGE_ARGS = {  # inputs that do not exist: a stage that read anything before va
     "report": ["--runs", "nowhere/runs", "--metrics", "out/m.json", "--table", "out/t.md", "--curves", "out/c.csv"],
     "figures": ["--shards", "nowhere/shards", "--pools", "nowhere/pools", "--models", "nowhere/models",
                 "--runs", "nowhere/runs", "--out", "out/plots"],
-    "publish": ["--shards", "nowhere/shards", "--pools", "nowhere/pools", "--models", "nowhere/models",
-                "--runs", "out/runs", "--metrics", "out/m.json", "--summary", "out/s.json", "--table", "out/t.md",
-                "--curves", "out/c.csv", "--exports", "out/exports", "--parity", "out/p.json", "--plots", "out/plots"],
 }
 
 

@@ -182,6 +182,25 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
     assert any(k.startswith("system/cpu_utilization") for c in children for k in c.data.metrics)
 
 
+@pytest.mark.parametrize("key,value,stale", [
+    ("figures.tsne_points", 40, {"figures"}),
+    ("export.batch_size", 64, {"export"}),
+    ("evaluate.batch_size", 64, {"evaluate", "train@fedavg-0", "train@fedccrl-0"}),  # training evaluates each round
+])
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
+def test_a_changed_key_makes_exactly_the_stages_that_read_it_stale(repro_ws, key, value, stale):
+    ws, _, _ = repro_ws
+    saved = (ws / "params.yaml").read_bytes()
+    try:
+        _write_params(ws, **{**SMALL, key: value})
+        got = json.loads(_run(["dvc", "status", "--json"], ws).stdout)
+    finally:
+        (ws / "params.yaml").write_bytes(saved)
+    assert set(got) == stale, got
+    assert json.loads(_run(["dvc", "status", "--json"], ws).stdout) == {}  # restored: nothing stale
+
+
 def _train_cmd(ws, out, params):
     return ["fedccrl", "train", "--shards", "data/shards", "--pools", "data/pools", "--algorithm", "fedccrl",
             "--seed", "0", "--held-out", "1", "--out", out, "--params", str(params), "--checkpoints", "ck"]

@@ -58,8 +58,8 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     commands = stage_commands(yaml.safe_load((REPO / "dvc.yaml").read_text()), params)
-    assert [n.split("@")[0] for n, _ in commands[:2]] == ["download", "partition"]
-    assert {n for n, _ in commands} >= {"train@fedavg-0", "train@fedccrl-0", "publish"}
+    assert [n.split("@")[0] for n, _ in commands] == ["download", "partition", "pools", "train", "train",
+                                                       "evaluate", "export", "report", "figures"]
     for name, cmd in commands:
         assert cmd.startswith("fedccrl "), f"dvc.yaml stage {name}: {cmd!r} is not a fedccrl command"
         t0 = time.monotonic()
@@ -76,8 +76,8 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
     onnx = sorted((tmp_path / "exports").rglob("*.onnx"))
     assert onnx
     assert any((tmp_path / "plots").glob("*.png"))
-    # publish logs each exported model, named by the export process as it is written, to its training run and
-    # registers it: one version per model, tagged with its weights, under its alias
+    # the export stage logs each exported model to its training run and registers it: one version per model,
+    # tagged with its weights, under its alias
     import mlflow
 
     client = mlflow.MlflowClient()
@@ -87,15 +87,14 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(tmp_path):
         assert version.tags["algorithm"] == algorithm and len(version.tags["weights_sha256"]) == 64
         run = client.get_run(version.run_id)
         assert run.data.metrics["export_top1_agreement"] >= 0.999 and run.info.status == "FINISHED"
-    # publish runs the export in a child process: its failure (here: --exports lies under a file, which only the
-    # export finds out) fails the stage, after the other steps, with the export's own error and no stray process
-    publish = next(cmd for name, cmd in commands if name == "publish")
+    # a stage that fails (here: the export's --out lies under a file, which only the export finds out) fails alone,
+    # with its own error, and leaves the others' outputs as they were
+    export = next(cmd for name, cmd in commands if name == "export")
     (tmp_path / "exports.txt").write_text("not a folder")
-    failing = publish.replace("--exports exports", "--exports exports.txt/sub")
-    assert failing != publish
+    failing = export.replace("--out exports", "--out exports.txt/sub")
+    assert failing != export
+    before = (tmp_path / "results" / "metrics.json").read_bytes()
     p = subprocess.run(failing, shell=True, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 2, p.stderr[-3000:]
-    assert "exports.txt" in p.stderr and "the ONNX export failed" in p.stderr, p.stderr[-3000:]
+    assert p.returncode != 0 and "exports.txt" in p.stderr, p.stderr[-3000:]
     assert (tmp_path / "exports.txt").read_text() == "not a folder"
-    left = subprocess.run(["pgrep", "-f", "fedccrl export"], capture_output=True, text=True).stdout.split()
-    assert not left, f"export processes left: {left}"
+    assert (tmp_path / "results" / "metrics.json").read_bytes() == before
