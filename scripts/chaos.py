@@ -6,15 +6,17 @@ workspace and run once uninterrupted: that run is the reference. Then each fault
 run and the run is repeated the way a user would (the same command again), and the row reports:
 
   outcome            the recovery command's exit code and the notice it gave (resumed, fell back, healed, ...)
-  orphans            processes of the faulted run still alive after the kill: the PID tree taken (psutil)
+  orphans            processes of the faulted run still alive 5 s after the kill: the PID tree taken (psutil)
                      just before the kill, plus every process carrying the fault's CHAOS_TOKEN environment
   temps left         fsio temporary paths (.<name>.tmp-<pid>-<token>) anywhere in the workspace after recovery
   data lost          rounds missing from the recovered history or from the MLflow metric history
-  metrics identical  the recovered run's per-round metrics against the reference run's (figures: the PNGs)
+  metrics identical  the recovered run's per-round metrics against the reference run's (evaluate, export, figures:
+                     the files the stage writes, each stage's own reference run)
   mlflow             the fault's MLflow run statuses after the kill -> after recovery (FINISHED expected)
 
 Faults are injected at exact points by scripts/chaos_hooks/sitecustomize.py (the process reaching the
-point holds still; this script then kills its target). Usage:
+point holds still; this script then kills its target), or, for the stages after training, at a share of the
+stage's own reference run time (timed alone first). Every wait has a deadline. Usage:
 
   python scripts/chaos.py [--only NAME,...] [--keep] [--workspace DIR]
 
@@ -139,7 +141,7 @@ def tokened(token: str) -> list[psutil.Process]:
     return out
 
 
-def orphans_after(snapshot: list[psutil.Process], token: str, wait_s: float = 20.0) -> list[str]:
+def orphans_after(snapshot: list[psutil.Process], token: str, wait_s: float = 5.0) -> list[str]:
     """What is still running of the faulted run `wait_s` after its kill (PDEATHSIG needs a moment)."""
     deadline = time.monotonic() + wait_s
     while True:
@@ -197,41 +199,57 @@ def mlflow_steps(db: Path) -> dict[str, dict[int, float]]:
 
 
 def start_and_kill(args: list[str], ws: Path, env: dict, fault_dir: Path, sig: int = signal.SIGKILL,
-                   timeout: float = 600):
-    """Start the faulted command; when a process reaches the fault point, snapshot the command's PID tree and
-    send `sig` to the command's own process (`fedccrl train`, `dvc repro`, `fedccrl figures`)."""
+                   timeout: float = 600, after_s: float | None = None):
+    """Start the faulted command; when a process reaches the fault point (or, with `after_s`, that many seconds
+    after the start), snapshot the command's PID tree and send `sig` to the command's own process (`fedccrl train`,
+    `dvc repro`, a `fedccrl` stage). Its output goes to a file, not a pipe: a process it left behind cannot hold
+    this script's read open. Every wait has a deadline."""
     trigger = fault_dir / "trigger"
-    proc = subprocess.Popen(args, cwd=ws, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + timeout
-    while not trigger.is_file():
+    log_path = fault_dir / "command.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(args, cwd=ws, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    started = time.monotonic()
+    deadline = started + timeout
+    output = lambda: log_path.read_text(errors="replace")  # noqa: E731
+    while not (trigger.is_file() if after_s is None else time.monotonic() - started >= after_s):
         if (fault_dir / "hook-error").is_file():
             proc.kill()
-            proc.communicate()
+            proc.wait(timeout=30)
             return None, [], f"fault hook failed: {(fault_dir / 'hook-error').read_text().strip()}"
         if proc.poll() is not None:
-            out = proc.stdout.read()
-            return None, [], f"fault not injected: the command ended ({proc.returncode}) first:\n{out[-2000:]}"
+            return None, [], f"fault not injected: the command ended ({proc.returncode}) first:\n{output()[-2000:]}"
         if time.monotonic() > deadline:
             proc.kill()
+            proc.wait(timeout=30)
             return None, [], "fault not injected: timeout"
         time.sleep(0.05)
-    time.sleep(0.2)  # the holder has written its pid; let it settle at the point
+    if after_s is None:
+        time.sleep(0.2)  # the holder has written its pid; let it settle at the point
     snapshot = tree(proc.pid)
-    victim = proc.pid
-    os.kill(victim, sig)
+    os.kill(proc.pid, sig)
     try:
-        out, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
-        out, _ = proc.communicate()
-    return proc.returncode, snapshot, out
+        proc.wait(timeout=30)
+    return proc.returncode, snapshot, output()
 
 
 # ---------------------------------------------------------------- the faults
 class Fault:
-    def __init__(self, name: str, hook: str, kill: str, what: str):
-        self.name, self.hook, self.kill, self.what = name, hook, kill, what
+    def __init__(self, name: str, hook: str, kill: str, what: str, at: float | None = None):
+        self.name, self.hook, self.kill, self.what, self.at = name, hook, kill, what, at
 
+
+# the stages after training, each killed as a command of its own: (its command, the folder it writes)
+STAGES = {
+    "evaluate": (["fedccrl", "evaluate", "--shards", "data/shards", "--models", "models", "--out", "results/runs"],
+                 "results/runs"),
+    "export": (["fedccrl", "export", "--models", "models", "--shards", "data/shards", "--out", "exports",
+                "--summary", "results/parity.json"], "exports"),
+    "figures": (["fedccrl", "figures", "--shards", "data/shards", "--pools", "data/pools", "--models", "models",
+                 "--runs", "results/runs", "--out", "plots"], "plots"),
+}
 
 FAULTS = [
     Fault("train kill -9 mid-step", "mid-step", "train", "kill -9 of `fedccrl train` during a round-2 optimizer step"),
@@ -244,11 +262,48 @@ FAULTS = [
     Fault("corrupt latest checkpoint", "after-round-2", "corrupt",
           "kill -9 after round 2's checkpoint, which is then truncated"),
     Fault("deleted mlflow.db", "mid-mlflow", "deldb", "kill -9 mid-MLflow-write, then mlflow.db deleted"),
+    Fault("kill -9 fedccrl evaluate", "", "evaluate", "kill -9 of `fedccrl evaluate` at 50 % of its run", at=0.5),
+    Fault("kill -9 fedccrl export", "", "export", "kill -9 of `fedccrl export` at 50 % of its run", at=0.5),
     Fault("kill -9 fedccrl figures", "mid-figure", "figures", "kill -9 of `fedccrl figures` after its first PNG"),
+    *[Fault(f"kill -9 fedccrl figures at {pct} %", "", "figures", f"kill -9 of `fedccrl figures` at {pct} % of its run",
+            at=pct / 100) for pct in (30, 50, 70)],
 ]
 
 
-def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: dict[str, str]) -> dict:
+def digests(folder: Path) -> dict[str, str]:
+    """sha256 of every file a stage wrote that must come back the same (an ONNX graph's bytes may differ between
+    two exports of the same weights: its parity.json stands for it)."""
+    return {q.relative_to(folder).as_posix(): hashlib.sha256(q.read_bytes()).hexdigest()
+            for q in sorted(folder.rglob("*")) if q.is_file() and q.suffix != ".onnx"}
+
+
+def run_stage_fault(f: Fault, ws: Path, fd: Path, token: str, reference: dict) -> dict:
+    """kill -9 of one stage after training (at its hook point, or at a share of its reference run time), then the
+    same command again: it must succeed and write what the reference run wrote."""
+    cmd, out = STAGES[f.kill]
+    db = ws / "mlflow.db"  # the stages log to the reference sweep's runs
+    row = {"fault": f.name, "orphans": [], "temps": [], "lost": [], "identical": None, "mlflow": ""}
+    seconds, ref = reference[f.kill]
+    after = None if f.at is None else f.at * seconds
+    rc, snap, log = start_and_kill(cmd, ws, env_for(ws, db, f.hook, fd, token), fd, after_s=after)
+    before = statuses(db)
+    row["orphans"] = orphans_after(snap, token)
+    left = temps(ws, fd)
+    p = run(cmd, ws, env_for(ws, db))
+    got = digests(ws / out)
+    row["temps"] = temps(ws, fd)
+    row["lost"] = sorted(set(ref) - set(got))
+    row["identical"] = got == ref
+    notice = "removed stale temp" if any("notice: removed" in ln for ln in p.stderr.splitlines()) else ""
+    row["outcome"] = f"rerun rc {p.returncode}" + (f", {notice}" if notice else "") + \
+        ("" if rc is not None else f" ({log.splitlines()[0] if log else ''})") + \
+        (f"; {len(left)} temp(s) after kill" if left else "")
+    row["mlflow"] = f"{'/'.join(before) or '-'} -> {'/'.join(statuses(db)) or '-'}"
+    row["ok"] = p.returncode == 0 and rc is not None
+    return row
+
+
+def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], reference_stages: dict) -> dict:
     slug = f.name.replace(" ", "_").replace("-", "").replace("`", "")
     fd = ws / "faults" / slug
     fd.mkdir(parents=True)
@@ -258,26 +313,8 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], ref_plots: d
     row = {"fault": f.name, "orphans": [], "temps": [], "lost": [], "identical": None, "mlflow": ""}
     train = ["fedccrl", *TRAIN_ARGS, "--out", str(out), "--checkpoints", str(ck)]
 
-    if f.kill == "figures":
-        db = ws / "mlflow.db"  # figures log to the reference sweep's runs
-        cmd = ["fedccrl", "figures", "--shards", "data/shards", "--pools", "data/pools", "--models", "models",
-               "--runs", "results/runs", "--out", "plots"]
-        shutil.rmtree(ws / "plots", ignore_errors=True)
-        rc, snap, log = start_and_kill(cmd, ws, env_for(ws, db, f.hook, fd, token), fd)
-        before = statuses(db)
-        row["orphans"] = orphans_after(snap, token)
-        left = temps(ws, fd)
-        p = run(cmd, ws, env_for(ws, db))
-        got = {q.name: hashlib.sha256(q.read_bytes()).hexdigest() for q in sorted((ws / "plots").glob("*.png"))}
-        row["temps"] = temps(ws, fd)
-        row["lost"] = sorted(set(ref_plots) - set(got))
-        row["identical"] = got == ref_plots
-        notice = "removed stale temp" if any("notice: removed" in ln for ln in p.stderr.splitlines()) else ""
-        row["outcome"] = f"rerun rc {p.returncode}" + (f", {notice}" if notice else "") + \
-            ("" if rc is not None else f" ({log})") + (f"; {len(left)} temp(s) after kill" if left else "")
-        row["mlflow"] = f"{'/'.join(before) or '-'} -> {'/'.join(statuses(db)) or '-'}"
-        row["ok"] = p.returncode == 0 and rc is not None
-        return row
+    if f.kill in STAGES:
+        return run_stage_fault(f, ws, fd, token, reference_stages)
 
     if f.kill == "dvc":
         shutil.rmtree(ws / ".fedccrl", ignore_errors=True)
@@ -367,17 +404,25 @@ def main(argv=None) -> int:
         if args.workspace and (ws / "plots").is_dir() and (ws / "dvc.lock").is_file():
             say(f"reusing the reference run in {ws}")  # a kept workspace (--keep): its faults are redone
             shutil.rmtree(ws / "faults", ignore_errors=True)
-            subprocess.run(["dvc", "repro", "-q"], cwd=ws, env=env_for(ws, ws / "mlflow.db"), check=True)
+            subprocess.run(["dvc", "repro", "-q"], cwd=ws, env=env_for(ws, ws / "mlflow.db"), check=True, timeout=900)
         else:
             setup(ws)
         models = ws / "models" / ALGORITHM / f"s{SEED}"
         reference = {d.name[1:]: rounds(d) for d in sorted(models.glob("d*"))}
-        ref_plots = {q.name: hashlib.sha256(q.read_bytes()).hexdigest() for q in sorted((ws / "plots").glob("*.png"))}
+        reference_stages = {}
+        for name in sorted({f.kill for f in faults if f.kill in STAGES}):
+            cmd, out = STAGES[name]
+            t1 = time.perf_counter()
+            p = run(cmd, ws, env_for(ws, ws / "mlflow.db"))  # timed alone: the time-based faults kill at a share of it
+            if p.returncode != 0:
+                raise SystemExit(f"chaos: reference `{' '.join(cmd)}` failed:\n{p.stderr[-3000:]}")
+            reference_stages[name] = (time.perf_counter() - t1, digests(ws / out))
+            say(f"reference `{' '.join(cmd[:2])}`: {reference_stages[name][0]:.1f}s")
         rows = []
         for f in faults:
             t1 = time.perf_counter()
             say(f"{f.name}: {f.what}")
-            rows.append(run_fault(f, ws, reference, ref_plots))
+            rows.append(run_fault(f, ws, reference, reference_stages))
             say(f"{f.name}: {'clean' if clean(rows[-1]) else 'NOT CLEAN'} ({time.perf_counter() - t1:.0f}s): "
                 f"{json.dumps(rows[-1])}")
         print(table(rows), flush=True)
