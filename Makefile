@@ -6,7 +6,8 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see docs/algorithms/baselines.md) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: lock repro test test-all chaos bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv
+.PHONY: lock repro test test-all chaos bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv \
+        tracking-server tracking-server-stop tracking-server-status
 
 # constraints.txt pins every package to the exact version it was tested with (make lock writes it)
 $(STAMP): pyproject.toml constraints.txt
@@ -61,6 +62,18 @@ figures-docs: $(STAMP)  ## regenerate docs/*.png: FedCCRL and FedAvg on the embe
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc exp run -S 'train.algorithms=[fedccrl,fedavg]'
 	mkdir -p docs && cp plots/augmentation_preview.png plots/curves_sketch.png plots/tsne_sketch.png \
 	  plots/gradcam_sketch.png plots/confusion_fedccrl_sketch.png docs/
+
+# A team's MLflow tracking server on loopback (docs/team.md): PostgreSQL (Debian's postgresql package) and
+# `mlflow server --serve-artifacts`, their files in $(TRACKING_DIR); `start` prints the MLFLOW_TRACKING_URI to export
+TRACKING_DIR ?= .tracking
+tracking-server: $(STAMP)  ## start PostgreSQL and the MLflow server on 127.0.0.1 (ports: FEDCCRL_PG_PORT, FEDCCRL_MLFLOW_PORT)
+	@$(BIN)/python scripts/tracking_server.py start --dir $(TRACKING_DIR)
+
+tracking-server-stop: $(STAMP)  ## stop both
+	@$(BIN)/python scripts/tracking_server.py stop --dir $(TRACKING_DIR)
+
+tracking-server-status: $(STAMP)  ## whether each runs (exit code 3 when one does not)
+	@$(BIN)/python scripts/tracking_server.py status --dir $(TRACKING_DIR)
 
 docs: $(STAMP)  ## the documentation site into site/ (strict: a broken link or anchor fails); hyperparameters page generated
 	NO_MKDOCS_2_WARNING=1 PATH="$(CURDIR)/$(BIN):$$PATH" mkdocs build --strict -d site
