@@ -29,6 +29,11 @@ def project_root(cwd: Path | None = None) -> Path:
     return cwd
 
 
+def tracking_uri() -> str:
+    """The store the stages log to: MLFLOW_TRACKING_URI, else sqlite:///<project_root()>/mlflow.db."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
 def mlflow_module():
     """mlflow, pointed at MLFLOW_TRACKING_URI or, by default, sqlite:///<project_root()>/mlflow.db (an absolute
     path, so that every DVC way of running, --temp and --queue included, logs to the one store). A missing SQLite
@@ -36,7 +41,7 @@ def mlflow_module():
     import mlflow
 
     if not os.environ.get("MLFLOW_TRACKING_URI"):
-        mlflow.set_tracking_uri(f"sqlite:///{project_root() / 'mlflow.db'}")
+        mlflow.set_tracking_uri(tracking_uri())
     uri = mlflow.get_tracking_uri()
     with store_errors(uri):
         _create_sqlite_store_whole(uri)
@@ -46,8 +51,9 @@ def mlflow_module():
 
 @contextlib.contextmanager
 def store_errors(uri: str):
-    """What a store that cannot be read raises (MLflow's, SQLAlchemy's or the OS's error) -> one TrackingStoreError
-    naming the store."""
+    """What a store that cannot be read, or a tracking server that stays unreachable once MLflow's own bounded
+    retries are spent (MLFLOW_HTTP_REQUEST_MAX_RETRIES, about 4 minutes by default; each retry a warning on stderr),
+    raises (MLflow's, SQLAlchemy's or the OS's error) -> one TrackingStoreError naming the store."""
     from mlflow.exceptions import MlflowException
     from sqlalchemy.exc import SQLAlchemyError
 
@@ -55,6 +61,10 @@ def store_errors(uri: str):
         yield
     except (MlflowException, SQLAlchemyError, OSError) as e:
         first = (str(e).splitlines() or [e.__class__.__name__])[0][:300]
+        if uri.startswith(("http://", "https://")):
+            raise TrackingStoreError(f"MLflow tracking server {uri} failed after MLflow's retries ({first}); check that "
+                                     "it runs (make tracking-server-status) and run the stage again: it resumes where "
+                                     "it stopped") from e
         raise TrackingStoreError(f"MLflow tracking store {uri} cannot be read ({first}); repair or move it (a missing "
                                  "SQLite store is created afresh), or set MLFLOW_TRACKING_URI to another store") from e
 

@@ -18,12 +18,15 @@ MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 
 
 def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
-    """Find or create the sweep's parent run (tagged fedccrl.sweep=<key>)."""
+    """Find or create the sweep's parent run (tagged fedccrl.sweep=<key>). Processes that start the same sweep at
+    once (queued experiments, two people) may each create one: each then keeps the first one created (by start
+    time, then id), and deletes its own if that is another, before any child run names it."""
     mlflow = mlflow_module()
     exp = set_experiment(experiment)
     client = mlflow.MlflowClient()
-    found = client.search_runs([exp.experiment_id], filter_string=f"tags.`fedccrl.sweep` = '{sweep_key}' "
-                               "and tags.`fedccrl.role` = 'parent'", max_results=1)
+    query = f"tags.`fedccrl.sweep` = '{sweep_key}' and tags.`fedccrl.role` = 'parent'"
+    first = ["attributes.start_time ASC", "attributes.run_id ASC"]
+    found = client.search_runs([exp.experiment_id], filter_string=query, max_results=1, order_by=first)
     if found:
         return found[0].info.run_id
     exp_name = dvc_experiment_name()
@@ -36,7 +39,10 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
     for k, v in list(flatten(sweep_params).items())[:500]:
         client.log_param(run.info.run_id, k, str(v)[:MAX_PARAM_CHARS])
     client.set_terminated(run.info.run_id)
-    return run.info.run_id
+    oldest = client.search_runs([exp.experiment_id], filter_string=query, max_results=1, order_by=first)[0]
+    if oldest.info.run_id != run.info.run_id:  # another process created the sweep's parent first: it wins
+        client.delete_run(run.info.run_id)
+    return oldest.info.run_id
 
 
 def file_digest(path: Path) -> str:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fedccrl_core.runkey import params_hash
 from pipeline.git_state import git_commit
+from pipeline.mlflow_store import tracking_uri
 from pipeline.run_names import dvc_experiment_name, flatten
 from pipeline.tracking import ChildRun, parent_run_id, run_status
 
@@ -55,6 +56,7 @@ class TrainTracking:
         self.shards_manifest = Path(shards) / "manifest.json"
         self.runs: dict[int, ChildRun] = {}
         self.parent: str | None = None
+        self.uri = tracking_uri()
 
     def start(self, job) -> dict:
         from fedccrl_core.fsio import write_text
