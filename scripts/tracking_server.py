@@ -63,6 +63,21 @@ def as_postgres(cmd: list[str]) -> list[str]:
     return ["runuser", "-u", "postgres", "--", *cmd] if os.geteuid() == 0 else cmd
 
 
+def pg_run(cmd: list[str], what: str) -> None:
+    """A PostgreSQL program; its own message when it fails, as one line naming what it was doing."""
+    p = subprocess.run(as_postgres(cmd), capture_output=True, text=True, timeout=300)
+    if p.returncode != 0:
+        said = " ".join((p.stderr or p.stdout).split())[-800:]
+        raise SystemExit(f"tracking-server: {what} failed: {said}")
+
+
+def check_reachable(path: Path) -> None:
+    """As root, PostgreSQL runs as the `postgres` user, which must reach the folder (every parent traversable)."""
+    if os.geteuid() == 0 and subprocess.run(as_postgres(["test", "-w", str(path)]), timeout=60).returncode != 0:
+        raise SystemExit(f"tracking-server: the postgres user cannot write {path} (PostgreSQL refuses to run as root "
+                         "and runs as postgres): choose a --dir whose parent folders every user may enter")
+
+
 def own(path: Path) -> None:
     if os.geteuid() == 0:
         shutil.chown(path, "postgres", "postgres")
@@ -95,9 +110,9 @@ def start_postgres(p: Paths, pg_port: int) -> None:
             with os.fdopen(fd, "w") as f:
                 f.write(p.password.read_text())
             own(pwfile)
-            subprocess.run(as_postgres([pg_bin("initdb"), "-D", str(p.cluster), "-U", ROLE, f"--pwfile={pwfile}",
-                                        "--auth=scram-sha-256", "-E", "UTF8", "--no-instructions"]),
-                           check=True, capture_output=True, timeout=300)
+            check_reachable(p.cluster)
+            pg_run([pg_bin("initdb"), "-D", str(p.cluster), "-U", ROLE, f"--pwfile={pwfile}", "--auth=scram-sha-256",
+                    "-E", "UTF8", "--no-instructions"], f"initdb {p.cluster}")
         finally:
             pwfile.unlink(missing_ok=True)
     if pg_running(p):
@@ -108,9 +123,9 @@ def start_postgres(p: Paths, pg_port: int) -> None:
         p.pg_log.touch()
         own(p.pg_log)
     say(f"PostgreSQL on {HOST}:{pg_port}")
-    subprocess.run(as_postgres([pg_bin("pg_ctl"), "start", "-D", str(p.cluster), "-l", str(p.pg_log), "-w", "-t", "60",
-                                "-o", f"-p {pg_port} -k {p.socket} -c listen_addresses={HOST}"]),
-                   check=True, capture_output=True, timeout=120)
+    pg_run([pg_bin("pg_ctl"), "start", "-D", str(p.cluster), "-l", str(p.pg_log), "-w", "-t", "60",
+            "-o", f"-p {pg_port} -k {p.socket} -c listen_addresses={HOST}"],
+           f"PostgreSQL on {HOST}:{pg_port} (its log: {p.pg_log})")
     import psycopg
 
     password = p.password.read_text().strip()
@@ -211,8 +226,7 @@ def main(argv=None) -> int:
         stopped = stop_mlflow(p)
         pg = pg_running(p)
         if pg:
-            subprocess.run(as_postgres([pg_bin("pg_ctl"), "stop", "-D", str(p.cluster), "-m", "fast", "-w"]),
-                           check=True, capture_output=True, timeout=120)
+            pg_run([pg_bin("pg_ctl"), "stop", "-D", str(p.cluster), "-m", "fast", "-w"], "stopping PostgreSQL")
         say(f"mlflow server {'stopped' if stopped else 'was not running'}; "
             f"PostgreSQL {'stopped' if pg else 'was not running'}")
     else:

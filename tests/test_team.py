@@ -8,7 +8,9 @@ import os
 import signal
 import socket
 import subprocess
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -32,6 +34,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def service_dir(tmp: Path) -> Path:
+    """A folder the `postgres` user can reach (pytest's base folder is private to its user, mode 700)."""
+    d = Path(tempfile.mkdtemp(prefix=f"fedccrl-tracking-{tmp.name}-"))
+    d.chmod(0o755)
+    return d
+
+
 class Server:
     def __init__(self, root: Path):
         self.dir, self.pg_port, self.port = root, free_port(), free_port()
@@ -53,18 +62,19 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    srv = Server(tmp_path_factory.mktemp("tracking"))
-    p = srv.ctl("start")
-    assert p.returncode == 0 and p.stdout.strip() == f"export MLFLOW_TRACKING_URI={srv.uri}", p.stderr[-3000:]
+    srv = Server(service_dir(tmp_path_factory.getbasetemp()))
     try:
+        p = srv.ctl("start")
+        assert p.returncode == 0 and p.stdout.strip() == f"export MLFLOW_TRACKING_URI={srv.uri}", p.stderr[-3000:]
         yield srv
     finally:
         srv.ctl("stop")
+        shutil.rmtree(srv.dir, ignore_errors=True)
 
 
 @pytest.mark.full("PostgreSQL and an MLflow server on loopback")
 @pytest.mark.timeout(600)
-def test_the_tracking_server_commands(server):
+def test_the_tracking_server_commands(server, tmp_path):
     status = server.ctl("status")
     assert status.returncode == 0 and f"mlflow server {server.uri}: running" in status.stdout, status.stdout
     again = server.ctl("start")  # idempotent: both run, the URI again
@@ -73,6 +83,12 @@ def test_the_tracking_server_commands(server):
     ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
     password = (server.dir / "postgres-password").read_text().strip()
     assert password not in ps  # the backend URI reaches the server through its environment
+    private = tmp_path / "private"  # pytest's folders are mode 700: the postgres user cannot reach them
+    p = subprocess.run([sys.executable, str(REPO / "scripts" / "tracking_server.py"), "start", "--dir", str(private),
+                        "--pg-port", str(free_port()), "--port", str(free_port())], capture_output=True, text=True,
+                       timeout=300)
+    if os.geteuid() == 0:
+        assert p.returncode == 1 and "the postgres user cannot write" in p.stderr and "Traceback" not in p.stderr
 
 
 @pytest.mark.full("two clones, four queued experiments against one MLflow server, a DVC remote between them")
@@ -131,9 +147,9 @@ def _wait_for_round(uri: str, rnd: int, proc: subprocess.Popen, timeout: float =
 @pytest.mark.full("a training run while its tracking server and database are killed and restarted")
 @pytest.mark.timeout(1200)
 def test_the_server_and_its_database_restart_under_a_run_and_no_round_is_lost_or_doubled(tmp_path):
-    srv = Server(tmp_path / "tracking")
-    assert srv.ctl("start").returncode == 0
+    srv = Server(service_dir(tmp_path))
     try:
+        assert srv.ctl("start").returncode == 0
         ws, env = _workspace(tmp_path, srv.uri, rounds=6)
         log = open(tmp_path / "train.log", "w")
         proc = subprocess.Popen(TRAIN, cwd=ws, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
@@ -176,3 +192,4 @@ def test_the_server_and_its_database_restart_under_a_run_and_no_round_is_lost_or
         assert len(rounds) == 2 and sorted(map(tuple, rounds.values())) == [(1, 2, 3, 4), (1, 2, 3, 4, 5, 6)]
     finally:
         srv.ctl("stop")
+        shutil.rmtree(srv.dir, ignore_errors=True)
