@@ -294,6 +294,6 @@ def audit(clients: list[Client], r: float, rounds: int, seed: int, privacy: Priv
     return {"rounds": out, "attribution": {"domain_accuracy": dom_acc, "domain_chance": dom_chance,
                                            "client_accuracy": cli_acc, "client_chance": cli_chance,
                                            "rows": int(len(rows))},
-            "violated": any(v for rec in out for k, v in rec.items() if k.endswith("violated") and v),
+            "violated": any(v for rec in out for k, v in rec.items() if "/violated@" in k and v),
             "r": r, "seed": seed, "upload": upload, "noise": privacy.noise_source(),
             "privacy": privacy.model_dump() if privacy.enabled else None}
