@@ -5,7 +5,8 @@ without DP and splits members and non-members into reference, calibration and ev
 and the noise come from the OS). Prints, per setting and round, mean ± std over the seeds of: the released share,
 the statistics channel's epsilon, each attack's TPR at FPR 1 % (threshold from the calibration split), the FPR
 measured on the evaluation split, the bound e^eps FPR_hi + delta, AUC; then round 1's attribution accuracy, and
-how many (seed, round, attack) cells have a TPR interval above the bound.
+how many (seed, round, attack) cells have a TPR interval above the bound; and, for a range of z_s, the share of the
+released coordinates that the rows mechanism puts on a face of the clipping box (mu, sigma).
 Usage:  OMP_NUM_THREADS=1 python scripts/privacy_audit.py [DATA (data)] [--seeds 0,1,2]
 """
 from __future__ import annotations
@@ -17,12 +18,13 @@ from pathlib import Path
 import numpy as np
 
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-from fedccrl_core.audit import audit
+from fedccrl_core.audit import audit, release
 from fedccrl_core.privacy.settings import PrivacySettings
 from pipeline.audit import load_audit_clients
 from pipeline.params import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
+FACE_Z = (0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 13.0)
 
 
 def ms(xs: list[float], spec: str = ".3f") -> str:
@@ -68,6 +70,15 @@ def main(data: Path, seeds: tuple[int, ...]) -> None:
                      f"split {runs[0]['rounds'][0]['members']} members, {runs[0]['rounds'][0]['non_members']} "
                      "non-members")
     print("", *tails, sep="\n")
+    print("\n| z_s | noise std per coordinate | mu on a face of the box | sigma on a face of the box |")
+    print("|---:|---:|---:|---:|")
+    for z in FACE_Z:
+        p = PrivacySettings(enabled=True, stats_noise_multiplier=z)
+        rows = np.concatenate([release(c, r, 0, 1, p, upload)[0] for c in clients])
+        lo = np.r_[[p.stats_mu_range[0]] * 3, [p.stats_sigma_range[0]] * 3]
+        hi = np.r_[[p.stats_mu_range[1]] * 3, [p.stats_sigma_range[1]] * 3]
+        face = (rows <= lo + 1e-6 * np.maximum(1, np.abs(lo))) | (rows >= hi - 1e-6 * np.maximum(1, np.abs(hi)))
+        print(f"| {z:g} | {z * p.stats_sensitivity(3):.2f} | {face[:, :3].mean():.3f} | {face[:, 3:].mean():.3f} |")
 
 
 if __name__ == "__main__":
