@@ -290,13 +290,31 @@ def test_the_rows_released_are_not_the_seeds_sample():
 def test_a_channel_released_without_its_mechanism_is_refused_naming_the_key():
     """FedCCRL with DP on the weights only would release its exact statistics rows while reporting an epsilon;
     any algorithm with DP off on the weights would release exact weights."""
-    with pytest.raises(ValueError, match="train.privacy.statistics: false, but fedccrl uploads statistics"):
+    with pytest.raises(ValueError, match="train.privacy.statistics: fedccrl uploads statistics rows every round"):
         _engine({"enabled": True, "statistics": False})
-    with pytest.raises(ValueError, match="train.privacy.weights: false, but fedccrl releases its weights"):
+    with pytest.raises(ValueError, match="train.privacy.weights: fedccrl releases its weights every round"):
         _engine({"enabled": True, "weights": False})
-    with pytest.raises(ValueError, match="train.privacy.weights: false, but fedavg"):
+    with pytest.raises(ValueError, match="train.privacy.weights: fedavg releases its weights"):
         _engine({"enabled": True, "weights": False}, algorithm="fedavg")
     _engine({"enabled": True, "statistics": True}, algorithm="fedavg")  # nothing to noise: accepted, not charged
+
+
+def test_weights_only_dp_for_fedccrl_is_refused_when_params_yaml_is_read(tmp_path):
+    """The same refusal at validation, before any stage works: params.yaml with FedCCRL to train and
+    train.privacy {enabled: true, statistics: false} is a ParamError naming the key."""
+    import yaml
+
+    from pipeline.params import load_config, read_yaml
+
+    d = read_yaml(ROOT / "params.yaml")
+    d["train"]["algorithms"] = ["fedccrl", "fedavg"]
+    d["train"]["privacy"] = {"enabled": True, "statistics": False}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ParamError, match="key 'train.privacy.statistics': got False; fedccrl uploads statistics"):
+        load_config(tmp_path / "params.yaml")
+    d["train"]["algorithms"] = ["fedavg"]  # FedAvg uploads no statistics: nothing to refuse
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(d))
+    assert load_config(tmp_path / "params.yaml").train.privacy.on_weights
 
 
 class _Counting:

@@ -56,16 +56,12 @@ def privacy_of(alg: Algorithm):
     s = PrivacySettings.from_mapping(alg.local.privacy)
     if not s.enabled:
         return None
-    uploads = type(alg).client_upload is not Algorithm.client_upload
-    if uploads and not hasattr(alg, "released"):
+    uploads = getattr(alg.Params, "uploads_statistics", False)
+    if type(alg).client_upload is not Algorithm.client_upload and not uploads:
         raise ValueError(f"train.privacy.enabled: {alg.name} uploads something other than FedCCRL's statistics "
                          "rows; only those are clipped and noised (fedccrl_core/privacy/dp.py)")
-    if uploads and not s.statistics:
-        raise ValueError(f"train.privacy.statistics: false, but {alg.name} uploads statistics rows every round; "
-                         "under train.privacy every release is noised and counted: set statistics: true")
-    if not s.weights:
-        raise ValueError(f"train.privacy.weights: false, but {alg.name} releases its weights every round; under "
-                         "train.privacy every release is noised and counted: set weights: true")
+    for key, why in s.unprotected(alg.name, uploads):
+        raise ValueError(f"{key}: {why}")
     if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
         raise ValueError(f"train.privacy.weights: {alg.name} aggregates with a rule of its own, not Eq. 2; "
                          "DP-FedAvg replaces Eq. 2 only (fedavg, fedccrl, fedprox, ...)")

@@ -103,6 +103,21 @@ class PrivacySettings(Declared):
         (a, b), (c, d) = self.stats_mu_range, self.stats_sigma_range
         return math.sqrt(channels * ((b - a) ** 2 + (d - c) ** 2 + sq_range(a, b) ** 2 + sq_range(c, d) ** 2))
 
+    def unprotected(self, algorithm: str, uploads_statistics: bool) -> list[tuple[str, str]]:
+        """(key, why) for every channel `algorithm` releases that this setting leaves without its mechanism:
+        under train.privacy every release is noised and counted, or refused ([] when off)."""
+        if not self.enabled:
+            return []
+        out = []
+        if uploads_statistics and not self.statistics:
+            out.append(("train.privacy.statistics", f"{algorithm} uploads statistics rows every round (Eq. 8): with "
+                        "DP on and statistics: false they would leave exact while epsilon is reported; set "
+                        "statistics: true"))
+        if not self.weights:
+            out.append(("train.privacy.weights", f"{algorithm} releases its weights every round: with DP on and "
+                        "weights: false they would leave unnoised while epsilon is reported; set weights: true"))
+        return out
+
     @classmethod
     def from_mapping(cls, d: dict | None) -> "PrivacySettings":
         return validate(cls, dict(d or {}), prefix="train.privacy")
