@@ -11,7 +11,8 @@ Round t:
 
 Every random draw is derived from (seed, round, client), and a checkpoint is written after every
 round (federation/checkpoints.py), so a rerun resumes after the last complete round and ends with
-the metrics of an uninterrupted run (on the CPU).
+the metrics of an uninterrupted run (on the CPU). Under train.privacy the noise and the privacy samples (the
+clients of a round, Eq. 8's rows) come from the OS instead (privacy/noise.py): a DP run is not bit-reproducible.
 """
 from __future__ import annotations
 

@@ -10,7 +10,9 @@ Neighbouring relation REPLACE_ONE (one training image replaced; the clients' siz
               (or a client's whole data) moves the mean of the clipped updates by at most 2 S / m, and the noise
               std is z S / m: SampledWithoutReplacementDpEvent(N, m, Gaussian(z / 2)).
 Both are composed every round (ComposedDpEvent); RDP adds over events and rounds, and epsilon at `delta` is
-the optimum over the RDP orders (Balle et al. 2020's conversion, dp_accounting.rdp.compute_epsilon).
+the optimum over the RDP orders (Balle et al. 2020's conversion, dp_accounting.rdp.compute_epsilon). Both samples
+(Eq. 8's rows, the round's clients) are drawn from the OS under DP (privacy/noise.py): the amplification assumes
+the attacker does not know them. A channel that releases nothing (FedAvg's statistics) has no event.
 """
 from __future__ import annotations
 
