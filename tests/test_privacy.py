@@ -268,6 +268,29 @@ def test_an_attacker_with_the_run_seed_gains_nothing():
     assert abs(float(np.corrcoef(noise.ravel(), predicted_noise.ravel())[0, 1])) < 5 / math.sqrt(k)
 
 
+def test_the_weights_noise_is_not_the_seeds():
+    """The weights channel, through the round loop: FedAvg, 1 round, every client sampled, so the clients' training
+    is the same in every run (their draws are the run seed's); the aggregate's noise is the DP run's weights minus
+    those of a run with z = 1e-12. The attacker regenerates the draw the run seed gives the server's noise
+    (torch_generator(seed, "dp_weights", round), keys in sorted order, as before the noise came from the OS):
+    subtracting it leaves twice the noise variance, and it is uncorrelated with the noise."""
+    from fedccrl_core.seeding import torch_generator
+
+    priv = {"enabled": True, "weights_clip": 0.5, "weights_noise_multiplier": 0.8}
+    noisy = _engine(priv, rounds=1, algorithm="fedavg").run().final_weights
+    clean = _engine({**priv, "weights_noise_multiplier": 1e-12}, rounds=1, algorithm="fedavg").run().final_weights
+    gen, std = torch_generator(0, "dp_weights", 1), 0.8 * 0.5 / 4  # z S / m
+    draws = {k: torch.randn(v.shape, dtype=torch.float64, generator=gen) * std  # one per float entry, in order
+             for k, v in clean.items() if v.is_floating_point()}
+    keys = [k for k in draws if not k.endswith("running_var")]  # a noised variance is clamped: left out
+    noise = torch.cat([(noisy[k].double() - clean[k].double()).ravel() for k in keys])
+    seeded = torch.cat([draws[k].ravel() for k in keys])
+    n = noise.numel()
+    assert float(noise.std()) == pytest.approx(std, rel=5 / math.sqrt(2 * n))
+    assert float((noise - seeded).var()) == pytest.approx(2 * std ** 2, rel=5 * math.sqrt(2 / n))
+    assert abs(float(torch.corrcoef(torch.stack([noise, seeded]))[0, 1])) < 5 / math.sqrt(n)
+
+
 def test_the_rows_released_are_not_the_seeds_sample():
     """Eq. 8's sample is drawn from the OS too: the rows released are not those the run seed picks, and two
     uploads with the same seed release different rows. Rows carry their index in mu (noise 1e-7 of the box)."""
