@@ -166,3 +166,56 @@ def test_audit_command_names_a_missing_shard_manifest_and_writes_nothing(tmp_pat
                                        "--plot", str(tmp_path / "a.png")])
     assert res.exit_code == 2 and f"{tmp_path / 'none'}/manifest.json" in res.output + (res.stderr or "")
     assert not list(tmp_path.glob("a.*")) and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def default_data(tmp_path_factory):
+    """The default data's shards and pools (8 clients of 108 images), made by the CLI in a scratch folder."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    ws = tmp_path_factory.mktemp("audit-data")
+    repo, fedccrl = Path(__file__).resolve().parents[1], Path(sys.executable).parent / "fedccrl"
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    (ws / "params.yaml").write_text((repo / "params.yaml").read_text())
+    for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
+                 ["partition", "--raw", "data/raw", "--out", "data/shards", "--pools", "data/pools"]):
+        p = subprocess.run([str(fedccrl), *args], cwd=ws, env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-3000:]
+    return ws / "data"
+
+
+def _dp_params(tmp_path, privacy: dict):
+    import yaml
+    from pathlib import Path
+
+    d = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
+    d["train"]["rounds"], d["train"]["privacy"] = 3, privacy
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(d, sort_keys=False))
+    return tmp_path / "params.yaml"
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_audit_command_exits_1_when_the_tpr_lies_above_the_bound(default_data, tmp_path, monkeypatch, broken):
+    """`fedccrl audit` with train.privacy on (z_s = 5): the table names the noise source and the command succeeds;
+    with the noise skipped (a broken mechanism), the outputs are still written, the failure is printed and the
+    exit status is 1."""
+    from click.testing import CliRunner
+
+    import fedccrl_core.audit as audit_module
+    from pipeline.audit import command
+
+    if broken:
+        monkeypatch.setattr(audit_module, "privatize", lambda mu, sigma, s, rng: (mu, sigma))
+    params = _dp_params(tmp_path, {"enabled": True, "stats_noise_multiplier": 5.0})
+    out = tmp_path / "audit.json"
+    res = CliRunner().invoke(command, ["--shards", str(default_data / "shards"), "--pools", str(default_data / "pools"),
+                                       "--out", str(out), "--table", str(tmp_path / "a.md"),
+                                       "--plot", str(tmp_path / "a.png"), "--params", str(params)])
+    text = res.output + (res.stderr or "")
+    assert out.exists() and "OS entropy: private, not bit-reproducible" in (tmp_path / "a.md").read_text()
+    assert json.loads(out.read_text())["violated"] is broken
+    assert res.exit_code == (1 if broken else 0), text
+    assert ("the DP claim fails" in text) is broken
