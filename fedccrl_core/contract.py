@@ -67,7 +67,7 @@ LR = "lr"
 DP_EPSILON = "dp_epsilon"                        # train.privacy: epsilon at its delta so far, both channels composed
 DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
 DP_EPSILON_WEIGHTS = "dp_epsilon/weights"        # the weights channel alone
-DP_UPDATE_NORM = "dp_update_norm"                # median L2 norm of the clients' updates before clipping to S
+DP_SEEDED_NOISE = "dp_seeded_noise"              # 1 when train.privacy.noise_seed seeds the noise: NOT private
 HISTORY_CSV_FIELDS = (ROUND, TARGET_ACC, VAL_ACC, LOSS, TRAIN_ACC, LR, SECONDS, BYTES_UP, BYTES_DOWN)
 
 
@@ -78,6 +78,8 @@ def client_train_acc(client_id: str) -> str:
 
 def reply_summary(metrics: dict) -> str:
     """A client's reply metrics in the one-line form every engine logs."""
+    if TRAIN_ACC not in metrics:  # train.privacy on: the client sends no metrics
+        return "metrics withheld (train.privacy)"
     return f"loss {metrics.get(LOSS, float('nan')):.4f} acc {metrics[TRAIN_ACC]:.3f}"
 
 

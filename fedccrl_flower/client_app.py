@@ -14,7 +14,8 @@ from the newest state made *before* round t: a round that is retrained after a S
 starts from the same state as the first time.
 
 All random draws are the in-process engine's: derive_seed(seed, "upload"|"local"|"augment"|"shuffle",
-round, client id), so the same seed gives the same numbers on both engines.
+round, client id), so the same seed gives the same numbers on both engines; under train.privacy, Eq. 8's sample and
+the statistics noise come from the OS instead (fedccrl_core/privacy/noise.py), and no metrics are sent.
 """
 from __future__ import annotations
 

@@ -385,7 +385,7 @@ class FlowerServer:
                 arrays = M.record_to_arrays(r.content[M.WEIGHTS], f"weights of {cid}")
                 weights = M.validate_weights(arrays, reference, f"weights of {cid}")
                 metrics = M.metrics_from_record(r.content[M.METRICS], f"metrics of {cid}")
-                if contract.TRAIN_ACC not in metrics:
+                if contract.TRAIN_ACC not in metrics and self.alg.local.privacy is None:  # train.privacy: none sent
                     raise M.MalformedUpdate(f"metrics of {cid} lack {contract.TRAIN_ACC}")
                 upload = (M.record_to_arrays(r.content[M.UPLOAD], f"train upload of {cid}")
                           if M.UPLOAD in r.content else None)
@@ -440,6 +440,10 @@ class FlowerServer:
 
     def announced_n(self, sampled: list[str]) -> dict:
         return {cid: self._n_of[cid] for cid in sampled}
+
+    def known_n(self) -> dict:
+        """The sizes announced in the last query (none before round 1's): train.privacy's budget check."""
+        return dict(getattr(self, "_n_of", None) or {})
 
     def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict, fold) -> list[Reply]:
         """Lines 8-22 over TRAIN messages; a round with fewer valid replies than min_clients fails."""

@@ -59,5 +59,8 @@ def check_config(cfg: "ParamsFile", run_algorithms: tuple[str, ...] = ()) -> lis
                          f"{backbone} (model.backbone {cfg.model.backbone!r}) has no pretrained weights: use none"
                          + (" or auto" if spec.pretrained == "none" else "")))
     for name in dict.fromkeys([*cfg.train.algorithms, *run_algorithms]):
-        out += getattr(cfg.train, name).selected_problems(f"train.{name}")
+        group = getattr(cfg.train, name)
+        out += group.selected_problems(f"train.{name}")
+        out += [_line(key, getattr(cfg.train.privacy, key.rsplit(".", 1)[1]), why) for key, why in
+                cfg.train.privacy.unprotected(name, getattr(type(group), "uploads_statistics", False))]
     return out

@@ -57,6 +57,8 @@ class TrainTracking:
         self.runs: dict[int, ChildRun] = {}
         self.parent: str | None = None
         self.uri = tracking_uri()
+        privacy = cfg.train.privacy  # a DP run says how its noise was drawn: not bit-reproducible, or not private
+        self.privacy_tags = {"fedccrl.privacy_noise": privacy.noise_source()} if privacy.enabled else {}
 
     def start(self, job) -> dict:
         from fedccrl_core.fsio import write_text
@@ -79,7 +81,8 @@ class TrainTracking:
                         "dvc_stage": f"train@{self.algorithm}-{self.seed}", "fedccrl.role": "child",
                         "fedccrl.sweep": sweep_key, "held_out": job.target,
                         "algorithm": self.algorithm, "seed": str(self.seed),
-                        "fedccrl.platform": numeric_platform(self.device)}, resume_run_id=resume_id,
+                        "fedccrl.platform": numeric_platform(self.device), **self.privacy_tags},
+                       resume_run_id=resume_id,
                        dataset={"name": f"{dataset}-shards", "path": self.shards_manifest,
                                 "profile": {"domains": manifest["domains"], "clients": len(manifest["clients"]),
                                             "image_size": manifest["image_size"], "held_out": job.target}},

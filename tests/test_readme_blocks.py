@@ -109,7 +109,7 @@ SUBSTITUTIONS = [
     (r"fedccrl bench-threads --steps 40 --repeats 2", "fedccrl bench-threads --steps 10 --repeats 1",
      "40 steps, best of 2: 10 steps once run the same measurement"),
     (r"(scripts/privacy_tradeoff\.py data sketch \S+)", r"\1 --rounds 1 --epsilons inf,8",
-     "13 runs of 10 rounds: one round at no DP and at epsilon 8 runs every configuration the same way"),
+     "33 runs of 10 rounds: one round at no DP and at epsilon 8 runs every configuration the same way"),
     (r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
      r"\1 -S partition.clients_per_domain=1 ",
      "six SuperNodes (2 clients per source domain): three run the same deployment"),
@@ -129,9 +129,11 @@ BENCH_OUTPUTS = [
       rf"spin / passive wall {NUM}x cpu {NUM}x"]),
     (r"^fedccrl bench-threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
     (r"scripts/privacy_tradeoff\.py\b",
-     [rf"^\| FedCCRL, both channels \| 8 \| {NUM} \| {NUM} \| {NUM} \| [\d.]+ \| {NUM} \|$",
-      rf"^\| FedCCRL, statistics only \(moments\) \| 8 \| {NUM} \| 0\.00 \| {NUM} \| [\d.]+ \| {NUM} \|$",
-      rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} \| - \| ∞ \|$"]),
+     [rf"^\| FedCCRL, both channels \(rows\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
+      rf"{NUM} ± [\d.]+ \| {NUM} \|$",
+      rf"^\| FedCCRL, both channels \(moments\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
+      rf"{NUM} ± [\d.]+ \| {NUM} \|$",
+      rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} ± [\d.]+ \| - \| - \| ∞ \|$"]),
     (r"^(make bench-accuracy|.*fedccrl bench-accuracy)\b",
      [r"^final-round target accuracy \(%\), mean ± std over seeds",
       rf"^\| fedccrl[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$"]),

@@ -2,11 +2,15 @@
 """
 from __future__ import annotations
 
+from typing import ClassVar
+
 from fedccrl_core.hparams import HParams, hp
 
 
 class FedAlignParams(HParams):
     """train.fedalign (fedalign.txt sections 3.2-3.7)."""
+
+    uploads_statistics: ClassVar[bool] = True  # FedCCRL's exchange (Eq. 8): train.privacy.statistics must noise it
 
     r: float = hp(0.1, "upload ratio of statistics: Table 1 caption r = 0.1", gt=0, le=1)
     alpha: float = hp(0.1, "MixStyle lambda ~ Beta(alpha, alpha) (Eq. 9-10); our choice: not given, MixStyle's "

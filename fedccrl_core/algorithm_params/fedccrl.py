@@ -3,7 +3,7 @@ the algorithm is fedccrl_core/algorithms/fedccrl.py, docs/algorithms/fedccrl.md 
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fedccrl_core.hparams import HParams, hp
 
@@ -42,6 +42,8 @@ def resolve_variant(hp: dict) -> dict:
 
 class FedCCRLParams(HParams):
     """train.fedccrl (fedccrl-v2.txt)."""
+
+    uploads_statistics: ClassVar[bool] = True  # Eq. 8's rows every round: train.privacy.statistics must noise them
 
     r: float = hp(0.1, "Eq. 8: share of a client's per-sample statistics uploaded each round; Table 1 caption r = 0.1",
                   gt=0, le=1)

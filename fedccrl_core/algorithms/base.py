@@ -205,6 +205,8 @@ class Algorithm:
         metrics[contract.TRAIN_ACC] = float(correct) / max(seen, 1)
         metrics[contract.LR] = float(opt.param_groups[0]["lr"])
         metrics.update(ctx.metrics)
+        if self.local.privacy is not None:  # train.privacy on: computed on the client's data, not noised, so not sent
+            metrics = {}
         weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
         return Reply(data.client_id, weights, n, metrics, ctx.upload)
 

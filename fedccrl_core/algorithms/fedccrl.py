@@ -27,9 +27,10 @@ from fedccrl_core import contract
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
-from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma
+from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma, upload_size
 from fedccrl_core.losses import fedccrl_loss
 from fedccrl_core.privacy.dp import privatize
+from fedccrl_core.privacy.noise import private_rng
 from fedccrl_core.privacy.settings import PrivacySettings
 
 
@@ -45,16 +46,33 @@ def pool_without(uploads: dict[str, dict], client_id: str) -> tuple[np.ndarray, 
 class StatisticsExchange:
     """Algorithm 1 lines 3-7, shared with FedAlign (which builds on FedCCRL's exchange, its Fig. 2)."""
 
+    rounding = "ceil"  # Eq. 8
+
     def client_upload(self, data, rng):
         """Eq. 8: a fresh uniform subset of ceil(r n_i) of the client's own per-sample statistics."""
         if data.stats_mu is None:
             raise ValueError(f"{type(self).__name__}: client {data.client_id} has no statistics (no pools: {REBUILD})")
+        rng = self.upload_rng(data, rng)
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng)
         return self.released({"mu": mu, "sigma": sigma}, rng)
 
+    def released_rows(self, n: int) -> int:
+        """k_i, the rows a client of n_i images releases per round (Eq. 8): announced before the round, for the
+        privacy budget (federation/loop.py)."""
+        return upload_size(n, self.hp["r"], self.rounding)
+
+    def upload_rng(self, data, rng: np.random.Generator) -> np.random.Generator:
+        """The generator of Eq. 8's draw and of the noise: the run seed's (the paper), or with
+        train.privacy.statistics on the OS's entropy (privacy/noise.py): the sample and the noise stay secret."""
+        s = PrivacySettings.from_mapping(self.local.privacy)
+        if not s.on_statistics:
+            return rng
+        keys = () if s.noise_seed is None else (data.client_id, int(rng.integers(2 ** 62)))  # tests: round's draw
+        return private_rng(s, "statistics", *keys)
+
     def released(self, upload: dict, rng) -> dict:
         """F_i as it leaves the client: as drawn (the paper), or each row clipped and noised when
-        train.privacy.statistics is on (privacy/dp.py), with draws from the same rng after Eq. 8's."""
+        train.privacy.statistics is on (privacy/dp.py), with draws from upload_rng after Eq. 8's."""
         s = PrivacySettings.from_mapping(self.local.privacy)
         if not s.on_statistics:
             return upload
@@ -73,6 +91,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
         self.hp = resolve_variant(self.hp)
+        self.rounding = "ceil" if self.hp["upload"] == "ceil" else "floor"
 
     def client_upload(self, data, rng):
         """Eq. 8 (upload: ceil), or the reference's floor(r n_i) rows with the unbiased std."""
@@ -80,6 +99,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
             return super().client_upload(data, rng)
         if data.stats_mu is None:
             raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (no pools: {REBUILD})")
+        rng = self.upload_rng(data, rng)
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng, rounding="floor")
         return self.released({"mu": mu, "sigma": unbiased_sigma(sigma, data.image_hw[0] * data.image_hw[1])}, rng)
 

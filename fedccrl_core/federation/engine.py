@@ -95,6 +95,9 @@ class InProcessTransport:
     def announced_n(self, sampled):
         return {cid: self.alg.sample_count(self.clients[cid]) for cid in sampled}
 
+    def known_n(self):
+        return self.announced_n(self.ids)
+
     def train(self, rnd, sampled, global_w, payloads, fold):
         replies = []
         for j, reply in enumerate(self._local_replies(rnd, sampled, global_w, payloads)):

@@ -11,7 +11,8 @@ Round t:
 
 Every random draw is derived from (seed, round, client), and a checkpoint is written after every
 round (federation/checkpoints.py), so a rerun resumes after the last complete round and ends with
-the metrics of an uninterrupted run (on the CPU).
+the metrics of an uninterrupted run (on the CPU). Under train.privacy the noise and the privacy samples (the
+clients of a round, Eq. 8's rows) come from the OS instead (privacy/noise.py): a DP run is not bit-reproducible.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from fedccrl_core.evaluation import accuracy, predict
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.privacy.dp import DPFedAvgAggregation
 from fedccrl_core.privacy.settings import BudgetExhausted, PrivacySettings
-from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
+from fedccrl_core.privacy.noise import private_rng
+from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything
 
 
 def nbytes(obj) -> int:
@@ -49,20 +51,24 @@ def nbytes(obj) -> int:
 
 def privacy_of(alg: Algorithm):
     """train.privacy of this run (LocalConfig.privacy): a RunPrivacy, or None when off. Refuses, before any
-    work, an algorithm whose uploads or aggregation the mechanisms of privacy/dp.py do not cover."""
+    work, a setting under which something leaves the client that is neither noised nor counted: an upload the
+    mechanisms of privacy/dp.py do not cover, a channel the algorithm releases with its mechanism switched off,
+    an aggregation other than Eq. 2."""
     s = PrivacySettings.from_mapping(alg.local.privacy)
     if not s.enabled:
         return None
-    if s.on_statistics and type(alg).client_upload is not Algorithm.client_upload and not hasattr(alg, "released"):
-        raise ValueError(f"train.privacy.statistics: {alg.name} uploads something other than FedCCRL's statistics "
+    uploads = getattr(alg.Params, "uploads_statistics", False)
+    if type(alg).client_upload is not Algorithm.client_upload and not uploads:
+        raise ValueError(f"train.privacy.enabled: {alg.name} uploads something other than FedCCRL's statistics "
                          "rows; only those are clipped and noised (fedccrl_core/privacy/dp.py)")
-    if s.on_weights and (type(alg).aggregate is not Algorithm.aggregate
-                         or type(alg).after_aggregate is not Algorithm.after_aggregate):
+    for key, why in s.unprotected(alg.name, uploads):
+        raise ValueError(f"{key}: {why}")
+    if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
         raise ValueError(f"train.privacy.weights: {alg.name} aggregates with a rule of its own, not Eq. 2; "
                          "DP-FedAvg replaces Eq. 2 only (fedavg, fedccrl, fedprox, ...)")
     from fedccrl_core.privacy.accountant import RunPrivacy  # dp_accounting, imported only when on
 
-    return RunPrivacy(s)
+    return RunPrivacy(s, uploads)
 
 
 def upload_sizes(uploads: dict, transport) -> dict[str, tuple[int, int]]:
@@ -72,13 +78,20 @@ def upload_sizes(uploads: dict, transport) -> dict[str, tuple[int, int]]:
     return {cid: (int(n[cid]), k) for cid, k in rows.items()}
 
 
-def sample_clients(client_ids: list[str], fraction: float, seed: int, rnd: int) -> list[str]:
+def sampled_count(clients: int, fraction: float) -> int:
+    """m, the clients sampled out of N each round."""
     if not 0 < fraction <= 1:
         raise ValueError(f"params.yaml: train.client_fraction must be in (0, 1], got {fraction}")
-    k = max(1, round(fraction * len(client_ids)))
+    return max(1, round(fraction * clients))
+
+
+def sample_clients(client_ids: list[str], fraction: float, seed: int, rnd: int,
+                   rng: np.random.Generator | None = None) -> list[str]:
+    """m of the N clients without replacement, from the run seed, or from `rng` (train.privacy: the OS's)."""
+    k = sampled_count(len(client_ids), fraction)
     if k == len(client_ids):
         return list(client_ids)
-    idx = numpy_rng(seed, "sample", rnd).choice(len(client_ids), size=k, replace=False)
+    idx = (rng or numpy_rng(seed, "sample", rnd)).choice(len(client_ids), size=k, replace=False)
     return [client_ids[i] for i in sorted(idx)]
 
 
@@ -119,6 +132,10 @@ class Transport(Protocol):
     def announced_n(self, sampled: list[str]) -> dict[str, int]:
         """n_i of each sampled client as its reply will state it (Algorithm.sample_count)."""
 
+    def known_n(self) -> dict[str, int]:
+        """n_i of every client whose size is known before the round's uploads (in-process: all; Flower: those
+        that answered the previous round's query, none before round 1)."""
+
     def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict,
               fold: Callable[[Reply], None]) -> list[Reply]:
         """Lines 8-22 on the sampled clients: `fold(reply)` for each valid reply in client-id order, as
@@ -145,6 +162,15 @@ class RoundLoop:
         self.checkpoints, self.on_round = checkpoints, on_round or (lambda rec: None)
         self.run_info, self.log, self.engine = dict(run_info or {}), log, engine
         self.privacy = privacy_of(algorithm)  # train.privacy: None when off (the paper's protocol)
+        if self.privacy is not None:
+            self.log(f"train.privacy: noise from {self.privacy.s.noise_source()}")
+
+    def planned_sizes(self) -> dict[str, tuple[int, int]]:
+        """{client: (n_i, k_i)} the statistics uploads of the coming round will have, from the sizes the clients
+        announced (Transport.known_n); {} when the algorithm uploads no statistics."""
+        if not self.privacy.uploads:
+            return {}
+        return {cid: (n, self.alg.released_rows(n)) for cid, n in self.transport.known_n().items()}
 
     def _accept(self, ck: dict) -> str | None:
         if ck.get("run_info") != self.run_info:
@@ -190,11 +216,15 @@ class RoundLoop:
         for rnd in range(start, self.rounds + 1):  # line 2
             t0 = time.perf_counter()
             try:
-                if self.privacy is not None:
-                    self.privacy.before_statistics(rnd)
+                if self.privacy is not None:  # both of the round's events, before its first release
+                    known = self.transport.known_n()
+                    self.privacy.before_round(rnd, self.planned_sizes(), len(known),
+                                              sampled_count(len(known), self.client_fraction) if known else 0)
                 uploads = self.transport.collect_uploads(rnd)  # lines 3-6
-                sampled = sample_clients(list(uploads), self.client_fraction, self.seed, rnd)
-                if self.privacy is not None:
+                private = self.privacy is not None
+                sampled = sample_clients(list(uploads), self.client_fraction, self.seed, rnd,
+                                         private_rng(self.privacy.s, "sample", rnd) if private else None)
+                if private:
                     self.privacy.statistics(rnd, upload_sizes(uploads, self.transport))
                     self.privacy.before_weights(rnd, len(uploads), len(sampled))
             except BudgetExhausted as stop:
@@ -203,9 +233,9 @@ class RoundLoop:
                     raise ValueError(f"{stop}: no round completed") from None
                 break
             payloads = self.alg.server_payloads(uploads)  # line 7
-            if self.privacy is not None and self.privacy.s.on_weights:  # DP-FedAvg (privacy/dp.py)
+            if self.privacy is not None:  # DP-FedAvg (privacy/dp.py)
                 agg = DPFedAvgAggregation(global_w, len(sampled), self.privacy.s,
-                                          torch_generator(self.seed, "dp_weights", rnd))
+                                          private_rng(self.privacy.s, "weights", rnd))
             else:
                 agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
             replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
@@ -226,13 +256,12 @@ class RoundLoop:
                    + sum(nbytes(payloads.get(r.client_id)) for r in replies)}
             for key in sorted({k for r in replies for k in r.metrics}):
                 rec[key] = weighted_mean(replies, key)
-            for r in replies:
-                rec[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
+            for r in replies:  # none under train.privacy: the clients send no metrics
+                if contract.TRAIN_ACC in r.metrics:
+                    rec[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
             rec.update(self.transport.round_record(rnd))
             if self.privacy is not None:
                 rec.update(self.privacy.record())
-                if isinstance(agg, DPFedAvgAggregation):
-                    rec[contract.DP_UPDATE_NORM] = float(np.median(agg.norms))
             history.append(rec)
             self.log(f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
                      f"target_acc {tgt_acc:.4f} ({rec[contract.SECONDS]:.1f}s, {rec[contract.BYTES_UP]} B up, "

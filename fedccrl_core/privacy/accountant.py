@@ -10,7 +10,9 @@ Neighbouring relation REPLACE_ONE (one training image replaced; the clients' siz
               (or a client's whole data) moves the mean of the clipped updates by at most 2 S / m, and the noise
               std is z S / m: SampledWithoutReplacementDpEvent(N, m, Gaussian(z / 2)).
 Both are composed every round (ComposedDpEvent); RDP adds over events and rounds, and epsilon at `delta` is
-the optimum over the RDP orders (Balle et al. 2020's conversion, dp_accounting.rdp.compute_epsilon).
+the optimum over the RDP orders (Balle et al. 2020's conversion, dp_accounting.rdp.compute_epsilon). Both samples
+(Eq. 8's rows, the round's clients) are drawn from the OS under DP (privacy/noise.py): the amplification assumes
+the attacker does not know them. A channel that releases nothing (FedAvg's statistics) has no event.
 """
 from __future__ import annotations
 
@@ -72,15 +74,15 @@ class Ledger:
     def record(self, channel: str, rnd: int, event: dp_accounting.DpEvent) -> None:
         self.releases.append((channel, rnd, event))
 
-    def epsilon(self, extra: dp_accounting.DpEvent | None = None, channel: str | None = None) -> float:
+    def epsilon(self, extra: list[dp_accounting.DpEvent] = (), channel: str | None = None) -> float:
         events = [e for c, _, e in self.releases if channel is None or c == channel]
-        return epsilon_of(events + ([extra] if extra is not None else []), self.settings.delta)
+        return epsilon_of(events + list(extra), self.settings.delta)
 
-    def would_exceed(self, event: dp_accounting.DpEvent) -> float | None:
-        """The epsilon after `event` if it exceeds max_epsilon (0 = no limit), else None."""
+    def would_exceed(self, events: list[dp_accounting.DpEvent]) -> float | None:
+        """The epsilon after `events` if it exceeds max_epsilon (0 = no limit), else None."""
         if not self.settings.max_epsilon:
             return None
-        eps = self.epsilon(event)
+        eps = self.epsilon(events)
         return eps if eps > self.settings.max_epsilon else None
 
 
@@ -90,64 +92,74 @@ STATISTICS, WEIGHTS = "statistics", "weights"
 class RunPrivacy:
     """What the round loop asks of train.privacy, round by round (federation/loop.py):
 
-    before_statistics(t)  before round t's uploads: raise BudgetExhausted if they could exceed max_epsilon. The
-                          clients' sizes arrive with their first upload, so round 1 is checked as an unsampled
-                          Gaussian release (an upper bound); later rounds with the event of the round before.
-    statistics(t, sizes)  the uploads' event, recorded (sizes: {client: (n_i, k_i)}).
-    before_weights(t, N, m) / weights(t, N, m)  the same for the aggregate of m sampled clients out of N.
-    record()              the round record's fields: epsilon so far, and each channel alone.
+    before_round(t, sizes, N, m)  before round t's first release: raise BudgetExhausted if its two events
+                          together (the statistics uploads of `sizes` = {client: (n_i, k_i)} announced, and the
+                          aggregate of m sampled out of N) would take epsilon past max_epsilon. A size not yet
+                          announced (Flower's round 1) is charged as its upper bound: every row released (k = n),
+                          every client sampled. A channel that releases nothing (no statistics uploads) is not charged.
+    statistics(t, sizes)  the uploads' event, recorded.
+    before_weights(t, N, m) / weights(t, N, m)  the aggregate's event, checked again with the clients that did
+                          answer (before the aggregate is released), then recorded.
+    record()              the round record's fields: epsilon so far, each channel alone, and 1 in
+                          dp_seeded_noise when noise_seed seeded the noise (not private).
     The ledger is plain numbers (state() / load_state()): a resumed run goes on with the epsilon it had spent.
     """
 
-    def __init__(self, settings: PrivacySettings):
+    def __init__(self, settings: PrivacySettings, uploads: bool = True):
         self.s = settings
+        self.uploads = uploads  # the algorithm uploads statistics rows: the statistics channel releases
         self.ledger = Ledger(settings)
         self._plain: list[tuple[str, int, int, int, float]] = []
-        self._last_stats: dp_accounting.DpEvent | None = None
 
     def _add(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
-        event = sampled_gaussian(population, sample, z)
-        self.ledger.record(channel, rnd, event)
+        self.ledger.record(channel, rnd, sampled_gaussian(population, sample, z))
         self._plain.append((channel, rnd, population, sample, z))
-        if channel == STATISTICS:
-            self._last_stats = event
 
-    def _check(self, rnd: int, channel: str, event: dp_accounting.DpEvent) -> None:
-        eps = self.ledger.would_exceed(event)
+    def _check(self, rnd: int, what: str, events: list[dp_accounting.DpEvent]) -> None:
+        eps = self.ledger.would_exceed(events)
         if eps is not None:
             raise BudgetExhausted(
-                f"privacy budget: round {rnd}'s {channel} release would bring epsilon to {eps:.3f} at delta "
-                f"{self.s.delta:g}, above train.privacy.max_epsilon = {self.s.max_epsilon:g} (spent so far: "
-                f"{self.ledger.epsilon():.3f}); stopping before it")
+                f"privacy budget: round {rnd}'s {what} would bring epsilon to {eps:.3f} at delta "
+                f"{self.s.delta:g}, above train.privacy.max_epsilon = {self.s.max_epsilon:g}; stopping before it. "
+                f"epsilon spent (the ledger): {self.ledger.epsilon():.3f}")
 
-    def before_statistics(self, rnd: int) -> None:
-        if self.s.on_statistics:
-            self._check(rnd, STATISTICS, self._last_stats or dp_accounting.GaussianDpEvent(self.s.stats_noise_multiplier))
+    def round_events(self, sizes: dict[str, tuple[int, int]], clients: int, sampled: int) -> list:
+        """The events of a round as announced; sizes not announced charged as their upper bound."""
+        events = []
+        if self.uploads:
+            events.append(statistics_event(self.s, sizes) if sizes
+                          else dp_accounting.GaussianDpEvent(self.s.stats_noise_multiplier))
+        events.append(weights_event(self.s, clients, sampled) if clients
+                      else dp_accounting.GaussianDpEvent(self.s.weights_noise_multiplier / 2.0))
+        return events
+
+    def before_round(self, rnd: int, sizes: dict[str, tuple[int, int]], clients: int, sampled: int) -> None:
+        self._check(rnd, "releases (statistics and weights)" if self.uploads else "weights release",
+                    self.round_events(sizes, clients, sampled))
 
     def statistics(self, rnd: int, sizes: dict[str, tuple[int, int]]) -> None:
-        if self.s.on_statistics and sizes:
+        if self.uploads and sizes:
             self._add(STATISTICS, rnd, *worst_client(sizes), self.s.stats_noise_multiplier)
 
     def before_weights(self, rnd: int, clients: int, sampled: int) -> None:
-        if self.s.on_weights:
-            self._check(rnd, WEIGHTS, weights_event(self.s, clients, sampled))
+        self._check(rnd, "weights release", [weights_event(self.s, clients, sampled)])
 
     def weights(self, rnd: int, clients: int, sampled: int) -> None:
-        if self.s.on_weights:
-            self._add(WEIGHTS, rnd, clients, sampled, self.s.weights_noise_multiplier / 2.0)
+        self._add(WEIGHTS, rnd, clients, sampled, self.s.weights_noise_multiplier / 2.0)
 
     def record(self) -> dict[str, float]:
-        out = {contract.DP_EPSILON: self.ledger.epsilon()}
-        if self.s.on_statistics:
+        out = {contract.DP_EPSILON: self.ledger.epsilon(),
+               contract.DP_EPSILON_WEIGHTS: self.ledger.epsilon(channel=WEIGHTS)}
+        if self.uploads:
             out[contract.DP_EPSILON_STATISTICS] = self.ledger.epsilon(channel=STATISTICS)
-        if self.s.on_weights:
-            out[contract.DP_EPSILON_WEIGHTS] = self.ledger.epsilon(channel=WEIGHTS)
+        if self.s.seeded:
+            out[contract.DP_SEEDED_NOISE] = 1.0
         return out
 
     def state(self) -> list:
         return [list(x) for x in self._plain]
 
     def load_state(self, state: list | None) -> None:
-        self.ledger, self._plain, self._last_stats = Ledger(self.s), [], None
+        self.ledger, self._plain = Ledger(self.s), []
         for channel, rnd, population, sample, z in state or []:
             self._add(str(channel), int(rnd), int(population), int(sample), float(z))

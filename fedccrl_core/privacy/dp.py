@@ -95,17 +95,16 @@ class DPFedAvgAggregation:
     """One round's DP-FedAvg aggregate, fed one reply at a time like `algorithms.base.Aggregation`.
 
     `sampled` is m, the number of clients sampled this round (the fixed denominator: a client that drops still
-    counts, so the sensitivity stays 2 S / m). `generator` draws the noise (CPU, float64, keys in sorted order),
-    derived from (seed, round) by the round loop: the same numbers in every engine."""
+    counts, so the sensitivity stays 2 S / m). `rng` draws the noise (float64, keys in sorted order): the OS's
+    entropy (privacy/noise.py), given by the round loop, never the run seed."""
 
-    def __init__(self, global_weights: dict, sampled: int, s: PrivacySettings, generator: torch.Generator):
+    def __init__(self, global_weights: dict, sampled: int, s: PrivacySettings, rng: np.random.Generator):
         if sampled < 1:
             raise ValueError("DP-FedAvg: no client sampled")
-        self.global_weights, self.m, self.s, self.generator = global_weights, int(sampled), s, generator
+        self.global_weights, self.m, self.s, self.rng = global_weights, int(sampled), s, rng
         self.keys = floating_keys(global_weights)
         self.sum = {k: torch.zeros(global_weights[k].shape, dtype=torch.float64) for k in self.keys}
         self.client_ids: list[str] = []
-        self.norms: list[float] = []
 
     def add(self, reply) -> None:
         if reply.upload is not None:
@@ -113,10 +112,9 @@ class DPFedAvgAggregation:
                              "train.privacy.weights covers the weights only")
         update = {k: reply.weights[k].detach().cpu().to(torch.float64)
                   - self.global_weights[k].detach().cpu().to(torch.float64) for k in self.keys}
-        clipped, norm = clip_update(update, self.s.weights_clip)
+        clipped, _ = clip_update(update, self.s.weights_clip)
         for k in self.keys:
             self.sum[k] += clipped[k]
-        self.norms.append(norm)
         self.client_ids.append(reply.client_id)
 
     def noise_std(self) -> float:
@@ -131,7 +129,7 @@ class DPFedAvgAggregation:
             if k not in self.sum:
                 out[k] = g.clone()
                 continue
-            noise = torch.randn(self.sum[k].shape, dtype=torch.float64, generator=self.generator) * std
+            noise = torch.from_numpy(self.rng.standard_normal(tuple(self.sum[k].shape))) * std
             new = g.detach().cpu().to(torch.float64) + self.sum[k] / self.m + noise
             if k.endswith("running_var"):  # post-processing: a variance stays positive (BatchNorm divides by it)
                 new = new.clamp_min(RUNNING_VAR_FLOOR)

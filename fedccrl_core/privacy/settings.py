@@ -49,6 +49,9 @@ class PrivacySettings(Declared):
     weights_noise_multiplier: float = Field(1.0, gt=0, description="z: Gaussian noise of std z S / m is added to "
                                             "the mean of the m sampled clients' clipped updates (McMahan et al. "
                                             "2018, fixed denominator)")
+    noise_seed: int | None = Field(None, description="TESTS ONLY: draw the noise and the privacy sampling from this "
+                                   "seed instead of the operating system's entropy; the run is then NOT private "
+                                   "(anyone with params.yaml removes the noise) and every report says so")
 
     @field_validator("stats_mu_range", "stats_sigma_range")
     @classmethod
@@ -63,6 +66,19 @@ class PrivacySettings(Declared):
         if v[0] < 0:
             raise ValueError(f"a standard deviation is >= 0; got lo = {v[0]}")
         return v
+
+    @property
+    def seeded(self) -> bool:
+        """The noise is drawn from `noise_seed` (tests only): not private."""
+        return self.enabled and self.noise_seed is not None
+
+    def noise_source(self) -> str:
+        """How the run's noise was drawn, as every report states it (MLflow tag, round log, audit table)."""
+        if not self.enabled:
+            return "off"
+        if self.seeded:
+            return f"seeded by train.privacy.noise_seed = {self.noise_seed}: NOT PRIVATE (tests only)"
+        return "OS entropy: private, not bit-reproducible"
 
     @property
     def on_statistics(self) -> bool:
@@ -86,6 +102,21 @@ class PrivacySettings(Declared):
 
         (a, b), (c, d) = self.stats_mu_range, self.stats_sigma_range
         return math.sqrt(channels * ((b - a) ** 2 + (d - c) ** 2 + sq_range(a, b) ** 2 + sq_range(c, d) ** 2))
+
+    def unprotected(self, algorithm: str, uploads_statistics: bool) -> list[tuple[str, str]]:
+        """(key, why) for every channel `algorithm` releases that this setting leaves without its mechanism:
+        under train.privacy every release is noised and counted, or refused ([] when off)."""
+        if not self.enabled:
+            return []
+        out = []
+        if uploads_statistics and not self.statistics:
+            out.append(("train.privacy.statistics", f"{algorithm} uploads statistics rows every round (Eq. 8): with "
+                        "DP on and statistics: false they would leave exact while epsilon is reported; set "
+                        "statistics: true"))
+        if not self.weights:
+            out.append(("train.privacy.weights", f"{algorithm} releases its weights every round: with DP on and "
+                        "weights: false they would leave unnoised while epsilon is reported; set weights: true"))
+        return out
 
     @classmethod
     def from_mapping(cls, d: dict | None) -> "PrivacySettings":
