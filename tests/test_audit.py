@@ -181,7 +181,8 @@ def default_data(tmp_path_factory):
     env = {**os.environ, "PYTHONPATH": str(repo)}
     (ws / "params.yaml").write_text((repo / "params.yaml").read_text())
     for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
-                 ["partition", "--raw", "data/raw", "--out", "data/shards", "--pools", "data/pools"]):
+                 ["partition", "--raw", "data/raw", "--out", "data/shards"],
+                 ["pools", "--shards", "data/shards", "--out", "data/pools"]):
         p = subprocess.run([str(fedccrl), *args], cwd=ws, env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
     return ws / "data"
