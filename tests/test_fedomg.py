@@ -212,7 +212,7 @@ def test_differential_privacy_on_the_weights_is_refused():
 
 
 # ---- short training runs ------------------------------------------------------------------------------------------
-def make_engine(toy_client, algorithm, hparams=None, rounds=2):
+def make_engine(toy_client, algorithm, hparams=None, rounds=2, checkpoint=None, on_round=None):
     """Four clients of two synthetic domains (brightness and contrast), a shifted target."""
     torch.manual_seed(0)
     clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i, stats=True)
@@ -222,7 +222,8 @@ def make_engine(toy_client, algorithm, hparams=None, rounds=2):
                   tx.train_y, 64)
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2), hparams)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, log=lambda m: None)
+    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, checkpoint_path=checkpoint, on_round=on_round,
+                           run_info={"k": algorithm}, log=lambda m: None)
 
 
 @pytest.mark.parametrize("name,base", [("fedomg", "fedavg"), ("fedccrl_omg", "fedccrl")])
@@ -239,3 +240,22 @@ def test_short_training_run(toy_client, name, base):
     same = make_engine(toy_client, name, {"kappa": 0.0, "global_lr": 1.0}).run()
     for k, v in ref.final_weights.items():
         assert torch.equal(same.final_weights[k], v), k
+
+
+def test_resume_is_exact(toy_client, tmp_path):
+    """The server step keeps nothing across rounds (the search starts afresh): a run killed after round 2 and
+    resumed ends as the uninterrupted run."""
+    class Killed(Exception):
+        pass
+
+    def die(rec):
+        if rec["round"] == 2:
+            raise Killed
+
+    full = make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "full.pt").run()
+    with pytest.raises(Killed):
+        make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt", on_round=die).run()
+    resumed = make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt").run()
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
+    assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
