@@ -94,16 +94,23 @@ class MatchingGradientAggregation:
         self.alg, self.global_weights = alg, global_weights
         self.fedavg = WeightedSum(total)  # Eq. 2
         self.keys = [k for k, v in global_weights.items() if is_matched(k, v)]
+        self.theta: torch.Tensor | None = None  # theta flattened (float64), on the first reply's device
         self.rows: list[torch.Tensor] = []
         self.n: list[float] = []
         self.client_ids: list[str] = []
+        self.last: dict | None = None  # Gamma*, c, p of the last result(), for tests and inspection
+
+    @staticmethod
+    def flatten(state: dict, keys: list[str], device) -> torch.Tensor:
+        return torch.cat([state[k].to(device, torch.float64).reshape(-1) for k in keys])
 
     def add(self, reply) -> None:
         self.fedavg.add(reply.weights, reply.n)
-        theta = self.global_weights
-        self.rows.append(torch.cat([(reply.weights[k].to(torch.float64) - theta[k].to(reply.weights[k].device,
-                                                                                      torch.float64)).reshape(-1)
-                                    for k in self.keys]))
+        if self.keys:
+            device = reply.weights[self.keys[0]].device
+            if self.theta is None:
+                self.theta = self.flatten(self.global_weights, self.keys, device)
+            self.rows.append(self.flatten(reply.weights, self.keys, device) - self.theta)  # Delta_u
         self.n.append(float(reply.n))
         self.client_ids.append(reply.client_id)
 
