@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, Reply, build_algorithm
+from fedccrl_core.algorithms import fedomg
 from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG, matching_objective, search_coefficients
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
@@ -134,9 +135,12 @@ def test_eq15_search_objective_never_increases_over_more_steps():
 
 
 # ---- Eq. 16-17, BatchNorm statistics ------------------------------------------------------------------------------
-@pytest.mark.parametrize("kappa,eta", [(0.5, 1.0), (0.5, 0.05), (1.3, 0.7)])
-def test_eq16_eq17_update_equals_the_oracle(kappa, eta):
-    """theta - eta_g (g_FL + kappa ||g_FL|| / ||Gamma*_g|| Gamma*_g), the oracle's loops with the step's Gamma*."""
+@pytest.mark.parametrize("kappa,eta,chunk", [(0.5, 1.0, None), (0.5, 0.05, None), (1.3, 0.7, None), (0.5, 1.0, 7)])
+def test_eq16_eq17_update_equals_the_oracle(kappa, eta, chunk, monkeypatch):
+    """theta - eta_g (g_FL + kappa ||g_FL|| / ||Gamma*_g|| Gamma*_g), the oracle's loops with the step's Gamma*;
+    chunk 7: D read in blocks of 7 columns (a partial last block), as a large model is."""
+    if chunk is not None:
+        monkeypatch.setattr(fedomg, "CHUNK", chunk)
     theta, replies = random_round(3, 11, spread=2.0)
     out, info = run_step(theta, replies, {"kappa": kappa, "global_lr": eta})
     want = oracle_update(theta, replies, PARAM_KEYS, info["gamma"].tolist(), kappa, eta)

@@ -12,7 +12,8 @@ Round t, after the clients u = 1..U have trained from the global theta:
   Eq. 17          theta <- theta - eta_g g_IGD
 kappa = 0 and eta_g = 1 is FedAvg (Eq. 2), bit for bit here.
 
-Vectorized: the U flattened updates are stacked once (float64, on the device that holds them) into D [U, P].
+Vectorized: the U flattened updates are the rows of D [U, P] (kept in the weights' float32 as the replies arrive, on
+the device that holds them; read in float64 column blocks of CHUNK, so no U x P float64 copy is ever made).
 Every quantity of Eq. 15 is a linear or quadratic form in the Gram matrix G = D D^T [U, U]:
   Gamma_g . g_FL = Gamma^T G p,   ||g_FL||^2 = p^T G p,   ||Gamma_g||^2 = Gamma^T G Gamma
 (the signs of g_u = -Delta_u cancel in each), so the search runs on G alone, and g_IGD = -(p + c Gamma*)^T D with
@@ -85,6 +86,38 @@ def search_coefficients(gram: torch.Tensor, p: torch.Tensor, kappa: float, lr: f
     return best_gamma
 
 
+CHUNK = 1 << 16  # columns of D per block: a U x CHUNK float64 buffer, reused (63 MB at U = 120)
+
+
+def column_blocks(rows: list[torch.Tensor]):
+    """D = stack(rows) in float64, one block of CHUNK columns at a time: (start, block [U, width]). The buffer is
+    reused, so the U x P float64 matrix is never allocated (on the CPU, first-touching it cost more than G)."""
+    size = rows[0].numel()
+    buf = torch.empty(len(rows), min(CHUNK, size), dtype=torch.float64, device=rows[0].device)
+    for start in range(0, size, CHUNK):
+        block = buf[:, :min(CHUNK, size - start)]
+        for u, row in enumerate(rows):
+            block[u].copy_(row[start:start + block.shape[1]])
+        yield start, block
+
+
+def gram_matrix(rows: list[torch.Tensor]) -> torch.Tensor:
+    """G = D D^T [U, U] in float64."""
+    gram = torch.zeros(len(rows), len(rows), dtype=torch.float64, device=rows[0].device)
+    for _, block in column_blocks(rows):
+        gram += block @ block.T
+    return gram
+
+
+def combine(rows: list[torch.Tensor], coefficients: torch.Tensor) -> torch.Tensor:
+    """sum_u coefficients_u D_u [P] in float64."""
+    out = torch.empty(rows[0].numel(), dtype=torch.float64, device=rows[0].device)
+    coefficients = coefficients.to(out.device, torch.float64)
+    for start, block in column_blocks(rows):
+        out[start:start + block.shape[1]] = coefficients @ block
+    return out
+
+
 class MatchingGradientAggregation:
     """One round of Eq. 15-17, fed one reply at a time: each reply's update Delta_u = theta_u - theta is flattened
     into a float64 row on the reply's device, and Eq. 2 is streamed beside it (FedAvg's average: the BN statistics,
@@ -94,23 +127,23 @@ class MatchingGradientAggregation:
         self.alg, self.global_weights = alg, global_weights
         self.fedavg = WeightedSum(total)  # Eq. 2
         self.keys = [k for k, v in global_weights.items() if is_matched(k, v)]
-        self.theta: torch.Tensor | None = None  # theta flattened (float64), on the first reply's device
-        self.rows: list[torch.Tensor] = []
+        self.theta: torch.Tensor | None = None  # theta flattened, on the first reply's device
+        self.rows: list[torch.Tensor] = []  # Delta_u flattened, the rows of D
         self.n: list[float] = []
         self.client_ids: list[str] = []
         self.last: dict | None = None  # Gamma*, c, p of the last result(), for tests and inspection
 
     @staticmethod
-    def flatten(state: dict, keys: list[str], device) -> torch.Tensor:
-        return torch.cat([state[k].to(device, torch.float64).reshape(-1) for k in keys])
+    def flatten(state: dict, keys: list[str], like: torch.Tensor) -> torch.Tensor:
+        return torch.cat([state[k].to(like.device, like.dtype).reshape(-1) for k in keys])
 
     def add(self, reply) -> None:
         self.fedavg.add(reply.weights, reply.n)
         if self.keys:
-            device = reply.weights[self.keys[0]].device
             if self.theta is None:
-                self.theta = self.flatten(self.global_weights, self.keys, device)
-            self.rows.append(self.flatten(reply.weights, self.keys, device) - self.theta)  # Delta_u
+                self.theta = self.flatten(self.global_weights, self.keys, reply.weights[self.keys[0]])
+            # Delta_u in the weights' precision (exact where theta_u is within a factor 2 of theta, Sterbenz)
+            self.rows.append(self.flatten(reply.weights, self.keys, self.theta).sub_(self.theta))
         self.n.append(float(reply.n))
         self.client_ids.append(reply.client_id)
 
@@ -120,13 +153,11 @@ class MatchingGradientAggregation:
         kappa, eta = hp["kappa"], hp["global_lr"]
         if not self.keys:
             return averaged
-        deltas = torch.stack(self.rows)  # D [U, P], once
-        self.rows = []
         n = torch.tensor(self.n, dtype=torch.float64)
         p = n / n.sum()
         c, gamma = 0.0, None
         if kappa > 0:
-            gram = (deltas @ deltas.T).cpu()  # G [U, U]: one pass over the parameters; the search runs on the host
+            gram = gram_matrix(self.rows).cpu()  # G [U, U]: one pass over D; the search runs on the host
             gamma = search_coefficients(gram, p, kappa, hp["search_lr"], hp["search_steps"], hp["search_momentum"])
             gamma_g_norm = math.sqrt(max(float(gamma @ gram @ gamma), 0.0))
             g_fl_norm = math.sqrt(max(float(p @ gram @ p), 0.0))
@@ -134,7 +165,8 @@ class MatchingGradientAggregation:
         self.last = {"gamma": gamma, "c": c, "p": p, "client_ids": list(self.client_ids)}
         # Eq. 17: theta - eta_g g_IGD = theta + eta_g (sum_u p_u Delta_u + c Gamma*_g-direction), written from
         # theta_FL (Eq. 2's bits) so that kappa = 0, eta_g = 1 adds exact zeros to FedAvg's result.
-        extra = None if c == 0.0 else (gamma.to(deltas.device) @ deltas) * (eta * c)  # -eta_g c Gamma*_g
+        extra = None if c == 0.0 else combine(self.rows, gamma * (eta * c))  # -eta_g c Gamma*_g: one pass over D
+        self.rows = []
         out, offset = dict(averaged), 0
         for k in self.keys:
             fl = averaged[k].to(torch.float64)
