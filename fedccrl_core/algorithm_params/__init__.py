@@ -16,6 +16,7 @@ from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
 from fedccrl_core.algorithm_params.fedfd import FDParams
 from fedccrl_core.algorithm_params.fedfd_a import FedFDAParams
 from fedccrl_core.algorithm_params.fediir import FedIIRParams
+from fedccrl_core.algorithm_params.fedomg import FedCCRLOMGParams, FedOMGParams
 from fedccrl_core.algorithm_params.fedprox import FedProxParams
 from fedccrl_core.algorithm_params.fedsr import FedSRParams
 from fedccrl_core.algorithm_params.ga import GAParams
@@ -28,6 +29,7 @@ PARAMS: dict[str, type[HParams]] = {
     "fedccrl": FedCCRLParams, "fedavg": FedAvgParams, "fedprox": FedProxParams, "ccst": CCSTParams,
     "fedadg": FedADGParams, "ga": GAParams, "fedsr": FedSRParams, "fediir": FedIIRParams, "fedalign": FedAlignParams,
     "fedbn": LocalBNParams, "silobn": LocalBNParams, "fedfd": FDParams, "fedfd_a": FedFDAParams,
+    "fedomg": FedOMGParams, "fedccrl_omg": FedCCRLOMGParams,
 }
 
 __all__ = ["PARAMS", "LocalConfig", "TrainSettings"]

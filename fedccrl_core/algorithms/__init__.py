@@ -12,13 +12,14 @@ from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.algorithms.fedfd import FedFD
 from fedccrl_core.algorithms.fedfd_a import FedFDA
 from fedccrl_core.algorithms.fediir import FedIIR
+from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG
 from fedccrl_core.algorithms.fedprox import FedProx
 from fedccrl_core.algorithms.fedsr import FedSR
 from fedccrl_core.algorithms.ga import GA
 from fedccrl_core.algorithms.silobn import SiloBN
 
 ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedCCRL, FedAvg, FedProx, CCST, FedADG, GA, FedSR, FedIIR, FedAlign,
-                                                                  FedBN, SiloBN, FedFD, FedFDA)}
+                                                                  FedBN, SiloBN, FedFD, FedFDA, FedOMG, FedCCRLOMG)}
 if {n: cls.Params for n, cls in ALGORITHMS.items()} != PARAMS or list(ALGORITHMS) != list(PARAMS):
     raise ImportError("fedccrl_core.algorithm_params.PARAMS (params.yaml's validation) must list the algorithms of "
                       "ALGORITHMS, in its order, each with its class's Params")

@@ -1,0 +1,265 @@
+"""FedOMG's server step (fedccrl_core/algorithms/fedomg.py) against a direct, slow implementation of the paper's
+formulas written here (float64, plain Python loops over the parameters), its reduction to FedAvg, the BatchNorm
+statistics, the validation of train.fedomg, and short training runs of fedomg and fedccrl_omg."""
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+import torch
+
+from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, Reply, build_algorithm
+from fedccrl_core.algorithms import fedomg
+from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG, matching_objective, search_coefficients
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+# ---- the oracle: the paper's formulas, one float at a time ------------------------------------------------------
+def flat(state: dict, keys: list[str]) -> list[float]:
+    return [float(x) for k in keys for x in state[k].reshape(-1).tolist()]
+
+
+def dot(a: list[float], b: list[float]) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+def oracle_directions(theta: dict, replies: list[Reply], keys: list[str]):
+    """g_u = -(theta_u - theta), p_u = n_u / sum n, g_FL = sum_u p_u g_u."""
+    t = flat(theta, keys)
+    g = [[-(x - y) for x, y in zip(flat(r.weights, keys), t)] for r in replies]
+    total = sum(r.n for r in replies)
+    p = [r.n / total for r in replies]
+    g_fl = [sum(p[u] * g[u][i] for u in range(len(g))) for i in range(len(t))]
+    return g, p, g_fl
+
+
+def oracle_objective(gamma: list[float], g: list[list[float]], g_fl: list[float], kappa: float) -> float:
+    """Eq. 15: Gamma_g . g_FL + kappa ||g_FL|| ||Gamma_g||, Gamma_g = sum_u Gamma_u g_u."""
+    gamma_g = [sum(gamma[u] * g[u][i] for u in range(len(g))) for i in range(len(g_fl))]
+    return dot(gamma_g, g_fl) + kappa * math.sqrt(dot(g_fl, g_fl)) * math.sqrt(dot(gamma_g, gamma_g))
+
+
+def simplex_grid(u: int, steps: int):
+    for corner in itertools.product(range(steps + 1), repeat=u - 1):
+        if sum(corner) <= steps:
+            yield [c / steps for c in corner] + [(steps - sum(corner)) / steps]
+
+
+def oracle_update(theta: dict, replies: list[Reply], keys: list[str], gamma: list[float], kappa: float,
+                  eta: float) -> list[float]:
+    """Eq. 16 g_IGD = g_FL + kappa ||g_FL|| / ||Gamma*_g|| Gamma*_g; Eq. 17 theta - eta_g g_IGD (flattened keys)."""
+    g, _, g_fl = oracle_directions(theta, replies, keys)
+    gamma_g = [sum(gamma[u] * g[u][i] for u in range(len(g))) for i in range(len(g_fl))]
+    scale = kappa * math.sqrt(dot(g_fl, g_fl)) / math.sqrt(dot(gamma_g, gamma_g))
+    g_igd = [a + scale * b for a, b in zip(g_fl, gamma_g)]
+    return [t - eta * d for t, d in zip(flat(theta, keys), g_igd)]
+
+
+# ---- random rounds ----------------------------------------------------------------------------------------------
+PARAM_KEYS = ["h.conv.weight", "h.bn.weight", "h.bn.bias", "g.weight", "g.bias"]
+
+
+def random_round(u: int, seed: int, spread: float = 1.0):
+    """theta (parameters and BatchNorm buffers) and U replies whose updates share a common direction plus
+    client-specific parts (so that they conflict, as domains do)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"h.conv.weight": (4, 3, 2, 2), "h.bn.weight": (4,), "h.bn.bias": (4,), "g.weight": (3, 4),
+              "g.bias": (3,)}
+    theta = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
+    theta["h.bn.running_mean"] = torch.randn(4, generator=gen)
+    theta["h.bn.running_var"] = torch.rand(4, generator=gen) + 0.5
+    theta["h.bn.num_batches_tracked"] = torch.tensor(7)
+    common = {k: 0.05 * torch.randn(s, generator=gen) for k, s in shapes.items()}
+    replies = []
+    for i in range(u):
+        w = {k: theta[k] + common[k] + spread * 0.05 * torch.randn(s, generator=gen) for k, s in shapes.items()}
+        w["h.bn.running_mean"] = torch.randn(4, generator=gen)
+        w["h.bn.running_var"] = torch.rand(4, generator=gen) + 0.5
+        w["h.bn.num_batches_tracked"] = torch.tensor(7 + 3 * (i + 1))
+        replies.append(Reply(f"c{i}", w, n=10 + 7 * i))
+    return theta, replies
+
+
+def run_step(theta, replies, hp, name="fedomg"):
+    alg = build_algorithm(name, LocalConfig(), hp)
+    agg = alg.aggregation(theta, float(sum(r.n for r in replies)))
+    for r in replies:
+        agg.add(r)
+    return agg.result(), agg.last
+
+
+# ---- Eq. 15 ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("u,seed", [(2, 0), (2, 1), (3, 2), (3, 3)])
+def test_eq15_search_reaches_the_brute_force_minimum_on_the_simplex(u, seed):
+    """Gamma* lies on the simplex. Run to convergence (500 steps), the search is at least as low as the best point of
+    a fine grid over the simplex, F evaluated by the oracle's loops. With the paper's 20 steps at lr 25, F(Gamma*)
+    is below F(uniform start) and within 1% of that minimum (seed 0 at U = 2: 0.25% above it, an overshoot)."""
+    theta, replies = random_round(u, seed, spread=3.0)
+    g, _, g_fl = oracle_directions(theta, replies, PARAM_KEYS)
+    f_grid = min(oracle_objective(gm, g, g_fl, 0.5) for gm in simplex_grid(u, 400 if u == 2 else 120))
+    _, info = run_step(theta, replies, {"search_steps": 500})
+    gamma = info["gamma"].tolist()
+    assert all(x >= 0 for x in gamma) and math.isclose(sum(gamma), 1.0, abs_tol=1e-12)
+    assert oracle_objective(gamma, g, g_fl, 0.5) <= f_grid + 1e-9 * abs(f_grid)
+    _, info = run_step(theta, replies, {})  # the paper's search: 20 steps
+    gamma = info["gamma"].tolist()
+    assert all(x >= 0 for x in gamma) and math.isclose(sum(gamma), 1.0, abs_tol=1e-12)
+    f_star = oracle_objective(gamma, g, g_fl, 0.5)
+    assert f_star < oracle_objective([1 / u] * u, g, g_fl, 0.5)
+    assert f_star <= f_grid + 1e-2 * abs(f_grid), (f_star, f_grid)
+
+
+def test_eq15_objective_from_the_gram_matrix_equals_the_oracle_loops():
+    """Gamma^T G p + kappa sqrt(p^T G p) sqrt(Gamma^T G Gamma) is Eq. 15 written over the parameters."""
+    theta, replies = random_round(3, 5)
+    g, p, g_fl = oracle_directions(theta, replies, PARAM_KEYS)
+    d = torch.tensor(g, dtype=torch.float64)
+    gram, pt = d @ d.T, torch.tensor(p, dtype=torch.float64)
+    for gamma in ([0.2, 0.5, 0.3], [1.0, 0.0, 0.0], [1 / 3] * 3):
+        got = float(matching_objective(torch.tensor(gamma, dtype=torch.float64), gram, pt, 0.7))
+        assert math.isclose(got, oracle_objective(gamma, g, g_fl, 0.7), rel_tol=1e-10)
+
+
+def test_eq15_search_objective_never_increases_over_more_steps():
+    """The returned iterate is the best visited: more steps can only lower F (the search starts at uniform)."""
+    theta, replies = random_round(3, 7, spread=3.0)
+    g, p, g_fl = oracle_directions(theta, replies, PARAM_KEYS)
+    d = torch.tensor(g, dtype=torch.float64)
+    gram, pt = d @ d.T, torch.tensor(p, dtype=torch.float64)
+    values = [oracle_objective(search_coefficients(gram, pt, 0.5, 25.0, steps, 0.5).tolist(), g, g_fl, 0.5)
+              for steps in (1, 2, 5, 10, 20, 40)]
+    assert values == sorted(values, reverse=True) and values[-1] < oracle_objective([1 / 3] * 3, g, g_fl, 0.5)
+
+
+# ---- Eq. 16-17, BatchNorm statistics ------------------------------------------------------------------------------
+@pytest.mark.parametrize("kappa,eta,chunk", [(0.5, 1.0, None), (0.5, 0.05, None), (1.3, 0.7, None), (0.5, 1.0, 7)])
+def test_eq16_eq17_update_equals_the_oracle(kappa, eta, chunk, monkeypatch):
+    """theta - eta_g (g_FL + kappa ||g_FL|| / ||Gamma*_g|| Gamma*_g), the oracle's loops with the step's Gamma*;
+    chunk 7: D read in blocks of 7 columns (a partial last block), as a large model is."""
+    if chunk is not None:
+        monkeypatch.setattr(fedomg, "CHUNK", chunk)
+    theta, replies = random_round(3, 11, spread=2.0)
+    out, info = run_step(theta, replies, {"kappa": kappa, "global_lr": eta})
+    want = oracle_update(theta, replies, PARAM_KEYS, info["gamma"].tolist(), kappa, eta)
+    got = flat(out, PARAM_KEYS)
+    assert max(abs(a - b) for a, b in zip(got, want)) < 1e-6
+    fedavg = build_algorithm("fedavg", LocalConfig()).aggregate(theta, replies)
+    assert not torch.equal(out["g.weight"], fedavg["g.weight"])  # the step really differs from FedAvg here
+
+
+def test_batchnorm_statistics_take_eq2_not_eq17():
+    """running_mean / running_var: FedAvg's n_u-weighted average of the clients', whatever kappa and eta_g;
+    num_batches_tracked: the largest count (Eq. 2 here); both bit for bit FedAvg's."""
+    theta, replies = random_round(3, 13)
+    out, _ = run_step(theta, replies, {"kappa": 0.8, "global_lr": 0.3})
+    fedavg = build_algorithm("fedavg", LocalConfig()).aggregate(theta, replies)
+    for k in ("h.bn.running_mean", "h.bn.running_var", "h.bn.num_batches_tracked"):
+        assert torch.equal(out[k], fedavg[k]), k
+    total = sum(r.n for r in replies)
+    mean = [sum(r.n / total * float(r.weights["h.bn.running_mean"][i]) for r in replies) for i in range(4)]
+    assert out["h.bn.running_mean"].tolist() == pytest.approx(mean, abs=1e-6)
+    assert int(out["h.bn.num_batches_tracked"]) == 7 + 3 * 3
+    # the BatchNorm affine parameters are parameters: they take Eq. 17
+    assert not torch.equal(out["h.bn.weight"], fedavg["h.bn.weight"])
+
+
+# ---- reduction to FedAvg ----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["fedomg", "fedccrl_omg"])
+def test_kappa_0_eta_1_is_fedavg_bit_for_bit(name):
+    """kappa = 0, eta_g = 1: g_IGD = g_FL and theta - g_FL = Eq. 2: the same bits as FedAvg's aggregation, streamed
+    and over a list."""
+    theta, replies = random_round(3, 17, spread=3.0)
+    fedavg_alg = build_algorithm("fedavg", LocalConfig())
+    fedavg = fedavg_alg.aggregate(theta, replies)
+    streamed, _ = run_step(theta, replies, {"kappa": 0.0, "global_lr": 1.0}, name)
+    listed = build_algorithm(name, LocalConfig(), {"kappa": 0.0, "global_lr": 1.0}).aggregate(theta, replies)
+    for k, v in fedavg.items():
+        assert torch.equal(streamed[k], v) and torch.equal(listed[k], v), k
+
+
+def test_eta_scales_the_fedavg_step_when_kappa_is_0():
+    """kappa = 0: theta + eta_g sum_u p_u Delta_u (Eq. 17 with g_IGD = g_FL)."""
+    theta, replies = random_round(3, 19)
+    out, _ = run_step(theta, replies, {"kappa": 0.0, "global_lr": 0.05})
+    want = oracle_update(theta, replies, PARAM_KEYS, [1 / 3] * 3, 0.0, 0.05)
+    assert max(abs(a - b) for a, b in zip(flat(out, PARAM_KEYS), want)) < 1e-6
+
+
+# ---- declaration and validation -----------------------------------------------------------------------------------
+def test_registered_with_the_papers_defaults():
+    assert ALGORITHMS["fedomg"] is FedOMG and ALGORITHMS["fedccrl_omg"] is FedCCRLOMG
+    want = {"kappa": 0.5, "global_lr": 1.0, "search_lr": 25.0, "search_steps": 20, "search_momentum": 0.5}
+    assert FedOMG.defaults == want
+    assert {k: FedCCRLOMG.defaults[k] for k in want} == want
+    fedccrl = ALGORITHMS["fedccrl"].defaults
+    assert {k: v for k, v in FedCCRLOMG.defaults.items() if k not in want} == fedccrl  # FedCCRL's clients, unchanged
+
+
+@pytest.mark.parametrize("name", ["fedomg", "fedccrl_omg"])
+@pytest.mark.parametrize("key,value", [("kappa", -0.1), ("global_lr", 0.0), ("search_lr", -1.0), ("search_steps", 0),
+                                       ("search_momentum", 1.0), ("search_steps", 2.5)])
+def test_bad_hyperparameter_is_refused_naming_its_key(name, key, value):
+    with pytest.raises(ValueError, match=f"train.{name}.{key}"):
+        build_algorithm(name, LocalConfig(), {key: value})
+
+
+def test_differential_privacy_on_the_weights_is_refused():
+    """DP-FedAvg replaces Eq. 2 only; FedOMG's step is not Eq. 2, so the run refuses before any work."""
+    from fedccrl_core.federation.loop import privacy_of
+
+    alg = build_algorithm("fedomg", LocalConfig(privacy={"enabled": True}))
+    with pytest.raises(ValueError, match="train.privacy.weights: fedomg"):
+        privacy_of(alg)
+
+
+# ---- short training runs ------------------------------------------------------------------------------------------
+def make_engine(toy_client, algorithm, hparams=None, rounds=2, checkpoint=None, on_round=None):
+    """Four clients of two synthetic domains (brightness and contrast), a shifted target."""
+    torch.manual_seed(0)
+    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i, stats=True)
+               for i in range(2) for k in range(2)]
+    tx = toy_client("t", "t", 40, 99, 60, 0.6)
+    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
+                  tx.train_y, 64)
+    alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2), hparams)
+    model = alg.build_model("small_cnn", 3, "none", alg.hp)
+    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, checkpoint_path=checkpoint, on_round=on_round,
+                           run_info={"k": algorithm}, log=lambda m: None)
+
+
+@pytest.mark.parametrize("name,base", [("fedomg", "fedavg"), ("fedccrl_omg", "fedccrl")])
+def test_short_training_run(toy_client, name, base):
+    """Two rounds in process: finite losses, accuracies in [0, 1]; the clients' first round is the base
+    algorithm's (same losses), the server step then differs; with kappa 0, eta_g 1 the whole run is the base's."""
+    res = make_engine(toy_client, name).run()
+    ref = make_engine(toy_client, base).run()
+    assert [r["round"] for r in res.history] == [1, 2]
+    for rec in res.history:
+        assert math.isfinite(rec["loss"]) and 0 <= rec["val_acc"] <= 1 and 0 <= rec["target_acc"] <= 1
+    assert res.history[0]["loss"] == ref.history[0]["loss"]  # same clients, same first round
+    assert any(not torch.equal(v, ref.final_weights[k]) for k, v in res.final_weights.items())
+    same = make_engine(toy_client, name, {"kappa": 0.0, "global_lr": 1.0}).run()
+    for k, v in ref.final_weights.items():
+        assert torch.equal(same.final_weights[k], v), k
+
+
+def test_resume_is_exact(toy_client, tmp_path):
+    """The server step keeps nothing across rounds (the search starts afresh): a run killed after round 2 and
+    resumed ends as the uninterrupted run."""
+    class Killed(Exception):
+        pass
+
+    def die(rec):
+        if rec["round"] == 2:
+            raise Killed
+
+    full = make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "full.pt").run()
+    with pytest.raises(Killed):
+        make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt", on_round=die).run()
+    resumed = make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt").run()
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
+    assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
