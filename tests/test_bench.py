@@ -387,7 +387,7 @@ def test_bench_repro_headline_is_the_share_outside_training(capsys):
             "commands": [cmd("download", 2.0, 6.0), cmd("train", 7.0, 67.0), cmd("train", 68.0, 158.0),
                          cmd("export", 160.0, 199.0)]}
     rerun = {"wall_s": 20.0, "cpu_s": 20.0, "commands": [cmd("figures", 1.0, 18.0)]}
-    result = {"full": full, "reruns": {"figures.tsne_points=400": rerun}, "cores": 2, "load_avg": 0.1,
+    result = {"full": full, "reruns": {"figures.seed=1": rerun}, "cores": 2, "load_avg": 0.1,
               "thread_policy": {"ACTIVE": {"wall": 2.0, "cpu": 3.0}, "PASSIVE": {"wall": 1.0, "cpu": 1.0}}}
     _print(result)
     out = capsys.readouterr().out.splitlines()
@@ -395,7 +395,7 @@ def test_bench_repro_headline_is_the_share_outside_training(capsys):
     assert out[0].endswith("met)")
     assert any(line.split() == ["train", "2", "150.0", "1.0", "3.0"] for line in out), out
     assert any(line.startswith("  DVC itself: 7.0s (2.0s before the first stage") for line in out), out
-    assert any(line.startswith("after figures.tsne_points=400: dvc repro 20.0s = 10.0 % of the full one; target "
+    assert any(line.startswith("after figures.seed=1: dvc repro 20.0s = 10.0 % of the full one; target "
                                "at most 10 %: met; stages run: figures") for line in out), out
     full["wall_s"] = 201.0
     _print(result)

@@ -124,7 +124,7 @@ BENCH_OUTPUTS = [
      [rf"^everything but training: {NUM} % of dvc repro's wall \({NUM}s of {NUM}s; training {NUM}s",
       rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
       *[rf"^  {stage:<10} +\d+ +{NUM} +{NUM} +[\d.]+$" for stage in ("download", "train", "evaluate", "figures")],
-      rf"^after figures\.tsne_points=\d+: dvc repro {NUM}s = {NUM} % of the full one; .*stages run: figures$",
+      rf"^after figures\.seed=\d+: dvc repro {NUM}s = {NUM} % of the full one; .*stages run: figures$",
       rf"^after export\.batch_size=\d+: dvc repro {NUM}s = {NUM} % of the full one; stages run: export$",
       rf"spin / passive wall {NUM}x cpu {NUM}x"]),
     (r"^fedccrl bench-threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
