@@ -108,8 +108,9 @@ SUBSTITUTIONS = [
      "40 steps per thread-policy measurement: 10 run the same measurement"),
     (r"fedccrl bench-threads --steps 40 --repeats 2", "fedccrl bench-threads --steps 10 --repeats 1",
      "40 steps, best of 2: 10 steps once run the same measurement"),
-    (r"(scripts/privacy_tradeoff\.py data sketch \S+)", r"\1 --rounds 1 --epsilons inf,8",
-     "33 runs of 10 rounds: one round at no DP and at epsilon 8 runs every configuration the same way"),
+    (r"scripts/privacy_tradeoff\.py --epsilons inf,8,1 --seeds 0 ", "scripts/privacy_tradeoff.py --rounds 1 "
+     "--epsilons inf,8 --seeds 0 ", "10 rounds at 3 epsilons: one round at no DP and at epsilon 8 runs every "
+     "configuration the same way"),
     (r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
      r"\1 -S partition.clients_per_domain=1 ",
      "six SuperNodes (2 clients per source domain): three run the same deployment"),
