@@ -82,6 +82,8 @@ SUBSTITUTIONS = [
     (r"train\.local_epochs=3", "train.local_epochs=1", "the paper's 3 local epochs: 1 is enough to run"),
     (r"'train\.algorithms=\[fedavg,fedprox[^\]]*\]'", "'train.algorithms=[fedavg,fedccrl]'",
      "the 12 algorithms of Table 1: two run the same commands"),
+    (r"'train\.algorithms=\[fedavg,fedccrl,fedomg,fedccrl_omg\]'", "'train.algorithms=[fedomg,fedccrl_omg]'",
+     "FedOMG's page: its two algorithms run the same commands as the four (a list, not a sweep grid)"),
     (r"'train\.seeds=\[0,1,2\]'", "'train.seeds=[0]'", "3 seeds: one runs the same commands"),
     (r"--seeds 0,1,2", "--seeds 0", "3 seeds: one runs the same commands"),
     (r"^dvc exp run --queue -S 'train\.fedccrl\.r=[^']*'$", ": the r sweep is not queued in CI",
@@ -139,7 +141,7 @@ BENCH_OUTPUTS = [
       rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} ± [\d.]+ \| - \| - \| ∞ \|$"]),
     (r"^(make bench-accuracy|.*fedccrl bench-accuracy)\b",
      [r"^final-round target accuracy \(%\), mean ± std over seeds",
-      rf"^\| fedccrl[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$"]),
+      rf"^\| (fedccrl|fedomg)[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$"]),  # FedCCRL's row, or FedOMG's (its page)
     (r"^make bench-table1\b", [rf"^\| fedccrl \|(?: {NUM} \|)+$", rf"^\| fedavg \|(?: {NUM} \|)+$"]),
     (r"^(make bench(?![-\w])|fedccrl bench --size)",
      [rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {NUM}$",
