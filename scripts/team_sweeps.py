@@ -15,7 +15,6 @@ FedAvg, one held-out domain, 2 rounds) and the experiments run up to the `export
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import subprocess
@@ -27,10 +26,14 @@ from pathlib import Path
 import yaml
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from benchmarks.accuracy import apply_overrides  # noqa: E402  the one dotted-key setter of params.yaml
+from fedccrl_core.fsio import write_json  # noqa: E402
+
 BIN = Path(sys.executable).parent
 CODE = ("fedccrl_core", "fedccrl_flower", "pipeline", "serving")
-TINY = {"preprocess.image_size": 16, "train.algorithms": ["fedavg"], "train.seeds": [0], "train.held_out": ["sketch"],
-        "train.rounds": 2, "train.local_epochs": 1, "tracking.system_metrics": False}
+TINY = ["preprocess.image_size=16", "train.algorithms=[fedavg]", "train.seeds=[0]", "train.held_out=[sketch]",
+        "train.rounds=2", "train.local_epochs=1", "tracking.system_metrics=false"]  # as `dvc exp run -S` spells them
 ROUNDS, HELD_OUT, ALGORITHM = 2, "sketch", "fedavg"
 LRS = (0.003, 0.004)  # the learning rate of each clone's sweep
 
@@ -65,13 +68,7 @@ def make_origin(work: Path, env: dict) -> tuple[Path, Path]:
         shutil.copy(REPO / f, seed / f)
     for d in CODE:
         (seed / d).symlink_to(REPO / d)
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for dotted, value in TINY.items():
-        *head, last = dotted.split(".")
-        node = params
-        for h in head:
-            node = node[h]
-        node[last] = value
+    params = apply_overrides(yaml.safe_load((REPO / "params.yaml").read_text()), TINY)
     (seed / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     (seed / ".gitignore").write_text("/data/\n/models/\n/results/\n/plots/\n/exports/\n.fedccrl/\nmlflow.db\n")
     sh(["git", "init", "-q", "-b", "main"], seed, env)
@@ -209,7 +206,7 @@ def main(argv=None) -> int:
     print(f"{result['experiments']} experiments from 2 clones, -j {result['jobs']} each, against "
           f"{result['tracking_uri']}: {result['wall_s']:.0f}s")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1))
+        write_json(args.json, result)
     return 0 if all(c["holds"] for c in result["checks"]) else 1
 
 

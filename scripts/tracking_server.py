@@ -28,6 +28,9 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from fedccrl_core.fsio import write_text  # noqa: E402  the project's writer (a link followed, never replaced)
+
 HOST = "127.0.0.1"
 ROLE = DATABASE = "mlflow"
 
@@ -101,7 +104,10 @@ def start_postgres(p: Paths, pg_port: int) -> None:
         shutil.rmtree(p.cluster, ignore_errors=True)  # a half-made cluster of an interrupted first start
         p.cluster.mkdir(mode=0o700)
         own(p.cluster)
-        fd = os.open(p.password, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        if p.password.is_symlink() or (p.password.exists() and not p.password.is_file()):
+            raise SystemExit(f"tracking-server: {p.password} is not a plain file; remove it first")
+        p.password.unlink(missing_ok=True)  # a half-made cluster's; created anew, mode 600 from the start
+        fd = os.open(p.password, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(secrets.token_urlsafe(24) + "\n")
         pwfile = p.root / f".pwfile-{os.getpid()}"  # initdb reads it as the postgres user; removed at once
@@ -165,7 +171,7 @@ def start_mlflow(p: Paths, pg_port: int, port: int, wait_s: float = 180) -> None
                                  "--artifacts-destination", str(p.artifacts), "--host", HOST, "--port", str(port)],
                                 env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)  # a service: it outlives this command, `stop` ends it
-    p.pid.write_text(f"{proc.pid}\n")
+    write_text(p.pid, f"{proc.pid}\n")
     deadline = time.monotonic() + wait_s  # the first start creates MLflow's tables
     while not healthy(port):
         if proc.poll() is not None or time.monotonic() > deadline:
@@ -219,7 +225,7 @@ def main(argv=None) -> int:
     if args.action == "start":
         start_postgres(p, pg_port)
         start_mlflow(p, pg_port, port)
-        p.port_file.write_text(f"{pg_port} {port}\n")
+        write_text(p.port_file, f"{pg_port} {port}\n")
         say("running; in each shell that logs to it:")
         print(f"export MLFLOW_TRACKING_URI={uri}")
     elif args.action == "stop":

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import shutil
 import sys
@@ -23,15 +22,12 @@ sys.path.insert(0, str(REPO / "scripts"))
 import team_sweeps  # noqa: E402
 import tracking_server  # noqa: E402
 
+from benchmarks.accuracy import apply_overrides  # noqa: E402
+from fedccrl_flower.run import free_port  # noqa: E402
+
 pytestmark = pytest.mark.skipif(not (tracking_server.shutil.which("initdb") or
                                      list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))),
                                 reason="PostgreSQL is not installed (.ci/run installs it)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def service_dir(tmp: Path) -> Path:
@@ -103,10 +99,8 @@ def _workspace(root: Path, uri: str, rounds: int) -> tuple[Path, dict]:
     """Shards and pools of the tiny synthetic setting, ready for `fedccrl train`."""
     env = {**team_sweeps.env_for(uri), "PYTHONPATH": str(REPO), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",
            "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["preprocess"]["image_size"] = 16
-    params["train"].update(rounds=rounds, local_epochs=1, held_out=["sketch"])
-    params["tracking"]["system_metrics"] = False
+    params = apply_overrides(yaml.safe_load((REPO / "params.yaml").read_text()),
+                             [*team_sweeps.TINY, f"train.rounds={rounds}", "train.algorithms=[fedavg]"])
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
                  ["partition", "--raw", "data/raw", "--out", "data/shards"],

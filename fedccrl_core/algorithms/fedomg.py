@@ -120,7 +120,7 @@ def combine(rows: list[torch.Tensor], coefficients: torch.Tensor) -> torch.Tenso
 
 class MatchingGradientAggregation:
     """One round of Eq. 15-17, fed one reply at a time: each reply's update Delta_u = theta_u - theta is flattened
-    into a float64 row on the reply's device, and Eq. 2 is streamed beside it (FedAvg's average: the BN statistics,
+    into a row in the weights' precision on the reply's device, and Eq. 2 is streamed beside it (FedAvg's average: the BN statistics,
     and the exact kappa = 0, eta_g = 1 case)."""
 
     def __init__(self, alg: Algorithm, global_weights: dict, total: float | None = None):
