@@ -55,7 +55,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     from fedccrl_core.data.pools import check_pools
     from fedccrl_core.data.shards import client_ids, load_manifest
     from fedccrl_core.federation.jobs import plan_runs, run_jobs, worker_count
-    from pipeline.mlflow_store import TrackingStoreError, store_errors
+    from pipeline.mlflow_store import TrackingStoreError
     from pipeline.train_tracking import TrainTracking
 
     cfg = load_train_config(params_path, algorithm)  # the whole file, before any data is read and before MLflow
@@ -76,9 +76,8 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     tracking = TrainTracking(cfg, settings, algorithm, seed, manifest, shards, jobs)
     LOG(f"train {algorithm} seed {seed}: held-out {[j.target for j in jobs]}, {n_workers} at a time")
     try:
-        with store_errors(tracking.uri):  # the store or server failed: one line naming it
-            run_jobs(jobs, n_workers, shards, pools, tracking.start, tracking.on_message)
-    except TrackingStoreError:  # nothing more can be told to it: the rerun resumes the runs it left RUNNING
+        run_jobs(jobs, n_workers, shards, pools, tracking.start, tracking.on_message)
+    except TrackingStoreError:  # nothing more can be told to the store: the rerun resumes the runs it left RUNNING
         raise
     except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (fedccrl_core/procs.py): resumable, not failed
         tracking.finish_all("KILLED")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fedccrl_core.runkey import params_hash
 from pipeline.git_state import git_commit
-from pipeline.mlflow_store import tracking_uri
+from pipeline.mlflow_store import store_errors, tracking_uri
 from pipeline.run_names import dvc_experiment_name, flatten
 from pipeline.tracking import ChildRun, parent_run_id, run_status
 
@@ -61,6 +61,20 @@ class TrainTracking:
         self.privacy_tags = {"fedccrl.privacy_noise": privacy.noise_source()} if privacy.enabled else {}
 
     def start(self, job) -> dict:
+        with store_errors(self.uri):  # a store or server that fails: one line naming it (TrackingStoreError)
+            return self._start(job)
+
+    def on_message(self, kind: str, index: int, payload) -> None:
+        from fedccrl_core import contract
+
+        history = None
+        if kind == "done":  # the run's own file, read outside the store's errors
+            job = next(j for j in self.jobs if j.index == index)
+            history = json.loads((Path(job.out) / contract.HISTORY_FILE).read_text())["rounds"]
+        with store_errors(self.uri):
+            self._on_message(kind, index, payload, history)
+
+    def _start(self, job) -> dict:
         from fedccrl_core.fsio import write_text
         from fedccrl_core.numerics import numeric_platform
 
@@ -92,15 +106,13 @@ class TrainTracking:
         self.runs[job.index] = run
         return {"commit": self.commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
 
-    def on_message(self, kind: str, index: int, payload) -> None:
-        from fedccrl_core import contract
-
+    def _on_message(self, kind: str, index: int, payload, history: list | None) -> None:
         run = self.runs[index]
         if kind == "round":
             run.log_round(payload)
         elif kind == "done":
-            job = next(j for j in self.jobs if j.index == index)  # every round in MLflow, also after a kill or a lost store
-            late = run.backfill(json.loads((Path(job.out) / contract.HISTORY_FILE).read_text())["rounds"])
+            job = next(j for j in self.jobs if j.index == index)
+            late = run.backfill(history)  # every round in MLflow, also after a kill or a lost store
             if late:
                 print(f"[{self.algorithm} {job.target}] MLflow: round(s) {late} logged now (the run that trained "
                       f"them was interrupted before they reached MLflow)", file=sys.stderr, flush=True)
