@@ -29,9 +29,14 @@ def project_root(cwd: Path | None = None) -> Path:
     return cwd
 
 
+def default_tracking_uri() -> str:
+    """The store of the repository: sqlite:///<project_root()>/mlflow.db."""
+    return f"sqlite:///{project_root() / 'mlflow.db'}"
+
+
 def tracking_uri() -> str:
-    """The store the stages log to: MLFLOW_TRACKING_URI, else sqlite:///<project_root()>/mlflow.db."""
-    return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{project_root() / 'mlflow.db'}"
+    """The store the stages log to: MLFLOW_TRACKING_URI, else default_tracking_uri()."""
+    return os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
 def mlflow_module():
@@ -93,28 +98,41 @@ def _create_sqlite_store_whole(uri: str) -> None:
             pass
 
 
+def _artifact_root(uri: str) -> Path | None:
+    """Where a new experiment keeps its artifacts: FEDCCRL_MLFLOW_ARTIFACTS (tests point it at a temp folder),
+    else <project_root()>/mlartifacts with the repository's own store, else (another store) MLflow's default.
+    The store is told by its URI, not by MLFLOW_TRACKING_URI being set: mlflow.set_tracking_uri sets that too."""
+    if os.environ.get("FEDCCRL_MLFLOW_ARTIFACTS"):
+        return Path(os.environ["FEDCCRL_MLFLOW_ARTIFACTS"]).resolve()
+    if uri == default_tracking_uri():
+        return project_root() / "mlartifacts"
+    return None
+
+
 def set_experiment(name: str):
-    """Get or create the experiment, in MLflow's classic (model development) UI mode. A NEW experiment keeps
-    its artifacts under FEDCCRL_MLFLOW_ARTIFACTS (tests point it at a temp folder) or, with the default store,
-    <project_root()>/mlartifacts, never inside a DVC temp copy."""
+    """Get or create the experiment, in MLflow's classic (model development) UI mode. A new experiment keeps its
+    artifacts under _artifact_root(), never inside a DVC temp copy. Stages that run side by side (`dvc queue
+    start -j 2`) race to create it: the experiment is created with its tag in one transaction, and a loser of the
+    race takes the winner's experiment."""
     mlflow = mlflow_module()
     from mlflow.exceptions import MlflowException
+    from sqlalchemy.exc import SQLAlchemyError
 
     if mlflow.get_experiment_by_name(name) is None:
-        if os.environ.get("FEDCCRL_MLFLOW_ARTIFACTS"):
-            root = Path(os.environ["FEDCCRL_MLFLOW_ARTIFACTS"]).resolve()
-        elif not os.environ.get("MLFLOW_TRACKING_URI"):
-            root = project_root() / "mlartifacts"
-        else:
-            root = None
-        if root is not None:
-            try:
-                mlflow.create_experiment(name, artifact_location=(root / name).as_uri(), tags={KIND_TAG: CLASSIC_UI})
-            except MlflowException as e:
-                if e.error_code != "RESOURCE_ALREADY_EXISTS":
-                    raise
-                # created meanwhile by another process: set_experiment below finds it
+        root = _artifact_root(mlflow.get_tracking_uri())
+        try:
+            mlflow.create_experiment(name, artifact_location=None if root is None else (root / name).as_uri(),
+                                     tags={KIND_TAG: CLASSIC_UI})
+        except MlflowException as e:
+            if e.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+            # created meanwhile by another process: set_experiment below finds it
     exp = mlflow.set_experiment(name)
-    if exp.tags.get(KIND_TAG) != CLASSIC_UI:  # the classic UI, not GenAI
-        mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, KIND_TAG, CLASSIC_UI)
+    if exp.tags.get(KIND_TAG) != CLASSIC_UI:  # an experiment made elsewhere: the classic UI, not GenAI
+        try:
+            mlflow.MlflowClient().set_experiment_tag(exp.experiment_id, KIND_TAG, CLASSIC_UI)
+        except (MlflowException, SQLAlchemyError):
+            # another process tagged it meanwhile (both inserted the tag): theirs stands
+            if mlflow.get_experiment(exp.experiment_id).tags.get(KIND_TAG) != CLASSIC_UI:
+                raise
     return exp

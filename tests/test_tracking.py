@@ -138,3 +138,67 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
     assert changed_params(params, text) == {}                                        # parent-run naming
     assert sweep_run_name(None, params, "0123456789", text) == "default"
     assert changed_params(params, _with_lr(text, "0.003")) == {"train.lr": 0.001}
+
+
+def _set_experiment_in(cwd: Path, env_drop=("MLFLOW_TRACKING_URI", "FEDCCRL_MLFLOW_ARTIFACTS")):
+    """A fresh interpreter in `cwd` (the repository) calling set_experiment, with the user's store left unset."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k not in env_drop}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    code = ("from pipeline.mlflow_store import set_experiment; e = set_experiment('race'); "
+            "print(e.experiment_id, e.artifact_location, e.tags.get('mlflow.experimentKind'))")
+    return subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_the_repositorys_store_keeps_artifacts_in_the_repository(tmp_path):
+    """mlflow.set_tracking_uri also sets MLFLOW_TRACKING_URI: the default store is told by its URI, so a new
+    experiment of the repository's store keeps its artifacts in <repo>/mlartifacts and carries its UI tag."""
+    p = _set_experiment_in(tmp_path)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    exp_id, location, kind = out.split()
+    assert location == (tmp_path / "mlartifacts" / "race").as_uri()
+    assert kind == "custom_model_development"
+
+
+def test_processes_racing_to_create_the_experiment_all_get_it(tmp_path):
+    """`dvc queue start -j 2` starts stages side by side on one new store: every process gets the one experiment,
+    tagged, and none fails on the other's insert (UNIQUE constraint of experiments or experiment_tags)."""
+    procs = [_set_experiment_in(tmp_path) for _ in range(4)]
+    results = [(p.communicate(timeout=300), p.returncode) for p in procs]
+    for (out, err), rc in results:
+        assert rc == 0, err
+    assert len({out.split()[0] for (out, _), _ in results}) == 1
+    assert all(out.split()[2] == "custom_model_development" for (out, _), _ in results)
+
+
+def test_an_untagged_experiment_tagged_by_another_process_meanwhile_is_accepted(tmp_path, monkeypatch):
+    """Two processes find an experiment made elsewhere without the UI tag and both insert it: the one whose
+    insert fails takes the other's tag instead of stopping the stage."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    from pipeline import mlflow_store
+
+    exp_id = mlflow.MlflowClient().create_experiment("made-elsewhere")
+    real = mlflow.MlflowClient.set_experiment_tag
+
+    def loses_the_race(self, experiment_id, key, value):
+        real(self, experiment_id, key, value)  # the other process's insert lands first
+        raise MlflowException("UNIQUE constraint failed: experiment_tags.key, experiment_tags.experiment_id")
+
+    monkeypatch.setattr(mlflow.MlflowClient, "set_experiment_tag", loses_the_race)
+    exp = mlflow_store.set_experiment("made-elsewhere")
+    assert exp.experiment_id == exp_id
+
+    def fails(self, experiment_id, key, value):
+        raise MlflowException("the store refused")
+
+    mlflow.MlflowClient().create_experiment("untagged")
+    monkeypatch.setattr(mlflow.MlflowClient, "set_experiment_tag", fails)
+    with pytest.raises(MlflowException, match="refused"):
+        mlflow_store.set_experiment("untagged")
