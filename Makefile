@@ -38,10 +38,10 @@ chaos: $(STAMP)  ## the fault suite: one row per fault (orphans, temp files left
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/chaos.py
 
 bench: $(STAMP)  ## fast engine path vs the plain baseline on generated data (CPU sizes; GPU: see README)
-	PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl bench --size 32 --threads 1
+	PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl-bench speed --size 32 --threads 1
 
 bench-accuracy: $(STAMP)  ## the Table 1 form in one process: every weight-free algorithm, 3 seeds, every held-out domain
-	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro pools && PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl bench-accuracy --algorithms $(TABLE_ALGORITHMS)
+	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro pools && PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl-bench accuracy --algorithms $(TABLE_ALGORITHMS)
 
 bench-table1: $(STAMP)  ## Table 1 form: every algorithm that runs without downloaded weights, 3 seeds
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc exp run -S 'train.algorithms=[$(TABLE_ALGORITHMS)]' -S 'train.seeds=[0,1,2]'

@@ -1,4 +1,4 @@
-"""`fedccrl bench-accuracy`: mean held-out accuracy of several algorithms over several seeds, in one
+"""`fedccrl-bench accuracy`: mean held-out accuracy of several algorithms over several seeds, in one
 process on the current shards and pools (no DVC, no MLflow), printed as a table; the held-out domains are
 params.yaml's `train.held_out`, and each round's accuracies go to stderr as it ends. A benchmark
 command, not a test: it reports what it sees."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core import contract
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 from pipeline.params import read_yaml, validate_params
 
 
@@ -110,7 +110,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     return acc
 
 
-@click.command("bench-accuracy")
+@click.command("accuracy")
 @click.option("--shards", type=click.Path(path_type=Path), default=Path("data/shards"), show_default=True)
 @click.option("--pools", type=click.Path(path_type=Path), default=Path("data/pools"), show_default=True)
 @click.option("--algorithms", default="fedccrl,fedavg,fedprox", show_default=True)

@@ -1,4 +1,4 @@
-"""The plain baseline of `fedccrl bench`: FedCCRL as a straightforward implementation runs it.
+"""The plain baseline of `fedccrl-bench speed`: FedCCRL as a straightforward implementation runs it.
 
 DESIGN 'Speed' asks to measure every change of the fast path as a ratio against "the plain
 version". This module is that version, used only by the benchmark and its tests:

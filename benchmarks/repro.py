@@ -1,4 +1,4 @@
-"""`fedccrl bench-repro`: `dvc repro` of the default pipeline, timed stage by stage, then two incremental reruns.
+"""`fedccrl-bench repro`: `dvc repro` of the default pipeline, timed stage by stage, then two incremental reruns.
 
 Runs the repository's dvc.yaml, params.yaml and .dvcignore from scratch in a temporary workspace (the code folders
 the stages depend on are linked, data/models/results are fresh; MLflow goes to a temporary SQLite store). Nothing in
@@ -113,7 +113,7 @@ def bench_repro(thread_steps: int, keep: Path | None) -> dict:
     root = Path.cwd()
     for f in ("dvc.yaml", "params.yaml"):
         if not (root / f).is_file():
-            raise FileNotFoundError(f"{root / f}: not found (run `fedccrl bench-repro` from the repository root)")
+            raise FileNotFoundError(f"{root / f}: not found (run `fedccrl-bench repro` from the repository root)")
     real = shutil.which("fedccrl")
     if shutil.which("dvc") is None or real is None:
         raise FileNotFoundError("dvc or fedccrl: not on PATH (activate the project's .venv)")
@@ -204,14 +204,14 @@ def _print(r: dict) -> None:
          f"cpu {a['cpu'] / q['cpu']:.2f}x (spin {a['wall']:.2f}s, passive {q['wall']:.2f}s)")
 
 
-@click.command("bench-repro")
+@click.command("repro")
 @click.option("--thread-steps", type=int, default=40, show_default=True, help="steps per thread-policy measurement")
 @click.option("--keep", type=click.Path(path_type=Path), default=None,
               help="run in this (empty or new) folder and keep it, instead of a temporary one")
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
 def command(thread_steps, keep, json_out):
     """`dvc repro` of the default from scratch, stage by stage; then one figures and one export setting changed."""
-    from pipeline.cli import run_stage
+    from pipeline.stage_runtime import run_stage
 
     result = run_stage(bench_repro, thread_steps, keep)
     if json_out is not None:

@@ -1,4 +1,4 @@
-"""`fedccrl bench-scale`: the cost of a round against the number of clients, the total data fixed
+"""`fedccrl-bench scale`: the cost of a round against the number of clients, the total data fixed
 (FedDG-Bench sweeps the client count; the goal is at most 1.2x time and memory at 120
 clients against 6).
 
@@ -150,6 +150,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print(json.dumps(child(json.loads(sys.argv[2]))), flush=True)
     else:
-        print("internal: python -m benchmarks.scale --child '<json spec>' (use `fedccrl bench-scale`)",
+        print("internal: python -m benchmarks.scale --child '<json spec>' (use `fedccrl-bench scale`)",
               file=sys.stderr)
         sys.exit(2)

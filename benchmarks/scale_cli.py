@@ -1,10 +1,10 @@
-"""`fedccrl bench-scale`: seconds per round, peak RSS (child process), checkpoint bytes and bytes sent,
+"""`fedccrl-bench scale`: seconds per round, peak RSS (child process), checkpoint bytes and bytes sent,
 for the same total data split over 6, 30, 120 and 300 clients (benchmarks/scale.py)."""
 from __future__ import annotations
 
 import click
 
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 
 
 def _ints(text: str) -> list[int]:
@@ -29,7 +29,7 @@ def run(algorithms, clients, total, size, rounds, batch_size, threads, client_st
     return res
 
 
-@click.command("bench-scale")
+@click.command("scale")
 @click.option("--algorithms", default="fedavg,fedccrl", show_default=True)
 @click.option("--clients", default="6,30,120,300", show_default=True, help="client counts, comma-separated")
 @click.option("--total", type=click.IntRange(6), default=3840, show_default=True, help="images in all")

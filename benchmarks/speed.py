@@ -1,4 +1,4 @@
-"""`fedccrl bench`: the fast engine path against the plain baseline (plain.py), in one process on one
+"""`fedccrl-bench speed`: the fast engine path against the plain baseline (plain.py), in one process on one
 device, on generated data (the embedded synthetic dataset's renderer, resized to `size`).
 
 Three paths: fast (the engine), plain (the baseline with the reference code's per-batch AugMix) and
@@ -426,7 +426,7 @@ def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: li
     dev = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {fast['threads']} threads"
     names = [n for n, _ in COLUMNS if n in results]
     lines = [
-        f"fedccrl bench: FedCCRL, {cfg.backbone} (pretrained none), {cfg.size} px, batch {cfg.batch_size}, "
+        f"fedccrl-bench speed: FedCCRL, {cfg.backbone} (pretrained none), {cfg.size} px, batch {cfg.batch_size}, "
         f"{cfg.clients} clients x {cfg.images_per_client} images, {cfg.steps} timed steps, {cfg.epochs} epoch(s) "
         f"per round, on {device} ({dev}; torch {torch.__version__}, {platform.machine()}), each path in its own "
         f"child process, best of {cfg.repeats} alternating repeats, load average {os.getloadavg()[0]:.1f} at the end",
@@ -482,5 +482,5 @@ if __name__ == "__main__":
         spec = json.loads(sys.argv[2])
         print(json.dumps(child(BenchConfig(**spec["cfg"]), spec["path"])), flush=True)
     else:
-        print("internal: python -m benchmarks.speed --child '<json>' (use `fedccrl bench`)", file=sys.stderr)
+        print("internal: python -m benchmarks.speed --child '<json>' (use `fedccrl-bench speed`)", file=sys.stderr)
         sys.exit(2)

@@ -1,4 +1,4 @@
-"""`fedccrl bench`: images/s, seconds per round, a projected PACS sweep, augmentation share and peak
+"""`fedccrl-bench speed`: images/s, seconds per round, a projected PACS sweep, augmentation share and peak
 memory of the fast engine path against a plain baseline, with the ratio fast/plain of each, in one
 process on one device (benchmarks/). Progress on stderr, the table on stdout."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 
 
 def _concurrent(value: str):
@@ -35,7 +35,7 @@ def bench_speed(json_out: Path | None, **options) -> dict:
     return result
 
 
-@click.command("bench")
+@click.command("speed")
 @click.option("--size", type=click.IntRange(8), default=32, show_default=True, help="image size (GPU: 224)")
 @click.option("--images-per-client", type=click.IntRange(2), default=64, show_default=True)
 @click.option("--clients", type=click.IntRange(2), default=3, show_default=True)

@@ -1,4 +1,4 @@
-"""`fedccrl bench-threads`: the thread policy (fedccrl_core/threads.py) against OpenMP's spin-wait default.
+"""`fedccrl-bench threads`: the thread policy (fedccrl_core/threads.py) against OpenMP's spin-wait default.
 
 The same small-CNN training workload runs in child processes, alternately with OMP_WAIT_POLICY=ACTIVE
 (spin) and PASSIVE (the project's policy), while `--load` busy processes share the cores, as other jobs do
@@ -57,7 +57,7 @@ def measure(steps: int, repeats: int, load: int) -> dict:
     return best
 
 
-@click.command("bench-threads")
+@click.command("threads")
 @click.option("--steps", type=int, default=60, show_default=True, help="training steps per measurement")
 @click.option("--repeats", type=int, default=3, show_default=True, help="alternating repeats; best of each kept")
 @click.option("--load", type=int, default=1, show_default=True,

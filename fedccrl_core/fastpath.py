@@ -4,7 +4,7 @@ With `train.fast: true` (the default):
   * channels_last model weights, on every device (cuDNN and oneDNN then run NHWC kernels; inputs
     stay NCHW, the first convolution converts them, so the augmentation code never sees
     channels_last tensors). On the CPU this made the small CNN's forward+backward 1.7-2.1x faster
-    at 32 px (`fedccrl bench --size 32 --threads 1`, row "channels_last"), and it is what lets CI
+    at 32 px (`fedccrl-bench speed --size 32 --threads 1`, row "channels_last"), and it is what lets CI
     run this branch of the fast path;
   * on CUDA only: bf16 autocast around every training step (`Algorithm.local_train_steps`) and
     every evaluation forward (`evaluation.predict`); bf16 needs no loss scaling. Losses that need

@@ -3,7 +3,7 @@
 torch's OpenMP worker threads spin-wait between parallel regions by default. On a machine whose cores
 are shared with other processes (CI runners, laptops, 2-core VMs) the spinning threads steal the cores
 the work needs: one `fedccrl train` measured 3x the wall time and 3.4x the CPU time with the default
-policy against OMP_WAIT_POLICY=PASSIVE (`fedccrl bench-threads` re-measures the ratio).
+policy against OMP_WAIT_POLICY=PASSIVE (`fedccrl-bench threads` re-measures the ratio).
 PASSIVE makes idle OpenMP threads sleep instead. A value the user set explicitly is kept.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.fsio import atomic_file, write_text
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 
 
 def load_audit_clients(shards: Path, pools: Path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 from pipeline.params import load_config
 
 

@@ -14,7 +14,7 @@ import click
 
 from fedccrl_core import contract
 from fedccrl_core.fsio import atomic_dir, write_text
-from pipeline.cli import folders_apart, run_stage
+from pipeline.stage_runtime import folders_apart, run_stage
 from pipeline.params import load_config, run_dirs
 
 

@@ -12,7 +12,7 @@ import click
 
 from fedccrl_core import contract
 from fedccrl_core.fsio import write_text
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 
 
 def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,

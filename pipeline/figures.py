@@ -13,7 +13,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core import contract
-from pipeline.cli import folders_apart, run_stage
+from pipeline.stage_runtime import folders_apart, run_stage
 from pipeline.params import load_config
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.cli import folders_apart, run_stage
+from pipeline.stage_runtime import folders_apart, run_stage
 from pipeline.params import load_config
 
 

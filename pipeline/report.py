@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.fsio import atomic_file, write_text
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 
 
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,

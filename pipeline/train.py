@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.federation.jobs import LOG
-from pipeline.cli import run_stage
+from pipeline.stage_runtime import run_stage
 from pipeline.params import ParamError, ParamsFile, read_yaml, validate_params
 from pipeline.sweep import check_train, held_out_entry
 

@@ -1,4 +1,4 @@
-"""`fedccrl bench` and the fast engine path: the fast and plain paths agree (augmentation statistics,
+"""`fedccrl-bench speed` and the fast engine path: the fast and plain paths agree (augmentation statistics,
 losses on the same views), on the CPU the fast switch is channels_last alone, interleaved clients equal
 sequential ones, and the command runs end to end on a CUDA-less machine."""
 from __future__ import annotations
@@ -271,10 +271,10 @@ def test_pacs_projection_by_hand():
 def test_bench_command_runs_on_the_cpu(tmp_path):
     """Three paths, each in its own child process: every figure is measured for every path, peak RSS
     included (a child's ru_maxrss, so above the size of torch alone), and every ratio is printed."""
-    from pipeline.cli import main
+    from benchmarks.cli import main
 
     out = tmp_path / "bench.json"
-    res = CliRunner().invoke(main, ["bench", "--size", "16", "--images-per-client", "8", "--clients", "2",
+    res = CliRunner().invoke(main, ["speed", "--size", "16", "--images-per-client", "8", "--clients", "2",
                                     "--steps", "1", "--warmup", "0", "--batch-size", "4", "--repeats", "1",
                                     "--threads", "1", "--json", str(out)])
     assert res.exit_code == 0, res.output
@@ -322,7 +322,7 @@ def test_plain_per_batch_augmentation_is_the_reference_form():
 
 
 def test_bench_command_defaults_are_bench_config_defaults():
-    """`fedccrl bench` without options measures BenchConfig() (each default written once, in BenchConfig)."""
+    """`fedccrl-bench speed` without options measures BenchConfig() (each default written once, in BenchConfig)."""
     import dataclasses
 
     from benchmarks.speed_cli import command

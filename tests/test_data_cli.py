@@ -104,7 +104,7 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
 
 
 def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(tmp_path, monkeypatch):
-    """`fedccrl bench-accuracy` honours `train.held_out` (one column per entry) and prints every round on stderr;
+    """`fedccrl-bench accuracy` honours `train.held_out` (one column per entry) and prints every round on stderr;
     an entry that is not a domain of the shards is refused naming it, before any training."""
     _params(tmp_path, dataset__name="synthetic", dataset__source="registry", preprocess__image_size="auto")
     for args in (("download", "--out", "data/raw", "--report", "data/r.json"),
@@ -114,8 +114,8 @@ def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(tmp_pa
         assert code == 0, err
     from click.testing import CliRunner
 
-    from pipeline.cli import main
-    bench = ["bench-accuracy", "--algorithms", "fedavg", "--seeds", "0", "--set", "train.rounds=2",
+    from benchmarks.cli import main
+    bench = ["accuracy", "--algorithms", "fedavg", "--seeds", "0", "--set", "train.rounds=2",
              "--set", "train.local_epochs=1"]
     res = CliRunner().invoke(main, bench + ["--set", "train.held_out=[sketch]"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
@@ -131,7 +131,7 @@ def test_folders_apart_refuses_only_overlaps_with_an_output(tmp_path):
     import pytest
 
     from fedccrl_core.errors import DataError
-    from pipeline.cli import folders_apart
+    from pipeline.stage_runtime import folders_apart
 
     folders_apart({"shards": tmp_path / "d", "pools": tmp_path / "d/pools"}, {"out": tmp_path / "o", "plots": None})
     with pytest.raises(DataError, match="--shards .* and --out .*: the same folder, or one inside the other"):

@@ -14,7 +14,7 @@ click or Flower. Inside it, a module may import its own floor or a lower one:
 
 So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
 fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). benchmarks (research tooling: the
-`fedccrl bench*` commands and the plain baseline trainer) sits on top of everything: no other package imports it.
+`fedccrl-bench` commands and the plain baseline trainer) sits on top of everything: no other package imports it.
 A new module of fedccrl_core must be given a floor here: the test names it.
 
 serving runs without torch (`fedccrl-serve`, the MLflow pyfunc): no module of serving imports torch, lazily or not
@@ -123,7 +123,7 @@ def test_imports_point_down(path):
     ("fedccrl_core.algorithms.base", "from ..federation import engine"),
     ("fedccrl_core.data.shards", "import mlflow"),
     ("fedccrl_core.models", "from pipeline.params import load_config"),
-    ("serving.cli", "from pipeline.cli import run_stage"),
+    ("serving.cli", "from pipeline.stage_runtime import run_stage"),
     ("serving.runtime", "def f():\n    import torch"),
     ("serving.inputs", "from torchvision.io import decode_image"),
     ("serving.metadata", "from pipeline.onnx_export import export_onnx"),
@@ -187,7 +187,7 @@ def test_benchmarks_is_outside_the_library_and_on_top():
     benchmarks may import every layer below them."""
     assert not (ROOT / "fedccrl_core" / "bench").exists()
     assert violations("benchmarks.speed", "from fedccrl_core.federation.engine import InProcessEngine") == []
-    assert violations("benchmarks.accuracy", "from pipeline.cli import run_stage") == []
+    assert violations("benchmarks.accuracy", "from pipeline.stage_runtime import run_stage") == []
 
 
 def test_downward_and_sideways_imports_pass():

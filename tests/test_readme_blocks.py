@@ -102,13 +102,13 @@ SUBSTITUTIONS = [
     (r"for c in ccdt difp l_ra l_js;", "for c in l_js;", "Table 2's four switches: one runs the same loop"),
     (r"^make (bench-accuracy|bench-table1)\b", r"make \1 TABLE_ALGORITHMS=fedavg,fedccrl",
      "the 12 algorithms of Table 1: two run the same recipe"),
-    (r"^fedccrl bench-scale(?=\s+#)", "fedccrl bench-scale --clients 6,30",
+    (r"^fedccrl-bench scale(?=\s+#)", "fedccrl-bench scale --clients 6,30",
      "4 client counts: two give the ratio to 6 clients the same way"),
-    (r"fedccrl bench-scale\b", "fedccrl bench-scale --total 960 --rounds 1",
+    (r"fedccrl-bench scale\b", "fedccrl-bench scale --total 960 --rounds 1",
      "3840 images and 2 rounds per client count: 960 and 1 run the same bench"),
-    (r"^fedccrl bench-repro$", "fedccrl bench-repro --thread-steps 10",
+    (r"^fedccrl-bench repro$", "fedccrl-bench repro --thread-steps 10",
      "40 steps per thread-policy measurement: 10 run the same measurement"),
-    (r"fedccrl bench-threads --steps 40 --repeats 2", "fedccrl bench-threads --steps 10 --repeats 1",
+    (r"fedccrl-bench threads --steps 40 --repeats 2", "fedccrl-bench threads --steps 10 --repeats 1",
      "40 steps, best of 2: 10 steps once run the same measurement"),
     (r"scripts/privacy_tradeoff\.py --epsilons inf,8,1 --seeds 0 ", "scripts/privacy_tradeoff.py --rounds 1 "
      "--epsilons inf,8 --seeds 0 ", "10 rounds at 3 epsilons: one round at no DP and at epsilon 8 runs every "
@@ -125,28 +125,28 @@ NUM = r"(\d+(?:\.\d+)?)"
 # exit code alone. Each regex must match the block's stdout + stderr; every number a regex captures (the
 # measured figures and their ratios) must be finite and positive.
 BENCH_OUTPUTS = [
-    (r"^fedccrl bench-repro\b",
+    (r"^fedccrl-bench repro\b",
      [rf"^everything but training: {NUM} % of dvc repro's wall \({NUM}s of {NUM}s; training {NUM}s",
       rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
       *[rf"^  {stage:<10} +\d+ +{NUM} +{NUM} +[\d.]+$" for stage in ("download", "train", "evaluate", "figures")],
       rf"^after figures\.seed=\d+: dvc repro {NUM}s = {NUM} % of the full one; .*stages run: figures$",
       rf"^after export\.batch_size=\d+: dvc repro {NUM}s = {NUM} % of the full one; stages run: export$",
       rf"spin / passive wall {NUM}x cpu {NUM}x"]),
-    (r"^fedccrl bench-threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
+    (r"^fedccrl-bench threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
     (r"scripts/privacy_tradeoff\.py\b",
      [rf"^\| FedCCRL, both channels \(rows\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
       rf"{NUM} ± [\d.]+ \| {NUM} \|$",
       rf"^\| FedCCRL, both channels \(moments\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
       rf"{NUM} ± [\d.]+ \| {NUM} \|$",
       rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} ± [\d.]+ \| - \| - \| ∞ \|$"]),
-    (r"^(make bench-accuracy|.*fedccrl bench-accuracy)\b",
+    (r"^(make bench-accuracy|.*fedccrl-bench accuracy)\b",
      [r"^final-round target accuracy \(%\), mean ± std over seeds",
       rf"^\| (fedccrl|fedomg)[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$"]),  # FedCCRL's row, or FedOMG's (its page)
     (r"^make bench-table1\b", [rf"^\| fedccrl \|(?: {NUM} \|)+$", rf"^\| fedavg \|(?: {NUM} \|)+$"]),
-    (r"^(make bench(?![-\w])|fedccrl bench --size)",
+    (r"^(make bench(?![-\w])|fedccrl-bench speed --size)",
      [rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {NUM}$",
       rf"^ratio fast/plain_per_sample, peak RSS of the child process, MiB: {NUM}$"]),
-    (r"^fedccrl bench-scale\b",
+    (r"^fedccrl-bench scale\b",
      [rf"^\| fedavg \| 6 \| {NUM} \| 1\.00 \| {NUM} \| 1\.00 \|", rf"^\| fedavg \| \d+ \| {NUM} \| {NUM} \|"]),
 ]
 
@@ -400,7 +400,7 @@ def _uses_pacs(code: str) -> bool:
 
 
 def test_bench_output_checks_fail_on_a_missing_line_or_a_figure_that_is_not_finite():
-    threads = "fedccrl bench-threads --steps 10 --repeats 1"
+    threads = "fedccrl-bench threads --steps 10 --repeats 1"
     good = "thread policy, 10 small-CNN steps\n  spin / passive: wall 1.39x  cpu 2.19x\n"
     assert check_bench_output(threads, good) == []
     assert check_bench_output("echo hi", "") == []                     # not a benchmark: nothing to check

@@ -80,7 +80,7 @@ class FedCCRLParams(HParams):
                                                    "every batch (reference DataLoader, no drop_last)")
     augmix_impl: Literal["tensor", "pil"] = hp("tensor", "how augmix per_sample runs, not what it draws: tensor = "
                                                          "batched on the device | pil = PIL per sample on the host "
-                                                         "(augment/augmix_pil.py); `fedccrl bench` says which is "
+                                                         "(augment/augmix_pil.py); `fedccrl-bench speed` says which is "
                                                          "faster on a device")
     uint8_wrap: bool = hp(False, "reference algorithm/client/fedccrl.py:157-159 casts MixStyle's output to uint8 "
                                  "unclamped (values outside [0, 1] wrap mod 256): a defect, off even in variant "

@@ -8,7 +8,7 @@ from a numpy Generator seeded by one draw of the run's torch Generator), so a ru
 which one ran; their output distributions agree (tests/test_augment.py compares per-op statistics).
 
 Which is faster depends on the device and image size: on the CPU at 32 px the batched tensor path is
-about 2x faster, at 224 px PIL is (measured by `fedccrl bench`, which picks the faster for its fast side
+about 2x faster, at 224 px PIL is (measured by `fedccrl-bench speed`, which picks the faster for its fast side
 with `fastest`). Training never picks by itself: the choice is a param, so a run's numbers do not depend
 on how busy the machine was when it started.
 """

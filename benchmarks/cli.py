@@ -1,0 +1,26 @@
+"""`fedccrl-bench`: the benchmark commands as one click group, apart from the pipeline's `fedccrl` (benchmarks sit
+on top of the pipeline and the library: nothing else imports them)."""
+from __future__ import annotations
+
+from fedccrl_core.threads import apply_thread_policy
+
+apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fedccrl_core/threads.py)
+
+import click  # noqa: E402
+
+from benchmarks import accuracy, repro, scale_cli, speed_cli, threads  # noqa: E402
+from fedccrl_core import __version__  # noqa: E402
+
+
+@click.group()
+@click.version_option(__version__, prog_name="fedccrl-bench")
+def main():
+    """fedccrl benchmarks: each prints ratios against a baseline run in the same run."""
+
+
+for _command in (speed_cli.command, accuracy.command, scale_cli.command, threads.command, repro.command):
+    main.add_command(_command)
+
+
+if __name__ == "__main__":
+    main()
