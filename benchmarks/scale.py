@@ -24,6 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
+
 from fedccrl_core import contract
 
 CLIENT_COUNTS = (6, 30, 120, 300)
@@ -31,11 +33,7 @@ ALGORITHMS = ("fedavg", "fedccrl")
 
 
 def _rss_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+    return psutil.Process().memory_info().rss / 2**20
 
 
 def child(spec: dict) -> dict:

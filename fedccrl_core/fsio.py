@@ -42,6 +42,8 @@ import uuid
 from pathlib import Path
 from typing import Callable, Iterator
 
+import psutil
+
 from fedccrl_core.errors import FedCCRLError
 
 TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
@@ -65,30 +67,18 @@ def temp_path(path: str | os.PathLike, kind: str = "tmp") -> Path:
 
 
 # ---- ownership and cleanup ----------------------------------------------------------------------
-def _start_time(pid: int) -> float | None:
-    """When process `pid` started (seconds since the epoch), from /proc; None where unknown."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        with open("/proc/stat", "rb") as f:
-            btime = next(int(ln.split()[1]) for ln in f if ln.startswith(b"btime"))
-        return btime + int(fields[19]) / os.sysconf("SC_CLK_TCK")  # field 22 of stat: starttime in ticks
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
 def owner_alive(pid: int, mtime: float) -> bool:
-    """Is the process that wrote a temporary path (pid in its name, last written at mtime) still running?"""
+    """Is the process that wrote a temporary path (pid in its name, last written at mtime) still running? A pid
+    taken since by a process started after the path was last written is not its owner."""
     if pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        started = psutil.Process(pid).create_time()
+    except psutil.NoSuchProcess:  # gone, or a zombie
         return False
-    except PermissionError:  # a process of another user: alive
-        pass
-    started = _start_time(pid)
-    return started is None or started <= mtime + 2.0  # 2 s: the tick and btime resolution
+    except psutil.AccessDenied:  # a process of another user: alive
+        return True
+    return started <= mtime + 2.0  # 2 s: the resolution of the kernel's start time
 
 
 def _remove(p: Path) -> None:

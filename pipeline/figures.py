@@ -153,17 +153,16 @@ def _draw(kind: str, *args) -> Path:
 
 def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
     from pipeline.mlflow_store import mlflow_module
+    from pipeline.mlflow_store import trained_run
 
     run_ids = [r["meta"].get("mlflow_run_id") for r in runs if r["meta"].get("mlflow_run_id")]
     if not run_ids:
         return
-    mlflow = mlflow_module()
-    client = mlflow.MlflowClient()
-    try:
-        parent = client.get_run(run_ids[0]).data.tags.get("mlflow.parentRunId")
-    except Exception as e:  # the store was moved or deleted: the PNGs are still written
-        print(f"figures: MLflow run {run_ids[0]} not found ({e.__class__.__name__}); not logged", file=sys.stderr)
+    run = trained_run(run_ids[0], "figures")
+    if run is None:  # the store was moved or replaced since training: the PNGs are still written
         return
+    parent = run.data.tags.get("mlflow.parentRunId")  # the sweep's parent run
+    client = mlflow_module().MlflowClient()
     for p in written:
         if parent:
             client.log_artifact(parent, str(p), artifact_path="figures")

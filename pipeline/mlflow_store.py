@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from pathlib import Path
 
 from fedccrl_core.errors import FedCCRLError
@@ -136,3 +137,29 @@ def set_experiment(name: str):
             if mlflow.get_experiment(exp.experiment_id).tags.get(KIND_TAG) != CLASSIC_UI:
                 raise
     return exp
+
+
+def find_run(mlflow, run_id: str):
+    """The run, or None when the store has no such run (the store was deleted or replaced since). Any other
+    failure is a TrackingStoreError naming the store: an unreadable store is never taken for a missing run."""
+    from mlflow.exceptions import MlflowException
+
+    with store_errors(mlflow.get_tracking_uri()):
+        try:
+            return mlflow.MlflowClient().get_run(run_id)
+        except MlflowException as e:
+            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
+                return None
+            raise
+
+
+def trained_run(run_id: str, stage: str):
+    """The MLflow run that training logged (named in a model's meta), for a later stage to log into; None when
+    the store has no such run (moved or replaced since training): `stage` says so on stderr and logs nothing. A
+    store that cannot be read is a TrackingStoreError, never taken for a missing run."""
+    mlflow = mlflow_module()
+    run = find_run(mlflow, run_id)
+    if run is None:
+        print(f"{stage}: MLflow run {run_id} is not in the tracking store {mlflow.get_tracking_uri()}; not logged",
+              file=sys.stderr)
+    return run

@@ -95,17 +95,14 @@ def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registe
 
     mlflow = mlflow_module()
     from mlflow.entities import Metric
-    from mlflow.exceptions import MlflowException
     from mlflow.models import Model
 
     from serving import pyfunc
 
+    from pipeline.mlflow_store import trained_run
+
     client = mlflow.MlflowClient()
-    try:
-        client.get_run(run_id)
-    except MlflowException:
-        print(f"notice: MLflow run {run_id} is not in the tracking store {mlflow.get_tracking_uri()}; "
-              "skipping MLflow logging", file=sys.stderr)
+    if trained_run(run_id, "export") is None:
         return
     name = registered_model or registered_model_name(meta)
     alias = sanitize(alias or f"s{meta.get('seed', 0)}-heldout-{meta['held_out_domain']}")

@@ -53,19 +53,16 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
 def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
     from pipeline.mlflow_store import mlflow_module
+    from pipeline.mlflow_store import trained_run
 
     models_meta = [r.get("mlflow_run_id") for r in runs if r.get("mlflow_run_id")]
     if not models_meta:
         return
-    mlflow = mlflow_module()
-    client = mlflow.MlflowClient()
-    try:
-        parent = client.get_run(models_meta[0]).data.tags.get("mlflow.parentRunId")
-    except Exception as e:
-        print(f"report: MLflow run {models_meta[0]} not found ({e.__class__.__name__}); not logged", file=sys.stderr)
-        return
+    run = trained_run(models_meta[0], "report")
+    parent = run.data.tags.get("mlflow.parentRunId") if run is not None else None  # the sweep's parent run
     if not parent:
         return
+    client = mlflow_module().MlflowClient()
     for f in files:
         if f.is_file():  # a FIFO or device output was streamed to its reader: nothing to read back
             client.log_artifact(parent, str(f), artifact_path="report")

@@ -3,14 +3,14 @@ written against MlflowClient with explicit run ids. The store is pipeline/mlflow
 pipeline/run_names.py's, the clean-up of dead processes' runs pipeline/orphan_runs.py's."""
 from __future__ import annotations
 
-import hashlib
 import json
 import sys
 import time
 from pathlib import Path
 
+from fedccrl_core.data.checksums import sha256_file
 from pipeline.git_state import git_commit
-from pipeline.mlflow_store import mlflow_module, set_experiment, store_errors
+from pipeline.mlflow_store import find_run, mlflow_module, set_experiment
 from pipeline.orphan_runs import OWNER_TAG, close_orphans, owner
 from pipeline.run_names import dvc_experiment_name, flatten, sweep_run_name
 
@@ -45,38 +45,20 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
     return oldest.info.run_id
 
 
-def file_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
-
-
 def log_dataset(client, run_id: str, name: str, path: Path, context: str = "training", profile: dict | None = None):
     """Dataset lineage (the run's Inputs in the UI, what mlflow.log_input records): the dataset named by the
     file that describes it (the partition's manifest.json), with that file's sha256 as its digest."""
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     path = Path(path).resolve()
-    ds = Dataset(name=name, digest=file_digest(path), source_type="local",
+    ds = Dataset(name=name, digest=sha256_file(path)[:16], source_type="local",
                  source=json.dumps({"uri": path.as_uri()}), profile=json.dumps(profile or {}))
     client.log_inputs(run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])])
 
 
-def _find_run(mlflow, run_id: str):
-    """The run, or None when the store has no such run (the store was deleted or replaced since). Any other
-    failure is a TrackingStoreError naming the store: an unreadable store is never taken for a missing run."""
-    from mlflow.exceptions import MlflowException
-
-    with store_errors(mlflow.get_tracking_uri()):
-        try:
-            return mlflow.MlflowClient().get_run(run_id)
-        except MlflowException as e:
-            if e.error_code == "RESOURCE_DOES_NOT_EXIST":
-                return None
-            raise
-
-
 def run_status(run_id: str) -> str | None:
     """The run's status (RUNNING, FINISHED, KILLED, FAILED), None when the store has no such run."""
-    run = _find_run(mlflow_module(), run_id)
+    run = find_run(mlflow_module(), run_id)
     return run.info.status if run is not None else None
 
 
@@ -96,7 +78,7 @@ class ChildRun:
         exp = set_experiment(experiment)
         self.client = self.mlflow.MlflowClient()
         self.logged_rounds: set[int] = set()
-        if resume_run_id and _find_run(self.mlflow, resume_run_id) is None:
+        if resume_run_id and find_run(self.mlflow, resume_run_id) is None:
             # the store was deleted or replaced (e.g. mlflow.db removed): heal instead of a traceback
             print(f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
                   f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)

@@ -243,7 +243,7 @@ def test_weights_two_release_files_and_url_cache(nets, tmp_path, monkeypatch):
     torch.save(vgg_state, tmp_path / "vgg_normalised.pth")
     torch.save(nets.decoder.state_dict(), tmp_path / "decoder.pth")
     weights = {"vgg": str(tmp_path / "vgg_normalised.pth"), "decoder": (tmp_path / "decoder.pth").as_uri()}
-    shas = {k: adain_mod.file_sha256(tmp_path / f) for k, f in (("vgg", "vgg_normalised.pth"),
+    shas = {k: adain_mod.sha256_file(tmp_path / f) for k, f in (("vgg", "vgg_normalised.pth"),
                                                                  ("decoder", "decoder.pth"))}
     monkeypatch.setenv("FEDCCRL_CACHE", str(tmp_path / "cache"))
     loaded = load_adain_networks(weights, shas)

@@ -39,7 +39,6 @@ failure raises AdaINWeightsError naming the param at fault; nothing ever falls b
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import sys
 import warnings
@@ -50,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedccrl_core.data.checksums import sha256_file
 from fedccrl_core.errors import FedCCRLError
 from fedccrl_core.fsio import atomic_file, atomic_path
 
@@ -183,19 +183,11 @@ def to_u8(x01: torch.Tensor) -> torch.Tensor:
 # ---------------------------------------------------------------------------------------------
 # Weights
 # ---------------------------------------------------------------------------------------------
-def file_sha256(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def save_adain_weights(nets: AdaINNetworks, path: str | os.PathLike) -> str:
     """Write {"vgg", "decoder"} state dicts as one file; returns its sha256 (to pin in params)."""
     with atomic_file(path, "wb") as f:
         torch.save({"vgg": nets.encoder.state_dict(), "decoder": nets.decoder.state_dict()}, f)
-    return file_sha256(path)
+    return sha256_file(path)
 
 
 def random_adain_networks(seed: int = RANDOM_WEIGHTS_SEED, param: str = "adain_weights") -> AdaINNetworks:
@@ -236,12 +228,12 @@ def _fetch(source: str, sha256: str, what: str, what_sha: str) -> Path:
         path = Path(source).expanduser()
         if not path.is_file():
             raise AdaINWeightsError(f"{what}={source!r}: no such file")
-        got = file_sha256(path)
+        got = sha256_file(path)
         if got != sha256:
             raise AdaINWeightsError(f"{what_sha}: sha256 mismatch for {path}: expected {sha256}, got {got}")
         return path
     dest = cache_dir() / f"{sha256}.pth"
-    if dest.is_file() and file_sha256(dest) == sha256:
+    if dest.is_file() and sha256_file(dest) == sha256:
         return dest
     from fedccrl_core.data.http import download_url  # lazy: only a URL needs the HTTP machinery
 

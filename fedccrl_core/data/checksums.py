@@ -10,11 +10,8 @@ CHUNK = 1 << 20
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 def check_sha256_format(sha: str, what: str) -> str:
