@@ -18,12 +18,11 @@ An entry is also the run's name: models/<algorithm>/s<seed>/d<entry> (d3 or dske
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
-import yaml
 from pydantic import Field, create_model, field_validator
+from ruamel.yaml import YAML, YAMLError
 
 from fedccrl_core import contract
 from fedccrl_core.algorithm_params import PARAMS, LocalConfig, TrainSettings
@@ -182,33 +181,24 @@ class ParamsFile(Declared):
 
 
 # ---- loading -------------------------------------------------------------------------------------------------
-class _Loader(yaml.SafeLoader):
-    """YAML 1.2 floats as DVC (ruamel) reads them: `1e-3` is a number, not the string PyYAML's 1.1 makes of it."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?|[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                   |\.[0-9_]+(?:[eE][-+][0-9]+)?|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
-
-
 def read_yaml(path: str | Path = "params.yaml") -> dict:
     path = Path(path)
     if not path.is_file():
         raise ParamError(f"{path}: params file not found (run from the repository root)")
     try:
         data = parse_yaml(path.read_text())
-    except yaml.YAMLError as e:
-        raise ParamError(f"{path}: not valid YAML ({e.__class__.__name__})") from e
+    except YAMLError as e:
+        where = f" at line {e.problem_mark.line + 1}" if getattr(e, "problem_mark", None) else ""
+        raise ParamError(f"{path}: not valid YAML ({e.__class__.__name__}{where})") from e
     if not isinstance(data, dict):
         raise ParamError(f"{path}: top level must be a mapping of stage groups")
     return data
 
 
 def parse_yaml(text: str) -> Any:
-    """YAML text read as params.yaml is (YAML 1.2 floats: `1e-3` is 0.001); yaml.YAMLError when it is not YAML."""
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader)
+    """YAML text read as DVC reads params.yaml, with ruamel.yaml's safe loader (YAML 1.2: `1e-3` is the float
+    0.001, `yes` a string, a repeated key an error); ruamel's YAMLError when it is not YAML."""
+    return YAML(typ="safe").load(text)
 
 
 def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsFile:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-import yaml
+from ruamel.yaml import YAMLError
 
 from pipeline.git_state import committed_text
 from pipeline.params import parse_yaml
@@ -40,7 +40,7 @@ def changed_params(sweep_params: dict, baseline_yaml: str | None = None) -> dict
             return None
     try:
         doc = parse_yaml(baseline_yaml)
-    except yaml.YAMLError:  # a broken committed file gives no baseline; the working one was validated
+    except YAMLError:  # a broken committed file gives no baseline; the working one was validated
         return None
     if not isinstance(doc, dict):
         return None

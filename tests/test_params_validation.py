@@ -287,3 +287,19 @@ def test_yaml_exponent_floats_are_numbers(tmp_path):
     path = _params(tmp_path)
     path.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: 1e-3", path.read_text()))
     assert load_config(path).train.lr == 0.001
+
+
+def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
+    """One YAML reader, ruamel's safe loader as DVC's: YAML 1.2 scalars (`1e-3` the float 0.001, `yes` a string,
+    as DVC passes them on), and a repeated key or a tag that builds an object is an error naming the file and line,
+    before any validation."""
+    from pipeline.params import ParamError, parse_yaml, read_yaml
+
+    assert parse_yaml("a: 1e-3\nb: yes\nc: 1_000\nd: [1, .5]") == {"a": 0.001, "b": "yes", "c": 1000, "d": [1, 0.5]}
+    bad = tmp_path / "params.yaml"
+    bad.write_text("train:\n  lr: 0.1\n  lr: 0.2\n")
+    with pytest.raises(ParamError, match=rf"{re.escape(str(bad))}: not valid YAML \(DuplicateKeyError at line 3\)"):
+        read_yaml(bad)
+    bad.write_text("train: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(ParamError, match=r"not valid YAML \(ConstructorError at line 1\)"):
+        read_yaml(bad)
