@@ -19,19 +19,16 @@ from pipeline.params import read_yaml, validate_params
 def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -> dict:
     """`KEY=VALUE` overrides (dotted keys of params.yaml, YAML values), as `dvc exp run -S` spells them. A key
     must already exist: a typo is an error naming it, not a new entry that nothing reads."""
-    from pipeline.params import ParamError, parse_yaml  # YAML 1.2 numbers, as params.yaml is read (1e-3 a float)
+    from pipeline.params import ParamError, parse_yaml, set_key  # YAML 1.2 numbers, as params.yaml is read
 
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
             raise ParamError(f"{source} {item!r}: expected KEY=VALUE, e.g. train.local_epochs=3")
-        *head, last = key.split(".")
-        node = params
-        for h in head:
-            node = node.get(h) if isinstance(node, dict) else None
-        if not isinstance(node, dict) or last not in node:
-            raise ParamError(f"{source} {item!r}: params.yaml has no key '{key}'")
-        node[last] = parse_yaml(text)
+        try:
+            set_key(params, key, parse_yaml(text))
+        except ParamError as e:
+            raise ParamError(f"{source} {item!r}: {e}") from None
     return params
 
 

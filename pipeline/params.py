@@ -201,6 +201,18 @@ def parse_yaml(text: str) -> Any:
     return YAML(typ="safe").load(text)
 
 
+def set_key(params: dict, dotted: str, value: Any) -> None:
+    """Set params.yaml's key `dotted` (`train.fedccrl.r`) in `params` to `value`, as `dvc exp run -S` does. The key
+    must exist: a typo is a ParamError naming it, not a new entry that nothing reads."""
+    *head, last = dotted.split(".")
+    node = params
+    for h in head:
+        node = node.get(h) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or last not in node:
+        raise ParamError(f"params.yaml has no key '{dotted}'")
+    node[last] = value
+
+
 def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsFile:
     """The whole file, typed; ParamError listing every problem (one line each). `run_algorithms`: registered
     algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `bench-accuracy`)."""

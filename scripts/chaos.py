@@ -46,6 +46,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from fedccrl_core.fsio import TEMP_RE  # noqa: E402  the one naming of temporary paths
+from pipeline.params import set_key  # noqa: E402  the one dotted-key setter of params.yaml
 
 BIN = Path(sys.executable).parent
 HOOKS = Path(__file__).resolve().parent / "chaos_hooks"
@@ -66,11 +67,7 @@ def say(msg: str) -> None:
 def write_params(path: Path, **overrides) -> Path:
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     for dotted, value in {**TINY, **overrides}.items():
-        node = params
-        *head, last = dotted.split(".")
-        for h in head:
-            node = node.setdefault(h, {})
-        node[last] = value
+        set_key(params, dotted, value)
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return path
 
