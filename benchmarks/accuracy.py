@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from pipeline.stage_runtime import run_stage
 from pipeline.params import read_yaml, validate_params
 
@@ -39,7 +39,7 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
 
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.federation.client import ClientData
+    from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
     from fedccrl_core.federation.jobs import load_clients
     from pipeline.cross_checks import resolve_held_out
@@ -59,8 +59,8 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     for a in algorithms:
         for label, override in ([(f"fedccrl ({v})", {"variant": v}) for v in variants]
                                 if a == "fedccrl" and variants else [(a, {})]):
-            hparams = {**getattr(cfg.train, a).model_dump(), **override}
-            build_algorithm(a, settings.local, hparams)  # a variant's switches checked before any training
+            params = getattr(cfg.train, a).model_copy(update=override)  # `variant`: one of VARIANTS, checked above
+            hparams = build_algorithm(a, settings.local, params).hp  # a variant's switches checked before any training
             rows.append((label, a, hparams))
     manifest = load_manifest(shards)
     domains = list(manifest["domains"])

@@ -2,9 +2,9 @@
 on top of the pipeline and the library: nothing else imports them)."""
 from __future__ import annotations
 
-from fedccrl_core.threads import apply_thread_policy
+from fedccrl_core.foundation.threads import apply_thread_policy
 
-apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fedccrl_core/threads.py)
+apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fedccrl_core/foundation/threads.py)
 
 import click  # noqa: E402
 

@@ -22,7 +22,7 @@ def server_seconds(alg, global_w: dict, u: int, repeats: int) -> float:
     """Median wall time of one aggregation of u replies (the replies are made outside the clock)."""
     import torch
 
-    from fedccrl_core.algorithms import Reply
+    from fedccrl_core.algorithms.base import Reply
 
     gen = torch.Generator().manual_seed(0)
     times = []
@@ -56,7 +56,7 @@ def main(argv=None) -> None:
     import torch
 
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.client import ClientState
+    from fedccrl_core.learning.clients import ClientState
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.federation.jobs import load_clients
     from pipeline.params import load_config

@@ -15,7 +15,7 @@ version". This module is that version, used only by the benchmark and its tests:
       (Alg. 3, the AugMix reference code's structure and magnitudes, per sample);
   * float32, contiguous NCHW, no autocast; a per-step `loss.item()` for the running loss;
   * clients one after another; evaluation through a DataLoader at the training batch size.
-The loss is the same: `fedccrl_core.losses.fedccrl_loss` on one concatenated forward of the three
+The loss is the same: `fedccrl_core.learning.losses.fedccrl_loss` on one concatenated forward of the three
 views (the fast path's FedCCRL.loss_from_views does the same), with the same Adam, cosine schedule
 and per-client optimizer state. tests/test_bench.py checks that both paths give the same losses on
 the same views and augmented batches with the same per-channel statistics.
@@ -34,12 +34,12 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.augment.augmix_pil import host_augmix, pil_op  # noqa: F401 (the bench's per-sample row)
-from fedccrl_core.aggregation import weighted_average
-from fedccrl_core.federation.client import ClientState
-from fedccrl_core.losses import fedccrl_loss
+from fedccrl_core.learning.aggregation import weighted_average
+from fedccrl_core.learning.clients import ClientState
+from fedccrl_core.learning.losses import fedccrl_loss
 
 
 # ---------------------------------------------------------------------------------------------
@@ -58,7 +58,7 @@ def host_mixstyle(x: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, al
             + mu_mix[:, None, None]).astype(np.float32)
 
 
-def host_batch_augment(x: torch.Tensor, pool_mu: np.ndarray, pool_sigma: np.ndarray, hp: dict, mean: np.ndarray,
+def host_batch_augment(x: torch.Tensor, pool_mu: np.ndarray, pool_sigma: np.ndarray, hp, mean: np.ndarray,
                        std: np.ndarray, rng: np.random.Generator, generator: torch.Generator) -> torch.Tensor:
     """M on a normalized host batch [B, C, H, W] as the reference code runs it: MixStyle (one pool row
     and one lambda per sample), 8-bit levels, torchvision's AugMix on the whole batch."""
@@ -67,29 +67,29 @@ def host_batch_augment(x: torch.Tensor, pool_mu: np.ndarray, pool_sigma: np.ndar
     m = torch.from_numpy(np.asarray(mean, np.float32))[None, :, None, None]
     s = torch.from_numpy(np.asarray(std, np.float32))[None, :, None, None]
     b = x.shape[0]
-    if hp["ccdt"]:
+    if hp.ccdt:
         mu = x.mean(dim=(2, 3), keepdim=True)
         sigma = (x.var(dim=(2, 3), keepdim=True, unbiased=False) + 1e-6).sqrt()
         j = rng.integers(len(pool_mu), size=b)
-        lam = torch.from_numpy(rng.beta(hp["alpha"], hp["alpha"], size=(b, 1, 1, 1)).astype(np.float32))
+        lam = torch.from_numpy(rng.beta(hp.alpha, hp.alpha, size=(b, 1, 1, 1)).astype(np.float32))
         mu_mix = lam * torch.from_numpy(pool_mu[j])[:, :, None, None] + (1 - lam) * mu
         sigma_mix = lam * torch.from_numpy(pool_sigma[j])[:, :, None, None] + (1 - lam) * sigma
         x = sigma_mix * (x - mu) / sigma + mu_mix
-    if hp["difp"]:
+    if hp.difp:
         levels = to_uint8_levels((x * s + m).clamp(0.0, 1.0))
-        x = (augmix_batch(levels, hp["beta"], hp["severity"], generator=generator) - m) / s
+        x = (augmix_batch(levels, hp.beta, hp.severity, generator=generator) - m) / s
     return x
 
 
-def host_fedccrl_augment(x: np.ndarray, pool_mu, pool_sigma, hp: dict, mean: np.ndarray, std: np.ndarray,
+def host_fedccrl_augment(x: np.ndarray, pool_mu, pool_sigma, hp, mean: np.ndarray, std: np.ndarray,
                          rng: np.random.Generator) -> np.ndarray:
     """M = AugMix . MixStyle (Eq. 3) on ONE normalized sample [C, H, W] -> normalized [C, H, W]."""
-    if hp["ccdt"]:
-        x = host_mixstyle(x, pool_mu, pool_sigma, hp["alpha"], rng)
-    if hp["difp"]:
+    if hp.ccdt:
+        x = host_mixstyle(x, pool_mu, pool_sigma, hp.alpha, rng)
+    if hp.difp:
         x01 = np.clip(x * std[:, None, None] + mean[:, None, None], 0.0, 1.0)
         u8 = np.round(x01 * 255.0).astype(np.uint8).transpose(1, 2, 0)  # the PIL image
-        aug = host_augmix(np.ascontiguousarray(u8), hp["beta"], hp["severity"], rng).transpose(2, 0, 1)
+        aug = host_augmix(np.ascontiguousarray(u8), hp.beta, hp.severity, rng).transpose(2, 0, 1)
         x = ((aug - mean[:, None, None]) / std[:, None, None]).astype(np.float32)
     return x
 
@@ -137,7 +137,7 @@ class FedCCRLViews(EncodedImages):
     (X, y) per item, and `batch_views` makes X1, X2 of a whole batch. Times its decoding and its
     augmentation (meaningful with num_workers=0, where items are built in this process)."""
 
-    def __init__(self, encoded, labels, mean, std, hp: dict, seed: int, augment: str = "batch"):
+    def __init__(self, encoded, labels, mean, std, hp, seed: int, augment: str = "batch"):
         super().__init__(encoded, labels, mean, std)
         if augment not in AUGMENT_FORMS:
             raise ValueError(f"plain baseline: augment must be one of {AUGMENT_FORMS}, got {augment!r}")
@@ -198,15 +198,15 @@ class PlainClient:
 # ---------------------------------------------------------------------------------------------
 # Training and evaluation
 # ---------------------------------------------------------------------------------------------
-def plain_fedccrl_loss(model, x, x1, x2, y, hp: dict):
+def plain_fedccrl_loss(model, x, x1, x2, y, hp):
     """Eq. 4-5 and 12-16: one forward of cat(X, X1, X2), then fedccrl_loss. Returns (L, terms, logits on X)."""
     b = y.shape[0]
     z_all = model.h(torch.cat([x, x1, x2]))
     logits_all = model.g(z_all)
     z, z1, z2 = z_all.split(b)
     lo, lo1, lo2 = logits_all.split(b)
-    loss, terms = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp["lambda1"], lambda2=hp["lambda2"],
-                               tau=hp["tau"], l_ra=hp["l_ra"], l_js=hp["l_js"])
+    loss, terms = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp.lambda1, lambda2=hp.lambda2,
+                               tau=hp.tau, l_ra=hp.l_ra, l_js=hp.l_js)
     return loss, terms, lo
 
 

@@ -215,6 +215,6 @@ def command(thread_steps, keep, json_out):
 
     result = run_stage(bench_repro, thread_steps, keep)
     if json_out is not None:
-        from fedccrl_core.fsio import write_json
+        from fedccrl_core.foundation.fsio import write_json
 
         write_json(json_out, result)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 
 CLIENT_COUNTS = (6, 30, 120, 300)
 ALGORITHMS = ("fedavg", "fedccrl")
@@ -41,8 +41,9 @@ def child(spec: dict) -> dict:
     import numpy as np
     import torch
 
-    from fedccrl_core.algorithms import LocalConfig, build_algorithm
-    from fedccrl_core.client import ClientData
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.data.pools import compute_statistics
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 

@@ -132,20 +132,20 @@ def _epochs_for(n_steps: int, n: int, bs: int) -> int:
 # ---------------------------------------------------------------------------------------------
 # The two paths
 # ---------------------------------------------------------------------------------------------
-def _hp() -> dict:
+def _hp():
     from fedccrl_core.algorithms.fedccrl import FedCCRL
 
-    return dict(FedCCRL.defaults)
+    return FedCCRL.Params()
 
 
 def _local(cfg: BenchConfig, epochs: int, fast: bool):
-    from fedccrl_core.algorithms import LocalConfig
+    from fedccrl_core.algorithm_params.train import LocalConfig
 
     return LocalConfig(rounds=1, local_epochs=epochs, batch_size=cfg.batch_size, fast=fast)
 
 
 def _model(cfg: BenchConfig, num_classes: int, device):
-    from fedccrl_core.models import build_model
+    from fedccrl_core.learning.models import build_model
 
     torch.manual_seed(cfg.seed)
     return build_model(cfg.backbone, num_classes, "none").to(device)
@@ -153,7 +153,7 @@ def _model(cfg: BenchConfig, num_classes: int, device):
 
 def _statistics(images_u8: np.ndarray):
     from fedccrl_core.data.pools import compute_statistics
-    from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
+    from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
 
     return compute_statistics(images_u8, IMAGENET_MEAN, IMAGENET_STD)
 
@@ -166,7 +166,7 @@ class FastPath:
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_core.augment.augmix_pil import probe_augmix_impl
-        from fedccrl_core.federation.client import ClientData
+        from fedccrl_core.learning.clients import ClientData
         from fedccrl_core.federation.engine import EvalSets, concurrent_width
 
         self.cfg, self.data, self.device = cfg, data, device
@@ -188,9 +188,9 @@ class FastPath:
         """(seconds of cfg.steps local steps on client 0, seconds of their augmentation alone, decoding)."""
         from fedccrl_core.algorithms.base import StepContext
         from fedccrl_core.algorithms.fedccrl import FedCCRL
-        from fedccrl_core.federation.client import ClientState
-        from fedccrl_core.seeding import torch_generator
-        from fedccrl_core.statistics import normalize_u8
+        from fedccrl_core.learning.clients import ClientState
+        from fedccrl_core.foundation.seeding import torch_generator
+        from fedccrl_core.learning.statistics import normalize_u8
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
         alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), True), self.hparams)
@@ -229,7 +229,7 @@ class FastPath:
         return time.perf_counter() - t0
 
     def eval_seconds(self) -> float:
-        from fedccrl_core.evaluation import accuracy
+        from fedccrl_core.learning.accuracy import accuracy
 
         t = self.target
         accuracy(self.model, t.train_x, t.train_y, self.cfg.eval_batch_size, fast=True)  # warm
@@ -247,7 +247,7 @@ class PlainPath:
 
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
         from benchmarks.plain import EncodedImages, FedCCRLViews, PlainClient, encode_png
-        from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
+        from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
 
         self.cfg, self.data, self.device = cfg, data, device
         hp, m, s = _hp(), IMAGENET_MEAN, IMAGENET_STD
@@ -260,7 +260,7 @@ class PlainPath:
     def step_seconds(self) -> tuple[float, float | None, float | None]:
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from benchmarks.plain import plain_local_train_steps
-        from fedccrl_core.federation.client import ClientState
+        from fedccrl_core.learning.clients import ClientState
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
         alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), False))
@@ -283,7 +283,7 @@ class PlainPath:
     def round_seconds(self) -> float:
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from benchmarks.plain import plain_round
-        from fedccrl_core.federation.client import ClientState
+        from fedccrl_core.learning.clients import ClientState
 
         alg = FedCCRL(_local(self.cfg, self.cfg.epochs, False))
         self.model = _model(self.cfg, self.data.num_classes, self.device)

@@ -29,7 +29,7 @@ def bench_speed(json_out: Path | None, **options) -> dict:
     result = bench(BenchConfig(**options))
     print(result["table"], flush=True)
     if json_out is not None:
-        from fedccrl_core.fsio import write_text
+        from fedccrl_core.foundation.fsio import write_text
 
         write_text(json_out, json.dumps(result, indent=1))
     return result

@@ -1,4 +1,4 @@
-"""`fedccrl-bench threads`: the thread policy (fedccrl_core/threads.py) against OpenMP's spin-wait default.
+"""`fedccrl-bench threads`: the thread policy (fedccrl_core/foundation/threads.py) against OpenMP's spin-wait default.
 
 The same small-CNN training workload runs in child processes, alternately with OMP_WAIT_POLICY=ACTIVE
 (spin) and PASSIVE (the project's policy), while `--load` busy processes share the cores, as other jobs do
@@ -16,7 +16,7 @@ import click
 WORKLOAD = r"""
 import json, resource, sys, time
 import torch
-from fedccrl_core.models import build_model
+from fedccrl_core.learning.models import build_model
 torch.manual_seed(0)
 m = build_model("small_cnn", 7)
 opt = torch.optim.Adam(m.parameters(), 1e-3)

@@ -31,18 +31,19 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedccrl_core import contract
-from fedccrl_core.algorithms import LocalConfig, build_algorithm
-from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.foundation import contract
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.federation.engine import nbytes, resolve_device
-from fedccrl_core.fsio import atomic_file
-from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
-from fedccrl_core.procs import die_with_parent
+from fedccrl_core.foundation.fsio import atomic_file
+from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
+from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_flower import messages as M
 
 app = ClientApp()
 if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
-    die_with_parent()  # it ends with the process that started it (fedccrl_core/procs.py), never orphaned
+    die_with_parent()  # it ends with the process that started it (fedccrl_core/foundation/procs.py), never orphaned
 
 _CACHE: dict = {}  # per process: a simulation actor serves many rounds; a deployment ClientApp one message
 
@@ -184,7 +185,7 @@ def save_client_state(context: Context, spec: dict, cid: str, rnd: int, state: C
     path = _state_file(context, spec, cid)
     if path is not None:  # npz, no pickle: written to a temp file, fsynced, renamed
         arrays_np, skeleton = M.encode_tree(book)
-        with atomic_file(path, "wb") as f:  # fedccrl_core.fsio
+        with atomic_file(path, "wb") as f:  # fedccrl_core.foundation.fsio
             np.savez(f, tree=np.array(skeleton), **{f"a{k}": v for k, v in arrays_np.items()})
 
 

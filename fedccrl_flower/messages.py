@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 
 # ---- message types ----------------------------------------------------------------------------
 QUERY = MessageType.QUERY

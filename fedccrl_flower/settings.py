@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
-from fedccrl_core.hparams import Declared, validate
+from fedccrl_core.foundation.hparams import Declared
 
 
 class FlowerSettings(Declared):
@@ -44,7 +44,3 @@ class FlowerSettings(Declared):
         if self.min_clients > n_sources:
             raise ValueError(f"params.yaml: train.flower.min_clients is {self.min_clients} but held-out {held_out} "
                              f"leaves {n_sources} source clients")
-
-    @classmethod
-    def from_mapping(cls, d: dict | None) -> "FlowerSettings":
-        return validate(cls, dict(d or {}), prefix="train.flower")

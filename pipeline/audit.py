@@ -1,4 +1,4 @@
-"""`fedccrl audit`: what FedCCRL's statistics upload reveals, measured (fedccrl_core/audit.py).
+"""`fedccrl audit`: what FedCCRL's statistics upload reveals, measured (fedccrl_core/privacy/audit.py).
 
 Reads the clients' statistics (pools stage) and their domains (the shards' manifest), replays the uploads of
 train.rounds rounds at train.seeds[0] with train.fedccrl.r and train.fedccrl.upload (and train.privacy when on),
@@ -22,12 +22,12 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core.fsio import atomic_file, write_text
+from fedccrl_core.foundation.fsio import atomic_file, write_text
 from pipeline.stage_runtime import run_stage
 
 
 def load_audit_clients(shards: Path, pools: Path):
-    from fedccrl_core.audit import Client
+    from fedccrl_core.privacy.audit import Client
     from fedccrl_core.data.pools import load_pool
     from fedccrl_core.data.shards import load_manifest
 
@@ -46,7 +46,7 @@ def _rate(rec: dict, attack: str, what: str, f: float) -> str:
 
 
 def table(result: dict) -> list[str]:
-    from fedccrl_core.audit import ATTACKS
+    from fedccrl_core.privacy.audit import ATTACKS
 
     att = result["attribution"]
     lines = ["| round | released share | 1 - (1 - r)^t | epsilon (statistics) | attack | TPR @ FPR 0.1 % | "
@@ -80,7 +80,7 @@ def plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from fedccrl_core.audit import ATTACKS
+    from fedccrl_core.privacy.audit import ATTACKS
 
     recs = result["rounds"]
     rounds = [r["round"] for r in recs]
@@ -108,13 +108,11 @@ def run_audit(shards: Path, pools: Path, out: Path, table_out: Path, plot_out: P
 
     cfg = load_config(params_path)  # the whole file, before any data is read
     from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-    from fedccrl_core.audit import audit
-    from fedccrl_core.privacy.settings import PrivacySettings
+    from fedccrl_core.privacy.audit import audit
 
-    privacy = PrivacySettings.from_mapping(cfg.train.privacy.model_dump())
-    upload = resolve_variant(cfg.train.fedccrl.model_dump())["upload"]
+    upload = resolve_variant(cfg.train.fedccrl).upload
     result = audit(load_audit_clients(shards, pools), cfg.train.fedccrl.r, cfg.train.rounds, cfg.train.seeds[0],
-                   privacy, upload)
+                   cfg.train.privacy, upload)
     write_text(out, json.dumps(result, indent=1))
     lines = table(result)
     write_text(table_out, "\n".join(lines) + "\n")

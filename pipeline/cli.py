@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import importlib
 
-from fedccrl_core.threads import apply_thread_policy
+from fedccrl_core.foundation.threads import apply_thread_policy
 
-apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fedccrl_core/threads.py)
+apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fedccrl_core/foundation/threads.py)
 
 import click  # noqa: E402
 

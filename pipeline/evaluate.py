@@ -12,16 +12,16 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core import contract
-from fedccrl_core.fsio import atomic_dir, write_text
+from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.fsio import atomic_dir, write_text
 from pipeline.stage_runtime import folders_apart, run_stage
 from pipeline.params import load_config, run_dirs
 
 
 def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> dict:
-    """One run (fedccrl_core.results.evaluate_run) -> out (JSON)."""
-    from fedccrl_core.fastpath import resolve_device
-    from fedccrl_core.runs import evaluate_run
+    """One run (fedccrl_core.outcomes.results.evaluate_run) -> out (JSON)."""
+    from fedccrl_core.foundation.fastpath import resolve_device
+    from fedccrl_core.outcomes.runs import evaluate_run
 
     cfg = cfg or load_config(params_path)
     doc = evaluate_run(shards, model_dir, cfg.evaluate.batch_size, resolve_device(cfg.train.device))

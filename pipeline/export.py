@@ -10,8 +10,8 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core import contract
-from fedccrl_core.fsio import write_text
+from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.fsio import write_text
 from pipeline.stage_runtime import run_stage
 
 
@@ -54,7 +54,7 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
     """A model that export_sweep wrote without MLflow (out/model.onnx and out/parity.json, from the run folder `run`)
     logged to MLflow as `fedccrl export` logs it, under the default name and alias: `fedccrl publish` runs this
     beside the export."""
-    from fedccrl_core.checkpoint import load_meta
+    from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.data.shards import load_domain_test
     from pipeline.model_registry import log_to_mlflow
     from pipeline.onnx_export import ONNX_FILE, PARITY_FILE, example_images

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from pipeline.stage_runtime import folders_apart, run_stage
 from pipeline.params import load_config
 
@@ -45,7 +45,7 @@ class Figures:
         self.written: list[Path] = []
 
     def __enter__(self):
-        from fedccrl_core.fsio import atomic_dir
+        from fedccrl_core.foundation.fsio import atomic_dir
 
         self._folder = atomic_dir(self.final_out)  # .<out>.tmp-<pid>-<token>, renamed at the end
         self.out = self._folder.__enter__()
@@ -70,7 +70,7 @@ class Figures:
 
     def curves(self) -> None:
         """Per-round curves (mean over seeds), one PNG per held-out domain: the training histories only."""
-        from fedccrl_core.results import round_series
+        from fedccrl_core.outcomes.results import round_series
 
         for dom in self.domains:
             dom_runs = [r for r in self.runs if r["meta"]["held_out_domain"] == dom]
@@ -87,7 +87,7 @@ class Figures:
 
         fp, cfg = self.cfg.figures, self.cfg
         mean, std = cfg.preprocess.mean, cfg.preprocess.std
-        fcfg = resolve_variant(cfg.train.fedccrl.model_dump())  # the variant's readings
+        fcfg = resolve_variant(cfg.train.fedccrl)  # the variant's readings
         rows = preview_rows(self.shards, pools, fcfg, fp.seed, fp.preview_images, mean, std)
         self._draw("augmentation_preview", rows, self.out / "augmentation_preview.png")
         for dom in self.domains:
@@ -107,7 +107,7 @@ class Figures:
         results of the evaluate step (runs_dir, the same runs)."""
         import numpy as np
 
-        from fedccrl_core.results import load_runs_with_history
+        from fedccrl_core.outcomes.results import load_runs_with_history
 
         key = lambda m: (m["algorithm"], m["seed"], m["held_out_domain"])  # noqa: E731
         results = {key(r["meta"]): r["result"] for r in load_runs_with_history(self.models, runs_dir)}
@@ -125,7 +125,7 @@ class Figures:
 
 def _sweep_histories(cfg, models: Path) -> list[dict]:
     """The training history of every run of the current sweep ({"dir", "meta", "rounds"}), in the order of the
-    evaluate step's results (fedccrl_core.results.load_runs_with_history)."""
+    evaluate step's results (fedccrl_core.outcomes.results.load_runs_with_history)."""
     import json
 
     from pipeline.evaluate import trained_runs

@@ -8,7 +8,7 @@ import os
 import sys
 from pathlib import Path
 
-from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.foundation.errors import FedCCRLError
 
 KIND_TAG, CLASSIC_UI = "mlflow.experimentKind", "custom_model_development"  # MLflow's classic (model development) UI
 
@@ -89,7 +89,7 @@ def _create_sqlite_store_whole(uri: str) -> None:
         return
     import mlflow
 
-    from fedccrl_core.fsio import scratch_dir
+    from fedccrl_core.foundation.fsio import scratch_dir
 
     with scratch_dir(path) as tmp:
         mlflow.MlflowClient(tracking_uri=f"sqlite:///{tmp / path.name}").search_experiments(max_results=1)

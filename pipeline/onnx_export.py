@@ -12,7 +12,7 @@ from typing import Mapping
 import numpy as np
 
 from fedccrl_core import __version__
-from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.foundation.errors import FedCCRLError
 from serving.metadata import (FORMAT_KEY, FORMAT_VERSION, INPUT_NAME, INT_KEYS, JSON_KEYS, OUTPUT_NAME, REQUIRED_KEYS,
                               TEXT_KEYS)
 
@@ -28,7 +28,7 @@ class ParityError(FedCCRLError):
 
 
 def metadata_props(meta: Mapping) -> dict[str, str]:
-    """The checkpoint meta (fedccrl_core.checkpoint) -> the string key/values stored in the ONNX file."""
+    """The checkpoint meta (fedccrl_core.learning.model_file) -> the string key/values stored in the ONNX file."""
     missing = [k for k in REQUIRED_KEYS if meta.get(k) is None]
     if missing:
         raise FedCCRLError(f"model meta lacks {', '.join(missing)}: cannot write the serving preprocessing")
@@ -162,7 +162,7 @@ def parity(session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray 
     """
     import torch
 
-    from fedccrl_core.statistics import normalize_u8
+    from fedccrl_core.learning.statistics import normalize_u8
 
     n = len(images_u8)
     if n == 0:
@@ -202,10 +202,10 @@ def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: flo
     before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's."""
     import sys
 
-    from fedccrl_core import contract
+    from fedccrl_core.foundation import contract
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.fsio import atomic_path, write_text
+    from fedccrl_core.foundation.fsio import atomic_path, write_text
 
     final_onnx, final_parity = out / ONNX_FILE, out / PARITY_FILE
     for stale in (final_onnx, final_parity):  # as DVC does: a failed export leaves no earlier output behind

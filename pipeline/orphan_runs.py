@@ -7,7 +7,7 @@ import socket
 import sys
 import time
 
-from fedccrl_core.fsio import owner_alive
+from fedccrl_core.foundation.fsio import owner_alive
 
 OWNER_TAG = "fedccrl.owner"  # <host>:<pid>:<since> of the process that has the run open
 

@@ -1,7 +1,7 @@
 """params.yaml: one typed model of the whole file, validated at the start of every stage, before any data is
 read and before any MLflow run is opened.
 
-Each group is a pydantic model (fedccrl_core/hparams.py: strict types, unknown keys refused). `train.<algorithm>`
+Each group is a pydantic model (fedccrl_core/foundation/hparams.py: strict types, unknown keys refused). `train.<algorithm>`
 is that algorithm's own declaration (`Algorithm.Params`, declared without torch in fedccrl_core/algorithm_params/,
 so a stage that trains nothing does not import torch), `train.flower` the Flower engine's
 (fedccrl_flower/settings.py): nothing here repeats them. Every problem becomes one line naming the key, the
@@ -24,13 +24,14 @@ from typing import Annotated, Any, Literal, Union
 from pydantic import Field, create_model, field_validator
 from ruamel.yaml import YAML, YAMLError
 
-from fedccrl_core import contract
-from fedccrl_core.algorithm_params import PARAMS, LocalConfig, TrainSettings
-from fedccrl_core.backbone_names import BACKBONES
+from fedccrl_core.foundation import contract
+from fedccrl_core.algorithm_params import PARAMS
+from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
+from fedccrl_core.foundation.backbone_names import BACKBONES
 from fedccrl_core.data.registry import AUTO, REGISTRY
 from fedccrl_core.data.shards import SCHEMES
-from fedccrl_core.errors import ParamError
-from fedccrl_core.hparams import Declared, validate
+from fedccrl_core.foundation.errors import ParamError
+from fedccrl_core.foundation.hparams import Declared, validate
 from pipeline.cross_checks import check_config, resolve_held_out
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
@@ -173,7 +174,7 @@ class ParamsFile(Declared):
         privacy = self.train.privacy  # only when on: a run without DP keeps its run key (and checkpoint)
         return LocalConfig(**self.train.model_dump(include=set(TrainSettings.model_fields)),
                            mean=tuple(self.preprocess.mean), std=tuple(self.preprocess.std),
-                           privacy=privacy.model_dump() if privacy.enabled else None)
+                           privacy=privacy if privacy.enabled else None)
 
     def as_written(self) -> dict:
         """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names."""

@@ -20,13 +20,13 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core.fsio import atomic_file, write_text
+from fedccrl_core.foundation.fsio import atomic_file, write_text
 from pipeline.stage_runtime import run_stage
 
 
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
            params_path: Path | None = None, summary_out: Path | None = None) -> dict:
-    from fedccrl_core.results import (curve_rows, held_out_domains, load_results, summarize, summary_of,
+    from fedccrl_core.outcomes.results import (curve_rows, held_out_domains, load_results, summarize, summary_of,
                                       table_markdown, table_rows)
 
     if params_path is not None:  # the stage validates the whole params file first, as every stage does

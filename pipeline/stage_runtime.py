@@ -12,7 +12,7 @@ def folders_apart(reads: dict, writes: dict) -> None:
     """Refuse an output folder of a command (`writes`) that is another of its folders, or lies inside or around
     one: it is replaced whole, and would take the other with it. Two folders it only `reads` may overlap. Keys:
     the options' names (`_` for `-`); a None (an option not given) is skipped. Before any work."""
-    from fedccrl_core.errors import DataError
+    from fedccrl_core.foundation.errors import DataError
 
     named = [(f"--{k.replace('_', '-')} {v}", Path(v).resolve(), k in writes)
              for k, v in {**reads, **writes}.items() if v is not None]
@@ -26,8 +26,8 @@ def folders_apart(reads: dict, writes: dict) -> None:
 def run_stage(fn, *args, **kwargs):
     """Run a stage body; turn the project's known errors into clear lines (`error: ...`, one per problem) and
     exit code 2."""
-    from fedccrl_core.errors import FedCCRLError
-    from fedccrl_core.procs import die_with_parent, sigterm_as_exit
+    from fedccrl_core.foundation.errors import FedCCRLError
+    from fedccrl_core.foundation.procs import die_with_parent, sigterm_as_exit
     from pipeline.params import ParamError
 
     die_with_parent()   # SIGTERM when `dvc repro` (or whoever started the stage) dies: no orphan trainer

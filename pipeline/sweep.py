@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from fedccrl_core.errors import ParamError
+from fedccrl_core.foundation.errors import ParamError
 from pipeline.params import ParamsFile, resolve_held_out
 
 
@@ -52,9 +52,9 @@ def check_train(cfg: ParamsFile, manifest: dict, algorithm: str, held_out: list)
 
     manifest_held_out(manifest, cfg.train.held_out)
     targets = manifest_held_out(manifest, [held_out_entry(h) for h in held_out], key="--held-out")
-    alg = build_algorithm(algorithm, cfg.local_config(), getattr(cfg.train, algorithm).model_dump())
+    alg = build_algorithm(algorithm, cfg.local_config(), getattr(cfg.train, algorithm))
     # an algorithm whose own batch_size replaces train.batch_size (local_bn.py: FedBN, SiloBN, FedFD(-A))
-    key = f"train.{algorithm}.batch_size" if alg.hp.get("batch_size") is not None else "train.batch_size"
+    key = f"train.{algorithm}.batch_size" if getattr(alg.hp, "batch_size", None) is not None else "train.batch_size"
     for target in targets:
         check_batches(manifest, target, alg.local.batch_size, key)
         if cfg.train.engine == "flower":

@@ -122,7 +122,7 @@ class ChildRun:
         """Log every round of the finished training's history that this run lacks, and return their numbers.
         A resumed run can lack rounds: its process was killed after a round's checkpoint but before the round
         reached MLflow (a worker checkpoints while the parent logs), or its store was deleted (a fresh run, see above)."""
-        from fedccrl_core import contract
+        from fedccrl_core.foundation import contract
 
         have = set(self.logged_rounds)
         if self.resumed:
@@ -133,7 +133,7 @@ class ChildRun:
         return [int(rec[contract.ROUND]) for rec in missing]
 
     def log_round(self, rec: dict) -> None:
-        from fedccrl_core import contract
+        from fedccrl_core.foundation import contract
 
         rnd = int(rec[contract.ROUND])
         self.logged_rounds.add(rnd)

@@ -10,6 +10,7 @@ outside the DVC output (DVC deletes outputs before a rerun), under --checkpoints
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -46,7 +47,7 @@ def run_settings(cfg: ParamsFile):
                        pretrained=resolve_pretrained(cfg.model.pretrained, cfg.dataset.name),
                        local=cfg.local_config(), engine=t.engine, device=t.device, client_fraction=t.client_fraction,
                        concurrent_clients=t.concurrent_clients, client_state=t.client_state,
-                       eval_batch_size=cfg.evaluate.batch_size, flower=t.flower.model_dump())
+                       eval_batch_size=cfg.evaluate.batch_size)
 
 
 def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list | None, out: Path,
@@ -64,14 +65,14 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     manifest = load_manifest(shards)  # metadata only: the held-out domains and the clients' sizes
     targets = check_train(cfg, manifest, algorithm, held_out)  # before any shard is read, before MLflow
     check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
-    hparams = ALGORITHMS[algorithm](settings.local, getattr(cfg.train, algorithm).model_dump()).hp
+    hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))  # typed already: FedCCRL's variant read
     jobs = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, algorithm, seed, held_out, targets,
                      out, checkpoints, hparams)
     if settings.engine == "flower":  # the same jobs over Flower (fedccrl_flower/run.py)
         from fedccrl_flower.run import train_with_flower
 
-        for job in jobs:
-            job.flower_train = train_with_flower
+        for job in jobs:  # train.flower as validated with the whole file, never validated again
+            job.flower_train = functools.partial(train_with_flower, settings=cfg.train.flower)
     n_workers = worker_count(workers, settings, len(jobs))
     tracking = TrainTracking(cfg, settings, algorithm, seed, manifest, shards, jobs)
     LOG(f"train {algorithm} seed {seed}: held-out {[j.target for j in jobs]}, {n_workers} at a time")
@@ -79,7 +80,7 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
         run_jobs(jobs, n_workers, shards, pools, tracking.start, tracking.on_message)
     except TrackingStoreError:  # nothing more can be told to the store: the rerun resumes the runs it left RUNNING
         raise
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (fedccrl_core/procs.py): resumable, not failed
+    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (fedccrl_core/foundation/procs.py): resumable, not failed
         tracking.finish_all("KILLED")
         raise
     except BaseException:

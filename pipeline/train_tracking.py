@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from fedccrl_core.runkey import params_hash
+from fedccrl_core.foundation.runkey import params_hash
 from pipeline.git_state import git_commit
 from pipeline.mlflow_store import store_errors, tracking_uri
 from pipeline.run_names import dvc_experiment_name, flatten
@@ -25,7 +25,7 @@ def mlflow_params(params: dict, job, device: str) -> dict:
     if train.get("engine") != "flower":
         train.pop("flower", None)
     train.update(device=device, algorithm=job.algorithm, seed=job.seed, held_out=job.target)
-    train[job.algorithm] = job.hparams
+    train[job.algorithm] = job.hparams.model_dump()
     return flatten({"dataset": params["dataset"],
                     "preprocess": {**params["preprocess"], "image_size": job.image_size},
                     "partition": params.get("partition") or {},
@@ -65,7 +65,7 @@ class TrainTracking:
             return self._start(job)
 
     def on_message(self, kind: str, index: int, payload) -> None:
-        from fedccrl_core import contract
+        from fedccrl_core.foundation import contract
 
         history = None
         if kind == "done":  # the run's own file, read outside the store's errors
@@ -75,8 +75,8 @@ class TrainTracking:
             self._on_message(kind, index, payload, history)
 
     def _start(self, job) -> dict:
-        from fedccrl_core.fsio import write_text
-        from fedccrl_core.numerics import numeric_platform
+        from fedccrl_core.foundation.fsio import write_text
+        from fedccrl_core.foundation.numerics import numeric_platform
 
         ckpt, dataset, manifest = job.ckpt, self.dataset, self.manifest
         side = ckpt.with_suffix(".mlflow.json")

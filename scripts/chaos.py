@@ -45,7 +45,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from fedccrl_core.fsio import TEMP_RE  # noqa: E402  the one naming of temporary paths
+from fedccrl_core.foundation.fsio import TEMP_RE  # noqa: E402  the one naming of temporary paths
 from pipeline.params import set_key  # noqa: E402  the one dotted-key setter of params.yaml
 
 BIN = Path(sys.executable).parent

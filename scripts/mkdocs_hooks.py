@@ -32,7 +32,7 @@ def hyperparameters_markdown() -> str:
     if not sys.path or sys.path[0] != str(ROOT):   # this checkout's code, before any installed copy
         sys.path.insert(0, str(ROOT))
     from fedccrl_core.algorithms import ALGORITHMS
-    from fedccrl_core.hparams import markdown
+    from fedccrl_core.foundation.hparams import markdown
 
     return markdown({name: cls.Params for name, cls in ALGORITHMS.items()})
 

@@ -1,4 +1,4 @@
-"""The membership-audit tables of docs/privacy.md: `fedccrl audit` (fedccrl_core/audit.py) on the default data (the
+"""The membership-audit tables of docs/privacy.md: `fedccrl audit` (fedccrl_core/privacy/audit.py) on the default data (the
 shards and pools of `dvc repro`), every client, params.yaml's train.rounds, train.fedccrl.r and upload, without DP
 and with train.privacy at its defaults (enabled, z_s = 1), over several seeds (the seed draws Eq. 8's samples
 without DP and splits members and non-members into reference, calibration and evaluation sets; with DP the sample
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-from fedccrl_core.audit import audit, release
+from fedccrl_core.privacy.audit import audit, release
 from fedccrl_core.privacy.settings import PrivacySettings
 from pipeline.audit import load_audit_clients
 from pipeline.params import load_config
@@ -41,7 +41,7 @@ def main(data: Path, seeds: tuple[int, ...]) -> None:
     cfg = load_config(ROOT / "params.yaml")
     clients = load_audit_clients(data / "shards", data / "pools")
     r, rounds = cfg.train.fedccrl.r, cfg.train.rounds
-    upload = resolve_variant(cfg.train.fedccrl.model_dump())["upload"]
+    upload = resolve_variant(cfg.train.fedccrl).upload
     settings = (("off", PrivacySettings()), ("defaults (z_s = 1)", PrivacySettings(enabled=True)))
     print(f"{len(clients)} clients of {', '.join(str(len(c.mu)) for c in clients)} images, r = {r}, upload "
           f"{upload}, {rounds} rounds, seeds {','.join(map(str, seeds))}; DP noise from the OS")

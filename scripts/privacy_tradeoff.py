@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-from fedccrl_core.audit import audit
+from fedccrl_core.privacy.audit import audit
 from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.federation.client import ClientData
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
-from fedccrl_core.fsio import atomic_file
+from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.privacy import accountant as A
 from fedccrl_core.privacy.settings import PrivacySettings
 from pipeline.audit import load_audit_clients
@@ -145,7 +145,7 @@ def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None =
     manifest = load_manifest(data / "shards")
     sources = [d for d in manifest["domains"] if d != held_out]
     rounds, r = rounds or cfg.train.rounds, cfg.train.fedccrl.r
-    upload = resolve_variant(cfg.train.fedccrl.model_dump())["upload"]
+    upload = resolve_variant(cfg.train.fedccrl).upload
     print(f"seeds {','.join(map(str, seeds))}; DP noise from the OS: a DP cell is not bit-reproducible")
     print("| configuration | epsilon target | z_s | z_w | target acc | membership TPR @ FPR 1 % | "
           "bound e^eps FPR + delta | epsilon spent |")

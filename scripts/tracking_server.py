@@ -29,7 +29,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedccrl_core.fsio import write_text  # noqa: E402  the project's writer (a link followed, never replaced)
+from fedccrl_core.foundation.fsio import write_text  # noqa: E402  the project's writer (a link followed, never replaced)
 
 HOST = "127.0.0.1"
 ROLE = DATABASE = "mlflow"

@@ -6,7 +6,7 @@ errors go to stderr. Exit codes: 0 all good, 2 a fatal error (one line on stderr
 empty folder, not a fedccrl model, unwritable --output, --deadline passed, ...), 3 the run finished
 but some inputs could not be read (each has an error record in the output).
 
-An --output file is written atomically (fedccrl_core.fsio): it appears complete or not at all; a symlink
+An --output file is written atomically (fedccrl_core.foundation.fsio): it appears complete or not at all; a symlink
 keeps pointing at the file written; a FIFO, a device or `-` (stdout) is written in place. A
 model's metadata is checked against its graph when it is loaded. Files that are not regular files
 (a FIFO named x.jpg) are skipped with a notice and never opened. JSON output never holds NaN.
@@ -26,8 +26,8 @@ import click
 import numpy as np
 
 from fedccrl_core import __version__
-from fedccrl_core.errors import FedCCRLError
-from fedccrl_core.fsio import atomic_file
+from fedccrl_core.foundation.errors import FedCCRLError
+from fedccrl_core.foundation.fsio import atomic_file
 from serving.console import Fatal, note
 from serving.inputs import collect_inputs, labelled_files
 from serving.report import confusion_report, format_table

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.foundation.errors import FedCCRLError
 
 
 class Fatal(FedCCRLError):

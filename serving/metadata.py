@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 from typing import Mapping
 
-from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.foundation.errors import FedCCRLError
 
 FORMAT_KEY = "fedccrl_format"
 FORMAT_VERSION = 1

@@ -1,7 +1,7 @@
 """Serving preprocessing: exactly the training eval transform, parameterized only by the ONNX metadata.
 
 file -> load_rgb -> resize_u8(S) -> normalize_u8(mean, std) -> float32 [3, S, S]
-(fedccrl_core.data.images and fedccrl_core.statistics: the functions the shards were built and the
+(fedccrl_core.data.images and fedccrl_core.learning.statistics: the functions the shards were built and the
 model was evaluated with). A model whose recorded resize policy is not this installation's
 RESIZE_POLICY is refused, since its inputs would not match what it was trained on.
 """
@@ -16,7 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from fedccrl_core.data.images import RESIZE_POLICY, load_rgb, resize_u8
-from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.foundation.errors import FedCCRLError
 from serving.metadata import ServingMetadata
 
 
@@ -56,7 +56,7 @@ def normalize(batch_u8: np.ndarray, meta: ServingMetadata) -> np.ndarray:
     """uint8 [N, S, S, 3] -> the model input: float32 [N, 3, S, S] normalized with the model's mean/std.
 
     numpy, not torch (serving imports no torch): the same float32 operations in the same order as
-    fedccrl_core.statistics.normalize_u8, x = (u8 / 255 - mean) / std; tests/test_serving.py pins the parity."""
+    fedccrl_core.learning.statistics.normalize_u8, x = (u8 / 255 - mean) / std; tests/test_serving.py pins the parity."""
     x = np.ascontiguousarray(batch_u8).transpose(0, 3, 1, 2).astype(np.float32) / np.float32(255.0)
     mean = np.asarray(meta.mean, dtype=np.float32).reshape(1, -1, 1, 1)
     std = np.asarray(meta.std, dtype=np.float32).reshape(1, -1, 1, 1)

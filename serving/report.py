@@ -2,7 +2,7 @@
 plain-text table."""
 from __future__ import annotations
 
-from fedccrl_core.confusion import confusion_matrix
+from fedccrl_core.learning.confusion import confusion_matrix
 
 
 def confusion_report(y_true: list[int], y_pred: list[int], classes: tuple[str, ...]) -> dict:

@@ -57,7 +57,7 @@ def _make_toy_client(cid: str, domain: str, n: int, seed: int, shift: float, con
     that read a statistics pool."""
     import numpy as np
 
-    from fedccrl_core.federation.client import ClientData
+    from fedccrl_core.learning.clients import ClientData
 
     g = np.random.default_rng(seed)
     y = g.integers(0, 3, n)

@@ -1,4 +1,4 @@
-"""`fedccrl audit` (fedccrl_core/audit.py, pipeline/audit.py): the membership attacks on the released statistics
+"""`fedccrl audit` (fedccrl_core/privacy/audit.py, pipeline/audit.py): the membership attacks on the released statistics
 find what was released when nothing protects it; the likelihood-ratio attack, which knows the mechanism, finds
 more than the nearest row under noise; at the default DP settings the TPR stays within what epsilon allows, and a
 mechanism that does not add the noise it claims is flagged."""
@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from fedccrl_core.audit import (Client, audit, bound, clopper_pearson, release, threshold_at_fpr, tpr_at_fpr)
+from fedccrl_core.privacy.audit import (Client, audit, bound, clopper_pearson, release, threshold_at_fpr, tpr_at_fpr)
 from fedccrl_core.data.pools import unbiased_sigma, upload_size
 from fedccrl_core.privacy.settings import PrivacySettings
 
@@ -81,7 +81,7 @@ def test_at_the_default_dp_settings_the_tpr_lies_within_the_bound():
 def test_a_mechanism_weaker_than_its_epsilon_is_flagged(monkeypatch):
     """The check can fail: the rows leave unnoised while train.privacy claims z_s = 5 (eps about 0.1 after 3
     rounds). Every released row is found at FPR 0: the TPR's interval lies far above e^eps FPR_hi + delta."""
-    import fedccrl_core.audit as audit_module
+    import fedccrl_core.privacy.audit as audit_module
 
     monkeypatch.setattr(audit_module, "privatize", lambda mu, sigma, s, rng: (mu, sigma))
     res = audit(clients(), 0.1, 3, seed=0, privacy=PrivacySettings(enabled=True, stats_noise_multiplier=5.0))
@@ -95,7 +95,7 @@ def test_release_replays_the_engines_draw():
     """Without DP, the rows the audit replays are those StatisticsExchange.client_upload sends: the same
     generator. With DP on the statistics they come from the OS: another replay of the same seed differs."""
     from fedccrl_core.data.pools import sample_statistics
-    from fedccrl_core.seeding import numpy_rng
+    from fedccrl_core.foundation.seeding import numpy_rng
 
     c = clients()[0]
     rows, chosen = release(c, 0.1, 7, 3, PrivacySettings())
@@ -205,7 +205,7 @@ def test_audit_command_exits_1_when_the_tpr_lies_above_the_bound(default_data, t
     exit status is 1."""
     from click.testing import CliRunner
 
-    import fedccrl_core.audit as audit_module
+    import fedccrl_core.privacy.audit as audit_module
     from pipeline.audit import command
 
     if broken:

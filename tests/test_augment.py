@@ -24,7 +24,7 @@ from fedccrl_core.augment import (
 )
 from fedccrl_core.augment.augmix import IDENTITY, _augmix_with, op_magnitude
 from fedccrl_core.augment.ccdt import mixstyle
-from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
+from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
 
 
 def gen(seed: int = 0) -> torch.Generator:
@@ -472,7 +472,8 @@ def test_pil_augmix_is_reproducible_from_the_generator_and_per_sample():
 
 
 def test_fedccrl_augment_routes_augmix_impl_and_refuses_pil_for_the_batch_reading():
-    from fedccrl_core.algorithms import LocalConfig, build_algorithm
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 
     x = torch.randn(8, 3, 16, 16)
@@ -484,4 +485,4 @@ def test_fedccrl_augment_routes_augmix_impl_and_refuses_pil_for_the_batch_readin
                                                     torch.Generator().manual_seed(0)))
     with pytest.raises(ValueError, match="train.fedccrl.augmix_impl pil implements augmix per_sample only"):
         build_algorithm("fedccrl", LocalConfig(), {"variant": "reference", "augmix_impl": "pil"})
-    assert build_algorithm("fedccrl", LocalConfig(), {"augmix_impl": "pil"}).hp["augmix_impl"] == "pil"
+    assert build_algorithm("fedccrl", LocalConfig(), {"augmix_impl": "pil"}).hp.augmix_impl == "pil"

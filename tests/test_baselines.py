@@ -11,7 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, Reply, build_algorithm
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.algorithms.base import StepContext
 from fedccrl_core.algorithms.fedadg import (Discriminator, FedADG, alignment_loss, discriminator_loss,
                                             generator_loss)
@@ -20,8 +22,8 @@ from fedccrl_core.algorithms.fedsr import (ClassConditionalReference, FedSR, Pro
                                            reparameterize)
 from fedccrl_core.algorithms.ga import GA, generalization_adjustment, step_size
 from fedccrl_core.algorithms import load_model
-from fedccrl_core.checkpoint import save_model
-from fedccrl_core.federation.client import ClientState
+from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.learning.clients import ClientState
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
 BASELINES = ("fedsr", "fediir", "ga", "fedadg")

@@ -13,17 +13,18 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from fedccrl_core import fastpath
-from fedccrl_core.algorithms import LocalConfig, build_algorithm
+from fedccrl_core.foundation import fastpath
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from benchmarks import plain
 from benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
 from fedccrl_core.data.pools import compute_statistics
-from fedccrl_core.federation.client import ClientData, ClientState
+from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine, concurrent_width
-from fedccrl_core.models import FedModel, SmallCNN, build_model
-from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
+from fedccrl_core.learning.models import FedModel, SmallCNN, build_model
+from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 
 MEAN, STD = np.asarray(IMAGENET_MEAN, np.float32), np.asarray(IMAGENET_STD, np.float32)
 
@@ -150,7 +151,7 @@ def test_fast_switches_forced_on_the_cpu_run_and_stay_close(monkeypatch):
 
 
 def test_supcon_stays_float32_under_autocast():
-    from fedccrl_core.losses import supcon_loss
+    from fedccrl_core.learning.losses import supcon_loss
 
     torch.manual_seed(0)
     z1, z2, y = torch.randn(16, 32), torch.randn(16, 32), torch.randint(0, 3, (16,))
@@ -213,7 +214,7 @@ def augmented_batches():
     x = normalize_u8(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous())
     gen = torch.Generator().manual_seed(0)
     fast = torch.cat([fedccrl_augment(x, torch.from_numpy(pool_mu), torch.from_numpy(pool_sigma),
-                                      AugmentConfig.from_mapping(hp), gen) for _ in range(2)])
+                                      AugmentConfig.from_params(hp), gen) for _ in range(2)])
     rng = np.random.default_rng(0)
     host = np.stack([plain.host_fedccrl_augment(xi, pool_mu, pool_sigma, hp, MEAN, STD, rng)
                      for _ in range(2) for xi in x.numpy()])
@@ -304,7 +305,7 @@ def test_plain_per_batch_augmentation_is_the_reference_form():
     op chain for the whole batch (augmix_batch with the same generator), never PIL per sample."""
     from fedccrl_core.augment.augmix import augmix_batch, to_uint8_levels
 
-    hp = dict(build_algorithm("fedccrl", LocalConfig()).hp, ccdt=False)
+    hp = build_algorithm("fedccrl", LocalConfig()).hp.model_copy(update={"ccdt": False})
     rng = np.random.default_rng(0)
     u8 = rng.integers(0, 256, (6, 12, 12, 3), dtype=np.uint8)
     x = torch.from_numpy(((u8 / 255.0 - MEAN) / STD).transpose(0, 3, 1, 2).astype(np.float32))
@@ -312,7 +313,7 @@ def test_plain_per_batch_augmentation_is_the_reference_form():
     got = plain.host_batch_augment(x, pool, pool + 1, hp, MEAN, STD, np.random.default_rng(1),
                                    torch.Generator().manual_seed(5))
     m, s = torch.from_numpy(MEAN)[None, :, None, None], torch.from_numpy(STD)[None, :, None, None]
-    want = (augmix_batch(to_uint8_levels((x * s + m).clamp(0, 1)), hp["beta"], hp["severity"],
+    want = (augmix_batch(to_uint8_levels((x * s + m).clamp(0, 1)), hp.beta, hp.severity,
                          generator=torch.Generator().manual_seed(5)) - m) / s
     assert torch.allclose(got, want, atol=1e-6)
     views = plain.FedCCRLViews(plain.encode_png(u8), np.zeros(6), MEAN, STD, hp, 0, augment="batch")

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from fedccrl_core.algorithms import LocalConfig, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.ccst import payload_to_bank, single_bank_size, transfer_plan
 from fedccrl_core.augment import adain as adain_mod
 from fedccrl_core.augment.adain import (
@@ -28,7 +29,7 @@ from fedccrl_core.augment.adain import (
     to_u8,
 )
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
-from fedccrl_core.models import build_model
+from fedccrl_core.learning.models import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::fedccrl_core.augment.adain.RandomAdaINWeightsWarning")
 

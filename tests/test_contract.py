@@ -1,4 +1,4 @@
-"""The names several layers spell are defined once, in fedccrl_core/contract.py: no module
+"""The names several layers spell are defined once, in fedccrl_core/foundation/contract.py: no module
 of the library, the stage scripts, serving or the Flower app spells one of them as a bare string literal."""
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = sorted(p for pkg in ("fedccrl_core", "pipeline", "serving", "fedccrl_flower")
-                 for p in (ROOT / pkg).rglob("*.py") if p != ROOT / "fedccrl_core" / "contract.py")
+                 for p in (ROOT / pkg).rglob("*.py") if p != ROOT / "fedccrl_core" / "foundation" / "contract.py")
 
 # Names too generic to police by their spelling alone: "round", "loss" and "lr" also name a checkpoint's round,
 # a model's meta field and an optimizer setting; "best_round" is a field of RunResult; l_cls, l_ra, l_js, l_sc and

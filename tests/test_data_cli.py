@@ -130,7 +130,7 @@ def test_folders_apart_refuses_only_overlaps_with_an_output(tmp_path):
     """Two folders a command only reads may overlap (pools kept inside the shards folder); an output may not."""
     import pytest
 
-    from fedccrl_core.errors import DataError
+    from fedccrl_core.foundation.errors import DataError
     from pipeline.stage_runtime import folders_apart
 
     folders_apart({"shards": tmp_path / "d", "pools": tmp_path / "d/pools"}, {"out": tmp_path / "o", "plots": None})

@@ -16,7 +16,7 @@ from fedccrl_core.data import registry
 from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.http import download_url
 from fedccrl_core.data.sources import prepare_raw
-from fedccrl_core.errors import ChecksumError, DataError
+from fedccrl_core.foundation.errors import ChecksumError, DataError
 
 PACS_128_SHA256 = "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
 TINY = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(2, 2), total=4,

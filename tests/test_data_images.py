@@ -9,7 +9,7 @@ from PIL import Image
 
 from fedccrl_core.data import registry
 from fedccrl_core.data.images import RESIZE_POLICY, check_images, decode_images, load_rgb, resize_u8
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 
 # ------------------------------------------------------------------ registry

@@ -15,7 +15,7 @@ from fedccrl_core.data.images import decode_resized
 from fedccrl_core.data.pools import build_pools, load_pool, sample_statistics, upload_size
 from fedccrl_core.data.shards import (assign_clients, client_ids, load_client, load_domain_test, load_manifest,
                                       partition, split_train_val)
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 SPEC = registry.get_dataset("synthetic")
 PER_CLASS = 20          # a smaller synthetic tree than the default: 120 images per domain

@@ -21,7 +21,7 @@ from fedccrl_core.data import registry
 from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.archives import safe_extract
 from fedccrl_core.data.sources import prepare_raw
-from fedccrl_core.errors import ChecksumError, DataError, UnsafeArchiveError
+from fedccrl_core.foundation.errors import ChecksumError, DataError, UnsafeArchiveError
 
 TINY = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(6, 6), total=12,
                    sources=(), image_size=16, backbone="small_cnn", pretrained="none")

@@ -48,7 +48,7 @@ def path_exists(ref: str) -> bool:
         return True
     if "/" not in ref:                                                   # a bare Markdown name: top level or docs/
         return (REPO / ref).exists() or (REPO / "docs" / ref).exists()
-    return (REPO / ref).exists() or any(REPO.glob(ref + ".*"))         # `fedccrl_core/fsio` names fsio.py
+    return (REPO / ref).exists() or any(REPO.glob(ref + ".*"))         # `fedccrl_core/foundation/fsio` names fsio.py
 
 
 def problems_in(text: str) -> list[str]:
@@ -82,7 +82,7 @@ def test_the_comment_check_can_fail():
     assert problems_in("see fedccrl_core/no_such_module.py:12")
     assert problems_in("docs/no_such_page.md")
     assert not problems_in("# Eq. 2 over the clients; a tensor of shape (B, 3), colour #fff")
-    assert not problems_in("fedccrl_core/fsio.py:1-20, docs/architecture.md, README.md, models/<alg>/s<seed>")
+    assert not problems_in("fedccrl_core/foundation/fsio.py:1-20, docs/architecture.md, README.md, models/<alg>/s<seed>")
     assert not problems_in("the reference's algorithm/client/fedccrl.py:74-86 and pacs-ours/localTrain.py")
     src = '"""Module (issue 3)."""\n# a comment naming DESIGN.md\nx = "issue 4 in a plain string is data"\n'
     found = [(n, p) for n, text in comments_and_docstrings(src) for p in problems_in(text)]

@@ -130,8 +130,8 @@ def test_stage_code_deps_cover_what_it_imports_by_package(name):
 
 
 def test_by_package_declares_folders_for_sub_packages_and_files_at_the_top():
-    got = by_package({"fedccrl_core/data/shards.py", "fedccrl_core/errors.py", "pipeline/cli.py"})
-    assert got == ["fedccrl_core/data", "fedccrl_core/errors.py", "pipeline/cli.py"]
+    got = by_package({"fedccrl_core/data/shards.py", "fedccrl_core/foundation/errors.py", "pipeline/cli.py"})
+    assert got == ["fedccrl_core/data", "fedccrl_core/foundation", "pipeline/cli.py"]
     assert by_package(py_files("serving")) == ["serving"]
 
 

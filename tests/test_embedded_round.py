@@ -20,7 +20,7 @@ from fedccrl_core.data.pools import build_pools
 from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
 from fedccrl_core.data.synthetic import generate
-from fedccrl_core.federation.client import ClientData
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
 from pipeline.params import read_yaml, validate_params

@@ -2,7 +2,7 @@
 
 - its params.yaml group validates as a run of that algorithm alone (pipeline/params.py, as every stage does);
 - DVC runs it through the whole pipeline: `dvc repro` in one scratch clone with every algorithm, one tiny round
-  each, and the run's files land where evaluate, export and figures look for them (fedccrl_core/contract.py);
+  each, and the run's files land where evaluate, export and figures look for them (fedccrl_core/foundation/contract.py);
   `dvc exp run --temp` with one algorithm alone runs the same pipeline in DVC's temporary copy;
 - the Flower loopback engine equals the in-process engine bit for bit: tests/test_flower.py
   test_loopback_every_algorithm_matches_inprocess_engine, parametrized over the same registry (CCST and FedADG
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,7 @@ def test_params_group_validates_for_a_run_of_the_algorithm_alone(name, tmp_path)
     path.write_text(yaml.safe_dump(tiny_params([name]), sort_keys=False))
     cfg = load_config(path)
     assert cfg.train.algorithms == [name]
-    assert getattr(cfg.train, name).model_dump() == {**ALGORITHMS[name].defaults, **NO_DOWNLOAD.get(name, {})}
+    assert getattr(cfg.train, name).model_dump() == {**ALGORITHMS[name].Params().model_dump(), **NO_DOWNLOAD.get(name, {})}
 
 
 def _dvc() -> str:

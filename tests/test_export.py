@@ -18,13 +18,13 @@ import torch
 from click.testing import CliRunner
 
 from fedccrl_core.algorithms import load_model
-from fedccrl_core.checkpoint import save_model
+from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.data import synthetic
 from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.shards import load_domain_test, partition
-from fedccrl_core.errors import FedCCRLError
-from fedccrl_core.models import build_model
+from fedccrl_core.foundation.errors import FedCCRLError
+from fedccrl_core.learning.models import build_model
 from pipeline import onnx_export
 from pipeline.export import command
 from pipeline.model_registry import SERVING_PACKAGES, log_to_mlflow, sanitize
@@ -468,6 +468,6 @@ def test_serving_the_raw_held_out_folder_reproduces_the_shard_predictions(export
 
 
 def normalized(x_u8: np.ndarray, meta: dict) -> torch.Tensor:
-    from fedccrl_core.statistics import normalize_u8
+    from fedccrl_core.learning.statistics import normalize_u8
 
     return normalize_u8(torch.from_numpy(np.ascontiguousarray(x_u8)), meta["mean"], meta["std"])

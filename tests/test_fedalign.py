@@ -10,17 +10,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.base import StepContext
 from fedccrl_core.algorithms.fedalign import (DomainDiscriminator, FedAlign, adversarial_loss, clustered_mixstyle,
                                               cluster_variance, fedalign_loss, grad_reverse, kmeans,
                                               representation_consistency_loss, style_pool_distribution,
                                               style_sampling_probabilities)
 from fedccrl_core.algorithms import load_model
-from fedccrl_core.checkpoint import save_model
+from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
-from fedccrl_core.losses import js_loss, representation_alignment_loss
-from fedccrl_core.statistics import channel_stats
+from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
+from fedccrl_core.learning.statistics import channel_stats
 
 SMALL = {"disc_hidden": 16}
 

@@ -9,12 +9,13 @@ import pytest
 import torch
 
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms.silobn import SiloBN
-from fedccrl_core.aggregation import weighted_average
-from fedccrl_core.federation.client import ClientState
+from fedccrl_core.learning.aggregation import weighted_average
+from fedccrl_core.learning.clients import ClientState
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
 SMALL_SGD = {"batch_size": 8, "lr": 0.05}

@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch import nn
 
-from fedccrl_core.algorithms import LocalConfig
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithm_params.fedccrl import VARIANT_SWITCHES, resolve_variant
 from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.augment import fedccrl_augment
@@ -24,12 +24,12 @@ from fedccrl_core.augment.augmix import (ALL_OPS, COLOR_OPS, OPS, apply_op, augm
                                          sample_augmix_plan, sample_batch_augmix_plan, to_uint8_levels,
                                          _augmix_with)
 from fedccrl_core.augment.ccdt import mixstyle, pool_rows
-from fedccrl_core.client import ClientData, ClientState
+from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.data.pools import compute_statistics, sample_statistics, unbiased_sigma, upload_size
-from fedccrl_core.errors import DataError
-from fedccrl_core.losses import supcon_loss, supcon_self_positive_loss, three_view_ce
-from fedccrl_core.models import build_model
-from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
+from fedccrl_core.foundation.errors import DataError
+from fedccrl_core.learning.losses import supcon_loss, supcon_self_positive_loss, three_view_ce
+from fedccrl_core.learning.models import build_model
+from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
 from test_flower import HPARAMS, assert_same_history, data, loopback, make_spec, run_inprocess, serve  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,13 +40,13 @@ REFERENCE = {k: v[1] for k, v in VARIANT_SWITCHES.items()}
 
 # ================================================================ the registry of switches
 def test_variant_resolves_auto_switches_and_explicit_ones_win():
-    base = dict(FedCCRL.defaults)
-    assert {k: resolve_variant(base)[k] for k in PAPER} == PAPER
-    ref = resolve_variant({**base, "variant": "reference"})
-    assert {k: ref[k] for k in REFERENCE} == REFERENCE
-    assert ref["uint8_wrap"] is False  # the reference's wrap-around is a defect: never implied by the variant
-    assert resolve_variant({**base, "variant": "reference", "l_cls": "mean"})["l_cls"] == "mean"
-    assert FedCCRL(LocalConfig(), {"variant": "reference"}).hp["forward"] == "per_view"
+    base = FedCCRL.Params()
+    assert {k: getattr(resolve_variant(base), k) for k in PAPER} == PAPER
+    ref = resolve_variant(base.model_copy(update={"variant": "reference"}))
+    assert {k: getattr(ref, k) for k in REFERENCE} == REFERENCE
+    assert ref.uint8_wrap is False  # the reference's wrap-around is a defect: never implied by the variant
+    assert resolve_variant(base.model_copy(update={"variant": "reference", "l_cls": "mean"})).l_cls == "mean"
+    assert FedCCRL(LocalConfig(), {"variant": "reference"}).hp.forward == "per_view"
 
 
 @pytest.mark.parametrize("key,value", [("variant", "code"), ("forward", "twice"), ("supcon", True),

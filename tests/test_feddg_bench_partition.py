@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from fedccrl_core.data import feddg_bench
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 SIZES = [(37, 120, 55, 64), (500, 21, 90)]           # uneven domains (PACS-like and a lopsided one)
 CLIENTS = [2, 3, 4, 7, 30]                           # below, at and above the number of domains

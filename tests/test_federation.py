@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from fedccrl_core.algorithms import LocalConfig, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.fedccrl import pool_without
 from fedccrl_core.data.pools import upload_size
-from fedccrl_core.aggregation import weighted_average
-from fedccrl_core.federation.client import ClientData
+from fedccrl_core.learning.aggregation import weighted_average
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
-from fedccrl_core.models import build_model
+from fedccrl_core.learning.models import build_model
 
 
 def test_weighted_average_eq2_hand_computed():

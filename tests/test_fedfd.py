@@ -14,14 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.base import StepContext
 from fedccrl_core.algorithms.fedfd import (FDBatchNorm2d, FedFD, bn_mode, cacl, cafl, fd_layers,
                                            set_global_statistics, total_loss)
 from fedccrl_core.algorithms.fedfd_a import FedFDA, InstanceAdapter
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms import load_model
-from fedccrl_core.checkpoint import save_model
+from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from pipeline import onnx_export
 
@@ -269,7 +270,7 @@ def test_model_file_round_trip(tmp_path):
         torch.manual_seed(1)
         model = _trained_looking(cls.build_model("small_cnn", 3, "none", None))
         meta = {"backbone": "small_cnn", "num_classes": 3, "classes": ["a", "b", "c"], "image_size": 8,
-                "mean": [0.5] * 3, "std": [0.25] * 3, "algorithm": name, "hparams": cls(LocalConfig()).hp}
+                "mean": [0.5] * 3, "std": [0.25] * 3, "algorithm": name, "hparams": cls(LocalConfig()).hp.model_dump()}
         save_model(tmp_path / f"{name}.pt", model, meta)
         loaded, _ = load_model(tmp_path / f"{name}.pt")  # rebuilt through build_model with meta["hparams"]
         assert [type(m.adapter) for m in fd_layers(loaded)] == [type(m.adapter) for m in fd_layers(model)]
@@ -283,7 +284,7 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     model = _trained_looking(FedFDA.build_model("small_cnn", 3, "none", hp))
     meta = {"backbone": "small_cnn", "num_classes": 3, "classes": ["a", "b", "c"], "image_size": 16,
             "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "resize": "resize SxS bilinear",
-            "algorithm": "fedfd_a", "hparams": hp, "held_out_domain": "shifted"}
+            "algorithm": "fedfd_a", "hparams": hp.model_dump(), "held_out_domain": "shifted"}
     save_model(tmp_path / "m.pt", model, meta)
     loaded, meta = load_model(tmp_path / "m.pt")
     path = onnx_export.export_onnx(loaded, meta, tmp_path / "m.onnx")
@@ -295,9 +296,9 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     session = onnx_export.cpu_session(path)
     res = onnx_export.parity(session, loaded, shifted, meta["mean"], meta["std"], batch_size=7)  # odd batches
     assert res["max_abs_logit_diff"] <= 1e-4 and res["top1_agreement"] == 1.0
-    from fedccrl_core.statistics import normalize_u8
+    from fedccrl_core.learning.statistics import normalize_u8
     x = normalize_u8(torch.from_numpy(shifted), meta["mean"], meta["std"])
-    plain = FedFDA.build_model("small_cnn", 3, "none", {**hp, "inference": "global"})
+    plain = FedFDA.build_model("small_cnn", 3, "none", hp.model_copy(update={"inference": "global"}))
     plain.load_state_dict(loaded.state_dict())
     with torch.no_grad():
         onnx_logits = torch.from_numpy(session.run(["logits"], {"images": x.numpy()})[0])
@@ -359,7 +360,7 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tmp_path):
     save_model(tmp_path / "model.pt", model, dict(
         backbone="small_cnn", num_classes=manifest["num_classes"], classes=manifest["classes"], image_size=32,
         mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY, dataset="synthetic",
-        domains=manifest["domains"], held_out_domain=held_out, algorithm="fedfd_a", seed=0, hparams=hp))
+        domains=manifest["domains"], held_out_domain=held_out, algorithm="fedfd_a", seed=0, hparams=hp.model_dump()))
     res = export(tmp_path / "model.pt", tmp_path / "shards", tmp_path / "out", 0.999, 64, None, None, False)
     assert res["top1_agreement"] == 1.0 and res["max_abs_logit_diff"] <= 1e-4
     assert (tmp_path / "out" / "model.onnx").is_file() and (tmp_path / "out" / "parity.json").is_file()

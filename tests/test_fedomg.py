@@ -9,7 +9,9 @@ import math
 import pytest
 import torch
 
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, Reply, build_algorithm
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.algorithms import fedomg
 from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG, matching_objective, search_coefficients
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
@@ -192,10 +194,10 @@ def test_eta_scales_the_fedavg_step_when_kappa_is_0():
 def test_registered_with_the_papers_defaults():
     assert ALGORITHMS["fedomg"] is FedOMG and ALGORITHMS["fedccrl_omg"] is FedCCRLOMG
     want = {"kappa": 0.5, "global_lr": 1.0, "search_lr": 25.0, "search_steps": 20, "search_momentum": 0.5}
-    assert FedOMG.defaults == want
-    assert {k: FedCCRLOMG.defaults[k] for k in want} == want
-    fedccrl = ALGORITHMS["fedccrl"].defaults
-    assert {k: v for k, v in FedCCRLOMG.defaults.items() if k not in want} == fedccrl  # FedCCRL's clients, unchanged
+    assert FedOMG.Params().model_dump() == want
+    assert {k: getattr(FedCCRLOMG.Params(), k) for k in want} == want
+    fedccrl = ALGORITHMS["fedccrl"].Params().model_dump()
+    assert {k: v for k, v in FedCCRLOMG.Params().model_dump().items() if k not in want} == fedccrl  # FedCCRL's clients
 
 
 @pytest.mark.parametrize("name", ["fedomg", "fedccrl_omg"])

@@ -7,8 +7,8 @@ import torch
 from PIL import Image
 
 from fedccrl_core.augment import AugmentConfig
-from fedccrl_core.models import build_model
-from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
+from fedccrl_core.learning.models import build_model
+from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
 from fedccrl_core.viz import figures as fig
 from fedccrl_core.viz.compute import augmentation_views, cams, representations
 from fedccrl_core.viz.embed import tsne_2d

@@ -34,10 +34,11 @@ import pytest
 import torch
 import yaml
 
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, build_algorithm
-from fedccrl_core.federation.client import ClientData
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,11 +71,11 @@ HPARAMS = {"ccst": {"adain_weights": "random", "K": 2}}  # seeded random AdaIN n
 
 
 def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, privacy=None, **kw):
-    from fedccrl_flower.server_app import ServerSpec
+    from fedccrl_flower.spec import ServerSpec
 
     local = {**LOCAL, "rounds": rounds, **({"privacy": privacy} if privacy else {})}
     alg = build_algorithm(algorithm, LocalConfig(**local), HPARAMS.get(algorithm))
-    return ServerSpec(algorithm=algorithm, local=local, hparams=alg.hp, backbone="small_cnn",
+    return ServerSpec(algorithm=algorithm, local=local, hparams=alg.hp.model_dump(), backbone="small_cnn",
                       num_classes=6, seed=SEED, held_out=HELD_OUT, shards=str(data / "shards"), work_dir=str(work),
                       device="cpu", run_info={"test": algorithm, "rounds": rounds}, **kw)
 
@@ -122,7 +123,10 @@ class LoopbackGrid:
     objects and inflated back; every node has its own Context (node config, persistent state).
     `dead` nodes never answer; `tamper(node, reply)` may rewrite a reply (a malicious client);
     `delay(node, msg)` -> seconds a reply takes on the simulated clock `now` (a slow client);
-    `leave` nodes leave the SuperLink once a message was sent to them."""
+    `leave` nodes leave the SuperLink once a message was sent to them: their messages are answered with
+    the SuperLink's NODE_UNAVAILABLE error, as Flower's SuperLink does once a node's heartbeat expired."""
+
+    pull_s = 0.5  # send_and_receive's pause between pulls, on the simulated clock
 
     def __init__(self, node_configs: dict[int, dict], run_config: dict | None = None):
         from flwr.app import Context, RecordDict
@@ -165,6 +169,7 @@ class LoopbackGrid:
 
     def pull_messages(self, message_ids):
         from flwr.app import Error, Message
+        from flwr.common.constant import ErrorCode
 
         from fedccrl_flower.client_app import handle_query, handle_train
 
@@ -173,7 +178,12 @@ class LoopbackGrid:
             if mid not in self.held:
                 msg = self.inbox.get(mid)
                 node = msg.metadata.dst_node_id
-                if node in self.dead or node in self.leave:
+                if node in self.dead:
+                    continue
+                if node in self.leave:
+                    del self.inbox[mid]
+                    self.held[mid] = (self.now[0], self.wire(Message(
+                        Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=msg)))
                     continue
                 del self.inbox[mid]
                 handler = handle_query if msg.metadata.message_type == M.QUERY else handle_train
@@ -186,6 +196,20 @@ class LoopbackGrid:
                 self.held[mid] = (self.now[0] + (self.delay(node, msg) if self.delay else 0.0), self.wire(reply))
             if self.held[mid][0] <= self.now[0]:
                 out.append(self.held.pop(mid)[1])
+        return out
+
+    def send_and_receive(self, messages, *, timeout=None):
+        """Flower's Grid.send_and_receive on the simulated clock: push, then pull every `pull_s` seconds
+        until every reply is in or `timeout` has passed."""
+        ids = set(self.push_messages(messages))
+        end, out = self.now[0] + (timeout or 0.0), []
+        while timeout is None or self.now[0] < end:
+            got = self.pull_messages(ids)
+            out += got
+            ids -= {r.metadata.reply_to_message_id for r in got}
+            if not ids:
+                break
+            self.now[0] += self.pull_s
         return out
 
 
@@ -284,7 +308,7 @@ def test_upload_checks_and_consensus_signature():
 def test_pack_tree_round_trips_client_state():
     """ClientState (Adam + cosine schedule + extra incl. bf16 and int-keyed dicts) through
     ArrayRecord + ConfigRecord, and training continues identically from the restored state."""
-    from fedccrl_core.federation.client import ClientState
+    from fedccrl_core.learning.clients import ClientState
 
     def make():
         torch.manual_seed(0)
@@ -328,17 +352,21 @@ def test_message_keys_are_defined_once():
 
 
 def test_flower_settings_validation():
-    from fedccrl_flower.run import FlowerSettings
+    from fedccrl_core.foundation.hparams import validate
+    from fedccrl_flower.settings import FlowerSettings
 
-    assert FlowerSettings.from_mapping({"mode": "simulation", "min_clients": 3}).min_clients == 3
+    def from_mapping(d):  # as params.yaml's train.flower is validated (pipeline/params.py)
+        return validate(FlowerSettings, d, prefix="train.flower")
+
+    assert from_mapping({"mode": "simulation", "min_clients": 3}).min_clients == 3
     with pytest.raises(ValueError, match="'train.flower.min_client': unknown key"):
-        FlowerSettings.from_mapping({"min_client": 2})
+        from_mapping({"min_client": 2})
     with pytest.raises(ValueError, match="'train.flower.mode': got 'grpc'; must be one of deployment, simulation"):
-        FlowerSettings.from_mapping({"mode": "grpc"})
+        from_mapping({"mode": "grpc"})
     with pytest.raises(ValueError, match="'train.flower.min_clients': got 0; must be an integer >= 1"):
-        FlowerSettings.from_mapping({"min_clients": 0})
+        from_mapping({"min_clients": 0})
     with pytest.raises(ValueError, match="'train.flower.client_cpus': got 0.5; must be an integer"):  # Flower's uint32
-        FlowerSettings.from_mapping({"client_cpus": 0.5})
+        from_mapping({"client_cpus": 0.5})
 
 
 def test_client_state_slots_survive_a_retrained_round(tmp_path):
@@ -346,7 +374,7 @@ def test_client_state_slots_survive_a_retrained_round(tmp_path):
     a round retrained after a ServerApp resume starts from the same state as the first time."""
     from flwr.app import Context, RecordDict
 
-    from fedccrl_core.federation.client import ClientState
+    from fedccrl_core.learning.clients import ClientState
     from fedccrl_flower.client_app import load_client_state, save_client_state
 
     spec = {"state_key": "k1"}
@@ -373,11 +401,62 @@ def test_client_state_slots_survive_a_retrained_round(tmp_path):
 
 
 def test_launcher_rejects_impossible_min_clients_before_starting_processes(data, tmp_path):
-    from fedccrl_flower.run import FlowerSettings, run_flower
+    from fedccrl_flower.run import run_flower
+    from fedccrl_flower.settings import FlowerSettings
 
     with pytest.raises(ValueError, match="min_clients is 4 but held-out sketch leaves 3 source clients"):
         run_flower(FlowerSettings(min_clients=4), make_spec(data, tmp_path), data / "pools")
     assert not (tmp_path / "federation").exists()
+
+
+def test_stopping_a_process_leaves_none_of_its_group_or_descendants(tmp_path):
+    """processes.Proc: stop() ends the child, its process group and a descendant that left the group for a
+    session of its own (as Flower's SuperExec does), waiting for them with psutil.wait_procs."""
+    import psutil
+
+    from fedccrl_flower.processes import Proc
+
+    script = "setsid sleep 300 & echo $! > detached; sleep 300 & sleep 300"
+    proc = Proc("tree", ["bash", "-c", script], dict(os.environ), tmp_path / "tree.log", cwd=tmp_path)
+    _wait(lambda: (tmp_path / "detached").read_text().strip() if (tmp_path / "detached").is_file() else "", 30,
+          "the detached child")
+    _wait(lambda: len(psutil.Process(proc.pid).children(recursive=True)) >= 2, 30, "the children")
+    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True),
+            psutil.Process(int((tmp_path / "detached").read_text()))]
+    t0 = time.monotonic()
+    proc.stop(grace=5.0)
+    assert time.monotonic() - t0 < 5.0  # SIGTERM ends them all: no wait for the grace to pass
+    assert not proc.alive() and proc.popen.returncode is not None
+    gone, alive = psutil.wait_procs(tree, timeout=10)  # descendants are reaped by init
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def test_train_with_flower_takes_the_job_and_validated_settings(data, tmp_path, monkeypatch):
+    """train_with_flower(job, settings): the ServerSpec comes from the typed TrainJob and the caller's FlowerSettings,
+    which is not validated again."""
+    from fedccrl_core.federation.jobs import RunSettings, TrainJob
+    from fedccrl_flower import run
+    from fedccrl_flower.settings import FlowerSettings
+
+    got = {}
+    monkeypatch.setattr(run, "run_flower", lambda settings, spec, pools, on_round=None, log=None:
+                        got.update(settings=settings, spec=spec, pools=pools))
+    monkeypatch.setattr(FlowerSettings, "model_validate", classmethod(lambda cls, *a, **k: pytest.fail("validated again")))
+    local = LocalConfig(**{**LOCAL, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"])})
+    settings = RunSettings(dataset="embedded", backbone="small_cnn", pretrained="none", local=local, engine="flower",
+                           device="cpu", client_fraction=1.0, concurrent_clients=1, client_state="persistent",
+                           eval_batch_size=64)
+    hp = build_algorithm("fedavg", local).hp
+    job = TrainJob(index=3, target=HELD_OUT, sources=SOURCES, algorithm="fedavg", seed=SEED, hparams=hp,
+                   settings=settings, run_key="k", ckpt=tmp_path / "ck" / "run.pt", out=tmp_path / "out",
+                   domains=[], classes=list("abcdef"), image_size=32, resize="none")
+    flower = FlowerSettings(min_clients=3, query_timeout_s=7.0)
+    run.train_with_flower(job, flower, shards=data / "shards", pools=data / "pools")
+    spec = got["spec"]
+    assert got["settings"] is flower and spec.min_clients == 3 and spec.query_timeout_s == 7.0
+    assert (spec.algorithm, spec.held_out, spec.num_classes, spec.seed, spec.eval_batch_size) == (
+        "fedavg", HELD_OUT, 6, SEED, 64)
+    assert spec.hparams == hp.model_dump() and spec.run_info == {"run_key": "k"} and spec.work_dir.endswith("run.flower")
 
 
 # ================================================================ loopback Grid: the round loop and its faults
@@ -432,7 +511,7 @@ def test_loopback_malformed_updates_are_refused_never_aggregated(data, tmp_path)
 def test_loopback_dead_client_and_min_clients(data, tmp_path):
     """A client that never answers is dropped (the round completes when min_clients allows);
     otherwise the run fails with a message naming the problem."""
-    from fedccrl_flower.server_app import RoundFailure
+    from fedccrl_flower.transport import RoundFailure
 
     grid = loopback(data)
     grid.dead = {102}  # photo_c0
@@ -508,8 +587,8 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     r1, r2 = res["history"]
     assert (r1["train_timeout_s"], r1["query_timeout_s"]) == (spec.train_timeout_s, spec.query_timeout_s)
     assert r1["dropped"] == 0 and r1["clients"] == 3
-    assert r2["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=spec.poll_s * 3)  # polled: within a few polls
-    assert r2["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=spec.poll_s * 3)
+    assert r2["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=grid.pull_s * 3)  # polled: within a few pulls
+    assert r2["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=grid.pull_s * 3)
     assert r2["clients"] == 2 and [(d["client"], d["reason"]) for d in r2["dropped_clients"]] == [("photo_c0", "timeout")]
     server = FlowerServer.__new__(FlowerServer)  # the rule itself: the floor wins over a fast phase
     server.spec, server.slowest = spec, {"query": 0.1}
@@ -683,7 +762,7 @@ def deployment(data, full_venv, tmp_path_factory):
     and reaches the training dependencies (torch, ...) through a .pth file pointing at this interpreter's
     site-packages (tests/wheel_envs.py); they run with no PYTHONPATH, each in a folder with no checkout.
     Every process group is killed at the end, whatever happened."""
-    from fedccrl_flower.run import LocalFederation
+    from fedccrl_flower.federation import LocalFederation
 
     root = tmp_path_factory.mktemp("federation")
     fed = LocalFederation(root / "fed")
@@ -701,7 +780,8 @@ def deployment(data, full_venv, tmp_path_factory):
 def test_one_supernode_from_the_installed_wheel_completes_a_round(data, full_venv, tmp_path):
     """In a folder with no checkout, one SuperNode of the installed wheel joins a loopback federation
     (SuperLink on 127.0.0.1) and completes a round of FedAvg; its ClientApp imports fedccrl from the wheel."""
-    from fedccrl_flower.run import LocalFederation, wait_for_result
+    from fedccrl_flower.federation import LocalFederation
+    from fedccrl_flower.run import wait_for_result
 
     with LocalFederation(tmp_path / "fed") as fed:
         node = add_wheel_supernode(fed, data, "art_c0", tmp_path, full_venv)
@@ -746,7 +826,8 @@ def train(msg, context):
 def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
     """A SuperNode whose ClientApp sends a mis-shaped array: the ServerApp logs and refuses it and
     aggregates the two valid replies."""
-    from fedccrl_flower.run import APP_DIR, wait_for_result
+    from fedccrl_flower.federation import APP_DIR
+    from fedccrl_flower.run import wait_for_result
 
     fed, _ = deployment
     app = tmp_path / "evil_app"
@@ -774,7 +855,8 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
         other two (min_clients = 2); the SuperNode is restarted (same client id and state folder);
     (c) the ServerApp is stopped after round 2 (flwr stop) and the run resubmitted -> it resumes
         after round 2 and round 3 has all three clients again (the restarted node rejoined)."""
-    from fedccrl_flower.run import FlowerRunError, wait_for_result
+    from fedccrl_flower.processes import FlowerRunError
+    from fedccrl_flower.run import wait_for_result
 
     fed, root = deployment
     fail = tmp_path / "fail"
@@ -820,7 +902,8 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
 def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path):
     """`train.flower.mode: simulation`: `flwr run` on a local simulation SuperLink, Flower's Ray
     backend (offline), 3 simulated SuperNodes (partition-id -> client id via the manifest)."""
-    from fedccrl_flower.run import FlowerSettings, run_flower
+    from fedccrl_flower.run import run_flower
+    from fedccrl_flower.settings import FlowerSettings
 
     t0 = time.perf_counter()
     res = run_flower(FlowerSettings(mode="simulation", min_clients=3, client_cpus=1, ray_cpus=2, run_timeout_s=600),

@@ -73,7 +73,9 @@ def plain(argv: list[str]) -> list[str]:
 
 
 def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data, tmp_path):  # noqa: F811
-    from fedccrl_flower.run import BIN, Federation, Proc, flower_env, free_port, wait_for_result
+    from fedccrl_flower.federation import Federation
+    from fedccrl_flower.processes import BIN, Proc, flower_env, free_port
+    from fedccrl_flower.run import wait_for_result
 
     link_code, register_code, site_code = recipe()
     port = free_port()

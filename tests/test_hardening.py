@@ -1,6 +1,6 @@
 """Faults and bad input handled at their root.
 
-- fedccrl_core.fsio: the one atomic write; temporary paths of dead processes removed by the next run;
+- fedccrl_core.foundation.fsio: the one atomic write; temporary paths of dead processes removed by the next run;
 - serving: atomic outputs, metadata checked against the graph, non-regular inputs skipped, a deadline;
 - download: a deadline for the whole download, not only for each read;
 - the data stages: verified known archives, tarfile's data filter, a warning for tiny domains.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fedccrl_core import fsio
+from fedccrl_core.foundation import fsio
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def temps(folder: Path) -> list[str]:
 KILLED_WRITER = """
     import os, signal
     from pathlib import Path
-    from fedccrl_core.fsio import atomic_dir, atomic_file
+    from fedccrl_core.foundation.fsio import atomic_dir, atomic_file
     with atomic_dir(Path("plots")) as out:               # as `fedccrl figures` writes plots/
         (out / "augmentation_preview.png").write_bytes(b"half a figure")
         with atomic_file(Path("results") / "d0.json", "w") as f:   # and a file being written
@@ -58,7 +58,7 @@ def test_a_killed_writer_leaves_temps_that_the_next_run_removes(tmp_path):
 
     rerun = run_py("""
         from pathlib import Path
-        from fedccrl_core.fsio import atomic_dir, write_text
+        from fedccrl_core.foundation.fsio import atomic_dir, write_text
         with atomic_dir(Path("plots")) as out:
             (out / "augmentation_preview.png").write_bytes(b"a whole figure")
         write_text(Path("results") / "d0.json", "{}")
@@ -140,7 +140,7 @@ def test_a_full_disk_is_one_error_naming_the_path(tmp_path):
     r = run_py("""
         import resource, signal
         from pathlib import Path
-        from fedccrl_core.fsio import OutputError, write_text
+        from fedccrl_core.foundation.fsio import OutputError, write_text
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
         try:
@@ -392,7 +392,7 @@ def trickling_server():
 @pytest.mark.timeout(60)  # without the deadline the download never ends
 def test_c_a_trickling_server_meets_the_whole_download_deadline(trickling_server, tmp_path):
     from fedccrl_core.data.http import download_url
-    from fedccrl_core.errors import DataError
+    from fedccrl_core.foundation.errors import DataError
 
     t0 = time.monotonic()
     with pytest.raises(DataError) as e:
@@ -479,7 +479,7 @@ def test_d_tar_members_go_through_tarfiles_data_filter(tmp_path, monkeypatch):
     import tarfile
 
     from fedccrl_core.data import archives
-    from fedccrl_core.errors import UnsafeArchiveError
+    from fedccrl_core.foundation.errors import UnsafeArchiveError
 
     archive = tmp_path / "a.tar"
     with tarfile.open(archive, "w") as t:
@@ -579,7 +579,7 @@ def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_
 def test_e_a_dataset_wrapped_in_two_folders_is_found_and_a_wrong_layout_says_why(tmp_path):
     from fedccrl_core.data import registry
     from fedccrl_core.data.sources import prepare_raw
-    from fedccrl_core.errors import DataError
+    from fedccrl_core.foundation.errors import DataError
 
     spec = registry.get_dataset("imagefolder")
     _imagefolder(tmp_path / "src" / "export" / "mydata", {"art": 2, "photo": 2})

@@ -135,7 +135,7 @@ def exported(tmp_path_factory):
     """(onnx path, torch model): a random small_cnn at 32 px (as tests/test_serving.py)."""
     import torch
 
-    from fedccrl_core.models import build_model
+    from fedccrl_core.learning.models import build_model
     from pipeline.onnx_export import export_onnx
 
     torch.manual_seed(0)
@@ -148,7 +148,7 @@ def exported(tmp_path_factory):
 def _torch_probs(model, u8: np.ndarray) -> np.ndarray:
     import torch
 
-    from fedccrl_core.statistics import normalize_u8
+    from fedccrl_core.learning.statistics import normalize_u8
 
     with torch.no_grad():
         return torch.softmax(model(normalize_u8(torch.from_numpy(u8), MEAN, STD)).double(), 1).numpy()

@@ -10,7 +10,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fedccrl_core.algorithms import LocalConfig
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.federation.jobs import RunSettings, TrainJob, run_jobs
 
 

@@ -5,14 +5,17 @@ The library fedccrl_core imports none of the outer packages (pipeline, serving, 
 click or Flower. Inside it, a module may import its own floor or a lower one:
 
   floor 4  viz (figures over the library)
-  floor 3  federation (the round loop, engines, checkpoints of a run), runs (a saved run re-evaluated)
+  floor 3  federation (the round loop, engines, checkpoints of a run, training jobs), outcomes (saved runs
+           re-evaluated, results tables)
   floor 2  algorithms (client hooks + server half), algorithm_params (their hyperparameters, torch-free)
-  floor 1  data, statistics, augment, losses, models, aggregation, client, evaluation, confusion, checkpoint,
-           results, privacy, audit
-  floor 0  errors, hparams, seeding, numerics, threads, procs, fastpath, contract, fsio, runkey, progress,
-           backbone_names, imagenet_stats
+  floor 1  learning (statistics, losses, models, Eq. 2, a client's data and state, accuracy, confusion, the model
+           file), data, augment, privacy (the mechanisms, the accountant, the audit)
+  floor 0  foundation (errors, hyperparameter declarations, seeds, threads, processes, safe writes, the names
+           layers share, the run key); the package's own __init__
 
-So `checkpoint` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
+Each sub-package is one floor, and each module's docstring states its floor.
+
+So `learning.model_file` cannot import `algorithms`, and `algorithms.base` cannot import `federation`. serving and
 fedccrl_flower do not import pipeline (the stage CLIs sit on top of them). benchmarks (research tooling: the
 `fedccrl-bench` commands and the plain baseline trainer) sits on top of everything: no other package imports it.
 A new module of fedccrl_core must be given a floor here: the test names it.
@@ -31,16 +34,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = {
-    "fedccrl_core": 0, "fedccrl_core.errors": 0, "fedccrl_core.hparams": 0, "fedccrl_core.seeding": 0, "fedccrl_core.numerics": 0,
-    "fedccrl_core.threads": 0, "fedccrl_core.procs": 0, "fedccrl_core.fastpath": 0, "fedccrl_core.contract": 0,
-    "fedccrl_core.fsio": 0, "fedccrl_core.runkey": 0, "fedccrl_core.progress": 0,
-    "fedccrl_core.backbone_names": 0, "fedccrl_core.imagenet_stats": 0,
-    "fedccrl_core.data": 1, "fedccrl_core.statistics": 1, "fedccrl_core.augment": 1, "fedccrl_core.losses": 1,
-    "fedccrl_core.models": 1, "fedccrl_core.aggregation": 1, "fedccrl_core.client": 1,
-    "fedccrl_core.evaluation": 1, "fedccrl_core.confusion": 1, "fedccrl_core.checkpoint": 1, "fedccrl_core.results": 1,
-    "fedccrl_core.privacy": 1, "fedccrl_core.audit": 1,
+    "fedccrl_core": 0, "fedccrl_core.foundation": 0,
+    "fedccrl_core.learning": 1, "fedccrl_core.data": 1, "fedccrl_core.augment": 1, "fedccrl_core.privacy": 1,
     "fedccrl_core.algorithms": 2, "fedccrl_core.algorithm_params": 2,
-    "fedccrl_core.federation": 3, "fedccrl_core.runs": 3,
+    "fedccrl_core.federation": 3, "fedccrl_core.outcomes": 3,
     "fedccrl_core.viz": 4,
 }
 OUTSIDE_THE_LIBRARY = ("pipeline", "serving", "fedccrl_flower", "benchmarks", "click", "mlflow", "dvc",
@@ -112,22 +109,33 @@ def test_every_library_module_has_a_floor():
     assert not unplaced, f"give these modules a floor in tests/test_layers.py FLOORS (and docs/architecture.md): {unplaced}"
 
 
+@pytest.mark.parametrize("path", [p for p in SOURCES if module_name(p).startswith("fedccrl_core")],
+                         ids=lambda p: module_name(p))
+def test_every_library_module_states_its_floor(path):
+    """Each module of the library says in its docstring which floor it sits on (its sub-package's)."""
+    import re
+
+    doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+    n = floor(module_name(path))
+    assert re.search(rf"\bfloor {n}\b", doc, re.I), f"{path.relative_to(ROOT)}: its docstring should state 'Floor {n}'"
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: module_name(p))
 def test_imports_point_down(path):
     assert violations(module_name(path), path.read_text(), path.name == "__init__.py") == []
 
 
 @pytest.mark.parametrize("module,source", [
-    ("fedccrl_core.checkpoint", "from fedccrl_core.algorithms import ALGORITHMS"),
+    ("fedccrl_core.learning.model_file", "from fedccrl_core.algorithms import ALGORITHMS"),
     ("fedccrl_core.algorithms.base", "def f():\n    from fedccrl_core.federation.client import ClientData"),
     ("fedccrl_core.algorithms.base", "from ..federation import engine"),
     ("fedccrl_core.data.shards", "import mlflow"),
-    ("fedccrl_core.models", "from pipeline.params import load_config"),
+    ("fedccrl_core.learning.models", "from pipeline.params import load_config"),
     ("serving.cli", "from pipeline.stage_runtime import run_stage"),
     ("serving.runtime", "def f():\n    import torch"),
     ("serving.inputs", "from torchvision.io import decode_image"),
     ("serving.metadata", "from pipeline.onnx_export import export_onnx"),
-    ("fedccrl_core.runkey", "from benchmarks.plain import plain_round"),
+    ("fedccrl_core.foundation.runkey", "from benchmarks.plain import plain_round"),
     ("fedccrl_core.federation.engine", "def f():\n    import benchmarks.speed"),
     ("pipeline.train", "from benchmarks.accuracy import bench_accuracy"),
     ("fedccrl_flower.run", "from benchmarks import speed"),
@@ -192,7 +200,7 @@ def test_benchmarks_is_outside_the_library_and_on_top():
 
 def test_downward_and_sideways_imports_pass():
     assert violations("fedccrl_core.federation.engine", "from fedccrl_core.algorithms import Algorithm") == []
-    assert violations("fedccrl_core.checkpoint", "from fedccrl_core.models import FedModel") == []
+    assert violations("fedccrl_core.learning.model_file", "from fedccrl_core.learning.models import FedModel") == []
     assert violations("fedccrl_core.algorithms.fedccrl", "from fedccrl_core.algorithms.base import Algorithm") == []
     assert violations("fedccrl_core.algorithms", "from .base import Algorithm", is_package=True) == []
 
@@ -234,5 +242,5 @@ def test_every_own_import_resolves(path):
 def test_an_import_of_a_removed_module_is_caught():
     assert unresolved("def f():\n    from fedccrl_core.data.atomic import write_json_atomic\n") == [
         "line 2: no module fedccrl_core.data.atomic"]
-    assert unresolved("from fedccrl_core.fsio import no_such_helper\n") == [
-        "line 1: fedccrl_core.fsio has no no_such_helper"]
+    assert unresolved("from fedccrl_core.foundation.fsio import no_such_helper\n") == [
+        "line 1: fedccrl_core.foundation.fsio has no no_such_helper"]

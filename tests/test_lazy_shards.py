@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from fedccrl_core.algorithms import LocalConfig, build_algorithm
-from fedccrl_core.client import ClientData
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.data import registry, synthetic
 from fedccrl_core.data.shards import client_ids, load_client, load_manifest, partition
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine

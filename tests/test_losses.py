@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedccrl_core.losses import (
+from fedccrl_core.learning.losses import (
     fedccrl_loss,
     js_loss,
     representation_alignment_loss,

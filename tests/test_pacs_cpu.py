@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = Path(sys.executable).parent.parent

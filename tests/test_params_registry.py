@@ -18,7 +18,7 @@ def test_params_group_matches_declaration(name):
     groups = PARAMS["train"]
     assert name in groups, f"params.yaml has no train.{name} group (DVC runs listing {name} would fail)"
     group = groups[name] or {}
-    declared = ALGORITHMS[name].defaults
+    declared = ALGORITHMS[name].Params().model_dump()
     assert set(group) == set(declared), f"train.{name}: params.yaml keys {sorted(group)} != declared {sorted(declared)}"
     for key, value in declared.items():
         assert group[key] == value, f"train.{name}.{key}: params.yaml {group[key]!r} != declared default {value!r}"
@@ -57,7 +57,7 @@ def test_every_hyperparameter_has_a_source(name):
     """hp(default, source, ...): the paper's equation or table, a reference implementation, or our reason."""
     params = ALGORITHMS[name].Params
     missing = [k for k, src in params.sources().items() if len(src.strip()) < 10]
-    assert not missing, f"train.{name}: declare a source for {missing} (fedccrl_core/hparams.py hp())"
+    assert not missing, f"train.{name}: declare a source for {missing} (fedccrl_core/foundation/hparams.py hp())"
 
 
 def test_repository_params_validate():
@@ -65,13 +65,13 @@ def test_repository_params_validate():
 
     cfg = load_config(ROOT / "params.yaml")
     for name in ALGORITHMS:  # each group as the typed declaration reads it: the declared defaults
-        assert getattr(cfg.train, name).model_dump() == ALGORITHMS[name].defaults
+        assert getattr(cfg.train, name).model_dump() == ALGORITHMS[name].Params().model_dump()
 
 
 def test_hyperparameter_doc_is_generated_from_the_declarations():
     import importlib.util
 
-    from fedccrl_core.hparams import markdown
+    from fedccrl_core.foundation.hparams import markdown
 
     want = markdown({name: cls.Params for name, cls in ALGORITHMS.items()})
     spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
@@ -150,8 +150,8 @@ def test_every_registry_default_is_params_yaml_value():
     """A default is written once, in the typed registry (pipeline/params.py's groups, the library's TrainSettings
     and LocalConfig, each algorithm's Params, fedccrl_flower/settings.py), and params.yaml's value is the same:
     the run a missing key gives is the run the committed file describes."""
-    from fedccrl_core.algorithms import LocalConfig, TrainSettings
-    from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD
+    from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
+    from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
     from fedccrl_flower.server_app import ServerSpec
     from fedccrl_flower.settings import FlowerSettings
     from pipeline.params import ParamsFile, read_yaml
@@ -207,12 +207,12 @@ def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path)
     manifest = {"domains": ["photo", "art", "cartoon", "sketch"], "classes": ["a", "b"], "image_size": 32,
                 "clients": []}
     (job,) = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [3], ["sketch"],
-                       tmp_path / "models", tmp_path / "ck", {})
+                       tmp_path / "models", tmp_path / "ck", cfg.train.fedavg)
     assert job.settings.local.lr == 0.001
     import pickle
 
     assert pickle.loads(pickle.dumps(job)) == job  # a worker receives it whole
     other = load_config(ROOT / "params.yaml")
     (job2,) = plan_runs(run_settings(other), other.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [3],
-                        ["sketch"], tmp_path / "models", tmp_path / "ck", {})
+                        ["sketch"], tmp_path / "models", tmp_path / "ck", other.train.fedavg)
     assert job2.run_key != job.run_key  # the key hashes the learning rate as a number

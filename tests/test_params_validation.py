@@ -256,8 +256,8 @@ def test_held_out_by_name_through_train_and_evaluate(tiny, tmp_path, monkeypatch
                 if r.data.tags.get("fedccrl.role") == "child"]
     logged = {k.removeprefix("train.fedccrl."): v for k, v in child.data.params.items()
               if k.startswith("train.fedccrl.")}
-    declared = resolve_variant(ALGORITHMS["fedccrl"].defaults)  # the variant's switches logged as read
-    assert logged == {k: str(v) for k, v in declared.items()}
+    declared = resolve_variant(ALGORITHMS["fedccrl"].Params())  # the variant's switches logged as read
+    assert logged == {k: str(v) for k, v in declared.model_dump().items()}
     assert child.data.params["train.held_out"] == "sketch"
 
     res = CliRunner().invoke(evaluate, ["--shards", str(tiny / "data" / "shards"), "--models", "models",
@@ -303,3 +303,29 @@ def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
     bad.write_text("train: !!python/object/apply:os.system ['true']\n")
     with pytest.raises(ParamError, match=r"not valid YAML \(ConstructorError at line 1\)"):
         read_yaml(bad)
+
+
+def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatch):
+    """`fedccrl train` of one algorithm, in this process, with train.privacy on: the params file is validated once
+    (ParamsFile); the algorithm's Params and the privacy settings travel typed from there (no second validation of
+    train.<algorithm> or train.privacy by the algorithm, the round loop or the job)."""
+    from pydantic import BaseModel
+
+    from fedccrl_core.foundation.hparams import HParams
+    from fedccrl_core.privacy.settings import PrivacySettings
+    from pipeline.params import ParamsFile
+
+    validated = []
+    model_validate = BaseModel.__dict__["model_validate"].__func__
+
+    def counting(cls, *args, **kwargs):
+        validated.append(cls)
+        return model_validate(cls, *args, **kwargs)
+
+    monkeypatch.setattr(BaseModel, "model_validate", classmethod(counting))
+    _params(tmp_path, **{"train.privacy.enabled": True, "train.privacy.noise_seed": 0})
+    res = _train(tiny, tmp_path, monkeypatch)
+    assert res.exit_code == 0, res.stderr[-3000:]
+    assert (tmp_path / "out/model/d0/model.pt").is_file()
+    ours = [c for c in validated if c is ParamsFile or issubclass(c, (HParams, PrivacySettings))]
+    assert ours == [ParamsFile], [c.__name__ for c in ours]

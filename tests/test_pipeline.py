@@ -321,7 +321,7 @@ def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkey
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
 def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
-    """SIGTERM during training (fedccrl_core/procs.py) ends the MLflow run KILLED, leaves no output and no
+    """SIGTERM during training (fedccrl_core/foundation/procs.py) ends the MLflow run KILLED, leaves no output and no
     process; deleting mlflow.db afterwards gives a warning and a fresh run, not a traceback, and the resumed
     run's metrics equal an uninterrupted run's."""
     import mlflow

@@ -12,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedccrl_core import contract
-from fedccrl_core.algorithms import LocalConfig, Reply, build_algorithm
-from fedccrl_core.errors import ParamError
+from fedccrl_core.foundation import contract
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms.base import Reply
+from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.privacy import accountant as A
 from fedccrl_core.privacy.dp import (DPFedAvgAggregation, clip_update, noisy_moments, privatize,
                                      privatize_rows, stats_noise_std)
@@ -245,7 +247,7 @@ def test_an_attacker_with_the_run_seed_gains_nothing():
     full noise variance (2 z^2 D^2: its own draw is independent of the applied one), and its prediction is
     uncorrelated with the noise."""
     from fedccrl_core.data.pools import sample_statistics
-    from fedccrl_core.seeding import numpy_rng
+    from fedccrl_core.foundation.seeding import numpy_rng
 
     s = {"enabled": True, "stats_noise_multiplier": 0.04, "stats_mu_range": [-100.0, 100.0],
          "stats_sigma_range": [0.0, 200.0]}
@@ -274,7 +276,7 @@ def test_the_weights_noise_is_not_the_seeds():
     those of a run with z = 1e-12. The attacker regenerates the draw the run seed gives the server's noise
     (torch_generator(seed, "dp_weights", round), keys in sorted order, as before the noise came from the OS):
     subtracting it leaves twice the noise variance, and it is uncorrelated with the noise."""
-    from fedccrl_core.seeding import torch_generator
+    from fedccrl_core.foundation.seeding import torch_generator
 
     priv = {"enabled": True, "weights_clip": 0.5, "weights_noise_multiplier": 0.8}
     noisy = _engine(priv, rounds=1, algorithm="fedavg").run().final_weights
@@ -295,7 +297,7 @@ def test_the_rows_released_are_not_the_seeds_sample():
     """Eq. 8's sample is drawn from the OS too: the rows released are not those the run seed picks, and two
     uploads with the same seed release different rows. Rows carry their index in mu (noise 1e-7 of the box)."""
     from fedccrl_core.data.pools import sample_statistics
-    from fedccrl_core.seeding import numpy_rng
+    from fedccrl_core.foundation.seeding import numpy_rng
 
     n = 200
     s = {"enabled": True, "stats_noise_multiplier": 1e-7, "stats_mu_range": [-1.0, float(n)],

@@ -8,9 +8,11 @@ import warnings
 import pytest
 import torch
 
-from fedccrl_core.algorithms import ALGORITHMS, LocalConfig, Reply, build_algorithm
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.algorithms.base import ListAggregation
-from fedccrl_core.client import ClientData
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.checkpoints import CheckpointFallbackWarning
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 

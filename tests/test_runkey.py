@@ -1,18 +1,18 @@
-"""The run key hashes the training code only (fedccrl_core/runkey.py): a figure module or a benchmark is not part
+"""The run key hashes the training code only (fedccrl_core/foundation/runkey.py): a figure module or a benchmark is not part
 of it, every module a training run imports is."""
 from __future__ import annotations
 
 import ast
 
-from fedccrl_core import runkey
+from fedccrl_core.foundation import runkey
 
 
 def test_the_code_hash_covers_the_training_code_and_nothing_else():
     root, files = runkey.training_sources()
     names = {str(f.relative_to(root)) for f in files}
     assert {"algorithms/base.py", "algorithms/fedccrl.py", "federation/loop.py", "federation/jobs.py",
-            "augment/ccdt.py", "data/shards.py", "models.py"} <= names
-    assert not [n for n in names if n.startswith(("viz/", "bench/"))]
+            "augment/ccdt.py", "data/shards.py", "learning/models.py"} <= names
+    assert not [n for n in names if n.startswith(("viz/", "outcomes/", "bench/"))]
     assert not (root.parent / "benchmarks").is_relative_to(root)
 
 

@@ -1,4 +1,4 @@
-"""fedccrl_core/runs.py: a saved run re-evaluated on its held-out domain. When the best source-validation round is
+"""fedccrl_core/outcomes/runs.py: a saved run re-evaluated on its held-out domain. When the best source-validation round is
 the last one (best.pt holds the final model's weights), its predictions are not computed a second time, and the
 result is the one both predictions would give."""
 from __future__ import annotations
@@ -9,13 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedccrl_core import contract, evaluation, runs
-from fedccrl_core.checkpoint import save_model
+from fedccrl_core.foundation import contract
+from fedccrl_core.learning import accuracy as evaluation
+from fedccrl_core.outcomes import runs
+from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.data import synthetic
 from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.shards import partition
-from fedccrl_core.models import build_model
+from fedccrl_core.learning.models import build_model
 
 HELD_OUT = "sketch"
 

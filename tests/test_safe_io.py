@@ -1,4 +1,4 @@
-"""What stands at an output path decides how it is written (fedccrl_core/fsio.py `output_target`): a symlink
+"""What stands at an output path decides how it is written (fedccrl_core/foundation/fsio.py `output_target`): a symlink
 keeps pointing at the file written, a FIFO's reader gets every record, a full device is one clear error and
 stays a device, a regular file is complete or absent, `-` is stdout, a folder is refused before any work.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from fedccrl_core import fsio
+from fedccrl_core.foundation import fsio
 from test_hardening import images, temps, tiny_onnx  # noqa: F401  images: a fixture
 from test_untrusted_files import tiny, trained  # noqa: F401  fixtures: tiny data, one tiny trained run
 
@@ -140,7 +140,7 @@ def test_a_link_to_stdout_onto_a_file_appends_in_order(tmp_path):
     under the test's folder (as /dev/stdout is: -> /proc/self/fd/1), so wrong code cannot replace /dev/stdout."""
     (tmp_path / "stdout").symlink_to("/proc/self/fd/1")
     code = textwrap.dedent(f"""
-        from fedccrl_core import fsio
+        from fedccrl_core.foundation import fsio
         print("before", flush=True)
         fsio.write_text({str(tmp_path / "stdout")!r}, "via the link\\n")
         fsio.write_text("-", "via -\\n")

@@ -22,8 +22,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from fedccrl_core.data.images import RESIZE_POLICY, load_rgb, resize_u8
-from fedccrl_core.models import build_model
-from fedccrl_core.statistics import normalize_u8
+from fedccrl_core.learning.models import build_model
+from fedccrl_core.learning.statistics import normalize_u8
 from pipeline.onnx_export import export_onnx
 from serving.cli import main
 from serving.metadata import ServingMetadata

@@ -13,7 +13,7 @@ import torch
 
 from fedccrl_core.data.images import RESIZE_POLICY, decode_images
 from fedccrl_core.data.synthetic import DOMAINS, generate
-from fedccrl_core.statistics import normalize_u8
+from fedccrl_core.learning.statistics import normalize_u8
 from serving.metadata import ServingMetadata
 from serving.preprocess import preprocess_files
 

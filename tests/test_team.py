@@ -23,7 +23,7 @@ import team_sweeps  # noqa: E402
 import tracking_server  # noqa: E402
 
 from benchmarks.accuracy import apply_overrides  # noqa: E402
-from fedccrl_flower.run import free_port  # noqa: E402
+from fedccrl_flower.processes import free_port  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (tracking_server.shutil.which("initdb") or
                                      list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))),

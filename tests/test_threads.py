@@ -1,9 +1,9 @@
-"""The project's thread policy (fedccrl_core/threads.py) reaches every `fedccrl` process before torch loads."""
+"""The project's thread policy (fedccrl_core/foundation/threads.py) reaches every `fedccrl` process before torch loads."""
 import os
 import subprocess
 import sys
 
-from fedccrl_core.threads import POLICY, apply_thread_policy
+from fedccrl_core.foundation.threads import POLICY, apply_thread_policy
 
 PROBE = ("import os, sys; sys.argv = ['fedccrl', '--version']; import pipeline.cli; "
          "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('KMP_BLOCKTIME'), 'torch' in sys.modules)")

@@ -129,7 +129,7 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
     manifest = {"domains": ["photo", "art", "cartoon", "sketch"], "classes": ["a", "b"], "image_size": 32,
                 "clients": []}
     (job,) = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [0], ["photo"],
-                       tmp_path / "models", tmp_path / "ck", {})
+                       tmp_path / "models", tmp_path / "ck", cfg.train.fedavg)
     flat = mlflow_params(params, job, "cpu")
     assert flat["train.lr"] == 0.001 and isinstance(flat["train.lr"], float)
     run = ChildRun("lr", parent_run_id("lr", "k", params), "r", flat, {})           # MLflow params

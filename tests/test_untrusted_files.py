@@ -1,5 +1,5 @@
 """A model file or checkpoint is data, never code: every torch file is read with torch's weights-only
-unpickler (fedccrl_core/checkpoint.py `torch_load`), a client state's pickle may name only an explicit
+unpickler (fedccrl_core/learning/model_file.py `torch_load`), a client state's pickle may name only an explicit
 allowlist (fedccrl_core/federation/checkpoints.py), and a crafted file is refused with an error naming it.
 
 The crafted files here hold an object whose `__reduce__` calls os.system to create a marker file; the first
@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedccrl_core.checkpoint import FORMAT, load_model
-from fedccrl_core.errors import UntrustedFileError
+from fedccrl_core.learning.model_file import FORMAT, load_model
+from fedccrl_core.foundation.errors import UntrustedFileError
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from test_params_validation import _params, tiny  # noqa: F401  tiny: shards and pools of synthetic data (a fixture)
 
@@ -62,7 +62,7 @@ def test_load_model_refuses_a_crafted_file_naming_it(tmp_path):
 
 
 def test_a_torn_model_file_is_still_an_unreadable_one(tmp_path):
-    from fedccrl_core.errors import FedCCRLError
+    from fedccrl_core.foundation.errors import FedCCRLError
 
     path = tmp_path / "model.pt"
     path.write_bytes(b"not a checkpoint")

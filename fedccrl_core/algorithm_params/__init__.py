@@ -5,7 +5,9 @@ holds the settings every algorithm shares (TrainSettings, LocalConfig). The algo
 train with these declarations; params.yaml's validation (pipeline/params.py) reads them from here, so a stage that
 trains nothing validates the whole file without importing torch. fedccrl_core/algorithms/__init__.py checks that
 its ALGORITHMS lists the same names, in the same order, with the same `Params`.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from fedccrl_core.algorithm_params.ccst import CCSTParams
@@ -21,8 +23,7 @@ from fedccrl_core.algorithm_params.fedprox import FedProxParams
 from fedccrl_core.algorithm_params.fedsr import FedSRParams
 from fedccrl_core.algorithm_params.ga import GAParams
 from fedccrl_core.algorithm_params.local_bn import LocalBNParams
-from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
-from fedccrl_core.hparams import HParams
+from fedccrl_core.foundation.hparams import HParams
 
 # algorithm name -> its train.<name> declaration, in the registry's order (FedBN and SiloBN share LocalBNParams)
 PARAMS: dict[str, type[HParams]] = {
@@ -31,5 +32,3 @@ PARAMS: dict[str, type[HParams]] = {
     "fedbn": LocalBNParams, "silobn": LocalBNParams, "fedfd": FDParams, "fedfd_a": FedFDAParams,
     "fedomg": FedOMGParams, "fedccrl_omg": FedCCRLOMGParams,
 }
-
-__all__ = ["PARAMS", "LocalConfig", "TrainSettings"]

@@ -1,10 +1,12 @@
 """train.fedalign: FedAlign's hyperparameters (fedalign.txt); the algorithm is fedccrl_core/algorithms/fedalign.py.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from typing import ClassVar
 
-from fedccrl_core.hparams import HParams, hp
+from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedAlignParams(HParams):

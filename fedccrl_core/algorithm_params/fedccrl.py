@@ -1,11 +1,13 @@
 """train.fedccrl: FedCCRL's hyperparameters (fedccrl-v2.txt) and its `variant` switches (paper | reference);
 the algorithm is fedccrl_core/algorithms/fedccrl.py, docs/algorithms/fedccrl.md lists the switches.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from fedccrl_core.hparams import HParams, hp
+from fedccrl_core.foundation.hparams import HParams, hp
 
 # train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`
 VARIANT_SWITCHES = {
@@ -26,17 +28,16 @@ def _switch(key: str):
     return Literal[("auto", *VARIANT_SWITCHES[key])]
 
 
-def resolve_variant(hp: dict) -> dict:
+def resolve_variant(hp: FedCCRLParams) -> FedCCRLParams:
     """hp (validated: `variant` and each switch are Literals of FedCCRLParams) with every `auto` switch replaced
-    by the reading of hp["variant"]."""
-    variant = hp["variant"]
-    out = dict(hp)
-    for key, readings in VARIANT_SWITCHES.items():
-        if out[key] == "auto":
-            out[key] = readings[VARIANTS.index(variant)]
-    if out.get("augmix_impl", "tensor") == "pil" and out["augmix"] != "per_sample":
+    by the reading of hp.variant."""
+    variant = hp.variant
+    resolved = {key: readings[VARIANTS.index(variant)] for key, readings in VARIANT_SWITCHES.items()
+                if getattr(hp, key) == "auto"}
+    out = hp.model_copy(update=resolved)
+    if out.augmix_impl == "pil" and out.augmix != "per_sample":
         raise ValueError(f"params.yaml: train.fedccrl.augmix_impl pil implements augmix per_sample only, but augmix "
-                         f"is {out['augmix']} (variant {variant}); use augmix_impl: tensor")
+                         f"is {out.augmix} (variant {variant}); use augmix_impl: tensor")
     return out
 
 

@@ -1,6 +1,8 @@
 """train.fedfd: FedFD's hyperparameters (fedfd-a.txt section 3.2), the base of train.fedfd_a; the algorithm is
 fedccrl_core/algorithms/fedfd.py.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from typing import Literal
@@ -8,7 +10,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from fedccrl_core.algorithm_params.local_bn import LocalBNParams
-from fedccrl_core.hparams import hp
+from fedccrl_core.foundation.hparams import hp
 
 
 class FDParams(LocalBNParams):

@@ -1,6 +1,8 @@
 """train.fedfd_a: FedFD-A's hyperparameters (fedfd-a.txt sections 3.2-3.3); the algorithm is
 fedccrl_core/algorithms/fedfd_a.py.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from typing import Literal
@@ -8,7 +10,7 @@ from typing import Literal
 from pydantic import field_validator
 
 from fedccrl_core.algorithm_params.fedfd import FDParams
-from fedccrl_core.hparams import hp
+from fedccrl_core.foundation.hparams import hp
 
 
 class FedFDAParams(FDParams):

@@ -1,8 +1,10 @@
 """train.fediir: FedIIR's hyperparameters; the algorithm is fedccrl_core/algorithms/fediir.py.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
-from fedccrl_core.hparams import HParams, hp
+from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedIIRParams(HParams):

@@ -1,11 +1,13 @@
 """train.fedomg and train.fedccrl_omg: FedOMG's server-step hyperparameters (Nguyen et al., ICLR 2025, arXiv
 2501.14653, Eq. 15-17); the algorithms are fedccrl_core/algorithms/fedomg.py, docs/algorithms/fedomg.md lists the
 choices the paper leaves open and where the official code (skydvn/FedOMG) departs from it.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
-from fedccrl_core.hparams import HParams, hp
+from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedOMGParams(HParams):

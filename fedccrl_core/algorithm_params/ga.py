@@ -1,10 +1,12 @@
 """train.ga: GA's hyperparameters; the algorithm is fedccrl_core/algorithms/ga.py.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from typing import Literal
 
-from fedccrl_core.hparams import HParams, hp
+from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class GAParams(HParams):

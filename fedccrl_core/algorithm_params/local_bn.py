@@ -1,11 +1,13 @@
 """train.fedbn, train.silobn: the FedFD-A paper's SGD setting (section 4.1) for its local-BN baselines, the
 base of train.fedfd; the algorithms are fedccrl_core/algorithms/local_bn.py, fedbn.py and silobn.py.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from typing import Literal
 
-from fedccrl_core.hparams import HParams, hp
+from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class LocalBNParams(HParams):

@@ -1,14 +1,17 @@
 """params.yaml `train.*` keys every algorithm's local training reads (TrainSettings), and with preprocess's
 normalization what an algorithm is built with (LocalConfig); fedccrl_core/algorithms/base.py trains with them.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from typing import Literal
 
 from pydantic import ConfigDict, Field
 
-from fedccrl_core.hparams import Declared
-from fedccrl_core.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
+from fedccrl_core.foundation.hparams import Declared
+from fedccrl_core.foundation.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
+from fedccrl_core.privacy.settings import PrivacySettings
 
 
 class TrainSettings(Declared):
@@ -33,4 +36,4 @@ class LocalConfig(TrainSettings):
 
     mean: tuple[float, float, float] = Field(IMAGENET_MEAN, strict=False)  # a JSON list too (Flower's spec)
     std: tuple[float, float, float] = Field(IMAGENET_STD, strict=False)
-    privacy: dict | None = None  # train.privacy when enabled (fedccrl_core/privacy/settings.py); None = off, the paper's protocol
+    privacy: PrivacySettings | None = None  # train.privacy when enabled; None = off, the paper's protocol

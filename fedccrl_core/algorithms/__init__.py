@@ -1,8 +1,11 @@
-"""Algorithm registry: name -> class. Every algorithm is listed here explicitly (no import side effects)."""
+"""Algorithm registry: name -> class. Every algorithm is listed here explicitly (no import side effects).
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
-from fedccrl_core.algorithm_params import PARAMS, LocalConfig, TrainSettings
-from fedccrl_core.algorithms.base import Algorithm, Reply
+from fedccrl_core.algorithm_params import PARAMS
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.ccst import CCST
 from fedccrl_core.algorithms.fedadg import FedADG
 from fedccrl_core.algorithms.fedalign import FedAlign
@@ -27,7 +30,7 @@ if {n: cls.Params for n, cls in ALGORITHMS.items()} != PARAMS or list(ALGORITHMS
 
 def load_model(path, map_location: str = "cpu"):
     """checkpoint.load_model with every registered algorithm's model builder (FedSR's head, FedIIR's buffers, ...)."""
-    from fedccrl_core import checkpoint
+    from fedccrl_core.learning import model_file as checkpoint
 
     return checkpoint.load_model(path, map_location, {name: cls.build_model for name, cls in ALGORITHMS.items()})
 
@@ -39,4 +42,4 @@ def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) 
     return ALGORITHMS[name](local, hparams)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "LocalConfig", "Reply", "TrainSettings", "build_algorithm", "load_model"]
+__all__ = ["ALGORITHMS", "build_algorithm", "load_model"]

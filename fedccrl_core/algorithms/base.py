@@ -8,7 +8,9 @@ Round t of Algorithm 1 (FedCCRL), generalized:
   line  23    server side   `aggregate(global_weights, replies)`  -> new global weights (Eq. 2 by default)
 A subclass usually overrides only `train_step` (the loss of one minibatch) and, if it exchanges
 something besides weights, `client_upload` / `server_payloads`.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import dataclasses
@@ -19,14 +21,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedccrl_core import contract
-from fedccrl_core import fastpath
-from fedccrl_core.aggregation import WeightedSum
+from fedccrl_core.foundation import contract
+from fedccrl_core.foundation import fastpath
+from fedccrl_core.learning.aggregation import WeightedSum
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.client import ClientData, ClientState
-from fedccrl_core.hparams import HParams, validate
-from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import normalize_u8
+from fedccrl_core.learning.clients import ClientData, ClientState
+from fedccrl_core.foundation.hparams import HParams, validate
+from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.statistics import normalize_u8
 
 
 @dataclass
@@ -55,29 +57,27 @@ class StepContext:
 
 class Algorithm:
     name = "base"
-    # The hyperparameters of this algorithm, declared once (fedccrl_core/hparams.py): type, default, bounds
+    # The hyperparameters of this algorithm, declared once (fedccrl_core/foundation/hparams.py): type, default, bounds
     # and source of each. params.yaml `train.<name>.<key>` overrides a default.
     Params: type[HParams] = HParams
-    # {key: default}, derived from Params when the class is created (kept for code that reads a plain dict)
-    defaults: dict = {}
 
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        cls.defaults = cls.Params().model_dump()
-
-    def __init__(self, local: LocalConfig, hparams: dict | None = None):
+    def __init__(self, local: LocalConfig, hparams: HParams | dict | None = None):
         self.local = local
         self.hp = self.validated(hparams)
 
     @classmethod
-    def validated(cls, hparams: dict | None) -> dict:
-        """`hparams` (train.<name>) validated against this algorithm's declaration, every default filled in;
-        ParamError naming the key otherwise. Already validated values pass unchanged."""
-        return validate(cls.Params, hparams or {}, prefix=f"train.{cls.name}").model_dump()
+    def validated(cls, hparams: HParams | dict | None) -> HParams:
+        """This algorithm's frozen Params: an instance of them passes unchanged (validated once, with the params
+        file); a mapping (train.<name> as read from a checkpoint or a message) is validated, every default filled
+        in; ParamError naming the key otherwise."""
+        if type(hparams) is cls.Params:
+            return hparams
+        return validate(cls.Params, hparams or {}, prefix=f"train.{cls.name}")
 
     # ---- the model this algorithm trains ------------------------------------------------------
     @classmethod
-    def build_model(cls, backbone: str, num_classes: int, pretrained: str = "none", hparams: dict | None = None) -> FedModel:
+    def build_model(cls, backbone: str, num_classes: int, pretrained: str = "none",
+                    hparams: HParams | dict | None = None) -> FedModel:
         """f = g . h. An algorithm that needs extra modules (a probabilistic head, a reference
         distribution, ...) overrides this; everything in the returned module is aggregated.
         `checkpoint.load_model` rebuilds saved models through this same method."""

@@ -34,7 +34,9 @@ run uploads nothing again and no client-side object holds server state. B travel
 Departures: styles and transfer at the shard resolution (the reference stylizes at 512 px, then
 trains at 222-224); per-image single-style draws (Alg. 1 line 8; the reference draws one per batch
 of 32); population variance for the content statistics too (see augment/adain.py).
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import dataclasses
@@ -54,7 +56,7 @@ from fedccrl_core.augment.adain import (
     stylize,
     to_u8,
 )
-from fedccrl_core.seeding import derive_seed
+from fedccrl_core.foundation.seeding import derive_seed
 
 TRANSFER_BATCH = 32  # images per encoder/decoder batch (the reference's batch)
 BANK, PLAN = "ccst_style_bank", "ccst_plan"  # keys of ClientState.extra
@@ -116,7 +118,7 @@ class CCST(Algorithm):
     def networks(self, device) -> AdaINNetworks:
         """The frozen AdaIN Phi and Psi, loaded and verified on first use, on `device`."""
         if self._nets is None:
-            self._nets = load_adain_networks(self.hp["adain_weights"], self.hp["adain_sha256"])
+            self._nets = load_adain_networks(self.hp.adain_weights, self.hp.adain_sha256)
         return self._nets.to(device)
 
     # ---- 3.2.1: local style computation, uploaded once --------------------------------------
@@ -126,10 +128,10 @@ class CCST(Algorithm):
     def client_upload(self, data, rng):
         data = data.resident()  # its images, read for this upload only (lazy clients)
         nets = self.networks(data.train_x.device)
-        if self.hp["style_type"] == "overall":  # Eq. 8
+        if self.hp.style_type == "overall":  # Eq. 8
             mu, sigma = overall_style(nets, data.train_x, TRANSFER_BATCH)
         else:  # Eq. 6-7: J random images of its own
-            J = single_bank_size(self.hp["J"], data.n_train)
+            J = single_bank_size(self.hp.J, data.n_train)
             idx = torch.from_numpy(np.sort(rng.choice(data.n_train, size=J, replace=False))).to(data.train_x.device)
             mu, sigma = single_image_styles(nets, data.train_x[idx], TRANSFER_BATCH)
         return {"mu": mu.cpu().numpy().astype(np.float32), "sigma": sigma.cpu().numpy().astype(np.float32)}
@@ -143,7 +145,7 @@ class CCST(Algorithm):
         return {cid: (None if cid in self.served else bank) for cid in uploads}
 
     def sample_count(self, data):  # D^{C_n}: every image in K styles (3.2.3)
-        return data.n_train * self.hp["K"]
+        return data.n_train * self.hp.K
 
     def after_aggregate(self, global_weights, averaged, client_ids, uploads=None):
         self.served.update(client_ids)
@@ -201,7 +203,7 @@ class CCST(Algorithm):
             seed = generator.initial_seed() if generator is not None else int(shuffle_rng.integers(2**62))
             rng = np.random.default_rng(derive_seed(seed, "ccst-plan", cid))
             ids, clients, styles = transfer_plan(data.n_train, {c: len(b["mu"]) for c, b in bank.items()}, cid,
-                                                 self.hp["K"], rng, self.hp["style_type"])
+                                                 self.hp.K, rng, self.hp.style_type)
             state.extra[PLAN] = {"bank_ids": ids, "clients": clients, "styles": styles}
         if cid not in self._datasets:
             self._datasets[cid] = self.augmented_dataset(data, bank, state.extra[PLAN])

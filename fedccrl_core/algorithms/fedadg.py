@@ -22,7 +22,9 @@ Hardswish features can be negative), and smaller than the reference's (noise 204
 because G is communicated every round; D keeps the reference's sizes (projection 1024, hidden 1024)
 and its separate feature forward in eval mode is replaced by one train-mode forward shared with
 the F, C step. Adam and cosine as every algorithm here (the reference: SGD, warm-up, plateau).
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 
@@ -30,10 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedadg import FedADGParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
-from fedccrl_core.models import FedModel, build_model
+from fedccrl_core.learning.models import FedModel, build_model
 
 
 class ReferenceGenerator(nn.Module):
@@ -84,7 +86,7 @@ class FedADG(Algorithm):
     def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
         hp = cls.validated(hparams)
         model = build_model(backbone, num_classes, pretrained)
-        model.generator = ReferenceGenerator(hp["noise_dim"], num_classes, hp["gen_hidden"], model.feature_dim)
+        model.generator = ReferenceGenerator(hp.noise_dim, num_classes, hp.gen_hidden, model.feature_dim)
         return model
 
     def make_optimizer(self, model):  # F and C only; D and G have their own
@@ -94,20 +96,20 @@ class FedADG(Algorithm):
     def make_scheduler(self, opt):  # cosine over rounds x (E0 + E1) epochs
         if self.local.lr_schedule == "cosine":
             return torch.optim.lr_scheduler.CosineAnnealingLR(
-                opt, T_max=self.local.rounds * (self.local.local_epochs + self.hp["e1"]))
+                opt, T_max=self.local.rounds * (self.local.local_epochs + self.hp.e1))
         return super().make_scheduler(opt)
 
     # ---- the base local loop's hooks: E0 epochs of L_err, then E1 adversarial epochs ----------
     def local_epoch_count(self):
-        return self.local.local_epochs + self.hp["e1"]
+        return self.local.local_epochs + self.hp.e1
 
     def begin_local(self, model, data, state, ctx):
         """D and its optimizer, G's optimizer: kept per client across rounds, as F and C's optimizer."""
         hp, ex = self.hp, state.extra
         dev = next(model.parameters()).device
-        D = Discriminator(model.feature_dim, model.g.out_features, hp["rp_dim"], hp["disc_hidden"]).to(dev).train()
-        opt_d = torch.optim.Adam(D.parameters(), lr=hp["lr_adv"], weight_decay=self.local.weight_decay)
-        opt_g = torch.optim.Adam(model.generator.parameters(), lr=hp["lr_adv"], weight_decay=self.local.weight_decay)
+        D = Discriminator(model.feature_dim, model.g.out_features, hp.rp_dim, hp.disc_hidden).to(dev).train()
+        opt_d = torch.optim.Adam(D.parameters(), lr=hp.lr_adv, weight_decay=self.local.weight_decay)
+        opt_g = torch.optim.Adam(model.generator.parameters(), lr=hp.lr_adv, weight_decay=self.local.weight_decay)
         for obj, saved in ((D, ex.get("discriminator")), (opt_d, ex.get("opt_d")), (opt_g, ex.get("opt_g"))):
             if saved is not None:
                 obj.load_state_dict(saved)
@@ -118,8 +120,8 @@ class FedADG(Algorithm):
             return cross_entropy_step(model, x, y)
         # E1: D first, then F and C (the base loop steps their optimizer on the returned loss), then G
         hp, D = self.hp, ctx.state["D"]
-        y_soft = F.one_hot(y, model.g.out_features).float() * hp["label_value"]
-        xi = torch.rand(len(y), hp["noise_dim"], generator=ctx.generator, device=x.device)
+        y_soft = F.one_hot(y, model.g.out_features).float() * hp.label_value
+        xi = torch.rand(len(y), hp.noise_dim, generator=ctx.generator, device=x.device)
         z, r = model.h(x), model.generator(xi, y_soft)
         l_advd = self.discriminator_step(D, ctx.state["opt_d"], z, r, y_soft)
         loss, l_err, l_advf, logits = self.feature_loss(model, D, z, y, y_soft)
@@ -148,7 +150,7 @@ class FedADG(Algorithm):
         """lambda0 L_err + (1 - lambda0) L_advf, stepped on F and C by the base loop's optimizer."""
         logits = model.g(z)
         l_err, l_advf = F.cross_entropy(logits, y), alignment_loss(D(z, y_soft))
-        return self.hp["lambda0"] * l_err + (1 - self.hp["lambda0"]) * l_advf, l_err, l_advf, logits
+        return self.hp.lambda0 * l_err + (1 - self.hp.lambda0) * l_advf, l_err, l_advf, logits
 
     def generator_step(self, D, opt_g, r, y_soft):
         l_advg = generator_loss(D(r, y_soft))

@@ -35,7 +35,9 @@ Departures and choices (each also in params.yaml train.fedalign and docs/algorit
     rebuild it; `forward` is g . h only, so D is never part of inference or the ONNX export.
   * M is MixStyle only (Eq. 3, Sec. 3.2 "M represents the MixStyle module"); `difp: true` adds
     FedCCRL's per-sample AugMix after it (the abstract's "domain-invariant feature perturbation").
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import zlib
@@ -45,15 +47,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment import augmix, sample_beta
 from fedccrl_core.augment.ccdt import mixstyle
-from fedccrl_core.losses import js_loss, representation_alignment_loss
-from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import denormalize, normalize
+from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
+from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.statistics import denormalize, normalize
 
 KMEANS_RESTARTS = 4     # k-means++ initializations; the lowest within-cluster sum of squares wins
 KMEANS_MAX_ITERS = 100  # Lloyd iterations at most per initialization
@@ -209,7 +211,7 @@ class FedAlign(StatisticsExchange, Algorithm):
         """f = g . h plus the discriminator D (aggregated, never used by forward)."""
         hp = cls.validated(hparams)
         model = build_model(backbone, num_classes, pretrained)
-        model.discriminator = DomainDiscriminator(model.feature_dim, int(hp["disc_hidden"]), float(hp["disc_dropout"]))
+        model.discriminator = DomainDiscriminator(model.feature_dim, int(hp.disc_hidden), float(hp.disc_dropout))
         return model
 
     def _pool(self, ctx, device):
@@ -220,17 +222,17 @@ class FedAlign(StatisticsExchange, Algorithm):
             mu = np.ascontiguousarray(ctx.payload["mu"], dtype=np.float32)
             sigma = np.ascontiguousarray(ctx.payload["sigma"], dtype=np.float32)
             rng = np.random.default_rng(zlib.crc32(mu.tobytes() + sigma.tobytes()))  # k-means seeded by the pool
-            q, _ = style_pool_distribution(mu, sigma, self.hp["n_clusters"], rng, self.hp["variance_weights"])
+            q, _ = style_pool_distribution(mu, sigma, self.hp.n_clusters, rng, self.hp.variance_weights)
             ctx.state["pool"] = (torch.as_tensor(mu, device=device), torch.as_tensor(sigma, device=device),
                                  torch.as_tensor(q, dtype=torch.float32, device=device))
         return ctx.state["pool"]
 
     def augment(self, x, pool, generator):
         """M(X) (Eq. 3): clustered MixStyle, then optionally FedCCRL's per-sample AugMix (difp)."""
-        out = clustered_mixstyle(x, *pool, self.hp["alpha"], generator)
-        if self.hp["difp"]:
+        out = clustered_mixstyle(x, *pool, self.hp.alpha, generator)
+        if self.hp.difp:
             mean, std = self.local.mean, self.local.std
-            out = normalize(augmix(denormalize(out, mean, std).clamp(0, 1), self.hp["beta"], self.hp["severity"],
+            out = normalize(augmix(denormalize(out, mean, std).clamp(0, 1), self.hp.beta, self.hp.severity,
                                    generator), mean, std)
         return out
 
@@ -244,9 +246,9 @@ class FedAlign(StatisticsExchange, Algorithm):
         z, z1, z2 = z_all[:b], z_all[b:2 * b], z_all[2 * b:]
         lo, lo1, lo2 = logits_all[:b], logits_all[b:2 * b], logits_all[2 * b:]
         l_adv = None
-        if hp["adv"]:  # Sec. 3.4: D learns original vs. augmented, h unlearns it through the reversal
-            d = model.discriminator(grad_reverse(z_all, hp["lambda_adv"]))
+        if hp.adv:  # Sec. 3.4: D learns original vs. augmented, h unlearns it through the reversal
+            d = model.discriminator(grad_reverse(z_all, hp.lambda_adv))
             l_adv = adversarial_loss(d[:b], d[b:2 * b], d[2 * b:])
-        loss, terms = fedalign_loss(lo, lo1, lo2, z, z1, z2, y, hp["lambda1"], hp["lambda2"], hp["tau"],
-                                    hp["l_sc"], hp["l_rc"], hp["l_js"], l_adv)  # Eq. 16
+        loss, terms = fedalign_loss(lo, lo1, lo2, z, z1, z2, y, hp.lambda1, hp.lambda2, hp.tau,
+                                    hp.l_sc, hp.l_rc, hp.l_js, l_adv)  # Eq. 16
         return loss, terms, lo

@@ -7,7 +7,9 @@ The held-out domain has no BN layers of its own, so the global model's BN statis
 parameters are the Eq. 2 average of the clients' local ones (see local_bn.py). FedBN itself
 evaluates each client on its own domain with its own BN and never uploads BN layers; here they are
 uploaded so that the server can form that global model.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm

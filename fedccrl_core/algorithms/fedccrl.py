@@ -17,21 +17,22 @@ BatchNorm sees the batch statistics of all three views together.
 switch of its own (VARIANT_SWITCHES, beside the hyperparameters in
 fedccrl_core/algorithm_params/fedccrl.py: key -> (paper reading, reference reading)); a switch left at `auto`
 follows `variant`. docs/algorithms/fedccrl.md lists them with the reference's file:line.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma, upload_size
-from fedccrl_core.losses import fedccrl_loss
+from fedccrl_core.learning.losses import fedccrl_loss
 from fedccrl_core.privacy.dp import privatize
 from fedccrl_core.privacy.noise import private_rng
-from fedccrl_core.privacy.settings import PrivacySettings
 
 
 def pool_without(uploads: dict[str, dict], client_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -53,19 +54,19 @@ class StatisticsExchange:
         if data.stats_mu is None:
             raise ValueError(f"{type(self).__name__}: client {data.client_id} has no statistics (no pools: {REBUILD})")
         rng = self.upload_rng(data, rng)
-        mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng)
+        mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp.r, rng)
         return self.released({"mu": mu, "sigma": sigma}, rng)
 
     def released_rows(self, n: int) -> int:
         """k_i, the rows a client of n_i images releases per round (Eq. 8): announced before the round, for the
         privacy budget (federation/loop.py)."""
-        return upload_size(n, self.hp["r"], self.rounding)
+        return upload_size(n, self.hp.r, self.rounding)
 
     def upload_rng(self, data, rng: np.random.Generator) -> np.random.Generator:
         """The generator of Eq. 8's draw and of the noise: the run seed's (the paper), or with
         train.privacy.statistics on the OS's entropy (privacy/noise.py): the sample and the noise stay secret."""
-        s = PrivacySettings.from_mapping(self.local.privacy)
-        if not s.on_statistics:
+        s = self.local.privacy
+        if s is None or not s.on_statistics:
             return rng
         keys = () if s.noise_seed is None else (data.client_id, int(rng.integers(2 ** 62)))  # tests: round's draw
         return private_rng(s, "statistics", *keys)
@@ -73,8 +74,8 @@ class StatisticsExchange:
     def released(self, upload: dict, rng) -> dict:
         """F_i as it leaves the client: as drawn (the paper), or each row clipped and noised when
         train.privacy.statistics is on (privacy/dp.py), with draws from upload_rng after Eq. 8's."""
-        s = PrivacySettings.from_mapping(self.local.privacy)
-        if not s.on_statistics:
+        s = self.local.privacy
+        if s is None or not s.on_statistics:
             return upload
         mu, sigma = privatize(upload["mu"], upload["sigma"], s, rng)
         return {"mu": mu, "sigma": sigma}
@@ -90,21 +91,26 @@ class FedCCRL(StatisticsExchange, Algorithm):
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
-        self.hp = resolve_variant(self.hp)
-        self.rounding = "ceil" if self.hp["upload"] == "ceil" else "floor"
+        self.rounding = "ceil" if self.hp.upload == "ceil" else "floor"
+        self.augment = AugmentConfig.from_params(self.hp)  # M of Eq. 3
+
+    @classmethod
+    def validated(cls, hparams):
+        """The Params with every `auto` switch read from `variant` (fedccrl_core/algorithm_params/fedccrl.py)."""
+        return resolve_variant(super().validated(hparams))
 
     def client_upload(self, data, rng):
         """Eq. 8 (upload: ceil), or the reference's floor(r n_i) rows with the unbiased std."""
-        if self.hp["upload"] == "ceil":
+        if self.hp.upload == "ceil":
             return super().client_upload(data, rng)
         if data.stats_mu is None:
             raise ValueError(f"FedCCRL: client {data.client_id} has no statistics (no pools: {REBUILD})")
         rng = self.upload_rng(data, rng)
-        mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp["r"], rng, rounding="floor")
+        mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp.r, rng, rounding="floor")
         return self.released({"mu": mu, "sigma": unbiased_sigma(sigma, data.image_hw[0] * data.image_hw[1])}, rng)
 
     def min_batch(self) -> int:
-        return 1 if self.hp["last_batch"] == "keep" else 2
+        return 1 if self.hp.last_batch == "keep" else 2
 
     def train_step(self, model, x, y, ctx):
         x1, x2 = self.augmented_views(x, ctx)
@@ -116,7 +122,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
             ctx.state["pool"] = (torch.as_tensor(ctx.payload["mu"], device=x.device),
                                  torch.as_tensor(ctx.payload["sigma"], device=x.device))
         pool_mu, pool_sigma = ctx.state["pool"]
-        aug = AugmentConfig.from_mapping(self.hp)
+        aug = self.augment
         mean, std = self.local.mean, self.local.std
         x1 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, first draw
         x2 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, independent draw
@@ -126,7 +132,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
         """Eq. 4-5 and 12-16 on the three views. Returns (loss, {term: tensor}, logits on x)."""
         hp = self.hp
         b = x.shape[0]
-        if hp["forward"] == "joint":
+        if hp.forward == "joint":
             z_all = model.h(torch.cat([x, x1, x2]))                                  # Eq. 4
             logits_all = model.g(z_all)                                              # Eq. 5
             z, z1, z2 = z_all[:b], z_all[b:2 * b], z_all[2 * b:]
@@ -134,8 +140,8 @@ class FedCCRL(StatisticsExchange, Algorithm):
         else:  # the reference's three passes (clean first): BN normalizes each view by its own batch
             z, z1, z2 = model.h(x), model.h(x1), model.h(x2)                         # Eq. 4
             lo, lo1, lo2 = model.g(z), model.g(z1), model.g(z2)                      # Eq. 5
-        loss, t = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp["lambda1"], lambda2=hp["lambda2"],
-                               tau=hp["tau"], l_ra=hp["l_ra"], l_js=hp["l_js"],
-                               l_cls=hp["l_cls"], supcon=hp["supcon"])  # Eq. 12-16
+        loss, t = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp.lambda1, lambda2=hp.lambda2,
+                               tau=hp.tau, l_ra=hp.l_ra, l_js=hp.l_js,
+                               l_cls=hp.l_cls, supcon=hp.supcon)  # Eq. 12-16
         terms = {k: v for k, v in t.items() if contract.is_loss_term(k)}
         return loss, terms, lo

@@ -31,7 +31,9 @@ paper's lambda2 study (Fig. 5: lambda2 in [2, 5] gives consistent results) sugge
 Readings (the paper is silent): sigma = sqrt(var + eps) with BN's eps for instance and global
 statistics; the statistics are not detached (gradients flow through mu_k, sigma_k and both sides of
 L_CAFL); f is the encoder output h(x) (the classifier's input).
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import contextlib
@@ -40,11 +42,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedfd import FDParams
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
-from fedccrl_core.models import FedModel, build_model
-from fedccrl_core.statistics import channel_stats
+from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.statistics import channel_stats
 
 
 def _per_channel(v: torch.Tensor) -> torch.Tensor:
@@ -213,27 +215,35 @@ class FedFD(LocalBNAlgorithm):
     name = "fedfd"
     Params = FDParams
 
+    def __init__(self, local, hparams=None):
+        super().__init__(local, hparams)
+        self.framework = self.hp.framework
+
     def u_range(self) -> tuple[float, float]:
         """(low, high) of u: Table 2's global (0), instance (1), fixed (u_fixed) or U(u_low, u_high)."""
         hp = self.hp
-        if hp["statistics"] == "global":
+        if hp.statistics == "global":
             return 0.0, 0.0
-        if hp["statistics"] == "instance":
+        if hp.statistics == "instance":
             return 1.0, 1.0
-        if hp["u_sampling"] == "fixed":
-            return float(hp["u_fixed"]), float(hp["u_fixed"])
-        return float(hp["u_low"]), float(hp["u_high"])
+        if hp.u_sampling == "fixed":
+            return float(hp.u_fixed), float(hp.u_fixed)
+        return float(hp.u_low), float(hp.u_high)
 
     @classmethod
-    def make_adapter(cls, hp: dict):
+    def make_adapter(cls, hp: FDParams):
         return None  # FedFD-A adds the instance adapter
+
+    @classmethod
+    def inference(cls, hp: FDParams) -> str:
+        return "global"  # FedFD-A reads its own `inference`
 
     @classmethod
     def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
         hp = cls.validated(hparams)
         model = build_model(backbone, num_classes, pretrained)
         make = cls.make_adapter(hp)
-        if replace_batchnorm(model.h, make, hp.get("inference", "global")) == 0:
+        if replace_batchnorm(model.h, make, cls.inference(hp)) == 0:
             raise ValueError(f"model.backbone: {cls.name} needs BatchNorm2d layers in {backbone!r} (section 3.1)")
         return model
 
@@ -241,17 +251,17 @@ class FedFD(LocalBNAlgorithm):
         set_global_statistics(model, global_weights)  # mu_G, sigma_G: theta_G's statistics this round
         low, high = self.u_range()
         for m in fd_layers(model):
-            m.u_low, m.u_high, m.local_statistics = low, high, self.hp["local_statistics"]
+            m.u_low, m.u_high, m.local_statistics = low, high, self.hp.local_statistics
 
     def train_step(self, model, x, y, ctx):
         f_k = model.h(x)                                   # ordinary BN: local feature f_{i,k}
         logits = model.g(f_k)
         l_ce = F.cross_entropy(logits, y)                  # Eq. 1
-        if not self.hp["diversification"]:
+        if not self.hp.diversification:
             return l_ce, {contract.L_CE: l_ce}, logits
         with bn_mode(model, "mix", ctx.generator):
             f_delta = model.h(x)                           # Eq. 2 at every BN layer: f_{i,Delta}
-        l_cafl = cafl(f_k, f_delta, self.hp["cafl_reduction"])  # Eq. 3
+        l_cafl = cafl(f_k, f_delta, self.hp.cafl_reduction)  # Eq. 3
         l_cacl = cacl(model.g(f_delta), y)                 # Eq. 4
-        loss = total_loss(l_ce, l_cacl, l_cafl, self.hp["lambda1"], self.hp["lambda2"])  # Eq. 5
+        loss = total_loss(l_ce, l_cacl, l_cafl, self.hp.lambda1, self.hp.lambda2)  # Eq. 5
         return loss, {contract.L_CE: l_ce, contract.L_CACL: l_cacl, contract.L_CAFL: l_cafl}, logits

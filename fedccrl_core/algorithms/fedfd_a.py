@@ -25,14 +25,16 @@ sample and layer; epsilon's bias starts at adapter_init_alpha = 0.5 so that alph
 Ablations: `adapter: false` is FedFD (Table 3); `diversification: false` trains the adapter on the
 framework alone (Table 3 (c1)); `inference` adapter | global | instance (Table 3 (c1): global
 statistics, instance statistics (TBN), instance feature adapter).
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedfd_a import FedFDAParams
 from fedccrl_core.algorithms.fedfd import FedFD, bn_mode
 
@@ -71,11 +73,15 @@ class FedFDA(FedFD):
     Params = FedFDAParams
 
     @classmethod
-    def make_adapter(cls, hp: dict):
-        if not hp["adapter"]:
+    def inference(cls, hp: FedFDAParams) -> str:
+        return hp.inference
+
+    @classmethod
+    def make_adapter(cls, hp: FedFDAParams):
+        if not hp.adapter:
             return None
-        return lambda c: InstanceAdapter(c, adapter_hidden(c, hp["adapter_reduction"], hp["adapter_min_hidden"]),
-                                         float(hp["adapter_init_alpha"]))
+        return lambda c: InstanceAdapter(c, adapter_hidden(c, hp.adapter_reduction, hp.adapter_min_hidden),
+                                         float(hp.adapter_init_alpha))
 
     @staticmethod
     def adapter_parameters(model: nn.Module) -> list[nn.Parameter]:
@@ -83,7 +89,7 @@ class FedFDA(FedFD):
 
     def train_step(self, model, x, y, ctx):
         loss, terms, logits = super().train_step(model, x, y, ctx)  # main network: Eq. 5
-        if not self.hp["adapter"]:
+        if not self.hp.adapter:
             return loss, terms, logits
         adapter = {id(p) for p in self.adapter_parameters(model)}
         frozen = [p for p in model.parameters() if id(p) not in adapter and p.requires_grad]

@@ -24,16 +24,18 @@ reference averages over all minibatches of all clients, i.e. also about n_i) and
 applies the moving average. g_bar is server state of the algorithm's server half (checkpointed) and
 goes down as the clients' payload; before the first aggregation it is 0 and nothing is sent (the
 client uses zeros). The model holds neither.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fediir import FedIIRParams
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.statistics import normalize_u8
+from fedccrl_core.learning.statistics import normalize_u8
 
 
 def classifier_gradient(g: nn.Module, z: torch.Tensor, y: torch.Tensor, create_graph: bool) -> tuple:
@@ -68,7 +70,7 @@ class FedIIR(Algorithm):
     def after_aggregate(self, global_weights, averaged, client_ids, uploads=None):
         if uploads is not None:  # uploads = sum_i n_i g_i / N
             old = self.g_bar or {k: torch.zeros_like(v) for k, v in uploads.items()}
-            self.g_bar = {k: ema_update(old[k], uploads[k], self.hp["ema"]) for k in uploads}
+            self.g_bar = {k: ema_update(old[k], uploads[k], self.hp.ema) for k in uploads}
         return averaged
 
     def server_state(self):
@@ -109,4 +111,4 @@ class FedIIR(Algorithm):
     def train_step(self, model, x, y, ctx):
         risk, grads, logits = classifier_gradient(model.g, model.h(x), y, create_graph=True)
         l_iir = iir_penalty(grads, ctx.state["g_bar"])
-        return risk + self.hp["gamma"] * l_iir, {contract.L_CLS: risk, contract.L_IIR: l_iir}, logits
+        return risk + self.hp.gamma * l_iir, {contract.L_CLS: risk, contract.L_IIR: l_iir}, logits

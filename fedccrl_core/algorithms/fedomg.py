@@ -28,14 +28,16 @@ Readings (docs/algorithms/fedomg.md lists them with the official code's departur
   floating-point entry of the state (the parameters) takes Eq. 17.
 - No division of g_IGD by (1 + kappa^2) and the clients weighted by n_u in g_FL only (Gamma searched over the
   unweighted g_u), as the paper's Eq. 15-16; the official code does otherwise (docs/algorithms/fedomg.md).
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from fedccrl_core.aggregation import WeightedSum
+from fedccrl_core.learning.aggregation import WeightedSum
 from fedccrl_core.algorithm_params.fedomg import FedCCRLOMGParams, FedOMGParams
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedavg import FedAvg
@@ -150,7 +152,7 @@ class MatchingGradientAggregation:
     def result(self) -> dict:
         averaged = self.fedavg.result()  # Eq. 2: theta_FL = theta + sum_u p_u Delta_u
         hp = self.alg.hp
-        kappa, eta = hp["kappa"], hp["global_lr"]
+        kappa, eta = hp.kappa, hp.global_lr
         if not self.keys:
             return averaged
         n = torch.tensor(self.n, dtype=torch.float64)
@@ -158,7 +160,7 @@ class MatchingGradientAggregation:
         c, gamma = 0.0, None
         if kappa > 0:
             gram = gram_matrix(self.rows).cpu()  # G [U, U]: one pass over D; the search runs on the host
-            gamma = search_coefficients(gram, p, kappa, hp["search_lr"], hp["search_steps"], hp["search_momentum"])
+            gamma = search_coefficients(gram, p, kappa, hp.search_lr, hp.search_steps, hp.search_momentum)
             gamma_g_norm = math.sqrt(max(float(gamma @ gram @ gamma), 0.0))
             g_fl_norm = math.sqrt(max(float(p @ gram @ p), 0.0))
             c = kappa * g_fl_norm / gamma_g_norm if gamma_g_norm > 0 else 0.0  # Eq. 16

@@ -22,18 +22,20 @@ Readings and departures (see also `FedSRParams`):
   reference's FedSR, whose Table 1 this reproduces; the official code keeps them per client).
 - Inference uses z = mu(x): the exported model must be a deterministic forward. The official
   code averages the softmax of 20 samples at test time.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedsr import FedSRParams
 
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.models import FedModel, build_model
+from fedccrl_core.learning.models import FedModel, build_model
 
 
 class ProbabilisticEncoder(nn.Module):
@@ -97,7 +99,7 @@ class FedSR(Algorithm):
     def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
         hp = cls.validated(hparams)
         base = build_model(backbone, num_classes, pretrained)
-        z_dim = int(hp["z_dim"] or base.feature_dim)
+        z_dim = int(hp.z_dim or base.feature_dim)
         model = FedModel(ProbabilisticEncoder(base.h, base.feature_dim, z_dim), nn.Linear(z_dim, num_classes))
         model.r = ClassConditionalReference(num_classes, z_dim)  # in state_dict: aggregated and saved
         return model
@@ -107,7 +109,7 @@ class FedSR(Algorithm):
         z = reparameterize(mu, sigma, ctx.generator)
         logits = model.g(z)
         l_cls = F.cross_entropy(logits, y)
-        l_l2r = l2r(z, self.hp["l2r"])
+        l_l2r = l2r(z, self.hp.l2r)
         l_cmi = cmi(mu, sigma, y, model.r)
-        loss = l_cls + self.hp["alpha_l2r"] * l_l2r + self.hp["alpha_cmi"] * l_cmi
+        loss = l_cls + self.hp.alpha_l2r * l_l2r + self.hp.alpha_cmi * l_cmi
         return loss, {contract.L_CLS: l_cls, contract.L_L2R: l_l2r, contract.L_CMI: l_cmi}, logits

@@ -22,7 +22,9 @@ Readings and departures:
   1/K); here 1/K with K the number of clients in the round. The gaps are centered by their mean
   as in the FedCCRL reference's GA (the GA reference divides the raw gaps by their max magnitude).
 - Initial weights n_i / N as in the FedCCRL reference's GA (the GA reference starts from 1/K).
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
@@ -30,8 +32,8 @@ import torch.nn.functional as F
 
 from fedccrl_core.algorithm_params.ga import GAParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
-from fedccrl_core.aggregation import weighted_average
-from fedccrl_core.statistics import normalize_u8
+from fedccrl_core.learning.aggregation import weighted_average
+from fedccrl_core.learning.statistics import normalize_u8
 
 
 def step_size(d: float, r: int, rounds: int, k: int) -> float:
@@ -74,7 +76,7 @@ class GA(Algorithm):
     @torch.no_grad()
     def loss_on(self, model, data) -> float:
         """Mean cross-entropy of `model` (eval mode) on the client's gap split."""
-        x_u8, y = ((data.val_x, data.val_y) if self.hp["gap_data"] == "val" and len(data.val_y)
+        x_u8, y = ((data.val_x, data.val_y) if self.hp.gap_data == "val" and len(data.val_y)
                    else (data.train_x, data.train_y))
         model.eval()
         total = sum(F.cross_entropy(model(normalize_u8(x_u8[i:i + 256], self.local.mean, self.local.std)),
@@ -100,7 +102,7 @@ class GA(Algorithm):
         a = {r.client_id: self.a.get(r.client_id, r.n / n_total) for r in replies}
         gaps = {r.client_id: r.metrics["ga_gap"] for r in replies if "ga_gap" in r.metrics}
         if len(gaps) >= 2:
-            a.update(generalization_adjustment(a, gaps, step_size(self.hp["step_size"], self.round,
+            a.update(generalization_adjustment(a, gaps, step_size(self.hp.step_size, self.round,
                                                                    self.local.rounds, len(replies))))
         self.a.update(a)
         return weighted_average([r.weights for r in replies], [a[r.client_id] for r in replies])

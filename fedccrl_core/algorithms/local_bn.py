@@ -16,7 +16,9 @@ mu_G, sigma_G ("computed by aggregating the local statistics"), which FedFD read
 and which the held-out domain is evaluated and exported with (Table 3 (a), "Inference: global
 statistics"). A client never loads these averaged entries once it has its own: the average exists
 only for the global (held-out) model.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
@@ -45,24 +47,23 @@ class LocalBNAlgorithm(Algorithm):
     """Cross-entropy local training with a framework's BN tensors kept per client."""
 
     Params = LocalBNParams
-    framework = "silobn"  # subclasses fix it, or read it from hparams (FedFD)
+    framework = "silobn"  # subclasses fix it, or read it from their Params (FedFD)
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
-        if self.hp["batch_size"] is not None:
+        if self.hp.batch_size is not None:
             # the paper's batch of 64 (section 4.1) replaces train.batch_size for this algorithm
-            self.local = self.local.model_copy(update={"batch_size": int(self.hp["batch_size"])})
-        self.framework = self.hp.get("framework", self.framework)
+            self.local = self.local.model_copy(update={"batch_size": int(self.hp.batch_size)})
 
     # ---- optimizer: SGD lr 0.01, momentum 0.5, fixed learning rate (section 4.1) ------------------
     def make_optimizer(self, model):
-        if self.hp["optimizer"] == "train":
+        if self.hp.optimizer == "train":
             return super().make_optimizer(model)
-        return torch.optim.SGD(model.parameters(), lr=self.hp["lr"], momentum=self.hp["momentum"],
-                               weight_decay=self.hp["weight_decay"])
+        return torch.optim.SGD(model.parameters(), lr=self.hp.lr, momentum=self.hp.momentum,
+                               weight_decay=self.hp.weight_decay)
 
     def make_scheduler(self, opt):
-        if self.hp["optimizer"] == "train":
+        if self.hp.optimizer == "train":
             return super().make_scheduler(opt)
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)  # "a fixed learning rate"
 

@@ -8,7 +8,9 @@ The global model evaluates the held-out domain with the global statistics mu_G, 
 average of the clients' local running statistics (section 3.1; Table 3 (a), "Inference: global
 statistics"). SiloBN's own paper instead re-estimates the statistics on the new center's data, which
 would need target data.
-"""
+
+
+Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm

@@ -20,7 +20,9 @@ Reference-code switches, to reproduce the authors' code (docs/algorithms/fedccrl
 input is cast to 8-bit levels as the reference does, ``augmix.to_uint8_levels``) and
 ``uint8_wrap`` (the cast wraps mod 256 instead of the clamp: the reference's defect, off unless
 asked for).
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -29,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
+from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
 from .augmix import (ALL_OPS, OPS, AugMixPlan, apply_op, augmix, augmix_batch, sample_augmix_plan,
                      sample_batch_augmix_plan, to_uint8_levels)
 from .ccdt import ccdt, sample_beta, sample_dirichlet, sample_gamma, sample_log_gamma
@@ -73,6 +75,11 @@ class AugmentConfig:
     def from_mapping(cls, params: Mapping[str, Any]) -> "AugmentConfig":
         """Build from a mapping such as params.yaml's train.fedccrl; other keys are ignored."""
         return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
+
+    @classmethod
+    def from_params(cls, params) -> "AugmentConfig":
+        """Build from typed hyperparameters with these attributes (FedCCRLParams)."""
+        return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})
 
 
 def _as_config(cfg: AugmentConfig | Mapping[str, Any] | None) -> AugmentConfig:

@@ -36,7 +36,9 @@ Weights (`load_adain_networks`): `weights` is
 The sha256 is required and verified before `torch.load` (weights_only). A URL is downloaded once
 into a content-addressed cache ($FEDCCRL_CACHE or ~/.cache/fedccrl, /adain/<sha256>.pth). Every
 failure raises AdaINWeightsError naming the param at fault; nothing ever falls back to random.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os
@@ -50,8 +52,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core.data.checksums import sha256_file
-from fedccrl_core.errors import FedCCRLError
-from fedccrl_core.fsio import atomic_file, atomic_path
+from fedccrl_core.foundation.errors import FedCCRLError
+from fedccrl_core.foundation.fsio import atomic_file, atomic_path
 
 EPS = 1e-5  # added to the variance (AdaIN / CCST reference `calc_mean_std`)
 RELU4_1 = 31  # modules of vgg_normalised up to and including relu4_1
@@ -237,7 +239,7 @@ def _fetch(source: str, sha256: str, what: str, what_sha: str) -> Path:
         return dest
     from fedccrl_core.data.http import download_url  # lazy: only a URL needs the HTTP machinery
 
-    with atomic_path(dest) as tmp:  # fedccrl_core.fsio: renamed into the cache only when verified
+    with atomic_path(dest) as tmp:  # fedccrl_core.foundation.fsio: renamed into the cache only when verified
         try:
             got = download_url(source, tmp, None, retries=DOWNLOAD_RETRIES, progress=True, label=f"AdaIN {what}")
         except (FedCCRLError, OSError) as e:

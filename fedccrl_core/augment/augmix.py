@@ -72,7 +72,9 @@ Numerics as above: the intermediate results of the geometric and the four color 
 float (torchvision rounds or truncates each op's result to uint8); color and contrast use
 torchvision's gray 0.2989 R + 0.587 G + 0.114 B (not truncated), sharpness its 3x3 kernel
 [[1, 1, 1], [1, 5, 1], [1, 1, 1]] / 13 with the border pixels kept.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from dataclasses import dataclass

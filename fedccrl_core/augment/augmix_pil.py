@@ -11,7 +11,9 @@ Which is faster depends on the device and image size: on the CPU at 32 px the ba
 about 2x faster, at 224 px PIL is (measured by `fedccrl-bench speed`, which picks the faster for its fast side
 with `fastest`). Training never picks by itself: the choice is a param, so a run's numbers do not depend
 on how busy the machine was when it started.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import time

@@ -48,14 +48,16 @@ mode), a bias far below anything measurable. Shapes below 1 use the boost
 Gamma(a) = Gamma(a + 1) * U**(1/a). Everything is kept in log space (log-Gamma, Beta as
 sigmoid of a log-Gamma difference, Dirichlet as a softmax), because with alpha = 0.1 the boost
 U**10 underflows float32 and a plain G1 / (G1 + G2) would give 0/0.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
 
 import torch
 
-from ..statistics import channel_stats
+from fedccrl_core.learning.statistics import channel_stats
 
 # Proposals per Gamma variate in the vectorized Marsaglia-Tsang sampler (see module docstring).
 _MT_PROPOSALS = 8

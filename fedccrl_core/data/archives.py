@@ -9,7 +9,9 @@ time metadata applied: a tar member through Python's own `tarfile` extraction wi
 (PEP 706), which refuses the same unsafe members again (a second line of defence, never the first:
 our checks run on every member before anything is written, and name it); a zip member streamed out
 (zipfile has no such filter).
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os
@@ -23,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from fedccrl_core.data.checksums import CHUNK, fmt_mb
-from fedccrl_core.errors import DataError, UnsafeArchiveError
-from fedccrl_core.progress import progress as counter
+from fedccrl_core.foundation.errors import DataError, UnsafeArchiveError
+from fedccrl_core.foundation.progress import progress as counter
 
 
 def member_path(name: str) -> PurePosixPath | None:

@@ -1,10 +1,12 @@
-"""Streamed bytes: the chunk size for hashing, downloading and extracting; sha256 of a file; sizes in MB."""
+"""Streamed bytes: the chunk size for hashing, downloading and extracting; sha256 of a file; sizes in MB.
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import hashlib
 import os
 
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 CHUNK = 1 << 20
 

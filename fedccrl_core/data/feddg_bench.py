@@ -32,12 +32,14 @@ iterative-proportional-fitting sense to G[c, d] * q_c[k] whose row sums are G[c,
 rounded to integers with both sums exact (each class column by largest remainder, then single examples
 of a class moved from a client with too many to one with too few, the largest overshoot first). Small a:
 each client sees few classes of a domain; a -> infinity: every client gets the domain's class mix.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import numpy as np
 
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 
 def _check(domain_sizes, num_clients: int, lam: float) -> np.ndarray:

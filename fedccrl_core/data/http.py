@@ -11,7 +11,9 @@ Retries. Connection errors, timeouts, HTTP 5xx/408/429 and a body shorter than i
 (a connection dropped midway) are retried `download.retries` times with exponential backoff
 (1 s, 2 s, 4 s ...); HTTP 4xx, an HTML page instead of an archive (Google Drive's warning page)
 and a checksum mismatch are not.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import contextlib
@@ -25,8 +27,8 @@ import urllib.request
 from pathlib import Path
 
 from fedccrl_core.data.checksums import CHUNK, check_sha256_format, fmt_mb
-from fedccrl_core.errors import ChecksumError, DataError
-from fedccrl_core.progress import progress as counter
+from fedccrl_core.foundation.errors import ChecksumError, DataError
+from fedccrl_core.foundation.progress import progress as counter
 
 USER_AGENT = "fedccrl-download/0.1 (+https://github.com/; python urllib)"
 DEADLINE_S = 3600.0  # the whole download of one archive when the caller gives none (params: download.deadline_s)

@@ -5,7 +5,9 @@ naming the file. `resize_u8` is the one preprocessing resize of the project: the
 implementation's `transforms.Resize((S, S))` on a PIL image, i.e. a direct resize to S x S with
 PIL's BILINEAR filter (antialiased when shrinking) and no crop. The partition stage, the training
 eval transform and ONNX serving all use this function, so the policy lives only here.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 RESIZE_POLICY = "resize SxS bilinear (PIL, antialiased), no crop, RGB uint8"
 
@@ -164,8 +166,8 @@ def _decode_one(args: tuple[str, int]):
 
 def pool_map(fn, items: list, workers: int | None, label: str, progress: bool, inline_below: int | None = None):
     """Ordered map of fn (a module-level function) over items with a process pool; progress on stderr
-    (fedccrl_core/progress.py). Fewer than `inline_below` items (default: decoding's break-even) run in-process."""
-    from fedccrl_core.progress import progress as counter
+    (fedccrl_core/foundation/progress.py). Fewer than `inline_below` items (default: decoding's break-even) run in-process."""
+    from fedccrl_core.foundation.progress import progress as counter
 
     n = len(items)
     workers = default_workers() if workers is None else max(1, workers)

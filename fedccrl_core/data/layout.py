@@ -2,7 +2,9 @@
 
 A tree is recognized by the registry's domain names (`find_registry_root`), as a plain image folder
 (`find_imagefolder_root`), or through miniDomainNet's split files (`materialize_split_files`).
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os
@@ -12,7 +14,7 @@ from pathlib import Path
 from fedccrl_core.data.archives import member_path
 from fedccrl_core.data.images import is_ignored_name
 from fedccrl_core.data.tree import scan_classes, subfolders
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 
 _MAX_DEPTH = 5

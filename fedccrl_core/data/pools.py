@@ -15,7 +15,9 @@ The reference code (SanphouWang/FedCCRL 60b2d9b algorithm/client/fedccrl.py:21-4
 floor(r * n_i) rows, the first of a freshly shuffled pass (a uniform subset without replacement,
 as here), recomputed every round with torch.var's unbiased variance: `sample_statistics(...,
 rounding="floor")` and `unbiased_sigma` give that (train.fedccrl.upload: floor_unbiased, the reference code's upload).
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import inspect
@@ -28,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -42,7 +44,7 @@ def compute_statistics(images_u8: np.ndarray, mean, std, batch: int = _BATCH) ->
     """uint8 NHWC images -> (mu, sigma) float32 [n, 3] of the normalized images (Eq. 6-7)."""
     import torch
 
-    from fedccrl_core.statistics import channel_stats, normalize_u8
+    from fedccrl_core.learning.statistics import channel_stats, normalize_u8
 
     n = images_u8.shape[0]
     mu = np.empty((n, 3), dtype=np.float32)
@@ -72,8 +74,8 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
                 progress: bool = True) -> dict:
     """The pools stage: statistics of every client's training samples, written atomically."""
     from fedccrl_core.data.shards import load_client, load_manifest
-    from fedccrl_core.fsio import atomic_dir, write_json
-    from fedccrl_core.statistics import channel_stats
+    from fedccrl_core.foundation.fsio import atomic_dir, write_json
+    from fedccrl_core.learning.statistics import channel_stats
 
     mean, std = _check_mean_std(mean, std)
     t0 = time.monotonic()
@@ -177,7 +179,7 @@ def sample_statistics(mu: np.ndarray, sigma: np.ndarray, r: float, generator: np
 def unbiased_sigma(sigma: np.ndarray, hw: int) -> np.ndarray:
     """The std of Eq. 7 with the unbiased variance (divided by HW - 1), from the stored population
     sigma = sqrt(var + eps): sqrt((sigma^2 - eps) HW / (HW - 1) + eps), in float64."""
-    from fedccrl_core.statistics import channel_stats
+    from fedccrl_core.learning.statistics import channel_stats
 
     eps = inspect.signature(channel_stats).parameters["eps"].default
     var = np.maximum(sigma.astype(np.float64) ** 2 - eps, 0.0) * hw / (hw - 1)

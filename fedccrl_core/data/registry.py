@@ -28,12 +28,14 @@ What is known and what is derived
 - imagefolder: any `<domain>/<class>/<image>` tree a user brings; domains (sorted) and classes
   are discovered; every domain must have the same class set.
 - synthetic: generated offline (see `synthetic.py`); everything about it is known exactly.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 # layout kinds: how a source's extracted tree maps onto <domain>/<class>/<image>
 LAYOUT_FOLDERS = "folders"              # <root>/<domain>/<class>/<image>

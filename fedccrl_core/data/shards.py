@@ -20,7 +20,9 @@ Storage: one uncompressed `<client_id>.npz` per client holding train_x uint8 [n,
 train_y int64 [n], train_paths str [n] (relative to the raw root), and the same for val_*; plus
 `manifest.json`. A held-out domain's test set is the union of its clients' train + val
 (`load_domain_test`), so nothing is stored twice.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import json
@@ -35,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from fedccrl_core.data.images import RESIZE_POLICY, decode_images
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -203,7 +205,7 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
               progress: bool = True, scheme: str = "per_domain", num_clients: int | None = None,
               lam: float | None = None) -> dict:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
-    from fedccrl_core.fsio import atomic_dir, write_json
+    from fedccrl_core.foundation.fsio import atomic_dir, write_json
     from fedccrl_core.data.validate import check_layout, scan_tree
 
     _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)

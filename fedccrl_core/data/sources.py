@@ -2,7 +2,7 @@
 
 The jobs it combines live in their own modules: HTTP download (`http`), safe extraction
 (`archives`), finding the dataset in a tree (`layout`), sha256 (`checksums`); the atomic output is
-fedccrl_core.fsio's.
+fedccrl_core.foundation.fsio's.
 
 A *source* (params `dataset.source`) is one of
 - `registry`: the registry's URL(s) for the dataset, or the generator for `synthetic`;
@@ -27,11 +27,13 @@ this way (tests/test_readme_blocks.py); a site with its own copy of the datasets
 Safety (refused archive members) is described in `archives`, retries in `http`.
 
 Atomicity. The output tree is built in a temporary folder next to `--out` and the archives are
-downloaded and extracted in a scratch folder beside it (fedccrl_core.fsio: `.<out>.tmp-<pid>-<token>`,
+downloaded and extracted in a scratch folder beside it (fedccrl_core.foundation.fsio: `.<out>.tmp-<pid>-<token>`,
 `.<out>.work.tmp-<pid>-<token>`); the tree is renamed into place only after validation, replacing an
 old `--out`; on any failure or interruption both are removed, so no half-finished `--out` and no
 stray temp file is left (and a killed run's leftovers are removed by the next one).
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os
@@ -43,8 +45,8 @@ from fedccrl_core.data.archives import safe_extract
 from fedccrl_core.data.checksums import check_sha256_format, sha256_file
 from fedccrl_core.data.http import DEADLINE_S, download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
-from fedccrl_core.errors import ChecksumError, DataError
-from fedccrl_core.fsio import atomic_dir, scratch_dir, write_json
+from fedccrl_core.foundation.errors import ChecksumError, DataError
+from fedccrl_core.foundation.fsio import atomic_dir, scratch_dir, write_json
 
 
 MIRROR_ENV = "FEDCCRL_DATASET_MIRROR"

@@ -21,7 +21,9 @@ as in PACS, uneven: with a tiny CNN trained 20 epochs on three domains (seed 0, 
 validation accuracy was 0.72-0.86 while the held-out domain scored photo 0.59, art 0.40,
 cartoon 0.83 (flat fills + outlines: the "easy" target, like PACS photo), sketch 0.46 (chance
 0.17). tests/test_data_synthetic.py pins the art case.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import colorsys

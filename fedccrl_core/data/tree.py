@@ -7,7 +7,9 @@
 
 Sorted by name everywhere, so every reader sees the same files in the same order. Numpy/PIL only: serving
 imports it without torch.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from fedccrl_core.data.images import is_ignored_name
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 
 def _entries(folder: str | os.PathLike) -> list[os.DirEntry]:

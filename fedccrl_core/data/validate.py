@@ -19,7 +19,9 @@ governed by `download.max_bad_fraction`). Files listed by a split file but absen
 tree (it mirrors the source); the partition stage skips them and lists them in its manifest.
 Hidden files (`.DS_Store`, `._x`) and OS thumbnails (`Thumbs.db`) are not samples: they are
 listed under `ignored` and neither counted nor decoded.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import hashlib
@@ -29,7 +31,7 @@ from pathlib import Path
 from fedccrl_core.data.images import RESIZE_POLICY, check_images
 from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.tree import Tree, scan_tree
-from fedccrl_core.errors import DataError
+from fedccrl_core.foundation.errors import DataError
 
 REPORT_VERSION = 1
 COUNT_POLICY = ("expected counts are counts of files in the source (bad files included); "

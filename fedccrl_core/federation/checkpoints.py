@@ -17,7 +17,9 @@ only its own bytes. A state file is deleted once neither P nor P.prev names it; 
 named records fill less than half of it has them copied (bytes as they are) into the round being
 written, so the files on disk stay under about twice the live states. `prune()` (run completed)
 deletes P.prev and every state file P does not name.
-"""
+
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import collections
@@ -34,9 +36,9 @@ from typing import Callable
 import numpy as np
 import torch
 
-from fedccrl_core.checkpoint import torch_load
-from fedccrl_core.errors import UntrustedFileError
-from fedccrl_core.fsio import atomic_file, atomic_path
+from fedccrl_core.learning.model_file import torch_load
+from fedccrl_core.foundation.errors import UntrustedFileError
+from fedccrl_core.foundation.fsio import atomic_file, atomic_path
 
 ALIGN = 64  # every record and every tensor's bytes start at a multiple of this (aligned views on read)
 _HEAD = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then one <Q length per buffer

@@ -13,7 +13,9 @@ Streams: a wave's streams first wait for the current stream (the global weights 
 written there) and the current stream waits for all of them at the end of the wave (aggregation
 reads the replies there). Every tensor that crosses streams is written before one of these waits
 and freed only after the next one, so the caching allocator never hands out memory still in use.
-"""
+
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +27,7 @@ from typing import Callable, Generator
 import numpy as np
 import torch
 
-from fedccrl_core.seeding import seed_everything
+from fedccrl_core.foundation.seeding import seed_everything
 
 
 @dataclass

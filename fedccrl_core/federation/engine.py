@@ -10,7 +10,9 @@ Client state (Adam moments and LR schedule, FedBN/SiloBN's local BN layers in `e
               training it is appended to this round's state file and leaves memory;
   stateless   a fresh optimizer and schedule every round (cross-device FL, FedDG-Bench); nothing
               per client is kept or checkpointed.
-"""
+
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import dataclasses
@@ -20,15 +22,15 @@ from typing import Callable
 
 import torch
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.client import ClientData, ClientState
-from fedccrl_core.fastpath import resolve_device  # noqa: F401  (re-exported: the engines' callers)
+from fedccrl_core.learning.clients import ClientData, ClientState
+from fedccrl_core.foundation.fastpath import resolve_device  # noqa: F401  (re-exported: the engines' callers)
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.loop import (EvalSets, RoundLoop, RunResult, nbytes, sample_clients,  # noqa: F401
                                           weighted_mean)
-from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
+from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 
 CLIENT_STATE_MODES = ("persistent", "stateless")
 

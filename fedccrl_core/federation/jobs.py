@@ -3,27 +3,29 @@
 `plan_runs` turns the run settings (typed, from the validated params file) into one picklable `TrainJob` per
 held-out entry, keyed by a hash of everything that determines the run (its round checkpoint's name); `run_one`
 trains a job on the in-process engine (or over Flower, with the caller's `job.flower_train`) and writes its
-outputs at once at the end (the run layout of fedccrl_core/contract.py); `run_jobs` runs jobs side by side in a
+outputs at once at the end (the run layout of fedccrl_core/foundation/contract.py); `run_jobs` runs jobs side by side in a
 `concurrent.futures.ProcessPoolExecutor` (spawned workers, one torch thread each) and hands their round records
 to the caller, which alone talks to the tracker (pipeline/tracking.py).
 
 The pool is the standard library's; two things it does not do are added here: the round records stream to the
 parent while a job trains (a queue every worker receives at start), and a failed run stops the workers still
 training (their process ids, reported by each worker at start, are terminated), so no trainer outlives the stage.
-"""
+
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import csv
 import json
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from fedccrl_core import contract
-from fedccrl_core.numerics import numeric_platform
-from fedccrl_core.runkey import code_hash, params_hash
+from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.numerics import numeric_platform
+from fedccrl_core.foundation.runkey import code_hash, params_hash
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -42,7 +44,6 @@ class RunSettings:
     concurrent_clients: int | str
     client_state: str
     eval_batch_size: int            # evaluate.batch_size
-    flower: dict = field(default_factory=dict)  # train.flower as validated (the Flower engine reads it)
 
 
 @dataclass
@@ -54,7 +55,7 @@ class TrainJob:
     sources: list[str]
     algorithm: str
     seed: int
-    hparams: dict                   # train.<algorithm>, validated (every default filled in)
+    hparams: Any                    # train.<algorithm>: the algorithm's frozen Params (Algorithm.validated)
     settings: RunSettings
     run_key: str                    # hash of everything that determines the run: names its round checkpoint
     ckpt: Path
@@ -67,7 +68,8 @@ class TrainJob:
     commit: str = ""
     mlflow_run_id: str | None = None
     mlflow_experiment_id: str | None = None
-    flower_train: Callable | None = None  # fedccrl_flower.run.train_with_flower with train.engine: flower
+    # train.engine flower: fedccrl_flower.run.train_with_flower with train.flower's typed FlowerSettings bound
+    flower_train: Callable | None = None
 
     def record_ids(self, ids: dict) -> None:
         self.commit, self.mlflow_run_id, self.mlflow_experiment_id = (
@@ -77,7 +79,7 @@ class TrainJob:
 def load_clients(shards: Path, pools: Path, domains: list[str], device):
     from fedccrl_core.data.pools import STALE, load_pool
     from fedccrl_core.data.shards import MIXED, load_client, load_manifest
-    from fedccrl_core.federation.client import ClientData
+    from fedccrl_core.learning.clients import ClientData
 
     clients = []
     for entry in load_manifest(shards)["clients"]:
@@ -99,20 +101,23 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
 
 
 def plan_runs(settings: RunSettings, partition: dict, manifest: dict, algorithm: str, seed: int, held_out: list,
-              targets: list[str], out: Path, checkpoints: Path, hparams: dict) -> list[TrainJob]:
+              targets: list[str], out: Path, checkpoints: Path, hparams) -> list[TrainJob]:
     """One job per held-out entry (checked by pipeline/sweep.py `check_train`; `targets` are their domain names),
     its run key (the hash of every setting of the run, the manifest and the training code) and its output
-    folder out/d<entry>. `hparams`: train.<algorithm> validated; `partition`: params.yaml's partition group."""
+    folder out/d<entry>. `hparams`: the algorithm's Params; `partition`: params.yaml's partition group."""
     domains = list(manifest["domains"])
     s = settings
     jobs = []
+    local = s.local.model_dump()
+    if local["privacy"] is None:  # a run without DP keeps its run key (and checkpoint)
+        del local["privacy"]
     for h, target in zip(held_out, targets):
         i = domains.index(target)
         run_params = {"dataset": s.dataset, "backbone": s.backbone, "pretrained": s.pretrained,
-                      **s.local.model_dump(exclude_none=True), "engine": s.engine, "device": s.device,
+                      **local, "engine": s.engine, "device": s.device,
                       "client_fraction": s.client_fraction, "concurrent_clients": s.concurrent_clients,
                       "client_state": s.client_state, "eval_batch_size": s.eval_batch_size,
-                      "algorithm": algorithm, "seed": seed, "held_out": domains[i], algorithm: hparams,
+                      "algorithm": algorithm, "seed": seed, "held_out": domains[i], algorithm: hparams.model_dump(),
                       "partition": partition, "image_size": manifest["image_size"]}
         run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
         jobs.append(TrainJob(
@@ -134,9 +139,9 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     import torch
 
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.checkpoint import save_model
+    from fedccrl_core.learning.model_file import save_model
     from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.federation.client import ClientData
+    from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
 
     s, target, out = job.settings, job.target, Path(job.out)
@@ -161,13 +166,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         on_round = lambda rec: report("round", rec)  # noqa: E731
         if s.engine == "flower":  # same algorithm, seeds and record dicts over Flower: job.flower_train is
             # fedccrl_flower.run.train_with_flower, set by the caller (the library does not import the transport)
-            result = job.flower_train(
-                s.flower, algorithm=job.algorithm, local=alg.local, hparams=alg.hp,
-                backbone=s.backbone, pretrained=s.pretrained, num_classes=len(job.classes),
-                seed=job.seed, held_out=target, shards=shards, pools=pools, device=s.device,
-                eval_batch_size=s.eval_batch_size, client_fraction=s.client_fraction,
-                checkpoint=job.ckpt, run_info={"run_key": job.run_key}, on_round=on_round, log=log,
-                client_state=s.client_state)
+            result = job.flower_train(job, shards=shards, pools=pools, on_round=on_round, log=log)
         else:
             result = InProcessEngine(alg, model, clients, evalsets, s.local.rounds, job.seed, s.client_fraction,
                                      job.ckpt, on_round=on_round, run_info={"run_key": job.run_key}, log=log,
@@ -179,12 +178,12 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
             "image_size": job.image_size, "mean": list(s.local.mean), "std": list(s.local.std),
             "resize": job.resize, "dataset": s.dataset, "domains": job.domains,
             "held_out_domain": target, "held_out_index": job.index, "algorithm": job.algorithm,
-            "seed": job.seed, "hparams": alg.hp, "params_hash": job.run_key, "git_commit": job.commit,
+            "seed": job.seed, "hparams": alg.hp.model_dump(), "params_hash": job.run_key, "git_commit": job.commit,
             "mlflow_run_id": job.mlflow_run_id, "mlflow_experiment_id": job.mlflow_experiment_id,
             "platform": numeric_platform(str(device))}
-    from fedccrl_core.fsio import atomic_dir
+    from fedccrl_core.foundation.fsio import atomic_dir
 
-    with atomic_dir(out) as tmp:  # fedccrl_core.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
+    with atomic_dir(out) as tmp:  # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
         model.load_state_dict(result.final_weights)
         save_model(tmp / contract.MODEL_FILE, model, {**meta, "round": s.local.rounds})
         model.load_state_dict(result.best_weights)
@@ -234,7 +233,7 @@ def _worker_start(records) -> None:
     """A pool worker's initializer (spawned): killed with its parent (kill -9 included: no orphan trainer), and
     its process id reported, so that the parent can stop it when another run fails."""
     global _RECORDS
-    from fedccrl_core.procs import die_with_parent
+    from fedccrl_core.foundation.procs import die_with_parent
 
     die_with_parent()
     _RECORDS = records
@@ -246,7 +245,7 @@ def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
     one queue; the parent alone talks to MLflow. A known error (bad data, a missing file) comes back as a
     ValueError naming the held-out domain; anything else as itself, with the worker's traceback attached by
     concurrent.futures."""
-    from fedccrl_core.errors import FedCCRLError
+    from fedccrl_core.foundation.errors import FedCCRLError
 
     try:
         summary = train(job, shards, pools, lambda kind, rec: _RECORDS.put((kind, job.index, rec)))

@@ -13,7 +13,9 @@ Every random draw is derived from (seed, round, client), and a checkpoint is wri
 round (federation/checkpoints.py), so a rerun resumes after the last complete round and ends with
 the metrics of an uninterrupted run (on the CPU). Under train.privacy the noise and the privacy samples (the
 clients of a round, Eq. 8's rows) come from the OS instead (privacy/noise.py): a DP run is not bit-reproducible.
-"""
+
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import sys
@@ -24,14 +26,14 @@ from typing import Any, Callable, Protocol
 import numpy as np
 import torch
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms.base import Algorithm, Reply
-from fedccrl_core.evaluation import accuracy, predict
+from fedccrl_core.learning.accuracy import accuracy, predict
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.privacy.dp import DPFedAvgAggregation
-from fedccrl_core.privacy.settings import BudgetExhausted, PrivacySettings
+from fedccrl_core.privacy.settings import BudgetExhausted
 from fedccrl_core.privacy.noise import private_rng
-from fedccrl_core.seeding import derive_seed, numpy_rng, seed_everything
+from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
 
 
 def nbytes(obj) -> int:
@@ -54,8 +56,8 @@ def privacy_of(alg: Algorithm):
     work, a setting under which something leaves the client that is neither noised nor counted: an upload the
     mechanisms of privacy/dp.py do not cover, a channel the algorithm releases with its mechanism switched off,
     an aggregation other than Eq. 2."""
-    s = PrivacySettings.from_mapping(alg.local.privacy)
-    if not s.enabled:
+    s = alg.local.privacy
+    if s is None or not s.enabled:
         return None
     uploads = getattr(alg.Params, "uploads_statistics", False)
     if type(alg).client_upload is not Algorithm.client_upload and not uploads:

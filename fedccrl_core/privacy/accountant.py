@@ -13,7 +13,9 @@ Both are composed every round (ComposedDpEvent); RDP adds over events and rounds
 the optimum over the RDP orders (Balle et al. 2020's conversion, dp_accounting.rdp.compute_epsilon). Both samples
 (Eq. 8's rows, the round's clients) are drawn from the OS under DP (privacy/noise.py): the amplification assumes
 the attacker does not know them. A channel that releases nothing (FedAvg's statistics) has no event.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -21,7 +23,7 @@ from dataclasses import dataclass, field
 import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 from fedccrl_core.privacy.settings import BudgetExhausted, PrivacySettings
 
 REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE

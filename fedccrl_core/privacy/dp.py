@@ -15,7 +15,9 @@ Delta_i = w_i - w (all floating-point state-dict entries as one vector) is clipp
 updates are averaged with equal weight over the m sampled clients, and N(0, (z S / m)^2) is added to every
 coordinate. A noised BatchNorm running variance is clamped to a small positive floor (post-processing).
 Integer buffers (BatchNorm's num_batches_tracked) keep the global value: they are not released.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import numpy as np

@@ -9,13 +9,15 @@ clients are drawn from a numpy Generator seeded by `SeedSequence()` without entr
 
 `train.privacy.noise_seed` (tests only) seeds these draws instead; such a run is not private and says so
 (PrivacySettings.noise_source()).
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import numpy as np
 
 from fedccrl_core.privacy.settings import PrivacySettings
-from fedccrl_core.seeding import derive_seed
+from fedccrl_core.foundation.seeding import derive_seed
 
 
 def private_rng(s: PrivacySettings, *keys) -> np.random.Generator:

@@ -1,6 +1,8 @@
 """params.yaml `train.privacy.*`: differential privacy on both upload channels, declared once (typed, bounded,
 with sources). Off by default: `enabled: false` is the paper's protocol, bit for bit. No torch here: every stage
-validates params.yaml with this model before it does any work (pipeline/params.py)."""
+validates params.yaml with this model before it does any work (pipeline/params.py).
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
@@ -8,7 +10,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 
-from fedccrl_core.hparams import Declared, validate
+from fedccrl_core.foundation.hparams import Declared, validate
 
 class BudgetExhausted(Exception):
     """A release would take epsilon past train.privacy.max_epsilon; the round loop stops before it."""

@@ -1,4 +1,6 @@
-"""The data behind the figures: augmentation previews, encoder representations for t-SNE, CAMs."""
+"""The data behind the figures: augmentation previews, encoder representations for t-SNE, CAMs.
+
+Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +9,7 @@ import numpy as np
 import torch
 
 from fedccrl_core.augment import AugmentConfig, ccdt, fedccrl_augment
-from fedccrl_core.statistics import denormalize, normalize_u8
+from fedccrl_core.learning.statistics import denormalize, normalize_u8
 from fedccrl_core.viz.gradcam import grad_cam
 
 
@@ -45,7 +47,7 @@ def cams(model, images_u8: np.ndarray, mean, std) -> tuple[np.ndarray, np.ndarra
     return cam.numpy(), pred.numpy()
 
 
-def preview_rows(shards, pools, fedccrl_hp: dict, seed: int, n_preview: int, mean, std) -> list[dict]:
+def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std) -> list[dict]:
     """FedCCRL Fig. 3 for every client: `n_preview` of its training images, CCDT with the pool of the other
     clients' uploads F_j (Eq. 8, drawn here as the server would hold them), then DIFP."""
     from fedccrl_core.algorithms.fedccrl import pool_without
@@ -57,9 +59,9 @@ def preview_rows(shards, pools, fedccrl_hp: dict, seed: int, n_preview: int, mea
     uploads = {}
     for cid in ids:
         mu, sigma = load_pool(pools, cid)
-        f_mu, f_sigma = sample_statistics(mu, sigma, fedccrl_hp["r"], rng)  # Eq. 8
+        f_mu, f_sigma = sample_statistics(mu, sigma, fedccrl_hp.r, rng)  # Eq. 8
         uploads[cid] = {"mu": f_mu, "sigma": f_sigma}
-    aug = AugmentConfig.from_mapping(fedccrl_hp)
+    aug = AugmentConfig.from_params(fedccrl_hp)
     rows = []
     for j, cid in enumerate(ids):
         shard = load_client(shards, cid)

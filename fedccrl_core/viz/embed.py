@@ -1,5 +1,7 @@
 """The 2-d embedding of FedCCRL Fig. 5 (t-SNE of h(x)); numpy and sklearn only, no torch, so that a drawing
-process can run it without loading torch."""
+process can run it without loading torch.
+
+Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import numpy as np

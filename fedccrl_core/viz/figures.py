@@ -1,5 +1,7 @@
 """The pipeline's figures. Each function takes plain arrays and writes one PNG; titles, axis labels,
-class legends, and the domain and algorithm on each panel. Deterministic given the inputs and seed."""
+class legends, and the domain and algorithm on each panel. Deterministic given the inputs and seed.
+
+Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -11,7 +13,7 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 import numpy as np
 
-from fedccrl_core.fsio import atomic_file
+from fedccrl_core.foundation.fsio import atomic_file
 
 CMAP = plt.get_cmap("tab10")
 GAP = 6  # white pixels between the small images of a mosaic (Fig. 3, 7)

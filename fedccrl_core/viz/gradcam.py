@@ -2,7 +2,9 @@
 
 L^c = ReLU(sum_k alpha_k^c A^k), alpha_k^c = 1/Z sum_{i,j} dy^c / dA^k_{ij}; upsampled to the input size and
 normalized to [0, 1] per image (an all-zero map stays zero).
-"""
+
+
+Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch

@@ -9,7 +9,9 @@ Every torch file of the project (model files, round checkpoints, the Flower resu
 plain data only (dict, list, tuple, str, int, float, bool, None) and is read by `torch_load`, with
 torch's weights-only unpickler: a model file comes from anyone who can hand one over, and a full
 unpickler runs whatever code its pickle names.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import pickle
@@ -17,16 +19,16 @@ from pathlib import Path
 
 import torch
 
-from fedccrl_core.errors import FedCCRLError, UntrustedFileError
-from fedccrl_core.fsio import atomic_file
-from fedccrl_core.models import FedModel, build_model
+from fedccrl_core.foundation.errors import FedCCRLError, UntrustedFileError
+from fedccrl_core.foundation.fsio import atomic_file
+from fedccrl_core.learning.models import FedModel, build_model
 
 FORMAT = "fedccrl-model/1"
 REQUIRED_META = ("backbone", "num_classes", "classes", "image_size", "mean", "std")
 
 
 def atomic_torch_save(obj, path: str | Path) -> None:
-    """torch.save through fedccrl_core.fsio.atomic_file: never a half-written file."""
+    """torch.save through fedccrl_core.foundation.fsio.atomic_file: never a half-written file."""
     with atomic_file(path, "wb") as f:
         torch.save(obj, f)
 

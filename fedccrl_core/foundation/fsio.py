@@ -44,7 +44,7 @@ from typing import Callable, Iterator
 
 import psutil
 
-from fedccrl_core.errors import FedCCRLError
+from fedccrl_core.foundation.errors import FedCCRLError
 
 TEMP_RE = re.compile(r"^\.(?P<name>.+)\.(?P<kind>tmp|old)-(?P<pid>\d+)-[0-9a-f]{8}$")
 # errors of the body of a write that are about the output, not about something the body reads

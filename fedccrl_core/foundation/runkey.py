@@ -3,7 +3,9 @@ It names the run's round checkpoint (a checkpoint is resumed only by the same ru
 
 The training code is the library minus what training never runs: `viz` (figures over saved runs). The
 benchmarks live outside the library (benchmarks/), so editing them, a figure or the serving side leaves every
-resumable checkpoint valid."""
+resumable checkpoint valid.
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import hashlib
@@ -15,7 +17,7 @@ def params_hash(obj) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-NOT_TRAINING = ("viz",)  # fedccrl_core's subpackages that training does not run
+NOT_TRAINING = ("viz", "outcomes")  # fedccrl_core's subpackages that training does not run
 
 
 def training_sources() -> tuple[Path, list[Path]]:

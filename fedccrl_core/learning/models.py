@@ -2,7 +2,9 @@
 
 g is always the last linear layer of the backbone (paper section 4.2: "the final fully connected
 layer acts as the classifier g, and the preceding layers serve as the representation encoder h").
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,7 +12,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from fedccrl_core.backbone_names import BACKBONES
+from fedccrl_core.foundation.backbone_names import BACKBONES
 
 
 class FedModel(nn.Module):

@@ -4,7 +4,9 @@ Training is bit-identical on one machine (resume, engines, reruns), but not acro
 and ATen pick their float32 kernels by the CPU's instruction set, so sums round differently on an AVX2
 CPU than on an AVX-512 one, and a few test images of 240 flip after 10 rounds. Every trained model records
 this description, and the report prints it under its table, so a number always carries its platform.
-"""
+
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os

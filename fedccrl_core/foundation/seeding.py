@@ -1,4 +1,6 @@
-"""Every random draw is derived from (seed, round, client, ...) so a resumed run replays exactly."""
+"""Every random draw is derived from (seed, round, client, ...) so a resumed run replays exactly.
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import hashlib

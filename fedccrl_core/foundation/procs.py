@@ -5,7 +5,9 @@
   orphans a trainer that a rerun would then race with.
 - `sigterm_as_exit()`: SIGTERM raises SystemExit in the main thread, so `finally` blocks run: temporary
   outputs are removed, child processes stopped and MLflow runs marked KILLED.
-"""
+
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import ctypes

@@ -1,7 +1,9 @@
 """Progress on stderr, through tqdm: `<label>: <done>/<total>` (files, images) or bytes (a download), never on
 stdout (a stage's stdout is its result). In a terminal tqdm redraws one line; when stderr is a log (DVC, CI) it
 writes an update at most every 5 s and the final count when the work is done, as the hand-printed lines did.
-`enabled=False` (progress=False) prints nothing."""
+`enabled=False` (progress=False) prints nothing.
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import sys

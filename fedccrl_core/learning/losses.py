@@ -18,13 +18,15 @@ Departures and readings (each also in the function's docstring):
   * L_JS clamps Y_bar to [1e-7, 1] before the log, as AugMix's reference code does.
 The reference code's two forms are offered as switches (params.yaml train.fedccrl.supcon and
 l_cls), to reproduce the reference code's runs: ``supcon_self_positive_loss`` and ``three_view_ce(..., reduction="sum")``.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 
 
 def supcon_loss(

@@ -38,7 +38,7 @@ from fedccrl_core.data.pools import sample_statistics, unbiased_sigma, upload_si
 from fedccrl_core.privacy.dp import clip_rows, privatize, stats_noise_std
 from fedccrl_core.privacy.noise import private_rng
 from fedccrl_core.privacy.settings import PrivacySettings
-from fedccrl_core.seeding import numpy_rng
+from fedccrl_core.foundation.seeding import numpy_rng
 
 FPRS = (0.001, 0.01)
 ATTACKS = ("nearest", "lr")

@@ -5,7 +5,9 @@ are shared with other processes (CI runners, laptops, 2-core VMs) the spinning t
 the work needs: one `fedccrl train` measured 3x the wall time and 3.4x the CPU time with the default
 policy against OMP_WAIT_POLICY=PASSIVE (`fedccrl-bench threads` re-measures the ratio).
 PASSIVE makes idle OpenMP threads sleep instead. A value the user set explicitly is kept.
-"""
+
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import os

@@ -2,12 +2,14 @@
 
 Every statistic in this project is taken on the *normalized* tensor
 x = (u8 / 255 - mean) / std, i.e. after the training resize and normalization.
-"""
+
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
 
-from fedccrl_core.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
+from fedccrl_core.foundation.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
 
 
 def per_channel(values, like: torch.Tensor) -> torch.Tensor:

@@ -1,14 +1,16 @@
 """Evaluated runs as results: the leave-one-domain-out table (FedCCRL Table 1 form, mean ± std across seeds; the
-report stage) and the per-round series the figures draw. The runs are re-evaluated by fedccrl_core/runs.py; the
-layout and field names are fedccrl_core/contract.py's. Plain data only: no torch, no model code.
-"""
+report stage) and the per-round series the figures draw. The runs are re-evaluated by fedccrl_core/outcomes/runs.py; the
+layout and field names are fedccrl_core/foundation/contract.py's. Plain data only: no torch, no model code.
+
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import json
 import statistics
 from pathlib import Path
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 
 # FedCCRL's Table 1 row order, then the other seed papers' methods (FedFD-A's Table 1 frameworks, FedAlign)
 PAPER_ORDER = ("fedavg", "fedprox", "fedadg", "ga", "fedsr", "fediir", "ccst", "fedccrl",
@@ -73,7 +75,7 @@ def table_markdown(runs: list[dict], metrics: dict) -> list[str]:
         lines += ["Partition: " + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items())
                                    or "not recorded"), ""]
     for platform in sorted({r.get("platform") or "not recorded" for r in runs}):
-        # the kernels that made the numbers (fedccrl_core/numerics.py): they differ in the last digits by CPU
+        # the kernels that made the numbers (fedccrl_core/foundation/numerics.py): they differ in the last digits by CPU
         lines += [f"Platform: {platform}", ""]
     for key, title in SELECTIONS:
         lines += [f"### {runs[0]['dataset']}: target accuracy (%), {title}", "",

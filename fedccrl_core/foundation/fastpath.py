@@ -17,7 +17,9 @@ setting is deterministic on its own. The rest of the fast path needs no switch: 
 device as uint8 (`federation.client.ClientData`), CCDT and per-sample AugMix vectorized on the device
 (`augment/`), no per-step host syncs, large evaluation batches (`evaluate.batch_size`) and several
 clients interleaved on CUDA streams (`federation.concurrent`).
-"""
+
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import contextlib

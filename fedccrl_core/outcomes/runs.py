@@ -1,12 +1,14 @@
 """A saved run re-evaluated on its held-out domain (the evaluate stage), from the files the train stage wrote
-(fedccrl_core/contract.py's run layout)."""
+(fedccrl_core/foundation/contract.py's run layout).
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
 
-from fedccrl_core import contract
+from fedccrl_core.foundation import contract
 
 
 def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
@@ -18,8 +20,8 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.confusion import confusion_matrix
-    from fedccrl_core.evaluation import predict
+    from fedccrl_core.learning.confusion import confusion_matrix
+    from fedccrl_core.learning.accuracy import predict
 
     hist_path = run / contract.HISTORY_FILE
     if not hist_path.is_file():

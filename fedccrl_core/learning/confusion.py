@@ -1,5 +1,7 @@
-"""The confusion matrix of a classifier's predictions, in numpy: the evaluate stage (fedccrl_core/runs.py) and
-`fedccrl-serve evaluate` count with it, and serving imports no torch."""
+"""The confusion matrix of a classifier's predictions, in numpy: the evaluate stage (fedccrl_core/outcomes/runs.py) and
+`fedccrl-serve evaluate` count with it, and serving imports no torch.
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import numpy as np

@@ -1,4 +1,6 @@
-"""What one client holds: its data (never leaves it) and the state that persists across rounds."""
+"""What one client holds: its data (never leaves it) and the state that persists across rounds.
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import dataclasses

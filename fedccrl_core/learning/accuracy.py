@@ -1,10 +1,12 @@
-"""Accuracy of a model on uint8 images, in large batches (no per-batch host sync)."""
+"""Accuracy of a model on uint8 images, in large batches (no per-batch host sync).
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import torch
 
-from fedccrl_core import fastpath
-from fedccrl_core.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
+from fedccrl_core.foundation import fastpath
+from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 
 
 @torch.no_grad()

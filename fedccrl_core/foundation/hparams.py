@@ -10,7 +10,9 @@ the stages' validation all come from, or are tested against, these declarations.
 
 Validation is strict: no silent coercion ("3" is not 3, true is not 1); an int is accepted where a
 number is declared. Unknown keys are refused, so `lamda1` cannot pass as a typo of `lambda1`.
-"""
+
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
@@ -26,8 +28,10 @@ class Declared(BaseModel):
 
 
 class HParams(Declared):
-    """An algorithm's hyperparameters (`train.<algorithm>` in params.yaml). An empty or null group takes
-    every default."""
+    """An algorithm's hyperparameters (`train.<algorithm>` in params.yaml), frozen: validated once, then read as
+    attributes (`alg.hp.lambda1`). An empty or null group takes every default."""
+
+    model_config = ConfigDict(frozen=True)
 
     @model_validator(mode="before")
     @classmethod
@@ -220,7 +224,7 @@ def problems(err: ValidationError, data: Any, model: type[BaseModel] | None = No
 
 def validate(model: type[BaseModel], data: Any, prefix: str = "", file: str = "params.yaml") -> BaseModel:
     """model.model_validate(data), or ParamError with one line per problem."""
-    from fedccrl_core.errors import ParamError
+    from fedccrl_core.foundation.errors import ParamError
 
     try:
         return model.model_validate(data)

@@ -1,4 +1,6 @@
-"""Errors with messages that name the file or field at fault."""
+"""Errors with messages that name the file or field at fault.
+
+Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 
 class FedCCRLError(Exception):
@@ -19,7 +21,7 @@ class UnsafeArchiveError(DataError):
 
 class ParamError(FedCCRLError, ValueError):
     """Bad parameters (params.yaml, a stage option): one line per problem, each naming the key, the value and
-    what is allowed (fedccrl_core/hparams.py `problems`)."""
+    what is allowed (fedccrl_core/foundation/hparams.py `problems`)."""
 
     def __init__(self, *lines: str):
         super().__init__("\n".join(lines))

@@ -1,0 +1,93 @@
+"""Reading the clients' replies, and the ledger of the replies a round refused and the clients it dropped.
+
+Every reply is checked before use: a query reply's n_i and upload (FedCCRL: F_i, Eq. 8), a train reply's
+client id, n_i (Eq. 2), weights (the global weights' keys/shapes/dtypes, finite floats), metrics and upload.
+A reply that fails is refused (logged, in the round's record), never aggregated.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import torch
+from flwr.app import Message
+
+from fedccrl_core.foundation import contract
+from fedccrl_core.algorithms.base import Reply
+from fedccrl_flower import messages as M
+
+BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malformed reply raises while read
+
+
+def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
+    """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6)."""
+    info = r.content[M.INFO]
+    cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])
+    if n < 1:
+        raise M.MalformedUpdate(f"n_i = {n}")
+    upload = M.record_to_arrays(r.content[M.UPLOAD], f"upload of {cid}") if M.UPLOAD in r.content else None
+    M.validate_upload(upload, f"upload of {cid}")
+    return cid, n, upload
+
+
+def read_train_reply(r: Message, cid: str, reference: dict[str, torch.Tensor], need_train_acc: bool):
+    """(n_i, weights, metrics, upload) of `cid`'s TRAIN reply (lines 8-22), its weights checked against the
+    global weights `reference`."""
+    info = r.content[M.INFO]
+    n = info[M.F_N]
+    if str(info[M.F_CLIENT_ID]) != cid:
+        raise M.MalformedUpdate(f"answers as {info[M.F_CLIENT_ID]}, expected {cid}")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:  # the algorithm's n_i (Eq. 2)
+        raise M.MalformedUpdate(f"n_i = {n!r} is not a positive integer")
+    arrays = M.record_to_arrays(r.content[M.WEIGHTS], f"weights of {cid}")
+    weights = M.validate_weights(arrays, reference, f"weights of {cid}")
+    metrics = M.metrics_from_record(r.content[M.METRICS], f"metrics of {cid}")
+    if need_train_acc and contract.TRAIN_ACC not in metrics:  # train.privacy: no metrics are sent
+        raise M.MalformedUpdate(f"metrics of {cid} lack {contract.TRAIN_ACC}")
+    upload = M.record_to_arrays(r.content[M.UPLOAD], f"train upload of {cid}") if M.UPLOAD in r.content else None
+    M.validate_upload(upload, f"train upload of {cid}")
+    return n, weights, metrics, upload
+
+
+def matching_train_uploads(rnd: int, valid: list[Reply], ledger: "Ledger") -> list[Reply]:
+    """The replies whose train upload fits the others': uploads are summed element-wise, so keys, dtypes and
+    full shapes must agree (the most common signature wins); a misfit is refused."""
+    sigs = {r.client_id: None if r.upload is None else
+            tuple(sorted((k, str(v.dtype), tuple(v.shape)) for k, v in r.upload.items())) for r in valid}
+    consensus = M.consensus_signature(sigs)
+    for r in valid:
+        if sigs[r.client_id] != consensus:
+            ledger.refuse(rnd, r.client_id, f"train upload {sigs[r.client_id]} does not match the others' {consensus}")
+    return [r for r in valid if sigs[r.client_id] == consensus]
+
+
+class Ledger:
+    """The replies refused and the clients dropped, per round: in the round's record, the log and the result."""
+
+    def __init__(self, log: Callable[[str], None]):
+        self.log = log
+        self.refused: list[dict] = []  # replies that arrived malformed
+        self.dropped: list[dict] = []  # clients that did not answer, were unavailable or raised
+
+    def refuse(self, rnd: int, who: str, reason: str) -> None:
+        """A reply that arrived but cannot be used (malformed arrays, wrong client, ...)."""
+        self.refused.append({"round": rnd, "client": who, "reason": reason})
+        self.log(f"round {rnd}: REFUSED reply of {who}: {reason}")
+
+    def drop(self, rnd: int, client: str | None, node: int, phase: str, reason: str, detail: str) -> None:
+        """One client dropped from round `rnd`: in the round's record (`dropped_clients`) and the log."""
+        self.dropped.append({"round": rnd, "client": client, "node": node, "phase": phase, "reason": reason,
+                             "detail": detail})
+        self.log(f"round {rnd}: {client or 'unknown client'} (node {node}) dropped in the {phase} phase: "
+                 f"{reason} ({detail})")
+
+    def dropped_text(self, rnd: int) -> str:
+        return "; ".join(f"{d['client'] or 'node ' + str(d['node'])}: {d['reason']} in {d['phase']} ({d['detail']})"
+                         for d in self.dropped if d["round"] == rnd) or "none"
+
+    def record(self, rnd: int) -> dict:
+        """The round record's counts and lists (`refused`, `dropped`, `dropped_clients`, `refused_clients`)."""
+        drops = [{k: v for k, v in x.items() if k != "round"} for x in self.dropped if x["round"] == rnd]
+        refusals = [{k: v for k, v in x.items() if k != "round"} for x in self.refused if x["round"] == rnd]
+        return {"refused": len(refusals), "dropped": len(drops), "dropped_clients": drops,
+                "refused_clients": refusals}
