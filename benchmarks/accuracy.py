@@ -12,14 +12,14 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation import contract
-from pipeline.stage_runtime import run_stage
-from pipeline.params import read_yaml, validate_params
+from fedccrl_pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.params import read_yaml, validate_params
 
 
 def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -> dict:
     """`KEY=VALUE` overrides (dotted keys of params.yaml, YAML values), as `dvc exp run -S` spells them. A key
     must already exist: a typo is an error naming it, not a new entry that nothing reads."""
-    from pipeline.params import ParamError, parse_yaml, set_key  # YAML 1.2 numbers, as params.yaml is read
+    from fedccrl_pipeline.params import ParamError, parse_yaml, set_key  # YAML 1.2 numbers, as params.yaml is read
 
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -42,8 +42,8 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
     from fedccrl_core.federation.jobs import load_clients
-    from pipeline.cross_checks import resolve_held_out
-    from pipeline.train import check_algorithm, run_settings
+    from fedccrl_pipeline.cross_checks import resolve_held_out
+    from fedccrl_pipeline.train import check_algorithm, run_settings
 
     from fedccrl_core.algorithm_params.fedccrl import VARIANTS
 

@@ -8,7 +8,7 @@ apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fe
 
 import click  # noqa: E402
 
-from benchmarks import accuracy, repro, scale_cli, speed_cli, threads  # noqa: E402
+from fedccrl_benchmarks import accuracy, repro, scale_cli, speed_cli, threads  # noqa: E402
 from fedccrl_core import __version__  # noqa: E402
 
 

@@ -7,8 +7,8 @@ trains them one after another on the CPU. Server step: U replies with the model'
 folded into the aggregation one at a time and read once (stack, Gram matrix, the search, the combination), beside
 FedAvg's streamed Eq. 2 on the same replies.
 
-    python -m benchmarks.fedomg_step --clients 6,120            # after `fedccrl partition` (the embedded default)
-    python -m benchmarks.fedomg_step --clients 6,120 --backbone mobilenet_v3_large
+    python -m fedccrl_benchmarks.fedomg_step --clients 6,120            # after `fedccrl partition` (the embedded default)
+    python -m fedccrl_benchmarks.fedomg_step --clients 6,120 --backbone mobilenet_v3_large
 """
 from __future__ import annotations
 
@@ -59,8 +59,8 @@ def main(argv=None) -> None:
     from fedccrl_core.learning.clients import ClientState
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.federation.jobs import load_clients
-    from pipeline.params import load_config
-    from pipeline.train import run_settings
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.train import run_settings
 
     torch.set_num_threads(1)  # as every training run on the CPU (federation/jobs.py)
     cfg = load_config(args.params)

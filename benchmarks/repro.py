@@ -108,7 +108,7 @@ def _set_param(ws: Path, key: tuple[str, str]) -> str:
 
 
 def bench_repro(thread_steps: int, keep: Path | None) -> dict:
-    from benchmarks.threads import measure
+    from fedccrl_benchmarks.threads import measure
 
     root = Path.cwd()
     for f in ("dvc.yaml", "params.yaml"):
@@ -211,7 +211,7 @@ def _print(r: dict) -> None:
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
 def command(thread_steps, keep, json_out):
     """`dvc repro` of the default from scratch, stage by stage; then one figures and one export setting changed."""
-    from pipeline.stage_runtime import run_stage
+    from fedccrl_pipeline.stage_runtime import run_stage
 
     result = run_stage(bench_repro, thread_steps, keep)
     if json_out is not None:

@@ -2,7 +2,7 @@
 (FedDG-Bench sweeps the client count; the goal is at most 1.2x time and memory at 120
 clients against 6).
 
-Each (algorithm, client count) runs in its own child process (`python -m benchmarks.scale
+Each (algorithm, client count) runs in its own child process (`python -m fedccrl_benchmarks.scale
 --child ...`), so its peak RSS (getrusage ru_maxrss) is its own. The data is generated in memory:
 `total` images of 6 classes at `size` px, dealt round-robin over 3 source domains and split evenly
 over the clients (the partition stage and its lambda partition are not used here). Every client
@@ -105,7 +105,7 @@ def measure(algorithm: str, clients: int, total: int, size: int, rounds: int, ba
     spec = {"algorithm": algorithm, "clients": clients, "total": total, "size": size, "rounds": rounds,
             "batch_size": batch_size, "threads": threads, "client_state": client_state}
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    p = subprocess.run([sys.executable, "-m", "benchmarks.scale", "--child", json.dumps(spec)],
+    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.scale", "--child", json.dumps(spec)],
                        capture_output=True, text=True, env=env)
     if p.returncode != 0:
         raise RuntimeError(f"bench scale child ({algorithm}, {clients} clients) failed:\n{p.stderr[-2000:]}")
@@ -149,6 +149,6 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--child":
         print(json.dumps(child(json.loads(sys.argv[2]))), flush=True)
     else:
-        print("internal: python -m benchmarks.scale --child '<json spec>' (use `fedccrl-bench scale`)",
+        print("internal: python -m fedccrl_benchmarks.scale --child '<json spec>' (use `fedccrl-bench scale`)",
               file=sys.stderr)
         sys.exit(2)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def _ints(text: str) -> list[int]:
@@ -18,7 +18,7 @@ def _ints(text: str) -> list[int]:
 
 
 def run(algorithms, clients, total, size, rounds, batch_size, threads, client_state):
-    from benchmarks.scale import bench_scale, table
+    from fedccrl_benchmarks.scale import bench_scale, table
 
     res = bench_scale(algorithms, clients, total, size, rounds, batch_size, threads, client_state)
     print(f"same total data ({total} images, {size}px, small CNN) over {clients} clients, every client "

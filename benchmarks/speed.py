@@ -3,7 +3,7 @@ device, on generated data (the embedded synthetic dataset's renderer, resized to
 
 Three paths: fast (the engine), plain (the baseline with the reference code's per-batch AugMix) and
 plain per-sample (the baseline with per-sample PIL AugMix); see plain.py. Each path runs in its own
-child process (`python -m benchmarks.speed --child ...`), once per repeat, the paths
+child process (`python -m fedccrl_benchmarks.speed --child ...`), once per repeat, the paths
 alternating; the fastest repeat of each timing is reported, since on a shared machine other load only
 ever adds time. In each child:
   1. a FedCCRL local step on client 0: `warmup` untimed steps, then `steps` timed ones
@@ -246,7 +246,7 @@ class PlainPath:
     augmix_impl = "batch (reference)"  # the one implementation of the reference's reading
 
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
-        from benchmarks.plain import EncodedImages, FedCCRLViews, PlainClient, encode_png
+        from fedccrl_benchmarks.plain import EncodedImages, FedCCRLViews, PlainClient, encode_png
         from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
 
         self.cfg, self.data, self.device = cfg, data, device
@@ -259,7 +259,7 @@ class PlainPath:
 
     def step_seconds(self) -> tuple[float, float | None, float | None]:
         from fedccrl_core.algorithms.fedccrl import FedCCRL
-        from benchmarks.plain import plain_local_train_steps
+        from fedccrl_benchmarks.plain import plain_local_train_steps
         from fedccrl_core.learning.clients import ClientState
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
@@ -282,7 +282,7 @@ class PlainPath:
 
     def round_seconds(self) -> float:
         from fedccrl_core.algorithms.fedccrl import FedCCRL
-        from benchmarks.plain import plain_round
+        from fedccrl_benchmarks.plain import plain_round
         from fedccrl_core.learning.clients import ClientState
 
         alg = FedCCRL(_local(self.cfg, self.cfg.epochs, False))
@@ -298,7 +298,7 @@ class PlainPath:
         return time.perf_counter() - t0
 
     def eval_seconds(self) -> float:
-        from benchmarks.plain import plain_accuracy
+        from fedccrl_benchmarks.plain import plain_accuracy
 
         t0 = time.perf_counter()
         plain_accuracy(self.model, self.target, self.cfg.batch_size, self.device, self.cfg.workers)
@@ -336,7 +336,7 @@ def child(cfg: BenchConfig, name: str) -> dict:
 
 
 def run_child(cfg: BenchConfig, name: str) -> dict:
-    p = subprocess.run([sys.executable, "-m", "benchmarks.speed", "--child",
+    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.speed", "--child",
                         json.dumps({"cfg": asdict(cfg), "path": name})], capture_output=True, text=True)
     if p.returncode != 0:
         raise RuntimeError(f"bench child ({name}) failed:\n{p.stderr[-2000:]}")
@@ -482,5 +482,5 @@ if __name__ == "__main__":
         spec = json.loads(sys.argv[2])
         print(json.dumps(child(BenchConfig(**spec["cfg"]), spec["path"])), flush=True)
     else:
-        print("internal: python -m benchmarks.speed --child '<json>' (use `fedccrl-bench speed`)", file=sys.stderr)
+        print("internal: python -m fedccrl_benchmarks.speed --child '<json>' (use `fedccrl-bench speed`)", file=sys.stderr)
         sys.exit(2)

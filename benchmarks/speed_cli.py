@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def _concurrent(value: str):
@@ -24,7 +24,7 @@ def _concurrent(value: str):
 
 
 def bench_speed(json_out: Path | None, **options) -> dict:
-    from benchmarks.speed import BenchConfig, bench
+    from fedccrl_benchmarks.speed import BenchConfig, bench
 
     result = bench(BenchConfig(**options))
     print(result["table"], flush=True)

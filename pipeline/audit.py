@@ -23,7 +23,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation.fsio import atomic_file, write_text
-from pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def load_audit_clients(shards: Path, pools: Path):
@@ -104,7 +104,7 @@ def plot(result: dict, path: Path) -> None:
 
 def run_audit(shards: Path, pools: Path, out: Path, table_out: Path, plot_out: Path, params_path: Path,
               mlflow_run: str | None = None) -> dict:
-    from pipeline.params import load_config
+    from fedccrl_pipeline.params import load_config
 
     cfg = load_config(params_path)  # the whole file, before any data is read
     from fedccrl_core.algorithm_params.fedccrl import resolve_variant
@@ -119,7 +119,7 @@ def run_audit(shards: Path, pools: Path, out: Path, table_out: Path, plot_out: P
     plot(result, plot_out)
     print("\n".join(lines), file=sys.stderr)
     if mlflow_run:
-        from pipeline.tracking import mlflow_module
+        from fedccrl_pipeline.tracking import mlflow_module
 
         client = mlflow_module().MlflowClient()
         client.set_tag(mlflow_run, "audit.noise", result["noise"])

@@ -13,15 +13,15 @@ from fedccrl_core import __version__  # noqa: E402
 
 # stage name -> module under pipeline/ exposing a click command named `command`
 STAGES = {
-    "download": "pipeline.download",
-    "partition": "pipeline.partition",
-    "pools": "pipeline.pools",
-    "train": "pipeline.train",
-    "evaluate": "pipeline.evaluate",
-    "report": "pipeline.report",
-    "figures": "pipeline.figures",
-    "export": "pipeline.export",
-    "audit": "pipeline.audit",
+    "download": "fedccrl_pipeline.download",
+    "partition": "fedccrl_pipeline.partition",
+    "pools": "fedccrl_pipeline.pools",
+    "train": "fedccrl_pipeline.train",
+    "evaluate": "fedccrl_pipeline.evaluate",
+    "report": "fedccrl_pipeline.report",
+    "figures": "fedccrl_pipeline.figures",
+    "export": "fedccrl_pipeline.export",
+    "audit": "fedccrl_pipeline.audit",
 }
 
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 from fedccrl_core.data.registry import AUTO, REGISTRY
 
 if TYPE_CHECKING:
-    from pipeline.params import ParamsFile
+    from fedccrl_pipeline.params import ParamsFile
 
 
 def _line(key: str, value: Any, what: str) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import click
 
-from pipeline.stage_runtime import run_stage
-from pipeline.params import load_config
+from fedccrl_pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.params import load_config
 
 
 def _run(out: str, report: str, params_path: str) -> None:

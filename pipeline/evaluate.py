@@ -14,8 +14,8 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import atomic_dir, write_text
-from pipeline.stage_runtime import folders_apart, run_stage
-from pipeline.params import load_config, run_dirs
+from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
+from fedccrl_pipeline.params import load_config, run_dirs
 
 
 def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> dict:

@@ -12,13 +12,13 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import write_text
-from pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
            registered_model: str | None, alias: str | None, use_mlflow: bool, traces: dict | None = None) -> dict:
-    from pipeline import onnx_export
-    from pipeline.model_registry import log_to_mlflow
+    from fedccrl_pipeline import onnx_export
+    from fedccrl_pipeline.model_registry import log_to_mlflow
 
     def publish(onnx_path, meta, result, example_u8):
         log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias)
@@ -33,7 +33,7 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
     out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`.
     exported(key), if given, is called with each run's key (<algorithm>/s<seed>/d<held_out>) once its files are
     written."""
-    from pipeline.params import load_config, run_dirs
+    from fedccrl_pipeline.params import load_config, run_dirs
 
     results, traces = {}, {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
@@ -56,8 +56,8 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
     beside the export."""
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.data.shards import load_domain_test
-    from pipeline.model_registry import log_to_mlflow
-    from pipeline.onnx_export import ONNX_FILE, PARITY_FILE, example_images
+    from fedccrl_pipeline.model_registry import log_to_mlflow
+    from fedccrl_pipeline.onnx_export import ONNX_FILE, PARITY_FILE, example_images
 
     meta = load_meta(run / contract.MODEL_FILE)
     images, _ = load_domain_test(shards, meta["held_out_domain"])

@@ -13,8 +13,8 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation import contract
-from pipeline.stage_runtime import folders_apart, run_stage
-from pipeline.params import load_config
+from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
+from fedccrl_pipeline.params import load_config
 
 
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
@@ -128,7 +128,7 @@ def _sweep_histories(cfg, models: Path) -> list[dict]:
     evaluate step's results (fedccrl_core.outcomes.results.load_runs_with_history)."""
     import json
 
-    from pipeline.evaluate import trained_runs
+    from fedccrl_pipeline.evaluate import trained_runs
 
     runs = []
     for d in sorted(trained_runs(cfg, models), key=lambda d: contract.result_file(Path("r"), models, d)):
@@ -152,8 +152,8 @@ def _draw(kind: str, *args) -> Path:
 
 
 def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
-    from pipeline.mlflow_store import mlflow_module
-    from pipeline.mlflow_store import trained_run
+    from fedccrl_pipeline.mlflow_store import mlflow_module
+    from fedccrl_pipeline.mlflow_store import trained_run
 
     run_ids = [r["meta"].get("mlflow_run_id") for r in runs if r["meta"].get("mlflow_run_id")]
     if not run_ids:

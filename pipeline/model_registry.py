@@ -53,7 +53,21 @@ def weights_sha256(onnx_path: Path) -> str:
 # package would hide the rest of an installed fedccrl from that process and from the workers it spawns. No
 # pipeline, benchmarks or Flower code goes in (tests/test_export.py loads the model where nothing else of the
 # repository is importable).
-SERVING_PACKAGES = ("fedccrl_core", "serving")
+SERVING_PACKAGES = ("fedccrl_core", "fedccrl_serving")  # import names; each shipped as a folder of that name
+
+
+def _package_folders(dest: Path) -> list[str]:
+    """Each of SERVING_PACKAGES copied whole (its .py files) into dest/<import name>: MLflow ships a code path
+    under its folder's name, and the folder of an import name may be named otherwise (pyproject.toml's
+    package-dir: fedccrl_serving lives in serving/)."""
+    import importlib
+
+    out = []
+    for name in SERVING_PACKAGES:
+        src = Path(importlib.import_module(name).__file__).parent
+        shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        out.append(str(dest / name))
+    return out
 
 
 def registered_model_name(meta: dict) -> str:
@@ -91,15 +105,15 @@ def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registe
     if not run_id:
         print("notice: the model records no mlflow_run_id; skipping MLflow logging", file=sys.stderr)
         return
-    from pipeline.mlflow_store import mlflow_module
+    from fedccrl_pipeline.mlflow_store import mlflow_module
 
     mlflow = mlflow_module()
     from mlflow.entities import Metric
     from mlflow.models import Model
 
-    from serving import pyfunc
+    from fedccrl_serving import pyfunc
 
-    from pipeline.mlflow_store import trained_run
+    from fedccrl_pipeline.mlflow_store import trained_run
 
     client = mlflow.MlflowClient()
     if trained_run(run_id, "export") is None:
@@ -119,10 +133,10 @@ def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registe
     now = int(time.time() * 1000)
     client.log_batch(run_id, metrics=[Metric("export_top1_agreement", float(result["top1_agreement"]), now, 0),
                                       Metric("export_max_abs_logit_diff", float(result["max_abs_logit_diff"]), now, 0)])
-    root = Path(__file__).resolve().parents[1]  # the repository: serving/ and fedccrl_core/ beside pipeline/
     with tempfile.TemporaryDirectory() as tmp:  # the artifact is named model.onnx
         onnx_file = Path(tmp) / "model.onnx"
         shutil.copyfile(onnx_path, onnx_file)
+        code = _package_folders(Path(tmp) / "code")
         # the logged model in the training run's experiment (Model.log alone would file it under the active one)
         logged = client.create_logged_model(client.get_run(run_id).info.experiment_id, name="model",
                                             source_run_id=run_id, tags=tags)
@@ -130,7 +144,7 @@ def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registe
                          model_id=logged.model_id,
                          registered_model_name=name, tags=tags, python_model=pyfunc.ImageClassifier(),
                          artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
-                         code_paths=[str(root / package) for package in SERVING_PACKAGES],
+                         code_paths=code,
                          signature=pyfunc.signature(meta["classes"], example_u8),
                          pip_requirements=serving_requirements())
     version = info.registered_model_version  # created with `tags` (Model.log tags the version it registers)

@@ -13,7 +13,7 @@ import numpy as np
 
 from fedccrl_core import __version__
 from fedccrl_core.foundation.errors import FedCCRLError
-from serving.metadata import (FORMAT_KEY, FORMAT_VERSION, INPUT_NAME, INT_KEYS, JSON_KEYS, OUTPUT_NAME, REQUIRED_KEYS,
+from fedccrl_serving.metadata import (FORMAT_KEY, FORMAT_VERSION, INPUT_NAME, INT_KEYS, JSON_KEYS, OUTPUT_NAME, REQUIRED_KEYS,
                               TEXT_KEYS)
 
 # an export's folder: the model and its parity figures (export_checked)

@@ -32,7 +32,7 @@ from fedccrl_core.data.registry import AUTO, REGISTRY
 from fedccrl_core.data.shards import SCHEMES
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.hparams import Declared, validate
-from pipeline.cross_checks import check_config, resolve_held_out
+from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
 
@@ -216,7 +216,7 @@ def set_key(params: dict, dotted: str, value: Any) -> None:
 
 def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsFile:
     """The whole file, typed; ParamError listing every problem (one line each). `run_algorithms`: registered
-    algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `bench-accuracy`)."""
+    algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `fedccrl-bench accuracy`)."""
     cfg = validate(ParamsFile, data)
     problems = check_config(cfg, tuple(run_algorithms))
     if problems:

@@ -21,7 +21,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation.fsio import atomic_file, write_text
-from pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
@@ -30,7 +30,7 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
                                       table_markdown, table_rows)
 
     if params_path is not None:  # the stage validates the whole params file first, as every stage does
-        from pipeline.params import load_config
+        from fedccrl_pipeline.params import load_config
 
         load_config(params_path)
     runs = load_results(runs_dir)
@@ -52,8 +52,8 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
 
 def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
-    from pipeline.mlflow_store import mlflow_module
-    from pipeline.mlflow_store import trained_run
+    from fedccrl_pipeline.mlflow_store import mlflow_module
+    from fedccrl_pipeline.mlflow_store import trained_run
 
     models_meta = [r.get("mlflow_run_id") for r in runs if r.get("mlflow_run_id")]
     if not models_meta:

@@ -28,7 +28,7 @@ def run_stage(fn, *args, **kwargs):
     exit code 2."""
     from fedccrl_core.foundation.errors import FedCCRLError
     from fedccrl_core.foundation.procs import die_with_parent, sigterm_as_exit
-    from pipeline.params import ParamError
+    from fedccrl_pipeline.params import ParamError
 
     die_with_parent()   # SIGTERM when `dvc repro` (or whoever started the stage) dies: no orphan trainer
     sigterm_as_exit()   # SIGTERM -> SystemExit: finally blocks clean up, MLflow runs end KILLED

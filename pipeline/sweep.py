@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from fedccrl_core.foundation.errors import ParamError
-from pipeline.params import ParamsFile, resolve_held_out
+from fedccrl_pipeline.params import ParamsFile, resolve_held_out
 
 
 def held_out_entry(text: str | int) -> int | str:

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 
 from fedccrl_core.data.checksums import sha256_file
-from pipeline.git_state import git_commit
-from pipeline.mlflow_store import find_run, mlflow_module, set_experiment
-from pipeline.orphan_runs import OWNER_TAG, close_orphans, owner
-from pipeline.run_names import dvc_experiment_name, flatten, sweep_run_name
+from fedccrl_pipeline.git_state import git_commit
+from fedccrl_pipeline.mlflow_store import find_run, mlflow_module, set_experiment
+from fedccrl_pipeline.orphan_runs import OWNER_TAG, close_orphans, owner
+from fedccrl_pipeline.run_names import dvc_experiment_name, flatten, sweep_run_name
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import click
 
 from fedccrl_core.federation.jobs import LOG
-from pipeline.stage_runtime import run_stage
-from pipeline.params import ParamError, ParamsFile, read_yaml, validate_params
-from pipeline.sweep import check_train, held_out_entry
+from fedccrl_pipeline.stage_runtime import run_stage
+from fedccrl_pipeline.params import ParamError, ParamsFile, read_yaml, validate_params
+from fedccrl_pipeline.sweep import check_train, held_out_entry
 
 
 def check_algorithm(name: str, option: str = "--algorithm") -> None:
@@ -56,8 +56,8 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     from fedccrl_core.data.pools import check_pools
     from fedccrl_core.data.shards import client_ids, load_manifest
     from fedccrl_core.federation.jobs import plan_runs, run_jobs, worker_count
-    from pipeline.mlflow_store import TrackingStoreError
-    from pipeline.train_tracking import TrainTracking
+    from fedccrl_pipeline.mlflow_store import TrackingStoreError
+    from fedccrl_pipeline.train_tracking import TrainTracking
 
     cfg = load_train_config(params_path, algorithm)  # the whole file, before any data is read and before MLflow
     settings = run_settings(cfg)

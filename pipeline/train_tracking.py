@@ -7,10 +7,10 @@ import sys
 from pathlib import Path
 
 from fedccrl_core.foundation.runkey import params_hash
-from pipeline.git_state import git_commit
-from pipeline.mlflow_store import store_errors, tracking_uri
-from pipeline.run_names import dvc_experiment_name, flatten
-from pipeline.tracking import ChildRun, parent_run_id, run_status
+from fedccrl_pipeline.git_state import git_commit
+from fedccrl_pipeline.mlflow_store import store_errors, tracking_uri
+from fedccrl_pipeline.run_names import dvc_experiment_name, flatten
+from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 
 
 def mlflow_params(params: dict, job, device: str) -> dict:
@@ -18,7 +18,7 @@ def mlflow_params(params: dict, job, device: str) -> dict:
     backbone, pretrained weights and image size that `auto` resolved to, every hyperparameter of its
     algorithm as validated, the device that ran), for its one algorithm, seed and held-out domain
     (train.algorithm, train.seed, train.held_out). `params`: ParamsFile.as_written(); `job`: a TrainJob."""
-    from pipeline.params import TrainSweep
+    from fedccrl_pipeline.params import TrainSweep
 
     t = params["train"]
     train = {k: t[k] for k in TrainSweep.model_fields if k in t and k not in ("held_out", "algorithms", "seeds")}

@@ -46,7 +46,7 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from fedccrl_core.foundation.fsio import TEMP_RE  # noqa: E402  the one naming of temporary paths
-from pipeline.params import set_key  # noqa: E402  the one dotted-key setter of params.yaml
+from fedccrl_pipeline.params import set_key  # noqa: E402  the one dotted-key setter of params.yaml
 
 BIN = Path(sys.executable).parent
 HOOKS = Path(__file__).resolve().parent / "chaos_hooks"

@@ -25,8 +25,8 @@ from fedccrl_core.data.synthetic import generate
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
-from pipeline.params import read_yaml, validate_params
-from pipeline.train import run_settings
+from fedccrl_pipeline.params import read_yaml, validate_params
+from fedccrl_pipeline.train import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 

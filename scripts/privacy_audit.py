@@ -20,8 +20,8 @@ import numpy as np
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.privacy.audit import audit, release
 from fedccrl_core.privacy.settings import PrivacySettings
-from pipeline.audit import load_audit_clients
-from pipeline.params import load_config
+from fedccrl_pipeline.audit import load_audit_clients
+from fedccrl_pipeline.params import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 FACE_Z = (0.1, 0.25, 0.5, 1.0, 2.07, 2.76, 4.0, 13.07)  # 2.07, 13.07: the trade-off's z_s at eps 8, 1; 2.76: eps 1 on the statistics alone

@@ -31,9 +31,9 @@ from fedccrl_core.federation.jobs import load_clients
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.privacy import accountant as A
 from fedccrl_core.privacy.settings import PrivacySettings
-from pipeline.audit import load_audit_clients
-from pipeline.params import load_config
-from pipeline.train import run_settings
+from fedccrl_pipeline.audit import load_audit_clients
+from fedccrl_pipeline.params import load_config
+from fedccrl_pipeline.train import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 EPSILONS = (float("inf"), 8.0, 4.0, 1.0)

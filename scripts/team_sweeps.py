@@ -27,7 +27,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from benchmarks.accuracy import apply_overrides  # noqa: E402  `--set KEY=VALUE` onto params.yaml (pipeline.params.set_key)
+from fedccrl_benchmarks.accuracy import apply_overrides  # noqa: E402  `--set KEY=VALUE` onto params.yaml (fedccrl_pipeline.params.set_key)
 from fedccrl_core.foundation.fsio import write_json  # noqa: E402
 
 BIN = Path(sys.executable).parent

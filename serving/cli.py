@@ -28,10 +28,10 @@ import numpy as np
 from fedccrl_core import __version__
 from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_core.foundation.fsio import atomic_file
-from serving.console import Fatal, note
-from serving.inputs import collect_inputs, labelled_files
-from serving.report import confusion_report, format_table
-from serving.runtime import ServedModel, predict_paths
+from fedccrl_serving.console import Fatal, note
+from fedccrl_serving.inputs import collect_inputs, labelled_files
+from fedccrl_serving.report import confusion_report, format_table
+from fedccrl_serving.runtime import ServedModel, predict_paths
 
 EXIT_FATAL = 2
 EXIT_SOME_FAILED = 3

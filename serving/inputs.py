@@ -8,8 +8,8 @@ import glob
 from pathlib import Path
 
 from fedccrl_core.data.tree import subfolders, walk_files
-from serving.console import Fatal, note
-from serving.preprocess import not_regular
+from fedccrl_serving.console import Fatal, note
+from fedccrl_serving.preprocess import not_regular
 
 # What a folder walk picks up; a file named explicitly (or by a glob) is always tried.
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp",

@@ -92,7 +92,7 @@ def parse_metadata(props: Mapping[str, str], source: str) -> ServingMetadata:
 def check_graph(meta: ServingMetadata, input_shape: list, output_shape: list, source: str) -> None:
     """The metadata must describe the graph it sits in: input [N, 3, S, S] with S = image_size, and one
     logit per class name. A dimension the graph leaves symbolic (the batch) is not checked here; the
-    logit count is checked again on every batch (serving.runtime.ServedModel.logits)."""
+    logit count is checked again on every batch (fedccrl_serving.runtime.ServedModel.logits)."""
     def fixed(dim):
         return dim if isinstance(dim, int) and dim > 0 else None
 

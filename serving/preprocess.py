@@ -17,7 +17,7 @@ import numpy as np
 
 from fedccrl_core.data.images import RESIZE_POLICY, load_rgb, resize_u8
 from fedccrl_core.foundation.errors import FedCCRLError
-from serving.metadata import ServingMetadata
+from fedccrl_serving.metadata import ServingMetadata
 
 
 def check_resize_policy(meta: ServingMetadata, source: str) -> None:

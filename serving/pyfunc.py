@@ -2,7 +2,7 @@
 
 Input: uint8 HWC images, as one array [N, H, W, 3] (or one image [H, W, 3]), or image file paths (a list of
 str, or a DataFrame with a `path` column). Each image goes through the training eval transform recorded in the
-ONNX metadata (serving.preprocess: resize to S x S, then normalize), so any H x W is accepted.
+ONNX metadata (fedccrl_serving.preprocess: resize to S x S, then normalize), so any H x W is accepted.
 Output: a DataFrame with one row per image: `class` (top-1 class name), `probability` (its softmax
 probability) and one `p_<class>` column per class. The logged model carries the onnx flavour too (the plain
 `images` -> `logits` graph), read from the same file.
@@ -42,10 +42,10 @@ def _images(model_input) -> tuple[np.ndarray | None, list[str] | None]:
 
 
 class ImageClassifier(mlflow.pyfunc.PythonModel):
-    """Wraps serving.runtime.ServedModel (onnxruntime on the CPU) with the serving preprocessing."""
+    """Wraps fedccrl_serving.runtime.ServedModel (onnxruntime on the CPU) with the serving preprocessing."""
 
     def load_context(self, context):
-        from serving.runtime import ServedModel
+        from fedccrl_serving.runtime import ServedModel
 
         self.model = ServedModel(Path(context.artifacts[ONNX_ARTIFACT]), device="cpu")
 
@@ -54,8 +54,8 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         from PIL import Image
 
         from fedccrl_core.data.images import resize_u8
-        from serving.preprocess import load_u8, normalize
-        from serving.runtime import softmax
+        from fedccrl_serving.preprocess import load_u8, normalize
+        from fedccrl_serving.runtime import softmax
 
         meta = self.model.meta
         x, paths = _images(model_input)

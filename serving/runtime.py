@@ -6,9 +6,9 @@ from pathlib import Path
 
 import numpy as np
 
-from serving.console import Fatal, note
-from serving.metadata import INPUT_NAME, OUTPUT_NAME, NotAFedccrlModel, check_graph, parse_metadata
-from serving.preprocess import check_resize_policy, preprocess_files
+from fedccrl_serving.console import Fatal, note
+from fedccrl_serving.metadata import INPUT_NAME, OUTPUT_NAME, NotAFedccrlModel, check_graph, parse_metadata
+from fedccrl_serving.preprocess import check_resize_policy, preprocess_files
 
 
 class ServedModel:

@@ -34,6 +34,51 @@ def one_torch_thread():
     torch.set_num_threads(before)
 
 
+# ---- params.yaml, the tiny dataset and one run trained on it (the functions: tests/fixtures.py) -------------------
+@pytest.fixture
+def params(tmp_path):
+    """params(overrides=None, *, to=tmp_path, new_keys=None) -> the path of <to>/params.yaml: the repository's
+    params.yaml with dotted-key overrides (fixtures.write_params: DELETE removes a key; new_keys adds unknown ones)."""
+    from fixtures import write_params
+
+    def write(overrides: dict | None = None, *, to: Path = tmp_path, new_keys: dict | None = None) -> Path:
+        return write_params(to, overrides, new_keys=new_keys)
+
+    return write
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory) -> Path:
+    """The one tiny dataset of a test run, read-only (a test that changes a file copies it first): <tiny>/raw,
+    <tiny>/data/shards, <tiny>/data/pools (fixtures.build_tiny)."""
+    from fixtures import build_tiny
+
+    return build_tiny(tmp_path_factory.mktemp("tiny"))
+
+
+@pytest.fixture(scope="session")
+def trained(tiny, tmp_path_factory) -> Path:
+    """One tiny fedavg run trained and evaluated by the stage CLIs (about 20 s): its workspace (fixtures.train_tiny).
+    A test that changes a file there puts it back (test_untrusted_files.py)."""
+    from fixtures import train_tiny
+
+    return train_tiny(tmp_path_factory.mktemp("trained"), tiny)
+
+
+@pytest.fixture
+def images(tmp_path) -> Path:
+    """<tmp_path>/imgs/{a,b}/0..5.png: twelve random 9 x 7 RGB images in two class folders."""
+    import numpy as np
+    from PIL import Image
+
+    d = tmp_path / "imgs"
+    for c in ("a", "b"):
+        (d / c).mkdir(parents=True)
+        for i in range(6):
+            Image.fromarray(np.random.default_rng(i).integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(d / c / f"{i}.png")
+    return d
+
+
 @pytest.fixture
 def shared_dir() -> Path:
     if not (SHARED / "datasets" / "pacs").is_dir():
@@ -133,3 +178,12 @@ def full_venv(fedccrl_wheel, tmp_path_factory) -> Path:
     from wheel_envs import full_venv
 
     return full_venv(tmp_path_factory.mktemp("venvs"), fedccrl_wheel)
+
+
+@pytest.fixture(scope="session")
+def data(tmp_path_factory) -> Path:
+    """The Flower tests' federation: the embedded default with one client per domain (tests/flower_harness.py),
+    built once per test run and only read."""
+    from flower_harness import build_data
+
+    return build_data(tmp_path_factory.mktemp("flower-data"))

@@ -137,7 +137,7 @@ def test_tpr_at_fpr_reads_the_roc():
 
 
 def test_audit_stage_writes_table_plot_and_json(tmp_path):
-    from pipeline.audit import plot, table
+    from fedccrl_pipeline.audit import plot, table
 
     res = audit(clients(60), 0.2, 2, seed=0, privacy=PrivacySettings(enabled=True, noise_seed=0))
     lines = table(res)
@@ -158,7 +158,7 @@ def test_one_client_per_domain_is_refused_naming_the_setting():
 def test_audit_command_names_a_missing_shard_manifest_and_writes_nothing(tmp_path):
     from click.testing import CliRunner
 
-    from pipeline.audit import command
+    from fedccrl_pipeline.audit import command
 
     out = tmp_path / "audit.json"
     res = CliRunner().invoke(command, ["--shards", str(tmp_path / "none"), "--pools", str(tmp_path / "nopools"),
@@ -206,7 +206,7 @@ def test_audit_command_exits_1_when_the_tpr_lies_above_the_bound(default_data, t
     from click.testing import CliRunner
 
     import fedccrl_core.privacy.audit as audit_module
-    from pipeline.audit import command
+    from fedccrl_pipeline.audit import command
 
     if broken:
         monkeypatch.setattr(audit_module, "privatize", lambda mu, sigma, s, rng: (mu, sigma))

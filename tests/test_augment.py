@@ -10,18 +10,9 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image, ImageOps
 
-from fedccrl_core.augment import (
-    OPS,
-    AugmentConfig,
-    apply_op,
-    augmix,
-    ccdt,
-    fedccrl_augment,
-    sample_augmix_plan,
-    sample_beta,
-    sample_dirichlet,
-    sample_gamma,
-)
+from fedccrl_core.augment.augmix import OPS, apply_op, augmix, sample_augmix_plan
+from fedccrl_core.augment import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.ccdt import ccdt, sample_beta, sample_dirichlet, sample_gamma
 from fedccrl_core.augment.augmix import IDENTITY, _augmix_with, op_magnitude
 from fedccrl_core.augment.ccdt import mixstyle
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
@@ -436,7 +427,7 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
 
 # ---- augmix_impl: pil (augment/augmix_pil.py): the same Alg. 3 reading, other random draws ----------------------
 def _synthetic_batch(n=256, size=24):
-    from benchmarks.speed import generate
+    from fedccrl_benchmarks.speed import generate
 
     return torch.from_numpy(np.concatenate([generate(n // 4, d, size, 0)[0] for d in range(4)])
                             ).permute(0, 3, 1, 2).float() / 255.0

@@ -20,11 +20,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-import yaml
 
-from test_params_validation import tiny  # noqa: F401  the shards and pools of tiny synthetic data (a fixture)
+from fixtures import DELETE, ONE_ROUND, tiny_onnx
 
-REPO = Path(__file__).resolve().parents[1]
 AREAS = ("download", "data", "params", "training", "export", "serving")
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -36,9 +34,10 @@ class Case:
     area: str
     args: list[str]                    # `fedccrl ...` (or `fedccrl-serve ...` when args[0] == "serve"); {data}: tiny
     needles: tuple[str, ...]           # each must be in the output: the key, the file, the value
-    params: dict = field(default_factory=dict)   # dotted overrides of params.yaml ("key!": delete)
+    params: dict = field(default_factory=dict)   # dotted overrides of params.yaml (the value DELETE: delete)
     setup: Callable[[Path], None] | None = None  # prepares bad files in the case's folder
     code: int = 2
+    new_keys: dict = field(default_factory=dict)  # keys params.yaml does not have (a typo, an unknown group)
 
 
 # ------------------------------------------------------------------ commands
@@ -107,8 +106,6 @@ def raw_tree(domains=("photo", "art"), classes=("dog", "cat"), n=3) -> Callable[
 
 def onnx_model(**kw) -> Callable[[Path], None]:
     def f(ws: Path) -> None:
-        from test_hardening import tiny_onnx
-
         tiny_onnx(ws / "model.onnx", **kw)
     return f
 
@@ -151,8 +148,8 @@ CASES: list[Case] = [
     Case("dl-retries-float", "download", DOWNLOAD, ("download.retries",), {"download.retries": 2.5}),
     Case("dl-bad-fraction-above-1", "download", DOWNLOAD, ("download.max_bad_fraction",),
          {"download.max_bad_fraction": 1.5}),
-    Case("dl-unknown-key", "download", DOWNLOAD, ("download.timeout",), {"download.timeout": 10}),
-    Case("dl-group-missing", "download", DOWNLOAD, ("download",), {"download!": None}),
+    Case("dl-unknown-key", "download", DOWNLOAD, ("download.timeout",), new_keys={"download.timeout": 10}),
+    Case("dl-group-missing", "download", DOWNLOAD, ("download",), {"download": DELETE}),
     Case("dl-out-is-a-file", "download", ["download", "--out", "raw.txt", "--report", "out/report.json"],
          ("raw.txt",), setup=write("raw.txt", "a file where the folder goes")),
     Case("dl-imagefolder-missing", "download", DOWNLOAD, ("nowhere",),
@@ -198,13 +195,13 @@ CASES: list[Case] = [
     Case("params-not-yaml", "params", REPORT, ("params.yaml",), setup=write("params.yaml", "train: [unclosed\n")),
     Case("params-empty-file", "params", REPORT, ("params.yaml",), setup=write("params.yaml", "")),
     Case("params-a-list", "params", REPORT, ("params.yaml",), setup=write("params.yaml", "- 1\n- 2\n")),
-    Case("params-unknown-top-key", "params", REPORT, ("trian",), {"trian": {"rounds": 1}}),
-    Case("params-unknown-algorithm-group", "params", REPORT, ("train.fedfoo",), {"train.fedfoo": {"x": 1}}),
+    Case("params-unknown-top-key", "params", REPORT, ("trian",), new_keys={"trian": {"rounds": 1}}),
+    Case("params-unknown-algorithm-group", "params", REPORT, ("train.fedfoo",), new_keys={"train.fedfoo": {"x": 1}}),
     Case("params-typo-in-fedccrl", "params", REPORT, ("train.fedccrl.lamda1", "lambda1"),
-         {"train.fedccrl.lamda1": 0.1}),
+         new_keys={"train.fedccrl.lamda1": 0.1}),
     Case("params-rounds-zero", "params", REPORT, ("train.rounds",), {"train.rounds": 0}),
     Case("params-rounds-float", "params", REPORT, ("train.rounds",), {"train.rounds": 2.5}),
-    Case("params-engine-missing", "params", REPORT, ("train.engine",), {"train.engine!": None}),
+    Case("params-engine-missing", "params", REPORT, ("train.engine",), {"train.engine": DELETE}),
     Case("params-epochs-zero", "params", REPORT, ("train.local_epochs",), {"train.local_epochs": 0}),
     Case("params-batch-zero", "params", REPORT, ("train.batch_size",), {"train.batch_size": 0}),
     Case("params-lr-negative", "params", REPORT, ("train.lr",), {"train.lr": -0.001}),
@@ -241,7 +238,8 @@ CASES: list[Case] = [
          {"train.flower.query_timeout_s": -1}),
     Case("params-flower-superlink-in-simulation", "params", REPORT, ("train.flower.superlink",),
          {"train.flower.mode": "simulation", "train.flower.superlink": "10.0.0.1:9092"}),
-    Case("params-flower-unknown-key", "params", REPORT, ("train.flower.min_client",), {"train.flower.min_client": 2}),
+    Case("params-flower-unknown-key", "params", REPORT, ("train.flower.min_client",),
+         new_keys={"train.flower.min_client": 2}),
     Case("params-fedccrl-r-zero", "params", REPORT, ("train.fedccrl.r",), {"train.fedccrl.r": 0}),
     Case("params-fedccrl-r-above-1", "params", REPORT, ("train.fedccrl.r",), {"train.fedccrl.r": 1.5}),
     Case("params-fedccrl-tau-zero", "params", REPORT, ("train.fedccrl.tau",), {"train.fedccrl.tau": 0}),
@@ -322,7 +320,7 @@ CASES: list[Case] = [
          ["export", "--model", "m.pt", "--models", "models", "--shards", "{data}/shards", "--out", "out/exports",
           "--no-mlflow"], ("--model",), setup=a_model_folder()),
     Case("export-params-batch-zero", "export", EXPORT, ("export.batch_size",), {"export.batch_size": 0}),
-    Case("export-params-unknown-key", "export", EXPORT, ("export.min_agrement",), {"export.min_agrement": 0.9}),
+    Case("export-params-unknown-key", "export", EXPORT, ("export.min_agrement",), new_keys={"export.min_agrement": 0.9}),
     Case("export-out-is-a-file", "export",
          ["export", "--models", "models", "--shards", "{data}/shards", "--out", "exports.txt", "--no-mlflow"],
          ("exports.txt",), setup=both(a_model_folder(), write("exports.txt", "x"))),
@@ -331,7 +329,7 @@ CASES: list[Case] = [
     Case("figures-models-missing", "export", FIGURES, ("models/", "train stages")),
     Case("figures-out-is-models", "export", [a if a != "out/plots" else "models" for a in FIGURES],
          ("--models models", "--out models")),
-    Case("figures-params-unknown-key", "export", FIGURES, ("figures.tsne_pionts",), {"figures.tsne_pionts": 9}),
+    Case("figures-params-unknown-key", "export", FIGURES, ("figures.tsne_pionts",), new_keys={"figures.tsne_pionts": 9}),
     # ---- serving
     Case("serve-model-missing", "serving", predict(model="absent.onnx"), ("absent.onnx",),
          setup=png("imgs/a/0.png")),
@@ -382,10 +380,10 @@ def _run(case: Case, ws: Path, data: Path, monkeypatch):
     monkeypatch.chdir(ws)
     args = [a.replace("{data}", str(data)) for a in case.args]
     if args[0] == "serve":
-        from serving.cli import main
+        from fedccrl_serving.cli import main
         args = args[1:]
     else:
-        from pipeline.cli import main
+        from fedccrl_pipeline.cli import main
     return CliRunner().invoke(main, args)
 
 
@@ -402,24 +400,14 @@ def _mlflow_runs(store: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
-def test_bad_input(case: Case, tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_bad_input(case: Case, params, tiny, tmp_path, monkeypatch):
     ws = tmp_path / "ws"
     ws.mkdir()
     if case.setup is not None:
         (tmp_path / "data").symlink_to(tiny / "data")  # shards_copy reads <ws>/../data
         case.setup(ws)
     if not (ws / "params.yaml").exists():
-        p = yaml.safe_load((REPO / "params.yaml").read_text())
-        p["train"].update(rounds=1, local_epochs=1, device="cpu")
-        for dotted, value in case.params.items():
-            node, (*head, last) = p, dotted.split(".")
-            for h in head:
-                node = node[h]
-            if last.endswith("!"):
-                del node[last[:-1]]
-            else:
-                node[last] = value
-        (ws / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
+        params({**ONE_ROUND, **case.params}, to=ws, new_keys=case.new_keys)
     res = _run(case, ws, tiny / "data", monkeypatch)
     out = res.output
     assert res.exit_code == case.code, out[-3000:]                                    # 1. the exit code

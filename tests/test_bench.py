@@ -17,8 +17,8 @@ from fedccrl_core.foundation import fastpath
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
-from benchmarks import plain
-from benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
+from fedccrl_benchmarks import plain
+from fedccrl_benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.federation.concurrent import Interleaver, Task
@@ -246,7 +246,7 @@ def test_plain_pil_ops_match_the_device_ops():
     """The plain baseline's PIL ops are the device ops' references (same magnitude conventions)."""
     from PIL import Image
 
-    from fedccrl_core.augment import apply_op
+    from fedccrl_core.augment.augmix import apply_op
     from fedccrl_core.augment.augmix import op_magnitude, OPS
 
     img = np.random.default_rng(3).integers(30, 200, (24, 24, 3), dtype=np.uint8)
@@ -272,7 +272,7 @@ def test_pacs_projection_by_hand():
 def test_bench_command_runs_on_the_cpu(tmp_path):
     """Three paths, each in its own child process: every figure is measured for every path, peak RSS
     included (a child's ru_maxrss, so above the size of torch alone), and every ratio is printed."""
-    from benchmarks.cli import main
+    from fedccrl_benchmarks.cli import main
 
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(main, ["speed", "--size", "16", "--images-per-client", "8", "--clients", "2",
@@ -326,7 +326,7 @@ def test_bench_command_defaults_are_bench_config_defaults():
     """`fedccrl-bench speed` without options measures BenchConfig() (each default written once, in BenchConfig)."""
     import dataclasses
 
-    from benchmarks.speed_cli import command
+    from fedccrl_benchmarks.speed_cli import command
 
     fields = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
     options = {p.name: p.default for p in command.params if p.name != "json_out"}
@@ -335,8 +335,8 @@ def test_bench_command_defaults_are_bench_config_defaults():
 
 
 def test_bench_accuracy_overrides_set_existing_keys_and_name_a_typo():
-    from benchmarks.accuracy import apply_overrides
-    from pipeline.params import ParamError
+    from fedccrl_benchmarks.accuracy import apply_overrides
+    from fedccrl_pipeline.params import ParamError
 
     params = {"train": {"lr": 0.003, "local_epochs": 2, "fedccrl": {"r": 0.1}}}
     apply_overrides(params, ["train.lr=0.001", "train.fedccrl.r=0.5", "train.local_epochs=3"])
@@ -350,7 +350,7 @@ def test_bench_accuracy_overrides_set_existing_keys_and_name_a_typo():
 def test_bench_repro_links_the_code_the_stages_depend_on():
     import yaml
 
-    from benchmarks.repro import _code_dirs
+    from fedccrl_benchmarks.repro import _code_dirs
 
     root = Path(__file__).resolve().parents[1]
     dirs = _code_dirs(root, yaml.safe_load((root / "dvc.yaml").read_text()))
@@ -380,7 +380,7 @@ def test_fastest_picks_the_cheapest_candidate_by_its_best_repeat():
 def test_bench_repro_headline_is_the_share_outside_training(capsys):
     """bench-repro's first line: (dvc repro's wall - the train stages' commands' wall) / dvc repro's wall, against
     25 % (met at exactly 25 %, missed above); each stage's DVC seconds run from its command's end to the next command's start."""
-    from benchmarks.repro import _print, import_seconds
+    from fedccrl_benchmarks.repro import _print, import_seconds
 
     cmd = lambda stage, start, end, imports=0.5: {"stage": stage, "start": start, "end": end, "rc": 0,  # noqa: E731
                                                   "imports_s": imports}

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.full("the bench-scale command: child processes per client count")
 def test_bench_scale_prints_a_row_per_algorithm_and_client_count():
-    p = subprocess.run([sys.executable, "-m", "benchmarks.cli", "scale", "--algorithms", "fedavg",
+    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.cli", "scale", "--algorithms", "fedavg",
                         "--clients", "2,4", "--total", "24", "--size", "8", "--rounds", "1", "--batch-size", "4"],
                        cwd=REPO, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
@@ -30,6 +30,6 @@ def test_bench_scale_prints_a_row_per_algorithm_and_client_count():
 
 
 def test_bench_scale_rejects_bad_input_before_running():
-    p = subprocess.run([sys.executable, "-m", "benchmarks.cli", "scale", "--algorithms", "nope"],
+    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.cli", "scale", "--algorithms", "nope"],
                        cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode != 0 and "--algorithms" in p.stderr and "nope" in p.stderr

@@ -9,7 +9,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -28,23 +27,14 @@ def _cli(cwd: Path, *args: str, monkeypatch) -> tuple[int, str]:
     """Run a stage in-process (as `fedccrl <args>` would) from `cwd`; return (exit code, stderr)."""
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
     monkeypatch.chdir(cwd)
     res = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return res.exit_code, res.stderr
 
 
-def _params(tmp: Path, **overrides) -> Path:
-    p = yaml.safe_load((REPO / "params.yaml").read_text())
-    for key, value in overrides.items():
-        group, name = key.split("__")
-        p[group][name] = value
-    (tmp / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
-    return tmp / "params.yaml"
-
-
-def test_stages_end_to_end_on_synthetic(tmp_path, monkeypatch):
-    _params(tmp_path, dataset__name="synthetic", dataset__source="registry", preprocess__image_size="auto")
+def test_stages_end_to_end_on_synthetic(params, tmp_path, monkeypatch):
+    params({"dataset.name": "synthetic", "dataset.source": "registry", "preprocess.image_size": "auto"})
     t0 = time.monotonic()
     code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/reports/download.json",
                      monkeypatch=monkeypatch)
@@ -69,21 +59,21 @@ def test_stages_end_to_end_on_synthetic(tmp_path, monkeypatch):
     print(f"download, partition and pools on synthetic: {elapsed:.1f}s")
 
 
-def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
-    _params(tmp_path, dataset__name="imagenet")
+def test_cli_errors_are_one_line_exit_2(params, tmp_path, monkeypatch):
+    params({"dataset.name": "imagenet"})
     code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/r.json", monkeypatch=monkeypatch)
     assert code == 2 and err.strip().splitlines() == [err.strip()]
     assert err.startswith("error: params.yaml: key 'dataset.name': got 'imagenet'; must be one of synthetic, pacs")
-    _params(tmp_path, dataset__source=str(tmp_path / "missing.zip"))
+    params({"dataset.source": str(tmp_path / "missing.zip")})
     code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/r.json", "--params", "params.yaml",
                      monkeypatch=monkeypatch)
     assert code == 2 and "dataset.source" in err and not (tmp_path / "data" / "raw").exists()
-    _params(tmp_path, partition__val_fraction=1.5)
+    params({"partition.val_fraction": 1.5})
     code, err = _cli(tmp_path, "partition", "--raw", "nowhere", "--out", "data/shards", monkeypatch=monkeypatch)
     assert code == 2 and "partition.val_fraction" in err
     code, err = _cli(tmp_path, "pools", "--shards", "nowhere", "--out", "data/pools", monkeypatch=monkeypatch)
     assert code == 2 and "partition.val_fraction" in err  # every stage validates the whole params file first
-    _params(tmp_path)
+    params()
     code, err = _cli(tmp_path, "pools", "--shards", "nowhere", "--out", "data/pools", monkeypatch=monkeypatch)
     assert code == 2 and "nowhere/manifest.json: shard manifest not found" in err
     for pools in ("data/shards", "data", "data/shards/pools"):  # one folder inside or around the other
@@ -94,19 +84,19 @@ def test_cli_errors_are_one_line_exit_2(tmp_path, monkeypatch):
     code, err = _cli(tmp_path, "partition", "--raw", "raw", "--out", "raw", monkeypatch=monkeypatch)
     assert code == 2 and "--raw raw and --out raw: the same folder" in err, err
     assert (tmp_path / "raw" / "keep.txt").read_text() == "a user's file"  # refused, nothing replaced
-    _params(tmp_path, preprocess__std=[0.2, 0.0, 0.2])
+    params({"preprocess.std": [0.2, 0.0, 0.2]})
     code, err = _cli(tmp_path, "pools", "--shards", "nowhere", "--out", "data/pools", monkeypatch=monkeypatch)
     assert code == 2 and "preprocess.std" in err
     assert not (tmp_path / "data").exists()  # refused before any work
-    _params(tmp_path, download__retries=-1)
+    params({"download.retries": -1})
     code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/r.json", monkeypatch=monkeypatch)
     assert code == 2 and "download.retries" in err
 
 
-def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(tmp_path, monkeypatch):
+def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(params, tmp_path, monkeypatch):
     """`fedccrl-bench accuracy` honours `train.held_out` (one column per entry) and prints every round on stderr;
     an entry that is not a domain of the shards is refused naming it, before any training."""
-    _params(tmp_path, dataset__name="synthetic", dataset__source="registry", preprocess__image_size="auto")
+    params({"dataset.name": "synthetic", "dataset.source": "registry", "preprocess.image_size": "auto"})
     for args in (("download", "--out", "data/raw", "--report", "data/r.json"),
                  ("partition", "--raw", "data/raw", "--out", "data/shards"),
                  ("pools", "--shards", "data/shards", "--out", "data/pools")):
@@ -114,7 +104,7 @@ def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(tmp_pa
         assert code == 0, err
     from click.testing import CliRunner
 
-    from benchmarks.cli import main
+    from fedccrl_benchmarks.cli import main
     bench = ["accuracy", "--algorithms", "fedavg", "--seeds", "0", "--set", "train.rounds=2",
              "--set", "train.local_epochs=1"]
     res = CliRunner().invoke(main, bench + ["--set", "train.held_out=[sketch]"], catch_exceptions=False)
@@ -131,7 +121,7 @@ def test_folders_apart_refuses_only_overlaps_with_an_output(tmp_path):
     import pytest
 
     from fedccrl_core.foundation.errors import DataError
-    from pipeline.stage_runtime import folders_apart
+    from fedccrl_pipeline.stage_runtime import folders_apart
 
     folders_apart({"shards": tmp_path / "d", "pools": tmp_path / "d/pools"}, {"out": tmp_path / "o", "plots": None})
     with pytest.raises(DataError, match="--shards .* and --out .*: the same folder, or one inside the other"):

@@ -16,17 +16,16 @@ from fedccrl_core.data.pools import build_pools, load_pool, sample_statistics, u
 from fedccrl_core.data.shards import (assign_clients, client_ids, load_client, load_domain_test, load_manifest,
                                       partition, split_train_val)
 from fedccrl_core.foundation.errors import DataError
+from fixtures import TINY_IMAGES_PER_CLASS
 
 SPEC = registry.get_dataset("synthetic")
-PER_CLASS = 20          # a smaller synthetic tree than the default: 120 images per domain
+PER_CLASS = TINY_IMAGES_PER_CLASS
 SIZE = 16
 
 
 @pytest.fixture(scope="module")
-def raw(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("raw")
-    synthetic.generate(root, seed=0, images_per_class=PER_CLASS, progress=False)
-    return root
+def raw(tiny) -> Path:
+    return tiny / "raw"  # the session's tiny dataset (conftest.py), read-only: partitioned here at 16 px
 
 
 def _partition(raw, out, **kw):

@@ -25,12 +25,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from layout import module_name
+
 ROOT = Path(__file__).resolve().parents[1]
-OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower")
+OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower")  # folders: the product's code (not benchmarks/)
 FLOWER_APP = "fedccrl_flower/app/pyproject.toml"  # `flwr run` of the train stage's Flower engine (train.engine)
-MODULES = {(".".join(p.relative_to(ROOT).with_suffix("").parts[:-1]) if p.name == "__init__.py"
-            else ".".join(p.relative_to(ROOT).with_suffix("").parts)): p
-           for pkg in OWN for p in (ROOT / pkg).rglob("*.py")}
+MODULES = {module_name(p): p for folder in OWN for p in (ROOT / folder).rglob("*.py")}
 
 
 def imports_of(module: str) -> set[str]:
@@ -53,7 +53,7 @@ def imports_of(module: str) -> set[str]:
     return out
 
 
-VALIDATION_ONLY = {"pipeline.params"}  # listed, but what it imports to validate is not followed (see above)
+VALIDATION_ONLY = {"fedccrl_pipeline.params"}  # listed, but what it imports to validate is not followed (see above)
 
 
 def closure(roots: set[str], boundary: set[str] = frozenset()) -> set[str]:
@@ -74,11 +74,11 @@ def closure(roots: set[str], boundary: set[str] = frozenset()) -> set[str]:
 
 def stage_roots(stage: dict) -> set[str]:
     """`fedccrl <command> ...`: the console script's module and the command's module (pipeline/cli.py STAGES)."""
-    from pipeline.cli import STAGES
+    from fedccrl_pipeline.cli import STAGES
 
     words = stage["cmd"].split()
     assert words[0] == "fedccrl", stage["cmd"]
-    return {"pipeline.cli", STAGES[words[1]]}
+    return {"fedccrl_pipeline.cli", STAGES[words[1]]}
 
 
 def needed_files(stage: dict) -> set[str]:
@@ -137,20 +137,20 @@ def test_by_package_declares_folders_for_sub_packages_and_files_at_the_top():
 
 def test_the_own_script_is_a_dep():
     for name, stage in STAGES.items():
-        from pipeline.cli import STAGES as COMMANDS
+        from fedccrl_pipeline.cli import STAGES as COMMANDS
 
-        script = COMMANDS[stage["cmd"].split()[1]].replace(".", "/") + ".py"
+        script = MODULES[COMMANDS[stage["cmd"].split()[1]]].relative_to(ROOT).as_posix()
         assert script in stage["deps"], f"dvc.yaml stage {name} does not depend on {script}"
 
 
 def test_closure_follows_lazy_and_relative_imports():
-    assert "fedccrl_core.data.shards" in closure({"pipeline.evaluate"})  # imported inside evaluate()
+    assert "fedccrl_core.data.shards" in closure({"fedccrl_pipeline.evaluate"})  # imported inside evaluate()
     assert {"fedccrl_core", "fedccrl_core.data"} <= closure({"fedccrl_core.data.shards"})  # parent packages
     assert "fedccrl_core.algorithms.base" in closure({"fedccrl_core.algorithms"})  # from .base import ...
-    assert "pipeline.onnx_export" not in closure({"pipeline.report"})  # report does not export
-    assert "fedccrl_core.algorithm_params" in closure({"pipeline.params"})  # the hyperparameters, without torch
-    assert "fedccrl_core.algorithms" not in closure({"pipeline.params"})
-    assert "fedccrl_core.algorithms" not in closure({"pipeline.report"}, VALIDATION_ONLY)
+    assert "fedccrl_pipeline.onnx_export" not in closure({"fedccrl_pipeline.report"})  # report does not export
+    assert "fedccrl_core.algorithm_params" in closure({"fedccrl_pipeline.params"})  # the hyperparameters, without torch
+    assert "fedccrl_core.algorithms" not in closure({"fedccrl_pipeline.params"})
+    assert "fedccrl_core.algorithms" not in closure({"fedccrl_pipeline.report"}, VALIDATION_ONLY)
 
 
 def test_bytecode_caches_stay_out_of_the_hash_of_a_folder_dep():

@@ -14,7 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
+
+from fixtures import write_params
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -46,14 +47,7 @@ def _scratch_repo(root: Path) -> Path:
         if src.is_file() and not src.is_symlink():
             (ws / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, ws / rel)
-    params = yaml.safe_load((ws / "params.yaml").read_text())
-    for dotted, value in TINY.items():
-        *head, last = dotted.split(".")
-        node = params
-        for h in head:
-            node = node.setdefault(h, {})
-        node[last] = value
-    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    write_params(ws, TINY)  # the scratch repo's params.yaml is the checkout's, copied above
     for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
                 ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny"]):
         _run(cmd, ws)

@@ -16,32 +16,20 @@ import pytest
 import torch
 
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
-from fedccrl_core.data.pools import build_pools
-from fedccrl_core.data.registry import get_dataset
-from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
-from fedccrl_core.data.synthetic import generate
+from fedccrl_core.data.shards import load_domain_test, load_manifest
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
-from pipeline.params import read_yaml, validate_params
-from pipeline.train import run_settings
+from fedccrl_pipeline.params import read_yaml, validate_params
+from fedccrl_pipeline.train import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def embedded(tmp_path_factory):
-    """Shards and pools of the embedded default: 4 domains x 6 classes, 8 images per class."""
-    base = tmp_path_factory.mktemp("embedded")
-    params = read_yaml(ROOT / "params.yaml")
-    assert params["dataset"]["name"] == "synthetic", "the embedded default is the synthetic dataset"
-    generate(base / "raw", seed=params["dataset"]["seed"], images_per_class=8, progress=False)
-    spec = get_dataset("synthetic")
-    partition(base / "raw", base / "shards", spec, 32, clients_per_domain=params["partition"]["clients_per_domain"],
-              val_fraction=params["partition"]["val_fraction"], seed=params["partition"]["seed"], progress=False)
-    build_pools(base / "shards", base / "pools", params["preprocess"]["mean"], params["preprocess"]["std"],
-                progress=False)
-    return base, params
+def embedded(tiny):
+    """The session's tiny dataset (conftest.py: the embedded default, 8 images per class; read-only) and params.yaml."""
+    return tiny / "data", read_yaml(ROOT / "params.yaml")
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

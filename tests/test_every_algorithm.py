@@ -40,7 +40,7 @@ def tiny_params(algorithms: list[str]) -> dict:
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_params_group_validates_for_a_run_of_the_algorithm_alone(name, tmp_path):
-    from pipeline.params import load_config
+    from fedccrl_pipeline.params import load_config
 
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(tiny_params([name]), sort_keys=False))

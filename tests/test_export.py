@@ -1,6 +1,6 @@
 """`fedccrl export`: the ONNX file contract, parity, atomic outputs and MLflow registration.
 
-Shards come from the real partition code on a tiny synthetic tree (5 images per class and domain);
+Shards come from the real partition code: the session's tiny synthetic dataset (conftest.py `tiny`);
 the model is a random small_cnn at 32 px (parity does not need a trained model).
 """
 from __future__ import annotations
@@ -16,20 +16,20 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from layout import TOP
 
 from fedccrl_core.algorithms import load_model
 from fedccrl_core.learning.model_file import save_model
-from fedccrl_core.data import synthetic
 from fedccrl_core.data.images import RESIZE_POLICY
-from fedccrl_core.data.registry import get_dataset
-from fedccrl_core.data.shards import load_domain_test, partition
+from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_core.learning.models import build_model
-from pipeline import onnx_export
-from pipeline.export import command
-from pipeline.model_registry import SERVING_PACKAGES, log_to_mlflow, sanitize
-from pipeline.onnx_export import export_onnx, metadata_props
-from serving.metadata import parse_metadata
+from fixtures import TINY_IMAGES_PER_CLASS
+from fedccrl_pipeline import onnx_export
+from fedccrl_pipeline.export import command
+from fedccrl_pipeline.model_registry import SERVING_PACKAGES, log_to_mlflow, sanitize
+from fedccrl_pipeline.onnx_export import export_onnx, metadata_props
+from fedccrl_serving.metadata import parse_metadata
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,11 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    synthetic.generate(root / "raw", images_per_class=5, progress=False)
-    partition(root / "raw", root / "shards", get_dataset("synthetic"), 32, workers=1, progress=False)
-    return root / "shards"
+def shards(tiny) -> Path:
+    return tiny / "data" / "shards"  # the session's tiny dataset (conftest.py), read-only
 
 
 def write_model(path: Path, shards: Path, **meta_over) -> Path:
@@ -84,7 +81,7 @@ def test_stage_writes_one_onnx_file_and_parity(exported, shards):
     assert leftovers(out) == {"model.onnx", "parity.json"}  # no side .data file, no temp file
     parity = json.loads((out / "parity.json").read_text())
     x, _ = load_domain_test(shards, HELD_OUT)
-    assert parity["n_images"] == len(x) == 30
+    assert parity["n_images"] == len(x) == TINY_IMAGES_PER_CLASS * 6  # the held-out domain, 6 classes
     assert parity["top1_agreement"] == 1.0
     assert parity["max_abs_logit_diff"] < 1e-4
     assert parity["onnx_accuracy"] == parity["torch_accuracy"]
@@ -246,8 +243,8 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "logged")))
     shipped = sorted(p.relative_to(local / "code").as_posix() for p in (local / "code").rglob("*.py"))
     assert {s.split("/")[0] for s in shipped} == set(SERVING_PACKAGES)        # no pipeline, benchmarks, Flower
-    assert shipped == sorted(p.relative_to(REPO).as_posix() for pkg in SERVING_PACKAGES
-                             for p in (REPO / pkg).rglob("*.py"))             # whole packages: nothing shadowed
+    assert shipped == sorted(f"{pkg}/{p.relative_to(REPO / TOP[pkg]).as_posix()}" for pkg in SERVING_PACKAGES
+                             for p in (REPO / TOP[pkg]).rglob("*.py"))  # whole packages: nothing shadowed
     np.save(tmp_path / "x.npy", x)
     script = (
         "import sys, json, numpy as np\n"
@@ -255,7 +252,7 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
         "import mlflow.pyfunc\n"
         f"pf = mlflow.pyfunc.load_model({str(local)!r})\n"
         f"out = pf.predict(np.load({str(tmp_path / 'x.npy')!r}))\n"
-        "mods = [m.__file__ for n, m in sys.modules.items() if n.split('.')[0] in ('serving', 'fedccrl_core')]\n"
+        "mods = [m.__file__ for n, m in sys.modules.items() if n.split('.')[0] in ('fedccrl_serving', 'fedccrl_core')]\n"
         "print(json.dumps({'classes': list(out['class']), 'files': mods}))\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -447,13 +444,13 @@ def test_mobilenet_v3_large_224_exports_as_one_checked_file(tmp_path):
 
 # ------------------------------------------------------------------ export + serve, end to end
 
-def test_serving_the_raw_held_out_folder_reproduces_the_shard_predictions(exported, shards):
+def test_serving_the_raw_held_out_folder_reproduces_the_shard_predictions(exported, shards, tiny):
     """The held-out domain's original files through `fedccrl-serve evaluate` give exactly the confusion
     matrix of the PyTorch model on the shards (decoded by the partition stage): same transform."""
-    from serving.cli import main as serve
+    from fedccrl_serving.cli import main as serve
 
     model_path, out, _ = exported
-    r = CliRunner().invoke(serve, ["evaluate", str(out / "model.onnx"), str(shards.parent / "raw" / HELD_OUT),
+    r = CliRunner().invoke(serve, ["evaluate", str(out / "model.onnx"), str(tiny / "raw" / HELD_OUT),
                                    "--json", "-q"], catch_exceptions=False)
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)

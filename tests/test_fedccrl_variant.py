@@ -30,7 +30,7 @@ from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.learning.losses import supcon_loss, supcon_self_positive_loss, three_view_ce
 from fedccrl_core.learning.models import build_model
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
-from test_flower import HPARAMS, assert_same_history, data, loopback, make_spec, run_inprocess, serve  # noqa: F401
+from flower_harness import HPARAMS, assert_same_history, loopback, make_spec, run_inprocess, serve
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -337,23 +337,23 @@ def test_reference_variant_through_flower_equals_inprocess(data, monkeypatch, tm
 
 @pytest.mark.full("the variant through dvc exp run")
 @pytest.mark.timeout(900)
-def test_reference_variant_through_dvc(tmp_path):
+def test_reference_variant_through_dvc(params, tmp_path):
     """`train.fedccrl.variant: reference` in params.yaml, run by `dvc repro` (download -> partition with its pools ->
     train, one round, one held-out domain): the run trains the reference's readings and MLflow records them."""
     import shutil
 
     import mlflow
-    from test_pipeline import REPO, _env, _run, _write_params
+    from fixtures import REPO, dvc_env, dvc_run
 
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
     for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):
         (tmp_path / code).symlink_to(REPO / code)
-    _write_params(tmp_path, **{"train.rounds": 1, "train.local_epochs": 1, "train.held_out": [3],
-                               "train.algorithms": ["fedccrl"], "train.fedccrl.variant": "reference"})
-    _run(["dvc", "init", "--no-scm", "-q"], tmp_path)
-    _run(["dvc", "repro", "train@fedccrl-0"], tmp_path)
+    params({"train.rounds": 1, "train.local_epochs": 1, "train.held_out": [3], "train.algorithms": ["fedccrl"],
+            "train.fedccrl.variant": "reference"})
+    dvc_run(["dvc", "init", "--no-scm", "-q"], tmp_path)
+    dvc_run(["dvc", "repro", "train@fedccrl-0"], tmp_path)
     meta = json.loads((tmp_path / "models/fedccrl/s0/d3/history.json").read_text())["meta"]
     assert {k: meta["hparams"][k] for k in REFERENCE} == REFERENCE
-    run = mlflow.MlflowClient(tracking_uri=_env(tmp_path)["MLFLOW_TRACKING_URI"]).get_run(meta["mlflow_run_id"])
+    run = mlflow.MlflowClient(tracking_uri=dvc_env(tmp_path)["MLFLOW_TRACKING_URI"]).get_run(meta["mlflow_run_id"])
     assert {k: run.data.params[f"train.fedccrl.{k}"] for k in REFERENCE} == REFERENCE
     assert run.data.params["train.fedccrl.variant"] == "reference" and run.info.status == "FINISHED"

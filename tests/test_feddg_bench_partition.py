@@ -94,13 +94,12 @@ def test_bad_parameters_are_refused_naming_the_key(C, lam):
         feddg_bench.client_counts([10, 10], C, lam)
 
 
-def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_target(tmp_path):
-    from fedccrl_core.data import registry, synthetic
+def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_target(tiny, tmp_path):
+    from fedccrl_core.data import registry
     from fedccrl_core.data.shards import client_ids, load_client, load_domain_test, partition
 
     spec = registry.get_dataset("synthetic")
-    synthetic.generate(tmp_path / "raw", seed=0, images_per_class=5, progress=False)
-    m = partition(tmp_path / "raw", tmp_path / "sh", spec, 16, val_fraction=0.1, seed=0, workers=1,
+    m = partition(tiny / "raw", tmp_path / "sh", spec, 16, val_fraction=0.1, seed=0, workers=1,
                   progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
     assert m["params"]["partition.lambda"] == 0.5 and m["params"]["partition.num_clients"] == 6
     assert [c["domain"] for c in m["clients"]] == ["mixed"] * 6
@@ -195,15 +194,14 @@ def test_class_counts_meet_both_margins_exactly(seed):
     assert (x >= 0).all() and np.array_equal(x.sum(1), rows) and np.array_equal(x.sum(0), cols)
 
 
-def test_stage_with_label_skew_records_alpha_and_skews_clients(tmp_path):
-    from fedccrl_core.data import registry, synthetic
+def test_stage_with_label_skew_records_alpha_and_skews_clients(tiny, tmp_path):
+    from fedccrl_core.data import registry
     from fedccrl_core.data.shards import partition
 
     spec = registry.get_dataset("synthetic")
-    synthetic.generate(tmp_path / "raw", seed=0, images_per_class=8, progress=False)
     kw = dict(val_fraction=0.1, seed=0, workers=1, progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
-    m = partition(tmp_path / "raw", tmp_path / "skew", spec, 16, dirichlet_alpha=0.1, **kw)
-    even = partition(tmp_path / "raw", tmp_path / "even", spec, 16, **kw)
+    m = partition(tiny / "raw", tmp_path / "skew", spec, 16, dirichlet_alpha=0.1, **kw)
+    even = partition(tiny / "raw", tmp_path / "even", spec, 16, **kw)
     assert m["params"]["partition.dirichlet_alpha"] == 0.1 and even["params"]["partition.dirichlet_alpha"] is None
     for a, b in zip(m["clients"], even["clients"]):
         assert a["domain_counts"] == b["domain_counts"]                     # the lambda counts are untouched

@@ -24,7 +24,7 @@ from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms import load_model
 from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
-from pipeline import onnx_export
+from fedccrl_pipeline import onnx_export
 
 SMALL = {"batch_size": 8}
 
@@ -339,20 +339,16 @@ def test_fedfd_a_resume_is_exact(toy_client, tmp_path):
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
 
 
-def test_export_stage_writes_fedfd_a_onnx_with_parity(tmp_path):
+def test_export_stage_writes_fedfd_a_onnx_with_parity(tiny, tmp_path):
     """`fedccrl export` on a FedFD-A model file: load_model rebuilds it from meta["hparams"], the stage
     exports it and checks parity on the held-out domain like any other model."""
     import json
 
-    from fedccrl_core.data import synthetic
     from fedccrl_core.data.images import RESIZE_POLICY
-    from fedccrl_core.data.registry import get_dataset
-    from fedccrl_core.data.shards import partition
-    from pipeline.export import export
+    from fedccrl_pipeline.export import export
 
-    synthetic.generate(tmp_path / "raw", images_per_class=2, progress=False)
-    partition(tmp_path / "raw", tmp_path / "shards", get_dataset("synthetic"), 32, workers=1, progress=False)
-    manifest = json.loads((tmp_path / "shards" / "manifest.json").read_text())
+    shards = tiny / "data" / "shards"  # the session's tiny dataset (conftest.py), read-only
+    manifest = json.loads((shards / "manifest.json").read_text())
     hp = FedFDA(LocalConfig()).hp
     torch.manual_seed(3)
     model = _trained_looking(FedFDA.build_model("small_cnn", manifest["num_classes"], "none", hp))
@@ -361,6 +357,6 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tmp_path):
         backbone="small_cnn", num_classes=manifest["num_classes"], classes=manifest["classes"], image_size=32,
         mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY, dataset="synthetic",
         domains=manifest["domains"], held_out_domain=held_out, algorithm="fedfd_a", seed=0, hparams=hp.model_dump()))
-    res = export(tmp_path / "model.pt", tmp_path / "shards", tmp_path / "out", 0.999, 64, None, None, False)
+    res = export(tmp_path / "model.pt", shards, tmp_path / "out", 0.999, 64, None, None, False)
     assert res["top1_agreement"] == 1.0 and res["max_abs_logit_diff"] <= 1e-4
     assert (tmp_path / "out" / "model.onnx").is_file() and (tmp_path / "out" / "parity.json").is_file()

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from test_flower import SOURCES, _node_config, _wait, assert_same_history, data, make_spec, run_inprocess  # noqa: F401
-from test_readme_blocks import BLOCKS, REPO
+from doc_blocks import BLOCKS, REPO
+from flower_harness import SOURCES, assert_same_history, make_spec, node_config, run_inprocess, wait_until
 
 PAGE = REPO / "docs" / "flower.md"
 
@@ -105,7 +105,7 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
     def supernode(name: str, site: str, cid: str, change=lambda argv: argv) -> Proc:
         argv = shlex.split(commands(localize(site_code, port))[0].replace("site_art", site))
         i = argv.index("--node-config")
-        argv[i + 1] = " ".join(f'{k}="{v}"' for k, v in _node_config(data, cid, tmp_path / "state" / name).items())
+        argv[i + 1] = " ".join(f'{k}="{v}"' for k, v in node_config(data, cid, tmp_path / "state" / name).items())
         argv = change(argv) + ["--port", str(free_port())]  # a runtime API port per SuperNode on this one host
         return start(name, shlex.join(argv), {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
@@ -121,7 +121,7 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
             except httpx.HTTPError:
                 return False
 
-        _wait(healthy, 120, "the SuperLink over TLS")
+        wait_until(healthy, 120, "the SuperLink over TLS")
         nodes = {cid: register(f"site_{cid}") for cid in SOURCES}
         nodes["no_ca"], nodes["insecure_key"] = register("site_no_ca"), register("site_insecure_key")
         subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", "keys/site_rogue"], cwd=ws,
@@ -147,7 +147,7 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
         for proc, code, needle in ((rogue, 305, "Failed to activate SuperNode"),
                                    (no_ca, 305, "CERTIFICATE_VERIFY_FAILED"),
                                    (insecure_key, 303, "SuperNode authentication requires a secure TLS connection")):
-            _wait(lambda: not proc.alive(), 120, f"{proc.name} to exit")
+            wait_until(lambda: not proc.alive(), 120, f"{proc.name} to exit")
             log = proc.log_path.read_text()
             assert proc.popen.returncode != 0 and f"Exit Code: {code}" in log and needle in log, proc.tail()
         # without a key, plain HTTP to the TLS port: it retries, never joins

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from fedccrl_core.foundation import fsio
+from fixtures import temps, tiny_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -27,10 +28,6 @@ def run_py(code: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=120, **kw)
-
-
-def temps(folder: Path) -> list[str]:
-    return sorted(p.name for p in folder.iterdir() if fsio.TEMP_RE.match(p.name))
 
 
 # ------------------------------------------------------------------ A. one atomic write, one cleanup
@@ -155,39 +152,10 @@ def test_a_full_disk_is_one_error_naming_the_path(tmp_path):
 
 # ------------------------------------------------------------------ B. serving
 
-def tiny_onnx(path: Path, *, size: int = 4, classes=("a", "b", "c", "d"), graph_size: int | None = None,
-              logits: int | str | None = None, nan: bool = False, **props) -> Path:
-    """A fedccrl-format ONNX file without torch: logits = the first K values of the flattened input
-    (or NaN with nan=True). `graph_size` / `logits` make the graph disagree with the metadata."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    from fedccrl_core.data.images import RESIZE_POLICY
-
-    gs = graph_size or size
-    k = len(classes) if logits is None else logits
-    nodes = [helper.make_node("Flatten", ["images"], ["flat"]),
-             helper.make_node("Slice", ["flat", "s", "e", "ax"], ["sl"])]
-    nodes += ([helper.make_node("Sub", ["sl", "sl"], ["z"]), helper.make_node("Div", ["z", "z"], ["logits"])] if nan
-              else [helper.make_node("Identity", ["sl"], ["logits"])])
-    kk = k if isinstance(k, int) else len(classes)
-    graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, gs, gs])],
-        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", k])],
-        [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", kk), ("ax", 1))])
-    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    meta = {"fedccrl_format": "1", "classes": json.dumps(list(classes)), "num_classes": str(len(classes)),
-            "image_size": str(size), "mean": "[0.5, 0.5, 0.5]", "std": "[0.25, 0.25, 0.25]", "resize": RESIZE_POLICY}
-    meta.update({key: str(v) for key, v in props.items()})
-    helper.set_model_props(m, meta)
-    onnx.save(m, path)
-    return path
-
-
 def serve(*args, **kw):
     from click.testing import CliRunner
 
-    from serving.cli import main
+    from fedccrl_serving.cli import main
 
     return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False, **kw)
 
@@ -197,19 +165,6 @@ def one_error(result) -> str:
     assert len(lines) == 1 and lines[0].startswith("fedccrl-serve: error: ") and "Traceback" not in result.stderr, \
         result.stderr
     return lines[0]
-
-
-@pytest.fixture
-def images(tmp_path) -> Path:
-    import numpy as np
-    from PIL import Image
-
-    d = tmp_path / "imgs"
-    for c in ("a", "b"):
-        (d / c).mkdir(parents=True)
-        for i in range(6):
-            Image.fromarray(np.random.default_rng(i).integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(d / c / f"{i}.png")
-    return d
 
 
 @pytest.mark.parametrize("case, over, needle", [
@@ -230,8 +185,8 @@ def test_b_metadata_is_checked_against_the_graph(tmp_path, images, case, over, n
 def test_b_logit_count_checked_on_the_batch_when_the_graph_leaves_it_symbolic(tmp_path, images):
     import numpy as np
 
-    from serving.console import Fatal
-    from serving.runtime import ServedModel
+    from fedccrl_serving.console import Fatal
+    from fedccrl_serving.runtime import ServedModel
 
     model = tiny_onnx(tmp_path / "m.onnx", classes=tuple("abcdefg"), logits="K")  # declared symbolic, 7 wide
     assert serve("predict", model, images / "a" / "0.png").exit_code == 0
@@ -261,12 +216,12 @@ def test_b_non_finite_scores_are_error_records_and_the_json_stays_json(tmp_path,
 
 @pytest.mark.parametrize("command", ["predict", "evaluate"])
 def test_b_unwritable_output_is_one_line_before_any_work(tmp_path, images, command, monkeypatch):
-    import serving.preprocess
+    import fedccrl_serving.preprocess
 
     model = tiny_onnx(tmp_path / "m.onnx")
     (tmp_path / "file").write_text("not a folder")
     decoded = []
-    monkeypatch.setattr(serving.preprocess, "load_u8", lambda *a: decoded.append(a) or pytest.fail("decoded"))
+    monkeypatch.setattr(fedccrl_serving.preprocess, "load_u8", lambda *a: decoded.append(a) or pytest.fail("decoded"))
     out = tmp_path / "file" / "out.json"
     r = serve(command, model, images, "--output", out)
     assert r.exit_code == 2 and f"{out}: cannot write" in one_error(r) and not decoded
@@ -281,7 +236,7 @@ def test_b_full_disk_is_one_line_and_no_half_written_output(tmp_path, images, co
         import resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))
-        from serving.cli import main
+        from fedccrl_serving.cli import main
         sys.argv = ["fedccrl-serve", "{command}", "{model}", "{images}", "--output", "{out}", "-q"]
         main()
     """, tmp_path)
@@ -291,12 +246,12 @@ def test_b_full_disk_is_one_line_and_no_half_written_output(tmp_path, images, co
 
 
 def test_b_output_is_atomic_an_interrupted_run_keeps_the_old_one(tmp_path, images, monkeypatch):
-    import serving.runtime
+    import fedccrl_serving.runtime
 
     model = tiny_onnx(tmp_path / "m.onnx")
     out = tmp_path / "pred.jsonl"
     out.write_text("the previous complete output\n")
-    real = serving.runtime.softmax
+    real = fedccrl_serving.runtime.softmax
     calls = []
 
     def fault(z):
@@ -305,7 +260,7 @@ def test_b_output_is_atomic_an_interrupted_run_keeps_the_old_one(tmp_path, image
             raise KeyboardInterrupt  # Ctrl-C after the first batch was written
         return real(z)
 
-    monkeypatch.setattr(serving.runtime, "softmax", fault)
+    monkeypatch.setattr(fedccrl_serving.runtime, "softmax", fault)
     r = serve("predict", model, images, "--output", out, "--batch-size", 4)
     assert r.exit_code != 0
     assert out.read_text() == "the previous complete output\n" and temps(tmp_path) == []
@@ -319,7 +274,7 @@ def test_b_a_fifo_named_like_an_image_is_skipped_never_opened(tmp_path, images):
     for args in ([images], [images / "a" / "*.jpg", images / "a" / "0.png"], [tmp_path / "y.png", images / "b"]):
         r = run_py(f"""
             import sys
-            from serving.cli import main
+            from fedccrl_serving.cli import main
             sys.argv = ["fedccrl-serve", "predict", "{model}", *{[str(a) for a in args]!r}, "-q"]
             main()
         """, tmp_path)  # a subprocess: if the FIFO were opened, the timeout would fail the test, not hang it
@@ -329,7 +284,7 @@ def test_b_a_fifo_named_like_an_image_is_skipped_never_opened(tmp_path, images):
         assert "a FIFO, not a regular file" in r.stderr
     r = run_py(f"""
         import sys
-        from serving.cli import main
+        from fedccrl_serving.cli import main
         sys.argv = ["fedccrl-serve", "evaluate", "{model}", "{images}", "-q", "--json"]
         main()
     """, tmp_path)
@@ -338,11 +293,11 @@ def test_b_a_fifo_named_like_an_image_is_skipped_never_opened(tmp_path, images):
 
 @pytest.mark.parametrize("command, workers", [("predict", 1), ("evaluate", 2)])
 def test_b_deadline_stops_the_run_and_writes_no_output(tmp_path, images, command, workers, monkeypatch):
-    import serving.preprocess
+    import fedccrl_serving.preprocess
 
     model = tiny_onnx(tmp_path / "m.onnx")
-    real = serving.preprocess.load_u8
-    monkeypatch.setattr(serving.preprocess, "load_u8", lambda *a: time.sleep(0.3) or real(*a))  # a slow disk
+    real = fedccrl_serving.preprocess.load_u8
+    monkeypatch.setattr(fedccrl_serving.preprocess, "load_u8", lambda *a: time.sleep(0.3) or real(*a))  # a slow disk
     out = tmp_path / "out.json"
     t0 = time.monotonic()
     r = serve(command, model, images, "--output", out, "--deadline", 0.5, "--workers", workers, "-q")
@@ -405,25 +360,24 @@ def test_c_a_trickling_server_meets_the_whole_download_deadline(trickling_server
 
 
 @pytest.mark.timeout(60)
-def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, tmp_path, monkeypatch):
-    import yaml
+def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, params, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
+    from fedccrl_pipeline.params import read_yaml
 
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    assert params["download"]["deadline_s"] >= params["download"]["timeout_s"]
-    params["dataset"].update(name="pacs", source=trickling_server, sha256=None)
-    params["download"].update(timeout_s=1, deadline_s=2, retries=0)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    defaults = read_yaml(REPO / "params.yaml")["download"]
+    assert defaults["deadline_s"] >= defaults["timeout_s"]
+    slow = {"dataset.name": "pacs", "dataset.source": trickling_server, "dataset.sha256": None,
+            "download.timeout_s": 1, "download.deadline_s": 2, "download.retries": 0}
+    params(slow)
     monkeypatch.chdir(tmp_path)
     r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"],
                            catch_exceptions=False)
     assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1].startswith(
         f"error: {trickling_server}: the download did not finish within download.deadline_s=2 s")
     assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []  # no output, no temp
-    params["download"].update(timeout_s=60, deadline_s=30)
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    params({**slow, "download.timeout_s": 60, "download.deadline_s": 30})
     r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"])
     assert r.exit_code == 2 and "download.deadline_s" in r.stderr and "download.timeout_s=60" in r.stderr
 
@@ -625,7 +579,7 @@ def test_f_a_new_mlflow_store_is_created_whole(tmp_path, monkeypatch):
     is removed by the next run."""
     import sqlite3
 
-    from pipeline.mlflow_store import mlflow_module
+    from fedccrl_pipeline.mlflow_store import mlflow_module
 
     stale = tmp_path / ".new.db.tmp-999999999-0123abcd"  # a creation killed midway (no such pid)
     stale.mkdir()
@@ -642,7 +596,7 @@ def test_f_a_new_mlflow_store_is_created_whole(tmp_path, monkeypatch):
 def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
     """A worker checkpoints a round before the parent has logged it: kill -9 between the two, and the
     resumed run lacked that round in MLflow. At completion it logs what it lacks, and only that."""
-    from pipeline.tracking import ChildRun, parent_run_id
+    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
 
     parent = parent_run_id("bf", "k", {})
     first = ChildRun("bf", parent, "r", {}, {})
@@ -661,8 +615,8 @@ def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
 
 def test_f_a_run_left_running_by_a_dead_process_is_marked_killed(tmp_path, capsys):
     """kill -9 leaves the run RUNNING; a rerun that cannot continue it (a new configuration) closes it."""
-    from pipeline.orphan_runs import OWNER_TAG
-    from pipeline.tracking import ChildRun, parent_run_id
+    from fedccrl_pipeline.orphan_runs import OWNER_TAG
+    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
 
     tags = {"held_out": "photo", "algorithm": "fedavg", "seed": "0"}
     parent = parent_run_id("orph", "k", {})
@@ -692,7 +646,7 @@ def test_no_process_tricks_in_product_code():
 
 
 def test_the_fedccrl_command_keeps_exit_codes_and_errors(tmp_path):
-    """The console script (pipeline.cli:entry): a stage's known error is its `error:` line and exit code 2; --help 0."""
+    """The console script (fedccrl_pipeline.cli:entry): a stage's known error is its `error:` line and exit code 2; --help 0."""
     fedccrl = Path(sys.executable).parent / "fedccrl"
     p = subprocess.run([str(fedccrl), "pools", "--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "p")],
                        cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -24,10 +24,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from layout import TOP, module_name
 from wheel_envs import REPO, canonical, requirement_closure, run_outside
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-PACKAGES = ("fedccrl_core", "fedccrl_flower", "pipeline", "serving")
+PACKAGES = tuple(TOP)  # the wheel's top-level import names (tests/layout.py: pyproject.toml's packages)
 TORCH = {"torch", "torchvision", "triton"}
 SERVE_CORE = {"onnxruntime", "numpy", "pillow", "click"}
 
@@ -79,6 +80,17 @@ def _top_level_modules(dist: metadata.Distribution) -> set[str]:
     return {f.parts[0].removesuffix(".py") for f in dist.files or [] if not f.parts[0].endswith((".dist-info", ".data"))}
 
 
+def test_the_wheel_declares_every_package_folder_under_a_fedccrl_import_name():
+    """Every import name the wheel installs starts with fedccrl (a user's own `pipeline` or `benchmarks` package
+    is never overwritten), and pyproject.toml's package list is exactly the folders that hold an __init__.py."""
+    from layout import PACKAGES as DECLARED
+
+    assert all(name.startswith("fedccrl") for name in DECLARED), DECLARED
+    found = sorted(module_name(init) for folder in TOP.values()
+                   for init in (REPO / folder).rglob("__init__.py"))
+    assert sorted(DECLARED) == found
+
+
 def test_every_imported_third_party_module_is_declared():
     """ast over the packages: each top-level import that is not the standard library or the project itself
     is a module of a distribution named in pyproject's dependencies or extras (dev excluded)."""
@@ -90,7 +102,7 @@ def test_every_imported_third_party_module_is_declared():
             continue
     missing = {}
     for pkg in PACKAGES:
-        for path in (REPO / pkg).rglob("*.py"):
+        for path in (REPO / TOP[pkg]).rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
@@ -98,7 +110,7 @@ def test_every_imported_third_party_module_is_declared():
                     names = [node.module]
                 else:
                     continue
-                for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - {*PACKAGES, "benchmarks"}:
+                for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names) - set(PACKAGES):
                     if top not in provided:
                         missing.setdefault(top, set()).add(path.relative_to(REPO).as_posix())
     assert not missing, f"imported but not declared in pyproject.toml: {missing}"
@@ -136,7 +148,7 @@ def exported(tmp_path_factory):
     import torch
 
     from fedccrl_core.learning.models import build_model
-    from pipeline.onnx_export import export_onnx
+    from fedccrl_pipeline.onnx_export import export_onnx
 
     torch.manual_seed(0)
     model = build_model("small_cnn", len(CLASSES)).eval()
@@ -173,7 +185,7 @@ def test_the_serve_install_runs_fedccrl_serve_outside_the_checkout(fedccrl_wheel
     with zipfile.ZipFile(fedccrl_wheel) as whl:
         names = whl.namelist()
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
-    assert set(PACKAGES) <= tops and tops <= {*PACKAGES, "benchmarks"}, tops
+    assert tops == set(PACKAGES) and all(t.startswith("fedccrl") for t in tops), tops  # one namespace
     assert "fedccrl_flower/app/pyproject.toml" in names  # the Flower App's configuration travels in the package
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
 
@@ -185,8 +197,8 @@ def test_the_serve_install_runs_fedccrl_serve_outside_the_checkout(fedccrl_wheel
     p = run_outside(outside, py, REPO / "tests" / "wheel_envs.py", "serve")  # the closure from the wheel's METADATA
     assert p.returncode == 0, p.stderr
     assert SERVE_CORE <= set(json.loads(p.stdout)) and not set(json.loads(p.stdout)) & TORCH
-    p = run_outside(outside, py, "-c", "import json, importlib.metadata as m, serving, fedccrl_core; print(json.dumps("
-                    "[serving.__file__, fedccrl_core.__file__, m.distribution('onnxruntime').requires]))")
+    p = run_outside(outside, py, "-c", "import json, importlib.metadata as m, fedccrl_serving, fedccrl_core; print(json.dumps("
+                    "[fedccrl_serving.__file__, fedccrl_core.__file__, m.distribution('onnxruntime').requires]))")
     assert p.returncode == 0, p.stderr
     serving_file, core_file, ort_requires = json.loads(p.stdout)
     assert all(Path(f).is_relative_to(serve_venv) for f in (serving_file, core_file))  # the wheel, not the checkout
@@ -219,7 +231,7 @@ def test_the_serve_install_runs_fedccrl_serve_outside_the_checkout(fedccrl_wheel
 def test_a_registered_pyfunc_loads_and_predicts_in_the_full_install_outside_the_checkout(full_venv, exported, tmp_path):
     import mlflow
 
-    from pipeline.model_registry import log_to_mlflow
+    from fedccrl_pipeline.model_registry import log_to_mlflow
 
     onnx_path, model = exported
     exp_id = mlflow.create_experiment("fedccrl-install", artifact_location=(tmp_path / "artifacts").as_uri())
@@ -244,3 +256,10 @@ def test_a_registered_pyfunc_loads_and_predicts_in_the_full_install_outside_the_
     ref = _torch_probs(model, raw)
     np.testing.assert_allclose(np.asarray(got["p"]), ref, atol=1e-5)
     assert got["classes"] == [CLASSES[i] for i in ref.argmax(1)]
+    bin_ = full_venv / "bin"  # the wheel's console scripts, outside the checkout, on the wheel's import names
+    p = run_outside(outside, bin_ / "fedccrl", "--version")
+    assert p.returncode == 0 and "fedccrl, version" in p.stdout, p.stderr[-3000:]
+    p = run_outside(outside, bin_ / "fedccrl-bench", "--help")
+    assert p.returncode == 0 and all(c in p.stdout for c in ("speed", "accuracy", "repro")), p.stderr[-3000:]
+    p = run_outside(outside, bin_ / "python", "-c", "import fedccrl_pipeline.cli as c; print(c.__file__)")
+    assert p.returncode == 0 and Path(p.stdout.strip()).is_relative_to(full_venv), p.stderr[-3000:]

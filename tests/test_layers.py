@@ -31,6 +31,8 @@ from pathlib import Path
 
 import pytest
 
+from layout import TOP, module_name
+
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = {
@@ -40,16 +42,11 @@ FLOORS = {
     "fedccrl_core.federation": 3, "fedccrl_core.outcomes": 3,
     "fedccrl_core.viz": 4,
 }
-OUTSIDE_THE_LIBRARY = ("pipeline", "serving", "fedccrl_flower", "benchmarks", "click", "mlflow", "dvc",
-                       "flwr")
-ABOVE_SERVING_AND_FLOWER = ("pipeline", "benchmarks")
-ABOVE_PIPELINE = ("benchmarks",)
+OUTSIDE_THE_LIBRARY = ("fedccrl_pipeline", "fedccrl_serving", "fedccrl_flower", "fedccrl_benchmarks", "click",
+                       "mlflow", "dvc", "flwr")
+ABOVE_SERVING_AND_FLOWER = ("fedccrl_pipeline", "fedccrl_benchmarks")
+ABOVE_PIPELINE = ("fedccrl_benchmarks",)
 NOT_IN_SERVING = ("torch", "torchvision")  # serving runs on onnxruntime, numpy and PIL
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def imported(module: str, source: str, is_package: bool = False) -> set[str]:
@@ -91,16 +88,16 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
                 # `from fedccrl_core.x import name` also yields fedccrl_core.x.name, whose floor is fedccrl_core.x's
                 if floor(target) is not None and floor(target) > floor(module):
                     out.append(f"{module} (floor {floor(module)}) imports {target} (floor {floor(target)})")
-        elif module.split(".")[0] in ("serving", "fedccrl_flower") and top in ABOVE_SERVING_AND_FLOWER:
+        elif module.split(".")[0] in ("fedccrl_serving", "fedccrl_flower") and top in ABOVE_SERVING_AND_FLOWER:
             out.append(f"{module} imports {target}: {top} sits above serving and fedccrl_flower")
-        elif module.split(".")[0] == "serving" and top in NOT_IN_SERVING:
+        elif module.split(".")[0] == "fedccrl_serving" and top in NOT_IN_SERVING:
             out.append(f"{module} imports {target}: serving runs without torch")
-        elif module.split(".")[0] == "pipeline" and top in ABOVE_PIPELINE:
+        elif module.split(".")[0] == "fedccrl_pipeline" and top in ABOVE_PIPELINE:
             out.append(f"{module} imports {target}: {top} sits above pipeline (research tooling, not the product)")
     return out
 
 
-SOURCES = sorted(p for pkg in ("fedccrl_core", "serving", "fedccrl_flower", "pipeline", "benchmarks") for p in (ROOT / pkg).rglob("*.py"))
+SOURCES = sorted(p for folder in TOP.values() for p in (ROOT / folder).rglob("*.py"))
 
 
 def test_every_library_module_has_a_floor():
@@ -130,15 +127,15 @@ def test_imports_point_down(path):
     ("fedccrl_core.algorithms.base", "def f():\n    from fedccrl_core.federation.client import ClientData"),
     ("fedccrl_core.algorithms.base", "from ..federation import engine"),
     ("fedccrl_core.data.shards", "import mlflow"),
-    ("fedccrl_core.learning.models", "from pipeline.params import load_config"),
-    ("serving.cli", "from pipeline.stage_runtime import run_stage"),
-    ("serving.runtime", "def f():\n    import torch"),
-    ("serving.inputs", "from torchvision.io import decode_image"),
-    ("serving.metadata", "from pipeline.onnx_export import export_onnx"),
-    ("fedccrl_core.foundation.runkey", "from benchmarks.plain import plain_round"),
-    ("fedccrl_core.federation.engine", "def f():\n    import benchmarks.speed"),
-    ("pipeline.train", "from benchmarks.accuracy import bench_accuracy"),
-    ("fedccrl_flower.run", "from benchmarks import speed"),
+    ("fedccrl_core.learning.models", "from fedccrl_pipeline.params import load_config"),
+    ("fedccrl_serving.cli", "from fedccrl_pipeline.stage_runtime import run_stage"),
+    ("fedccrl_serving.runtime", "def f():\n    import torch"),
+    ("fedccrl_serving.inputs", "from torchvision.io import decode_image"),
+    ("fedccrl_serving.metadata", "from fedccrl_pipeline.onnx_export import export_onnx"),
+    ("fedccrl_core.foundation.runkey", "from fedccrl_benchmarks.plain import plain_round"),
+    ("fedccrl_core.federation.engine", "def f():\n    import fedccrl_benchmarks.speed"),
+    ("fedccrl_pipeline.train", "from fedccrl_benchmarks.accuracy import bench_accuracy"),
+    ("fedccrl_flower.run", "from fedccrl_benchmarks import speed"),
 ], ids=["checkpoint-algorithms", "lazy-import", "relative-import", "mlflow", "pipeline", "serving-pipeline",
         "serving-torch", "serving-torchvision", "serving-exporter",
         "library-benchmarks", "library-benchmarks-lazy", "pipeline-benchmarks", "flower-benchmarks"])
@@ -156,7 +153,7 @@ def test_serving_imports_without_torch():
     import subprocess
     import sys
 
-    assert {"serving.cli", "serving.runtime", "serving.inputs", "serving.report", "serving.metadata"} <= set(SERVING)
+    assert {"fedccrl_serving.cli", "fedccrl_serving.runtime", "fedccrl_serving.inputs", "fedccrl_serving.report", "fedccrl_serving.metadata"} <= set(SERVING)
     code = ("import importlib, sys; sys.modules['torch'] = None\n"
             f"for m in {SERVING!r}: importlib.import_module(m)\n"
             "print(sorted(m for m in sys.modules if m.startswith(('torch', 'torchvision')) and sys.modules[m]))")
@@ -165,12 +162,12 @@ def test_serving_imports_without_torch():
     assert r.stdout.strip() == "[]"
 
 
-NO_TRAINING = ("pipeline.download", "pipeline.partition", "pipeline.pools", "pipeline.report")
+NO_TRAINING = ("fedccrl_pipeline.download", "fedccrl_pipeline.partition", "fedccrl_pipeline.pools", "fedccrl_pipeline.report")
 
 
 @pytest.mark.parametrize("argv", [*(["-c", f"import {m}"] for m in NO_TRAINING),
-                                  ["-c", "from pipeline.params import load_config; load_config('params.yaml')"],
-                                  ["-m", "pipeline.cli", "--help"], ["-m", "pipeline.cli", "partition", "--help"]],
+                                  ["-c", "from fedccrl_pipeline.params import load_config; load_config('params.yaml')"],
+                                  ["-m", "fedccrl_pipeline.cli", "--help"], ["-m", "fedccrl_pipeline.cli", "partition", "--help"]],
                          ids=[*NO_TRAINING, "load_config", "fedccrl --help", "fedccrl partition --help"])
 def test_stages_that_do_not_train_import_neither_torch_nor_mlflow(argv):
     """download, partition, pools and report validate the whole params.yaml (every algorithm's hyperparameters:
@@ -194,8 +191,8 @@ def test_benchmarks_is_outside_the_library_and_on_top():
     """The library never imports the benchmarks (their code does not enter the run key, runkey.code_hash); the
     benchmarks may import every layer below them."""
     assert not (ROOT / "fedccrl_core" / "bench").exists()
-    assert violations("benchmarks.speed", "from fedccrl_core.federation.engine import InProcessEngine") == []
-    assert violations("benchmarks.accuracy", "from pipeline.stage_runtime import run_stage") == []
+    assert violations("fedccrl_benchmarks.speed", "from fedccrl_core.federation.engine import InProcessEngine") == []
+    assert violations("fedccrl_benchmarks.accuracy", "from fedccrl_pipeline.stage_runtime import run_stage") == []
 
 
 def test_downward_and_sideways_imports_pass():
@@ -205,8 +202,7 @@ def test_downward_and_sideways_imports_pass():
     assert violations("fedccrl_core.algorithms", "from .base import Algorithm", is_package=True) == []
 
 
-OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "benchmarks")
-EVERY_SOURCE = sorted(p for pkg in (*OWN, "tests", "scripts") for p in (ROOT / pkg).rglob("*.py"))  # tests too
+EVERY_SOURCE = sorted(p for folder in (*TOP.values(), "tests", "scripts") for p in (ROOT / folder).rglob("*.py"))
 
 
 def unresolved(source: str) -> list[str]:
@@ -217,7 +213,7 @@ def unresolved(source: str) -> list[str]:
     bad = []
     for node in ast.walk(ast.parse(source)):
         if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                and node.module.split(".")[0] in OWN):
+                and node.module.split(".")[0] in TOP):
             continue
         try:
             module = importlib.import_module(node.module)

@@ -11,7 +11,7 @@ import torch
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.learning.clients import ClientData
-from fedccrl_core.data import registry, synthetic
+from fedccrl_core.data import registry
 from fedccrl_core.data.shards import client_ids, load_client, load_manifest, partition
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
@@ -20,10 +20,8 @@ SIZE = 16
 
 
 @pytest.fixture(scope="module")
-def raw(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("raw")
-    synthetic.generate(root, seed=0, images_per_class=12, progress=False)
-    return root
+def raw(tiny) -> Path:
+    return tiny / "raw"  # the session's tiny dataset (conftest.py), read-only; partitioned here at 16 px, 3 clients
 
 
 @pytest.fixture(scope="module")

@@ -33,7 +33,7 @@ def _subset(zip_path: Path, dest: Path) -> Path:
 def test_one_round_on_a_pacs_subset(pacs128, tmp_path, monkeypatch):
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
 
     src = _subset(pacs128, tmp_path / "pacs_subset")
     params = yaml.safe_load((REPO / "params.yaml").read_text())

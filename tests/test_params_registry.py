@@ -61,7 +61,7 @@ def test_every_hyperparameter_has_a_source(name):
 
 
 def test_repository_params_validate():
-    from pipeline.params import load_config
+    from fedccrl_pipeline.params import load_config
 
     cfg = load_config(ROOT / "params.yaml")
     for name in ALGORITHMS:  # each group as the typed declaration reads it: the declared defaults
@@ -94,7 +94,7 @@ def _model_at(key: str):
     """The pydantic field or model that a dotted params.yaml key names in pipeline/params.py's ParamsFile."""
     from pydantic import BaseModel
 
-    from pipeline.params import ParamsFile
+    from fedccrl_pipeline.params import ParamsFile
 
     node = ParamsFile
     for part in key.split("."):
@@ -118,7 +118,7 @@ def test_train_stage_depends_on_every_shared_train_setting():
     """dvc.yaml's train stage lists every train.* setting of the typed model but its matrix (a change retrains), its algorithm's
     own group through train.${item.algorithm}, and no other algorithm's group (changing FedProx's mu must not
     retrain FedCCRL)."""
-    from pipeline.params import TrainSweep
+    from fedccrl_pipeline.params import TrainSweep
 
     keys = set(_dvc_params()["train"])
     matrix = {"algorithms", "seeds"}  # the stage's matrix: each (algorithm, seed) is its own stage
@@ -154,7 +154,7 @@ def test_every_registry_default_is_params_yaml_value():
     from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
     from fedccrl_flower.server_app import ServerSpec
     from fedccrl_flower.settings import FlowerSettings
-    from pipeline.params import ParamsFile, read_yaml
+    from fedccrl_pipeline.params import ParamsFile, read_yaml
 
     data = read_yaml(ROOT / "params.yaml")  # as the stages read it (YAML 1.2 numbers)
 
@@ -193,8 +193,8 @@ def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path)
 
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.federation.jobs import plan_runs
-    from pipeline.params import load_config
-    from pipeline.train import run_settings
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.train import run_settings
 
     path = tmp_path / "params.yaml"
     path.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: 1e-3", (ROOT / "params.yaml").read_text()))

@@ -9,47 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
+
+from fixtures import DELETE, ONE_ROUND
 
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    """Shards and pools of the embedded synthetic dataset, 8 images per class (the library's own writers)."""
-    from fedccrl_core.data.pools import build_pools
-    from fedccrl_core.data.registry import get_dataset
-    from fedccrl_core.data.shards import partition
-    from fedccrl_core.data.synthetic import generate
-
-    base = tmp_path_factory.mktemp("tiny")
-    p = yaml.safe_load((REPO / "params.yaml").read_text())
-    generate(base / "raw", seed=0, images_per_class=8, progress=False)
-    partition(base / "raw", base / "data" / "shards", get_dataset("synthetic"), 32,
-              clients_per_domain=p["partition"]["clients_per_domain"], val_fraction=p["partition"]["val_fraction"],
-              seed=0, progress=False)
-    build_pools(base / "data" / "shards", base / "data" / "pools", p["preprocess"]["mean"], p["preprocess"]["std"],
-                progress=False)
-    return base
-
-
-def _params(path: Path, **overrides) -> Path:
-    """The repository's params.yaml with `a.b.c=value` overrides (value None with key suffix '!' deletes)."""
-    p = yaml.safe_load((REPO / "params.yaml").read_text())
-    p["train"].update(rounds=1, local_epochs=1, device="cpu")
-    for dotted, value in overrides.items():
-        node, (*head, last) = p, dotted.split(".")
-        for h in head:
-            node = node[h]
-        if last.endswith("!"):
-            del node[last[:-1]]
-        else:
-            node[last] = value
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "params.yaml").write_text(yaml.safe_dump(p, sort_keys=False))
-    return path / "params.yaml"
 
 
 STAGE_ARGS = {  # inputs that do not exist: a stage that read anything before validating would fail differently
@@ -70,7 +35,7 @@ STAGE_ARGS = {  # inputs that do not exist: a stage that read anything before va
 def _stage(cwd: Path, stage: str, args: list[str], monkeypatch):
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
 
     monkeypatch.chdir(cwd)
     res = CliRunner().invoke(main, [stage, *args, "--params", "params.yaml"])
@@ -101,21 +66,21 @@ def _assert_no_mlflow_run(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("stage", sorted(STAGE_ARGS))
-def test_every_stage_validates_the_whole_file_first(stage, tmp_path, monkeypatch):
+def test_every_stage_validates_the_whole_file_first(stage, params, tmp_path, monkeypatch):
     """A typo in an algorithm group that the stage does not even read stops every stage, before its inputs."""
-    _params(tmp_path, **{"train.fedccrl.lamda1": 0.1})
+    params(new_keys={"train.fedccrl.lamda1": 0.1})
     res = _stage(tmp_path, stage, STAGE_ARGS[stage], monkeypatch)
     (err,) = _assert_refused(res, tmp_path, tmp_path, "key 'train.fedccrl.lamda1': unknown key")
     assert "lambda1" in err  # what is allowed is listed
 
 
-@pytest.mark.parametrize("overrides,needles", [
+@pytest.mark.parametrize("new_keys,needles", [
     ({"train.fedccrl.lamda1": 0.1}, ["key 'train.fedccrl.lamda1': unknown key (value 0.1); allowed keys here: "]),
     ({"trian": {}}, ["key 'trian': unknown key"]),
     ({"train.flower.min_client": 2}, ["key 'train.flower.min_client': unknown key"]),
 ], ids=["typo-in-algorithm-group", "unknown-group", "typo-in-flower"])
-def test_unknown_keys(overrides, needles, tiny, tmp_path, monkeypatch):
-    _params(tmp_path, **overrides)
+def test_unknown_keys(new_keys, needles, params, tiny, tmp_path, monkeypatch):
+    params(new_keys=new_keys)
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
 
 
@@ -127,10 +92,10 @@ def test_unknown_keys(overrides, needles, tiny, tmp_path, monkeypatch):
     ({"train.held_out": "3"}, ["key 'train.held_out': got '3'; must be a list"]),
     ({"train.seeds": [True]}, ["key 'train.seeds[0]': got True; must be an integer"]),
     ({"preprocess.mean": [0.5, 0.5]}, ["key 'preprocess.mean': got [0.5, 0.5]; must have exactly 3 entries"]),
-    ({"train.engine!": None}, ["key 'train.engine': missing"]),  # rounds, lr, ... take their declared defaults
+    ({"train.engine": DELETE}, ["key 'train.engine': missing"]),  # rounds, lr, ... take their declared defaults
 ], ids=["int", "number", "bool", "algorithm-int", "held_out-not-a-list", "bool-is-not-int", "length", "missing"])
-def test_wrong_types(overrides, needles, tiny, tmp_path, monkeypatch):
-    _params(tmp_path, **overrides)
+def test_wrong_types(overrides, needles, params, tiny, tmp_path, monkeypatch):
+    params(overrides)
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
 
 
@@ -146,8 +111,8 @@ def test_wrong_types(overrides, needles, tiny, tmp_path, monkeypatch):
     ({"train.fedfd.u_low": 0.8, "train.fedfd.u_high": 0.2}, ["key 'train.fedfd.u_high': got 0.2; must be >= u_low"]),
 ], ids=["negative-lr", "r-zero", "fedalign-r", "client-fraction", "val-fraction-1", "val-fraction-0",
         "two-problems-two-lines", "unknown-algorithm", "cross-field"])
-def test_out_of_range(overrides, needles, tiny, tmp_path, monkeypatch):
-    _params(tmp_path, **overrides)
+def test_out_of_range(overrides, needles, params, tiny, tmp_path, monkeypatch):
+    params(overrides)
     errors = _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
     assert len(errors) == len(needles)
 
@@ -159,26 +124,26 @@ def test_out_of_range(overrides, needles, tiny, tmp_path, monkeypatch):
     (["skech"], "key 'train.held_out[0]': got 'skech'; must be a domain of synthetic: photo, art, cartoon, sketch"),
     ([-1], "key 'train.held_out[0]': got -1; must be an integer >= 0"),
 ])
-def test_held_out_entries(held_out, needle, tiny, tmp_path, monkeypatch):
-    _params(tmp_path, **{"train.held_out": held_out})
+def test_held_out_entries(held_out, needle, params, tiny, tmp_path, monkeypatch):
+    params({"train.held_out": held_out})
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, needle)
 
 
-def test_backbone_and_pretrained_that_do_not_fit(tiny, tmp_path, monkeypatch):
-    _params(tmp_path, **{"model.backbone": "small_cnn", "model.pretrained": "imagenet"})
+def test_backbone_and_pretrained_that_do_not_fit(params, tiny, tmp_path, monkeypatch):
+    params({"model.backbone": "small_cnn", "model.pretrained": "imagenet"})
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
                     "key 'model.pretrained': got 'imagenet'; small_cnn (model.backbone 'small_cnn') has no pretrained")
 
 
-def test_batch_of_one_for_a_batchnorm_model(tiny, tmp_path, monkeypatch):
+def test_batch_of_one_for_a_batchnorm_model(params, tiny, tmp_path, monkeypatch):
     """batch_size 1 trains nothing with BatchNorm (the local loop skips batches of one): refused before MLflow.
     FedBN replaces train.batch_size with its own (64), so the same params train it."""
-    _params(tmp_path, **{"train.batch_size": 1})
+    params({"train.batch_size": 1})
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
                     "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model")
     from fedccrl_core.data.shards import load_manifest
-    from pipeline.params import ParamError, read_yaml, validate_params
-    from pipeline.sweep import check_train
+    from fedccrl_pipeline.params import ParamError, read_yaml, validate_params
+    from fedccrl_pipeline.sweep import check_train
 
     data, manifest = read_yaml(tmp_path / "params.yaml"), load_manifest(tiny / "data" / "shards")
     cfg = validate_params(data, ("fedbn",))
@@ -198,8 +163,8 @@ def test_batch_of_one_for_a_batchnorm_model(tiny, tmp_path, monkeypatch):
 ], ids=["one-sample", "two-samples", "held-out-client", "mixed-one-source-sample", "mixed-enough"])
 def test_a_client_without_a_batchnorm_batch(client, target, ok):
     """From the manifest's counts (a feddg_bench client counts only its samples outside the held-out domain)."""
-    from pipeline.params import ParamError
-    from pipeline.sweep import check_batches
+    from fedccrl_pipeline.params import ParamError
+    from fedccrl_pipeline.sweep import check_batches
 
     manifest = {"clients": [{"id": "c9", "domain": "photo", "n_train": 50}, client]}
     if ok:
@@ -210,12 +175,12 @@ def test_a_client_without_a_batchnorm_batch(client, target, ok):
 
 
 @pytest.mark.parametrize("listed", [["fedccrl", "ccst"], ["fedccrl"]], ids=["listed", "only-as---algorithm"])
-def test_ccst_trained_without_adain_weights(listed, tiny, tmp_path, monkeypatch):
+def test_ccst_trained_without_adain_weights(listed, params, tiny, tmp_path, monkeypatch):
     """The default `adain_weights: null` is fine while CCST is not trained, and an error naming it when it is:
     listed in train.algorithms, or named by `fedccrl train --algorithm ccst` alone."""
-    from pipeline.params import load_config
+    from fedccrl_pipeline.params import load_config
 
-    _params(tmp_path, **{"train.algorithms": listed})
+    params({"train.algorithms": listed})
     if listed == ["fedccrl"]:
         load_config(tmp_path / "params.yaml")  # the file itself is fine: CCST is not in the sweep
     res = _train(tiny, tmp_path, monkeypatch, algorithm="ccst")
@@ -225,7 +190,7 @@ def test_ccst_trained_without_adain_weights(listed, tiny, tmp_path, monkeypatch)
 def _train(tiny: Path, ws: Path, monkeypatch, algorithm: str = "fedccrl", held_out: str = "0", out: str = "out/model"):
     from click.testing import CliRunner
 
-    from pipeline.train import command
+    from fedccrl_pipeline.train import command
 
     monkeypatch.chdir(ws)
     return CliRunner().invoke(command, ["--shards", str(tiny / "data" / "shards"), "--pools",
@@ -234,16 +199,16 @@ def _train(tiny: Path, ws: Path, monkeypatch, algorithm: str = "fedccrl", held_o
                                         "--checkpoints", "ck"])
 
 
-def test_held_out_by_name_through_train_and_evaluate(tiny, tmp_path, monkeypatch):
+def test_held_out_by_name_through_train_and_evaluate(params, tiny, tmp_path, monkeypatch):
     """`held_out: [sketch]`: train (--out models/<alg>/s0) writes the run to models/<alg>/s0/dsketch; the
     evaluate stage finds it there. The child run's MLflow params are the algorithm's declared hyperparameters."""
     from click.testing import CliRunner
 
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-    from pipeline.evaluate import command as evaluate
+    from fedccrl_pipeline.evaluate import command as evaluate
 
-    _params(tmp_path, **{"train.held_out": ["sketch"], "train.algorithms": ["fedccrl"]})
+    params({**ONE_ROUND, "train.held_out": ["sketch"], "train.algorithms": ["fedccrl"]})
     res = _train(tiny, tmp_path, monkeypatch, held_out="sketch", out="models/fedccrl/s0")
     assert res.exit_code == 0, res.stderr[-3000:]
     meta = json.loads((tmp_path / "models/fedccrl/s0/dsketch/history.json").read_text())["meta"]
@@ -271,7 +236,7 @@ def test_held_out_index_and_name_reach_the_same_domain(tiny, tmp_path, monkeypat
     """Indices follow the manifest's domain order, which is the registry's (synthetic: photo, art, cartoon, sketch)."""
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.shards import load_manifest
-    from pipeline.sweep import manifest_held_out
+    from fedccrl_pipeline.sweep import manifest_held_out
 
     manifest = load_manifest(tiny / "data" / "shards")
     assert manifest["domains"] == list(get_dataset("synthetic").domains)
@@ -280,11 +245,11 @@ def test_held_out_index_and_name_reach_the_same_domain(tiny, tmp_path, monkeypat
         manifest_held_out(manifest, [3, "sketch"])
 
 
-def test_yaml_exponent_floats_are_numbers(tmp_path):
+def test_yaml_exponent_floats_are_numbers(params):
     """DVC writes `-S train.lr=1e-3` as 1e-3, which YAML 1.1 (PyYAML) would read as a string."""
-    from pipeline.params import load_config
+    from fedccrl_pipeline.params import load_config
 
-    path = _params(tmp_path)
+    path = params()
     path.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: 1e-3", path.read_text()))
     assert load_config(path).train.lr == 0.001
 
@@ -293,7 +258,7 @@ def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
     """One YAML reader, ruamel's safe loader as DVC's: YAML 1.2 scalars (`1e-3` the float 0.001, `yes` a string,
     as DVC passes them on), and a repeated key or a tag that builds an object is an error naming the file and line,
     before any validation."""
-    from pipeline.params import ParamError, parse_yaml, read_yaml
+    from fedccrl_pipeline.params import ParamError, parse_yaml, read_yaml
 
     assert parse_yaml("a: 1e-3\nb: yes\nc: 1_000\nd: [1, .5]") == {"a": 0.001, "b": "yes", "c": 1000, "d": [1, 0.5]}
     bad = tmp_path / "params.yaml"
@@ -305,7 +270,7 @@ def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
         read_yaml(bad)
 
 
-def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatch):
+def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatch, params):
     """`fedccrl train` of one algorithm, in this process, with train.privacy on: the params file is validated once
     (ParamsFile); the algorithm's Params and the privacy settings travel typed from there (no second validation of
     train.<algorithm> or train.privacy by the algorithm, the round loop or the job)."""
@@ -313,7 +278,7 @@ def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatc
 
     from fedccrl_core.foundation.hparams import HParams
     from fedccrl_core.privacy.settings import PrivacySettings
-    from pipeline.params import ParamsFile
+    from fedccrl_pipeline.params import ParamsFile
 
     validated = []
     model_validate = BaseModel.__dict__["model_validate"].__func__
@@ -323,7 +288,7 @@ def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatc
         return model_validate(cls, *args, **kwargs)
 
     monkeypatch.setattr(BaseModel, "model_validate", classmethod(counting))
-    _params(tmp_path, **{"train.privacy.enabled": True, "train.privacy.noise_seed": 0})
+    params({**ONE_ROUND, "train.privacy.enabled": True}, new_keys={"train.privacy.noise_seed": 0})  # test-only: a seeded noise
     res = _train(tiny, tmp_path, monkeypatch)
     assert res.exit_code == 0, res.stderr[-3000:]
     assert (tmp_path / "out/model/d0/model.pt").is_file()

@@ -7,50 +7,17 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import yaml
 
+from fixtures import DELETE, dvc_env, dvc_run, write_params
+
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 
-def _env(ws: Path) -> dict:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}:{env['PATH']}"
-    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{ws / 'mlflow.db'}"
-    env["PYTHONPATH"] = str(REPO)
-    env["DVC_NO_ANALYTICS"] = "1"
-    return env
-
-
-def _run(args, ws: Path, check=True, **kw):
-    p = subprocess.run(args, cwd=ws, env=_env(ws), capture_output=True, text=True, **kw)
-    if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
-    return p
-
-
-def _write_params(ws: Path, **overrides) -> Path:
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for dotted, value in overrides.items():
-        node = params
-        *head, last = dotted.split(".")
-        for h in head:
-            node = node[h]
-        if value is _DELETE:
-            del node[last]
-        else:
-            node[last] = value
-    path = ws / "params.yaml"
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-    return path
-
-
-_DELETE = object()
 SMALL = {"train.rounds": 2, "train.local_epochs": 1, "train.held_out": ["photo", 3],  # a name and an index
          "tracking.system_metrics_interval_s": 0.5}
 
@@ -61,11 +28,11 @@ def repro_ws(tmp_path_factory):
     shutil.copy(REPO / "dvc.yaml", ws / "dvc.yaml")
     for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):  # code deps of the stages
         (ws / code).symlink_to(REPO / code)
-    _write_params(ws, **SMALL)
-    _run(["dvc", "init", "--no-scm", "-q"], ws)
+    write_params(ws, SMALL)
+    dvc_run(["dvc", "init", "--no-scm", "-q"], ws)
     shutil.copytree(REPO / ".dvc" / "plots", ws / ".dvc" / "plots")  # the curves' template
     t0 = time.perf_counter()
-    p = _run(["dvc", "repro"], ws)
+    p = dvc_run(["dvc", "repro"], ws)
     return ws, time.perf_counter() - t0, p
 
 
@@ -105,7 +72,7 @@ def test_two_rounds_lower_the_loss(repro_ws):
 @pytest.mark.timeout(1200)
 def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
     ws, _, _ = repro_ws
-    p = _run(["dvc", "metrics", "show", "--json"], ws)
+    p = dvc_run(["dvc", "metrics", "show", "--json"], ws)
     shown = json.loads(p.stdout)
     data = shown[""]["data"]
     assert set(data) == {"results/summary.json", "results/parity.json"}  # the compact metrics only
@@ -115,7 +82,7 @@ def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
         assert set(summary[alg]) == {"photo", "sketch", "avg"}
         assert summary[alg]["sketch"] == round(metrics[alg]["sketch"]["final_target_acc"]["mean"], 4)
     # one line per (run, held-out domain), y declared; the figures' PNGs in the same output
-    doc = json.loads(_run(["dvc", "plots", "show", "--json"], ws).stdout)["data"]
+    doc = json.loads(dvc_run(["dvc", "plots", "show", "--json"], ws).stdout)["data"]
     (curves,) = doc["results/curves.csv"]
     spec = curves["content"]
     assert spec["encoding"]["y"]["field"] == "target_acc" and spec["encoding"]["x"]["field"] == "round"
@@ -129,10 +96,10 @@ def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
         run = json.loads((ws / "results" / "runs" / alg / "s0" / f"d{'photo' if dom == 'photo' else 3}.json").read_text())
         assert rounds == {r["round"]: r["target_acc"] for r in run["per_round"]}
     assert any(k.startswith("plots/") and k.endswith(".png") and v[0]["type"] == "image" for k, v in doc.items())
-    _run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")], ws)
+    dvc_run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")], ws)
     html = (tmp_path / "plots" / "index.html").read_text()
     assert "<img" in html and "series" in html  # the figures and the curves in one page
-    status = _run(["dvc", "status"], ws)
+    status = dvc_run(["dvc", "status"], ws)
     assert "changed" not in status.stdout  # everything up to date: a rerun would do nothing
 
 
@@ -189,16 +156,16 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
 ])
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
-def test_a_changed_key_makes_exactly_the_stages_that_read_it_stale(repro_ws, key, value, stale):
+def test_a_changed_key_makes_exactly_the_stages_that_read_it_stale(repro_ws, key, value, stale, params):
     ws, _, _ = repro_ws
     saved = (ws / "params.yaml").read_bytes()
     try:
-        _write_params(ws, **{**SMALL, key: value})
-        got = json.loads(_run(["dvc", "status", "--json"], ws).stdout)
+        params({**SMALL, key: value}, to=ws)
+        got = json.loads(dvc_run(["dvc", "status", "--json"], ws).stdout)
     finally:
         (ws / "params.yaml").write_bytes(saved)
     assert set(got) == stale, got
-    assert json.loads(_run(["dvc", "status", "--json"], ws).stdout) == {}  # restored: nothing stale
+    assert json.loads(dvc_run(["dvc", "status", "--json"], ws).stdout) == {}  # restored: nothing stale
 
 
 def _train_cmd(ws, out, params):
@@ -213,13 +180,13 @@ def _rounds(ws, out):
 
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
-def test_resume_after_kill9_gives_the_same_metrics_as_an_uninterrupted_run(repro_ws):
+def test_resume_after_kill9_gives_the_same_metrics_as_an_uninterrupted_run(repro_ws, params):
     """Round 1 is computed by the killed process and round 2 by the resumed one; both equal the
     uninterrupted run's, so this also shows that two processes with the same params and seed agree."""
     ws, _, _ = repro_ws
-    params = _write_params(ws / "results", **SMALL)
-    _run(_train_cmd(ws, "runA", params) + ["--checkpoints", "ckA"], ws)
-    proc = subprocess.Popen(_train_cmd(ws, "runK", params) + ["--checkpoints", "ckK"], cwd=ws, env=_env(ws),
+    params_yaml = params(SMALL, to=ws / "results")
+    dvc_run(_train_cmd(ws, "runA", params_yaml) + ["--checkpoints", "ckA"], ws)
+    proc = subprocess.Popen(_train_cmd(ws, "runK", params_yaml) + ["--checkpoints", "ckK"], cwd=ws, env=dvc_env(ws),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     ck = None
@@ -234,27 +201,26 @@ def test_resume_after_kill9_gives_the_same_metrics_as_an_uninterrupted_run(repro
     os.kill(proc.pid, signal.SIGKILL)  # kill -9 during round 2
     proc.wait()
     assert not (ws / "runK" / "d1").exists()  # nothing that looks complete
-    p = _run(_train_cmd(ws, "runK", params) + ["--checkpoints", "ckK"], ws)
+    p = dvc_run(_train_cmd(ws, "runK", params_yaml) + ["--checkpoints", "ckK"], ws)
     assert "resuming from checkpoint after round 1" in p.stderr
     assert _rounds(ws, "runK") == _rounds(ws, "runA")
 
 
-def _train_in_process(ws, out, params, monkeypatch, algorithm="fedccrl"):
+def _train_in_process(ws, out, params_yaml, monkeypatch, algorithm="fedccrl"):
     from click.testing import CliRunner
 
-    from pipeline.train import command
+    from fedccrl_pipeline.train import command
 
     monkeypatch.chdir(ws)
-    args = _train_cmd(ws, out, params)[2:]
+    args = _train_cmd(ws, out, params_yaml)[2:]
     args[args.index("--algorithm") + 1] = algorithm
     return CliRunner().invoke(command, args)
 
 
 @pytest.mark.parametrize("overrides,message", [
-    ({"train.engine": _DELETE}, "key 'train.engine': missing"),  # train.rounds has a registry default; engine none
+    ({"train.engine": DELETE}, "key 'train.engine': missing"),  # train.rounds has a registry default; engine none
     ({"train.rounds": "ten"}, "key 'train.rounds': got 'ten'; must be an integer"),
     ({"model.backbone": "vgg99"}, "key 'model.backbone': got 'vgg99'; must be one of auto, small_cnn"),
-    ({"train.fedccrl.lambda3": 1.0}, "key 'train.fedccrl.lambda3': unknown key"),
     ({"train.held_out": [1, 1]}, "key 'train.held_out': got [1, 1]; 1 listed more than once"),
     ({"train.held_out": [-1]}, "key 'train.held_out[0]': got -1; must be an integer >= 0 or a string"),
     ({"train.algorithms": ["fedccrl", "fedccrl"]}, "key 'train.algorithms': got ['fedccrl', 'fedccrl']; 'fedccrl' listed"),
@@ -264,10 +230,22 @@ def _train_in_process(ws, out, params, monkeypatch, algorithm="fedccrl"):
 ])
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
-def test_bad_params_give_one_clear_line(repro_ws, overrides, message, tmp_path, monkeypatch):
+def test_bad_params_give_one_clear_line(repro_ws, overrides, message, params, tmp_path, monkeypatch):
     ws, _, _ = repro_ws
-    params = _write_params(tmp_path, **{**SMALL, **overrides})
-    res = _train_in_process(ws, str(tmp_path / "out"), params, monkeypatch)
+    res = _train_in_process(ws, str(tmp_path / "out"), params({**SMALL, **overrides}), monkeypatch)
+    _assert_one_clear_line(res, message, tmp_path)
+
+
+@pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
+@pytest.mark.timeout(1200)
+def test_an_unknown_key_gives_one_clear_line(repro_ws, params, tmp_path, monkeypatch):
+    ws, _, _ = repro_ws
+    res = _train_in_process(ws, str(tmp_path / "out"), params(SMALL, new_keys={"train.fedccrl.lambda3": 1.0}),
+                            monkeypatch)
+    _assert_one_clear_line(res, "key 'train.fedccrl.lambda3': unknown key", tmp_path)
+
+
+def _assert_one_clear_line(res, message: str, tmp_path: Path) -> None:
     assert res.exit_code == 2
     err = [line for line in res.stderr.splitlines() if line.startswith("error:")]
     assert len(err) == 1 and message in err[0], res.stderr[-2000:]
@@ -276,24 +254,23 @@ def test_bad_params_give_one_clear_line(repro_ws, overrides, message, tmp_path, 
 
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
-def test_unknown_algorithm_named(repro_ws, tmp_path, monkeypatch):
+def test_unknown_algorithm_named(repro_ws, params, tmp_path, monkeypatch):
     ws, _, _ = repro_ws
-    params = _write_params(tmp_path, **SMALL)
-    res = _train_in_process(ws, str(tmp_path / "out"), params, monkeypatch, algorithm="fedfoo")
+    res = _train_in_process(ws, str(tmp_path / "out"), params(SMALL), monkeypatch, algorithm="fedfoo")
     assert res.exit_code == 2 and "--algorithm: got 'fedfoo'; must be one of" in res.stderr
     assert "fedccrl, fedavg, fedprox" in res.stderr  # the valid names are listed
 
 
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
-def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, tmp_path, monkeypatch):
+def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, params, tmp_path, monkeypatch):
     """train.fedccrl.variant: reference trains through the train stage, and its MLflow run records
     the variant and each switch's reading (so the two variants compare side by side in MLflow)."""
     import mlflow
 
     ws, _, _ = repro_ws
-    params = _write_params(tmp_path, **{**SMALL, "train.rounds": 1, "train.fedccrl.variant": "reference"})
-    res = _train_in_process(ws, str(tmp_path / "out"), params, monkeypatch)
+    variant = params({**SMALL, "train.rounds": 1, "train.fedccrl.variant": "reference"})
+    res = _train_in_process(ws, str(tmp_path / "out"), variant, monkeypatch)
     assert res.exit_code == 0, res.stderr[-3000:]
     meta = json.loads((tmp_path / "out" / "d1" / "history.json").read_text())["meta"]
     assert meta["hparams"]["variant"] == "reference" and meta["hparams"]["forward"] == "per_view"
@@ -305,7 +282,7 @@ def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, tmp_path, m
 
 def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkeypatch):
     """`dvc exp run --temp/--queue` runs stages under <repo>/.dvc/tmp/exps/...: their runs go to <repo>/mlflow.db."""
-    from pipeline.mlflow_store import project_root
+    from fedccrl_pipeline.mlflow_store import project_root
 
     monkeypatch.delenv("DVC_ROOT", raising=False)
     repo = tmp_path / "repo"
@@ -320,17 +297,17 @@ def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkey
 
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
-def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
+def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws, params):
     """SIGTERM during training (fedccrl_core/foundation/procs.py) ends the MLflow run KILLED, leaves no output and no
     process; deleting mlflow.db afterwards gives a warning and a fresh run, not a traceback, and the resumed
     run's metrics equal an uninterrupted run's."""
     import mlflow
 
     ws, _, _ = repro_ws
-    params = _write_params(ws / "results", **SMALL)
+    params_yaml = params(SMALL, to=ws / "results")
     db = ws / "results" / "term.db"
-    env = {**_env(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
-    proc = subprocess.Popen(_train_cmd(ws, "runT", params) + ["--checkpoints", "ckT"], cwd=ws, env=env,
+    env = {**dvc_env(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
+    proc = subprocess.Popen(_train_cmd(ws, "runT", params_yaml) + ["--checkpoints", "ckT"], cwd=ws, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
@@ -346,7 +323,7 @@ def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
                               filter_string="tags.`fedccrl.role` = 'child'")
     assert [r.info.status for r in runs] == ["KILLED"]
     db.unlink()  # the tracker's store is gone; the resume state still names the old run id
-    p = subprocess.run(_train_cmd(ws, "runT", params) + ["--checkpoints", "ckT"], cwd=ws, env=env,
+    p = subprocess.run(_train_cmd(ws, "runT", params_yaml) + ["--checkpoints", "ckT"], cwd=ws, env=env,
                        capture_output=True, text=True, timeout=600)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "no longer exists" in p.stderr and "resuming from checkpoint after round 1" in p.stderr
@@ -361,7 +338,7 @@ def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws):
 
 
 def test_a_sweeps_parent_run_is_named_after_the_experiment_and_its_changed_params():
-    from pipeline.run_names import sweep_run_name
+    from fedccrl_pipeline.run_names import sweep_run_name
 
     base = yaml.safe_dump({"train": {"lr": 0.001, "rounds": 10, "fedccrl": {"lambda1": 0.1}}, "seed": 0})
     changed = {"train": {"lr": 0.001, "rounds": 2, "fedccrl": {"lambda1": 1}}, "seed": 0}
@@ -375,7 +352,7 @@ def test_a_sweeps_parent_run_is_named_after_the_experiment_and_its_changed_param
 
 
 def test_a_parent_run_without_a_git_baseline_keeps_the_experiment_or_the_sweep_key(tmp_path, monkeypatch):
-    from pipeline.run_names import sweep_run_name
+    from fedccrl_pipeline.run_names import sweep_run_name
 
     monkeypatch.chdir(tmp_path)                                # not a git repository: no baseline to compare with
     assert sweep_run_name(None, {"a": 1}, "0123456789abcdef") == "sweep-01234567"

@@ -329,7 +329,7 @@ def test_weights_only_dp_for_fedccrl_is_refused_when_params_yaml_is_read(tmp_pat
     train.privacy {enabled: true, statistics: false} is a ParamError naming the key."""
     import yaml
 
-    from pipeline.params import load_config, read_yaml
+    from fedccrl_pipeline.params import load_config, read_yaml
 
     d = read_yaml(ROOT / "params.yaml")
     d["train"]["algorithms"] = ["fedccrl", "fedavg"]

@@ -47,15 +47,15 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from doc_blocks import BLOCKS, MARKER, REPO, Block, doc_files, nav_pages
+from fixtures import write_params
+
 README = REPO / "README.md"
-MKDOCS = REPO / "mkdocs.yml"
 SHARED = Path(os.environ.get("FEDCCRL_SHARED", REPO.parent / "shared"))
 REQUIRE_SHARED = os.environ.get("FEDCCRL_REQUIRE_SHARED") == "1"
 BLOCK_TIMEOUT_S = 1200
@@ -113,7 +113,7 @@ SUBSTITUTIONS = [
     (r"scripts/privacy_tradeoff\.py --epsilons inf,8,1 --seeds 0 ", "scripts/privacy_tradeoff.py --rounds 1 "
      "--epsilons inf,8 --seeds 0 ", "10 rounds at 3 epsilons: one round at no DP and at epsilon 8 runs every "
      "configuration the same way"),
-    (r"benchmarks\.fedomg_step --clients 6,120", "benchmarks.fedomg_step --clients 6,12",
+    (r"benchmarks\.fedomg_step --clients 6,120", "fedccrl_benchmarks.fedomg_step --clients 6,12",
      "120 clients (MobileNetV3: minutes of local steps): 12 give the ratio to 6 clients the same way"),
     (r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
      r"\1 -S partition.clients_per_domain=1 ",
@@ -171,7 +171,6 @@ def check_bench_output(code: str, out: str) -> list[str]:
     return problems
 
 
-MARKER = re.compile(r"<!--\s*ci:\s*(?P<kind>\w+)\s*(?:\((?P<reason>[^)]*)\))?\s*-->")
 
 # bash prelude of every block: `ci_serves CMD...` runs a server in its own process group until
 # http://127.0.0.1:$CI_PORT/ answers (at most 180 s), then stops the group
@@ -193,61 +192,10 @@ ci_serves() {
 """
 
 
-@dataclass(frozen=True)
-class Block:
-    line: int          # line of the opening fence in its file
-    code: str
-    marker: str | None  # skip | None
-    reason: str | None
-    source: str = "README.md"  # the file, relative to the repository root
-
-    @property
-    def id(self) -> str:
-        return f"{self.source}:{self.line}"
-
-
-def readme_blocks(text: str, source: str = "README.md") -> list[Block]:
-    lines = text.splitlines()
-    blocks, i = [], 0
-    while i < len(lines):
-        if lines[i].strip() == "```bash":
-            start = i
-            j = i + 1
-            while lines[j].strip() != "```":
-                j += 1
-            above = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
-            m = MARKER.search(above)
-            blocks.append(Block(start + 1, "\n".join(lines[start + 1:j]), m["kind"] if m else None,
-                                (m["reason"] or "").strip() if m else None, source))
-            i = j
-        i += 1
-    return blocks
-
-
 def ci_code(code: str) -> str:
     for pattern, repl, _ in SUBSTITUTIONS:
         code = re.sub(pattern, repl, code, flags=re.M)
     return code
-
-
-def nav_pages(nav) -> list[str]:
-    """The Markdown files of mkdocs.yml's `nav`, in order (sections flattened; generated pages included)."""
-    out = []
-    for entry in nav:
-        items = entry.values() if isinstance(entry, dict) else [entry]
-        for item in items:
-            out += nav_pages(item) if isinstance(item, list) else [item] if str(item).endswith(".md") else []
-    return out
-
-
-def doc_files() -> list[str]:
-    """README.md, then every page of the documentation site that exists in docs/, in nav order."""
-    docs_dir = yaml.safe_load(MKDOCS.read_text()).get("docs_dir", "docs")
-    pages = [f"{docs_dir}/{page}" for page in nav_pages(yaml.safe_load(MKDOCS.read_text())["nav"])]
-    return ["README.md"] + [p for p in pages if (REPO / p).is_file()]
-
-
-BLOCKS = [b for rel in doc_files() for b in readme_blocks((REPO / rel).read_text(), rel)]
 
 
 # ------------------------------------------------------------------ the marker and substitution rules
@@ -292,14 +240,6 @@ def _free_port() -> int:
 
 def _git(*args, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
-
-
-def _set(doc: dict, dotted: str, value) -> None:
-    *parents, last = dotted.split(".")
-    for p in parents:
-        doc = doc[p]
-    assert last in doc, f"TINY key {dotted} is not in params.yaml"
-    doc[last] = value
 
 
 def _mirror_venv(dest: Path) -> None:
@@ -352,10 +292,7 @@ def clone(tmp_path_factory, mirror):
             (dest / rel).unlink(missing_ok=True)
     if SHARED.is_dir():
         (top / "shared").symlink_to(SHARED)
-    params = yaml.safe_load((dest / "params.yaml").read_text())
-    for key, value in TINY.items():
-        _set(params, key, value)
-    (dest / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    write_params(dest, TINY)  # the clone's params.yaml is the checkout's, copied above
     _git("-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "-qam", "CI: tiny scale",
          "--allow-empty", cwd=dest)
     _mirror_venv(dest / ".venv")

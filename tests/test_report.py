@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from pipeline.report import report
+from fedccrl_pipeline.report import report
 
 
 def _run(tmp, alg, seed, idx, dom, final, best, up=2e6, down=3e6):

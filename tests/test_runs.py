@@ -13,21 +13,15 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.learning import accuracy as evaluation
 from fedccrl_core.outcomes import runs
 from fedccrl_core.learning.model_file import save_model
-from fedccrl_core.data import synthetic
 from fedccrl_core.data.images import RESIZE_POLICY
-from fedccrl_core.data.registry import get_dataset
-from fedccrl_core.data.shards import partition
 from fedccrl_core.learning.models import build_model
 
 HELD_OUT = "sketch"
 
 
 @pytest.fixture(scope="module")
-def shards(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("data")
-    synthetic.generate(root / "raw", images_per_class=5, progress=False)
-    partition(root / "raw", root / "shards", get_dataset("synthetic"), 32, workers=1, progress=False)
-    return root / "shards"
+def shards(tiny) -> Path:
+    return tiny / "data" / "shards"  # the session's tiny dataset (conftest.py), read-only
 
 
 def _save(path: Path, shards: Path, weights_seed: int, rnd: int) -> None:

@@ -20,8 +20,7 @@ from pathlib import Path
 import pytest
 
 from fedccrl_core.foundation import fsio
-from test_hardening import images, temps, tiny_onnx  # noqa: F401  images: a fixture
-from test_untrusted_files import tiny, trained  # noqa: F401  fixtures: tiny data, one tiny trained run
+from fixtures import temps, tiny_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -183,7 +182,7 @@ def test_a_folder_output_through_a_symlink_replaces_the_folder_it_names(tmp_path
 
 # ------------------------------------------------------------------ every CLI output
 @pytest.fixture
-def ws(tmp_path, images):  # noqa: F811
+def ws(tmp_path, images):
     """A workspace for every CLI below: an ONNX model, labelled images, report inputs, params.yaml."""
     tiny_onnx(tmp_path / "model.onnx")
     for seed, acc in ((0, 0.5), (1, 0.7)):
@@ -221,9 +220,9 @@ def run_cli(ws: Path, name: str, out: str, monkeypatch):
 
     group, args = CLIS[name]
     if group == "serve":
-        from serving.cli import main
+        from fedccrl_serving.cli import main
     else:
-        from pipeline.cli import main
+        from fedccrl_pipeline.cli import main
     monkeypatch.chdir(ws)
     return CliRunner().invoke(main, [a.replace("{out}", out) for a in args])
 
@@ -323,7 +322,7 @@ def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tm
     """`fedccrl download --report`: the data report of the stage, written by fedccrl_core.data.sources."""
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
 
     (tmp_path / "params.yaml").write_text((REPO / "params.yaml").read_text())
     monkeypatch.chdir(tmp_path)
@@ -351,13 +350,13 @@ def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tm
     assert stat.S_ISCHR(os.lstat(tmp_path / "full").st_mode) and temps(tmp_path) == []
 
 
-@pytest.mark.full("the tiny trained run of tests/test_untrusted_files.py (about 20 s) and three ONNX exports")
-def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny,  # noqa: F811
+@pytest.mark.full("the tiny trained run (conftest.py `trained`, about 20 s) and three ONNX exports")
+def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny,
                                                                             tmp_path, monkeypatch):
     """`fedccrl export --summary`: the worst parity over the sweep's runs, a DVC metric."""
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
 
     monkeypatch.chdir(trained)
 

@@ -24,11 +24,11 @@ from PIL import Image
 from fedccrl_core.data.images import RESIZE_POLICY, load_rgb, resize_u8
 from fedccrl_core.learning.models import build_model
 from fedccrl_core.learning.statistics import normalize_u8
-from pipeline.onnx_export import export_onnx
-from serving.cli import main
-from serving.metadata import ServingMetadata
-from serving.preprocess import preprocess_files
-from serving.runtime import ServedModel
+from fedccrl_pipeline.onnx_export import export_onnx
+from fedccrl_serving.cli import main
+from fedccrl_serving.metadata import ServingMetadata
+from fedccrl_serving.preprocess import preprocess_files
+from fedccrl_serving.runtime import ServedModel
 
 CLASSES = ["dog", "elephant", "giraffe", "guitar"]
 SIZE = 32
@@ -192,7 +192,7 @@ def test_preprocessing_equals_training_eval_transform(exported, image_dir, tmp_p
 def test_model_with_another_resize_policy_is_refused(tmp_path):
     import onnx
 
-    from pipeline.onnx_export import metadata_props
+    from fedccrl_pipeline.onnx_export import metadata_props
 
     graph = onnx.helper.make_graph(
         [onnx.helper.make_node("Flatten", ["images"], ["flat"]),
@@ -412,7 +412,7 @@ def test_serving_runs_without_torch(exported, labelled):
     """`fedccrl-serve predict` and `evaluate` in a process where `import torch` fails (no torch in
     the serving process, which keeps it fast to start and small; preprocessing is numpy/PIL, inference onnxruntime)."""
     path, model = exported
-    code = ("import sys; sys.modules['torch'] = None; from serving.cli import main; "
+    code = ("import sys; sys.modules['torch'] = None; from fedccrl_serving.cli import main; "
             "main(sys.argv[1:], standalone_mode=True)")
     for args in (["predict", str(path), str(labelled)], ["evaluate", str(path), str(labelled), "--json", "-q"]):
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)

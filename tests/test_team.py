@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 import team_sweeps  # noqa: E402
 import tracking_server  # noqa: E402
 
-from benchmarks.accuracy import apply_overrides  # noqa: E402
+from fedccrl_benchmarks.accuracy import apply_overrides  # noqa: E402
 from fedccrl_flower.processes import free_port  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not (tracking_server.shutil.which("initdb") or

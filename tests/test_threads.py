@@ -5,7 +5,7 @@ import sys
 
 from fedccrl_core.foundation.threads import POLICY, apply_thread_policy
 
-PROBE = ("import os, sys; sys.argv = ['fedccrl', '--version']; import pipeline.cli; "
+PROBE = ("import os, sys; sys.argv = ['fedccrl', '--version']; import fedccrl_pipeline.cli; "
          "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('KMP_BLOCKTIME'), 'torch' in sys.modules)")
 
 

@@ -9,9 +9,9 @@ import re
 from pathlib import Path
 
 import pytest
-import yaml
 
-from test_params_validation import tiny  # noqa: F401  the shards and pools of tiny synthetic data (a fixture)
+from fixtures import ONE_ROUND
+
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_A_DATABASE = b"this is not an SQLite database " * 64
@@ -25,32 +25,23 @@ def _store() -> Path:
     return Path(os.environ["MLFLOW_TRACKING_URI"].removeprefix("sqlite:///"))  # conftest: this test's own store
 
 
-def _small_params(path: Path) -> Path:
-    p = yaml.safe_load((REPO / "params.yaml").read_text())
-    p["train"].update(rounds=1, local_epochs=1, device="cpu")
-    p["tracking"]["system_metrics"] = False
-    path.write_text(yaml.safe_dump(p, sort_keys=False))
-    return path
-
-
-def _train_args(tmp_path: Path, data: Path) -> list[str]:
-    params = _small_params(tmp_path / "params.yaml")
+def _train_args(params: Path, data: Path) -> list[str]:
     return ["train", "--shards", str(data / "shards"), "--pools", str(data / "pools"), "--algorithm", "fedavg",
             "--seed", "0", "--held-out", "0", "--out", "out/model", "--checkpoints", "ck", "--params", str(params),
             "--workers", "1"]
 
 
-def test_an_unreadable_store_stops_the_train_stage(tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_an_unreadable_store_stops_the_train_stage(params, tiny, tmp_path, monkeypatch):
     """A tracking store MLflow cannot read: the train stage stops before its first run with one error line naming
     the store; no traceback, no output, no resume state, the store untouched."""
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
 
     monkeypatch.chdir(tmp_path)
     store = _store()
     store.write_bytes(NOT_A_DATABASE)
-    r = CliRunner().invoke(main, _train_args(tmp_path, tiny / "data"))
+    r = CliRunner().invoke(main, _train_args(params({**ONE_ROUND, "tracking.system_metrics": False}), tiny / "data"))
     assert r.exit_code == 2, r.output[-3000:]
     assert f"error: MLflow tracking store sqlite:///{store} cannot be read" in r.output
     assert "Traceback" not in r.output
@@ -59,16 +50,16 @@ def test_an_unreadable_store_stops_the_train_stage(tiny, tmp_path, monkeypatch):
 
 
 @pytest.mark.full("trains once (about 20 s on a busy 2-core machine), then reruns the train stage")
-def test_an_unreadable_store_stops_a_resumed_train_and_starts_no_run(tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_an_unreadable_store_stops_a_resumed_train_and_starts_no_run(params, tiny, tmp_path, monkeypatch):
     """The train stage runs, leaving its resume state (checkpoint and the MLflow run id beside it); then the store
     becomes a file MLflow cannot read. The rerun stops with one error line naming the store: no traceback, no new
     run, the store untouched and the resume state still naming the old run."""
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
 
     monkeypatch.chdir(tmp_path)
-    args = _train_args(tmp_path, tiny / "data")
+    args = _train_args(params({**ONE_ROUND, "tracking.system_metrics": False}), tiny / "data")
     first = CliRunner().invoke(main, args)
     assert first.exit_code == 0, first.output[-3000:]
     [side] = (tmp_path / "ck").rglob("*.mlflow.json")
@@ -89,8 +80,8 @@ def test_an_unreadable_store_stops_a_resumed_train_and_starts_no_run(tiny, tmp_p
 def test_a_missing_run_heals_but_an_unreadable_store_is_an_error(tmp_path, capsys):
     """A store without the recorded run (deleted and created afresh) gives a fresh run with a warning; a run lookup
     that fails for any other reason is a TrackingStoreError naming the store, never `no such run`."""
-    from pipeline.mlflow_store import TrackingStoreError
-    from pipeline.tracking import ChildRun, parent_run_id, run_status
+    from fedccrl_pipeline.mlflow_store import TrackingStoreError
+    from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 
     parent = parent_run_id("heal", "k", {})
     assert run_status("0" * 32) is None
@@ -113,11 +104,11 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
     config, in the child run's MLflow params, and against a committed baseline with the same line (no change in
     the parent run's name); PyYAML's 1.1 reading made it the string '1e-3' on the baseline side."""
     from fedccrl_core.federation.jobs import plan_runs
-    from pipeline.params import load_config
-    from pipeline.run_names import changed_params, sweep_run_name
-    from pipeline.tracking import ChildRun, parent_run_id
-    from pipeline.train import run_settings
-    from pipeline.train_tracking import mlflow_params
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.run_names import changed_params, sweep_run_name
+    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
+    from fedccrl_pipeline.train import run_settings
+    from fedccrl_pipeline.train_tracking import mlflow_params
 
     text = _with_lr((REPO / "params.yaml").read_text(), "1e-3")
     (tmp_path / "params.yaml").write_text(text)
@@ -148,7 +139,7 @@ def _set_experiment_in(cwd: Path, env_drop=("MLFLOW_TRACKING_URI", "FEDCCRL_MLFL
 
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    code = ("from pipeline.mlflow_store import set_experiment; e = set_experiment('race'); "
+    code = ("from fedccrl_pipeline.mlflow_store import set_experiment; e = set_experiment('race'); "
             "print(e.experiment_id, e.artifact_location, e.tags.get('mlflow.experimentKind'))")
     return subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
@@ -182,7 +173,7 @@ def test_an_untagged_experiment_tagged_by_another_process_meanwhile_is_accepted(
     import mlflow
     from mlflow.exceptions import MlflowException
 
-    from pipeline import mlflow_store
+    from fedccrl_pipeline import mlflow_store
 
     exp_id = mlflow.MlflowClient().create_experiment("made-elsewhere")
     real = mlflow.MlflowClient.set_experiment_tag

@@ -17,7 +17,6 @@ import torch
 from fedccrl_core.learning.model_file import FORMAT, load_model
 from fedccrl_core.foundation.errors import UntrustedFileError
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from test_params_validation import _params, tiny  # noqa: F401  tiny: shards and pools of synthetic data (a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -98,32 +97,10 @@ def test_a_crafted_client_state_is_refused_naming_its_file(tmp_path):
 
 
 # ------------------------------------------------------------------ the stage CLIs
-@pytest.fixture(scope="module")
-def trained(tiny, tmp_path_factory):  # noqa: F811
-    """One tiny fedavg run trained and evaluated by the stage CLIs: (workspace, environment for the stages)."""
+def _stage(ws: Path, tiny: Path, tmp_path: Path, monkeypatch, *args) -> object:
     from click.testing import CliRunner
 
-    from pipeline.cli import main
-
-    ws = tmp_path_factory.mktemp("trained")
-    _params(ws, **{"train.algorithms": ["fedavg"], "train.seeds": [0], "train.held_out": [0]})
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws / 'mlflow.db'}")
-        mp.setenv("FEDCCRL_MLFLOW_ARTIFACTS", str(ws / "mlartifacts"))
-        mp.chdir(ws)
-        data = tiny / "data"
-        for args in (["train", "--shards", data / "shards", "--pools", data / "pools", "--algorithm", "fedavg",
-                      "--seed", "0", "--held-out", "0", "--out", "models/fedavg/s0", "--checkpoints", "ck"],
-                     ["evaluate", "--shards", data / "shards", "--models", "models", "--out", "runs"]):
-            res = CliRunner().invoke(main, [*map(str, args), "--params", "params.yaml"])
-            assert res.exit_code == 0, res.output[-3000:]
-    return ws
-
-
-def _stage(ws: Path, tiny: Path, tmp_path: Path, monkeypatch, *args) -> object:  # noqa: F811
-    from click.testing import CliRunner
-
-    from pipeline.cli import main
+    from fedccrl_pipeline.cli import main
 
     monkeypatch.chdir(ws)
     args = [str(a).replace("{data}", str(tiny / "data")) for a in args]
@@ -151,7 +128,7 @@ def crafted_run(trained, tmp_path):
 
 @pytest.mark.full("one tiny run trained and evaluated through the stage CLIs first, about 20 s")
 @pytest.mark.parametrize("stage", ["evaluate", "export", "figures"])
-def test_a_stage_refuses_a_crafted_model_file(stage, crafted_run, tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_a_stage_refuses_a_crafted_model_file(stage, crafted_run, tiny, tmp_path, monkeypatch):
     ws, model, marker = crafted_run
     args = {"evaluate": ["evaluate", "--shards", "{data}/shards", "--models", "models", "--out", "out/runs"],
             "export": ["export", "--models", "models", "--shards", "{data}/shards", "--out", "out/exports",
@@ -164,7 +141,7 @@ def test_a_stage_refuses_a_crafted_model_file(stage, crafted_run, tiny, tmp_path
 
 
 @pytest.mark.full("one tiny run trained and evaluated through the stage CLIs first, about 20 s")
-def test_train_refuses_to_resume_from_a_crafted_round_checkpoint(trained, tiny, tmp_path, monkeypatch):  # noqa: F811
+def test_train_refuses_to_resume_from_a_crafted_round_checkpoint(trained, tiny, tmp_path, monkeypatch):
     (ck,) = [p for p in (trained / "ck").rglob("*.pt") if p.parent.suffix != ".clients"]
     kept = ck.read_bytes()
     marker = tmp_path / "MARKER"

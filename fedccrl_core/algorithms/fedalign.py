@@ -51,7 +51,8 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
-from fedccrl_core.augment import augmix, sample_beta
+from fedccrl_core.augment.augmix import augmix
+from fedccrl_core.augment.ccdt import sample_beta
 from fedccrl_core.augment.ccdt import mixstyle
 from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
 from fedccrl_core.learning.models import FedModel, build_model

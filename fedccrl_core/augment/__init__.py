@@ -32,28 +32,8 @@ from typing import Any
 import torch
 
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
-from .augmix import (ALL_OPS, OPS, AugMixPlan, apply_op, augmix, augmix_batch, sample_augmix_plan,
-                     sample_batch_augmix_plan, to_uint8_levels)
-from .ccdt import ccdt, sample_beta, sample_dirichlet, sample_gamma, sample_log_gamma
-
-__all__ = [
-    "ALL_OPS",
-    "OPS",
-    "AugMixPlan",
-    "AugmentConfig",
-    "apply_op",
-    "augmix",
-    "augmix_batch",
-    "ccdt",
-    "fedccrl_augment",
-    "sample_augmix_plan",
-    "sample_batch_augmix_plan",
-    "sample_beta",
-    "sample_dirichlet",
-    "sample_gamma",
-    "sample_log_gamma",
-    "to_uint8_levels",
-]
+from fedccrl_core.augment.augmix import augmix, augmix_batch, to_uint8_levels
+from fedccrl_core.augment.ccdt import ccdt
 
 
 @dataclass(frozen=True)

@@ -84,7 +84,7 @@ def _install() -> None:
 
         MlflowClient.log_batch = log_batch
     elif HOOK == "round-1-logged":
-        from pipeline import tracking
+        from fedccrl_pipeline import tracking
 
         real_round = tracking.ChildRun.log_round
 

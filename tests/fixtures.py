@@ -1,0 +1,155 @@
+"""What the tests share, as plain functions: conftest.py wraps them in fixtures; a module-level helper (a
+module-scoped workspace, a Case's setup) calls them directly. Not a test module: nothing here is collected.
+
+- `write_params(folder, overrides)`: the repository's params.yaml with dotted-key overrides, written to
+  <folder>/params.yaml (the one writer of a test's params.yaml; the `params` fixture wraps it).
+- `build_tiny(base)`: the one tiny dataset (raw synthetic images, shards, pools); the session fixture `tiny`.
+- `train_tiny(ws, tiny)`: one tiny fedavg run trained and evaluated by the stage CLIs; the session fixture `trained`.
+- `dvc_env(ws)`, `dvc_run(args, ws)`: a command in a scratch DVC workspace.
+- `tiny_onnx(path)`: a fedccrl-format ONNX file without torch. `temps(folder)`: the temporary files left there.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+DELETE = object()  # an override's value that deletes the key (a test of a missing key)
+ONE_ROUND = {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu"}  # the overrides of a training test
+TINY_IMAGES_PER_CLASS = 8  # the tiny dataset: synthetic, 4 domains x 6 classes x 8 images, 32 px, 2 clients a domain
+
+
+# ------------------------------------------------------------------ params.yaml
+def write_params(folder: Path, overrides: dict | None = None, *, new_keys: dict | None = None) -> Path:
+    """<folder>/params.yaml: the repository's params.yaml with `overrides` ({"train.fedccrl.r": 0.5}; a key that
+    does not exist is an error, as in `dvc exp run -S`; the value DELETE removes the key) and `new_keys`, keys
+    params.yaml does not have (a test of an unknown key: {"train.fedfoo": {"x": 1}}; its parent must exist)."""
+    from fedccrl_pipeline.params import read_yaml, set_key
+
+    p = read_yaml(REPO / "params.yaml")
+    for dotted, value in (overrides or {}).items():
+        set_key(p, dotted, value)  # the key must exist, also to delete it
+        if value is DELETE:
+            *head, last = dotted.split(".")
+            del _node(p, head)[last]
+    for dotted, value in (new_keys or {}).items():
+        *head, last = dotted.split(".")
+        node = _node(p, head)
+        assert last not in node, f"{dotted} is in params.yaml: set it through overrides"
+        node[last] = value
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "params.yaml"
+    path.write_text(yaml.safe_dump(p, sort_keys=False))
+    return path
+
+
+def _node(p: dict, head: list[str]) -> dict:
+    for h in head:
+        p = p[h]
+    return p
+
+
+# ------------------------------------------------------------------ the tiny dataset and one run trained on it
+def build_tiny(base: Path) -> Path:
+    """<base>/raw, <base>/data/shards and <base>/data/pools of the embedded synthetic dataset, TINY_IMAGES_PER_CLASS
+    images per class, partitioned and pooled with params.yaml's settings (the library's own writers)."""
+    from fedccrl_core.data.pools import build_pools
+    from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.data.shards import partition
+    from fedccrl_core.data.synthetic import generate
+    from fedccrl_pipeline.params import read_yaml
+
+    p = read_yaml(REPO / "params.yaml")
+    assert p["dataset"]["name"] == "synthetic", "the embedded default is the synthetic dataset"
+    generate(base / "raw", seed=p["dataset"]["seed"], images_per_class=TINY_IMAGES_PER_CLASS, progress=False)
+    partition(base / "raw", base / "data" / "shards", get_dataset("synthetic"), 32,
+              clients_per_domain=p["partition"]["clients_per_domain"], val_fraction=p["partition"]["val_fraction"],
+              seed=p["partition"]["seed"], workers=1, progress=False)
+    build_pools(base / "data" / "shards", base / "data" / "pools", p["preprocess"]["mean"], p["preprocess"]["std"],
+                progress=False)
+    return base
+
+
+def train_tiny(ws: Path, tiny: Path) -> Path:
+    """One fedavg run (seed 0, held-out domain 0) trained and evaluated on `tiny` by the stage CLIs in `ws`, with
+    its own MLflow store there: models/, runs/, ck/, mlflow.db."""
+    import pytest
+    from click.testing import CliRunner
+
+    from fedccrl_pipeline.cli import main
+
+    write_params(ws, {**ONE_ROUND, "train.algorithms": ["fedavg"], "train.seeds": [0], "train.held_out": [0]})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws / 'mlflow.db'}")
+        mp.setenv("FEDCCRL_MLFLOW_ARTIFACTS", str(ws / "mlartifacts"))
+        mp.chdir(ws)
+        data = tiny / "data"
+        for args in (["train", "--shards", data / "shards", "--pools", data / "pools", "--algorithm", "fedavg",
+                      "--seed", "0", "--held-out", "0", "--out", "models/fedavg/s0", "--checkpoints", "ck"],
+                     ["evaluate", "--shards", data / "shards", "--models", "models", "--out", "runs"]):
+            res = CliRunner().invoke(main, [*map(str, args), "--params", "params.yaml"])
+            assert res.exit_code == 0, res.output[-3000:]
+    return ws
+
+
+# ------------------------------------------------------------------ a DVC workspace
+def dvc_env(ws: Path) -> dict:
+    """The environment of a command in a scratch DVC workspace `ws`: this interpreter's scripts first, this
+    checkout's code, the MLflow store ws/mlflow.db."""
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    env["MLFLOW_TRACKING_URI"] = f"sqlite:///{ws / 'mlflow.db'}"
+    env["PYTHONPATH"] = str(REPO)
+    env["DVC_NO_ANALYTICS"] = "1"
+    return env
+
+
+def dvc_run(args, ws: Path, check=True, **kw) -> subprocess.CompletedProcess:
+    """`args` run in `ws` with dvc_env(ws); with check, a failure is an AssertionError with its output's tail."""
+    p = subprocess.run(args, cwd=ws, env=dvc_env(ws), capture_output=True, text=True, **kw)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+    return p
+
+
+# ------------------------------------------------------------------ serving and files
+def tiny_onnx(path: Path, *, size: int = 4, classes=("a", "b", "c", "d"), graph_size: int | None = None,
+              logits: int | str | None = None, nan: bool = False, **props) -> Path:
+    """A fedccrl-format ONNX file without torch: logits = the first K values of the flattened input
+    (or NaN with nan=True). `graph_size` / `logits` make the graph disagree with the metadata."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from fedccrl_core.data.images import RESIZE_POLICY
+
+    gs = graph_size or size
+    k = len(classes) if logits is None else logits
+    nodes = [helper.make_node("Flatten", ["images"], ["flat"]),
+             helper.make_node("Slice", ["flat", "s", "e", "ax"], ["sl"])]
+    nodes += ([helper.make_node("Sub", ["sl", "sl"], ["z"]), helper.make_node("Div", ["z", "z"], ["logits"])] if nan
+              else [helper.make_node("Identity", ["sl"], ["logits"])])
+    kk = k if isinstance(k, int) else len(classes)
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, gs, gs])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", k])],
+        [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", kk), ("ax", 1))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+    meta = {"fedccrl_format": "1", "classes": json.dumps(list(classes)), "num_classes": str(len(classes)),
+            "image_size": str(size), "mean": "[0.5, 0.5, 0.5]", "std": "[0.25, 0.25, 0.25]", "resize": RESIZE_POLICY}
+    meta.update({key: str(v) for key, v in props.items()})
+    helper.set_model_props(m, meta)
+    onnx.save(m, path)
+    return path
+
+
+def temps(folder: Path) -> list[str]:
+    """The names of the temporary files an atomic write left in `folder`."""
+    from fedccrl_core.foundation import fsio
+
+    return sorted(p.name for p in folder.iterdir() if fsio.TEMP_RE.match(p.name))

@@ -1,0 +1,230 @@
+"""The Flower tests' harness (tests/test_flower.py, test_flower_secure.py, test_fedccrl_variant.py): the federation
+they share (the embedded default, K = 1 client per domain, held-out sketch: three source clients), the in-process
+reference run, a loopback Grid (Flower's Grid contract in one process), the ServerApp on a simulated clock, and
+the comparisons. The data itself is conftest.py's `data` fixture (build_data here)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.learning.clients import ClientData
+from fedccrl_flower import messages as M
+from fixtures import write_params
+
+REPO = Path(__file__).resolve().parents[1]
+
+BIN = Path(sys.executable).parent
+HELD_OUT = "sketch"
+SOURCES = ["art_c0", "cartoon_c0", "photo_c0"]
+SEED = 0
+LOCAL = dict(rounds=2, local_epochs=1, batch_size=32, lr=1e-3, weight_decay=1e-4, lr_schedule="cosine",
+             mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+
+
+HPARAMS = {"ccst": {"adain_weights": "random", "K": 2}}  # seeded random AdaIN networks: no download
+
+
+def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, privacy=None, **kw):
+    from fedccrl_flower.spec import ServerSpec
+
+    local = {**LOCAL, "rounds": rounds, **({"privacy": privacy} if privacy else {})}
+    alg = build_algorithm(algorithm, LocalConfig(**local), HPARAMS.get(algorithm))
+    return ServerSpec(algorithm=algorithm, local=local, hparams=alg.hp.model_dump(), backbone="small_cnn",
+                      num_classes=6, seed=SEED, held_out=HELD_OUT, shards=str(data / "shards"), work_dir=str(work),
+                      device="cpu", run_info={"test": algorithm, "rounds": rounds}, **kw)
+
+
+def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent", privacy=None):
+    """pipeline/train.py's construction of the in-process engine, on the same data."""
+    from fedccrl_core.data.pools import load_pool
+    from fedccrl_core.data.shards import load_client, load_domain_test
+
+    clients = []
+    for cid in SOURCES:
+        s = load_client(data / "shards", cid)
+        mu, sigma = load_pool(data / "pools", cid)
+        clients.append(ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, "cpu",
+                                             mu, sigma))
+    tx, ty = load_domain_test(data / "shards", HELD_OUT)
+    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
+                  ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
+                  torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
+    local = LocalConfig(**{**LOCAL, "rounds": rounds, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"]),
+                           "privacy": privacy})
+    alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
+    torch.manual_seed(SEED)
+    model = alg.build_model("small_cnn", 6, "none", alg.hp)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as the SuperNodes below (client_threads=1): CPU sums depend on the thread count
+    try:
+        return InProcessEngine(alg, model, clients, ev, rounds, SEED, log=lambda m: None,
+                               client_state=client_state).run()
+    finally:
+        torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- a loopback Grid (no processes)
+class LoopbackGrid:
+    """Flower's Grid contract in one process: each message and reply is deflated to Flower's wire
+    objects and inflated back; every node has its own Context (node config, persistent state).
+    `dead` nodes never answer; `tamper(node, reply)` may rewrite a reply (a malicious client);
+    `delay(node, msg)` -> seconds a reply takes on the simulated clock `now` (a slow client);
+    `leave` nodes leave the SuperLink once a message was sent to them: their messages are answered with
+    the SuperLink's NODE_UNAVAILABLE error, as Flower's SuperLink does once a node's heartbeat expired."""
+
+    pull_s = 0.5  # send_and_receive's pause between pulls, on the simulated clock
+
+    def __init__(self, node_configs: dict[int, dict], run_config: dict | None = None):
+        from flwr.app import Context, RecordDict
+        from flwr.supercore.task_identity import TaskIdentity
+
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+        self.contexts = {n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(),
+                                    run_config=dict(run_config or {})) for n, c in node_configs.items()}
+        self.inbox: dict[str, object] = {}
+        self.dead: set[int] = set()
+        self.tamper = None
+        self.delay = None
+        self.leave: set[int] = set()
+        self.now = [0.0]  # the simulated clock serve() runs the server on
+        self.held: dict[str, tuple[float, object]] = {}  # message id -> (ready at, reply)
+        self.sent: list = []
+
+    @staticmethod
+    def wire(msg):
+        from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+        from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents
+
+        mid = msg.object_id
+        out = inflate_object_from_contents(mid, {k: o.deflate() for k, o in get_all_nested_objects(msg).items()})
+        out.metadata.__dict__["_message_id"] = mid
+        return out
+
+    def get_node_ids(self):
+        gone = self.leave & {m.metadata.dst_node_id for m in self.sent}
+        return sorted(set(self.contexts) - gone)
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            m.metadata.__dict__["_message_id"] = m.object_id
+            self.inbox[m.object_id] = self.wire(m)
+            self.sent.append(m)
+            ids.append(m.object_id)
+        return ids
+
+    def pull_messages(self, message_ids):
+        from flwr.app import Error, Message
+        from flwr.common.constant import ErrorCode
+
+        from fedccrl_flower.client_app import handle_query, handle_train
+
+        out = []
+        for mid in list(message_ids):
+            if mid not in self.held:
+                msg = self.inbox.get(mid)
+                node = msg.metadata.dst_node_id
+                if node in self.dead:
+                    continue
+                if node in self.leave:
+                    del self.inbox[mid]
+                    self.held[mid] = (self.now[0], self.wire(Message(
+                        Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=msg)))
+                    continue
+                del self.inbox[mid]
+                handler = handle_query if msg.metadata.message_type == M.QUERY else handle_train
+                try:
+                    reply = handler(msg, self.contexts[node])
+                except Exception as e:  # what Flower returns when a ClientApp raises
+                    reply = Message(Error(code=2, reason=f"{e.__class__.__name__}: {e}"), reply_to=msg)
+                if self.tamper is not None:
+                    reply = self.tamper(node, reply)
+                self.held[mid] = (self.now[0] + (self.delay(node, msg) if self.delay else 0.0), self.wire(reply))
+            if self.held[mid][0] <= self.now[0]:
+                out.append(self.held.pop(mid)[1])
+        return out
+
+    def send_and_receive(self, messages, *, timeout=None):
+        """Flower's Grid.send_and_receive on the simulated clock: push, then pull every `pull_s` seconds
+        until every reply is in or `timeout` has passed."""
+        ids = set(self.push_messages(messages))
+        end, out = self.now[0] + (timeout or 0.0), []
+        while timeout is None or self.now[0] < end:
+            got = self.pull_messages(ids)
+            out += got
+            ids -= {r.metadata.reply_to_message_id for r in got}
+            if not ids:
+                break
+            self.now[0] += self.pull_s
+        return out
+
+
+def loopback(data: Path, clients=SOURCES, state_dir: Path | None = None) -> LoopbackGrid:
+    cfgs = {}
+    for i, cid in enumerate(clients):
+        c = {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: str(data / "shards"), M.NODE_POOLS: str(data / "pools")}
+        if state_dir is not None:
+            c[M.NODE_STATE_DIR] = str(state_dir)
+        cfgs[100 + i] = c
+    return LoopbackGrid(cfgs)
+
+
+def serve(grid, spec, log=None):
+    """The ServerApp's loop on a simulated clock (timeouts pass instantly), one torch thread."""
+    from fedccrl_flower.server_app import FlowerServer
+
+    now = getattr(grid, "now", [0.0])
+
+    def sleep(s):
+        now[0] += s
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return FlowerServer(grid, spec, log=log or (lambda m: None), sleep=sleep, clock=lambda: now[0]).run()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def assert_same_history(a: list[dict], b: list[dict], tol=0.0):
+    assert [r["round"] for r in a] == [r["round"] for r in b]
+    for ra, rb in zip(a, b):
+        for k in ("val_acc", "target_acc", "loss", "train_acc", "l_cls", "l_ra", "l_js"):
+            if k in ra or k in rb:
+                assert abs(ra[k] - rb[k]) <= tol, (ra["round"], k, ra[k], rb[k])
+
+
+def build_data(ws: Path) -> Path:
+    """The embedded default with one client per domain, through the stage commands: <ws>/data/{raw,shards,pools}."""
+    write_params(ws, {"partition.clients_per_domain": 1})
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
+                 ["partition", "--raw", "data/raw", "--out", "data/shards"],
+                 ["pools", "--shards", "data/shards", "--out", "data/pools"]):
+        p = subprocess.run([str(BIN / "fedccrl"), *args], cwd=ws, env=env, capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr[-3000:]
+    return ws / "data"
+
+
+def node_config(data: Path, cid: str, state_dir: Path) -> dict:
+    return {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: str(data / "shards"), M.NODE_POOLS: str(data / "pools"),
+            M.NODE_STATE_DIR: str(state_dir)}
+
+
+def wait_until(pred, timeout: float, what: str, poll: float = 0.5):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        out = pred()
+        if out:
+            return out
+        time.sleep(poll)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
