@@ -113,7 +113,7 @@ SUBSTITUTIONS = [
     (r"scripts/privacy_tradeoff\.py --epsilons inf,8,1 --seeds 0 ", "scripts/privacy_tradeoff.py --rounds 1 "
      "--epsilons inf,8 --seeds 0 ", "10 rounds at 3 epsilons: one round at no DP and at epsilon 8 runs every "
      "configuration the same way"),
-    (r"benchmarks\.fedomg_step --clients 6,120", "fedccrl_benchmarks.fedomg_step --clients 6,12",
+    (r"fedccrl_benchmarks\.fedomg_step --clients 6,120", "fedccrl_benchmarks.fedomg_step --clients 6,12",
      "120 clients (MobileNetV3: minutes of local steps): 12 give the ratio to 6 clients the same way"),
     (r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
      r"\1 -S partition.clients_per_domain=1 ",
