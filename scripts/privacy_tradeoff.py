@@ -118,7 +118,8 @@ def one_run(cfg, settings, manifest, data: Path, held_out: str, name: str, priva
     sources = [d for d in manifest["domains"] if d != held_out]
     clients = load_clients(data / "shards", data / "pools", sources, "cpu")
     tx, ty = load_domain_test(data / "shards", held_out)
-    local = settings.local.model_copy(update={"privacy": privacy})
+    ps = PrivacySettings.from_mapping(privacy)  # train.privacy, validated once here (privacy None: off)
+    local = settings.local.model_copy(update={"privacy": ps if privacy else None})
     ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
                   ClientData.from_numpy("t", held_out, tx, ty, tx[:0], ty[:0], "cpu").train_x,
                   torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
@@ -130,7 +131,6 @@ def one_run(cfg, settings, manifest, data: Path, held_out: str, name: str, priva
     last = res.history[-1]
     tpr = bnd = None  # FedAvg releases no statistics
     if name == "fedccrl":
-        ps = PrivacySettings.from_mapping(privacy)
         rec = audit(audit_clients, cfg.train.fedccrl.r, rounds, seed, ps, upload)["rounds"][-1]
         attack = "lr" if "lr/auc" in rec else "nearest"
         tpr, bnd = rec[f"{attack}/tpr@0.01"], rec[f"{attack}/bound@0.01"]
