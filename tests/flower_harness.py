@@ -203,9 +203,10 @@ def assert_same_history(a: list[dict], b: list[dict], tol=0.0):
                 assert abs(ra[k] - rb[k]) <= tol, (ra["round"], k, ra[k], rb[k])
 
 
-def build_data(ws: Path) -> Path:
-    """The embedded default with one client per domain, through the stage commands: <ws>/data/{raw,shards,pools}."""
-    write_params(ws, {"partition.clients_per_domain": 1})
+def build_data(ws: Path, partition: dict | None = None) -> Path:
+    """The embedded default partitioned by `partition` (dotted keys; default one client per domain), through the
+    stage commands: <ws>/data/{raw,shards,pools}."""
+    write_params(ws, partition or {"partition.clients_per_domain": 1})
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
                  ["partition", "--raw", "data/raw", "--out", "data/shards"],

@@ -39,8 +39,9 @@ from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
-from flower_harness import (BIN, HELD_OUT, HPARAMS, LOCAL, REPO, SEED, SOURCES, assert_same_history, loopback,
-                            make_spec, node_config, run_inprocess, serve, wait_until)
+from flower_harness import (BIN, HELD_OUT, HPARAMS, LOCAL, REPO, SEED, SOURCES, assert_same_history, build_data,
+                            loopback, make_spec, node_config, run_inprocess, serve, wait_until)
+
 
 @pytest.fixture(scope="module")
 def inprocess_fedccrl(data):
@@ -726,17 +727,9 @@ def test_train_stage_with_flower_engine(data, tmp_path):
 @pytest.fixture(scope="module")
 def mixed_data(tmp_path_factory) -> Path:
     """The embedded dataset as FedDG-Bench's lambda partition (lambda 0.5, 5 clients) with label skew."""
-    ws = tmp_path_factory.mktemp("flower-mixed")
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["partition"].update(scheme="feddg_bench", num_clients=5, dirichlet_alpha=1.0, **{"lambda": 0.5})
-    (ws / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
-                 ["partition", "--raw", "data/raw", "--out", "data/shards"],
-                 ["pools", "--shards", "data/shards", "--out", "data/pools"]):
-        p = subprocess.run([str(BIN / "fedccrl"), *args], cwd=ws, env=env, capture_output=True, text=True)
-        assert p.returncode == 0, p.stderr[-3000:]
-    return ws / "data"
+    return build_data(tmp_path_factory.mktemp("flower-mixed"), {
+        "partition.scheme": "feddg_bench", "partition.num_clients": 5, "partition.dirichlet_alpha": 1.0,
+        "partition.lambda": 0.5})
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedccrl"])

@@ -42,7 +42,6 @@ import http.server
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -53,6 +52,7 @@ import pytest
 import yaml
 
 from doc_blocks import BLOCKS, MARKER, REPO, Block, doc_files, nav_pages
+from fedccrl_flower.processes import free_port
 from fixtures import write_params
 
 README = REPO / "README.md"
@@ -232,12 +232,6 @@ def test_sweep_grid_substitution_keeps_a_sweep():
 
 
 # ------------------------------------------------------------------ the clone
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _git(*args, cwd: Path) -> str:
     return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True, text=True).stdout
 
@@ -371,7 +365,7 @@ def test_readme_block(block: Block, clone, mirror):
     code = ci_code(block.code)
     t0 = time.monotonic()
     try:
-        proc = _run_block(code, dest, {**env, "CI_PORT": str(_free_port())})
+        proc = _run_block(code, dest, {**env, "CI_PORT": str(free_port())})
     finally:
         print(f"\n{block.id}: block ran {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
     out = proc.stdout + proc.stderr
