@@ -28,6 +28,7 @@ from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.foundation.hparams import HParams, validate
 from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.static_batch import pad_rows, real_part, real_rows_only
 from fedccrl_core.learning.statistics import normalize_u8
 
 
@@ -53,6 +54,7 @@ class StepContext:
     global_weights: dict = field(default_factory=dict)  # as received (parameters and buffers)
     upload: dict | None = None  # set by a hook: travels up in the Reply, aggregated by the server half
     metrics: dict = field(default_factory=dict)  # floats a hook adds to the Reply's metrics (GA's losses)
+    real_rows: int | None = None  # a padded batch (static shapes): its first real_rows rows are real, else None
 
 
 class Algorithm:
@@ -60,6 +62,10 @@ class Algorithm:
     # The hyperparameters of this algorithm, declared once (fedccrl_core/foundation/hparams.py): type, default, bounds
     # and source of each. params.yaml `train.<name>.<key>` overrides a default.
     Params: type[HParams] = HParams
+    # Its train_step takes the loss on ctx.real_rows only, so a partial batch may be padded to a static shape
+    # (learning/static_batch.py); an algorithm whose step mixes rows otherwise (a discriminator, a moving
+    # statistic of the batch) keeps False and trains its partial batches at their own size.
+    pads_partial_batch: bool = False
 
     def __init__(self, local: LocalConfig, hparams: HParams | dict | None = None):
         self.local = local
@@ -136,7 +142,9 @@ class Algorithm:
         """After the last epoch: keep what must survive the round in state.extra."""
 
     def make_optimizer(self, model):
-        return torch.optim.Adam(model.parameters(), lr=self.local.lr, weight_decay=self.local.weight_decay)
+        fused = fastpath.enabled(self.local.fast, next(model.parameters()).device) or None  # CUDA: one kernel
+        return torch.optim.Adam(model.parameters(), lr=self.local.lr, weight_decay=self.local.weight_decay,
+                                fused=fused)
 
     def make_scheduler(self, opt):
         if self.local.lr_schedule == "cosine":  # stepped per local epoch over all rounds x epochs
@@ -171,6 +179,7 @@ class Algorithm:
                           global_weights=global_weights)
         self.begin_local(model, data, state, ctx)
         n, bs, dev = data.n_train, self.local.batch_size, data.train_x.device
+        static = self.pads_partial_batch and fastpath.static_batches(self.local.fast, dev)
         sums: dict[str, torch.Tensor] = {}
         counts: dict[str, int] = {}  # a term present in some steps only (FedADG's adversarial epochs)
         correct = torch.zeros((), device=dev)
@@ -180,11 +189,15 @@ class Algorithm:
             order = fastpath.to_device(torch.from_numpy(shuffle_rng.permutation(n)), dev)
             for start in range(0, n, bs):
                 idx = order[start:start + bs]
-                if idx.numel() < self.min_batch():
+                real = idx.numel()
+                if real < self.min_batch():
                     continue
+                if static and real < bs:  # padded to the static shape; the step reads its real rows only
+                    idx = pad_rows(idx, bs)
+                ctx.real_rows = real if idx.numel() > real else None
                 x = normalize_u8(data.train_x[idx], self.local.mean, self.local.std)
                 y = data.train_y[idx]
-                with fastpath.autocast(fast, dev):
+                with fastpath.autocast(fast, dev), real_rows_only(model, real, idx.numel()):
                     loss, terms, logits = self.train_step(model, x, y, ctx)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -194,8 +207,8 @@ class Algorithm:
                 for k, v in {contract.LOSS: loss, **terms}.items():
                     sums[k] = sums.get(k, 0) + v.detach().float()
                     counts[k] = counts.get(k, 0) + 1
-                correct += (logits.detach().argmax(1) == y).sum()
-                seen += idx.numel()
+                correct += (logits.detach().argmax(1) == y[:real]).sum()
+                seen += real
                 yield
             sched.step()
         state.optimizer = opt.state_dict()  # no copy: this optimizer is dropped, its tensors now belong to the state
@@ -269,7 +282,8 @@ class ListAggregation:
         return self.alg.aggregate(self.global_weights, self.replies)
 
 
-def cross_entropy_step(model, x, y):
-    logits = model(x)
-    loss = F.cross_entropy(logits, y)
+def cross_entropy_step(model, x, y, real_rows: int | None = None):
+    """Cross-entropy of one minibatch; of its first real_rows rows when it is padded (StepContext.real_rows)."""
+    logits = real_part(model(x), real_rows)
+    loss = F.cross_entropy(logits, real_part(y, real_rows))
     return loss, {contract.L_CLS: loss}, logits

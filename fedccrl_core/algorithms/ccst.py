@@ -107,6 +107,7 @@ def transfer_plan(n: int, bank_sizes: dict[str, int], own_id: str, K: int, rng: 
 class CCST(Algorithm):
     name = "ccst"
     Params = CCSTParams
+    pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
@@ -211,4 +212,4 @@ class CCST(Algorithm):
         return dataclasses.replace(data, train_x=d_x, train_y=d_y)
 
     def train_step(self, model, x, y, ctx):
-        return cross_entropy_step(model, x, y)
+        return cross_entropy_step(model, x, y, ctx.real_rows)

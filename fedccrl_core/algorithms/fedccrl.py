@@ -88,6 +88,7 @@ class StatisticsExchange:
 class FedCCRL(StatisticsExchange, Algorithm):
     name = "fedccrl"
     Params = FedCCRLParams
+    pads_partial_batch = True  # Eq. 12-16 read ctx.real_rows only (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
@@ -114,7 +115,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
 
     def train_step(self, model, x, y, ctx):
         x1, x2 = self.augmented_views(x, ctx)
-        return self.loss_from_views(model, x, x1, x2, y)
+        return self.loss_from_views(model, x, x1, x2, y, ctx.real_rows)
 
     def augmented_views(self, x, ctx):
         """Eq. 3: X1 = M(X), X2 = M(X), two independent draws on x's device."""
@@ -128,18 +129,21 @@ class FedCCRL(StatisticsExchange, Algorithm):
         x2 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, independent draw
         return x1, x2
 
-    def loss_from_views(self, model, x, x1, x2, y):
-        """Eq. 4-5 and 12-16 on the three views. Returns (loss, {term: tensor}, logits on x)."""
+    def loss_from_views(self, model, x, x1, x2, y, real_rows: int | None = None):
+        """Eq. 4-5 and 12-16 on the three views. Returns (loss, {term: tensor}, logits on x). A padded batch
+        (static shapes) is forwarded whole; Eq. 12-16 take its first real_rows rows of each view."""
         hp = self.hp
         b = x.shape[0]
+        r = b if real_rows is None else real_rows
         if hp.forward == "joint":
             z_all = model.h(torch.cat([x, x1, x2]))                                  # Eq. 4
             logits_all = model.g(z_all)                                              # Eq. 5
-            z, z1, z2 = z_all[:b], z_all[b:2 * b], z_all[2 * b:]
-            lo, lo1, lo2 = logits_all[:b], logits_all[b:2 * b], logits_all[2 * b:]
+            z, z1, z2 = z_all[:r], z_all[b:b + r], z_all[2 * b:2 * b + r]
+            lo, lo1, lo2 = logits_all[:r], logits_all[b:b + r], logits_all[2 * b:2 * b + r]
         else:  # the reference's three passes (clean first): BN normalizes each view by its own batch
-            z, z1, z2 = model.h(x), model.h(x1), model.h(x2)                         # Eq. 4
+            z, z1, z2 = model.h(x)[:r], model.h(x1)[:r], model.h(x2)[:r]             # Eq. 4
             lo, lo1, lo2 = model.g(z), model.g(z1), model.g(z2)                      # Eq. 5
+        y = y[:r]
         loss, t = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp.lambda1, lambda2=hp.lambda2,
                                tau=hp.tau, l_ra=hp.l_ra, l_js=hp.l_js,
                                l_cls=hp.l_cls, supcon=hp.supcon)  # Eq. 12-16

@@ -12,9 +12,10 @@ from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 class FedProx(Algorithm):
     name = "fedprox"
     Params = FedProxParams
+    pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def train_step(self, model, x, y, ctx):
-        loss, terms, logits = cross_entropy_step(model, x, y)
+        loss, terms, logits = cross_entropy_step(model, x, y, ctx.real_rows)
         prox = sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), ctx.global_params))
         l_prox = 0.5 * self.hp.mu * prox
         terms[contract.L_PROX] = l_prox

@@ -58,6 +58,7 @@ def generalization_adjustment(a: dict[str, float], gaps: dict[str, float], d_r: 
 class GA(Algorithm):
     name = "ga"
     Params = GAParams
+    pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
@@ -71,7 +72,7 @@ class GA(Algorithm):
         self.a, self.round = dict(state.get("a", {})), int(state.get("round", 0))
 
     def train_step(self, model, x, y, ctx):
-        return cross_entropy_step(model, x, y)
+        return cross_entropy_step(model, x, y, ctx.real_rows)
 
     @torch.no_grad()
     def loss_on(self, model, data) -> float:

@@ -47,6 +47,7 @@ class LocalBNAlgorithm(Algorithm):
     """Cross-entropy local training with a framework's BN tensors kept per client."""
 
     Params = LocalBNParams
+    pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
     framework = "silobn"  # subclasses fix it, or read it from their Params (FedFD)
 
     def __init__(self, local, hparams=None):
@@ -89,4 +90,4 @@ class LocalBNAlgorithm(Algorithm):
         return reply
 
     def train_step(self, model, x, y, ctx):
-        return cross_entropy_step(model, x, y)
+        return cross_entropy_step(model, x, y, ctx.real_rows)

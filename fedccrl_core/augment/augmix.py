@@ -77,6 +77,7 @@ torchvision's gray 0.2989 R + 0.587 G + 0.114 B (not truncated), sharpness its 3
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -179,11 +180,16 @@ def sample_augmix_plan(
 
 
 def _is_any(op: torch.Tensor, op_ids: tuple[int, ...]) -> torch.Tensor:
-    """op in op_ids, elementwise (comparisons only: no host-to-device copy of op_ids)."""
-    hit = torch.zeros_like(op, dtype=torch.bool)
-    for op_id in op_ids:
-        hit |= op == op_id
-    return hit
+    """op in op_ids, elementwise: one lookup in a membership table over ALL_OPS, made once per device."""
+    return _membership(tuple(op_ids), op.device)[op]
+
+
+@functools.lru_cache(maxsize=32)
+def _membership(op_ids: tuple[int, ...], device: torch.device) -> torch.Tensor:
+    """[len(ALL_OPS)] bool, True at op_ids. Its blocking host-to-device copy happens once, on the first call."""
+    table = torch.zeros(len(ALL_OPS), dtype=torch.bool)
+    table[list(op_ids)] = True
+    return table.to(device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -296,6 +302,11 @@ def _geometric_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -
     return F.grid_sample(y, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
+# Device types where a family runs on its selected images only (`_apply_family`): reading the selection is a host
+# sync on an accelerator, free on the CPU.
+COMPACT_DEVICES = ("cpu",)
+
+
 def _apply_family(y, op, magnitude, family_ops, family_fn, compact: bool) -> torch.Tensor:
     """Replace the images whose op is in ``family_ops`` by ``family_fn``'s result, others kept.
 
@@ -340,7 +351,7 @@ def _apply_step(
     compact defaults to True on the CPU only (see ``_apply_family``); y may be overwritten.
     all_ops: op ids may also be the four COLOR_OPS (the reference code's torchvision AugMix)."""
     if compact is None:
-        compact = y.device.type == "cpu"
+        compact = y.device.type in COMPACT_DEVICES
     y = _apply_family(y, op, magnitude, LUT_OPS, _lut_ops, compact)
     y = _apply_family(y, op, magnitude, GEOMETRIC_OPS, _geometric_ops, compact)
     if all_ops:

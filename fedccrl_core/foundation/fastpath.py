@@ -10,7 +10,11 @@ With `train.fast: true` (the default):
     every evaluation forward (`evaluation.predict`); bf16 needs no loss scaling. Losses that need
     float32 upcast themselves (`losses.supcon_loss` turns autocast off for its similarity matrix).
     On the CPU bf16 is slower than float32 for these convolutions, so it stays off there;
-  * on CUDA only: cuDNN autotuning (`torch.backends.cudnn.benchmark`).
+  * on CUDA only: cuDNN autotuning (`torch.backends.cudnn.benchmark`), with static batch shapes: the last,
+    partial minibatch of an epoch padded to the batch size under a row mask (`learning/static_batch.py`) for the
+    algorithms that support it (`Algorithm.pads_partial_batch`), and the last evaluation batch padded to the
+    evaluation batch size, so each shape is autotuned once per process, not once per client;
+  * on CUDA only: Adam's fused implementation (one kernel for all parameters instead of a loop per tensor).
 channels_last changes only the order of floating-point sums, so CPU results with `train.fast` on
 and off agree to float32 rounding, not bit for bit (tests/test_bench.py pins the tolerance); each
 setting is deterministic on its own. The rest of the fast path needs no switch: shards resident on the
@@ -42,6 +46,12 @@ def enabled(fast: bool, device: torch.device | str) -> bool:
     """Whether the CUDA-only switches (bf16 autocast, cuDNN autotuning) apply: `train.fast` on and a
     CUDA device. channels_last follows `train.fast` alone (`prepare_model(model, fast)`)."""
     return bool(fast) and torch.device(device).type == "cuda"
+
+
+def static_batches(fast: bool, device: torch.device | str) -> bool:
+    """Whether training pads its last partial minibatch and evaluation its last batch to a fixed shape: the CUDA
+    switches of `enabled`. On the CPU every batch keeps its own size, as before (nothing autotunes there)."""
+    return enabled(fast, device)
 
 
 def autocast(on: bool, device: torch.device | str):

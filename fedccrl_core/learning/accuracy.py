@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from fedccrl_core.foundation import fastpath
+from fedccrl_core.learning.static_batch import pad_rows
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 
 
@@ -17,10 +18,16 @@ def predict(model, x_u8: torch.Tensor, batch_size: int = 256, mean=IMAGENET_MEAN
     was_training = model.training
     model.eval()
     on = fastpath.enabled(fast, x_u8.device)
+    static = fastpath.static_batches(fast, x_u8.device) and len(x_u8) > batch_size
     fastpath.prepare_model(model, fast)
     with fastpath.autocast(on, x_u8.device):
-        preds = [model(normalize_u8(x_u8[i:i + batch_size], mean, std)).argmax(1)
-                 for i in range(0, len(x_u8), batch_size)]
+        preds = []
+        for i in range(0, len(x_u8), batch_size):
+            batch = x_u8[i:i + batch_size]
+            real = len(batch)
+            if static and real < batch_size:  # the last batch padded to the batch's shape (eval mode: per row)
+                batch = batch[pad_rows(torch.arange(real, device=batch.device), batch_size)]
+            preds.append(model(normalize_u8(batch, mean, std))[:real].argmax(1))
     model.train(was_training)
     if not preds:
         return torch.empty(0, dtype=torch.long, device=x_u8.device)

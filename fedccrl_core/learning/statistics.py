@@ -7,15 +7,23 @@ x = (u8 / 255 - mean) / std, i.e. after the training resize and normalization.
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from fedccrl_core.foundation.imagenet_stats import IMAGENET_MEAN, IMAGENET_STD
 
 
 def per_channel(values, like: torch.Tensor) -> torch.Tensor:
-    """[1, C, 1, 1] constant on like's device and dtype, built by fill kernels: `torch.tensor(list,
-    device="cuda")` would be a blocking host-to-device copy (a stream sync) on every training step."""
-    return torch.stack([like.new_full((), float(v)) for v in values]).view(1, -1, 1, 1)
+    """[1, C, 1, 1] constant on like's device and dtype. Built once per (values, device, dtype) and kept: the
+    blocking host-to-device copy that makes it happens on the first call only, so a training step dispatches no
+    op for it (and the tensor is complete before any CUDA stream reads it)."""
+    return _constant(tuple(float(v) for v in values), like.device, like.dtype)
+
+
+@functools.lru_cache(maxsize=64)
+def _constant(values: tuple[float, ...], device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).view(1, -1, 1, 1).to(device)
 
 
 def normalize_u8(images_u8: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
