@@ -8,7 +8,7 @@ apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fe
 
 import click  # noqa: E402
 
-from fedccrl_benchmarks import accuracy, repro, scale_cli, speed_cli, threads  # noqa: E402
+from fedccrl_benchmarks import accuracy, dispatch_cli, repro, scale_cli, speed_cli, threads  # noqa: E402
 from fedccrl_core import __version__  # noqa: E402
 
 
@@ -18,7 +18,7 @@ def main():
     """fedccrl benchmarks: each prints ratios against a baseline run in the same run."""
 
 
-for _command in (speed_cli.command, accuracy.command, scale_cli.command, threads.command, repro.command):
+for _command in (speed_cli.command, dispatch_cli.command, accuracy.command, scale_cli.command, threads.command, repro.command):
     main.add_command(_command)
 
 

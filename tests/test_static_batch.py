@@ -253,3 +253,29 @@ def test_a_client_round_on_cuda_has_no_host_sync_and_one_shape(alg_name):
         torch.cuda.set_sync_debug_mode("default")
     steps.close()
     assert len(set(rows)) == 1
+
+
+@pytest.mark.parametrize("static,calls", [(True, 1), (False, 2)])
+def test_fedccrl_draws_both_views_in_one_call_on_the_accelerator_path(static, calls, monkeypatch):
+    """Eq. 3's X1 = M(X), X2 = M(X): one call on [X; X] where M draws per row (the CUDA fast path), two on the CPU
+    (whose random stream, and so numbers, stay as they were). Either way two different views of X's shape."""
+    fedccrl_module = importlib.import_module("fedccrl_core.algorithms.fedccrl")
+    from fedccrl_core.algorithms.base import StepContext
+
+    monkeypatch.setattr(fastpath, "static_batches", lambda fast, device: static)
+    seen = []
+    real_augment = fedccrl_module.fedccrl_augment
+
+    def counting(x, *args):
+        seen.append(x.shape[0])
+        return real_augment(x, *args)
+
+    monkeypatch.setattr(fedccrl_module, "fedccrl_augment", counting)
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=1, local_epochs=1, batch_size=8))
+    x = _normalized(8)
+    pool = {"mu": np.zeros((5, 3), np.float32), "sigma": np.ones((5, 3), np.float32)}
+    x1, x2 = alg.augmented_views(x, StepContext(pool, [], torch.Generator().manual_seed(0)))
+    assert seen == [8 * (3 - calls)] * calls
+    assert x1.shape == x2.shape == x.shape and not torch.equal(x1, x2)
+    reference = build_algorithm("fedccrl", LocalConfig(rounds=1, local_epochs=1, batch_size=8), {"variant": "reference"})
+    assert not reference.views_in_one_draw("cpu")  # the reference's per-batch AugMix: one chain per call

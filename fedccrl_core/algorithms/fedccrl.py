@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from fedccrl_core.foundation import contract
+from fedccrl_core.foundation import contract, fastpath
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
@@ -125,9 +125,21 @@ class FedCCRL(StatisticsExchange, Algorithm):
         pool_mu, pool_sigma = ctx.state["pool"]
         aug = self.augment
         mean, std = self.local.mean, self.local.std
+        if self.views_in_one_draw(x.device):  # one M over [X; X]: every row draws its own, so X1, X2 independent
+            both = fedccrl_augment(torch.cat([x, x]), pool_mu, pool_sigma, aug, ctx.generator, mean, std)
+            return both[:x.shape[0]], both[x.shape[0]:]
         x1 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, first draw
         x2 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, independent draw
         return x1, x2
+
+    def views_in_one_draw(self, device) -> bool:
+        """Whether Eq. 3's two draws run as one call on the 2B rows [X; X] (half the operators dispatched, kernels
+        twice the size): on the CUDA fast path, where M draws per row (per-sample AugMix, pool rows with
+        replacement), so the two views have the same distribution as two calls. The draws differ from two calls',
+        so the CPU keeps two calls and its numbers."""
+        aug = self.augment
+        return (fastpath.static_batches(self.local.fast, device) and aug.augmix == "per_sample"
+                and aug.pool_draw == "with_replacement")
 
     def loss_from_views(self, model, x, x1, x2, y, real_rows: int | None = None):
         """Eq. 4-5 and 12-16 on the three views. Returns (loss, {term: tensor}, logits on x). A padded batch
