@@ -10,16 +10,20 @@ ever adds time. In each child:
      -> images/s (source images per second: each step also forwards the two augmented views);
      the share of that time spent augmenting (fast: the two device-side M(X) of the same batches,
      timed alone; plain: the Dataset's own timer around its host augmentation) and decoding;
-  2. one round of Algorithm 1 over every client (`epochs` local epochs each), aggregation and the
-     evaluation of the source validation set and the target -> seconds per round;
+  2. `rounds` rounds of Algorithm 1 over every client (`epochs` local epochs each), aggregation and the
+     evaluation of the source validation set and the target -> seconds of the first round and of the later
+     ones (their median): the first pays the start-up (cuDNN autotuning of each new shape, lazy kernel loading);
+     the fast path also reports FedAvg's local step, and on CUDA the GPU's busy share during these rounds
+     (NVML's utilization, sampled every 0.1 s by a thread: torch.cuda.utilization);
   3. the evaluation alone on the target images -> images/s;
   4. the peak memory: the child's peak resident set size (getrusage ru_maxrss: data generation,
      the path's set-up and 1-3, the same for every path), and on CUDA torch.cuda.max_memory_allocated
      over 1-3.
 The projection of a full PACS sweep (4 held-out domains x `PACS_ROUNDS` rounds x `PACS_EPOCHS`
 epochs, the registry's per-domain counts, 90/10 train/val split) uses the step and evaluation
-images/s measured here, i.e. at THIS image size and backbone on THIS device: it is a projection
-for a 224 px sweep only when the bench ran with --size 224.
+images/s measured here, i.e. at THIS image size and backbone on THIS device, plus once per held-out
+domain (each is its own training process) the first round's excess over a later one: it is a
+projection for a 224 px sweep only when the bench ran with --size 224.
 """
 from __future__ import annotations
 
@@ -48,6 +52,7 @@ class BenchConfig:
     warmup: int = 2
     batch_size: int = 32
     epochs: int = 1
+    rounds: int = 3  # the first round against the later ones
     backbone: str = "small_cnn"
     device: str = "auto"
     workers: int = 0  # DataLoader workers of the plain path
@@ -124,6 +129,63 @@ def _time_steps(steps, n_warm: int, n_timed: int, device) -> float:
     return seconds
 
 
+class BusySampler:
+    """The GPU's busy share while the block runs: NVML's utilization (the share of its last sample period, 1/6 s
+    to 1 s, in which a kernel ran), read every `every` seconds by a thread. `share` is None off CUDA, and None with
+    `why` set when NVML cannot be read (nvidia-ml-py missing, no driver library)."""
+
+    def __init__(self, device: torch.device, every: float = 0.1):
+        import threading
+
+        self.device, self.every, self.samples, self.why = device, every, [], None
+        self._stop, self._thread = threading.Event(), None
+        if device.type != "cuda":
+            self.why = "not a CUDA device"
+            return
+        try:
+            torch.cuda.utilization(device)
+        except Exception as e:  # ModuleNotFoundError (no pynvml) or an NVML error: reported, not fatal
+            self.why = f"NVML unreadable: {type(e).__name__}: {e}"
+
+    def _run(self):
+        while not self._stop.wait(self.every):
+            self.samples.append(torch.cuda.utilization(self.device))
+
+    def __enter__(self):
+        import threading
+
+        if self.why is None:
+            self._thread = threading.Thread(target=self._run, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+
+    @property
+    def share(self) -> float | None:
+        return None if not self.samples else float(np.mean(self.samples)) / 100.0
+
+
+def _round_times(run_rounds, device, rounds: int) -> tuple[list[float], BusySampler]:
+    """Seconds of each of `rounds` rounds: run_rounds(on_round) runs them and calls on_round after each."""
+    marks = []
+
+    def on_round(_record=None):
+        _sync(device)
+        marks.append(time.perf_counter())
+
+    _sync(device)
+    with BusySampler(device) as busy:
+        marks.append(time.perf_counter())
+        run_rounds(on_round)
+    if len(marks) != rounds + 1:
+        raise RuntimeError(f"bench: expected {rounds} rounds, timed {len(marks) - 1}")
+    return [b - a for a, b in zip(marks, marks[1:])], busy
+
+
 def _epochs_for(n_steps: int, n: int, bs: int) -> int:
     per_epoch = sum(1 for s in range(0, n, bs) if min(bs, n - s) >= 2)
     return max(1, math.ceil(n_steps / max(per_epoch, 1)))
@@ -184,23 +246,40 @@ class FastPath:
         self.concurrent = concurrent_width(cfg.concurrent_clients, device, len(self.clients),
                                            FedCCRL(_local(cfg, 1, True), self.hparams))
 
-    def step_seconds(self) -> tuple[float, float, float]:
-        """(seconds of cfg.steps local steps on client 0, seconds of their augmentation alone, decoding)."""
-        from fedccrl_core.algorithms.base import StepContext
-        from fedccrl_core.algorithms.fedccrl import FedCCRL
+    def _local_steps_seconds(self, alg) -> float:
+        """Seconds of cfg.steps local steps of `alg` on client 0, after cfg.warmup untimed ones."""
         from fedccrl_core.learning.clients import ClientState
         from fedccrl_core.foundation.seeding import torch_generator
-        from fedccrl_core.learning.statistics import normalize_u8
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
-        alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), True), self.hparams)
         payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
                                        for i, c in enumerate(self.clients)})[c0.client_id]
         model = _model(cfg, self.data.num_classes, device)
         global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
         steps = alg.local_train_steps(model, c0, ClientState(), global_w, payload,
                                       torch_generator(cfg.seed, "bench", device=device), np.random.default_rng(0))
-        step_s = _time_steps(steps, cfg.warmup, cfg.steps, device)
+        return _time_steps(steps, cfg.warmup, cfg.steps, device)
+
+    def fedavg_step_seconds(self) -> float:
+        """The same local steps with FedAvg (cross-entropy on the clean batch): the step without Eq. 3-16."""
+        from fedccrl_core.algorithms.fedavg import FedAvg
+
+        c0 = self.clients[0]
+        return self._local_steps_seconds(FedAvg(_local(self.cfg, _epochs_for(self.cfg.warmup + self.cfg.steps,
+                                                                             c0.n_train, self.cfg.batch_size), True)))
+
+    def step_seconds(self) -> tuple[float, float, float]:
+        """(seconds of cfg.steps local steps on client 0, seconds of their augmentation alone, decoding)."""
+        from fedccrl_core.algorithms.base import StepContext
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
+        from fedccrl_core.foundation.seeding import torch_generator
+        from fedccrl_core.learning.statistics import normalize_u8
+
+        cfg, device, c0 = self.cfg, self.device, self.clients[0]
+        alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), True), self.hparams)
+        step_s = self._local_steps_seconds(alg)
+        payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
+                                       for i, c in enumerate(self.clients)})[c0.client_id]
         # the augmentation of as many batches, alone (the same device-side M(X) the step runs twice)
         ctx = StepContext(payload, [], torch_generator(cfg.seed, "bench-aug", device=device))
         order = torch.from_numpy(np.random.default_rng(1).permutation(c0.n_train)).to(device)
@@ -214,19 +293,19 @@ class FastPath:
         _sync(device)
         return step_s, time.perf_counter() - t0, 0.0  # decoded once, before training
 
-    def round_seconds(self) -> float:
+    def round_seconds(self) -> tuple[list[float], BusySampler]:
+        """Seconds of each of cfg.rounds rounds of the engine, and the GPU's busy share over them."""
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_core.federation.engine import InProcessEngine
 
         alg = FedCCRL(_local(self.cfg, self.cfg.epochs, True), self.hparams)
         self.model = _model(self.cfg, self.data.num_classes, self.device)
-        engine = InProcessEngine(alg, self.model, self.clients, self.evalsets, 1, self.cfg.seed, log=lambda m: None,
-                                 concurrent_clients=self.cfg.concurrent_clients)
-        _sync(self.device)
-        t0 = time.perf_counter()
-        engine.run()
-        _sync(self.device)
-        return time.perf_counter() - t0
+
+        def run_rounds(on_round):
+            InProcessEngine(alg, self.model, self.clients, self.evalsets, self.cfg.rounds, self.cfg.seed,
+                            log=lambda m: None, on_round=on_round,
+                            concurrent_clients=self.cfg.concurrent_clients).run()
+        return _round_times(run_rounds, self.device, self.cfg.rounds)
 
     def eval_seconds(self) -> float:
         from fedccrl_core.learning.accuracy import accuracy
@@ -280,7 +359,7 @@ class PlainPath:
             return step_s, None, None
         return step_s, c0.views.augment_s - aug0, c0.views.decode_s - dec0
 
-    def round_seconds(self) -> float:
+    def round_seconds(self) -> tuple[list[float], BusySampler]:
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_benchmarks.plain import plain_round
         from fedccrl_core.learning.clients import ClientState
@@ -289,13 +368,14 @@ class PlainPath:
         self.model = _model(self.cfg, self.data.num_classes, self.device)
         for c in self.clients:
             c.state = ClientState()
-        global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        _sync(self.device)
-        t0 = time.perf_counter()
-        plain_round(alg, self.model, self.clients, global_w, self.val, self.target, 1, self.cfg.seed, self.device,
-                    self.cfg.workers)
-        _sync(self.device)
-        return time.perf_counter() - t0
+
+        def run_rounds(on_round):
+            global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+            for rnd in range(1, self.cfg.rounds + 1):
+                global_w, _ = plain_round(alg, self.model, self.clients, global_w, self.val, self.target, rnd,
+                                          self.cfg.seed, self.device, self.cfg.workers)
+                on_round()
+        return _round_times(run_rounds, self.device, self.cfg.rounds)
 
     def eval_seconds(self) -> float:
         from fedccrl_benchmarks.plain import plain_accuracy
@@ -326,8 +406,11 @@ def child(cfg: BenchConfig, name: str) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     step_s, aug_s, dec_s = path.step_seconds()
-    round_s, eval_s = path.round_seconds(), path.eval_seconds()
-    return {"step_s": step_s, "augment_s": aug_s, "decode_s": dec_s, "round_s": round_s, "eval_s": eval_s,
+    fedavg_step_s = path.fedavg_step_seconds() if hasattr(path, "fedavg_step_seconds") else None
+    rounds_s, busy = path.round_seconds()
+    eval_s = path.eval_seconds()
+    return {"step_s": step_s, "augment_s": aug_s, "decode_s": dec_s, "rounds_s": rounds_s, "eval_s": eval_s,
+            "fedavg_step_s": fedavg_step_s, "busy_share": busy.share, "busy_why": busy.why,
             "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "cuda_peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
             "concurrent_clients": getattr(path, "concurrent", 1), "threads": torch.get_num_threads(),
@@ -352,17 +435,25 @@ def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
             r = run_child(cfg, n)
             runs[n].append(r)
             _log(f"{n} (repeat {rep + 1}/{cfg.repeats}): local step {cfg.steps * cfg.batch_size / r['step_s']:.1f} "
-                 f"images/s, round {r['round_s']:.2f}s, peak RSS {r['peak_rss_mib']:.0f} MiB")
+                 f"images/s, rounds " + ", ".join(f"{t:.2f}" for t in r["rounds_s"])
+                 + f" s, peak RSS {r['peak_rss_mib']:.0f} MiB")
     n_target = cfg.images_per_client
     out = {}
     for n in names:
         best = min(runs[n], key=lambda r: r["step_s"])  # the shares come from the fastest step repeat
         cuda = [r["cuda_peak_mib"] for r in runs[n] if r["cuda_peak_mib"] is not None]
+        fedavg = [r["fedavg_step_s"] for r in runs[n] if r["fedavg_step_s"] is not None]
+        busy = [r["busy_share"] for r in runs[n] if r["busy_share"] is not None]
+        first = min(r["rounds_s"][0] for r in runs[n])
+        later = min(float(np.median(r["rounds_s"][1:])) for r in runs[n])
         out[n] = {
             "step_ips": cfg.steps * cfg.batch_size / best["step_s"],
+            "fedavg_step_ips": cfg.steps * cfg.batch_size / min(fedavg) if fedavg else None,
+            "first_round_s": first, "later_round_s": later, "first_over_later": first / later,
+            "busy_share": max(busy) if busy else None, "busy_why": best["busy_why"],
             "augment_share": None if best["augment_s"] is None else min(best["augment_s"] / best["step_s"], 1.0),
             "decode_share": None if best["decode_s"] is None else min(best["decode_s"] / best["step_s"], 1.0),
-            "round_s": min(r["round_s"] for r in runs[n]),
+            "round_s": later,
             "eval_ips": n_target / min(r["eval_s"] for r in runs[n]),
             "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[n]),
             "cuda_peak_mib": max(cuda) if cuda else None,
@@ -376,10 +467,12 @@ def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------------
 # Projection and table
 # ---------------------------------------------------------------------------------------------
-def pacs_sweep_seconds(step_ips: float, eval_ips: float, rounds: int = PACS_ROUNDS, epochs: int = PACS_EPOCHS) -> float:
-    """A PACS sweep at the given speeds: for each held-out domain, `rounds` x (`epochs` passes over the
-    90% training split of the three source domains + one evaluation of their 10% validation split
-    and of the held-out domain). Counts from fedccrl_core.data.registry (P 1670, A 2048, C 2344, S 3929)."""
+def pacs_sweep_seconds(step_ips: float, eval_ips: float, rounds: int = PACS_ROUNDS, epochs: int = PACS_EPOCHS,
+                       startup_s: float = 0.0) -> float:
+    """A PACS sweep at the given speeds: for each held-out domain, `startup_s` (a training process's first-round
+    excess) + `rounds` x (`epochs` passes over the 90% training split of the three source domains + one
+    evaluation of their 10% validation split and of the held-out domain). Counts from fedccrl_core.data.registry
+    (P 1670, A 2048, C 2344, S 3929)."""
     from fedccrl_core.data.registry import REGISTRY
 
     counts = REGISTRY["pacs"].domain_counts
@@ -387,7 +480,7 @@ def pacs_sweep_seconds(step_ips: float, eval_ips: float, rounds: int = PACS_ROUN
     for held_out, n_target in enumerate(counts):
         n_source = sum(n for d, n in enumerate(counts) if d != held_out)
         n_val = round(PACS_VAL_FRACTION * n_source)
-        total += rounds * (epochs * (n_source - n_val) / step_ips + (n_val + n_target) / eval_ips)
+        total += startup_s + rounds * (epochs * (n_source - n_val) / step_ips + (n_val + n_target) / eval_ips)
     return total
 
 
@@ -402,7 +495,11 @@ COLUMNS = (("fast", "fast"), ("plain", "plain (per-batch AugMix, reference)"),
 def figures(results: dict[str, dict], cuda: bool) -> list[dict]:
     rows = [
         ("FedCCRL local step on client 0, source images/s", "step_ips", "{:.1f}"),
+        ("FedAvg local step on client 0, source images/s", "fedavg_step_ips", "{:.1f}"),
         ("seconds per round (every client, Eq. 2, source validation and target evaluation)", "round_s", "{:.2f}"),
+        ("seconds of the first round", "first_round_s", "{:.2f}"),
+        ("first round / later round", "first_over_later", "{:.2f}"),
+        *([("GPU busy share during the rounds (NVML, sampled)", "busy_share", "{:.0%}")] if cuda else []),
         ("evaluation of the target, images/s", "eval_ips", "{:.1f}"),
         ("share of step time in augmentation (X1, X2)", "augment_share", "{:.0%}"),
         ("share of step time in decoding", "decode_share", "{:.0%}"),
@@ -411,7 +508,8 @@ def figures(results: dict[str, dict], cuda: bool) -> list[dict]:
         ("projected PACS sweep, hours", "pacs_h", "{:.2f}"),
     ]
     for p in results.values():
-        p["pacs_h"] = pacs_sweep_seconds(p["step_ips"], p["eval_ips"]) / 3600
+        startup = max(p["first_round_s"] - p["later_round_s"], 0.0)
+        p["pacs_h"] = pacs_sweep_seconds(p["step_ips"], p["eval_ips"], startup_s=startup) / 3600
     fast = results["fast"]
     return [{"figure": name, "key": key, **{n: results[n].get(key) for n in results},
              **{f"fast/{n}": _ratio(fast.get(key), results[n].get(key)) for n in results if n != "fast"},
@@ -452,10 +550,16 @@ def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: li
         "",
         "images/s count source images (each step also forwards their two augmented views); peak RSS: the child "
         "process's ru_maxrss (data generation, set-up and the three measurements)",
-        f"projected PACS sweep: 4 held-out domains x {PACS_ROUNDS} rounds x {PACS_EPOCHS} epochs, 6 clients, registry "
-        f"counts, at the speeds measured here ({cfg.size} px, {cfg.backbone}, {device.type})"
+        f"seconds per round: the median of rounds 2-{cfg.rounds}; the first round's excess over it is the start-up "
+        f"(cuDNN autotuning of new shapes, lazy kernel loading, first allocations)",
+        f"projected PACS sweep: 4 held-out domains x ({PACS_ROUNDS} rounds x ({PACS_EPOCHS} epochs over the source "
+        f"domains' 90% training split at the FedCCRL step's images/s + one evaluation of their 10% and of the "
+        f"held-out domain at the evaluation's images/s) + the first round's excess once per held-out domain), "
+        f"6 clients, registry counts, at the speeds measured here ({cfg.size} px, {cfg.backbone}, {device.type})"
         + ("" if cfg.size == 224 else "; NOT a 224 px figure unless run with --size 224"),
     ]
+    if device.type == "cuda" and fast["busy_share"] is None:
+        lines.append(f"GPU busy share: n/a ({fast['busy_why']})")
     for r in rows:
         for n in names:
             if n != "fast" and r[f"fast/{n}"] is not None:

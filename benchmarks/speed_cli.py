@@ -42,7 +42,9 @@ def bench_speed(json_out: Path | None, **options) -> dict:
 @click.option("--steps", type=click.IntRange(1), default=10, show_default=True, help="timed local steps")
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="untimed local steps first")
 @click.option("--batch-size", type=click.IntRange(2), default=32, show_default=True)
-@click.option("--epochs", type=click.IntRange(1), default=1, show_default=True, help="local epochs of the timed round")
+@click.option("--epochs", type=click.IntRange(1), default=1, show_default=True, help="local epochs of each timed round")
+@click.option("--rounds", type=click.IntRange(2), default=3, show_default=True,
+              help="timed rounds: the first against the median of the later ones")
 @click.option("--backbone", type=click.Choice(["small_cnn", "mobilenet_v3_large"]), default="small_cnn",
               show_default=True, help="pretrained none")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)

@@ -277,7 +277,7 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
     out = tmp_path / "bench.json"
     res = CliRunner().invoke(main, ["speed", "--size", "16", "--images-per-client", "8", "--clients", "2",
                                     "--steps", "1", "--warmup", "0", "--batch-size", "4", "--repeats", "1",
-                                    "--threads", "1", "--json", str(out)])
+                                    "--threads", "1", "--rounds", "2", "--json", str(out)])
     assert res.exit_code == 0, res.output
     assert "| figure | fast | plain (per-batch AugMix, reference) | plain (per-sample PIL AugMix) | fast/plain | " \
            "fast/plain_per_sample |" in res.output
@@ -289,7 +289,13 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
     assert data["device"] == "cpu" or torch.cuda.is_available()
     assert {f["key"] for f in data["figures"]} >= {"step_ips", "round_s", "pacs_h", "augment_share", "peak_rss_mib"}
     assert all(f[n] is not None for f in data["figures"] for n in ("fast", "plain", "plain_per_sample")
-               if f["key"] != "cuda_peak_mib")
+               if f["key"] not in ("cuda_peak_mib", "fedavg_step_ips", "busy_share"))
+    assert data["fast"]["fedavg_step_ips"] > 0 and data["plain"]["fedavg_step_ips"] is None  # the fast path's only
+    for n in ("fast", "plain", "plain_per_sample"):  # --rounds 2: the first round against the second
+        assert all(len(r["rounds_s"]) == 2 and min(r["rounds_s"]) > 0 for r in data[n]["repeats"])
+        assert data[n]["first_over_later"] == pytest.approx(data[n]["first_round_s"] / data[n]["later_round_s"])
+    assert data["fast"]["busy_share"] is None and data["fast"]["busy_why"] == "not a CUDA device"
+    assert "seconds of the first round" in res.output and "first round / later round" in res.output
     assert data["fast"]["augmix_impl"] in ("tensor", "pil")       # the fast side's AugMix: picked by a probe
     probe = data["fast"]["augmix_probe_s"]
     assert set(probe) == {"tensor", "pil"} and data["fast"]["augmix_impl"] == min(probe, key=probe.get)
