@@ -411,3 +411,31 @@ def test_bench_repro_headline_is_the_share_outside_training(capsys):
              "import time:      100 |       1500 | torch", "import time:       40 |         40 |     torch.nn",
              "import time:        5 |        500 | mlflow"]
     assert import_seconds(lines) == 0.002
+
+
+def test_the_busy_sampler_says_why_it_has_no_share_off_cuda():
+    from fedccrl_benchmarks.speed import BusySampler
+
+    with BusySampler(torch.device("cpu")) as busy:
+        pass
+    assert busy.share is None and busy.why == "not a CUDA device" and busy.samples == []
+
+
+@pytest.mark.full("the dispatch bench: two child processes, each importing torch and profiling")
+def test_dispatch_bench_counts_a_steps_operators_on_the_cpu(tmp_path):
+    """FedCCRL's step dispatches more than FedAvg's (two augmented views, three forwards, three losses), and reads
+    back from the device exactly what FedAvg's does (Adam's step counters on the CPU): nothing of its own."""
+    from fedccrl_benchmarks.cli import main
+
+    out = tmp_path / "dispatch.json"
+    res = CliRunner().invoke(main, ["dispatch", "--size", "16", "--batch-size", "4", "--images-per-client", "8",
+                                    "--steps", "2", "--warmup", "1", "--threads", "1", "--json", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "| figure | FedCCRL | FedAvg | FedCCRL/FedAvg |" in res.output
+    data = json.loads(out.read_text())
+    a, b = data["fedccrl"], data["fedavg"]
+    assert a["ops_per_step"] > b["ops_per_step"] > 0 and a["host_ms_per_step"] > 0 and a["images_per_s"] > 0
+    assert a["readbacks_per_step"] == b["readbacks_per_step"]
+    assert f"ratio FedCCRL/FedAvg, aten operators dispatched per step (forward, backward, optimizer): " \
+           f"{a['ops_per_step'] / b['ops_per_step']:.2f}" in res.output
+    assert "launches_per_step" not in a and "busy_share" not in a  # CUDA figures only on CUDA
