@@ -7,18 +7,19 @@ With `train.fast: true` (the default):
     at 32 px (`fedccrl-bench speed --size 32 --threads 1`, row "channels_last"), and it is what lets CI
     run this branch of the fast path;
   * on CUDA only: bf16 autocast around every training step (`Algorithm.local_train_steps`) and
-    every evaluation forward (`evaluation.predict`); bf16 needs no loss scaling. Losses that need
+    every evaluation forward (`learning.accuracy.predict`); bf16 needs no loss scaling. Losses that need
     float32 upcast themselves (`losses.supcon_loss` turns autocast off for its similarity matrix).
     On the CPU bf16 is slower than float32 for these convolutions, so it stays off there;
   * on CUDA only: cuDNN autotuning (`torch.backends.cudnn.benchmark`), with static batch shapes: the last,
     partial minibatch of an epoch padded to the batch size under a row mask (`learning/static_batch.py`) for the
     algorithms that support it (`Algorithm.pads_partial_batch`), and the last evaluation batch padded to the
     evaluation batch size, so each shape is autotuned once per process, not once per client;
-  * on CUDA only: Adam's fused implementation (one kernel for all parameters instead of a loop per tensor).
+  * on CUDA only: Adam's fused implementation (one kernel for all parameters instead of a loop per tensor), and
+    FedCCRL's two augmented views drawn in one call on [X; X] (`FedCCRL.views_in_one_draw`).
 channels_last changes only the order of floating-point sums, so CPU results with `train.fast` on
 and off agree to float32 rounding, not bit for bit (tests/test_bench.py pins the tolerance); each
 setting is deterministic on its own. The rest of the fast path needs no switch: shards resident on the
-device as uint8 (`federation.client.ClientData`), CCDT and per-sample AugMix vectorized on the device
+device as uint8 (`learning.clients.ClientData`), CCDT and per-sample AugMix vectorized on the device
 (`augment/`), no per-step host syncs, large evaluation batches (`evaluate.batch_size`) and several
 clients interleaved on CUDA streams (`federation.concurrent`).
 
