@@ -13,6 +13,10 @@ A GPU waits while the host dispatches operators, so the step's host cost is coun
 FedCCRL's step is measured against FedAvg's on the same data, model and batch (cross-entropy on the clean view
 only), in the same run: the ratio FedCCRL/FedAvg is what Eq. 3-16 (two augmented views, three forwards, three
 losses) add. Each algorithm runs in its own child process (`python -m fedccrl_benchmarks.dispatch --child`).
+
+`--code-path cuda` runs, on the CPU, the code the CUDA fast path runs (fastpath.enabled on: static batch shapes,
+FedCCRL's views in one call, fused Adam, bf16 autocast; AugMix without the CPU's compaction), to count the
+operators a GPU step dispatches where no GPU is. Its times are the CPU's, not a GPU's.
 """
 from __future__ import annotations
 
@@ -43,6 +47,7 @@ class DispatchConfig:
     warmup: int = 3
     threads: int = 0
     seed: int = 0
+    code_path: str = "device"  # device: the device's own | cuda: the CUDA fast path's code on this device
 
 
 def _log(msg: str) -> None:
@@ -84,6 +89,16 @@ def _steps(cfg: DispatchConfig, alg_name: str, device: torch.device):
                                  torch_generator(cfg.seed, "dispatch", device=device), np.random.default_rng(0))
 
 
+def _cuda_code_path() -> None:
+    """This child process runs the CUDA fast path's code on its device (module docstring)."""
+    import importlib
+
+    from fedccrl_core.foundation import fastpath
+
+    fastpath.enabled = lambda fast, device: bool(fast)
+    importlib.import_module("fedccrl_core.augment.augmix").COMPACT_DEVICES = ()
+
+
 def child(cfg: DispatchConfig, alg_name: str) -> dict:
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
@@ -93,6 +108,8 @@ def child(cfg: DispatchConfig, alg_name: str) -> dict:
     device = resolve_device(cfg.device)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    if cfg.code_path == "cuda" and device.type != "cuda":
+        _cuda_code_path()
     steps = _steps(cfg, alg_name, device)
     for _ in range(cfg.warmup):
         next(steps)
@@ -167,7 +184,8 @@ def render(cfg: DispatchConfig, device: torch.device, results: dict[str, dict]) 
     lines = [
         f"fedccrl-bench dispatch: one local step, {cfg.backbone} (pretrained none), {cfg.size} px, batch "
         f"{cfg.batch_size}, train.fast on, {cfg.steps} steps after {cfg.warmup} warm-up steps, on {device} "
-        f"({a['device_name']}, {a['threads']} threads; torch {torch.__version__}, {platform.machine()}), each "
+        + ("" if cfg.code_path == "device" or device.type == "cuda" else "running the CUDA fast path's code ")
+        + f"({a['device_name']}, {a['threads']} threads; torch {torch.__version__}, {platform.machine()}), each "
         f"algorithm in its own child process",
         "",
         "| figure | FedCCRL | FedAvg | FedCCRL/FedAvg |",

@@ -33,6 +33,8 @@ def bench_dispatch(json_out: Path | None, **options) -> dict:
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="untimed steps first")
 @click.option("--threads", type=click.IntRange(0), default=0, show_default=True,
               help="torch threads (0: torch's default; 1 is steadier on a shared CPU)")
+@click.option("--code-path", type=click.Choice(["device", "cuda"]), default="device", show_default=True,
+              help="cuda: run the CUDA fast path's code on this CPU, to count a GPU step's operators (CPU times)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
 def command(json_out, **options):
