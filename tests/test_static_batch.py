@@ -21,7 +21,9 @@ from fedccrl_core.learning.models import build_model
 from fedccrl_core.learning.static_batch import BATCH_NORMS, pad_rows, real_row_index, real_rows_only
 
 # float32 sums in another order (the padded batch's convolutions run over B rows, BatchNorm's statistics are taken
-# by var_mean instead of the native kernel): measured differences were below 1e-6 relative on this test's sizes
+# by var_mean instead of the native kernel). Measured on these sizes, 5 seeds, every loss, logit, gradient and
+# running statistic: the largest |padded - unpadded| was 1.6e-6 of the tensor's largest value (AVX-512), 1.7e-6
+# with ATEN_CPU_CAPABILITY=default; the tolerance leaves a wide margin for other CPUs
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
