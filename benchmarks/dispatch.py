@@ -105,7 +105,7 @@ def child(cfg: DispatchConfig, alg_name: str) -> dict:
 
     from fedccrl_core.foundation.fastpath import resolve_device
 
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "--device")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     if cfg.code_path == "cuda" and device.type != "cuda":
@@ -207,7 +207,7 @@ def render(cfg: DispatchConfig, device: torch.device, results: dict[str, dict]) 
 def bench(cfg: DispatchConfig) -> dict:
     from fedccrl_core.foundation.fastpath import resolve_device
 
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "--device")
     results = {}
     for name in ALGORITHMS:
         _log(f"{name}: {cfg.warmup} + 3 x {cfg.steps} steps on {device} in a child process")

@@ -399,7 +399,7 @@ def child(cfg: BenchConfig, name: str) -> dict:
     """One path, measured in this (child) process: timings, the peak RSS of the process, CUDA peak."""
     from fedccrl_core.federation.engine import resolve_device
 
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "--device")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     path = PATHS[name](cfg, make_data(cfg), device)
@@ -570,7 +570,7 @@ def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: li
 def bench(cfg: BenchConfig) -> dict:
     from fedccrl_core.federation.engine import resolve_device
 
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "--device")
     _log(f"measuring on {device}: {len(PATHS)} paths x {cfg.repeats} repeat(s), each in a child process "
          f"({cfg.clients} clients x {cfg.images_per_client} images at {cfg.size} px)")
     results = measure(list(PATHS), cfg)

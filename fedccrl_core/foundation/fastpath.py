@@ -32,14 +32,15 @@ import contextlib
 import torch
 
 
-def resolve_device(name: str) -> torch.device:
-    """params.yaml train.device (auto | cpu | cuda) as a torch device."""
+def resolve_device(name: str, key: str = "params.yaml: train.device") -> torch.device:
+    """A device setting (auto | cpu | cuda) as a torch device; `key` names the setting in the error (a bench: its
+    --device option)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("params.yaml: train.device is 'cuda' but no CUDA device is available")
+        raise ValueError(f"{key} is 'cuda' but no CUDA device is available")
     if name not in ("cpu", "cuda"):
-        raise ValueError(f"params.yaml: train.device must be auto, cpu or cuda, got {name!r}")
+        raise ValueError(f"{key} must be auto, cpu or cuda, got {name!r}")
     return torch.device(name)
 
 
