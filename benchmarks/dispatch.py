@@ -21,15 +21,16 @@ operators a GPU step dispatches where no GPU is. Its times are the CPU's, not a 
 from __future__ import annotations
 
 import dataclasses
-import json
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+
+from fedccrl_benchmarks import children
+from fedccrl_benchmarks.speed import sync
 
 ALGORITHMS = ("fedccrl", "fedavg")
 READBACK = "aten::_local_scalar_dense"
@@ -54,28 +55,19 @@ def _log(msg: str) -> None:
     print(f"bench dispatch: {msg}", file=sys.stderr, flush=True)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def _steps(cfg: DispatchConfig, alg_name: str, device: torch.device):
     """An endless local-step generator of `alg_name` on client 0 of the speed bench's generated data, with
     train.fast on, every step a full batch (the epochs outnumber the steps asked for)."""
-    from fedccrl_benchmarks.speed import BenchConfig, _statistics, make_data
+    from fedccrl_benchmarks.speed import BenchConfig, fast_clients, make_data
     from fedccrl_core.algorithm_params.train import LocalConfig
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.foundation.seeding import torch_generator
-    from fedccrl_core.learning.clients import ClientData, ClientState
-    from fedccrl_core.learning.models import build_model
+    from fedccrl_core.learning.clients import ClientState
 
     data = make_data(BenchConfig(size=cfg.size, images_per_client=cfg.images_per_client, clients=3,
                                  batch_size=cfg.batch_size, seed=cfg.seed))
-    clients = [ClientData.from_numpy(f"client{i}", f"d{i}", x, y, vx, vy, device, *_statistics(x))
-               for i, ((x, y), (vx, vy)) in enumerate(zip(data.train, data.val))]
-    per_epoch = clients[0].n_train // cfg.batch_size
-    if per_epoch < 1:
-        raise ValueError(f"--images-per-client {cfg.images_per_client} holds no full batch of {cfg.batch_size}")
+    clients = fast_clients(data, device)
+    per_epoch = clients[0].n_train // cfg.batch_size  # >= 1: checked before any child starts (bench)
     epochs = (cfg.warmup + 3 * cfg.steps) // per_epoch + 1  # warm-up, host, wall and profiled steps
     alg = build_algorithm(alg_name, LocalConfig(rounds=1, local_epochs=epochs, batch_size=cfg.batch_size, fast=True))
     payloads = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
@@ -113,24 +105,24 @@ def child(cfg: DispatchConfig, alg_name: str) -> dict:
     steps = _steps(cfg, alg_name, device)
     for _ in range(cfg.warmup):
         next(steps)
-    _sync(device)
+    sync(device)
     host = []
     for _ in range(cfg.steps):  # host time: enqueueing one step, without waiting for the device
         t0 = time.perf_counter()
         next(steps)
         host.append(time.perf_counter() - t0)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(cfg.steps):
         next(steps)
-    _sync(device)
+    sync(device)
     wall = time.perf_counter() - t0
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as prof:
         t0 = time.perf_counter()
         for _ in range(cfg.steps):
             next(steps)
-        _sync(device)
+        sync(device)
         profiled_wall = time.perf_counter() - t0
     steps.close()
     events = prof.events()
@@ -160,11 +152,8 @@ def child(cfg: DispatchConfig, alg_name: str) -> dict:
 
 
 def run_child(cfg: DispatchConfig, alg_name: str) -> dict:
-    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.dispatch", "--child",
-                        json.dumps({"cfg": asdict(cfg), "alg": alg_name})], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"bench dispatch child ({alg_name}) failed:\n{p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return children.run_child("fedccrl_benchmarks.dispatch", {"cfg": asdict(cfg), "alg": alg_name},
+                              f"bench dispatch child ({alg_name})")
 
 
 ROWS = (
@@ -208,6 +197,9 @@ def bench(cfg: DispatchConfig) -> dict:
     from fedccrl_core.foundation.fastpath import resolve_device
 
     device = resolve_device(cfg.device, "--device")
+    if cfg.images_per_client < cfg.batch_size:
+        raise ValueError(f"--images-per-client {cfg.images_per_client} holds no full batch of --batch-size "
+                         f"{cfg.batch_size}: every measured step is a full batch")
     results = {}
     for name in ALGORITHMS:
         _log(f"{name}: {cfg.warmup} + 3 x {cfg.steps} steps on {device} in a child process")
@@ -217,10 +209,5 @@ def bench(cfg: DispatchConfig) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        spec = json.loads(sys.argv[2])
-        print(json.dumps(child(DispatchConfig(**spec["cfg"]), spec["alg"])), flush=True)
-    else:
-        print("internal: python -m fedccrl_benchmarks.dispatch --child '<json>' (use `fedccrl-bench dispatch`)",
-              file=sys.stderr)
-        sys.exit(2)
+    children.child_main("fedccrl_benchmarks.dispatch", "fedccrl-bench dispatch",
+                        lambda spec: child(DispatchConfig(**spec["cfg"]), spec["alg"]))

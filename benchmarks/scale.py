@@ -15,10 +15,8 @@ the bytes sent.
 """
 from __future__ import annotations
 
-import json
 import os
 import resource
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,6 +24,7 @@ from pathlib import Path
 
 import psutil
 
+from fedccrl_benchmarks import children
 from fedccrl_core.foundation import contract
 
 CLIENT_COUNTS = (6, 30, 120, 300)
@@ -105,11 +104,8 @@ def measure(algorithm: str, clients: int, total: int, size: int, rounds: int, ba
     spec = {"algorithm": algorithm, "clients": clients, "total": total, "size": size, "rounds": rounds,
             "batch_size": batch_size, "threads": threads, "client_state": client_state}
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.scale", "--child", json.dumps(spec)],
-                       capture_output=True, text=True, env=env)
-    if p.returncode != 0:
-        raise RuntimeError(f"bench scale child ({algorithm}, {clients} clients) failed:\n{p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return children.run_child("fedccrl_benchmarks.scale", spec, f"bench scale child ({algorithm}, {clients} clients)",
+                              env)
 
 
 def table(results: dict) -> str:
@@ -146,9 +142,4 @@ def bench_scale(algorithms=ALGORITHMS, client_counts=CLIENT_COUNTS, total: int =
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        print(json.dumps(child(json.loads(sys.argv[2]))), flush=True)
-    else:
-        print("internal: python -m fedccrl_benchmarks.scale --child '<json spec>' (use `fedccrl-bench scale`)",
-              file=sys.stderr)
-        sys.exit(2)
+    children.child_main("fedccrl_benchmarks.scale", "fedccrl-bench scale", child)

@@ -27,18 +27,19 @@ projection for a 224 px sweep only when the bench ran with --size 224.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
 import resource
-import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
+
+from fedccrl_benchmarks import children
 
 PACS_ROUNDS, PACS_EPOCHS, PACS_VAL_FRACTION = 10, 3, 0.1
 
@@ -110,7 +111,8 @@ def make_data(cfg: BenchConfig) -> BenchData:
 # ---------------------------------------------------------------------------------------------
 # Timing and memory
 # ---------------------------------------------------------------------------------------------
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): timings end on it."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -119,11 +121,11 @@ def _time_steps(steps, n_warm: int, n_timed: int, device) -> float:
     """Seconds for n_timed next() of a step generator after n_warm untimed ones."""
     for _ in range(n_warm):
         next(steps)
-    _sync(device)
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(n_timed):
         next(steps)
-    _sync(device)
+    sync(device)
     seconds = time.perf_counter() - t0
     steps.close()
     return seconds
@@ -135,8 +137,6 @@ class BusySampler:
     `why` set when NVML cannot be read (nvidia-ml-py missing, no driver library)."""
 
     def __init__(self, device: torch.device, every: float = 0.1):
-        import threading
-
         self.device, self.every, self.samples, self.why = device, every, [], None
         self._stop, self._thread = threading.Event(), None
         if device.type != "cuda":
@@ -152,8 +152,6 @@ class BusySampler:
             self.samples.append(torch.cuda.utilization(self.device))
 
     def __enter__(self):
-        import threading
-
         if self.why is None:
             self._thread = threading.Thread(target=self._run, daemon=True)
             self._thread.start()
@@ -174,10 +172,10 @@ def _round_times(run_rounds, device, rounds: int) -> tuple[list[float], BusySamp
     marks = []
 
     def on_round(_record=None):
-        _sync(device)
+        sync(device)
         marks.append(time.perf_counter())
 
-    _sync(device)
+    sync(device)
     with BusySampler(device) as busy:
         marks.append(time.perf_counter())
         run_rounds(on_round)
@@ -220,6 +218,14 @@ def _statistics(images_u8: np.ndarray):
     return compute_statistics(images_u8, IMAGENET_MEAN, IMAGENET_STD)
 
 
+def fast_clients(data: BenchData, device) -> list:
+    """The clients as the engine holds them: shards uint8 on the device, with their statistics."""
+    from fedccrl_core.learning.clients import ClientData
+
+    return [ClientData.from_numpy(f"client{i}", f"d{i % 3}", x, y, vx, vy, device, *_statistics(x))
+            for i, ((x, y), (vx, vy)) in enumerate(zip(data.train, data.val))]
+
+
 class FastPath:
     """The in-process engine as `fedccrl train` runs it (train.fast on)."""
 
@@ -232,8 +238,7 @@ class FastPath:
         from fedccrl_core.federation.engine import EvalSets, concurrent_width
 
         self.cfg, self.data, self.device = cfg, data, device
-        self.clients = [ClientData.from_numpy(f"client{i}", f"d{i % 3}", x, y, vx, vy, device, *_statistics(x))
-                        for i, ((x, y), (vx, vy)) in enumerate(zip(data.train, data.val))]
+        self.clients = fast_clients(data, device)
         tx, ty = data.target
         self.target = ClientData.from_numpy("target", "sketch", tx, ty, tx[:0], ty[:0], device)
         self.evalsets = EvalSets(torch.cat([c.val_x for c in self.clients]), torch.cat([c.val_y for c in self.clients]),
@@ -246,14 +251,17 @@ class FastPath:
         self.concurrent = concurrent_width(cfg.concurrent_clients, device, len(self.clients),
                                            FedCCRL(_local(cfg, 1, True), self.hparams))
 
-    def _local_steps_seconds(self, alg) -> float:
+    def _payload(self, alg):
+        """Client 0's payload of one round (Algorithm 1 lines 3-7)."""
+        return alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
+                                    for i, c in enumerate(self.clients)})[self.clients[0].client_id]
+
+    def _local_steps_seconds(self, alg, payload) -> float:
         """Seconds of cfg.steps local steps of `alg` on client 0, after cfg.warmup untimed ones."""
         from fedccrl_core.learning.clients import ClientState
         from fedccrl_core.foundation.seeding import torch_generator
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
-        payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
-                                       for i, c in enumerate(self.clients)})[c0.client_id]
         model = _model(cfg, self.data.num_classes, device)
         global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
         steps = alg.local_train_steps(model, c0, ClientState(), global_w, payload,
@@ -264,9 +272,9 @@ class FastPath:
         """The same local steps with FedAvg (cross-entropy on the clean batch): the step without Eq. 3-16."""
         from fedccrl_core.algorithms.fedavg import FedAvg
 
-        c0 = self.clients[0]
-        return self._local_steps_seconds(FedAvg(_local(self.cfg, _epochs_for(self.cfg.warmup + self.cfg.steps,
-                                                                             c0.n_train, self.cfg.batch_size), True)))
+        cfg = self.cfg
+        alg = FedAvg(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, self.clients[0].n_train, cfg.batch_size), True))
+        return self._local_steps_seconds(alg, self._payload(alg))
 
     def step_seconds(self) -> tuple[float, float, float]:
         """(seconds of cfg.steps local steps on client 0, seconds of their augmentation alone, decoding)."""
@@ -277,20 +285,19 @@ class FastPath:
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
         alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), True), self.hparams)
-        step_s = self._local_steps_seconds(alg)
-        payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
-                                       for i, c in enumerate(self.clients)})[c0.client_id]
+        payload = self._payload(alg)
+        step_s = self._local_steps_seconds(alg, payload)
         # the augmentation of as many batches, alone (the same device-side M(X) the step runs twice)
         ctx = StepContext(payload, [], torch_generator(cfg.seed, "bench-aug", device=device))
         order = torch.from_numpy(np.random.default_rng(1).permutation(c0.n_train)).to(device)
         bs = min(cfg.batch_size, c0.n_train)
         batches = [order[st:st + bs] for st in ((s * bs) % (c0.n_train - bs + 1) for s in range(cfg.steps))]
         alg.augmented_views(normalize_u8(c0.train_x[batches[0]]), ctx)  # warm
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for idx in batches:
             alg.augmented_views(normalize_u8(c0.train_x[idx]), ctx)
-        _sync(device)
+        sync(device)
         return step_s, time.perf_counter() - t0, 0.0  # decoded once, before training
 
     def round_seconds(self) -> tuple[list[float], BusySampler]:
@@ -312,7 +319,7 @@ class FastPath:
 
         t = self.target
         accuracy(self.model, t.train_x, t.train_y, self.cfg.eval_batch_size, fast=True)  # warm
-        _sync(self.device)
+        sync(self.device)
         t0 = time.perf_counter()
         accuracy(self.model, t.train_x, t.train_y, self.cfg.eval_batch_size, fast=True)
         return time.perf_counter() - t0
@@ -419,11 +426,7 @@ def child(cfg: BenchConfig, name: str) -> dict:
 
 
 def run_child(cfg: BenchConfig, name: str) -> dict:
-    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.speed", "--child",
-                        json.dumps({"cfg": asdict(cfg), "path": name})], capture_output=True, text=True)
-    if p.returncode != 0:
-        raise RuntimeError(f"bench child ({name}) failed:\n{p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return children.run_child("fedccrl_benchmarks.speed", {"cfg": asdict(cfg), "path": name}, f"bench child ({name})")
 
 
 def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
@@ -582,9 +585,5 @@ def bench(cfg: BenchConfig) -> dict:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        spec = json.loads(sys.argv[2])
-        print(json.dumps(child(BenchConfig(**spec["cfg"]), spec["path"])), flush=True)
-    else:
-        print("internal: python -m fedccrl_benchmarks.speed --child '<json>' (use `fedccrl-bench speed`)", file=sys.stderr)
-        sys.exit(2)
+    children.child_main("fedccrl_benchmarks.speed", "fedccrl-bench speed",
+                        lambda spec: child(BenchConfig(**spec["cfg"]), spec["path"]))

@@ -439,3 +439,38 @@ def test_dispatch_bench_counts_a_steps_operators_on_the_cpu(tmp_path):
     assert f"ratio FedCCRL/FedAvg, aten operators dispatched per step (forward, backward, optimizer): " \
            f"{a['ops_per_step'] / b['ops_per_step']:.2f}" in res.output
     assert "launches_per_step" not in a and "busy_share" not in a  # CUDA figures only on CUDA
+
+
+def test_dispatch_bench_refuses_a_client_without_a_full_batch_before_any_child():
+    from fedccrl_benchmarks.cli import main
+
+    res = CliRunner().invoke(main, ["dispatch", "--images-per-client", "4", "--batch-size", "8"])
+    assert res.exit_code == 2
+    assert "--images-per-client 4 holds no full batch of --batch-size 8" in res.output
+    assert "bench dispatch:" not in res.output  # no child was started
+
+
+@pytest.mark.full("a bench process and its child, one killed with SIGKILL")
+def test_a_killed_bench_leaves_no_child_running():
+    """kill -9 of `fedccrl-bench dispatch` while its child measures: the child dies with it (PR_SET_PDEATHSIG)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    bench = subprocess.Popen([sys.executable, "-m", "fedccrl_benchmarks.cli", "dispatch", "--size", "16",
+                              "--batch-size", "4", "--images-per-client", "8", "--steps", "100000", "--threads", "1"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline, kids = time.monotonic() + 120, []
+    while not kids and time.monotonic() < deadline:
+        kids = [p for p in psutil.Process(bench.pid).children(recursive=True) if "--child" in p.cmdline()]
+        time.sleep(0.2)
+    assert kids, "the bench started no child"
+    bench.send_signal(signal.SIGKILL)
+    bench.wait()
+    gone, alive = psutil.wait_procs(kids, timeout=30)
+    for p in alive:
+        p.kill()
+    assert alive == []
