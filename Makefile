@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see docs/algorithms/baselines.md) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: lock repro test test-all chaos bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv \
+.PHONY: lock repro lint test test-all chaos bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv \
         tracking-server tracking-server-stop tracking-server-status
 
 # constraints.txt pins every package to the exact version it was tested with (make lock writes it)
@@ -28,10 +28,14 @@ lock: $(STAMP)  ## regenerate constraints.txt from .venv: pip freeze, without fe
 repro: $(STAMP)   ## the main job: dvc repro on the embedded default dataset
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 
-test: $(STAMP)    ## the fast tier (minutes): every test not marked `full`; it lists what it leaves to test-all
+lint: $(STAMP)    ## ruff's lint and format check over every Python file (pyproject.toml [tool.ruff])
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint    ## the fast tier (minutes): the checks above, then every test not marked `full`; it lists what it leaves to test-all
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest
 
-test-all: $(STAMP)  ## the full tier (what CI runs): also the README blocks, DVC pipelines and queues, Flower, benches
+test-all: lint  ## the full tier (what CI runs): also the README blocks, DVC pipelines and queues, Flower, benches
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m ""
 
 chaos: $(STAMP)  ## the fault suite: one row per fault (orphans, temp files left, data lost, metrics identical)

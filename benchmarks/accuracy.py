@@ -2,6 +2,7 @@
 process on the current shards and pools (no DVC, no MLflow), printed as a table; the held-out domains are
 params.yaml's `train.held_out`, and each round's accuracies go to stderr as it ends. A benchmark
 command, not a test: it reports what it sees."""
+
 from __future__ import annotations
 
 import statistics
@@ -12,8 +13,8 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation import contract
-from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.params import read_yaml, validate_params
+from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -> dict:
@@ -32,20 +33,26 @@ def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -
     return params
 
 
-def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list[int], params_path: Path,
-                   overrides: list[str] = (), variants: list[str] | None = None) -> dict:
+def bench_accuracy(
+    shards: Path,
+    pools: Path,
+    algorithms: list[str],
+    seeds: list[int],
+    params_path: Path,
+    overrides: list[str] = (),
+    variants: list[str] | None = None,
+) -> dict:
     import numpy as np
     import torch
 
+    from fedccrl_core.algorithm_params.fedccrl import VARIANTS
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
     from fedccrl_core.federation.jobs import load_clients
+    from fedccrl_core.learning.clients import ClientData
     from fedccrl_pipeline.cross_checks import resolve_held_out
     from fedccrl_pipeline.train import check_algorithm, run_settings
-
-    from fedccrl_core.algorithm_params.fedccrl import VARIANTS
 
     params = apply_overrides(read_yaml(params_path), list(overrides))
     bad = [v for v in variants or [] if v not in VARIANTS]
@@ -57,8 +64,9 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
     settings = run_settings(cfg)
     rows = []  # (label, algorithm, hparams): one per algorithm, one per variant of FedCCRL
     for a in algorithms:
-        for label, override in ([(f"fedccrl ({v})", {"variant": v}) for v in variants]
-                                if a == "fedccrl" and variants else [(a, {})]):
+        for label, override in (
+            [(f"fedccrl ({v})", {"variant": v}) for v in variants] if a == "fedccrl" and variants else [(a, {})]
+        ):
             params = getattr(cfg.train, a).model_copy(update=override)  # `variant`: one of VARIANTS, checked above
             hparams = build_algorithm(a, settings.local, params).hp  # a variant's switches checked before any training
             rows.append((label, a, hparams))
@@ -77,32 +85,57 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
         for target in targets:
             clients = load_clients(shards, pools, [d for d in domains if d != target], device)
             tx, ty = load_domain_test(shards, target)
-            ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                          ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], device).train_x,
-                          torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), s.eval_batch_size)
+            ev = EvalSets(
+                torch.cat([c.val_x for c in clients]),
+                torch.cat([c.val_y for c in clients]),
+                ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], device).train_x,
+                torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device),
+                s.eval_batch_size,
+            )
             for seed in seeds:
                 alg = build_algorithm(alg_name, s.local, hparams)
                 torch.manual_seed(seed)
                 model = alg.build_model(s.backbone, len(manifest["classes"]), s.pretrained, alg.hp).to(device)
-                def progress(rec, label=label, target=target, seed=seed):
-                    print(f"bench: {label} {target} seed {seed} round {rec[contract.ROUND]}/{s.local.rounds}: "
-                          f"target {rec[contract.TARGET_ACC]:.4f}, source val {rec[contract.VAL_ACC]:.4f} "
-                          f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
 
-                res = InProcessEngine(alg, model, clients, ev, s.local.rounds, seed, s.client_fraction,
-                                      on_round=progress, log=lambda m: None,
-                                      concurrent_clients=s.concurrent_clients).run()
+                def progress(rec, label=label, target=target, seed=seed):
+                    print(
+                        f"bench: {label} {target} seed {seed} round {rec[contract.ROUND]}/{s.local.rounds}: "
+                        f"target {rec[contract.TARGET_ACC]:.4f}, source val {rec[contract.VAL_ACC]:.4f} "
+                        f"({time.perf_counter() - t0:.0f}s)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+                res = InProcessEngine(
+                    alg,
+                    model,
+                    clients,
+                    ev,
+                    s.local.rounds,
+                    seed,
+                    s.client_fraction,
+                    on_round=progress,
+                    log=lambda m: None,
+                    concurrent_clients=s.concurrent_clients,
+                ).run()
                 acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1][contract.TARGET_ACC])
-                print(f"bench: {label} {target} seed {seed}: {acc[label][target][-1]:.4f} "
-                      f"({time.perf_counter() - t0:.0f}s)", file=sys.stderr, flush=True)
+                print(
+                    f"bench: {label} {target} seed {seed}: {acc[label][target][-1]:.4f} "
+                    f"({time.perf_counter() - t0:.0f}s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     lines = [f"| Algorithm | {' | '.join(targets)} | Avg. |", "|---" * (len(targets) + 2) + "|"]
     for alg_name, per in acc.items():
         cells = [f"{100 * statistics.fmean(v):.2f} ± {100 * statistics.pstdev(v):.2f}" for v in per.values()]
         avg = statistics.fmean(statistics.fmean(v) for v in per.values())
         lines.append(f"| {alg_name} | {' | '.join(cells)} | {100 * avg:.2f} |")
-    print(f"final-round target accuracy (%), mean ± std over seeds {seeds}"
-          f"{', ' + ' '.join(overrides) if overrides else ''}, "
-          f"{time.perf_counter() - t0:.0f}s in all", flush=True)
+    print(
+        f"final-round target accuracy (%), mean ± std over seeds {seeds}"
+        f"{', ' + ' '.join(overrides) if overrides else ''}, "
+        f"{time.perf_counter() - t0:.0f}s in all",
+        flush=True,
+    )
     print("\n".join(lines), flush=True)
     return acc
 
@@ -113,10 +146,23 @@ def bench_accuracy(shards: Path, pools: Path, algorithms: list[str], seeds: list
 @click.option("--algorithms", default="fedccrl,fedavg,fedprox", show_default=True)
 @click.option("--seeds", default="0,1,2", show_default=True)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-              help="override a params.yaml key for this bench only (repeatable), e.g. --set train.local_epochs=3")
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="override a params.yaml key for this bench only (repeatable), e.g. --set train.local_epochs=3",
+)
 @click.option("--variants", default="", help="FedCCRL variants, one row each: paper,reference (train.fedccrl.variant)")
 def command(shards, pools, algorithms, seeds, params_path, overrides, variants):
     """Held-out accuracy table of several algorithms over several seeds (one process, no tracking)."""
-    run_stage(bench_accuracy, shards, pools, algorithms.split(","), [int(s) for s in seeds.split(",")], params_path,
-              list(overrides), [v for v in variants.split(",") if v] or None)
+    run_stage(
+        bench_accuracy,
+        shards,
+        pools,
+        algorithms.split(","),
+        [int(s) for s in seeds.split(",")],
+        params_path,
+        list(overrides),
+        [v for v in variants.split(",") if v] or None,
+    )

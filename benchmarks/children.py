@@ -1,6 +1,7 @@
 """The child processes of the benches: each measurement runs in a fresh `python -m <bench module> --child '<json>'`
 (its own peak RSS, no warm caches from another path), which prints one JSON line of figures. A child dies with
 the bench that started it (fedccrl_core/foundation/procs.py), so a `kill -9` of the bench leaves none running."""
+
 from __future__ import annotations
 
 import json
@@ -12,8 +13,9 @@ from collections.abc import Callable
 def run_child(module: str, spec: dict, what: str, env: dict | None = None) -> dict:
     """`python -m module --child json(spec)` -> its last stdout line as JSON; RuntimeError naming `what` with the
     child's stderr when it fails."""
-    p = subprocess.run([sys.executable, "-m", module, "--child", json.dumps(spec)], capture_output=True, text=True,
-                       env=env)
+    p = subprocess.run(
+        [sys.executable, "-m", module, "--child", json.dumps(spec)], capture_output=True, text=True, env=env
+    )
     if p.returncode != 0:
         raise RuntimeError(f"{what} failed:\n{p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])

@@ -18,6 +18,7 @@ losses) add. Each algorithm runs in its own child process (`python -m fedccrl_be
 FedCCRL's views in one call, fused Adam, bf16 autocast; AugMix without the CPU's compaction), to count the
 operators a GPU step dispatches where no GPU is. Its times are the CPU's, not a GPU's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -64,21 +65,32 @@ def _steps(cfg: DispatchConfig, alg_name: str, device: torch.device):
     from fedccrl_core.foundation.seeding import torch_generator
     from fedccrl_core.learning.clients import ClientState
 
-    data = make_data(BenchConfig(size=cfg.size, images_per_client=cfg.images_per_client, clients=3,
-                                 batch_size=cfg.batch_size, seed=cfg.seed))
+    data = make_data(
+        BenchConfig(
+            size=cfg.size, images_per_client=cfg.images_per_client, clients=3, batch_size=cfg.batch_size, seed=cfg.seed
+        )
+    )
     clients = fast_clients(data, device)
     per_epoch = clients[0].n_train // cfg.batch_size  # >= 1: checked before any child starts (bench)
     epochs = (cfg.warmup + 3 * cfg.steps) // per_epoch + 1  # warm-up, host, wall and profiled steps
     alg = build_algorithm(alg_name, LocalConfig(rounds=1, local_epochs=epochs, batch_size=cfg.batch_size, fast=True))
-    payloads = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
-                                    for i, c in enumerate(clients)})
+    payloads = alg.server_payloads(
+        {c.client_id: alg.client_upload(c, np.random.default_rng(i)) for i, c in enumerate(clients)}
+    )
     torch.manual_seed(cfg.seed)
     model = alg.build_model(cfg.backbone, data.num_classes, "none").to(device)
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
     keep = per_epoch * cfg.batch_size  # n_train a multiple of the batch: every measured step is a full one
     c0 = dataclasses.replace(clients[0], train_x=clients[0].train_x[:keep], train_y=clients[0].train_y[:keep])
-    return alg.local_train_steps(model, c0, ClientState(), weights, payloads[c0.client_id],
-                                 torch_generator(cfg.seed, "dispatch", device=device), np.random.default_rng(0))
+    return alg.local_train_steps(
+        model,
+        c0,
+        ClientState(),
+        weights,
+        payloads[c0.client_id],
+        torch_generator(cfg.seed, "dispatch", device=device),
+        np.random.default_rng(0),
+    )
 
 
 def _cuda_code_path() -> None:
@@ -146,14 +158,18 @@ def child(cfg: DispatchConfig, alg_name: str) -> dict:
     if device.type == "cuda":
         kernels = [e for e in events if e.device_type == DeviceType.CUDA]  # kernels, copies and fills on the GPU
         kernel_s = sum(e.time_range.elapsed_us() for e in kernels) / 1e6
-        out.update(launches_per_step=sum(1 for e in events if e.name in LAUNCHES) / n,
-                   kernel_ms_per_step=1e3 * kernel_s / n, busy_share=min(kernel_s / profiled_wall, 1.0))
+        out.update(
+            launches_per_step=sum(1 for e in events if e.name in LAUNCHES) / n,
+            kernel_ms_per_step=1e3 * kernel_s / n,
+            busy_share=min(kernel_s / profiled_wall, 1.0),
+        )
     return out
 
 
 def run_child(cfg: DispatchConfig, alg_name: str) -> dict:
-    return children.run_child("fedccrl_benchmarks.dispatch", {"cfg": asdict(cfg), "alg": alg_name},
-                              f"bench dispatch child ({alg_name})")
+    return children.run_child(
+        "fedccrl_benchmarks.dispatch", {"cfg": asdict(cfg), "alg": alg_name}, f"bench dispatch child ({alg_name})"
+    )
 
 
 ROWS = (
@@ -185,8 +201,7 @@ def render(cfg: DispatchConfig, device: torch.device, results: dict[str, dict]) 
             continue
         ratio = "n/a" if not b.get(key) else f"{a[key] / b[key]:.2f}"
         lines.append(f"| {name} | {fmt.format(a[key])} | {fmt.format(b[key])} | {ratio} |")
-    lines += ["", "FedCCRL's most dispatched operators per step: "
-              + ", ".join(f"{k} {v:.0f}" for k, v in a["top_ops"])]
+    lines += ["", "FedCCRL's most dispatched operators per step: " + ", ".join(f"{k} {v:.0f}" for k, v in a["top_ops"])]
     for name, key, _ in ROWS:
         if key in a and b.get(key):
             lines.append(f"ratio FedCCRL/FedAvg, {name}: {a[key] / b[key]:.2f}")
@@ -198,16 +213,26 @@ def bench(cfg: DispatchConfig) -> dict:
 
     device = resolve_device(cfg.device, "--device")
     if cfg.images_per_client < cfg.batch_size:
-        raise ValueError(f"--images-per-client {cfg.images_per_client} holds no full batch of --batch-size "
-                         f"{cfg.batch_size}: every measured step is a full batch")
+        raise ValueError(
+            f"--images-per-client {cfg.images_per_client} holds no full batch of --batch-size "
+            f"{cfg.batch_size}: every measured step is a full batch"
+        )
     results = {}
     for name in ALGORITHMS:
         _log(f"{name}: {cfg.warmup} + 3 x {cfg.steps} steps on {device} in a child process")
         results[name] = run_child(cfg, name)
-    return {"config": asdict(cfg), "device": str(device), "torch": torch.__version__, **results,
-            "table": render(cfg, device, results)}
+    return {
+        "config": asdict(cfg),
+        "device": str(device),
+        "torch": torch.__version__,
+        **results,
+        "table": render(cfg, device, results),
+    }
 
 
 if __name__ == "__main__":
-    children.child_main("fedccrl_benchmarks.dispatch", "fedccrl-bench dispatch",
-                        lambda spec: child(DispatchConfig(**spec["cfg"]), spec["alg"]))
+    children.child_main(
+        "fedccrl_benchmarks.dispatch",
+        "fedccrl-bench dispatch",
+        lambda spec: child(DispatchConfig(**spec["cfg"]), spec["alg"]),
+    )

@@ -1,5 +1,6 @@
 """`fedccrl-bench dispatch`: operators dispatched, host time and device reads of one local step, FedCCRL against
 FedAvg (benchmarks/dispatch.py). Progress on stderr, the table on stdout."""
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,30 @@ def bench_dispatch(json_out: Path | None, **options) -> dict:
 @click.option("--size", type=click.IntRange(8), default=32, show_default=True, help="image size (GPU: 224)")
 @click.option("--batch-size", type=click.IntRange(2), default=32, show_default=True)
 @click.option("--images-per-client", type=click.IntRange(2), default=64, show_default=True)
-@click.option("--backbone", type=click.Choice(["small_cnn", "mobilenet_v3_large"]), default="small_cnn",
-              show_default=True, help="pretrained none")
+@click.option(
+    "--backbone",
+    type=click.Choice(["small_cnn", "mobilenet_v3_large"]),
+    default="small_cnn",
+    show_default=True,
+    help="pretrained none",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @click.option("--steps", type=click.IntRange(1), default=10, show_default=True, help="steps per measurement")
 @click.option("--warmup", type=click.IntRange(0), default=3, show_default=True, help="untimed steps first")
-@click.option("--threads", type=click.IntRange(0), default=0, show_default=True,
-              help="torch threads (0: torch's default; 1 is steadier on a shared CPU)")
-@click.option("--code-path", type=click.Choice(["device", "cuda"]), default="device", show_default=True,
-              help="cuda: run the CUDA fast path's code on this CPU, to count a GPU step's operators (CPU times)")
+@click.option(
+    "--threads",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="torch threads (0: torch's default; 1 is steadier on a shared CPU)",
+)
+@click.option(
+    "--code-path",
+    type=click.Choice(["device", "cuda"]),
+    default="device",
+    show_default=True,
+    help="cuda: run the CUDA fast path's code on this CPU, to count a GPU step's operators (CPU times)",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
 def command(json_out, **options):

@@ -10,6 +10,7 @@ FedAvg's streamed Eq. 2 on the same replies.
     python -m fedccrl_benchmarks.fedomg_step --clients 6,120            # after `fedccrl partition` (the embedded default)
     python -m fedccrl_benchmarks.fedomg_step --clients 6,120 --backbone mobilenet_v3_large
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ def server_seconds(alg, global_w: dict, u: int, repeats: int) -> float:
         agg = alg.aggregation(global_w, float(u * 100))
         spent = 0.0
         for i in range(u):
-            weights = {k: (v + 1e-3 * torch.randn(v.shape, generator=gen, dtype=v.dtype)) if v.is_floating_point()
-                       else v.clone() for k, v in global_w.items()}
+            weights = {
+                k: (v + 1e-3 * torch.randn(v.shape, generator=gen, dtype=v.dtype))
+                if v.is_floating_point()
+                else v.clone()
+                for k, v in global_w.items()
+            }
             t0 = time.perf_counter()
             agg.add(Reply(f"c{i}", weights, 100))
             spent += time.perf_counter() - t0
@@ -48,17 +53,20 @@ def main(argv=None) -> None:
     ap.add_argument("--params", type=Path, default=Path("params.yaml"))
     ap.add_argument("--clients", default="6,120")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--backbone", default="", help="instead of params.yaml's (resolved) model.backbone, e.g. "
-                                                   "mobilenet_v3_large (random weights)")
+    ap.add_argument(
+        "--backbone",
+        default="",
+        help="instead of params.yaml's (resolved) model.backbone, e.g. mobilenet_v3_large (random weights)",
+    )
     args = ap.parse_args(argv)
 
     import numpy as np
     import torch
 
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.learning.clients import ClientState
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.federation.jobs import load_clients
+    from fedccrl_core.learning.clients import ClientState
     from fedccrl_pipeline.params import load_config
     from fedccrl_pipeline.train import run_settings
 
@@ -77,14 +85,17 @@ def main(argv=None) -> None:
     for c in clients:  # one client-round each, from the same global weights (the shard read outside the clock)
         data = c.resident()
         t0 = time.perf_counter()
-        fedavg.local_train(model, data, ClientState(), global_w, None, torch.Generator().manual_seed(0),
-                           np.random.default_rng(0))
+        fedavg.local_train(
+            model, data, ClientState(), global_w, None, torch.Generator().manual_seed(0), np.random.default_rng(0)
+        )
         per_client.append(time.perf_counter() - t0)
     client_round = statistics.fmean(per_client)
     params = sum(v.numel() for v in global_w.values() if v.is_floating_point())
-    print(f"{backbone}, {params} floating-point values in the state; one client-round "
-          f"({s.local.local_epochs} local epochs, ~{int(statistics.fmean(c.n_train for c in clients))} images): "
-          f"{client_round:.3f} s (mean of {len(clients)} clients); server steps median of {args.repeats}")
+    print(
+        f"{backbone}, {params} floating-point values in the state; one client-round "
+        f"({s.local.local_epochs} local epochs, ~{int(statistics.fmean(c.n_train for c in clients))} images): "
+        f"{client_round:.3f} s (mean of {len(clients)} clients); server steps median of {args.repeats}"
+    )
     print("| clients U | local steps per round (s) | FedOMG server step (s) | FedAvg Eq. 2 (s) | FedOMG / local |")
     print("|---|---|---|---|---|")
     for u in [int(x) for x in args.clients.split(",")]:

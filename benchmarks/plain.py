@@ -23,6 +23,7 @@ the same views and augmented batches with the same per-channel statistics.
 One numeric difference, inherent to a PIL pipeline: the image is quantized to 8 bits before AugMix
 (the device path keeps float precision outside its pixel ops).
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,9 +35,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.augment.augmix_pil import host_augmix, pil_op  # noqa: F401 (the bench's per-sample row)
+from fedccrl_core.augment.augmix_pil import host_augmix
+from fedccrl_core.foundation import contract
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientState
 from fedccrl_core.learning.losses import fedccrl_loss
@@ -45,8 +46,14 @@ from fedccrl_core.learning.losses import fedccrl_loss
 # ---------------------------------------------------------------------------------------------
 # Host-side, per-sample augmentation
 # ---------------------------------------------------------------------------------------------
-def host_mixstyle(x: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, alpha: float,
-                  rng: np.random.Generator, eps: float = 1e-6) -> np.ndarray:
+def host_mixstyle(
+    x: np.ndarray,
+    pool_mu: np.ndarray,
+    pool_sigma: np.ndarray,
+    alpha: float,
+    rng: np.random.Generator,
+    eps: float = 1e-6,
+) -> np.ndarray:
     """Alg. 2 on ONE normalized sample x [C, H, W]: a pool row and lambda ~ Beta(alpha, alpha)."""
     mu = x.mean(axis=(1, 2))
     sigma = np.sqrt(x.var(axis=(1, 2)) + eps)
@@ -54,12 +61,21 @@ def host_mixstyle(x: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, al
     lam = rng.beta(alpha, alpha)
     mu_mix = lam * pool_mu[j] + (1 - lam) * mu
     sigma_mix = lam * pool_sigma[j] + (1 - lam) * sigma
-    return (sigma_mix[:, None, None] * (x - mu[:, None, None]) / sigma[:, None, None]
-            + mu_mix[:, None, None]).astype(np.float32)
+    return (sigma_mix[:, None, None] * (x - mu[:, None, None]) / sigma[:, None, None] + mu_mix[:, None, None]).astype(
+        np.float32
+    )
 
 
-def host_batch_augment(x: torch.Tensor, pool_mu: np.ndarray, pool_sigma: np.ndarray, hp, mean: np.ndarray,
-                       std: np.ndarray, rng: np.random.Generator, generator: torch.Generator) -> torch.Tensor:
+def host_batch_augment(
+    x: torch.Tensor,
+    pool_mu: np.ndarray,
+    pool_sigma: np.ndarray,
+    hp,
+    mean: np.ndarray,
+    std: np.ndarray,
+    rng: np.random.Generator,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """M on a normalized host batch [B, C, H, W] as the reference code runs it: MixStyle (one pool row
     and one lambda per sample), 8-bit levels, torchvision's AugMix on the whole batch."""
     from fedccrl_core.augment.augmix import augmix_batch, to_uint8_levels
@@ -81,8 +97,9 @@ def host_batch_augment(x: torch.Tensor, pool_mu: np.ndarray, pool_sigma: np.ndar
     return x
 
 
-def host_fedccrl_augment(x: np.ndarray, pool_mu, pool_sigma, hp, mean: np.ndarray, std: np.ndarray,
-                         rng: np.random.Generator) -> np.ndarray:
+def host_fedccrl_augment(
+    x: np.ndarray, pool_mu, pool_sigma, hp, mean: np.ndarray, std: np.ndarray, rng: np.random.Generator
+) -> np.ndarray:
     """M = AugMix . MixStyle (Eq. 3) on ONE normalized sample [C, H, W] -> normalized [C, H, W]."""
     if hp.ccdt:
         x = host_mixstyle(x, pool_mu, pool_sigma, hp.alpha, rng)
@@ -148,8 +165,10 @@ class FedCCRLViews(EncodedImages):
 
     def batch_views(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         t0 = time.perf_counter()
-        views = tuple(host_batch_augment(x, self.pool_mu, self.pool_sigma, self.hp, self.mean, self.std, self.rng,
-                                         self.generator) for _ in range(2))
+        views = tuple(
+            host_batch_augment(x, self.pool_mu, self.pool_sigma, self.hp, self.mean, self.std, self.rng, self.generator)
+            for _ in range(2)
+        )
         self.augment_s += time.perf_counter() - t0
         return views
 
@@ -163,8 +182,10 @@ class FedCCRLViews(EncodedImages):
         self.decode_s += t1 - t0
         if self.augment == "batch":
             return torch.from_numpy(x), int(self.labels[i])
-        views = [host_fedccrl_augment(x, self.pool_mu, self.pool_sigma, self.hp, self.mean, self.std, self.rng)
-                 for _ in range(2)]
+        views = [
+            host_fedccrl_augment(x, self.pool_mu, self.pool_sigma, self.hp, self.mean, self.std, self.rng)
+            for _ in range(2)
+        ]
         self.augment_s += time.perf_counter() - t1
         return torch.from_numpy(x), torch.from_numpy(views[0]), torch.from_numpy(views[1]), int(self.labels[i])
 
@@ -190,9 +211,14 @@ class PlainClient:
         return len(self.views)
 
     def loader(self, batch_size: int, seed: int, workers: int = 0) -> torch.utils.data.DataLoader:
-        return torch.utils.data.DataLoader(self.views, batch_size=batch_size, shuffle=True, num_workers=workers,
-                                           generator=torch.Generator().manual_seed(seed),
-                                           worker_init_fn=_worker_init if workers else None)
+        return torch.utils.data.DataLoader(
+            self.views,
+            batch_size=batch_size,
+            shuffle=True,
+            num_workers=workers,
+            generator=torch.Generator().manual_seed(seed),
+            worker_init_fn=_worker_init if workers else None,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -205,8 +231,9 @@ def plain_fedccrl_loss(model, x, x1, x2, y, hp):
     logits_all = model.g(z_all)
     z, z1, z2 = z_all.split(b)
     lo, lo1, lo2 = logits_all.split(b)
-    loss, terms = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp.lambda1, lambda2=hp.lambda2,
-                               tau=hp.tau, l_ra=hp.l_ra, l_js=hp.l_js)
+    loss, terms = fedccrl_loss(
+        lo, lo1, lo2, z, z1, z2, y, lambda1=hp.lambda1, lambda2=hp.lambda2, tau=hp.tau, l_ra=hp.l_ra, l_js=hp.l_js
+    )
     return loss, terms, lo
 
 
@@ -246,8 +273,12 @@ def plain_local_train_steps(alg, model, client: PlainClient, global_weights: dic
     state.optimizer = copy.deepcopy(opt.state_dict())
     state.scheduler = sched.state_dict()
     weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    return Reply(client.client_id, weights, client.n_train,
-                 {contract.LOSS: running / max(steps, 1), contract.TRAIN_ACC: correct / max(seen, 1)})
+    return Reply(
+        client.client_id,
+        weights,
+        client.n_train,
+        {contract.LOSS: running / max(steps, 1), contract.TRAIN_ACC: correct / max(seen, 1)},
+    )
 
 
 def run_to_end(steps):
@@ -268,11 +299,22 @@ def plain_accuracy(model, images: EncodedImages, batch_size: int, device, worker
     return correct / max(len(images), 1)
 
 
-def plain_round(alg, model, clients: list[PlainClient], global_weights: dict, val: EncodedImages,
-                target: EncodedImages, rnd: int, seed: int, device, workers: int = 0) -> tuple[dict, dict]:
+def plain_round(
+    alg,
+    model,
+    clients: list[PlainClient],
+    global_weights: dict,
+    val: EncodedImages,
+    target: EncodedImages,
+    rnd: int,
+    seed: int,
+    device,
+    workers: int = 0,
+) -> tuple[dict, dict]:
     """One round of Algorithm 1, clients one after another. Returns (new global weights, record)."""
-    uploads = {c.client_id: alg.client_upload(c, np.random.default_rng([seed, rnd, i]))
-               for i, c in enumerate(clients)}  # Eq. 8
+    uploads = {
+        c.client_id: alg.client_upload(c, np.random.default_rng([seed, rnd, i])) for i, c in enumerate(clients)
+    }  # Eq. 8
     payloads = alg.server_payloads(uploads)  # line 7
     replies = []
     for i, c in enumerate(clients):
@@ -283,6 +325,9 @@ def plain_round(alg, model, clients: list[PlainClient], global_weights: dict, va
     global_weights = weighted_average([r.weights for r in replies], [r.n for r in replies])  # Eq. 2
     model.load_state_dict(global_weights)
     bs = alg.local.batch_size
-    record = {contract.ROUND: rnd, contract.VAL_ACC: plain_accuracy(model, val, bs, device, workers),
-              contract.TARGET_ACC: plain_accuracy(model, target, bs, device, workers)}
+    record = {
+        contract.ROUND: rnd,
+        contract.VAL_ACC: plain_accuracy(model, val, bs, device, workers),
+        contract.TARGET_ACC: plain_accuracy(model, target, bs, device, workers),
+    }
     return global_weights, record

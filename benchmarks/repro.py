@@ -13,9 +13,9 @@ that the stage has the same work to do again, and each timed as a whole `dvc rep
 Last, the thread policy: spin (OMP_WAIT_POLICY=ACTIVE) against passive while a busy process shares the cores
 (benchmarks/threads.py). It reports ratios against the baselines measured in this run; it asserts nothing.
 """
+
 from __future__ import annotations
 
-import json
 import os
 import resource
 import shutil
@@ -29,7 +29,7 @@ import click
 import yaml
 
 OVERHEAD_TARGET = 0.25  # everything but the train stages: at most this share of `dvc repro`'s wall time
-RERUN_TARGET = 0.10     # `dvc repro` after one figures setting: at most this share of the full `dvc repro`
+RERUN_TARGET = 0.10  # `dvc repro` after one figures setting: at most this share of the full `dvc repro`
 FIGURES_KEY, EXPORT_KEY = ("figures", "seed"), ("export", "batch_size")  # changed by one: the same work again
 
 # The wrapper DVC runs as `fedccrl`: the real command under PYTHONPROFILEIMPORTTIME, its import lines kept apart
@@ -89,12 +89,18 @@ def _repro(ws: Path, env: dict, bench_dir: Path, what: str) -> dict:
     if p.returncode != 0:
         raise RuntimeError(f"bench-repro: {what}: dvc repro failed (exit code {p.returncode}) in {ws}")
     commands = []
-    for line in (log.read_text().splitlines() if log.is_file() else []):
+    for line in log.read_text().splitlines() if log.is_file() else []:
         start, end, rc, pid, *args = line.split()
         imports = bench_dir / f"imports.{pid}"
-        commands.append({"stage": args[0], "start": float(start) - epoch0, "end": float(end) - epoch0,
-                         "rc": int(rc), "imports_s": import_seconds(imports.read_text().splitlines())
-                         if imports.is_file() else 0.0})
+        commands.append(
+            {
+                "stage": args[0],
+                "start": float(start) - epoch0,
+                "end": float(end) - epoch0,
+                "rc": int(rc),
+                "imports_s": import_seconds(imports.read_text().splitlines()) if imports.is_file() else 0.0,
+            }
+        )
     return {"wall_s": wall, "cpu_s": cpu, "commands": sorted(commands, key=lambda c: c["start"])}
 
 
@@ -132,9 +138,14 @@ def bench_repro(thread_steps: int, keep: Path | None) -> dict:
             shutil.copy(root / f, ws / f)
         for d in _code_dirs(root, dvc_doc):
             (ws / d).symlink_to(root / d)
-        env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}", "DVC_NO_ANALYTICS": "1",
-               "PATH": f"{bench_dir / 'bin'}{os.pathsep}{os.environ['PATH']}", "BENCH_REAL": real,
-               "BENCH_DIR": str(bench_dir)}
+        env = {
+            **os.environ,
+            "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
+            "DVC_NO_ANALYTICS": "1",
+            "PATH": f"{bench_dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
+            "BENCH_REAL": real,
+            "BENCH_DIR": str(bench_dir),
+        }
         subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=ws, env=env, check=True)
         for extra in (".dvcignore", ".dvc/plots"):  # what DVC leaves out of folder hashes; the curves' template
             src = root / extra
@@ -153,8 +164,13 @@ def bench_repro(thread_steps: int, keep: Path | None) -> dict:
         shutil.rmtree(bench_dir, ignore_errors=True)
         if keep is None:
             shutil.rmtree(ws, ignore_errors=True)
-    result = {"full": full, "reruns": reruns, "thread_policy": policy, "cores": len(os.sched_getaffinity(0)),
-              "load_avg": os.getloadavg()[0]}
+    result = {
+        "full": full,
+        "reruns": reruns,
+        "thread_policy": policy,
+        "cores": len(os.sched_getaffinity(0)),
+        "load_avg": os.getloadavg()[0],
+    }
     _print(result)
     return result
 
@@ -181,33 +197,50 @@ def _print(r: dict) -> None:
     wall = full["wall_s"]
     train = by.get("train", {}).get("wall", 0.0)
     other = wall - train
-    echo(f"everything but training: {100 * other / wall:.1f} % of dvc repro's wall ({other:.1f}s of {wall:.1f}s; "
-         f"training {train:.1f}s; target at most {100 * OVERHEAD_TARGET:.0f} %: "
-         f"{'met' if other <= OVERHEAD_TARGET * wall else 'MISSED'})")
-    echo(f"dvc repro of the default, from scratch: wall {wall:.1f}s  cpu {full['cpu_s']:.1f}s  "
-         f"({r['cores']} cores, load average {r['load_avg']:.2f} at the end)")
+    echo(
+        f"everything but training: {100 * other / wall:.1f} % of dvc repro's wall ({other:.1f}s of {wall:.1f}s; "
+        f"training {train:.1f}s; target at most {100 * OVERHEAD_TARGET:.0f} %: "
+        f"{'met' if other <= OVERHEAD_TARGET * wall else 'MISSED'})"
+    )
+    echo(
+        f"dvc repro of the default, from scratch: wall {wall:.1f}s  cpu {full['cpu_s']:.1f}s  "
+        f"({r['cores']} cores, load average {r['load_avg']:.2f} at the end)"
+    )
     echo(f"  {'stage':<10} {'procs':>5} {'wall s':>8} {'imports s':>10} {'dvc s':>7}")
     for name, s in by.items():
         echo(f"  {name:<10} {s['procs']:>5} {s['wall']:>8.1f} {s['imports']:>10.1f} {s['dvc']:>7.1f}")
     dvc_total = dvc_start + sum(s["dvc"] for s in by.values())
-    echo(f"  DVC itself: {dvc_total:.1f}s ({dvc_start:.1f}s before the first stage; `dvc s`: after each stage's "
-         f"command, saving its outputs and checking the next); imports: -X importtime, all of a stage's processes")
+    echo(
+        f"  DVC itself: {dvc_total:.1f}s ({dvc_start:.1f}s before the first stage; `dvc s`: after each stage's "
+        f"command, saving its outputs and checking the next); imports: -X importtime, all of a stage's processes"
+    )
     for change, run in r["reruns"].items():
         ran = sorted({c["stage"] for c in run["commands"]})
         share = run["wall_s"] / wall
-        target = (f"; target at most {100 * RERUN_TARGET:.0f} %: {'met' if share <= RERUN_TARGET else 'MISSED'}"
-                  if change.startswith(FIGURES_KEY[0] + ".") else "")
-        echo(f"after {change}: dvc repro {run['wall_s']:.1f}s = {100 * share:.1f} % of the full one{target}; "
-             f"stages run: {', '.join(ran) or 'none'}")
+        target = (
+            f"; target at most {100 * RERUN_TARGET:.0f} %: {'met' if share <= RERUN_TARGET else 'MISSED'}"
+            if change.startswith(FIGURES_KEY[0] + ".")
+            else ""
+        )
+        echo(
+            f"after {change}: dvc repro {run['wall_s']:.1f}s = {100 * share:.1f} % of the full one{target}; "
+            f"stages run: {', '.join(ran) or 'none'}"
+        )
     a, q = r["thread_policy"]["ACTIVE"], r["thread_policy"]["PASSIVE"]
-    echo(f"thread policy, a busy process sharing the cores: spin / passive wall {a['wall'] / q['wall']:.2f}x "
-         f"cpu {a['cpu'] / q['cpu']:.2f}x (spin {a['wall']:.2f}s, passive {q['wall']:.2f}s)")
+    echo(
+        f"thread policy, a busy process sharing the cores: spin / passive wall {a['wall'] / q['wall']:.2f}x "
+        f"cpu {a['cpu'] / q['cpu']:.2f}x (spin {a['wall']:.2f}s, passive {q['wall']:.2f}s)"
+    )
 
 
 @click.command("repro")
 @click.option("--thread-steps", type=int, default=40, show_default=True, help="steps per thread-policy measurement")
-@click.option("--keep", type=click.Path(path_type=Path), default=None,
-              help="run in this (empty or new) folder and keep it, instead of a temporary one")
+@click.option(
+    "--keep",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="run in this (empty or new) folder and keep it, instead of a temporary one",
+)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
 def command(thread_steps, keep, json_out):
     """`dvc repro` of the default from scratch, stage by stage; then one figures and one export setting changed."""

@@ -13,6 +13,7 @@ seconds per round (user + system: steadier than wall time on a shared machine), 
 the RSS after start-up (torch imported, data built), the checkpoint bytes of its last round and
 the bytes sent.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,9 +43,9 @@ def child(spec: dict) -> dict:
 
     from fedccrl_core.algorithm_params.train import LocalConfig
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.data.pools import compute_statistics
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+    from fedccrl_core.learning.clients import ClientData
 
     torch.set_num_threads(spec["threads"])
     local = LocalConfig(rounds=spec["rounds"], local_epochs=1, batch_size=spec["batch_size"])
@@ -58,20 +59,37 @@ def child(spec: dict) -> dict:
     mu, sigma = compute_statistics(x, local.mean, local.std)
     clients = []
     for i, idx in enumerate(np.array_split(order, k)):
-        clients.append(ClientData.from_numpy(f"c{i:03d}", f"d{domain[idx[0]]}", x[idx], y[idx], x[idx[:1]],
-                                             y[idx[:1]], "cpu", mu[idx], sigma[idx]))
+        clients.append(
+            ClientData.from_numpy(
+                f"c{i:03d}", f"d{domain[idx[0]]}", x[idx], y[idx], x[idx[:1]], y[idx[:1]], "cpu", mu[idx], sigma[idx]
+            )
+        )
     tx = torch.from_numpy(x[:256]).permute(0, 3, 1, 2).contiguous()
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx,
-                  torch.from_numpy(y[:256].astype(np.int64)), 256)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]),
+        torch.cat([c.val_y for c in clients]),
+        tx,
+        torch.from_numpy(y[:256].astype(np.int64)),
+        256,
+    )
     alg = build_algorithm(spec["algorithm"], local)
     torch.manual_seed(0)
     model = alg.build_model("small_cnn", 6, "none", alg.hp)
     del x, mu, sigma
     rss_start = _rss_mib()
     with tempfile.TemporaryDirectory(prefix="fedccrl-bench-scale-") as tmp:
-        engine = InProcessEngine(alg, model, clients, ev, spec["rounds"], seed=0, client_fraction=1.0,
-                                 checkpoint_path=Path(tmp) / "ck.pt", log=lambda m: None,
-                                 client_state=spec["client_state"])
+        engine = InProcessEngine(
+            alg,
+            model,
+            clients,
+            ev,
+            spec["rounds"],
+            seed=0,
+            client_fraction=1.0,
+            checkpoint_path=Path(tmp) / "ck.pt",
+            log=lambda m: None,
+            client_state=spec["client_state"],
+        )
         phases: dict[str, float] = {}
 
         def timed(name, fn):
@@ -81,6 +99,7 @@ def child(spec: dict) -> dict:
                     return fn(*a, **kw)
                 finally:
                     phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
+
             return run
 
         tr, loop = engine.transport, engine.loop
@@ -93,24 +112,41 @@ def child(spec: dict) -> dict:
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         ckpt_bytes = engine.checkpoints.bytes_written
     h = res.history
-    return {"seconds_per_round": seconds / len(h), "cpu_seconds_per_round": cpu / len(h), "phases": {k: v / len(h) for k, v in phases.items()},
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "rss_start_mib": rss_start,
-            "checkpoint_bytes": ckpt_bytes,
-            "bytes_per_round": sum(r[contract.BYTES_UP] + r[contract.BYTES_DOWN] for r in h) / len(h)}
+    return {
+        "seconds_per_round": seconds / len(h),
+        "cpu_seconds_per_round": cpu / len(h),
+        "phases": {k: v / len(h) for k, v in phases.items()},
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "rss_start_mib": rss_start,
+        "checkpoint_bytes": ckpt_bytes,
+        "bytes_per_round": sum(r[contract.BYTES_UP] + r[contract.BYTES_DOWN] for r in h) / len(h),
+    }
 
 
-def measure(algorithm: str, clients: int, total: int, size: int, rounds: int, batch_size: int, threads: int,
-            client_state: str) -> dict:
-    spec = {"algorithm": algorithm, "clients": clients, "total": total, "size": size, "rounds": rounds,
-            "batch_size": batch_size, "threads": threads, "client_state": client_state}
+def measure(
+    algorithm: str, clients: int, total: int, size: int, rounds: int, batch_size: int, threads: int, client_state: str
+) -> dict:
+    spec = {
+        "algorithm": algorithm,
+        "clients": clients,
+        "total": total,
+        "size": size,
+        "rounds": rounds,
+        "batch_size": batch_size,
+        "threads": threads,
+        "client_state": client_state,
+    }
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
-    return children.run_child("fedccrl_benchmarks.scale", spec, f"bench scale child ({algorithm}, {clients} clients)",
-                              env)
+    return children.run_child(
+        "fedccrl_benchmarks.scale", spec, f"bench scale child ({algorithm}, {clients} clients)", env
+    )
 
 
 def table(results: dict) -> str:
-    head = ("| algorithm | clients | s/round | x6 | CPU s/round | x6 | train | uploads | eval | ckpt | peak RSS MiB "
-            "| x6 | RSS above start MiB | ckpt bytes/round | bytes sent/round |")
+    head = (
+        "| algorithm | clients | s/round | x6 | CPU s/round | x6 | train | uploads | eval | ckpt | peak RSS MiB "
+        "| x6 | RSS above start MiB | ckpt bytes/round | bytes sent/round |"
+    )
     lines = [head, "|---" * 15 + "|"]
     for alg, per in results.items():
         base = per[min(per)]
@@ -122,13 +158,22 @@ def table(results: dict) -> str:
                 f"| {ph.get('train', 0):.2f} | {ph.get('uploads', 0):.2f} | {ph.get('evaluate', 0):.2f} "
                 f"| {ph.get('checkpoint', 0):.2f} | {r['peak_rss_mib']:.0f} | {r['peak_rss_mib'] / base['peak_rss_mib']:.2f} "
                 f"| {r['peak_rss_mib'] - r['rss_start_mib']:.0f} | {r['checkpoint_bytes']} "
-                f"| {r['bytes_per_round']:.0f} |")
+                f"| {r['bytes_per_round']:.0f} |"
+            )
     return "\n".join(lines)
 
 
-def bench_scale(algorithms=ALGORITHMS, client_counts=CLIENT_COUNTS, total: int = 3840, size: int = 32,
-                rounds: int = 2, batch_size: int = 32, threads: int = 1, client_state: str = "persistent",
-                log=lambda m: print(m, file=sys.stderr, flush=True)) -> dict:
+def bench_scale(
+    algorithms=ALGORITHMS,
+    client_counts=CLIENT_COUNTS,
+    total: int = 3840,
+    size: int = 32,
+    rounds: int = 2,
+    batch_size: int = 32,
+    threads: int = 1,
+    client_state: str = "persistent",
+    log=lambda m: print(m, file=sys.stderr, flush=True),
+) -> dict:
     if total < max(client_counts):
         raise ValueError(f"--total {total} must be at least the largest client count {max(client_counts)}")
     results: dict = {}
@@ -136,8 +181,10 @@ def bench_scale(algorithms=ALGORITHMS, client_counts=CLIENT_COUNTS, total: int =
         for k in client_counts:
             t0 = time.perf_counter()
             results.setdefault(alg, {})[k] = measure(alg, k, total, size, rounds, batch_size, threads, client_state)
-            log(f"bench scale: {alg} {k} clients: {results[alg][k]['seconds_per_round']:.2f} s/round "
-                f"({time.perf_counter() - t0:.0f}s with start-up)")
+            log(
+                f"bench scale: {alg} {k} clients: {results[alg][k]['seconds_per_round']:.2f} s/round "
+                f"({time.perf_counter() - t0:.0f}s with start-up)"
+            )
     return results
 
 

@@ -25,8 +25,10 @@ images/s measured here, i.e. at THIS image size and backbone on THIS device, plu
 domain (each is its own training process) the first round's excess over a later one: it is a
 projection for a 224 px sweep only when the bench ran with --size 224.
 """
+
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import platform
@@ -181,7 +183,7 @@ def _round_times(run_rounds, device, rounds: int) -> tuple[list[float], BusySamp
         run_rounds(on_round)
     if len(marks) != rounds + 1:
         raise RuntimeError(f"bench: expected {rounds} rounds, timed {len(marks) - 1}")
-    return [b - a for a, b in zip(marks, marks[1:])], busy
+    return [b - a for a, b in itertools.pairwise(marks)], busy
 
 
 def _epochs_for(n_steps: int, n: int, bs: int) -> int:
@@ -222,8 +224,10 @@ def fast_clients(data: BenchData, device) -> list:
     """The clients as the engine holds them: shards uint8 on the device, with their statistics."""
     from fedccrl_core.learning.clients import ClientData
 
-    return [ClientData.from_numpy(f"client{i}", f"d{i % 3}", x, y, vx, vy, device, *_statistics(x))
-            for i, ((x, y), (vx, vy)) in enumerate(zip(data.train, data.val))]
+    return [
+        ClientData.from_numpy(f"client{i}", f"d{i % 3}", x, y, vx, vy, device, *_statistics(x))
+        for i, ((x, y), (vx, vy)) in enumerate(zip(data.train, data.val))
+    ]
 
 
 class FastPath:
@@ -234,38 +238,55 @@ class FastPath:
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_core.augment.augmix_pil import probe_augmix_impl
-        from fedccrl_core.learning.clients import ClientData
         from fedccrl_core.federation.engine import EvalSets, concurrent_width
+        from fedccrl_core.learning.clients import ClientData
 
         self.cfg, self.data, self.device = cfg, data, device
         self.clients = fast_clients(data, device)
         tx, ty = data.target
         self.target = ClientData.from_numpy("target", "sketch", tx, ty, tx[:0], ty[:0], device)
-        self.evalsets = EvalSets(torch.cat([c.val_x for c in self.clients]), torch.cat([c.val_y for c in self.clients]),
-                                 self.target.train_x, self.target.train_y, cfg.eval_batch_size)
+        self.evalsets = EvalSets(
+            torch.cat([c.val_x for c in self.clients]),
+            torch.cat([c.val_y for c in self.clients]),
+            self.target.train_x,
+            self.target.train_y,
+            cfg.eval_batch_size,
+        )
         # its AugMix implementation: the faster of the two on this device at this size (augment/augmix_pil.py)
         self.augmix_impl, self.augmix_probe_s = probe_augmix_impl(device, cfg.size, cfg.batch_size)
         self.hparams = {"augmix_impl": self.augmix_impl}
-        _log(f"fast: AugMix implementation {self.augmix_impl} (probe, one {cfg.batch_size}-image batch: "
-             + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in self.augmix_probe_s.items()) + ")")
-        self.concurrent = concurrent_width(cfg.concurrent_clients, device, len(self.clients),
-                                           FedCCRL(_local(cfg, 1, True), self.hparams))
+        _log(
+            f"fast: AugMix implementation {self.augmix_impl} (probe, one {cfg.batch_size}-image batch: "
+            + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in self.augmix_probe_s.items())
+            + ")"
+        )
+        self.concurrent = concurrent_width(
+            cfg.concurrent_clients, device, len(self.clients), FedCCRL(_local(cfg, 1, True), self.hparams)
+        )
 
     def _payload(self, alg):
         """Client 0's payload of one round (Algorithm 1 lines 3-7)."""
-        return alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
-                                    for i, c in enumerate(self.clients)})[self.clients[0].client_id]
+        return alg.server_payloads(
+            {c.client_id: alg.client_upload(c, np.random.default_rng(i)) for i, c in enumerate(self.clients)}
+        )[self.clients[0].client_id]
 
     def _local_steps_seconds(self, alg, payload) -> float:
         """Seconds of cfg.steps local steps of `alg` on client 0, after cfg.warmup untimed ones."""
-        from fedccrl_core.learning.clients import ClientState
         from fedccrl_core.foundation.seeding import torch_generator
+        from fedccrl_core.learning.clients import ClientState
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
         model = _model(cfg, self.data.num_classes, device)
         global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        steps = alg.local_train_steps(model, c0, ClientState(), global_w, payload,
-                                      torch_generator(cfg.seed, "bench", device=device), np.random.default_rng(0))
+        steps = alg.local_train_steps(
+            model,
+            c0,
+            ClientState(),
+            global_w,
+            payload,
+            torch_generator(cfg.seed, "bench", device=device),
+            np.random.default_rng(0),
+        )
         return _time_steps(steps, cfg.warmup, cfg.steps, device)
 
     def fedavg_step_seconds(self) -> float:
@@ -291,7 +312,7 @@ class FastPath:
         ctx = StepContext(payload, [], torch_generator(cfg.seed, "bench-aug", device=device))
         order = torch.from_numpy(np.random.default_rng(1).permutation(c0.n_train)).to(device)
         bs = min(cfg.batch_size, c0.n_train)
-        batches = [order[st:st + bs] for st in ((s * bs) % (c0.n_train - bs + 1) for s in range(cfg.steps))]
+        batches = [order[st : st + bs] for st in ((s * bs) % (c0.n_train - bs + 1) for s in range(cfg.steps))]
         alg.augmented_views(normalize_u8(c0.train_x[batches[0]]), ctx)  # warm
         sync(device)
         t0 = time.perf_counter()
@@ -309,9 +330,18 @@ class FastPath:
         self.model = _model(self.cfg, self.data.num_classes, self.device)
 
         def run_rounds(on_round):
-            InProcessEngine(alg, self.model, self.clients, self.evalsets, self.cfg.rounds, self.cfg.seed,
-                            log=lambda m: None, on_round=on_round,
-                            concurrent_clients=self.cfg.concurrent_clients).run()
+            InProcessEngine(
+                alg,
+                self.model,
+                self.clients,
+                self.evalsets,
+                self.cfg.rounds,
+                self.cfg.seed,
+                log=lambda m: None,
+                on_round=on_round,
+                concurrent_clients=self.cfg.concurrent_clients,
+            ).run()
+
         return _round_times(run_rounds, self.device, self.cfg.rounds)
 
     def eval_seconds(self) -> float:
@@ -337,27 +367,34 @@ class PlainPath:
 
         self.cfg, self.data, self.device = cfg, data, device
         hp, m, s = _hp(), IMAGENET_MEAN, IMAGENET_STD
-        self.clients = [PlainClient(f"client{i}", FedCCRLViews(encode_png(x), y, m, s, hp, cfg.seed + i, self.augment),
-                                    *_statistics(x)) for i, (x, y) in enumerate(data.train)]
-        self.val = EncodedImages(encode_png(np.concatenate([v[0] for v in data.val])),
-                                 np.concatenate([v[1] for v in data.val]), m, s)
+        self.clients = [
+            PlainClient(
+                f"client{i}", FedCCRLViews(encode_png(x), y, m, s, hp, cfg.seed + i, self.augment), *_statistics(x)
+            )
+            for i, (x, y) in enumerate(data.train)
+        ]
+        self.val = EncodedImages(
+            encode_png(np.concatenate([v[0] for v in data.val])), np.concatenate([v[1] for v in data.val]), m, s
+        )
         self.target = EncodedImages(encode_png(data.target[0]), data.target[1], m, s)
 
     def step_seconds(self) -> tuple[float, float | None, float | None]:
-        from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_benchmarks.plain import plain_local_train_steps
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_core.learning.clients import ClientState
 
         cfg, device, c0 = self.cfg, self.device, self.clients[0]
         alg = FedCCRL(_local(cfg, _epochs_for(cfg.warmup + cfg.steps, c0.n_train, cfg.batch_size), False))
-        payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(i))
-                                       for i, c in enumerate(self.clients)})[c0.client_id]
+        payload = alg.server_payloads(
+            {c.client_id: alg.client_upload(c, np.random.default_rng(i)) for i, c in enumerate(self.clients)}
+        )[c0.client_id]
         c0.views.set_pool(payload["mu"], payload["sigma"])
         c0.state = ClientState()
         model = _model(cfg, self.data.num_classes, device)
         global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        steps = plain_local_train_steps(alg, model, c0, global_w, c0.loader(cfg.batch_size, cfg.seed, cfg.workers),
-                                        device)
+        steps = plain_local_train_steps(
+            alg, model, c0, global_w, c0.loader(cfg.batch_size, cfg.seed, cfg.workers), device
+        )
         for _ in range(cfg.warmup):
             next(steps)
         dec0, aug0 = c0.views.decode_s, c0.views.augment_s
@@ -367,8 +404,8 @@ class PlainPath:
         return step_s, c0.views.augment_s - aug0, c0.views.decode_s - dec0
 
     def round_seconds(self) -> tuple[list[float], BusySampler]:
-        from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_benchmarks.plain import plain_round
+        from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_core.learning.clients import ClientState
 
         alg = FedCCRL(_local(self.cfg, self.cfg.epochs, False))
@@ -379,9 +416,20 @@ class PlainPath:
         def run_rounds(on_round):
             global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
             for rnd in range(1, self.cfg.rounds + 1):
-                global_w, _ = plain_round(alg, self.model, self.clients, global_w, self.val, self.target, rnd,
-                                          self.cfg.seed, self.device, self.cfg.workers)
+                global_w, _ = plain_round(
+                    alg,
+                    self.model,
+                    self.clients,
+                    global_w,
+                    self.val,
+                    self.target,
+                    rnd,
+                    self.cfg.seed,
+                    self.device,
+                    self.cfg.workers,
+                )
                 on_round()
+
         return _round_times(run_rounds, self.device, self.cfg.rounds)
 
     def eval_seconds(self) -> float:
@@ -416,13 +464,22 @@ def child(cfg: BenchConfig, name: str) -> dict:
     fedavg_step_s = path.fedavg_step_seconds() if hasattr(path, "fedavg_step_seconds") else None
     rounds_s, busy = path.round_seconds()
     eval_s = path.eval_seconds()
-    return {"step_s": step_s, "augment_s": aug_s, "decode_s": dec_s, "rounds_s": rounds_s, "eval_s": eval_s,
-            "fedavg_step_s": fedavg_step_s, "busy_share": busy.share, "busy_why": busy.why,
-            "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "cuda_peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-            "concurrent_clients": getattr(path, "concurrent", 1), "threads": torch.get_num_threads(),
-            "augmix_impl": path.augmix_impl,
-            "augmix_probe_s": getattr(path, "augmix_probe_s", None)}
+    return {
+        "step_s": step_s,
+        "augment_s": aug_s,
+        "decode_s": dec_s,
+        "rounds_s": rounds_s,
+        "eval_s": eval_s,
+        "fedavg_step_s": fedavg_step_s,
+        "busy_share": busy.share,
+        "busy_why": busy.why,
+        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "cuda_peak_mib": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
+        "concurrent_clients": getattr(path, "concurrent", 1),
+        "threads": torch.get_num_threads(),
+        "augmix_impl": path.augmix_impl,
+        "augmix_probe_s": getattr(path, "augmix_probe_s", None),
+    }
 
 
 def run_child(cfg: BenchConfig, name: str) -> dict:
@@ -437,9 +494,12 @@ def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
         for n in names:
             r = run_child(cfg, n)
             runs[n].append(r)
-            _log(f"{n} (repeat {rep + 1}/{cfg.repeats}): local step {cfg.steps * cfg.batch_size / r['step_s']:.1f} "
-                 f"images/s, rounds " + ", ".join(f"{t:.2f}" for t in r["rounds_s"])
-                 + f" s, peak RSS {r['peak_rss_mib']:.0f} MiB")
+            _log(
+                f"{n} (repeat {rep + 1}/{cfg.repeats}): local step {cfg.steps * cfg.batch_size / r['step_s']:.1f} "
+                f"images/s, rounds "
+                + ", ".join(f"{t:.2f}" for t in r["rounds_s"])
+                + f" s, peak RSS {r['peak_rss_mib']:.0f} MiB"
+            )
     n_target = cfg.images_per_client
     out = {}
     for n in names:
@@ -452,16 +512,21 @@ def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
         out[n] = {
             "step_ips": cfg.steps * cfg.batch_size / best["step_s"],
             "fedavg_step_ips": cfg.steps * cfg.batch_size / min(fedavg) if fedavg else None,
-            "first_round_s": first, "later_round_s": later, "first_over_later": first / later,
-            "busy_share": max(busy) if busy else None, "busy_why": best["busy_why"],
+            "first_round_s": first,
+            "later_round_s": later,
+            "first_over_later": first / later,
+            "busy_share": max(busy) if busy else None,
+            "busy_why": best["busy_why"],
             "augment_share": None if best["augment_s"] is None else min(best["augment_s"] / best["step_s"], 1.0),
             "decode_share": None if best["decode_s"] is None else min(best["decode_s"] / best["step_s"], 1.0),
             "round_s": later,
             "eval_ips": n_target / min(r["eval_s"] for r in runs[n]),
             "peak_rss_mib": max(r["peak_rss_mib"] for r in runs[n]),
             "cuda_peak_mib": max(cuda) if cuda else None,
-            "concurrent_clients": best["concurrent_clients"], "threads": best["threads"],
-            "augmix_impl": best["augmix_impl"], "augmix_probe_s": best["augmix_probe_s"],
+            "concurrent_clients": best["concurrent_clients"],
+            "threads": best["threads"],
+            "augmix_impl": best["augmix_impl"],
+            "augmix_probe_s": best["augmix_probe_s"],
             "repeats": runs[n],
         }
     return out
@@ -470,8 +535,9 @@ def measure(names: list[str], cfg: BenchConfig) -> dict[str, dict]:
 # ---------------------------------------------------------------------------------------------
 # Projection and table
 # ---------------------------------------------------------------------------------------------
-def pacs_sweep_seconds(step_ips: float, eval_ips: float, rounds: int = PACS_ROUNDS, epochs: int = PACS_EPOCHS,
-                       startup_s: float = 0.0) -> float:
+def pacs_sweep_seconds(
+    step_ips: float, eval_ips: float, rounds: int = PACS_ROUNDS, epochs: int = PACS_EPOCHS, startup_s: float = 0.0
+) -> float:
     """A PACS sweep at the given speeds: for each held-out domain, `startup_s` (a training process's first-round
     excess) + `rounds` x (`epochs` passes over the 90% training split of the three source domains + one
     evaluation of their 10% validation split and of the held-out domain). Counts from fedccrl_core.data.registry
@@ -491,8 +557,11 @@ def _ratio(a, b):
     return None if a is None or b is None or b == 0 else a / b
 
 
-COLUMNS = (("fast", "fast"), ("plain", "plain (per-batch AugMix, reference)"),
-           ("plain_per_sample", "plain (per-sample PIL AugMix)"))
+COLUMNS = (
+    ("fast", "fast"),
+    ("plain", "plain (per-batch AugMix, reference)"),
+    ("plain_per_sample", "plain (per-sample PIL AugMix)"),
+)
 
 
 def figures(results: dict[str, dict], cuda: bool) -> list[dict]:
@@ -514,9 +583,16 @@ def figures(results: dict[str, dict], cuda: bool) -> list[dict]:
         startup = max(p["first_round_s"] - p["later_round_s"], 0.0)
         p["pacs_h"] = pacs_sweep_seconds(p["step_ips"], p["eval_ips"], startup_s=startup) / 3600
     fast = results["fast"]
-    return [{"figure": name, "key": key, **{n: results[n].get(key) for n in results},
-             **{f"fast/{n}": _ratio(fast.get(key), results[n].get(key)) for n in results if n != "fast"},
-             "fmt": fmt} for name, key, fmt in rows]
+    return [
+        {
+            "figure": name,
+            "key": key,
+            **{n: results[n].get(key) for n in results},
+            **{f"fast/{n}": _ratio(fast.get(key), results[n].get(key)) for n in results if n != "fast"},
+            "fmt": fmt,
+        }
+        for name, key, fmt in rows
+    ]
 
 
 def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: list[dict]) -> str:
@@ -534,21 +610,26 @@ def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: li
         f"fast: shards uint8 on the device, per-sample CCDT+AugMix (Alg. 3) with the AugMix implementation "
         f"{fast['augmix_impl']} (train.fedccrl.augmix_impl), the faster on this device in a probe of one "
         f"{cfg.batch_size}-image batch ("
-        + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in (fast["augmix_probe_s"] or {}).items()) + "), fast switches "
+        + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in (fast["augmix_probe_s"] or {}).items())
+        + "), fast switches "
         f"{'on (bf16 autocast, channels_last)' if device.type == 'cuda' else 'no-ops on the CPU'}, "
         f"{fast['concurrent_clients']} client(s) at once, eval batch {cfg.eval_batch_size}",
         f"plain: PNG decoded by a DataLoader ({cfg.workers} workers) every step, fp32, clients in sequence, eval "
         f"batch {cfg.batch_size}; augmentation on the host: per batch as the reference FedCCRL code (MixStyle, "
         f"8-bit levels, torchvision's AugMix on the batch tensor), or per sample (numpy MixStyle, PIL AugMix)",
         "",
-        "| figure | " + " | ".join(dict(COLUMNS)[n] for n in names) + " | "
-        + " | ".join(f"fast/{n}" for n in names if n != "fast") + " |",
+        "| figure | "
+        + " | ".join(dict(COLUMNS)[n] for n in names)
+        + " | "
+        + " | ".join(f"fast/{n}" for n in names if n != "fast")
+        + " |",
         "|---" * (2 * len(names)) + "|",
     ]
     for r in rows:
         ratios = ["n/a" if r[f"fast/{n}"] is None else f"{r[f'fast/{n}']:.2f}" for n in names if n != "fast"]
-        lines.append(f"| {r['figure']} | " + " | ".join(cell(r[n], r["fmt"]) for n in names) + " | "
-                     + " | ".join(ratios) + " |")
+        lines.append(
+            f"| {r['figure']} | " + " | ".join(cell(r[n], r["fmt"]) for n in names) + " | " + " | ".join(ratios) + " |"
+        )
     lines += [
         "",
         "images/s count source images (each step also forwards their two augmented views); peak RSS: the child "
@@ -574,16 +655,26 @@ def bench(cfg: BenchConfig) -> dict:
     from fedccrl_core.federation.engine import resolve_device
 
     device = resolve_device(cfg.device, "--device")
-    _log(f"measuring on {device}: {len(PATHS)} paths x {cfg.repeats} repeat(s), each in a child process "
-         f"({cfg.clients} clients x {cfg.images_per_client} images at {cfg.size} px)")
+    _log(
+        f"measuring on {device}: {len(PATHS)} paths x {cfg.repeats} repeat(s), each in a child process "
+        f"({cfg.clients} clients x {cfg.images_per_client} images at {cfg.size} px)"
+    )
     results = measure(list(PATHS), cfg)
     rows = figures(results, device.type == "cuda")
     table = render_table(cfg, device, results, rows)
-    return {"config": asdict(cfg), "device": str(device), "torch": torch.__version__, "loadavg": os.getloadavg(),
-            "threads": results["fast"]["threads"], **results,
-            "figures": [{k: v for k, v in r.items() if k != "fmt"} for r in rows], "table": table}
+    return {
+        "config": asdict(cfg),
+        "device": str(device),
+        "torch": torch.__version__,
+        "loadavg": os.getloadavg(),
+        "threads": results["fast"]["threads"],
+        **results,
+        "figures": [{k: v for k, v in r.items() if k != "fmt"} for r in rows],
+        "table": table,
+    }
 
 
 if __name__ == "__main__":
-    children.child_main("fedccrl_benchmarks.speed", "fedccrl-bench speed",
-                        lambda spec: child(BenchConfig(**spec["cfg"]), spec["path"]))
+    children.child_main(
+        "fedccrl_benchmarks.speed", "fedccrl-bench speed", lambda spec: child(BenchConfig(**spec["cfg"]), spec["path"])
+    )

@@ -1,6 +1,7 @@
 """`fedccrl-bench speed`: images/s, seconds per round, a projected PACS sweep, augmentation share and peak
 memory of the fast engine path against a plain baseline, with the ratio fast/plain of each, in one
 process on one device (benchmarks/). Progress on stderr, the table on stdout."""
+
 from __future__ import annotations
 
 import json
@@ -43,20 +44,45 @@ def bench_speed(json_out: Path | None, **options) -> dict:
 @click.option("--warmup", type=click.IntRange(0), default=2, show_default=True, help="untimed local steps first")
 @click.option("--batch-size", type=click.IntRange(2), default=32, show_default=True)
 @click.option("--epochs", type=click.IntRange(1), default=1, show_default=True, help="local epochs of each timed round")
-@click.option("--rounds", type=click.IntRange(2), default=3, show_default=True,
-              help="timed rounds: the first against the median of the later ones")
-@click.option("--backbone", type=click.Choice(["small_cnn", "mobilenet_v3_large"]), default="small_cnn",
-              show_default=True, help="pretrained none")
+@click.option(
+    "--rounds",
+    type=click.IntRange(2),
+    default=3,
+    show_default=True,
+    help="timed rounds: the first against the median of the later ones",
+)
+@click.option(
+    "--backbone",
+    type=click.Choice(["small_cnn", "mobilenet_v3_large"]),
+    default="small_cnn",
+    show_default=True,
+    help="pretrained none",
+)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--workers", type=click.IntRange(0), default=0, show_default=True,
-              help="DataLoader workers of the plain path")
-@click.option("--concurrent-clients", default="auto", show_default=True,
-              help="fast path: clients at once (auto: CPU 1, CUDA up to 4)")
+@click.option(
+    "--workers", type=click.IntRange(0), default=0, show_default=True, help="DataLoader workers of the plain path"
+)
+@click.option(
+    "--concurrent-clients",
+    default="auto",
+    show_default=True,
+    help="fast path: clients at once (auto: CPU 1, CUDA up to 4)",
+)
 @click.option("--eval-batch-size", type=click.IntRange(1), default=256, show_default=True)
-@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True,
-              help="fast/plain alternations; the fastest repeat of each timing is reported")
-@click.option("--threads", type=click.IntRange(0), default=0, show_default=True,
-              help="torch threads (0: torch's default; 1 is steadier on a shared CPU)")
+@click.option(
+    "--repeats",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="fast/plain alternations; the fastest repeat of each timing is reported",
+)
+@click.option(
+    "--threads",
+    type=click.IntRange(0),
+    default=0,
+    show_default=True,
+    help="torch threads (0: torch's default; 1 is steadier on a shared CPU)",
+)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "json_out", type=click.Path(path_type=Path), default=None, help="also write the figures here")
 def command(json_out, concurrent_clients, **options):
@@ -64,5 +90,5 @@ def command(json_out, concurrent_clients, **options):
     try:
         cc = _concurrent(concurrent_clients)
     except click.BadParameter as e:
-        raise click.BadParameter(str(e), param_hint="--concurrent-clients")
+        raise click.BadParameter(str(e), param_hint="--concurrent-clients") from e
     run_stage(bench_speed, json_out, concurrent_clients=cc, **options)

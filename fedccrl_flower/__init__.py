@@ -4,7 +4,7 @@ payloads of any fedccrl_core algorithm, plus launchers for simulation and deploy
 One algorithm, one implementation: the apps call `Algorithm.client_upload`, `server_payloads`,
 `local_train` and `aggregate` exactly as the in-process engine does, with the same seeds.
 """
+
 from fedccrl_core.foundation.threads import apply_thread_policy
 
 apply_thread_policy()  # a SuperNode's ClientApp trains with torch: no OpenMP spin-wait (fedccrl_core/foundation/threads.py)
-

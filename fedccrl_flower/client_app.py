@@ -17,6 +17,7 @@ All random draws are the in-process engine's: derive_seed(seed, "upload"|"local"
 round, client id), so the same seed gives the same numbers on both engines; under train.privacy, Eq. 8's sample and
 the statistics noise come from the OS instead (fedccrl_core/privacy/noise.py), and no metrics are sent.
 """
+
 from __future__ import annotations
 
 import copy
@@ -31,14 +32,14 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.federation.engine import nbytes, resolve_device
+from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import atomic_file
-from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 from fedccrl_core.foundation.procs import die_with_parent
+from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
+from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_flower import messages as M
 
 app = ClientApp()
@@ -57,8 +58,7 @@ def _say(msg: str, t0: float) -> None:
         age = f", process age {time.time() - psutil.Process().create_time():.1f}s"
     except Exception:
         age = ""
-    print(f"{time.strftime('%H:%M:%S')} {msg} in {time.perf_counter() - t0:.1f}s (pid {os.getpid()}{age})",
-          flush=True)
+    print(f"{time.strftime('%H:%M:%S')} {msg} in {time.perf_counter() - t0:.1f}s (pid {os.getpid()}{age})", flush=True)
 
 
 # ---- who am I, and my data ------------------------------------------------------------------------
@@ -87,8 +87,10 @@ def resolve_client_id(context: Context, spec: dict) -> str:
 def _shards_dir(context: Context) -> str:
     shards = _setting(context, M.NODE_SHARDS, M.RUN_SHARDS)
     if not shards:
-        raise ValueError(f"SuperNode has no shard folder: set --node-config '{M.NODE_SHARDS}=<folder>' "
-                         f"(or run config '{M.RUN_SHARDS}' in simulation)")
+        raise ValueError(
+            f"SuperNode has no shard folder: set --node-config '{M.NODE_SHARDS}=<folder>' "
+            f"(or run config '{M.RUN_SHARDS}' in simulation)"
+        )
     return shards
 
 
@@ -103,18 +105,22 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
     if key not in _CACHE:
         s = load_client(shards, cid, exclude_domain=held_out)
         if not len(s.train_y):
-            raise ValueError(f"{shards}: client {cid} holds only the held-out domain {held_out}; it is not a "
-                             f"source client of this run")
+            raise ValueError(
+                f"{shards}: client {cid} holds only the held-out domain {held_out}; it is not a "
+                f"source client of this run"
+            )
         mu = sigma = None
         if pools:
             mu, sigma = load_pool(pools, cid)
             if s.train_rows is not None:
                 mu, sigma = mu[s.train_rows], sigma[s.train_rows]
             if len(mu) != len(s.train_y):
-                raise ValueError(f"{pools}/{cid}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
-                                 f"({STALE})")
-        _CACHE[key] = ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device,
-                                            mu, sigma)
+                raise ValueError(
+                    f"{pools}/{cid}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE})"
+                )
+        _CACHE[key] = ClientData.from_numpy(
+            s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device, mu, sigma
+        )
     return _CACHE[key]
 
 
@@ -166,8 +172,11 @@ def _book_from_disk(path: Path | None, spec: dict, cid: str) -> dict | None:
 
 def load_client_state(context: Context, spec: dict, cid: str, rnd: int) -> tuple[ClientState, dict | None]:
     """The newest saved state made before round `rnd` (fresh if none) and its slot."""
-    books = [b for b in (_book_from_context(context, spec, cid), _book_from_disk(_state_file(context, spec, cid),
-                                                                                 spec, cid)) if b]
+    books = [
+        b
+        for b in (_book_from_context(context, spec, cid), _book_from_disk(_state_file(context, spec, cid), spec, cid))
+        if b
+    ]
     books.sort(key=lambda b: max((s["round"] for s in b["slots"]), default=0), reverse=True)
     for book in books[:1]:
         for slot in sorted(book["slots"], key=lambda s: -s["round"]):
@@ -177,8 +186,11 @@ def load_client_state(context: Context, spec: dict, cid: str, rnd: int) -> tuple
 
 
 def save_client_state(context: Context, spec: dict, cid: str, rnd: int, state: ClientState, base: dict | None):
-    book = {"state_key": spec["state_key"], "client_id": cid,
-            "slots": [{"round": rnd, "state": state.to_dict()}] + ([base] if base else [])}
+    book = {
+        "state_key": spec["state_key"],
+        "client_id": cid,
+        "slots": [{"round": rnd, "state": state.to_dict()}] + ([base] if base else []),
+    }
     arrays, tree = M.pack_tree(book)
     context.state[M.STATE_ARRAYS] = arrays
     context.state[M.STATE_TREE] = tree
@@ -230,11 +242,13 @@ def handle_train(msg: Message, context: Context) -> Message:
     if not stateless:
         save_client_state(context, spec, cid, rnd, state, base)
     _say(f"client {cid} round {rnd}: trained, {contract.reply_summary(reply.metrics)}", t0)
-    content = RecordDict({
-        M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: int(reply.n)}),
-        M.WEIGHTS: M.arrays_to_record(reply.weights),
-        M.METRICS: MetricRecord({k: float(v) for k, v in reply.metrics.items()}),
-    })
+    content = RecordDict(
+        {
+            M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: int(reply.n)}),
+            M.WEIGHTS: M.arrays_to_record(reply.weights),
+            M.METRICS: MetricRecord({k: float(v) for k, v in reply.metrics.items()}),
+        }
+    )
     if reply.upload is not None:  # what the server half aggregates besides the weights (FedIIR: g_i)
         content[M.UPLOAD] = M.arrays_to_record(reply.upload)
     return Message(content, reply_to=msg)

@@ -1,6 +1,7 @@
 """A SuperLink connection for the `flwr` CLI (`Federation`: run submission, status, stop, logs), and a local
 federation (`LocalFederation`: a SuperLink on 127.0.0.1 and, in deployment, SuperNodes, as child processes,
 `--insecure`; processes.py stops them all when it closes)."""
+
 from __future__ import annotations
 
 import json
@@ -31,19 +32,23 @@ class Federation:
         self.flwr_home.mkdir(exist_ok=True)
         self.env = flower_env(self.flwr_home)
         conn = {"address": address}
-        conn.update({"root-certificates": str(Path(root_certificates).resolve())} if root_certificates
-                    else {"insecure": True})
+        conn.update(
+            {"root-certificates": str(Path(root_certificates).resolve())} if root_certificates else {"insecure": True}
+        )
         import tomli_w
 
-        write_text(self.flwr_home / "config.toml", tomli_w.dumps({"superlink": {"default": CONNECTION,
-                                                                               CONNECTION: conn}}))
+        write_text(
+            self.flwr_home / "config.toml", tomli_w.dumps({"superlink": {"default": CONNECTION, CONNECTION: conn}})
+        )
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run([str(BIN / "flwr"), *args], env=self.env, capture_output=True, text=True,
-                              timeout=timeout, cwd=self.workdir)
+        return subprocess.run(
+            [str(BIN / "flwr"), *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.workdir
+        )
 
-    def submit(self, spec: ServerSpec, run_config: dict | None = None, federation_config: str = "",
-               app_dir: Path = APP_DIR) -> int:
+    def submit(
+        self, spec: ServerSpec, run_config: dict | None = None, federation_config: str = "", app_dir: Path = APP_DIR
+    ) -> int:
         """`flwr run <app_dir> <connection> --run-config <toml>`: the spec travels in the run config."""
         import tomli_w
 
@@ -55,7 +60,7 @@ class Federation:
             args += ["--federation-config", federation_config]
         p = self.flwr(*args)
         try:
-            out = json.loads(p.stdout[p.stdout.index("{"):])
+            out = json.loads(p.stdout[p.stdout.index("{") :])
         except ValueError:
             out = {}
         if p.returncode != 0 or not out.get("success"):
@@ -65,7 +70,7 @@ class Federation:
     def status(self, run_id: int) -> dict:
         p = self.flwr("ls", CONNECTION, "--run-id", str(run_id), "--format", "json", timeout=60)
         try:
-            runs = json.loads(p.stdout[p.stdout.index("{"):]).get("runs") or []
+            runs = json.loads(p.stdout[p.stdout.index("{") :]).get("runs") or []
         except ValueError:
             return {}
         return runs[0] if runs else {}
@@ -101,8 +106,15 @@ class LocalFederation(Federation):
         self.superlink: Proc | None = None
         self._restarts: dict[str, int] = {}
         try:
-            args = [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(self.port),
-                    "--disable-runtime-dependency-installation"]
+            args = [
+                str(BIN / "flower-superlink"),
+                "--insecure",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--disable-runtime-dependency-installation",
+            ]
             if simulation:
                 args.append("--simulation")
             self.superlink = Proc("superlink", args, self.env, self.workdir / "logs" / "superlink.log")
@@ -112,8 +124,15 @@ class LocalFederation(Federation):
             self.close()
             raise
 
-    def add_supernode(self, name: str, node_config: dict, threads: int = 0, wait: bool = True,
-                      bin_dir: Path | None = None, cwd: Path | None = None) -> Proc:
+    def add_supernode(
+        self,
+        name: str,
+        node_config: dict,
+        threads: int = 0,
+        wait: bool = True,
+        bin_dir: Path | None = None,
+        cwd: Path | None = None,
+    ) -> Proc:
         """One SuperNode (`--insecure`, node config e.g. client-id/shards/pools/state-dir); `threads`
         sets OMP_NUM_THREADS (torch's intra-op threads) for its ClientApps (0: torch's default);
         `wait=False` returns at once (then call `wait_supernodes`). `bin_dir`: the bin folder of
@@ -123,8 +142,16 @@ class LocalFederation(Federation):
             raise ValueError("a simulation SuperLink runs its own simulated SuperNodes")
         port = free_port()
         cfg = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in node_config.items())
-        args = [str((bin_dir or BIN) / "flower-supernode"), "--insecure", "--superlink", self.address, "--port",
-                str(port), "--node-config", cfg]
+        args = [
+            str((bin_dir or BIN) / "flower-supernode"),
+            "--insecure",
+            "--superlink",
+            self.address,
+            "--port",
+            str(port),
+            "--node-config",
+            cfg,
+        ]
         k = self._restarts[name] = self._restarts.get(name, -1) + 1
         env = {**self.env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else self.env
         if bin_dir is not None:

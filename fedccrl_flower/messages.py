@@ -14,6 +14,7 @@ Every array that arrives is checked before use (`record_to_arrays`, `validate_we
 `validate_upload`): declared vs. decoded dtype/shape, the expected keys/shapes/dtypes, and
 finiteness. A failed check raises `MalformedUpdate`; the server logs it and drops that reply.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,10 +37,10 @@ CONFIG, INFO, UPLOAD = contract.MSG_CONFIG, contract.MSG_INFO, contract.MSG_UPLO
 PAYLOAD, WEIGHTS, METRICS = contract.MSG_PAYLOAD, contract.MSG_WEIGHTS, contract.MSG_METRICS
 
 # ---- fields of the CONFIG / INFO ConfigRecords ---------------------------------------------------
-F_SPEC = "spec"            # JSON of the client-side spec (algorithm, LocalConfig, hparams, model, seed, ...)
+F_SPEC = "spec"  # JSON of the client-side spec (algorithm, LocalConfig, hparams, model, seed, ...)
 F_ROUND = "round"
 F_CLIENT_ID = "client-id"  # in TRAIN config: the client the server addresses; in INFO: who answers
-F_N = "n"                  # n_i (Eq. 2)
+F_N = "n"  # n_i (Eq. 2)
 F_SKIP_UPLOAD = "skip-upload"  # in QUERY config: client ids whose upload the server does not need (JSON list)
 
 # ---- keys of Context.state on a SuperNode (ClientState, never sent) ------------------------------
@@ -47,14 +48,14 @@ STATE_ARRAYS = "fedccrl.client-state.arrays"
 STATE_TREE = "fedccrl.client-state.tree"
 
 # ---- node config (flower-supernode --node-config) and run config ([tool.flwr.app.config]) -------
-NODE_CLIENT_ID = "client-id"        # this SuperNode's client, e.g. "art_c0"
+NODE_CLIENT_ID = "client-id"  # this SuperNode's client, e.g. "art_c0"
 NODE_PARTITION_ID = "partition-id"  # or: index into the manifest's source clients (simulation sets it)
-NODE_SHARDS = "shards"              # folder with manifest.json and <client>.npz
-NODE_POOLS = "pools"                # folder with the client's statistics (pools stage)
-NODE_STATE_DIR = "state-dir"        # optional: mirror of ClientState on disk (resume after restarts)
-NODE_DEVICE = "device"              # optional: auto | cpu | cuda (default: the server's train.device)
-RUN_SPEC = "spec"                   # run config: the server spec (JSON)
-RUN_SHARDS = "shards"               # run config fallbacks for simulation (one filesystem)
+NODE_SHARDS = "shards"  # folder with manifest.json and <client>.npz
+NODE_POOLS = "pools"  # folder with the client's statistics (pools stage)
+NODE_STATE_DIR = "state-dir"  # optional: mirror of ClientState on disk (resume after restarts)
+NODE_DEVICE = "device"  # optional: auto | cpu | cuda (default: the server's train.device)
+RUN_SPEC = "spec"  # run config: the server spec (JSON)
+RUN_SHARDS = "shards"  # run config fallbacks for simulation (one filesystem)
 RUN_POOLS = "pools"
 RUN_STATE_DIR = "client-state-dir"
 
@@ -88,8 +89,9 @@ def record_to_arrays(record: ArrayRecord, what: str) -> dict[str, np.ndarray]:
         except Exception as e:  # undecodable bytes, wrong stype, pickled objects (allow_pickle=False)
             raise MalformedUpdate(f"{what}: array '{k}' cannot be decoded ({e.__class__.__name__}: {e})") from e
         if str(a.dtype) != str(arr.dtype) or tuple(a.shape) != tuple(arr.shape):
-            raise MalformedUpdate(f"{what}: array '{k}' declares {arr.dtype}{list(arr.shape)} but holds "
-                                  f"{a.dtype}{list(a.shape)}")
+            raise MalformedUpdate(
+                f"{what}: array '{k}' declares {arr.dtype}{list(arr.shape)} but holds {a.dtype}{list(a.shape)}"
+            )
         if a.dtype.kind not in "biuf":
             raise MalformedUpdate(f"{what}: array '{k}' has non-numeric dtype {a.dtype}")
         out[k] = np.array(a, copy=True)  # writable, owned
@@ -106,15 +108,17 @@ def content_nbytes(content: RecordDict) -> int:
 
 
 # ---- validation ---------------------------------------------------------------------------------
-def validate_weights(received: dict[str, np.ndarray], reference: dict[str, torch.Tensor],
-                     what: str) -> dict[str, torch.Tensor]:
+def validate_weights(
+    received: dict[str, np.ndarray], reference: dict[str, torch.Tensor], what: str
+) -> dict[str, torch.Tensor]:
     """Client weights vs. the global weights: same keys, shapes and dtypes, finite floats.
     Returns them as CPU tensors; raises MalformedUpdate naming the first problem."""
     missing = sorted(set(reference) - set(received))
     extra = sorted(set(received) - set(reference))
     if missing or extra:
-        raise MalformedUpdate(f"{what}: keys differ from the global model (missing {missing[:3]}, "
-                              f"unexpected {extra[:3]})")
+        raise MalformedUpdate(
+            f"{what}: keys differ from the global model (missing {missing[:3]}, unexpected {extra[:3]})"
+        )
     out = {}
     for k, ref in reference.items():
         a = received[k]
@@ -138,8 +142,10 @@ def upload_signature(upload: dict[str, np.ndarray] | None):
     groups: dict = {}
     for k, a in upload.items():
         groups.setdefault(a.shape[0] if a.ndim else None, []).append(k)
-    return (tuple(sorted((k, str(a.dtype), a.ndim, tuple(a.shape[1:])) for k, a in upload.items())),
-            tuple(sorted(tuple(sorted(g)) for g in groups.values())))
+    return (
+        tuple(sorted((k, str(a.dtype), a.ndim, tuple(a.shape[1:])) for k, a in upload.items())),
+        tuple(sorted(tuple(sorted(g)) for g in groups.values())),
+    )
 
 
 def validate_upload(upload: dict[str, np.ndarray] | None, what: str) -> None:
@@ -216,6 +222,7 @@ def encode_tree(tree) -> tuple[dict[str, np.ndarray], str]:
 
 def decode_tree(arrays, skeleton: str):
     """Inverse of encode_tree; `arrays` maps keys to ndarrays (or to Flower Arrays)."""
+
     def arr(key):
         a = arrays[key]
         return np.array(a.numpy() if isinstance(a, Array) else a, copy=True)

@@ -2,6 +2,7 @@
 watched and stopped with psutil. Stopping signals the group and every descendant (Flower detaches some, e.g.
 SuperExec, into sessions of their own), waits for them with `psutil.wait_procs` and kills what is left, so no
 process outlives the launcher; each child also dies with the launcher (fedccrl_core/foundation/procs.py)."""
+
 from __future__ import annotations
 
 import os
@@ -49,9 +50,16 @@ class Proc:
         self.name, self.args, self.log_path = name, args, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
-        self.popen = psutil.Popen(args, env=env, cwd=cwd, stdout=self._log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, start_new_session=True,
-                                  preexec_fn=die_with_parent)  # fedccrl_core/foundation/procs.py: dies with the launcher
+        self.popen = psutil.Popen(
+            args,
+            env=env,
+            cwd=cwd,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=die_with_parent,
+        )  # fedccrl_core/foundation/procs.py: dies with the launcher
         self.pid = self.popen.pid
 
     def alive(self) -> bool:

@@ -4,16 +4,17 @@ Every reply is checked before use: a query reply's n_i and upload (FedCCRL: F_i,
 client id, n_i (Eq. 2), weights (the global weights' keys/shapes/dtypes, finite floats), metrics and upload.
 A reply that fails is refused (logged, in the round's record), never aggregated.
 """
+
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
 from flwr.app import Message
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms.base import Reply
+from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 
 BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malformed reply raises while read
@@ -49,11 +50,15 @@ def read_train_reply(r: Message, cid: str, reference: dict[str, torch.Tensor], n
     return n, weights, metrics, upload
 
 
-def matching_train_uploads(rnd: int, valid: list[Reply], ledger: "Ledger") -> list[Reply]:
+def matching_train_uploads(rnd: int, valid: list[Reply], ledger: Ledger) -> list[Reply]:
     """The replies whose train upload fits the others': uploads are summed element-wise, so keys, dtypes and
     full shapes must agree (the most common signature wins); a misfit is refused."""
-    sigs = {r.client_id: None if r.upload is None else
-            tuple(sorted((k, str(v.dtype), tuple(v.shape)) for k, v in r.upload.items())) for r in valid}
+    sigs = {
+        r.client_id: None
+        if r.upload is None
+        else tuple(sorted((k, str(v.dtype), tuple(v.shape)) for k, v in r.upload.items()))
+        for r in valid
+    }
     consensus = M.consensus_signature(sigs)
     for r in valid:
         if sigs[r.client_id] != consensus:
@@ -76,18 +81,25 @@ class Ledger:
 
     def drop(self, rnd: int, client: str | None, node: int, phase: str, reason: str, detail: str) -> None:
         """One client dropped from round `rnd`: in the round's record (`dropped_clients`) and the log."""
-        self.dropped.append({"round": rnd, "client": client, "node": node, "phase": phase, "reason": reason,
-                             "detail": detail})
-        self.log(f"round {rnd}: {client or 'unknown client'} (node {node}) dropped in the {phase} phase: "
-                 f"{reason} ({detail})")
+        self.dropped.append(
+            {"round": rnd, "client": client, "node": node, "phase": phase, "reason": reason, "detail": detail}
+        )
+        self.log(
+            f"round {rnd}: {client or 'unknown client'} (node {node}) dropped in the {phase} phase: {reason} ({detail})"
+        )
 
     def dropped_text(self, rnd: int) -> str:
-        return "; ".join(f"{d['client'] or 'node ' + str(d['node'])}: {d['reason']} in {d['phase']} ({d['detail']})"
-                         for d in self.dropped if d["round"] == rnd) or "none"
+        return (
+            "; ".join(
+                f"{d['client'] or 'node ' + str(d['node'])}: {d['reason']} in {d['phase']} ({d['detail']})"
+                for d in self.dropped
+                if d["round"] == rnd
+            )
+            or "none"
+        )
 
     def record(self, rnd: int) -> dict:
         """The round record's counts and lists (`refused`, `dropped`, `dropped_clients`, `refused_clients`)."""
         drops = [{k: v for k, v in x.items() if k != "round"} for x in self.dropped if x["round"] == rnd]
         refusals = [{k: v for k, v in x.items() if k != "round"} for x in self.refused if x["round"] == rnd]
-        return {"refused": len(refusals), "dropped": len(drops), "dropped_clients": drops,
-                "refused_clients": refusals}
+        return {"refused": len(refusals), "dropped": len(drops), "dropped_clients": drops, "refused_clients": refusals}

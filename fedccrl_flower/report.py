@@ -1,6 +1,7 @@
 """What a ServerApp run writes to its report folder, <work_dir>/run-<run id>/ (fedccrl_core/foundation/contract.py):
 rounds.jsonl (one record per finished round, read by the launcher), status.json (running | completed | failed |
 stopped, with the error) and server.log."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,9 @@ class RunReport:
         self._log_file.write(f"{time.strftime('%H:%M:%S')} {line}\n")
 
     def status(self, status: str, **extra) -> None:
-        write_text(self.folder / contract.FLOWER_STATUS_FILE,
-                   json.dumps({"status": status, "time": time.time(), **extra}))
+        write_text(
+            self.folder / contract.FLOWER_STATUS_FILE, json.dumps({"status": status, "time": time.time(), **extra})
+        )
 
     def append_record(self, rec: dict) -> None:
         with open(self.folder / contract.FLOWER_ROUNDS_FILE, "a") as f:

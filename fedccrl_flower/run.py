@@ -16,17 +16,18 @@ The ServerApp reports through <work_dir>/run-<run id>/ (report.py): rounds.jsonl
 `on_round` as it appears, e.g. ChildRun.log_round), status.json, result.pt (-> RunResult). Every process the
 launcher starts is stopped, with its descendants, when the federation closes (processes.py).
 """
+
 from __future__ import annotations
 
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
+from fedccrl_core.federation.engine import RunResult
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning.model_file import torch_load
-from fedccrl_core.federation.engine import RunResult
 from fedccrl_flower import messages as M
 from fedccrl_flower.federation import LOG, Federation, LocalFederation
 from fedccrl_flower.processes import FlowerRunError
@@ -34,8 +35,15 @@ from fedccrl_flower.settings import FlowerSettings
 from fedccrl_flower.spec import ServerSpec, report_dir
 
 
-def wait_for_result(fed: Federation, run_id: int, work_dir: Path, on_round: Callable[[dict], None] | None = None,
-                    timeout: float = 0.0, poll_s: float = 0.5, status_every_s: float = 15.0) -> RunResult:
+def wait_for_result(
+    fed: Federation,
+    run_id: int,
+    work_dir: Path,
+    on_round: Callable[[dict], None] | None = None,
+    timeout: float = 0.0,
+    poll_s: float = 0.5,
+    status_every_s: float = 15.0,
+) -> RunResult:
     """Follow the run's rounds.jsonl (calling on_round per record) until the ServerApp reports completion."""
     on_round = on_round or (lambda rec: None)
     work_dir = report_dir(work_dir, run_id)
@@ -60,8 +68,14 @@ def wait_for_result(fed: Federation, run_id: int, work_dir: Path, on_round: Call
         if st.get("status") == "completed":
             drain()
             res = torch_load(work_dir / contract.FLOWER_RESULT_FILE)
-            return RunResult(res["history"], res["final_weights"], res["best_weights"], res["best_round"],
-                             resumed_from=res["resumed_from"], extra={**res["extra"], "run_id": run_id})
+            return RunResult(
+                res["history"],
+                res["final_weights"],
+                res["best_weights"],
+                res["best_round"],
+                resumed_from=res["resumed_from"],
+                extra={**res["extra"], "run_id": run_id},
+            )
         if st.get("status") in ("failed", "stopped"):
             raise FlowerRunError(f"Flower run {run_id} {st['status']}: {st.get('error')}")
         fed.check_alive()
@@ -73,8 +87,10 @@ def wait_for_result(fed: Federation, run_id: int, work_dir: Path, on_round: Call
                 time.sleep(2.0)  # the ServerApp may be writing its status right now
                 st = json.loads(st_path.read_text()) if st_path.is_file() else {}
                 if st.get("status") not in ("completed", "failed", "stopped"):
-                    raise FlowerRunError(f"Flower run {run_id} ended as {flwr_status} without a result; "
-                                         f"ServerApp log:\n{fed.server_log(run_id)}")
+                    raise FlowerRunError(
+                        f"Flower run {run_id} ended as {flwr_status} without a result; "
+                        f"ServerApp log:\n{fed.server_log(run_id)}"
+                    )
         if timeout and now - t0 > timeout:
             fed.stop_run(run_id)
             raise FlowerRunError(f"Flower run {run_id} did not finish within {timeout:.0f}s")
@@ -87,20 +103,22 @@ def source_clients(shards: str | Path, held_out: str) -> list[str]:
     return client_ids(load_manifest(shards), held_out)
 
 
-def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on_round=None,
-               log=LOG) -> RunResult:
+def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on_round=None, log=LOG) -> RunResult:
     """Run one training on the Flower engine (settings.mode) and return the in-process engine's RunResult."""
     work = Path(spec.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     ids = source_clients(spec.shards, spec.held_out)
     settings.model_copy(update={"min_clients": max(settings.min_clients, spec.min_clients)}).require_clients(
-        len(ids), spec.held_out)
+        len(ids), spec.held_out
+    )
     spec.num_clients = spec.num_clients or settings.num_clients or len(ids)
     shards, pools = str(Path(spec.shards).resolve()), str(Path(pools).resolve())
     state_dir = str(work / "client-state")
     if settings.mode == "simulation":
-        fed_cfg = (f"num-supernodes={len(ids)} client-resources-num-cpus={int(settings.client_cpus)} "
-                   f"client-resources-num-gpus={float(settings.client_gpus)}")
+        fed_cfg = (
+            f"num-supernodes={len(ids)} client-resources-num-cpus={int(settings.client_cpus)} "
+            f"client-resources-num-gpus={float(settings.client_gpus)}"
+        )
         if settings.ray_cpus:
             fed_cfg += f" init-args-num-cpus={settings.ray_cpus}"
         with LocalFederation(work / "federation", simulation=True, log=log) as fed:
@@ -115,16 +133,21 @@ def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on
     threads = settings.client_threads or max(1, (os.cpu_count() or 1) // len(ids))
     with LocalFederation(work / "federation", log=log) as fed:
         for cid in ids:
-            fed.add_supernode(cid, {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: shards, M.NODE_POOLS: pools,
-                                    M.NODE_STATE_DIR: state_dir}, threads, wait=False)
+            fed.add_supernode(
+                cid,
+                {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: shards, M.NODE_POOLS: pools, M.NODE_STATE_DIR: state_dir},
+                threads,
+                wait=False,
+            )
         fed.wait_supernodes()
         run_id = fed.submit(spec)
         log(f"flower deployment: run {run_id}, SuperLink + {len(ids)} SuperNodes on 127.0.0.1")
         return wait_for_result(fed, run_id, work, on_round, settings.run_timeout_s)
 
 
-def train_with_flower(job, settings: FlowerSettings, *, shards: str | Path, pools: str | Path, on_round=None,
-                      log=LOG) -> RunResult:
+def train_with_flower(
+    job, settings: FlowerSettings, *, shards: str | Path, pools: str | Path, on_round=None, log=LOG
+) -> RunResult:
     """pipeline/train.py's `train.engine: flower`: one TrainJob (fedccrl_core/federation/jobs.py) over Flower
     with `settings` (params.yaml `train.flower`, validated once by the caller) -> RunResult. The ServerApp
     checkpoints where the in-process engine would (`job.ckpt`); its work folder sits beside it
@@ -132,13 +155,25 @@ def train_with_flower(job, settings: FlowerSettings, *, shards: str | Path, pool
     s = job.settings
     checkpoint = Path(job.ckpt).resolve()
     # the job's typed hyperparameters as JSON-ready data: they travel in the run config
-    spec = ServerSpec(algorithm=job.algorithm, local=s.local.model_dump(), hparams=job.hparams.model_dump(),
-                      backbone=s.backbone, num_classes=len(job.classes), seed=int(job.seed), held_out=job.target,
-                      shards=str(Path(shards).resolve()), work_dir=str(checkpoint.with_suffix(".flower")),
-                      pretrained=s.pretrained, client_fraction=float(s.client_fraction), device=s.device,
-                      eval_batch_size=int(s.eval_batch_size),
-                      **settings.model_dump(include=set(ServerSpec.FROM_SETTINGS)),
-                      checkpoint=str(checkpoint), run_info={"run_key": job.run_key}, client_state=s.client_state)
+    spec = ServerSpec(
+        algorithm=job.algorithm,
+        local=s.local.model_dump(),
+        hparams=job.hparams.model_dump(),
+        backbone=s.backbone,
+        num_classes=len(job.classes),
+        seed=int(job.seed),
+        held_out=job.target,
+        shards=str(Path(shards).resolve()),
+        work_dir=str(checkpoint.with_suffix(".flower")),
+        pretrained=s.pretrained,
+        client_fraction=float(s.client_fraction),
+        device=s.device,
+        eval_batch_size=int(s.eval_batch_size),
+        **settings.model_dump(include=set(ServerSpec.FROM_SETTINGS)),
+        checkpoint=str(checkpoint),
+        run_info={"run_key": job.run_key},
+        client_state=s.client_state,
+    )
     return run_flower(settings, spec, pools, on_round=on_round, log=log)
 
 

@@ -30,6 +30,7 @@ Outputs: the checkpoint (`spec.checkpoint`, default <work_dir>/checkpoint.pt) an
 <work_dir>/run-<run id>/: rounds.jsonl (one record per finished round), status.json (running | completed |
 failed | stopped), server.log and result.pt (the RunResult fields).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -37,26 +38,26 @@ import json
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.learning.model_file import atomic_torch_save
+from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import resolve_device
 from fedccrl_core.federation.loop import RoundLoop, nbytes
+from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.procs import die_with_parent
+from fedccrl_core.learning.model_file import atomic_torch_save
 from fedccrl_flower import messages as M
 from fedccrl_flower.evalsets import load_evalsets
-from fedccrl_flower.report import RunReport
 from fedccrl_flower.replies import BAD_REPLY, Ledger, matching_train_uploads, read_query_reply, read_train_reply
+from fedccrl_flower.report import RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
 from fedccrl_flower.transport import RoundFailure, answered, error_reason, exchange, wait_for_nodes
 
@@ -66,9 +67,15 @@ if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower 
 
 
 class FlowerServer:
-    def __init__(self, grid: Grid, spec: ServerSpec, report_dir: str | Path | None = None,
-                 log: Callable[[str], None] | None = None, sleep: Callable[[float], None] = time.sleep,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        grid: Grid,
+        spec: ServerSpec,
+        report_dir: str | Path | None = None,
+        log: Callable[[str], None] | None = None,
+        sleep: Callable[[float], None] = time.sleep,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.grid, self.spec = grid, spec
         self.report = RunReport(report_dir or spec.work_dir)
         self.work = self.report.folder
@@ -115,10 +122,13 @@ class FlowerServer:
     def _query(self, rnd: int, nodes: list[int]):
         """Lines 3-6: uploads of every responsive client, keyed by client id (sorted)."""
         config = self._config(rnd)
-        config[M.F_SKIP_UPLOAD] = json.dumps(sorted(c for c in set(self.client_of_node.values())
-                                                    if not self.alg.upload_wanted(c)))
-        msgs = [Message(RecordDict({M.CONFIG: config}), dst_node_id=n, message_type=M.QUERY,
-                        group_id=str(rnd)) for n in nodes]
+        config[M.F_SKIP_UPLOAD] = json.dumps(
+            sorted(c for c in set(self.client_of_node.values()) if not self.alg.upload_wanted(c))
+        )
+        msgs = [
+            Message(RecordDict({M.CONFIG: config}), dst_node_id=n, message_type=M.QUERY, group_id=str(rnd))
+            for n in nodes
+        ]
         down = sum(M.content_nbytes(m.content) for m in msgs)
         replies, failed = self._exchange(rnd, msgs, "query")  # failed: node -> (reason, detail)
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
@@ -135,12 +145,17 @@ class FlowerServer:
                 self.ledger.refuse(rnd, who, f"malformed query reply: {e}")
                 continue
             if self.sources is not None and cid not in self.sources:  # e.g. a held-out domain's client
-                self.ledger.refuse(rnd, who, f"client {cid} is not a source client of held-out {self.spec.held_out} "
-                                             f"(it holds no training rows outside it)")
+                self.ledger.refuse(
+                    rnd,
+                    who,
+                    f"client {cid} is not a source client of held-out {self.spec.held_out} "
+                    f"(it holds no training rows outside it)",
+                )
                 continue
             if cid in node_of:
-                self.log(f"round {rnd}: client {cid} answered from nodes {node_of[cid]} and {node}; "
-                         f"using {node_of[cid]}")
+                self.log(
+                    f"round {rnd}: client {cid} answered from nodes {node_of[cid]} and {node}; using {node_of[cid]}"
+                )
                 continue
             self.client_of_node[node] = cid
             uploads[cid], node_of[cid], n_of[cid], sigs[cid] = upload, node, n, M.upload_signature(upload)
@@ -218,9 +233,11 @@ class FlowerServer:
         nodes = wait_for_nodes(self.grid, rnd, want, s.min_clients, s.wait_for_clients_s, self.clock, self.sleep)
         uploads, self._node_of, self._n_of, self._q_up, self._q_down = self._query(rnd, nodes)
         if len(uploads) < s.min_clients:
-            raise RoundFailure(f"round {rnd}: only {len(uploads)} client(s) answered "
-                               f"({', '.join(uploads) or 'none'}), fewer than train.flower.min_clients = "
-                               f"{s.min_clients}; dropped: {self.ledger.dropped_text(rnd)}")
+            raise RoundFailure(
+                f"round {rnd}: only {len(uploads)} client(s) answered "
+                f"({', '.join(uploads) or 'none'}), fewer than train.flower.min_clients = "
+                f"{s.min_clients}; dropped: {self.ledger.dropped_text(rnd)}"
+            )
         self._uploads = uploads
         return uploads
 
@@ -237,10 +254,12 @@ class FlowerServer:
         need = min(self.spec.min_clients, len(sampled))
         if len(replies) < need:
             got = {r.client_id for r in replies}
-            raise RoundFailure(f"round {rnd}: {len(replies)} valid update(s) ({', '.join(sorted(got)) or 'none'}), "
-                               f"fewer than train.flower.min_clients = {self.spec.min_clients}; no reply or refused: "
-                               f"{', '.join(c for c in sampled if c not in got)}; dropped: "
-                               f"{self.ledger.dropped_text(rnd)}")
+            raise RoundFailure(
+                f"round {rnd}: {len(replies)} valid update(s) ({', '.join(sorted(got)) or 'none'}), "
+                f"fewer than train.flower.min_clients = {self.spec.min_clients}; no reply or refused: "
+                f"{', '.join(c for c in sampled if c not in got)}; dropped: "
+                f"{self.ledger.dropped_text(rnd)}"
+            )
         for r in replies:  # client-id order
             fold(r)
         self._payloads = payloads
@@ -248,9 +267,14 @@ class FlowerServer:
         return self._replies
 
     def round_record(self, rnd: int) -> dict:
-        rec = {"wire_bytes_up": self._q_up + self._t_up, "wire_bytes_down": self._q_down + self._t_down,
-               "clients": len(self._replies), **self.ledger.record(rnd),
-               "query_timeout_s": self._timeouts.get("query"), "train_timeout_s": self._timeouts.get("train")}
+        rec = {
+            "wire_bytes_up": self._q_up + self._t_up,
+            "wire_bytes_down": self._q_down + self._t_down,
+            "clients": len(self._replies),
+            **self.ledger.record(rnd),
+            "query_timeout_s": self._timeouts.get("query"),
+            "train_timeout_s": self._timeouts.get("train"),
+        }
         for cid in self._uploads:
             rec[f"upload_bytes/{cid}"] = nbytes(self._uploads[cid])
             rec[f"payload_bytes/{cid}"] = nbytes(self._payloads.get(cid))
@@ -270,13 +294,29 @@ class FlowerServer:
         evalsets = load_evalsets(s.shards, s.held_out, s.eval_batch_size, self.device)
         torch.manual_seed(s.seed)  # as pipeline/train.py builds the model for the in-process engine
         model = self.alg.build_model(s.backbone, s.num_classes, s.pretrained, self.alg.hp).to(self.device)
-        loop = RoundLoop(self.alg, model, self, evalsets, s.rounds, s.seed, s.client_fraction,
-                         RoundCheckpoints(self.checkpoint_path, self.device, self.log), self.report.append_record,
-                         s.run_info, self.log, engine="flower")
+        loop = RoundLoop(
+            self.alg,
+            model,
+            self,
+            evalsets,
+            s.rounds,
+            s.seed,
+            s.client_fraction,
+            RoundCheckpoints(self.checkpoint_path, self.device, self.log),
+            self.report.append_record,
+            s.run_info,
+            self.log,
+            engine="flower",
+        )
         res = loop.run()
-        result = {"history": res.history, "final_weights": res.final_weights, "best_weights": res.best_weights,
-                  "best_round": res.best_round, "resumed_from": res.resumed_from,
-                  "extra": {"refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"}}
+        result = {
+            "history": res.history,
+            "final_weights": res.final_weights,
+            "best_weights": res.best_weights,
+            "best_round": res.best_round,
+            "resumed_from": res.resumed_from,
+            "extra": {"refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
+        }
         atomic_torch_save(result, self.work / contract.FLOWER_RESULT_FILE)
         return result
 
@@ -285,8 +325,12 @@ class FlowerServer:
 def main(grid: Grid, context: Context) -> None:
     raw = context.run_config.get(M.RUN_SPEC, "")
     if not raw:
-        print("fedccrl ServerApp: the run config has no 'spec'; start runs with fedccrl_flower.run "
-              "(or flwr run --run-config <spec.toml>)", file=sys.stderr, flush=True)
+        print(
+            "fedccrl ServerApp: the run config has no 'spec'; start runs with fedccrl_flower.run "
+            "(or flwr run --run-config <spec.toml>)",
+            file=sys.stderr,
+            flush=True,
+        )
         raise SystemExit(2)
     spec = ServerSpec.from_dict(json.loads(str(raw)))
     FlowerServer(grid, spec, report_dir=report_dir(spec.work_dir, context.run_id)).run()

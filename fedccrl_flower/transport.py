@@ -5,10 +5,11 @@ A node that leaves the SuperLink is answered for by Flower itself: the SuperLink
 (NODE_UNAVAILABLE once its heartbeat expired, MESSAGE_UNAVAILABLE once it was removed), which `error_reason`
 reads as `disconnected`; an error of the ClientApp itself is `error`.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from flwr.app import Message
 from flwr.common.constant import ErrorCode
@@ -23,8 +24,9 @@ class RoundFailure(RuntimeError):
     """A round that cannot complete (too few clients); the run stops with this message."""
 
 
-def exchange(grid: Grid, messages: list[Message], timeout: float, phase: str,
-             clock: Callable[[], float] = time.monotonic):
+def exchange(
+    grid: Grid, messages: list[Message], timeout: float, phase: str, clock: Callable[[], float] = time.monotonic
+):
     """Send `messages` and wait up to `timeout` seconds for their replies (Grid.send_and_receive). Returns
     ({node: reply}, {node without a reply: ("timeout", detail)}, seconds the exchange took)."""
     t0 = clock()
@@ -55,8 +57,15 @@ def answered(replies: dict[int, Message]) -> set[str]:
     return out
 
 
-def wait_for_nodes(grid: Grid, rnd: int, want: int, least: int, wait_s: float,
-                   clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+def wait_for_nodes(
+    grid: Grid,
+    rnd: int,
+    want: int,
+    least: int,
+    wait_s: float,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+):
     """The connected nodes once `want` are connected, or after `wait_s` seconds if at least `least` are
     (Flower's Grid has no wait with a deadline); RoundFailure otherwise."""
     deadline = clock() + wait_s
@@ -65,6 +74,8 @@ def wait_for_nodes(grid: Grid, rnd: int, want: int, least: int, wait_s: float,
         if len(nodes) >= want or (clock() >= deadline and len(nodes) >= least):
             return nodes
         if clock() >= deadline:
-            raise RoundFailure(f"round {rnd}: {len(nodes)} SuperNode(s) connected after {wait_s:.0f}s, fewer "
-                               f"than train.flower.min_clients = {least}")
+            raise RoundFailure(
+                f"round {rnd}: {len(nodes)} SuperNode(s) connected after {wait_s:.0f}s, fewer "
+                f"than train.flower.min_clients = {least}"
+            )
         sleep(1.0)

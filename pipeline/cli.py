@@ -1,4 +1,5 @@
 """`fedccrl`: the pipeline stages as one click group. Each stage lives in its own module."""
+
 from __future__ import annotations
 
 import importlib
@@ -7,9 +8,9 @@ from fedccrl_core.foundation.threads import apply_thread_policy
 
 apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fedccrl_core/foundation/threads.py)
 
-import click  # noqa: E402
+import click
 
-from fedccrl_core import __version__  # noqa: E402
+from fedccrl_core import __version__
 
 # stage name -> module under pipeline/ exposing a click command named `command`
 STAGES = {

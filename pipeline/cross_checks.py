@@ -2,6 +2,7 @@
 held-out entries against a dataset's domains (the one held-out check: the train stage runs it again against the
 manifest, for imagefolder), the backbone against `pretrained`, and what an algorithm to be trained needs of its
 own group. One line per problem."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
@@ -16,8 +17,9 @@ def _line(key: str, value: Any, what: str) -> str:
     return f"params.yaml: key '{key}': got {value!r}; {what}"
 
 
-def resolve_held_out(domains: list[str], entries: list, of: str,
-                     key: str = "train.held_out") -> tuple[list[str], list[str]]:
+def resolve_held_out(
+    domains: list[str], entries: list, of: str, key: str = "train.held_out"
+) -> tuple[list[str], list[str]]:
     """Held-out entries (names, or indices into `domains`) -> (the domain names, one problem line per entry that is
     not a domain of `of` or names a domain an earlier entry names). The one check of held-out entries: against
     the registry's domains when params.yaml is validated, against the manifest's in the train stage."""
@@ -26,25 +28,37 @@ def resolve_held_out(domains: list[str], entries: list, of: str,
         where = f"{key}[{i}]" if key == "train.held_out" else key
         if isinstance(h, int) and not isinstance(h, bool):
             if not 0 <= h < len(domains):
-                problems.append(_line(where, h, f"{of} has {len(domains)} domains, indices "
-                                                + ", ".join(f"{j}={d}" for j, d in enumerate(domains))))
+                problems.append(
+                    _line(
+                        where,
+                        h,
+                        f"{of} has {len(domains)} domains, indices "
+                        + ", ".join(f"{j}={d}" for j, d in enumerate(domains)),
+                    )
+                )
                 continue
             name = domains[h]
         elif isinstance(h, str) and h in domains:
             name = h
         else:
-            problems.append(_line(where, h, f"must be a domain of {of}: {', '.join(domains)} (or its index in that "
-                                            "order)"))
+            problems.append(
+                _line(where, h, f"must be a domain of {of}: {', '.join(domains)} (or its index in that order)")
+            )
             continue
         if name in seen:
-            problems.append(_line(where, h, f"names domain {name} as {seen[name]!r} does (each entry is one DVC "
-                                            "stage and one MLflow run)"))
+            problems.append(
+                _line(
+                    where,
+                    h,
+                    f"names domain {name} as {seen[name]!r} does (each entry is one DVC stage and one MLflow run)",
+                )
+            )
         seen.setdefault(name, h)
         names.append(name)
     return names, problems
 
 
-def check_config(cfg: "ParamsFile", run_algorithms: tuple[str, ...] = ()) -> list[str]:
+def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = ()) -> list[str]:
     """Problems that involve more than one key: held_out against the dataset's domains, the backbone against
     `pretrained`, and what an algorithm to be trained (listed in train.algorithms, or `run_algorithms`: a stage's
     --algorithm) needs of its own group. One line each."""
@@ -55,12 +69,19 @@ def check_config(cfg: "ParamsFile", run_algorithms: tuple[str, ...] = ()) -> lis
     backbone = spec.backbone if cfg.model.backbone == AUTO else cfg.model.backbone
     pretrained = spec.pretrained if cfg.model.pretrained == AUTO else cfg.model.pretrained
     if backbone == "small_cnn" and pretrained != "none":
-        out.append(_line("model.pretrained", cfg.model.pretrained,
-                         f"{backbone} (model.backbone {cfg.model.backbone!r}) has no pretrained weights: use none"
-                         + (" or auto" if spec.pretrained == "none" else "")))
+        out.append(
+            _line(
+                "model.pretrained",
+                cfg.model.pretrained,
+                f"{backbone} (model.backbone {cfg.model.backbone!r}) has no pretrained weights: use none"
+                + (" or auto" if spec.pretrained == "none" else ""),
+            )
+        )
     for name in dict.fromkeys([*cfg.train.algorithms, *run_algorithms]):
         group = getattr(cfg.train, name)
         out += group.selected_problems(f"train.{name}")
-        out += [_line(key, getattr(cfg.train.privacy, key.rsplit(".", 1)[1]), why) for key, why in
-                cfg.train.privacy.unprotected(name, getattr(type(group), "uploads_statistics", False))]
+        out += [
+            _line(key, getattr(cfg.train.privacy, key.rsplit(".", 1)[1]), why)
+            for key, why in cfg.train.privacy.unprotected(name, getattr(type(group), "uploads_statistics", False))
+        ]
     return out

@@ -3,12 +3,13 @@
 Reads the `dataset` and `download` groups. Sources: `registry`, an http(s) URL, a local archive or a
 folder (see fedccrl_core/data/sources.py). Writes --out atomically and the data report to --report.
 """
+
 from __future__ import annotations
 
 import click
 
-from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.params import load_config
+from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def _run(out: str, report: str, params_path: str) -> None:
@@ -17,8 +18,18 @@ def _run(out: str, report: str, params_path: str) -> None:
     from fedccrl_core.data.sources import prepare_raw
 
     ds, dl = cfg.dataset, cfg.download
-    prepare_raw(get_dataset(ds.name), ds.source, out, report, sha256=ds.sha256, seed=ds.seed, timeout_s=dl.timeout_s,
-                retries=dl.retries, max_bad_fraction=dl.max_bad_fraction, deadline_s=dl.deadline_s)
+    prepare_raw(
+        get_dataset(ds.name),
+        ds.source,
+        out,
+        report,
+        sha256=ds.sha256,
+        seed=ds.seed,
+        timeout_s=dl.timeout_s,
+        retries=dl.retries,
+        max_bad_fraction=dl.max_bad_fraction,
+        deadline_s=dl.deadline_s,
+    )
 
 
 @click.command()

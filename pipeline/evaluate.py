@@ -4,6 +4,7 @@ Reports the final-round target accuracy and the target accuracy of the global mo
 with the best source-validation accuracy (DomainBed's training-domain validation), each
 re-computed here from the saved models, plus per-class accuracy and the confusion matrix.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import atomic_dir, write_text
-from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 from fedccrl_pipeline.params import load_config, run_dirs
+from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
 def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> dict:
@@ -26,8 +27,11 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=No
     cfg = cfg or load_config(params_path)
     doc = evaluate_run(shards, model_dir, cfg.evaluate.batch_size, resolve_device(cfg.train.device))
     write_text(out, json.dumps(doc, indent=1))
-    print(f"{doc['algorithm']} s{doc['seed']} {doc['held_out_domain']}: final {doc[contract.FINAL_TARGET_ACC]:.4f} "
-          f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]})", file=sys.stderr)
+    print(
+        f"{doc['algorithm']} s{doc['seed']} {doc['held_out_domain']}: final {doc[contract.FINAL_TARGET_ACC]:.4f} "
+        f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]})",
+        file=sys.stderr,
+    )
     return doc
 
 
@@ -38,8 +42,7 @@ def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> li
     cfg = load_config(params_path)
     wanted = trained_runs(cfg, models)
     with atomic_dir(out) as tmp:
-        return [evaluate(shards, d, contract.result_file(tmp, models, d), params_path, cfg)
-                for d in wanted]
+        return [evaluate(shards, d, contract.result_file(tmp, models, d), params_path, cfg) for d in wanted]
 
 
 def trained_runs(cfg, models: Path) -> list[Path]:
@@ -54,8 +57,12 @@ def trained_runs(cfg, models: Path) -> list[Path]:
 
 @click.command("evaluate")
 @click.option("--shards", type=click.Path(path_type=Path), required=True)
-@click.option("--models", type=click.Path(path_type=Path), required=True,
-              help="the train stages' output root: models/<algorithm>/s<seed>/d<held_out>")
+@click.option(
+    "--models",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="the train stages' output root: models/<algorithm>/s<seed>/d<held_out>",
+)
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="results folder, one JSON per run")
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 def command(shards, models, out, params_path):

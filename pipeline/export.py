@@ -3,6 +3,7 @@
 The export and its parity check are pipeline/onnx_export.py's `export_checked` (fails below --min-agreement, and
 no output then); the MLflow side, after parity passed, is pipeline/model_registry.py.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,20 +16,40 @@ from fedccrl_core.foundation.fsio import write_text
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
-def export(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
-           registered_model: str | None, alias: str | None, use_mlflow: bool, traces: dict | None = None) -> dict:
+def export(
+    model_path: Path,
+    shards: Path,
+    out: Path,
+    min_agreement: float,
+    batch_size: int,
+    registered_model: str | None,
+    alias: str | None,
+    use_mlflow: bool,
+    traces: dict | None = None,
+) -> dict:
     from fedccrl_pipeline import onnx_export
     from fedccrl_pipeline.model_registry import log_to_mlflow
 
     def publish(onnx_path, meta, result, example_u8):
         log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias)
 
-    return onnx_export.export_checked(model_path, shards, out, min_agreement, batch_size,
-                                      publish if use_mlflow else None, traces)
+    return onnx_export.export_checked(
+        model_path, shards, out, min_agreement, batch_size, publish if use_mlflow else None, traces
+    )
 
 
-def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summary: Path, min_agreement: float,
-                 batch_size: int, registered_model: str | None, use_mlflow: bool, exported=None) -> dict:
+def export_sweep(
+    models: Path,
+    params_path: Path,
+    shards: Path,
+    out: Path,
+    summary: Path,
+    min_agreement: float,
+    batch_size: int,
+    registered_model: str | None,
+    use_mlflow: bool,
+    exported=None,
+) -> dict:
     """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
     out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`.
     exported(key), if given, is called with each run's key (<algorithm>/s<seed>/d<held_out>) once its files are
@@ -38,14 +59,26 @@ def export_sweep(models: Path, params_path: Path, shards: Path, out: Path, summa
     results, traces = {}, {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
         key = run.relative_to(models).as_posix()
-        results[key] = export(run / contract.MODEL_FILE, shards, out / key, min_agreement, batch_size,
-                              registered_model, None, use_mlflow, traces)
+        results[key] = export(
+            run / contract.MODEL_FILE,
+            shards,
+            out / key,
+            min_agreement,
+            batch_size,
+            registered_model,
+            None,
+            use_mlflow,
+            traces,
+        )
         if exported is not None:
             exported(key)
     worst = min(r["top1_agreement"] for r in results.values())
     # the compact DVC metric: the worst figures over every run (each run's own numbers: out/<run>/parity.json)
-    doc = {"min_top1_agreement": worst, "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
-           "runs": len(results)}
+    doc = {
+        "min_top1_agreement": worst,
+        "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
+        "runs": len(results),
+    }
     write_text(summary, json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -54,8 +87,8 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
     """A model that export_sweep wrote without MLflow (out/model.onnx and out/parity.json, from the run folder `run`)
     logged to MLflow as `fedccrl export` logs it, under the default name and alias: `fedccrl publish` runs this
     beside the export."""
-    from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.learning.model_file import load_meta
     from fedccrl_pipeline.model_registry import log_to_mlflow
     from fedccrl_pipeline.onnx_export import ONNX_FILE, PARITY_FILE, example_images
 
@@ -66,32 +99,81 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
 
 
 @click.command("export")
-@click.option("--model", "model_path", type=click.Path(path_type=Path), default=None,
-              help="one model.pt written by the train stage (or its folder)")
-@click.option("--models", type=click.Path(path_type=Path), default=None,
-              help="instead of --model: every run of the sweep in params.yaml under this root (one process)")
+@click.option(
+    "--model",
+    "model_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="one model.pt written by the train stage (or its folder)",
+)
+@click.option(
+    "--models",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="instead of --model: every run of the sweep in params.yaml under this root (one process)",
+)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-@click.option("--summary", type=click.Path(path_type=Path), default=None,
-              help="with --models: a JSON of every run's parity (a DVC metric)")
+@click.option(
+    "--summary",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="with --models: a JSON of every run's parity (a DVC metric)",
+)
 @click.option("--shards", type=click.Path(path_type=Path), required=True, help="the partition stage output")
-@click.option("--out", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="folder for model.onnx and parity.json (with --models: the root of <algorithm>/s<seed>/d<i>)")
-@click.option("--min-agreement", type=click.FloatRange(0.0, 1.0), default=0.999, show_default=True,
-              help="fail when ONNX and PyTorch agree on fewer top-1 predictions than this")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    required=True,
+    help="folder for model.onnx and parity.json (with --models: the root of <algorithm>/s<seed>/d<i>)",
+)
+@click.option(
+    "--min-agreement",
+    type=click.FloatRange(0.0, 1.0),
+    default=0.999,
+    show_default=True,
+    help="fail when ONNX and PyTorch agree on fewer top-1 predictions than this",
+)
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
-@click.option("--registered-model", default=None, help="MLflow registered model name [default: fedccrl-<dataset>-<algorithm>]")
-@click.option("--alias", default=None,
-              help="MLflow alias of the version [default: s<seed>-heldout-<domain>]")
-@click.option("--mlflow/--no-mlflow", "use_mlflow", default=True, show_default=True,
-              help="log to the training run recorded in the model (skipped with a notice when it has none)")
-def command(model_path, models, params_path, summary, shards, out, min_agreement, batch_size, registered_model, alias,
-            use_mlflow):
+@click.option(
+    "--registered-model", default=None, help="MLflow registered model name [default: fedccrl-<dataset>-<algorithm>]"
+)
+@click.option("--alias", default=None, help="MLflow alias of the version [default: s<seed>-heldout-<domain>]")
+@click.option(
+    "--mlflow/--no-mlflow",
+    "use_mlflow",
+    default=True,
+    show_default=True,
+    help="log to the training run recorded in the model (skipped with a notice when it has none)",
+)
+def command(
+    model_path,
+    models,
+    params_path,
+    summary,
+    shards,
+    out,
+    min_agreement,
+    batch_size,
+    registered_model,
+    alias,
+    use_mlflow,
+):
     """Export trained models to ONNX, check parity on the held-out domain, register them in MLflow."""
     if (model_path is None) == (models is None):
         raise click.UsageError("give exactly one of --model and --models")
     # SIGTERM ends the stage as SystemExit (run_stage), so the finally blocks remove the temporary files
     if models is not None:
-        run_stage(export_sweep, models, params_path, shards, out, summary or out / "parity.json", min_agreement,
-                  batch_size, registered_model, use_mlflow)
+        run_stage(
+            export_sweep,
+            models,
+            params_path,
+            shards,
+            out,
+            summary or out / "parity.json",
+            min_agreement,
+            batch_size,
+            registered_model,
+            use_mlflow,
+        )
     else:
         run_stage(export, model_path, shards, out, min_agreement, batch_size, registered_model, alias, use_mlflow)

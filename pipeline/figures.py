@@ -5,6 +5,7 @@ parent run, and each run's confusion matrix to its own child run.
 One plain process: it loads the data and the models (torch), computes what each figure shows on a bounded sample
 (`figures.tsne_points`, `figures.gradcam_images`, `figures.preview_images`) and draws it. The PNGs go into a
 temporary folder that replaces --out only when every figure is drawn."""
+
 from __future__ import annotations
 
 import sys
@@ -13,8 +14,8 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation import contract
-from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 from fedccrl_pipeline.params import load_config
+from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
@@ -63,8 +64,10 @@ class Figures:
     def _first_seeds(self, dom: str) -> dict:
         """{algorithm: run of its first seed} on held-out `dom`, FedCCRL first, then FedAvg."""
         by_alg = {}
-        for r in sorted((r for r in self.runs if r["meta"]["held_out_domain"] == dom),
-                        key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"])):
+        for r in sorted(
+            (r for r in self.runs if r["meta"]["held_out_domain"] == dom),
+            key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"]),
+        ):
             by_alg.setdefault(r["meta"]["algorithm"], r)
         return {a: by_alg[a] for a in sorted(by_alg, key=lambda a: (a != "fedccrl", a != "fedavg", a))}
 
@@ -92,14 +95,21 @@ class Figures:
         self._draw("augmentation_preview", rows, self.out / "augmentation_preview.png")
         for dom in self.domains:
             x, y = load_domain_test(self.shards, dom)
-            pick = np.random.default_rng(fp.seed).permutation(len(y))[:fp.tsne_points]  # across all classes
-            cam_pick = pick[:fp.gradcam_images]
-            feats, cam_maps = model_features({a: r["dir"] / contract.MODEL_FILE
-                                              for a, r in self._first_seeds(dom).items()},
-                                             x, y, pick, fp.gradcam_images, mean, std)
+            pick = np.random.default_rng(fp.seed).permutation(len(y))[: fp.tsne_points]  # across all classes
+            cam_pick = pick[: fp.gradcam_images]
+            feats, cam_maps = model_features(
+                {a: r["dir"] / contract.MODEL_FILE for a, r in self._first_seeds(dom).items()},
+                x,
+                y,
+                pick,
+                fp.gradcam_images,
+                mean,
+                std,
+            )
             self._draw("tsne", dom, feats, self.classes, fp.seed, self.out / f"tsne_{dom}.png")
-            self._draw("gradcam_grid", dom, x[cam_pick], cam_maps, self.classes, y[cam_pick],
-                       self.out / f"gradcam_{dom}.png")
+            self._draw(
+                "gradcam_grid", dom, x[cam_pick], cam_maps, self.classes, y[cam_pick], self.out / f"gradcam_{dom}.png"
+            )
             print(f"figures: held-out {dom} computed", file=sys.stderr, flush=True)
 
     def confusions(self, runs_dir: Path) -> None:
@@ -152,8 +162,7 @@ def _draw(kind: str, *args) -> Path:
 
 
 def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
-    from fedccrl_pipeline.mlflow_store import mlflow_module
-    from fedccrl_pipeline.mlflow_store import trained_run
+    from fedccrl_pipeline.mlflow_store import mlflow_module, trained_run
 
     run_ids = [r["meta"].get("mlflow_run_id") for r in runs if r["meta"].get("mlflow_run_id")]
     if not run_ids:

@@ -1,6 +1,7 @@
 """What git says about the working tree a stage runs in: the commit (with `-dirty` for uncommitted changes to
 tracked files) and a file as committed at HEAD. Without git (or outside a repository) there is no answer: "unknown"
 and None."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,6 +1,7 @@
 """The MLflow tracking store the stages log to: which one (MLFLOW_TRACKING_URI, else sqlite:///<repository>/mlflow.db),
 a new SQLite store created whole, a store that cannot be read stopped at once with its name (never taken for an
 empty one), and the experiment with its artifact root."""
+
 from __future__ import annotations
 
 import contextlib
@@ -68,11 +69,15 @@ def store_errors(uri: str):
     except (MlflowException, SQLAlchemyError, OSError) as e:
         first = (str(e).splitlines() or [e.__class__.__name__])[0][:300]
         if uri.startswith(("http://", "https://")):
-            raise TrackingStoreError(f"MLflow tracking server {uri} failed after MLflow's retries ({first}); check that "
-                                     "it runs (make tracking-server-status) and run the stage again: it resumes where "
-                                     "it stopped") from e
-        raise TrackingStoreError(f"MLflow tracking store {uri} cannot be read ({first}); repair or move it (a missing "
-                                 "SQLite store is created afresh), or set MLFLOW_TRACKING_URI to another store") from e
+            raise TrackingStoreError(
+                f"MLflow tracking server {uri} failed after MLflow's retries ({first}); check that "
+                "it runs (make tracking-server-status) and run the stage again: it resumes where "
+                "it stopped"
+            ) from e
+        raise TrackingStoreError(
+            f"MLflow tracking store {uri} cannot be read ({first}); repair or move it (a missing "
+            "SQLite store is created afresh), or set MLFLOW_TRACKING_URI to another store"
+        ) from e
 
 
 def _create_sqlite_store_whole(uri: str) -> None:
@@ -84,7 +89,7 @@ def _create_sqlite_store_whole(uri: str) -> None:
     process is removed by the next run."""
     if not uri.startswith("sqlite:///"):
         return
-    path = Path(uri[len("sqlite:///"):])
+    path = Path(uri[len("sqlite:///") :])
     if path.exists() or not path.parent.is_dir():
         return
     import mlflow
@@ -122,8 +127,9 @@ def set_experiment(name: str):
     if mlflow.get_experiment_by_name(name) is None:
         root = _artifact_root(mlflow.get_tracking_uri())
         try:
-            mlflow.create_experiment(name, artifact_location=None if root is None else (root / name).as_uri(),
-                                     tags={KIND_TAG: CLASSIC_UI})
+            mlflow.create_experiment(
+                name, artifact_location=None if root is None else (root / name).as_uri(), tags={KIND_TAG: CLASSIC_UI}
+            )
         except MlflowException as e:
             if e.error_code != "RESOURCE_ALREADY_EXISTS":
                 raise
@@ -160,6 +166,8 @@ def trained_run(run_id: str, stage: str):
     mlflow = mlflow_module()
     run = find_run(mlflow, run_id)
     if run is None:
-        print(f"{stage}: MLflow run {run_id} is not in the tracking store {mlflow.get_tracking_uri()}; not logged",
-              file=sys.stderr)
+        print(
+            f"{stage}: MLflow run {run_id} is not in the tracking store {mlflow.get_tracking_uri()}; not logged",
+            file=sys.stderr,
+        )
     return run

@@ -1,5 +1,6 @@
 """The MLflow model side of `fedccrl export` (pipeline/export.py): the exported model logged to its training run
 without reopening it, registered once per (dataset, algorithm), a new version only for new weights."""
+
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +10,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 
 def sanitize(name: str) -> str:
@@ -87,15 +87,22 @@ def _flavour(onnx_file: str):
         mlflow.pyfunc.save_model(path, mlflow_model=mlflow_model, **kwargs)
         data = Path("artifacts") / Path(onnx_file).name
         assert (Path(path) / data).is_file(), data
-        mlflow_model.add_flavor("onnx", onnx_version=onnx.__version__, data=data.as_posix(),
-                                providers=["CPUExecutionProvider"], onnx_session_options=None, code=None)
+        mlflow_model.add_flavor(
+            "onnx",
+            onnx_version=onnx.__version__,
+            data=data.as_posix(),
+            providers=["CPUExecutionProvider"],
+            onnx_session_options=None,
+            code=None,
+        )
         mlflow_model.save(str(Path(path) / "MLmodel"))
 
     return types.SimpleNamespace(__name__="mlflow.pyfunc", save_model=save_model)
 
 
-def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registered_model: str | None,
-                  alias: str | None) -> None:
+def log_to_mlflow(
+    onnx_path: Path, meta: dict, result: dict, example_u8, registered_model: str | None, alias: str | None
+) -> None:
     """Log the model (pyfunc on raw images + onnx flavour) and the parity metrics to the training run through
     its run id, never reopening it (its status and end time stay those of the training); register it as a new
     version of fedccrl-<dataset>-<algorithm> only when its weights' sha256 is new, and point the alias at the
@@ -111,43 +118,64 @@ def log_to_mlflow(onnx_path: Path, meta: dict, result: dict, example_u8, registe
     from mlflow.entities import Metric
     from mlflow.models import Model
 
-    from fedccrl_serving import pyfunc
-
     from fedccrl_pipeline.mlflow_store import trained_run
+    from fedccrl_serving import pyfunc
 
     client = mlflow.MlflowClient()
     if trained_run(run_id, "export") is None:
         return
     name = registered_model or registered_model_name(meta)
     alias = sanitize(alias or f"s{meta.get('seed', 0)}-heldout-{meta['held_out_domain']}")
-    tags = {k: str(meta[k]) for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit")
-            if meta.get(k) is not None}
+    tags = {
+        k: str(meta[k])
+        for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit")
+        if meta.get(k) is not None
+    }
     sha = weights_sha256(onnx_path)
     for mv in client.search_model_versions(f"name = '{name}'"):
         if mv.tags.get("weights_sha256") == sha:  # the same weights again: no duplicate version
             client.set_registered_model_alias(name, alias, mv.version)
-            print(f"MLflow: {name} version {mv.version} already holds these weights (sha256 {sha[:12]}); "
-                  f"alias @{alias} -> version {mv.version}, training run left untouched", file=sys.stderr)
+            print(
+                f"MLflow: {name} version {mv.version} already holds these weights (sha256 {sha[:12]}); "
+                f"alias @{alias} -> version {mv.version}, training run left untouched",
+                file=sys.stderr,
+            )
             return
     tags["weights_sha256"] = sha
     now = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric("export_top1_agreement", float(result["top1_agreement"]), now, 0),
-                                      Metric("export_max_abs_logit_diff", float(result["max_abs_logit_diff"]), now, 0)])
+    client.log_batch(
+        run_id,
+        metrics=[
+            Metric("export_top1_agreement", float(result["top1_agreement"]), now, 0),
+            Metric("export_max_abs_logit_diff", float(result["max_abs_logit_diff"]), now, 0),
+        ],
+    )
     with tempfile.TemporaryDirectory() as tmp:  # the artifact is named model.onnx
         onnx_file = Path(tmp) / "model.onnx"
         shutil.copyfile(onnx_path, onnx_file)
         code = _package_folders(Path(tmp) / "code")
         # the logged model in the training run's experiment (Model.log alone would file it under the active one)
-        logged = client.create_logged_model(client.get_run(run_id).info.experiment_id, name="model",
-                                            source_run_id=run_id, tags=tags)
-        info = Model.log(artifact_path=None, name="model", flavor=_flavour(str(onnx_file)), run_id=run_id,
-                         model_id=logged.model_id,
-                         registered_model_name=name, tags=tags, python_model=pyfunc.ImageClassifier(),
-                         artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
-                         code_paths=code,
-                         signature=pyfunc.signature(meta["classes"], example_u8),
-                         pip_requirements=serving_requirements())
+        logged = client.create_logged_model(
+            client.get_run(run_id).info.experiment_id, name="model", source_run_id=run_id, tags=tags
+        )
+        info = Model.log(
+            artifact_path=None,
+            name="model",
+            flavor=_flavour(str(onnx_file)),
+            run_id=run_id,
+            model_id=logged.model_id,
+            registered_model_name=name,
+            tags=tags,
+            python_model=pyfunc.ImageClassifier(),
+            artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
+            code_paths=code,
+            signature=pyfunc.signature(meta["classes"], example_u8),
+            pip_requirements=serving_requirements(),
+        )
     version = info.registered_model_version  # created with `tags` (Model.log tags the version it registers)
     client.set_registered_model_alias(name, alias, version)
-    print(f"MLflow: logged the model to run {run_id} (run not reopened); registered {name} version {version} "
-          f"alias @{alias}", file=sys.stderr)
+    print(
+        f"MLflow: logged the model to run {run_id} (run not reopened); registered {name} version {version} "
+        f"alias @{alias}",
+        file=sys.stderr,
+    )

@@ -3,18 +3,27 @@ format: serving/metadata.py), and its parity with PyTorch on the held-out domain
 
 It imports torch (the exporter and the parity reference), so it lives here and not in the torch-free `serving`.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 import numpy as np
 
 from fedccrl_core import __version__
 from fedccrl_core.foundation.errors import FedCCRLError
-from fedccrl_serving.metadata import (FORMAT_KEY, FORMAT_VERSION, INPUT_NAME, INT_KEYS, JSON_KEYS, OUTPUT_NAME, REQUIRED_KEYS,
-                              TEXT_KEYS)
+from fedccrl_serving.metadata import (
+    FORMAT_KEY,
+    FORMAT_VERSION,
+    INPUT_NAME,
+    INT_KEYS,
+    JSON_KEYS,
+    OUTPUT_NAME,
+    REQUIRED_KEYS,
+    TEXT_KEYS,
+)
 
 # an export's folder: the model and its parity figures (export_checked)
 ONNX_FILE, PARITY_FILE = "model.onnx", "parity.json"
@@ -57,8 +66,11 @@ def _architecture(model, meta: Mapping) -> tuple:
     """What fixes the exported graph of a model: its modules with their settings (the module tree as PyTorch prints
     it: types, kernel sizes, strides, eps, ...), every state entry's name, shape and dtype, and the input size. Two
     models of one architecture differ only in the values of their weights."""
-    return (repr(model), tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()),
-            int(meta["image_size"]))
+    return (
+        repr(model),
+        tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()),
+        int(meta["image_size"]),
+    )
 
 
 def _trace(model, size: int, example_batch: int):
@@ -71,8 +83,17 @@ def _trace(model, size: int, example_batch: int):
     batch = torch.export.Dim("batch", min=1)
     with torch.no_grad():
         program = torch.onnx.export(
-            model, (example,), None, dynamo=True, external_data=False, verbose=False, optimize=False,
-            input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], dynamic_shapes=({0: batch},))
+            model,
+            (example,),
+            None,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+            optimize=False,
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
+            dynamic_shapes=({0: batch},),
+        )
     return program.model
 
 
@@ -93,8 +114,10 @@ def _program_with_weights(traced, model, own_trace: bool):
             continue
         weights = state[name].detach().cpu().numpy()
         if tuple(value.shape) != weights.shape or value.dtype != ir.DataType.from_numpy(weights.dtype):
-            raise FedCCRLError(f"ONNX export: initializer {name} is {value.dtype} {tuple(value.shape)} in the traced "
-                               f"graph, {weights.dtype} {weights.shape} in the model")
+            raise FedCCRLError(
+                f"ONNX export: initializer {name} is {value.dtype} {tuple(value.shape)} in the traced "
+                f"graph, {weights.dtype} {weights.shape} in the model"
+            )
         value.const_value = ir.Tensor(weights, name=name)
     program = torch.onnx.ONNXProgram(graph, None)
     program.optimize()
@@ -130,8 +153,10 @@ def export_onnx(model, meta: Mapping, dest: str | Path, example_batch: int = 2, 
     for key, value in props.items():
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
-    proto.doc_string = (f"fedccrl {meta.get('algorithm', '?')} model ({meta.get('backbone', '?')}), "
-                        f"held-out domain {meta.get('held_out_domain', '?')}; see metadata_props")
+    proto.doc_string = (
+        f"fedccrl {meta.get('algorithm', '?')} model ({meta.get('backbone', '?')}), "
+        f"held-out domain {meta.get('held_out_domain', '?')}; see metadata_props"
+    )
     nbytes = proto.ByteSize()
     if nbytes >= MAX_ONNX_BYTES:
         raise FedCCRLError(f"ONNX model is {nbytes / 2**30:.2f} GiB: a single-file ONNX must be < 2 GiB")
@@ -153,8 +178,9 @@ def cpu_session(path: str | Path):
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
-def parity(session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray | None = None,
-           batch_size: int = 256) -> dict:
+def parity(
+    session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray | None = None, batch_size: int = 256
+) -> dict:
     """Run the ONNX session and the PyTorch model on the same normalized batches.
 
     images_u8: uint8 NHWC (the held-out domain's shard images). Returns the largest absolute logit
@@ -170,7 +196,7 @@ def parity(session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray 
     model = model.eval().cpu()
     max_diff, agree, correct_onnx, correct_torch = 0.0, 0, 0, 0
     for start in range(0, n, batch_size):
-        x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8[start:start + batch_size])), mean, std)
+        x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8[start : start + batch_size])), mean, std)
         with torch.no_grad():
             ref = model(x).numpy()
         got = session.run([OUTPUT_NAME], {INPUT_NAME: x.numpy()})[0]
@@ -178,7 +204,7 @@ def parity(session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray 
         top_onnx, top_torch = got.argmax(1), ref.argmax(1)
         agree += int((top_onnx == top_torch).sum())
         if labels is not None:
-            y = np.asarray(labels[start:start + batch_size])
+            y = np.asarray(labels[start : start + batch_size])
             correct_onnx += int((top_onnx == y).sum())
             correct_torch += int((top_torch == y).sum())
     result = {"n_images": n, "max_abs_logit_diff": max_diff, "top1_agreement": agree / n}
@@ -192,8 +218,15 @@ def example_images(images_u8: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(images_u8[:2])
 
 
-def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: float, batch_size: int,
-                   publish=None, traces: dict | None = None) -> dict:
+def export_checked(
+    model_path: Path,
+    shards: Path,
+    out: Path,
+    min_agreement: float,
+    batch_size: int,
+    publish=None,
+    traces: dict | None = None,
+) -> dict:
     """A trained model -> out/model.onnx + out/parity.json (`fedccrl export`). Parity is measured on every image
     of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a ParityError, and no output.
     Outputs appear only on success: parity.json first, then model.onnx renamed from a temp name, so a model.onnx
@@ -202,9 +235,9 @@ def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: flo
     before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's."""
     import sys
 
-    from fedccrl_core.foundation import contract
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.fsio import atomic_path, write_text
 
     final_onnx, final_parity = out / ONNX_FILE, out / PARITY_FILE
@@ -215,21 +248,28 @@ def export_checked(model_path: Path, shards: Path, out: Path, min_agreement: flo
     model, meta = load_model(model_path)
     x, y = load_domain_test(shards, meta["held_out_domain"])
     if x.shape[1:] != (meta["image_size"], meta["image_size"], 3):
-        raise ValueError(f"{shards}: held-out images are {x.shape[1:]}, the model expects "
-                         f"{meta['image_size']}x{meta['image_size']}x3 (shards from another image size?)")
+        raise ValueError(
+            f"{shards}: held-out images are {x.shape[1:]}, the model expects "
+            f"{meta['image_size']}x{meta['image_size']}x3 (shards from another image size?)"
+        )
     with atomic_path(final_onnx) as tmp_onnx:  # renamed to model.onnx after parity.json is written
         export_onnx(model, meta, tmp_onnx, traces=traces)
         session = cpu_session(tmp_onnx)
         result = parity(session, model, x, meta["mean"], meta["std"], labels=y, batch_size=batch_size)
-        result.update(min_agreement=min_agreement, held_out_domain=meta["held_out_domain"],
-                      onnx_bytes=tmp_onnx.stat().st_size)
-        print(f"parity on {result['n_images']} {meta['held_out_domain']} images: top-1 agreement "
-              f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}", file=sys.stderr)
+        result.update(
+            min_agreement=min_agreement, held_out_domain=meta["held_out_domain"], onnx_bytes=tmp_onnx.stat().st_size
+        )
+        print(
+            f"parity on {result['n_images']} {meta['held_out_domain']} images: top-1 agreement "
+            f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}",
+            file=sys.stderr,
+        )
         if result["top1_agreement"] < min_agreement:
             raise ParityError(
                 f"ONNX/PyTorch top-1 agreement {result['top1_agreement']:.6f} < --min-agreement {min_agreement} "
                 f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
-                "no model.onnx written")
+                "no model.onnx written"
+            )
         if publish is not None:
             publish(tmp_onnx, meta, result, example_images(x))
         write_text(final_parity, json.dumps(result, indent=1) + "\n")

@@ -1,5 +1,6 @@
 """Runs left RUNNING by a process that died (kill -9): each run is tagged with its owner, <host>:<pid>:<since>, and
 a later start of the same training marks a dead owner's run KILLED, so a RUNNING run always has a live process."""
+
 from __future__ import annotations
 
 import os
@@ -35,5 +36,9 @@ def close_orphans(client, experiment_id: str, tags: dict, this_run_id: str) -> N
             continue
         if not owner_alive(pid, since):
             client.set_terminated(run.info.run_id, status="KILLED")
-            print(f"notice: MLflow run {run.info.run_id} was left RUNNING by process {pid}, which is no longer "
-                  f"running; marked KILLED", file=sys.stderr, flush=True)
+            print(
+                f"notice: MLflow run {run.info.run_id} was left RUNNING by process {pid}, which is no longer "
+                f"running; marked KILLED",
+                file=sys.stderr,
+                flush=True,
+            )

@@ -16,27 +16,28 @@ the dataset registry's order for a registered dataset (fedccrl_core/data/registr
 cartoon, sketch; PACS photo, art_painting, cartoon, sketch; ...), sorted folder names for `imagefolder`.
 An entry is also the run's name: models/<algorithm>/s<seed>/d<entry> (d3 or dsketch).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, create_model, field_validator
 from ruamel.yaml import YAML, YAMLError
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
-from fedccrl_core.foundation.backbone_names import BACKBONES
 from fedccrl_core.data.registry import AUTO, REGISTRY
 from fedccrl_core.data.shards import SCHEMES
+from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.backbone_names import BACKBONES
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.hparams import Declared, validate
-from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
+from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
 
-__all__ = ["ParamError", "ParamsFile", "load_config", "validate_params", "check_config", "resolve_held_out", "run_dirs"]
+__all__ = ["ParamError", "ParamsFile", "check_config", "load_config", "resolve_held_out", "run_dirs", "validate_params"]
 
 
 def _one_of(values) -> Any:
@@ -74,7 +75,7 @@ class DownloadParams(Declared):
 
 
 class PreprocessParams(Declared):
-    image_size: Union[Literal["auto"], Annotated[int, Field(ge=8)]]
+    image_size: Literal["auto"] | Annotated[int, Field(ge=8)]
     mean: Annotated[list[float], Field(min_length=3, max_length=3)]
     std: Annotated[list[Annotated[float, Field(gt=0)]], Field(min_length=3, max_length=3)]
 
@@ -94,8 +95,11 @@ class PartitionParams(Declared):
     @classmethod
     def _feddg_bench_needs(cls, v, info):
         if v == "feddg_bench":
-            missing = [k for k, f in (("num_clients", "num_clients"), ("lambda", "lambda_"))
-                       if f not in info.data or info.data[f] is None]
+            missing = [
+                k
+                for k, f in (("num_clients", "num_clients"), ("lambda", "lambda_"))
+                if f not in info.data or info.data[f] is None
+            ]
             if missing:
                 raise ValueError(f"feddg_bench needs partition.{missing[0]}")
         return v
@@ -106,7 +110,7 @@ class ModelParams(Declared):
     pretrained: str = Field(min_length=1, description="auto | imagenet | none | <path to a torchvision state_dict>")
 
 
-HeldOut = Union[Annotated[int, Field(ge=0)], Annotated[str, Field(min_length=1)]]
+HeldOut = Annotated[int, Field(ge=0)] | Annotated[str, Field(min_length=1)]
 
 
 class TrainSweep(TrainSettings):
@@ -120,7 +124,7 @@ class TrainSweep(TrainSettings):
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
     device: Literal["auto", "cpu", "cuda"]
     client_fraction: float = Field(gt=0, le=1)
-    concurrent_clients: Union[Literal["auto"], Annotated[int, Field(ge=1)]] = "auto"
+    concurrent_clients: Literal["auto"] | Annotated[int, Field(ge=1)] = "auto"
     client_state: Literal["persistent", "stateless"] = "persistent"
     privacy: PrivacySettings = Field(default_factory=PrivacySettings)  # differential privacy, off by default
 
@@ -131,8 +135,11 @@ class TrainSweep(TrainSettings):
 
 
 # train.<algorithm>: each algorithm's own declaration (absent or partial groups take the declared defaults)
-TrainParams = create_model("TrainParams", __base__=TrainSweep,
-                           **{name: (params, Field(default_factory=params)) for name, params in PARAMS.items()})
+TrainParams = create_model(
+    "TrainParams",
+    __base__=TrainSweep,
+    **{name: (params, Field(default_factory=params)) for name, params in PARAMS.items()},
+)
 
 
 class EvaluateParams(Declared):
@@ -152,8 +159,9 @@ class FiguresParams(Declared):
 
 
 class TrackingParams(Declared):
-    system_metrics: bool = Field(True, description="MLflow system metrics (CPU, RAM, GPU where present) on each "
-                                 "training run")
+    system_metrics: bool = Field(
+        True, description="MLflow system metrics (CPU, RAM, GPU where present) on each training run"
+    )
     system_metrics_interval_s: float = Field(10.0, gt=0, description="seconds between two samples")
 
 
@@ -172,9 +180,12 @@ class ParamsFile(Declared):
     def local_config(self) -> LocalConfig:
         """What every algorithm's local training reads: the train settings and preprocess's normalization."""
         privacy = self.train.privacy  # only when on: a run without DP keeps its run key (and checkpoint)
-        return LocalConfig(**self.train.model_dump(include=set(TrainSettings.model_fields)),
-                           mean=tuple(self.preprocess.mean), std=tuple(self.preprocess.std),
-                           privacy=privacy if privacy.enabled else None)
+        return LocalConfig(
+            **self.train.model_dump(include=set(TrainSettings.model_fields)),
+            mean=tuple(self.preprocess.mean),
+            std=tuple(self.preprocess.std),
+            privacy=privacy if privacy.enabled else None,
+        )
 
     def as_written(self) -> dict:
         """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names."""
@@ -230,5 +241,9 @@ def load_config(path: str | Path = "params.yaml") -> ParamsFile:
 
 def run_dirs(cfg: ParamsFile, root: Path) -> list[Path]:
     """Every run of the sweep, in dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held_out entry>."""
-    return [contract.run_dir(root, a, s, h) for a in cfg.train.algorithms for s in cfg.train.seeds
-            for h in cfg.train.held_out]
+    return [
+        contract.run_dir(root, a, s, h)
+        for a in cfg.train.algorithms
+        for s in cfg.train.seeds
+        for h in cfg.train.held_out
+    ]

@@ -3,12 +3,13 @@
 Reads `dataset.name`, `preprocess.image_size` and the `partition` group (see fedccrl_core/data/shards.py for the
 split and the shard format). The clients' statistic pools are the next stage's (`fedccrl pools`).
 """
+
 from __future__ import annotations
 
 import click
 
-from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 from fedccrl_pipeline.params import load_config
+from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
 def _run(raw: str, out: str, params_path: str) -> None:
@@ -19,10 +20,20 @@ def _run(raw: str, out: str, params_path: str) -> None:
 
     spec, size_param, p = get_dataset(cfg.dataset.name), cfg.preprocess.image_size, cfg.partition
     feddg = p.scheme == "feddg_bench"
-    partition(raw, out, spec, resolve_image_size(size_param, spec), clients_per_domain=p.clients_per_domain,
-              val_fraction=p.val_fraction, dirichlet_alpha=p.dirichlet_alpha, seed=p.seed, scheme=p.scheme,
-              num_clients=p.num_clients if feddg else None, lam=p.lambda_ if feddg else None,
-              params={"dataset.name": spec.name, "preprocess.image_size": size_param})
+    partition(
+        raw,
+        out,
+        spec,
+        resolve_image_size(size_param, spec),
+        clients_per_domain=p.clients_per_domain,
+        val_fraction=p.val_fraction,
+        dirichlet_alpha=p.dirichlet_alpha,
+        seed=p.seed,
+        scheme=p.scheme,
+        num_clients=p.num_clients if feddg else None,
+        lam=p.lambda_ if feddg else None,
+        params={"dataset.name": spec.name, "preprocess.image_size": size_param},
+    )
 
 
 @click.command()

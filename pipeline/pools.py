@@ -2,12 +2,13 @@
 
 Reads `preprocess.mean` and `preprocess.std` (see fedccrl_core/data/pools.py).
 """
+
 from __future__ import annotations
 
 import click
 
-from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 from fedccrl_pipeline.params import load_config
+from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
 def _run(shards: str, out: str, params_path: str) -> None:

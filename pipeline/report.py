@@ -11,6 +11,7 @@ Reads every results/runs/<algorithm>/s<seed>/d<i>.json and writes
   --summary  results/summary.json   the compact DVC metric: per algorithm and held-out domain the mean final target
                                     accuracy over seeds, plus avg (`dvc metrics show` stays narrow)
 """
+
 from __future__ import annotations
 
 import csv
@@ -24,10 +25,23 @@ from fedccrl_core.foundation.fsio import atomic_file, write_text
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
-def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
-           params_path: Path | None = None, summary_out: Path | None = None) -> dict:
-    from fedccrl_core.outcomes.results import (curve_rows, held_out_domains, load_results, summarize, summary_of,
-                                      table_markdown, table_rows)
+def report(
+    runs_dir: Path,
+    metrics_out: Path,
+    table_out: Path,
+    curves_out: Path,
+    params_path: Path | None = None,
+    summary_out: Path | None = None,
+) -> dict:
+    from fedccrl_core.outcomes.results import (
+        curve_rows,
+        held_out_domains,
+        load_results,
+        summarize,
+        summary_of,
+        table_markdown,
+        table_rows,
+    )
 
     if params_path is not None:  # the stage validates the whole params file first, as every stage does
         from fedccrl_pipeline.params import load_config
@@ -45,15 +59,15 @@ def report(runs_dir: Path, metrics_out: Path, table_out: Path, curves_out: Path,
         with atomic_file(path, "w", newline="") as f:
             csv.writer(f).writerows(rows)
     print("\n".join(lines), file=sys.stderr)
-    _log_to_parent(runs, [metrics_out, table_out, table_csv, curves_out, *([summary_out] if summary_out else [])],
-                   metrics)
+    _log_to_parent(
+        runs, [metrics_out, table_out, table_csv, curves_out, *([summary_out] if summary_out else [])], metrics
+    )
     return metrics
 
 
 def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
-    from fedccrl_pipeline.mlflow_store import mlflow_module
-    from fedccrl_pipeline.mlflow_store import trained_run
+    from fedccrl_pipeline.mlflow_store import mlflow_module, trained_run
 
     models_meta = [r.get("mlflow_run_id") for r in runs if r.get("mlflow_run_id")]
     if not models_meta:
@@ -76,8 +90,13 @@ def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
 @click.option("--metrics", "metrics_out", type=click.Path(path_type=Path), required=True)
 @click.option("--table", "table_out", type=click.Path(path_type=Path), required=True)
 @click.option("--curves", "curves_out", type=click.Path(path_type=Path), required=True)
-@click.option("--summary", "summary_out", type=click.Path(path_type=Path), default=None,
-              help="the compact DVC metric: mean final target accuracy per algorithm and held-out domain")
+@click.option(
+    "--summary",
+    "summary_out",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the compact DVC metric: mean final target accuracy per algorithm and held-out domain",
+)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 def command(runs_dir, metrics_out, table_out, curves_out, summary_out, params_path):
     """Mean ± std across seeds per held-out domain; the paper-style table."""

@@ -1,5 +1,6 @@
 """How runs are named: params as MLflow spells them (params.yaml's dotted keys), and a sweep's parent run named
 after the DVC experiment and the params it changed against the committed params.yaml."""
+
 from __future__ import annotations
 
 import os
@@ -58,4 +59,4 @@ def sweep_run_name(exp_name: str | None, sweep_params: dict, sweep_key: str, bas
     parts = [exp_name] if exp_name else []
     parts += [f"{k}={v}" for k, v in changed.items()] or ([] if exp_name else ["default"])
     name = " ".join(parts)
-    return name if len(name) <= MAX_RUN_NAME else name[:MAX_RUN_NAME - 1] + "…"
+    return name if len(name) <= MAX_RUN_NAME else name[: MAX_RUN_NAME - 1] + "…"

@@ -1,5 +1,6 @@
 """What a train run is checked against before any shard is read and before MLflow: its
 held-out entries against the manifest's domains, and every source client's BatchNorm batch."""
+
 from __future__ import annotations
 
 import re
@@ -18,8 +19,9 @@ def held_out_entry(text: str | int) -> int | str:
 def manifest_held_out(manifest: dict, entries: list, key: str = "train.held_out") -> list[str]:
     """Held-out entries -> the shards' domain names (pipeline/params.py `resolve_held_out`, against the manifest:
     imagefolder's domains only the data knows); ParamError naming each bad entry."""
-    names, problems = resolve_held_out(list(manifest["domains"]), entries, f"the shards ({manifest.get('dataset')})",
-                                       key)
+    names, problems = resolve_held_out(
+        list(manifest["domains"]), entries, f"the shards ({manifest.get('dataset')})", key
+    )
     if problems:
         raise ParamError(*problems)
     return names
@@ -30,15 +32,19 @@ def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> Non
     one; the local loop skips such batches, so the client would train nothing). From the manifest's counts only,
     before any shard is read."""
     if batch_size < 2:
-        raise ParamError(f"params.yaml: key '{key}': got {batch_size}; must be >= 2 for a BatchNorm model "
-                         "(a batch of 1 trains nothing)")
+        raise ParamError(
+            f"params.yaml: key '{key}': got {batch_size}; must be >= 2 for a BatchNorm model "
+            "(a batch of 1 trains nothing)"
+        )
     for c in manifest["clients"]:
         counts = c.get("train_domain_counts") or {c["domain"]: c["n_train"]}
         n = sum(v for d, v in counts.items() if d != target)
         if 0 < n < 2:
-            raise ParamError(f"data/shards manifest: client {c['id']} has {n} training sample without the held-out "
-                             f"domain {target}; BatchNorm needs a batch of at least 2 (fewer "
-                             "partition.clients_per_domain or a lower partition.val_fraction)")
+            raise ParamError(
+                f"data/shards manifest: client {c['id']} has {n} training sample without the held-out "
+                f"domain {target}; BatchNorm needs a batch of at least 2 (fewer "
+                "partition.clients_per_domain or a lower partition.val_fraction)"
+            )
 
 
 def check_train(cfg: ParamsFile, manifest: dict, algorithm: str, held_out: list) -> list[str]:
@@ -60,4 +66,3 @@ def check_train(cfg: ParamsFile, manifest: dict, algorithm: str, held_out: list)
         if cfg.train.engine == "flower":
             cfg.train.flower.require_clients(len(client_ids(manifest, target)), target)
     return targets
-

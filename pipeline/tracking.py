@@ -1,6 +1,7 @@
 """The MLflow runs of the stages: one parent run per sweep, one child run per (held-out domain, algorithm, seed),
 written against MlflowClient with explicit run ids. The store is pipeline/mlflow_store.py's, the names
 pipeline/run_names.py's, the clean-up of dead processes' runs pipeline/orphan_runs.py's."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,12 @@ def parent_run_id(experiment: str, sweep_key: str, sweep_params: dict) -> str:
         return found[0].info.run_id
     exp_name = dvc_experiment_name()
     commit = git_commit()
-    tags = {"fedccrl.sweep": sweep_key, "fedccrl.role": "parent", "git_commit": commit,
-            "mlflow.source.git.commit": commit.removesuffix("-dirty")}
+    tags = {
+        "fedccrl.sweep": sweep_key,
+        "fedccrl.role": "parent",
+        "git_commit": commit,
+        "mlflow.source.git.commit": commit.removesuffix("-dirty"),
+    }
     if exp_name:
         tags["dvc.exp_name"] = exp_name
     run = client.create_run(exp.experiment_id, run_name=sweep_run_name(exp_name, sweep_params, sweep_key), tags=tags)
@@ -51,8 +56,13 @@ def log_dataset(client, run_id: str, name: str, path: Path, context: str = "trai
     from mlflow.entities import Dataset, DatasetInput, InputTag
 
     path = Path(path).resolve()
-    ds = Dataset(name=name, digest=sha256_file(path)[:16], source_type="local",
-                 source=json.dumps({"uri": path.as_uri()}), profile=json.dumps(profile or {}))
+    ds = Dataset(
+        name=name,
+        digest=sha256_file(path)[:16],
+        source_type="local",
+        source=json.dumps({"uri": path.as_uri()}),
+        profile=json.dumps(profile or {}),
+    )
     client.log_inputs(run_id, datasets=[DatasetInput(ds, tags=[InputTag("mlflow.data.context", context)])])
 
 
@@ -67,9 +77,18 @@ class ChildRun:
     MlflowClient with explicit run ids (not the fluent API's one active run), so one train process can keep
     the runs of several held-out domains open at once."""
 
-    def __init__(self, experiment: str, parent_id: str, name: str, params: dict, tags: dict,
-                 resume_run_id: str | None = None, dataset: dict | None = None, system_metrics_s: float | None = None,
-                 on_created=None):
+    def __init__(
+        self,
+        experiment: str,
+        parent_id: str,
+        name: str,
+        params: dict,
+        tags: dict,
+        resume_run_id: str | None = None,
+        dataset: dict | None = None,
+        system_metrics_s: float | None = None,
+        on_created=None,
+    ):
         """params: flat (dotted keys); dataset: log_dataset's keywords, logged once on a new run;
         system_metrics_s: sample CPU, RAM (GPU where present) into system/* metrics every this many seconds
         until finish(), None = off; on_created(run_id): called as soon as a new run exists, before its params are
@@ -80,8 +99,12 @@ class ChildRun:
         self.logged_rounds: set[int] = set()
         if resume_run_id and find_run(self.mlflow, resume_run_id) is None:
             # the store was deleted or replaced (e.g. mlflow.db removed): heal instead of a traceback
-            print(f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
-                  f"{self.mlflow.get_tracking_uri()}; starting a fresh run", file=sys.stderr, flush=True)
+            print(
+                f"warning: MLflow run {resume_run_id} named by the resume state no longer exists in "
+                f"{self.mlflow.get_tracking_uri()}; starting a fresh run",
+                file=sys.stderr,
+                flush=True,
+            )
             resume_run_id = None
         self.resumed = bool(resume_run_id)
         if resume_run_id:
@@ -89,8 +112,9 @@ class ChildRun:
             self.client.set_tag(resume_run_id, OWNER_TAG, owner())
             self.run_id = resume_run_id
         else:
-            run = self.client.create_run(exp.experiment_id, run_name=name,
-                                         tags={**tags, "mlflow.parentRunId": parent_id, OWNER_TAG: owner()})
+            run = self.client.create_run(
+                exp.experiment_id, run_name=name, tags={**tags, "mlflow.parentRunId": parent_id, OWNER_TAG: owner()}
+            )
             self.run_id = run.info.run_id
             if on_created is not None:
                 on_created(self.run_id)
@@ -98,7 +122,7 @@ class ChildRun:
 
             items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(params).items()]
             for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-                self.client.log_batch(self.run_id, params=items[i:i + 100])
+                self.client.log_batch(self.run_id, params=items[i : i + 100])
             if dataset:
                 log_dataset(self.client, self.run_id, **dataset)
         close_orphans(self.client, exp.experiment_id, tags, self.run_id)
@@ -107,9 +131,12 @@ class ChildRun:
         if system_metrics_s:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-            self.monitor = SystemMetricsMonitor(self.run_id, sampling_interval=system_metrics_s,
-                                                resume_logging=bool(resume_run_id),
-                                                tracking_uri=self.mlflow.get_tracking_uri())
+            self.monitor = SystemMetricsMonitor(
+                self.run_id,
+                sampling_interval=system_metrics_s,
+                resume_logging=bool(resume_run_id),
+                tracking_uri=self.mlflow.get_tracking_uri(),
+            )
             self.monitor.start()
 
     def log_metrics(self, metrics: dict, step: int = 0) -> None:
@@ -137,8 +164,10 @@ class ChildRun:
 
         rnd = int(rec[contract.ROUND])
         self.logged_rounds.add(rnd)
-        self.log_metrics({k: v for k, v in rec.items()
-                          if k != contract.ROUND and isinstance(v, (int, float)) and v is not None}, step=rnd)
+        self.log_metrics(
+            {k: v for k, v in rec.items() if k != contract.ROUND and isinstance(v, (int, float)) and v is not None},
+            step=rnd,
+        )
         if rec.get(contract.VAL_PRED_CLASSES) == 1:  # federation/loop.py warned: the model predicts one class
             self.client.set_tag(self.run_id, "fedccrl.collapsed", f"round {rnd}")
         for kind in ("dropped", "refused"):  # the Flower engine's round record: who and why (server_app.py)

@@ -8,6 +8,7 @@ processes, one torch thread each, and only this process talks to MLflow. The job
 fedccrl_core/federation/jobs.py; the MLflow side is pipeline/train_tracking.py. Round checkpoints live
 outside the DVC output (DVC deletes outputs before a rerun), under --checkpoints, keyed by the run's hash.
 """
+
 from __future__ import annotations
 
 import functools
@@ -16,8 +17,8 @@ from pathlib import Path
 import click
 
 from fedccrl_core.federation.jobs import LOG
-from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.params import ParamError, ParamsFile, read_yaml, validate_params
+from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.sweep import check_train, held_out_entry
 
 
@@ -25,8 +26,9 @@ def check_algorithm(name: str, option: str = "--algorithm") -> None:
     from fedccrl_core.algorithms import ALGORITHMS
 
     if name not in ALGORITHMS:
-        raise ParamError(f"{option}: got {name!r}; must be one of {', '.join(ALGORITHMS)} "
-                         "(params.yaml train.algorithms)")
+        raise ParamError(
+            f"{option}: got {name!r}; must be one of {', '.join(ALGORITHMS)} (params.yaml train.algorithms)"
+        )
 
 
 def load_train_config(path: Path, algorithm: str) -> ParamsFile:
@@ -43,15 +45,31 @@ def run_settings(cfg: ParamsFile):
     from fedccrl_core.federation.jobs import RunSettings
 
     t = cfg.train
-    return RunSettings(dataset=cfg.dataset.name, backbone=resolve_backbone(cfg.model.backbone, cfg.dataset.name),
-                       pretrained=resolve_pretrained(cfg.model.pretrained, cfg.dataset.name),
-                       local=cfg.local_config(), engine=t.engine, device=t.device, client_fraction=t.client_fraction,
-                       concurrent_clients=t.concurrent_clients, client_state=t.client_state,
-                       eval_batch_size=cfg.evaluate.batch_size)
+    return RunSettings(
+        dataset=cfg.dataset.name,
+        backbone=resolve_backbone(cfg.model.backbone, cfg.dataset.name),
+        pretrained=resolve_pretrained(cfg.model.pretrained, cfg.dataset.name),
+        local=cfg.local_config(),
+        engine=t.engine,
+        device=t.device,
+        client_fraction=t.client_fraction,
+        concurrent_clients=t.concurrent_clients,
+        client_state=t.client_state,
+        eval_batch_size=cfg.evaluate.batch_size,
+    )
 
 
-def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list | None, out: Path,
-          params_path: Path, checkpoints: Path, workers: str = "auto") -> None:
+def train(
+    shards: Path,
+    pools: Path,
+    algorithm: str,
+    seed: int,
+    held_out: list | None,
+    out: Path,
+    params_path: Path,
+    checkpoints: Path,
+    workers: str = "auto",
+) -> None:
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.data.pools import check_pools
     from fedccrl_core.data.shards import client_ids, load_manifest
@@ -66,8 +84,18 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
     targets = check_train(cfg, manifest, algorithm, held_out)  # before any shard is read, before MLflow
     check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))  # typed already: FedCCRL's variant read
-    jobs = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, algorithm, seed, held_out, targets,
-                     out, checkpoints, hparams)
+    jobs = plan_runs(
+        settings,
+        cfg.partition.model_dump(by_alias=True),
+        manifest,
+        algorithm,
+        seed,
+        held_out,
+        targets,
+        out,
+        checkpoints,
+        hparams,
+    )
     if settings.engine == "flower":  # the same jobs over Flower (fedccrl_flower/run.py)
         from fedccrl_flower.run import train_with_flower
 
@@ -93,17 +121,32 @@ def train(shards: Path, pools: Path, algorithm: str, seed: int, held_out: list |
 @click.option("--pools", type=click.Path(path_type=Path), required=True)
 @click.option("--algorithm", required=True)
 @click.option("--seed", type=int, required=True)
-@click.option("--held-out", multiple=True,
-              help="a held-out domain: its name, or its index in the manifest's domain order (pipeline/params.py); "
-                   "repeatable; default: params.yaml train.held_out")
-@click.option("--out", type=click.Path(path_type=Path), required=True,
-              help="folder of this (algorithm, seed): each held-out entry h is written to <out>/d<h>")
+@click.option(
+    "--held-out",
+    multiple=True,
+    help="a held-out domain: its name, or its index in the manifest's domain order (pipeline/params.py); "
+    "repeatable; default: params.yaml train.held_out",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    required=True,
+    help="folder of this (algorithm, seed): each held-out entry h is written to <out>/d<h>",
+)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-@click.option("--checkpoints", type=click.Path(path_type=Path), default=Path(".fedccrl/checkpoints"),
-              help="round checkpoints for resume (outside the DVC output)")
-@click.option("--workers", default="auto", show_default=True,
-              help="held-out domains trained at once (auto: one per CPU core; 1 on CUDA and with Flower); "
-                   "results do not depend on it")
+@click.option(
+    "--checkpoints",
+    type=click.Path(path_type=Path),
+    default=Path(".fedccrl/checkpoints"),
+    help="round checkpoints for resume (outside the DVC output)",
+)
+@click.option(
+    "--workers",
+    default="auto",
+    show_default=True,
+    help="held-out domains trained at once (auto: one per CPU core; 1 on CUDA and with Flower); "
+    "results do not depend on it",
+)
 def command(shards, pools, algorithm, seed, held_out, out, params_path, checkpoints, workers):
     """Federated training of one (algorithm, seed) for every held-out domain; each round logged to MLflow and
     checkpointed."""

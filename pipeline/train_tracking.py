@@ -1,5 +1,6 @@
 """`fedccrl train`'s MLflow side (pipeline/train.py): one child run per held-out job under the sweep's parent run,
 its params as params.yaml spells them with the values the run used, every round as it arrives."""
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,17 @@ def mlflow_params(params: dict, job, device: str) -> dict:
         train.pop("flower", None)
     train.update(device=device, algorithm=job.algorithm, seed=job.seed, held_out=job.target)
     train[job.algorithm] = job.hparams.model_dump()
-    return flatten({"dataset": params["dataset"],
-                    "preprocess": {**params["preprocess"], "image_size": job.image_size},
-                    "partition": params.get("partition") or {},
-                    "model": {"backbone": job.settings.backbone, "pretrained": job.settings.pretrained},
-                    "train": train, "evaluate": {"batch_size": params["evaluate"]["batch_size"]}})
+    return flatten(
+        {
+            "dataset": params["dataset"],
+            "preprocess": {**params["preprocess"], "image_size": job.image_size},
+            "partition": params.get("partition") or {},
+            "model": {"backbone": job.settings.backbone, "pretrained": job.settings.pretrained},
+            "train": train,
+            "evaluate": {"batch_size": params["evaluate"]["batch_size"]},
+        }
+    )
+
 
 class TrainTracking:
     """`fedccrl train`'s MLflow side for one (algorithm, seed): the sweep's parent run (found or created on the
@@ -45,11 +52,22 @@ class TrainTracking:
         params = cfg.as_written()  # the keys params.yaml sets, typed: `lr: 1e-3` is 0.001 here too
         swept = set(params["train"]["algorithms"])  # the parent names only the groups of the sweep's algorithms
         sweep = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
-        self.sweep_params = {**sweep, "train": {k: v for k, v in sweep.get("train", {}).items()
-                                                if k not in ("held_out", "algorithms", "seeds")
-                                                and (k not in ALGORITHMS or k in swept)}}
+        self.sweep_params = {
+            **sweep,
+            "train": {
+                k: v
+                for k, v in sweep.get("train", {}).items()
+                if k not in ("held_out", "algorithms", "seeds") and (k not in ALGORITHMS or k in swept)
+            },
+        }
         self.params, self.dataset, self.algorithm, self.seed, self.manifest, self.jobs = (
-            params, settings.dataset, algorithm, seed, manifest, jobs)
+            params,
+            settings.dataset,
+            algorithm,
+            seed,
+            manifest,
+            jobs,
+        )
         self.experiment, self.commit = f"fedccrl-{settings.dataset}", git_commit()
         self.device = resolve_device(settings.device).type  # what ran, not `auto`
         self.system_metrics_s = cfg.tracking.system_metrics_interval_s if cfg.tracking.system_metrics else None
@@ -88,20 +106,38 @@ class TrainTracking:
         sweep_key = params_hash(self.sweep_params)
         if self.parent is None:
             self.parent = parent_run_id(self.experiment, sweep_key, self.sweep_params)
-        run = ChildRun(self.experiment, self.parent, f"{self.algorithm}-{dataset}-s{self.seed}-{job.target}",
-                       mlflow_params(self.params, job, self.device),
-                       {"git_commit": self.commit, "mlflow.source.git.commit": self.commit.removesuffix("-dirty"),
-                        **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
-                        "dvc_stage": f"train@{self.algorithm}-{self.seed}", "fedccrl.role": "child",
-                        "fedccrl.sweep": sweep_key, "held_out": job.target,
-                        "algorithm": self.algorithm, "seed": str(self.seed),
-                        "fedccrl.platform": numeric_platform(self.device), **self.privacy_tags},
-                       resume_run_id=resume_id,
-                       dataset={"name": f"{dataset}-shards", "path": self.shards_manifest,
-                                "profile": {"domains": manifest["domains"], "clients": len(manifest["clients"]),
-                                            "image_size": manifest["image_size"], "held_out": job.target}},
-                       system_metrics_s=self.system_metrics_s,
-                       on_created=lambda run_id: write_text(side, json.dumps({"run_id": run_id})))
+        run = ChildRun(
+            self.experiment,
+            self.parent,
+            f"{self.algorithm}-{dataset}-s{self.seed}-{job.target}",
+            mlflow_params(self.params, job, self.device),
+            {
+                "git_commit": self.commit,
+                "mlflow.source.git.commit": self.commit.removesuffix("-dirty"),
+                **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
+                "dvc_stage": f"train@{self.algorithm}-{self.seed}",
+                "fedccrl.role": "child",
+                "fedccrl.sweep": sweep_key,
+                "held_out": job.target,
+                "algorithm": self.algorithm,
+                "seed": str(self.seed),
+                "fedccrl.platform": numeric_platform(self.device),
+                **self.privacy_tags,
+            },
+            resume_run_id=resume_id,
+            dataset={
+                "name": f"{dataset}-shards",
+                "path": self.shards_manifest,
+                "profile": {
+                    "domains": manifest["domains"],
+                    "clients": len(manifest["clients"]),
+                    "image_size": manifest["image_size"],
+                    "held_out": job.target,
+                },
+            },
+            system_metrics_s=self.system_metrics_s,
+            on_created=lambda run_id: write_text(side, json.dumps({"run_id": run_id})),
+        )
         write_text(side, json.dumps({"run_id": run.run_id}))
         self.runs[job.index] = run
         return {"commit": self.commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
@@ -114,8 +150,12 @@ class TrainTracking:
             job = next(j for j in self.jobs if j.index == index)
             late = run.backfill(history)  # every round in MLflow, also after a kill or a lost store
             if late:
-                print(f"[{self.algorithm} {job.target}] MLflow: round(s) {late} logged now (the run that trained "
-                      f"them was interrupted before they reached MLflow)", file=sys.stderr, flush=True)
+                print(
+                    f"[{self.algorithm} {job.target}] MLflow: round(s) {late} logged now (the run that trained "
+                    f"them was interrupted before they reached MLflow)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             run.log_metrics(payload)
             run.finish()
 

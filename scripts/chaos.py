@@ -24,6 +24,7 @@ stage's own reference run time (timed alone first). Every wait has a deadline. U
 
 Exit code 0 when every row reads clean, 1 otherwise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,20 +44,38 @@ from pathlib import Path
 import psutil
 import yaml
 
+from fedccrl_core.foundation.fsio import TEMP_RE
+from fedccrl_pipeline.params import set_key
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from fedccrl_core.foundation.fsio import TEMP_RE  # noqa: E402  the one naming of temporary paths
-from fedccrl_pipeline.params import set_key  # noqa: E402  the one dotted-key setter of params.yaml
 
 BIN = Path(sys.executable).parent
 HOOKS = Path(__file__).resolve().parent / "chaos_hooks"
 ALGORITHM, SEED = "fedavg", 0
-TINY = {"partition.clients_per_domain": 1, "train.rounds": 2, "train.local_epochs": 1, "train.held_out": [0, 3],
-        "train.algorithms": [ALGORITHM], "train.seeds": [SEED], "train.flower.client_threads": 1,
-        "figures.tsne_points": 60, "figures.preview_images": 2, "figures.gradcam_images": 2}
+TINY = {
+    "partition.clients_per_domain": 1,
+    "train.rounds": 2,
+    "train.local_epochs": 1,
+    "train.held_out": [0, 3],
+    "train.algorithms": [ALGORITHM],
+    "train.seeds": [SEED],
+    "train.flower.client_threads": 1,
+    "figures.tsne_points": 60,
+    "figures.preview_images": 2,
+    "figures.gradcam_images": 2,
+}
 STABLE = ("round", "val_acc", "target_acc", "loss", "train_acc", "lr", "bytes_up", "bytes_down")  # not seconds
-TRAIN_ARGS = ["train", "--shards", "data/shards", "--pools", "data/pools", "--algorithm", ALGORITHM,
-              "--seed", str(SEED)]
+TRAIN_ARGS = [
+    "train",
+    "--shards",
+    "data/shards",
+    "--pools",
+    "data/pools",
+    "--algorithm",
+    ALGORITHM,
+    "--seed",
+    str(SEED),
+]
 
 
 def say(msg: str) -> None:
@@ -115,7 +134,7 @@ def rounds(run_dir: Path) -> list[dict]:
 def tree(pid: int) -> list[psutil.Process]:
     try:
         p = psutil.Process(pid)
-        return [p] + p.children(recursive=True)
+        return [p, *p.children(recursive=True)]
     except psutil.NoSuchProcess:
         return []
 
@@ -164,9 +183,12 @@ def temps(root: Path, own: Path) -> list[str]:
     """fsio temporary paths in the workspace (of the other faults' folders, none: they are not this fault's)."""
     found = []
     for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = [d for d in dirnames if d not in (".dvc", "fedccrl_core", "fedccrl_flower", "serving",
-                                                        "pipeline")
-                       and (Path(dirpath) != root / "faults" or d == own.name)]
+        dirnames[:] = [
+            d
+            for d in dirnames
+            if d not in (".dvc", "fedccrl_core", "fedccrl_flower", "serving", "pipeline")
+            and (Path(dirpath) != root / "faults" or d == own.name)
+        ]
         found += [os.path.join(dirpath, n) for n in dirnames + filenames if TEMP_RE.match(n)]
     return sorted(os.path.relpath(f, root) for f in found)
 
@@ -176,9 +198,13 @@ def statuses(db: Path) -> list[str]:
     if not db.is_file():
         return []
     with sqlite3.connect(db) as con:
-        return sorted(s for (s,) in con.execute(
-            "select r.status from runs r join tags t on t.run_uuid = r.run_uuid "
-            "where t.key = 'fedccrl.role' and t.value = 'child'"))
+        return sorted(
+            s
+            for (s,) in con.execute(
+                "select r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+                "where t.key = 'fedccrl.role' and t.value = 'child'"
+            )
+        )
 
 
 def mlflow_steps(db: Path) -> dict[str, dict[int, float]]:
@@ -188,15 +214,23 @@ def mlflow_steps(db: Path) -> dict[str, dict[int, float]]:
     with sqlite3.connect(db) as con:
         rows = con.execute(
             "select t.value, m.step, m.value from metrics m join tags t on t.run_uuid = m.run_uuid "
-            "where m.key = 'target_acc' and t.key = 'held_out' order by m.timestamp").fetchall()
+            "where m.key = 'target_acc' and t.key = 'held_out' order by m.timestamp"
+        ).fetchall()
     out: dict[str, dict[int, float]] = {}
     for held_out, step, value in rows:
         out.setdefault(held_out, {})[int(step)] = value
     return out
 
 
-def start_and_kill(args: list[str], ws: Path, env: dict, fault_dir: Path, sig: int = signal.SIGKILL,
-                   timeout: float = 600, after_s: float | None = None):
+def start_and_kill(
+    args: list[str],
+    ws: Path,
+    env: dict,
+    fault_dir: Path,
+    sig: int = signal.SIGKILL,
+    timeout: float = 600,
+    after_s: float | None = None,
+):
     """Start the faulted command; when a process reaches the fault point (or, with `after_s`, that many seconds
     after the start), snapshot the command's PID tree and send `sig` to the command's own process (`fedccrl train`,
     `dvc repro`, a `fedccrl` stage). Its output goes to a file, not a pipe: a process it left behind cannot hold
@@ -240,38 +274,91 @@ class Fault:
 
 # the stages after training, each killed as a command of its own: (its command, the folder it writes)
 STAGES = {
-    "evaluate": (["fedccrl", "evaluate", "--shards", "data/shards", "--models", "models", "--out", "results/runs"],
-                 "results/runs"),
-    "export": (["fedccrl", "export", "--models", "models", "--shards", "data/shards", "--out", "exports",
-                "--summary", "results/parity.json"], "exports"),
-    "figures": (["fedccrl", "figures", "--shards", "data/shards", "--pools", "data/pools", "--models", "models",
-                 "--runs", "results/runs", "--out", "plots"], "plots"),
+    "evaluate": (
+        ["fedccrl", "evaluate", "--shards", "data/shards", "--models", "models", "--out", "results/runs"],
+        "results/runs",
+    ),
+    "export": (
+        [
+            "fedccrl",
+            "export",
+            "--models",
+            "models",
+            "--shards",
+            "data/shards",
+            "--out",
+            "exports",
+            "--summary",
+            "results/parity.json",
+        ],
+        "exports",
+    ),
+    "figures": (
+        [
+            "fedccrl",
+            "figures",
+            "--shards",
+            "data/shards",
+            "--pools",
+            "data/pools",
+            "--models",
+            "models",
+            "--runs",
+            "results/runs",
+            "--out",
+            "plots",
+        ],
+        "plots",
+    ),
 }
 
 FAULTS = [
     Fault("train kill -9 mid-step", "mid-step", "train", "kill -9 of `fedccrl train` during a round-2 optimizer step"),
-    Fault("train kill -9 mid-checkpoint", "mid-checkpoint", "train",
-          "kill -9 with round 2's checkpoint in its temporary file"),
+    Fault(
+        "train kill -9 mid-checkpoint",
+        "mid-checkpoint",
+        "train",
+        "kill -9 with round 2's checkpoint in its temporary file",
+    ),
     Fault("train kill -9 mid-MLflow-write", "mid-mlflow", "train", "kill -9 with half of round 2's metrics logged"),
     Fault("SIGTERM to dvc repro", "mid-step", "dvc", "SIGTERM to the `dvc repro` parent while train runs"),
-    Fault("kill -9 Flower launcher", "round-1-logged", "flower",
-          "kill -9 of `fedccrl train` (train.engine: flower) after round 1"),
-    Fault("corrupt latest checkpoint", "after-round-2", "corrupt",
-          "kill -9 after round 2's checkpoint, which is then truncated"),
+    Fault(
+        "kill -9 Flower launcher",
+        "round-1-logged",
+        "flower",
+        "kill -9 of `fedccrl train` (train.engine: flower) after round 1",
+    ),
+    Fault(
+        "corrupt latest checkpoint",
+        "after-round-2",
+        "corrupt",
+        "kill -9 after round 2's checkpoint, which is then truncated",
+    ),
     Fault("deleted mlflow.db", "mid-mlflow", "deldb", "kill -9 mid-MLflow-write, then mlflow.db deleted"),
     Fault("kill -9 fedccrl evaluate", "", "evaluate", "kill -9 of `fedccrl evaluate` at 50 % of its run", at=0.5),
     Fault("kill -9 fedccrl export", "", "export", "kill -9 of `fedccrl export` at 50 % of its run", at=0.5),
     Fault("kill -9 fedccrl figures", "mid-figure", "figures", "kill -9 of `fedccrl figures` after its first PNG"),
-    *[Fault(f"kill -9 fedccrl figures at {pct} %", "", "figures", f"kill -9 of `fedccrl figures` at {pct} % of its run",
-            at=pct / 100) for pct in (30, 50, 70)],
+    *[
+        Fault(
+            f"kill -9 fedccrl figures at {pct} %",
+            "",
+            "figures",
+            f"kill -9 of `fedccrl figures` at {pct} % of its run",
+            at=pct / 100,
+        )
+        for pct in (30, 50, 70)
+    ],
 ]
 
 
 def digests(folder: Path) -> dict[str, str]:
     """sha256 of every file a stage wrote that must come back the same (an ONNX graph's bytes may differ between
     two exports of the same weights: its parity.json stands for it)."""
-    return {q.relative_to(folder).as_posix(): hashlib.sha256(q.read_bytes()).hexdigest()
-            for q in sorted(folder.rglob("*")) if q.is_file() and q.suffix != ".onnx"}
+    return {
+        q.relative_to(folder).as_posix(): hashlib.sha256(q.read_bytes()).hexdigest()
+        for q in sorted(folder.rglob("*"))
+        if q.is_file() and q.suffix != ".onnx"
+    }
 
 
 def run_stage_fault(f: Fault, ws: Path, fd: Path, token: str, reference: dict) -> dict:
@@ -299,9 +386,12 @@ def run_stage_fault(f: Fault, ws: Path, fd: Path, token: str, reference: dict) -
     row["lost"] = sorted(set(ref) - set(got))
     row["identical"] = got == ref
     notice = "removed stale temp" if any("notice: removed" in ln for ln in p.stderr.splitlines()) else ""
-    row["outcome"] = f"rerun rc {p.returncode}" + (f", {notice}" if notice else "") + \
-        ("" if rc is not None else f" ({log.splitlines()[0] if log else ''})") + \
-        (f"; {len(left)} temp(s) after kill" if left else "")
+    row["outcome"] = (
+        f"rerun rc {p.returncode}"
+        + (f", {notice}" if notice else "")
+        + ("" if rc is not None else f" ({log.splitlines()[0] if log else ''})")
+        + (f"; {len(left)} temp(s) after kill" if left else "")
+    )
     row["mlflow"] = f"{'/'.join(before) or '-'} -> {'/'.join(statuses(db)) or '-'}"
     row["ok"] = p.returncode == 0 and rc is not None
     return row
@@ -348,12 +438,22 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], reference_st
         result_dir = out
     row["temps"] = temps(ws, fd)
     logs = p.stderr + "".join(q.read_text(errors="replace") for q in fd.rglob("server.log"))  # + the ServerApp's
-    notes = [n for n, key in (("resumed", "resuming from checkpoint"), ("fell back to .prev", "falling back"),
-                              ("healed deleted run", "no longer exists"), ("removed stale temp", "notice: removed"),
-                              ("closed a run left RUNNING", "was left RUNNING"))
-             if key in logs]
-    row["outcome"] = f"rerun rc {p.returncode}" + (f", {', '.join(notes)}" if notes else "") + \
-        ("" if rc is not None else f" ({log.splitlines()[0] if log else ''})")
+    notes = [
+        n
+        for n, key in (
+            ("resumed", "resuming from checkpoint"),
+            ("fell back to .prev", "falling back"),
+            ("healed deleted run", "no longer exists"),
+            ("removed stale temp", "notice: removed"),
+            ("closed a run left RUNNING", "was left RUNNING"),
+        )
+        if key in logs
+    ]
+    row["outcome"] = (
+        f"rerun rc {p.returncode}"
+        + (f", {', '.join(notes)}" if notes else "")
+        + ("" if rc is not None else f" ({log.splitlines()[0] if log else ''})")
+    )
     if p.returncode != 0:
         row["outcome"] += f": {p.stderr.strip().splitlines()[-1] if p.stderr.strip() else ''}"
     after = statuses(db)
@@ -373,10 +473,13 @@ def run_fault(f: Fault, ws: Path, reference: dict[str, list[dict]], reference_st
         name = json.loads((d / "history.json").read_text())["meta"]["held_out_domain"]
         logged = steps.get(name, {})
         lost += [f"MLflow {name} step {r['round']}" for r in ref if r["round"] not in logged]
-        lost += [f"MLflow {name} step {s} differs" for s, v in logged.items()
-                 if any(r["round"] == s and r["target_acc"] != v for r in got)]
+        lost += [
+            f"MLflow {name} step {s} differs"
+            for s, v in logged.items()
+            if any(r["round"] == s and r["target_acc"] != v for r in got)
+        ]
     row["identical"], row["lost"] = identical, lost
-    row["ok"] = (p.returncode == 0 and rc is not None and after and all(s == "FINISHED" for s in after))
+    row["ok"] = p.returncode == 0 and rc is not None and after and all(s == "FINISHED" for s in after)
     return row
 
 
@@ -386,9 +489,19 @@ def clean(row: dict) -> bool:
 
 def table(rows: list[dict]) -> str:
     head = ["fault", "outcome", "orphans", "temps left", "data lost", "metrics identical", "mlflow runs", "clean"]
-    body = [[r["fault"], r["outcome"], ", ".join(r["orphans"]) or "0", ", ".join(r["temps"]) or "0",
-             ", ".join(r["lost"]) or "none", "yes" if r["identical"] else "NO", r["mlflow"],
-             "clean" if clean(r) else "NOT CLEAN"] for r in rows]
+    body = [
+        [
+            r["fault"],
+            r["outcome"],
+            ", ".join(r["orphans"]) or "0",
+            ", ".join(r["temps"]) or "0",
+            ", ".join(r["lost"]) or "none",
+            "yes" if r["identical"] else "NO",
+            r["mlflow"],
+            "clean" if clean(r) else "NOT CLEAN",
+        ]
+        for r in rows
+    ]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
     return "\n".join([line(head), "|" + "|".join("-" * (w + 2) for w in widths) + "|"] + [line(b) for b in body])
@@ -400,8 +513,9 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the workspace")
     ap.add_argument("--workspace", type=Path, help="workspace folder (default: a new temporary folder)")
     args = ap.parse_args(argv)
-    faults = [f for f in FAULTS if not args.only or any(s.strip() and s.strip() in f.name
-                                                           for s in args.only.split(","))]
+    faults = [
+        f for f in FAULTS if not args.only or any(s.strip() and s.strip() in f.name for s in args.only.split(","))
+    ]
     ws = (args.workspace or Path(tempfile.mkdtemp(prefix="fedccrl-chaos-"))).resolve()
     t0 = time.perf_counter()
     try:
@@ -419,11 +533,15 @@ def main(argv=None) -> int:
             t1 = time.perf_counter()
             say(f"{f.name}: {f.what}")
             rows.append(run_fault(f, ws, reference, reference_stages))
-            say(f"{f.name}: {'clean' if clean(rows[-1]) else 'NOT CLEAN'} ({time.perf_counter() - t1:.0f}s): "
-                f"{json.dumps(rows[-1])}")
+            say(
+                f"{f.name}: {'clean' if clean(rows[-1]) else 'NOT CLEAN'} ({time.perf_counter() - t1:.0f}s): "
+                f"{json.dumps(rows[-1])}"
+            )
         print(table(rows), flush=True)
-        say(f"{len(rows)} fault(s) in {time.perf_counter() - t0:.0f}s; workspace {ws}"
-            + ("" if args.keep else " (removed)"))
+        say(
+            f"{len(rows)} fault(s) in {time.perf_counter() - t0:.0f}s; workspace {ws}"
+            + ("" if args.keep else " (removed)")
+        )
         return 0 if all(clean(r) for r in rows) else 1
     finally:
         if not args.keep:

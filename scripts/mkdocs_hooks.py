@@ -7,11 +7,12 @@ The hyperparameters page is made from the algorithms' declarations (`Params` in 
 fedccrl_core/algorithms), so the tables cannot drift from the code: `python scripts/mkdocs_hooks.py` prints the
 same text.
 """
+
 from __future__ import annotations
 
-import sys
 import ast
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +30,7 @@ def module_docstring(dotted: str) -> str:
 
 
 def hyperparameters_markdown() -> str:
-    if not sys.path or sys.path[0] != str(ROOT):   # this checkout's code, before any installed copy
+    if not sys.path or sys.path[0] != str(ROOT):  # this checkout's code, before any installed copy
         sys.path.insert(0, str(ROOT))
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.foundation.hparams import markdown
@@ -40,7 +41,7 @@ def hyperparameters_markdown() -> str:
 def on_files(files, config):
     from mkdocs.structure.files import File
 
-    stale = files.get_file_from_path(GENERATED)   # a copy written by hand into docs/ never wins
+    stale = files.get_file_from_path(GENERATED)  # a copy written by hand into docs/ never wins
     if stale is not None:
         files.remove(stale)
     files.append(File.generated(config, GENERATED, content=hyperparameters_markdown()))
@@ -48,8 +49,9 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
-    return DOCSTRING.sub(lambda m: f"```text\n{module_docstring(m[1])}\n```\n\n*From the docstring of "
-                                   f"`{m[1]}`.*", markdown)
+    return DOCSTRING.sub(
+        lambda m: f"```text\n{module_docstring(m[1])}\n```\n\n*From the docstring of `{m[1]}`.*", markdown
+    )
 
 
 if __name__ == "__main__":  # the hyperparameters page, as the docs site shows it

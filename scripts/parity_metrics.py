@@ -6,6 +6,7 @@ in-process engine on the CPU with one thread. Prints one JSON line per algorithm
 Environment PARITY_FRACTION=0.5 PARITY_ROUNDS=3 PARITY_CKPT=1 samples half the clients over 3 rounds
 with round checkpoints (the per-client state files are then written and read back).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,9 +23,9 @@ from fedccrl_core.data.pools import build_pools
 from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
 from fedccrl_core.data.synthetic import generate
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.train import run_settings
 
@@ -38,11 +39,19 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         generate(base / "raw", seed=params["dataset"]["seed"], images_per_class=6, progress=False)
-        partition(base / "raw", base / "shards", get_dataset("synthetic"), 32,
-                  clients_per_domain=params["partition"]["clients_per_domain"],
-                  val_fraction=params["partition"]["val_fraction"], seed=params["partition"]["seed"], progress=False)
-        build_pools(base / "shards", base / "pools", params["preprocess"]["mean"], params["preprocess"]["std"],
-                    progress=False)
+        partition(
+            base / "raw",
+            base / "shards",
+            get_dataset("synthetic"),
+            32,
+            clients_per_domain=params["partition"]["clients_per_domain"],
+            val_fraction=params["partition"]["val_fraction"],
+            seed=params["partition"]["seed"],
+            progress=False,
+        )
+        build_pools(
+            base / "shards", base / "pools", params["preprocess"]["mean"], params["preprocess"]["std"], progress=False
+        )
         manifest = load_manifest(base / "shards")
         domains = list(manifest["domains"])
         with open(out, "w") as f:
@@ -54,25 +63,48 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
                 s = run_settings(cfg)
                 clients = load_clients(base / "shards", base / "pools", domains[:3], "cpu")
                 tx, ty = load_domain_test(base / "shards", domains[3])
-                ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                              ClientData.from_numpy("t", domains[3], tx, ty, tx[:0], ty[:0], "cpu").train_x,
-                              torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
+                ev = EvalSets(
+                    torch.cat([c.val_x for c in clients]),
+                    torch.cat([c.val_y for c in clients]),
+                    ClientData.from_numpy("t", domains[3], tx, ty, tx[:0], ty[:0], "cpu").train_x,
+                    torch.from_numpy(np.asarray(ty, dtype=np.int64)),
+                    256,
+                )
                 alg = build_algorithm(name, s.local, getattr(cfg.train, name).model_dump())
                 torch.manual_seed(0)
                 model = alg.build_model(s.backbone, len(manifest["classes"]), s.pretrained, alg.hp)
-                res = InProcessEngine(alg, model, clients, ev, rounds=rounds, seed=0, log=lambda m: None,
-                                      client_fraction=fraction,
-                                      checkpoint_path=(base / "ck" / f"{name}.pt") if ckpt else None).run()
+                res = InProcessEngine(
+                    alg,
+                    model,
+                    clients,
+                    ev,
+                    rounds=rounds,
+                    seed=0,
+                    log=lambda m: None,
+                    client_fraction=fraction,
+                    checkpoint_path=(base / "ck" / f"{name}.pt") if ckpt else None,
+                ).run()
                 h = hashlib.sha256()
                 for k in sorted(res.final_weights):
                     h.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())
-                hist = [{k: (repr(v) if isinstance(v, float) else v) for k, v in r.items() if k != "seconds"}
-                        for r in res.history]
+                hist = [
+                    {k: (repr(v) if isinstance(v, float) else v) for k, v in r.items() if k != "seconds"}
+                    for r in res.history
+                ]
                 h2 = hashlib.sha256()  # without FedIIR's former grad_g.* buffers (g_bar moved to the server half)
                 for k in sorted(k for k in res.final_weights if not k.startswith("grad_g.")):
                     h2.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())
-                f.write(json.dumps({"algorithm": name, "weights_sha256": h.hexdigest(),
-                                    "model_sha256": h2.hexdigest(), "history": hist}) + "\n")
+                f.write(
+                    json.dumps(
+                        {
+                            "algorithm": name,
+                            "weights_sha256": h.hexdigest(),
+                            "model_sha256": h2.hexdigest(),
+                            "history": hist,
+                        }
+                    )
+                    + "\n"
+                )
                 f.flush()
                 print(name, hist[-1].get("val_acc"), hist[-1].get("target_acc"), flush=True)
 
@@ -80,5 +112,10 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
 if __name__ == "__main__":  # PARITY_FRACTION / PARITY_ROUNDS / PARITY_CKPT=1 vary the setting
     import os
 
-    main(sys.argv[1], sys.argv[2:], float(os.environ.get("PARITY_FRACTION", 1.0)),
-         int(os.environ.get("PARITY_ROUNDS", 2)), os.environ.get("PARITY_CKPT") == "1")
+    main(
+        sys.argv[1],
+        sys.argv[2:],
+        float(os.environ.get("PARITY_FRACTION", 1.0)),
+        int(os.environ.get("PARITY_ROUNDS", 2)),
+        os.environ.get("PARITY_CKPT") == "1",
+    )

@@ -9,6 +9,7 @@ how many (seed, round, attack) cells have a TPR interval above the bound; and, f
 released coordinates that the rows mechanism puts on a face of the clipping box (mu, sigma).
 Usage:  OMP_NUM_THREADS=1 python scripts/privacy_audit.py [DATA (data)] [--seeds 0,1,2]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,7 +25,16 @@ from fedccrl_pipeline.audit import load_audit_clients
 from fedccrl_pipeline.params import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-FACE_Z = (0.1, 0.25, 0.5, 1.0, 2.07, 2.76, 4.0, 13.07)  # 2.07, 13.07: the trade-off's z_s at eps 8, 1; 2.76: eps 1 on the statistics alone
+FACE_Z = (
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.07,
+    2.76,
+    4.0,
+    13.07,
+)  # 2.07, 13.07: the trade-off's z_s at eps 8, 1; 2.76: eps 1 on the statistics alone
 
 
 def ms(xs: list[float], spec: str = ".3f") -> str:
@@ -43,10 +53,14 @@ def main(data: Path, seeds: tuple[int, ...]) -> None:
     r, rounds = cfg.train.fedccrl.r, cfg.train.rounds
     upload = resolve_variant(cfg.train.fedccrl).upload
     settings = (("off", PrivacySettings()), ("defaults (z_s = 1)", PrivacySettings(enabled=True)))
-    print(f"{len(clients)} clients of {', '.join(str(len(c.mu)) for c in clients)} images, r = {r}, upload "
-          f"{upload}, {rounds} rounds, seeds {','.join(map(str, seeds))}; DP noise from the OS")
-    print("| DP | round | released share | epsilon (statistics) | nearest: TPR @ FPR 1 % | LR: TPR @ FPR 1 % | "
-          "FPR (LR, evaluation) | bound e^eps FPR_hi + delta | AUC nearest | AUC LR |")
+    print(
+        f"{len(clients)} clients of {', '.join(str(len(c.mu)) for c in clients)} images, r = {r}, upload "
+        f"{upload}, {rounds} rounds, seeds {','.join(map(str, seeds))}; DP noise from the OS"
+    )
+    print(
+        "| DP | round | released share | epsilon (statistics) | nearest: TPR @ FPR 1 % | LR: TPR @ FPR 1 % | "
+        "FPR (LR, evaluation) | bound e^eps FPR_hi + delta | AUC nearest | AUC LR |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     tails = []
     for label, privacy in settings:
@@ -54,21 +68,25 @@ def main(data: Path, seeds: tuple[int, ...]) -> None:
         for t in range(rounds):
             recs = [run["rounds"][t] for run in runs]
 
-            def col(key):
+            def col(key, recs=recs):
                 return [rec.get(key) for rec in recs]
 
             fpr_key = "lr/fpr@0.01" if "lr/auc" in recs[0] else "nearest/fpr@0.01"
             bound_key = "lr/bound@0.01" if "lr/auc" in recs[0] else "nearest/bound@0.01"
-            print(f"| {label} | {t + 1} | {ms(col('released_share'))} | {ms(col('epsilon_statistics'), '.2f')} | "
-                  f"{ms(col('nearest/tpr@0.01'))} | {ms(col('lr/tpr@0.01'))} | {ms(col(fpr_key))} | "
-                  f"{ms(col(bound_key))} | {ms(col('nearest/auc'))} | {ms(col('lr/auc'))} |")
+            print(
+                f"| {label} | {t + 1} | {ms(col('released_share'))} | {ms(col('epsilon_statistics'), '.2f')} | "
+                f"{ms(col('nearest/tpr@0.01'))} | {ms(col('lr/tpr@0.01'))} | {ms(col(fpr_key))} | "
+                f"{ms(col(bound_key))} | {ms(col('nearest/auc'))} | {ms(col('lr/auc'))} |"
+            )
         att = [run["attribution"] for run in runs]
         above = sum(v for run in runs for rec in run["rounds"] for k, v in rec.items() if "/violated@" in k)
-        tails.append(f"DP {label}: attribution of round 1's rows: domain {ms([a['domain_accuracy'] for a in att])} "
-                     f"(chance {att[0]['domain_chance']:.3f}), client {ms([a['client_accuracy'] for a in att])} "
-                     f"(chance {att[0]['client_chance']:.3f}); TPR intervals above the bound: {above}; evaluation "
-                     f"split {runs[0]['rounds'][0]['members']} members, {runs[0]['rounds'][0]['non_members']} "
-                     "non-members")
+        tails.append(
+            f"DP {label}: attribution of round 1's rows: domain {ms([a['domain_accuracy'] for a in att])} "
+            f"(chance {att[0]['domain_chance']:.3f}), client {ms([a['client_accuracy'] for a in att])} "
+            f"(chance {att[0]['client_chance']:.3f}); TPR intervals above the bound: {above}; evaluation "
+            f"split {runs[0]['rounds'][0]['members']} members, {runs[0]['rounds'][0]['non_members']} "
+            "non-members"
+        )
     print("", *tails, sep="\n")
     print("\n| z_s | noise std per coordinate | mu on a face of the box | sigma on a face of the box |")
     print("|---:|---:|---:|---:|")

@@ -12,6 +12,7 @@ e^eps FPR + delta of the statistics channel's epsilon, epsilon spent; and draws 
 Usage:  OMP_NUM_THREADS=1 python scripts/privacy_tradeoff.py [DATA (data)] [HELD_OUT (sketch)] [PLOT.png]
                 [--rounds N (params.yaml's train.rounds)] [--epsilons inf,8,4,1] [--seeds 0,1,2]
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,16 +21,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from fedccrl_core.foundation import contract
-from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-from fedccrl_core.privacy.audit import audit
+from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
+from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import atomic_file
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.privacy import accountant as A
+from fedccrl_core.privacy.audit import audit
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_pipeline.audit import load_audit_clients
 from fedccrl_pipeline.params import load_config
@@ -47,12 +48,20 @@ CONFIGS = (  # (label, algorithm, statistics channel, weights channel, stats_rel
 )
 
 
-def calibrate(target: float, stats: bool, weights: bool, release: str, rounds: int, n_clients: int,
-              sizes: dict) -> dict:
+def calibrate(
+    target: float, stats: bool, weights: bool, release: str, rounds: int, n_clients: int, sizes: dict
+) -> dict:
     """train.privacy whose epsilon after `rounds` is `target` (bisection on z_s, z_w = 2 z_s)."""
+
     def settings(z):
-        return PrivacySettings(enabled=True, statistics=stats, weights=weights, stats_release=release,
-                               stats_noise_multiplier=z, weights_noise_multiplier=2 * z)
+        return PrivacySettings(
+            enabled=True,
+            statistics=stats,
+            weights=weights,
+            stats_release=release,
+            stats_noise_multiplier=z,
+            weights_noise_multiplier=2 * z,
+        )
 
     def eps(z):
         s = settings(z)
@@ -85,6 +94,7 @@ def _ms(xs: list, spec: str = ".3f") -> str:
 
 def plot(rows: list[dict], path: Path, epsilons: tuple[float, ...]) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -93,11 +103,23 @@ def plot(rows: list[dict], path: Path, epsilons: tuple[float, ...]) -> None:
     for label, *_ in CONFIGS:
         mine = [r for r in rows if r["label"] == label]
         x = [xs[r["epsilon"]] for r in mine]
-        axes[0].errorbar(x, [np.mean(r["acc"]) for r in mine], [np.std(r["acc"], ddof=1) for r in mine],
-                         fmt="o-", capsize=3, label=label)
+        axes[0].errorbar(
+            x,
+            [np.mean(r["acc"]) for r in mine],
+            [np.std(r["acc"], ddof=1) for r in mine],
+            fmt="o-",
+            capsize=3,
+            label=label,
+        )
         if mine[0]["tpr"][0] is not None:
-            axes[1].errorbar(x, [np.mean(r["tpr"]) for r in mine], [np.std(r["tpr"], ddof=1) for r in mine],
-                             fmt="o-", capsize=3, label=label)
+            axes[1].errorbar(
+                x,
+                [np.mean(r["tpr"]) for r in mine],
+                [np.std(r["tpr"], ddof=1) for r in mine],
+                fmt="o-",
+                capsize=3,
+                label=label,
+            )
     for ax, title in zip(axes, ("target accuracy, last round", "membership TPR at FPR 1 %, last round")):
         ax.set_xticks(list(xs.values()), [f"{e:g}" if e != float("inf") else "no DP" for e in xs])
         ax.set_xlabel("epsilon (delta 1e-5)")
@@ -112,22 +134,38 @@ def plot(rows: list[dict], path: Path, epsilons: tuple[float, ...]) -> None:
     plt.close(fig)
 
 
-def one_run(cfg, settings, manifest, data: Path, held_out: str, name: str, privacy: dict | None, rounds: int,
-            seed: int, audit_clients: list, upload: str) -> tuple[float, float | None, float, float | None]:
+def one_run(
+    cfg,
+    settings,
+    manifest,
+    data: Path,
+    held_out: str,
+    name: str,
+    privacy: dict | None,
+    rounds: int,
+    seed: int,
+    audit_clients: list,
+    upload: str,
+) -> tuple[float, float | None, float, float | None]:
     """(target accuracy of the last round, the audit's TPR at FPR 1 %, epsilon spent, the audit's bound)."""
     sources = [d for d in manifest["domains"] if d != held_out]
     clients = load_clients(data / "shards", data / "pools", sources, "cpu")
     tx, ty = load_domain_test(data / "shards", held_out)
     ps = PrivacySettings.from_mapping(privacy)  # train.privacy, validated once here (privacy None: off)
     local = settings.local.model_copy(update={"privacy": ps if privacy else None})
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                  ClientData.from_numpy("t", held_out, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-                  torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]),
+        torch.cat([c.val_y for c in clients]),
+        ClientData.from_numpy("t", held_out, tx, ty, tx[:0], ty[:0], "cpu").train_x,
+        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
+        256,
+    )
     alg = build_algorithm(name, local, getattr(cfg.train, name).model_dump())
     torch.manual_seed(seed)
     model = alg.build_model(settings.backbone, len(manifest["classes"]), settings.pretrained, alg.hp)
-    res = InProcessEngine(alg, model, clients, ev, rounds=rounds, seed=seed, log=lambda m: None,
-                          client_fraction=cfg.train.client_fraction).run()
+    res = InProcessEngine(
+        alg, model, clients, ev, rounds=rounds, seed=seed, log=lambda m: None, client_fraction=cfg.train.client_fraction
+    ).run()
     last = res.history[-1]
     tpr = bnd = None  # FedAvg releases no statistics
     if name == "fedccrl":
@@ -137,8 +175,14 @@ def one_run(cfg, settings, manifest, data: Path, held_out: str, name: str, priva
     return last[contract.TARGET_ACC], tpr, last.get(contract.DP_EPSILON, float("inf")), bnd
 
 
-def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None = None,
-         epsilons: tuple[float, ...] = EPSILONS, seeds: tuple[int, ...] = SEEDS) -> None:
+def main(
+    data: Path,
+    held_out: str,
+    plot_path: Path | None,
+    rounds: int | None = None,
+    epsilons: tuple[float, ...] = EPSILONS,
+    seeds: tuple[int, ...] = SEEDS,
+) -> None:
     torch.set_num_threads(1)
     cfg = load_config(ROOT / "params.yaml")
     settings = run_settings(cfg)
@@ -147,8 +191,10 @@ def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None =
     rounds, r = rounds or cfg.train.rounds, cfg.train.fedccrl.r
     upload = resolve_variant(cfg.train.fedccrl).upload
     print(f"seeds {','.join(map(str, seeds))}; DP noise from the OS: a DP cell is not bit-reproducible")
-    print("| configuration | epsilon target | z_s | z_w | target acc | membership TPR @ FPR 1 % | "
-          "bound e^eps FPR + delta | epsilon spent |")
+    print(
+        "| configuration | epsilon target | z_s | z_w | target acc | membership TPR @ FPR 1 % | "
+        "bound e^eps FPR + delta | epsilon spent |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     audit_clients = [c for c in load_audit_clients(data / "shards", data / "pools") if c.domain in sources]
     results = []
@@ -160,19 +206,35 @@ def main(data: Path, held_out: str, plot_path: Path | None, rounds: int | None =
             if prior:  # without DP the configurations of one algorithm are the same runs
                 results.append({**prior[0], "label": label})
                 continue
-            privacy = None if target == float("inf") else calibrate(target, stats, weights, release, rounds,
-                                                                    len(clients), sizes)
-            runs = [one_run(cfg, settings, manifest, data, held_out, name, privacy, rounds, seed, audit_clients,
-                            upload) for seed in seeds]
+            privacy = (
+                None
+                if target == float("inf")
+                else calibrate(target, stats, weights, release, rounds, len(clients), sizes)
+            )
+            runs = [
+                one_run(cfg, settings, manifest, data, held_out, name, privacy, rounds, seed, audit_clients, upload)
+                for seed in seeds
+            ]
             ps = PrivacySettings.from_mapping(privacy)
-            results.append({"label": label, "algorithm": name, "epsilon": target,
-                            "acc": [x[0] for x in runs], "tpr": [x[1] for x in runs],
-                            "spent": runs[0][2], "bound": [x[3] for x in runs],
-                            "z_s": ps.stats_noise_multiplier if privacy and ps.on_statistics else 0.0,
-                            "z_w": ps.weights_noise_multiplier if privacy and ps.on_weights else 0.0})
-        for x in results[-len(epsilons):]:
-            print(f"| {x['label']} | {_eps(x['epsilon'], 'g')} | {x['z_s']:.2f} | {x['z_w']:.2f} | {_ms(x['acc'])} | "
-                  f"{_ms(x['tpr'])} | {_ms(x['bound'])} | {_eps(x['spent'], '.2f')} |", flush=True)
+            results.append(
+                {
+                    "label": label,
+                    "algorithm": name,
+                    "epsilon": target,
+                    "acc": [x[0] for x in runs],
+                    "tpr": [x[1] for x in runs],
+                    "spent": runs[0][2],
+                    "bound": [x[3] for x in runs],
+                    "z_s": ps.stats_noise_multiplier if privacy and ps.on_statistics else 0.0,
+                    "z_w": ps.weights_noise_multiplier if privacy and ps.on_weights else 0.0,
+                }
+            )
+        for x in results[-len(epsilons) :]:
+            print(
+                f"| {x['label']} | {_eps(x['epsilon'], 'g')} | {x['z_s']:.2f} | {x['z_w']:.2f} | {_ms(x['acc'])} | "
+                f"{_ms(x['tpr'])} | {_ms(x['bound'])} | {_eps(x['spent'], '.2f')} |",
+                flush=True,
+            )
     if plot_path is not None:
         plot(results, plot_path, epsilons)
         print(f"wrote {plot_path}", file=sys.stderr)
@@ -193,8 +255,10 @@ if __name__ == "__main__":
         eps = tuple(float(e) for e in a.epsilons.split(","))
         seeds = tuple(int(x) for x in a.seeds.split(","))
     except ValueError:
-        ap.error(f"--epsilons {a.epsilons!r} / --seeds {a.seeds!r}: comma-separated numbers (inf allowed for "
-                 "epsilons), e.g. inf,8,4,1 and 0,1,2")
-    if a.rounds is not None and a.rounds < 1 or any(not e > 0 for e in eps) or not seeds:
+        ap.error(
+            f"--epsilons {a.epsilons!r} / --seeds {a.seeds!r}: comma-separated numbers (inf allowed for "
+            "epsilons), e.g. inf,8,4,1 and 0,1,2"
+        )
+    if (a.rounds is not None and a.rounds < 1) or any(not e > 0 for e in eps) or not seeds:
         ap.error("--rounds must be >= 1, every epsilon > 0, and at least one seed")
     main(a.data, a.held_out, a.plot, a.rounds, eps, seeds)

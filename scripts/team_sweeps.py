@@ -12,6 +12,7 @@ each exactly once; the registry's versions are unique and each alias points to t
 second clone got the first one's experiment and served its model. The settings are tiny (synthetic data at 16 px,
 FedAvg, one held-out domain, 2 rounds) and the experiments run up to the `export` stage (the registry's models).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,15 +26,22 @@ from pathlib import Path
 
 import yaml
 
+from fedccrl_benchmarks.accuracy import apply_overrides
+from fedccrl_core.foundation.fsio import write_json
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-from fedccrl_benchmarks.accuracy import apply_overrides  # noqa: E402  `--set KEY=VALUE` onto params.yaml (fedccrl_pipeline.params.set_key)
-from fedccrl_core.foundation.fsio import write_json  # noqa: E402
 
 BIN = Path(sys.executable).parent
 CODE = ("fedccrl_core", "fedccrl_flower", "pipeline", "serving")
-TINY = ["preprocess.image_size=16", "train.algorithms=[fedavg]", "train.seeds=[0]", "train.held_out=[sketch]",
-        "train.rounds=2", "train.local_epochs=1", "tracking.system_metrics=false"]  # as `dvc exp run -S` spells them
+TINY = [
+    "preprocess.image_size=16",
+    "train.algorithms=[fedavg]",
+    "train.seeds=[0]",
+    "train.held_out=[sketch]",
+    "train.rounds=2",
+    "train.local_epochs=1",
+    "tracking.system_metrics=false",
+]  # as `dvc exp run -S` spells them
 ROUNDS, HELD_OUT, ALGORITHM = 2, "sketch", "fedavg"
 LRS = (0.003, 0.004)  # the learning rate of each clone's sweep
 
@@ -44,16 +52,25 @@ def say(msg: str) -> None:
 
 def env_for(uri: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("FEDCCRL_MLFLOW_ARTIFACTS", "PYTHONPATH")}
-    env.update(PATH=f"{BIN}{os.pathsep}{env['PATH']}", DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1",
-               MLFLOW_TRACKING_URI=uri, GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@t", GIT_COMMITTER_NAME="t",
-               GIT_COMMITTER_EMAIL="t@t")
+    env.update(
+        PATH=f"{BIN}{os.pathsep}{env['PATH']}",
+        DVC_NO_ANALYTICS="1",
+        OMP_NUM_THREADS="1",
+        MLFLOW_TRACKING_URI=uri,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@t",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@t",
+    )
     return env
 
 
 def sh(args: list[str], cwd: Path, env: dict, timeout: float = 600) -> str:
     p = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     if p.returncode != 0:
-        raise RuntimeError(f"{' '.join(args)} in {cwd} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(args)} in {cwd} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+        )
     return p.stdout
 
 
@@ -87,11 +104,36 @@ def queue_sweeps(clones: dict[str, list[int]], env: dict, jobs: int, deadline_s:
     until no clone has a queued or running experiment. Returns each clone's `dvc queue status`."""
     for k, (clone, seeds) in enumerate(clones.items()):
         for s in seeds:  # each clone its own learning rate: one sweep (one parent run) per clone, one seed each
-            sh(["dvc", "exp", "run", "--queue", "-n", f"{Path(clone).name}-s{s}", "-S", f"train.seeds=[{s}]",
-                "-S", f"train.lr={LRS[k]}", "export"], Path(clone), env)
-    say(f"{sum(map(len, clones.values()))} experiments queued in {len(clones)} clones; dvc queue start -j {jobs} in each")
-    starts = [subprocess.Popen(["dvc", "queue", "start", "-j", str(jobs)], cwd=clone, env=env,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for clone in clones]
+            sh(
+                [
+                    "dvc",
+                    "exp",
+                    "run",
+                    "--queue",
+                    "-n",
+                    f"{Path(clone).name}-s{s}",
+                    "-S",
+                    f"train.seeds=[{s}]",
+                    "-S",
+                    f"train.lr={LRS[k]}",
+                    "export",
+                ],
+                Path(clone),
+                env,
+            )
+    say(
+        f"{sum(map(len, clones.values()))} experiments queued in {len(clones)} clones; dvc queue start -j {jobs} in each"
+    )
+    starts = [
+        subprocess.Popen(
+            ["dvc", "queue", "start", "-j", str(jobs)],
+            cwd=clone,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for clone in clones
+    ]
     for p in starts:
         p.wait(timeout=300)
     deadline, status = time.monotonic() + deadline_s, {}
@@ -118,10 +160,16 @@ def check_store(uri: str, seeds: list[int]) -> list[tuple[str, bool]]:
     runs = client.search_runs([exp.experiment_id]) if exp else []
     parents = [r for r in runs if r.data.tags.get("fedccrl.role") == "parent"]
     children = [r for r in runs if r.data.tags.get("fedccrl.role") == "child"]
-    out = [(f"{len(parents)} parent runs, one per sweep ({len(LRS)} expected: the seeds of a sweep share it)",
-            sorted(r.data.params.get("train.lr", "") for r in parents) == sorted(map(str, LRS))),
-           (f"{len(children)} child runs, one per training ({len(seeds)} expected), all FINISHED",
-            len(children) == len(seeds) and all(c.info.status == "FINISHED" for c in children))]
+    out = [
+        (
+            f"{len(parents)} parent runs, one per sweep ({len(LRS)} expected: the seeds of a sweep share it)",
+            sorted(r.data.params.get("train.lr", "") for r in parents) == sorted(map(str, LRS)),
+        ),
+        (
+            f"{len(children)} child runs, one per training ({len(seeds)} expected), all FINISHED",
+            len(children) == len(seeds) and all(c.info.status == "FINISHED" for c in children),
+        ),
+    ]
     rounds_ok = True
     for c in children:
         steps = [m.step for m in client.get_metric_history(c.info.run_id, "target_acc")]
@@ -130,14 +178,18 @@ def check_store(uri: str, seeds: list[int]) -> list[tuple[str, bool]]:
     name = f"fedccrl-synthetic-{ALGORITHM}"
     versions = client.search_model_versions(f"name = '{name}'")
     seed_of_run = {c.info.run_id: c.data.params.get("train.seed") for c in children}
-    out.append((f"{len(versions)} registry versions of {name}, unique, one per trained model",
-                len({v.version for v in versions}) == len(versions) == len(seeds)))
+    out.append(
+        (
+            f"{len(versions)} registry versions of {name}, unique, one per trained model",
+            len({v.version for v in versions}) == len(versions) == len(seeds),
+        )
+    )
     aliases_ok = True
     for s in seeds:
         try:
             v = client.get_model_version_by_alias(name, f"s{s}-heldout-{HELD_OUT}")
             aliases_ok &= seed_of_run.get(v.run_id) == str(s)
-        except Exception:  # noqa: BLE001 -- a missing alias is a failed check, reported as such
+        except Exception:
             aliases_ok = False
     out.append((f"each alias s<seed>-heldout-{HELD_OUT} points to the version its seed trained", aliases_ok))
     return out
@@ -160,9 +212,11 @@ def share_and_serve(first: Path, second: Path, exp_name: str, seed: int, env: di
     if model.is_file():
         sh(["fedccrl-serve", "predict", str(model), "data/raw/sketch", "--output", str(preds)], second, env)
         served = preds.is_file() and len(preds.read_text().splitlines()) > 0
-    return [(f"the second clone pulled experiment {exp_name} (dvc exp pull, then dvc pull)", listed),
-            ("nothing to rerun up to the export there (dvc status --with-deps export)", "changed" not in stale),
-            (f"it served the pulled model on the held-out images ({model.relative_to(second)})", served)]
+    return [
+        (f"the second clone pulled experiment {exp_name} (dvc exp pull, then dvc pull)", listed),
+        ("nothing to rerun up to the export there (dvc status --with-deps export)", "changed" not in stale),
+        (f"it served the pulled model on the held-out images ({model.relative_to(second)})", served),
+    ]
 
 
 def run(uri: str, work: Path, per_clone: int, jobs: int = 2, deadline_s: float = 1500) -> dict:
@@ -183,8 +237,14 @@ def run(uri: str, work: Path, per_clone: int, jobs: int = 2, deadline_s: float =
     alice, bob = map(Path, clones)
     if succeeded == len(seeds):
         checks += share_and_serve(alice, bob, f"alice-s{clones[str(alice)][0]}", clones[str(alice)][0], env)
-    return {"tracking_uri": uri, "experiments": len(seeds), "jobs": jobs, "wall_s": wall, "queue_status": status,
-            "checks": [{"check": c, "holds": bool(h)} for c, h in checks]}
+    return {
+        "tracking_uri": uri,
+        "experiments": len(seeds),
+        "jobs": jobs,
+        "wall_s": wall,
+        "queue_status": status,
+        "checks": [{"check": c, "holds": bool(h)} for c, h in checks],
+    }
 
 
 def main(argv=None) -> int:
@@ -203,8 +263,10 @@ def main(argv=None) -> int:
             shutil.rmtree(work, ignore_errors=True)
     for c in result["checks"]:
         print(f"{'ok  ' if c['holds'] else 'FAIL'} {c['check']}")
-    print(f"{result['experiments']} experiments from 2 clones, -j {result['jobs']} each, against "
-          f"{result['tracking_uri']}: {result['wall_s']:.0f}s")
+    print(
+        f"{result['experiments']} experiments from 2 clones, -j {result['jobs']} each, against "
+        f"{result['tracking_uri']}: {result['wall_s']:.0f}s"
+    )
     if args.json:
         write_json(args.json, result)
     return 0 if all(c["holds"] for c in result["checks"]) else 1

@@ -15,6 +15,7 @@ as the `postgres` user that Debian's package creates, and the cluster folder bel
 Usage: python scripts/tracking_server.py {start,stop,status} [--dir DIR] [--pg-port N] [--port N]
 (ports also from FEDCCRL_PG_PORT and FEDCCRL_MLFLOW_PORT; defaults 5433 and 5001).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,7 +30,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from fedccrl_core.foundation.fsio import write_text  # noqa: E402  the project's writer (a link followed, never replaced)
+from fedccrl_core.foundation.fsio import write_text
 
 HOST = "127.0.0.1"
 ROLE = DATABASE = "mlflow"
@@ -44,7 +45,11 @@ class Paths:
         self.root = root.resolve()
         self.cluster, self.socket = self.root / "postgres", self.root / "postgres-socket"
         self.password, self.pg_log = self.root / "postgres-password", self.root / "postgres.log"
-        self.artifacts, self.mlflow_log, self.pid = self.root / "artifacts", self.root / "mlflow.log", self.root / "mlflow.pid"
+        self.artifacts, self.mlflow_log, self.pid = (
+            self.root / "artifacts",
+            self.root / "mlflow.log",
+            self.root / "mlflow.pid",
+        )
         self.port_file = self.root / "ports"
 
 
@@ -53,8 +58,9 @@ def pg_bin(name: str) -> str:
     found = shutil.which(name)
     if found:
         return found
-    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name)
-                      if p.parent.name.isdigit() else 0)
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"), key=lambda p: int(p.parent.name) if p.parent.name.isdigit() else 0
+    )
     for d in reversed(versions):
         if (d / name).is_file():
             return str(d / name)
@@ -77,8 +83,10 @@ def pg_run(cmd: list[str], what: str) -> None:
 def check_reachable(path: Path) -> None:
     """As root, PostgreSQL runs as the `postgres` user, which must reach the folder (every parent traversable)."""
     if os.geteuid() == 0 and subprocess.run(as_postgres(["test", "-w", str(path)]), timeout=60).returncode != 0:
-        raise SystemExit(f"tracking-server: the postgres user cannot write {path} (PostgreSQL refuses to run as root "
-                         "and runs as postgres): choose a --dir whose parent folders every user may enter")
+        raise SystemExit(
+            f"tracking-server: the postgres user cannot write {path} (PostgreSQL refuses to run as root "
+            "and runs as postgres): choose a --dir whose parent folders every user may enter"
+        )
 
 
 def own(path: Path) -> None:
@@ -93,8 +101,12 @@ def backend_uri(p: Paths, pg_port: int) -> str:
 def pg_running(p: Paths) -> bool:
     if not (p.cluster / "PG_VERSION").is_file():
         return False
-    return subprocess.run(as_postgres([pg_bin("pg_ctl"), "status", "-D", str(p.cluster)]),
-                          capture_output=True, timeout=60).returncode == 0
+    return (
+        subprocess.run(
+            as_postgres([pg_bin("pg_ctl"), "status", "-D", str(p.cluster)]), capture_output=True, timeout=60
+        ).returncode
+        == 0
+    )
 
 
 def start_postgres(p: Paths, pg_port: int) -> None:
@@ -117,8 +129,21 @@ def start_postgres(p: Paths, pg_port: int) -> None:
                 f.write(p.password.read_text())
             own(pwfile)
             check_reachable(p.cluster)
-            pg_run([pg_bin("initdb"), "-D", str(p.cluster), "-U", ROLE, f"--pwfile={pwfile}", "--auth=scram-sha-256",
-                    "-E", "UTF8", "--no-instructions"], f"initdb {p.cluster}")
+            pg_run(
+                [
+                    pg_bin("initdb"),
+                    "-D",
+                    str(p.cluster),
+                    "-U",
+                    ROLE,
+                    f"--pwfile={pwfile}",
+                    "--auth=scram-sha-256",
+                    "-E",
+                    "UTF8",
+                    "--no-instructions",
+                ],
+                f"initdb {p.cluster}",
+            )
         finally:
             pwfile.unlink(missing_ok=True)
     if pg_running(p):
@@ -129,14 +154,28 @@ def start_postgres(p: Paths, pg_port: int) -> None:
         p.pg_log.touch()
         own(p.pg_log)
     say(f"PostgreSQL on {HOST}:{pg_port}")
-    pg_run([pg_bin("pg_ctl"), "start", "-D", str(p.cluster), "-l", str(p.pg_log), "-w", "-t", "60",
-            "-o", f"-p {pg_port} -k {p.socket} -c listen_addresses={HOST}"],
-           f"PostgreSQL on {HOST}:{pg_port} (its log: {p.pg_log})")
+    pg_run(
+        [
+            pg_bin("pg_ctl"),
+            "start",
+            "-D",
+            str(p.cluster),
+            "-l",
+            str(p.pg_log),
+            "-w",
+            "-t",
+            "60",
+            "-o",
+            f"-p {pg_port} -k {p.socket} -c listen_addresses={HOST}",
+        ],
+        f"PostgreSQL on {HOST}:{pg_port} (its log: {p.pg_log})",
+    )
     import psycopg
 
     password = p.password.read_text().strip()
-    with psycopg.connect(host=HOST, port=pg_port, user=ROLE, password=password, dbname="postgres",
-                         autocommit=True) as con:
+    with psycopg.connect(
+        host=HOST, port=pg_port, user=ROLE, password=password, dbname="postgres", autocommit=True
+    ) as con:
         if con.execute("select 1 from pg_database where datname = %s", (DATABASE,)).fetchone() is None:
             con.execute(f'create database "{DATABASE}"')
 
@@ -167,16 +206,34 @@ def start_mlflow(p: Paths, pg_port: int, port: int, wait_s: float = 180) -> None
     env = {**os.environ, "MLFLOW_BACKEND_STORE_URI": backend_uri(p, pg_port)}  # not on its command line
     env.pop("MLFLOW_TRACKING_URI", None)
     with open(p.mlflow_log, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--serve-artifacts",
-                                 "--artifacts-destination", str(p.artifacts), "--host", HOST, "--port", str(port)],
-                                env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # a service: it outlives this command, `stop` ends it
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "mlflow",
+                "server",
+                "--serve-artifacts",
+                "--artifacts-destination",
+                str(p.artifacts),
+                "--host",
+                HOST,
+                "--port",
+                str(port),
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # a service: it outlives this command, `stop` ends it
     write_text(p.pid, f"{proc.pid}\n")
     deadline = time.monotonic() + wait_s  # the first start creates MLflow's tables
     while not healthy(port):
         if proc.poll() is not None or time.monotonic() > deadline:
             stop_mlflow(p)
-            raise SystemExit(f"tracking-server: mlflow server did not come up on {HOST}:{port}; its log: {p.mlflow_log}")
+            raise SystemExit(
+                f"tracking-server: mlflow server did not come up on {HOST}:{port}; its log: {p.mlflow_log}"
+            )
         time.sleep(0.5)
 
 
@@ -233,8 +290,10 @@ def main(argv=None) -> int:
         pg = pg_running(p)
         if pg:
             pg_run([pg_bin("pg_ctl"), "stop", "-D", str(p.cluster), "-m", "fast", "-w"], "stopping PostgreSQL")
-        say(f"mlflow server {'stopped' if stopped else 'was not running'}; "
-            f"PostgreSQL {'stopped' if pg else 'was not running'}")
+        say(
+            f"mlflow server {'stopped' if stopped else 'was not running'}; "
+            f"PostgreSQL {'stopped' if pg else 'was not running'}"
+        )
     else:
         up_pg, up_web = pg_running(p), mlflow_pid(p) is not None and healthy(port)
         print(f"PostgreSQL {HOST}:{pg_port}: {'running' if up_pg else 'stopped'}")

@@ -11,6 +11,7 @@ keeps pointing at the file written; a FIFO, a device or `-` (stdout) is written 
 model's metadata is checked against its graph when it is loaded. Files that are not regular files
 (a FIFO named x.jpg) are skipped with a notice and never opened. JSON output never holds NaN.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,12 +46,17 @@ class DeadlinePassed(BaseException):
 
 # ---------------------------------------------------------------- output
 
+
 def _record(path: Path, probs, error, classes, top_k: int) -> dict:
     if error is not None:
         return {"path": str(path), "error": error}
     order = np.argsort(-probs, kind="stable")[:top_k]
-    return {"path": str(path), "label": classes[order[0]], "score": float(probs[order[0]]),
-            "topk": [{"label": classes[j], "score": float(probs[j])} for j in order]}
+    return {
+        "path": str(path),
+        "label": classes[order[0]],
+        "score": float(probs[order[0]]),
+        "topk": [{"label": classes[j], "score": float(probs[j])} for j in order],
+    }
 
 
 class _Writer:
@@ -82,19 +88,34 @@ def _fatal_guard(fn):
         except (FedCCRLError, DeadlinePassed) as e:
             click.echo(f"fedccrl-serve: error: {e}", err=True)
             sys.exit(EXIT_FATAL)
+
     return wrapper
 
 
 _model_arg = click.argument("model", type=click.Path(path_type=Path))
-_device_opt = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
-                           help="cuda uses onnxruntime's CUDAExecutionProvider when usable, else falls back to CPU.")
+_device_opt = click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="cuda uses onnxruntime's CUDAExecutionProvider when usable, else falls back to CPU.",
+)
 _batch_opt = click.option("--batch-size", type=click.IntRange(min=1), default=64, show_default=True)
-_workers_opt = click.option("--workers", type=click.IntRange(min=1), default=min(4, os.cpu_count() or 1),
-                            show_default=True, help="threads decoding images")
+_workers_opt = click.option(
+    "--workers",
+    type=click.IntRange(min=1),
+    default=min(4, os.cpu_count() or 1),
+    show_default=True,
+    help="threads decoding images",
+)
 _quiet_opt = click.option("--quiet", "-q", is_flag=True, help="no progress lines on stderr")
-_deadline_opt = click.option("--deadline", type=click.FloatRange(min=0, min_open=True), default=None,
-                             metavar="SECONDS", help="stop with exit code 2 when the whole run (model loading "
-                             "included) takes longer; --output is then not written")
+_deadline_opt = click.option(
+    "--deadline",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="stop with exit code 2 when the whole run (model loading included) takes longer; --output is then not written",
+)
 
 
 @contextlib.contextmanager
@@ -107,8 +128,9 @@ def _deadline(seconds: float | None, output: Path | None):
         raise Fatal("--deadline works only in the main thread")
 
     def expire(signum, frame):
-        raise DeadlinePassed(f"--deadline {seconds:g} s passed before the run finished"
-                    + (f"; {output} not written" if output else ""))
+        raise DeadlinePassed(
+            f"--deadline {seconds:g} s passed before the run finished" + (f"; {output} not written" if output else "")
+        )
 
     old = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -130,10 +152,19 @@ def main():
 @_model_arg
 @click.argument("inputs", nargs=-1, required=True)
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), default="jsonl", show_default=True)
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-              help="write results here, not stdout (a FIFO or device is written in place; - is stdout)")
-@click.option("--top-k", type=click.IntRange(min=1), default=5, show_default=True,
-              help="classes listed per image (capped at the number of classes)")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="write results here, not stdout (a FIFO or device is written in place; - is stdout)",
+)
+@click.option(
+    "--top-k",
+    type=click.IntRange(min=1),
+    default=5,
+    show_default=True,
+    help="classes listed per image (capped at the number of classes)",
+)
 @_batch_opt
 @_device_opt
 @_workers_opt
@@ -172,8 +203,12 @@ def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quie
 @main.command()
 @_model_arg
 @click.argument("folder", type=click.Path(path_type=Path))
-@click.option("--output", "-o", type=click.Path(dir_okay=False, path_type=Path),
-              help="write the JSON report here (- is stdout, the table then goes to stderr)")
+@click.option(
+    "--output",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="write the JSON report here (- is stdout, the table then goes to stderr)",
+)
 @click.option("--json", "as_json", is_flag=True, help="print the JSON report on stdout (the table goes to stderr)")
 @_batch_opt
 @_device_opt
@@ -222,8 +257,16 @@ def info(model):
     """Print the model's fedccrl metadata (classes, preprocessing, provenance) and its I/O as JSON."""
     served = ServedModel(model, "cpu")
     io = lambda args: [{"name": a.name, "shape": list(a.shape), "type": a.type} for a in args]  # noqa: E731
-    click.echo(json.dumps({"metadata": served.meta.as_dict(), "inputs": io(served.session.get_inputs()),
-                           "outputs": io(served.session.get_outputs())}, indent=2))
+    click.echo(
+        json.dumps(
+            {
+                "metadata": served.meta.as_dict(),
+                "inputs": io(served.session.get_inputs()),
+                "outputs": io(served.session.get_outputs()),
+            },
+            indent=2,
+        )
+    )
 
 
 if __name__ == "__main__":

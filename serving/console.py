@@ -1,6 +1,7 @@
 """What `fedccrl-serve` says on stderr: notices (progress, fallbacks, skipped inputs) and the one-line fatal error.
 
 stdout carries only results; everything here goes to stderr, prefixed `fedccrl-serve:`."""
+
 from __future__ import annotations
 
 import click

@@ -2,6 +2,7 @@
 `<class>/<image>` folder for `evaluate`. Folders are walked by fedccrl_core/data/tree.py, with the project's one
 rule for what is not a sample; a file that is not a regular file (a FIFO named x.jpg) is skipped with a notice and
 never opened."""
+
 from __future__ import annotations
 
 import glob
@@ -12,8 +13,22 @@ from fedccrl_serving.console import Fatal, note
 from fedccrl_serving.preprocess import not_regular
 
 # What a folder walk picks up; a file named explicitly (or by a glob) is always tried.
-IMAGE_SUFFIXES = (".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp",
-                  ".ppm", ".pgm", ".pbm", ".pnm")
+IMAGE_SUFFIXES = (
+    ".jpg",
+    ".jpeg",
+    ".jpe",
+    ".jfif",
+    ".png",
+    ".bmp",
+    ".gif",
+    ".tif",
+    ".tiff",
+    ".webp",
+    ".ppm",
+    ".pgm",
+    ".pbm",
+    ".pnm",
+)
 
 
 def _regular(path: Path) -> bool:
@@ -80,8 +95,10 @@ def labelled_files(folder: Path, classes: tuple[str, ...]) -> tuple[list[Path], 
         raise Fatal(f"{folder}: no class folders (expected <class>/<image> with classes {', '.join(classes)})")
     unknown = [d.name for d in subdirs if d.name not in classes]
     if unknown:
-        raise Fatal(f"{folder}: class folders not among the model's classes: {', '.join(unknown)} "
-                    f"(model classes: {', '.join(classes)})")
+        raise Fatal(
+            f"{folder}: class folders not among the model's classes: {', '.join(unknown)} "
+            f"(model classes: {', '.join(classes)})"
+        )
     files, labels = [], []
     for d in subdirs:
         found, _ = _walk(d)

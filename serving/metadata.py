@@ -10,12 +10,13 @@ Contract of an exported file (fedccrl_format=1):
   resize), the class names, and where the model came from (dataset, held-out domain, algorithm,
   seed, params hash, git commit, ...). Serving reads only these, never a config file.
 """
+
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from fedccrl_core.foundation.errors import FedCCRLError
 
@@ -27,8 +28,17 @@ OUTPUT_NAME = "logits"
 # How each metadata value is written: JSON for lists, decimal for ints, the text itself otherwise.
 JSON_KEYS = ("classes", "mean", "std", "domains")
 INT_KEYS = ("num_classes", "image_size", "seed", "round", "held_out_index")
-TEXT_KEYS = ("resize", "backbone", "dataset", "held_out_domain", "algorithm", "params_hash", "git_commit",
-             "mlflow_run_id", "mlflow_experiment_id")
+TEXT_KEYS = (
+    "resize",
+    "backbone",
+    "dataset",
+    "held_out_domain",
+    "algorithm",
+    "params_hash",
+    "git_commit",
+    "mlflow_run_id",
+    "mlflow_experiment_id",
+)
 REQUIRED_KEYS = ("classes", "num_classes", "image_size", "mean", "std", "resize")
 
 
@@ -66,7 +76,8 @@ def parse_metadata(props: Mapping[str, str], source: str) -> ServingMetadata:
         raise NotAFedccrlModel(f"{source}: an ONNX model but not a fedccrl export (no '{FORMAT_KEY}' metadata)")
     if props[FORMAT_KEY] != str(FORMAT_VERSION):
         raise NotAFedccrlModel(
-            f"{source}: {FORMAT_KEY}={props[FORMAT_KEY]!r}, but this fedccrl-serve reads format {FORMAT_VERSION}")
+            f"{source}: {FORMAT_KEY}={props[FORMAT_KEY]!r}, but this fedccrl-serve reads format {FORMAT_VERSION}"
+        )
     try:
         missing = [k for k in REQUIRED_KEYS if k not in props]
         if missing:
@@ -93,15 +104,18 @@ def check_graph(meta: ServingMetadata, input_shape: list, output_shape: list, so
     """The metadata must describe the graph it sits in: input [N, 3, S, S] with S = image_size, and one
     logit per class name. A dimension the graph leaves symbolic (the batch) is not checked here; the
     logit count is checked again on every batch (fedccrl_serving.runtime.ServedModel.logits)."""
+
     def fixed(dim):
         return dim if isinstance(dim, int) and dim > 0 else None
 
     size = meta.image_size
     if len(input_shape) != 4 or any(fixed(d) not in (None, want) for d, want in zip(input_shape[1:], (3, size, size))):
-        raise NotAFedccrlModel(f"{source}: the metadata says image_size={size} (input [N, 3, {size}, {size}]), but the "
-                               f"graph's input '{INPUT_NAME}' is {list(input_shape)}")
+        raise NotAFedccrlModel(
+            f"{source}: the metadata says image_size={size} (input [N, 3, {size}, {size}]), but the "
+            f"graph's input '{INPUT_NAME}' is {list(input_shape)}"
+        )
     k = len(meta.classes)
     if len(output_shape) != 2 or fixed(output_shape[1]) not in (None, k):
-        raise NotAFedccrlModel(f"{source}: the metadata names {k} classes, but the graph's output '{OUTPUT_NAME}' "
-                               f"is {list(output_shape)}")
-
+        raise NotAFedccrlModel(
+            f"{source}: the metadata names {k} classes, but the graph's output '{OUTPUT_NAME}' is {list(output_shape)}"
+        )

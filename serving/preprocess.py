@@ -5,13 +5,14 @@ file -> load_rgb -> resize_u8(S) -> normalize_u8(mean, std) -> float32 [3, S, S]
 model was evaluated with). A model whose recorded resize policy is not this installation's
 RESIZE_POLICY is refused, since its inputs would not match what it was trained on.
 """
+
 from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
@@ -22,12 +23,19 @@ from fedccrl_serving.metadata import ServingMetadata
 
 def check_resize_policy(meta: ServingMetadata, source: str) -> None:
     if meta.resize != RESIZE_POLICY:
-        raise FedCCRLError(f"{source}: the model was trained with resize policy {meta.resize!r}, but this "
-                           f"installation implements {RESIZE_POLICY!r}; refusing to serve with a different transform")
+        raise FedCCRLError(
+            f"{source}: the model was trained with resize policy {meta.resize!r}, but this "
+            f"installation implements {RESIZE_POLICY!r}; refusing to serve with a different transform"
+        )
 
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
-          (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
 
 
 def not_regular(path: str | os.PathLike) -> str | None:
@@ -66,10 +74,10 @@ def normalize(batch_u8: np.ndarray, meta: ServingMetadata) -> np.ndarray:
 def _try_load(path, size):
     try:
         return load_u8(path, size), None
-    except Exception as e:  # noqa: BLE001 - one bad file is an error record, never the end of the run
+    except Exception as e:
         msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         prefix = f"{path}: "
-        return None, (msg[len(prefix):] if msg.startswith(prefix) else msg)
+        return None, (msg[len(prefix) :] if msg.startswith(prefix) else msg)
 
 
 def preprocess_files(paths: Sequence[Path], meta: ServingMetadata, workers: int = 1):

@@ -7,6 +7,7 @@ Output: a DataFrame with one row per image: `class` (top-1 class name), `probabi
 probability) and one `p_<class>` column per class. The logged model carries the onnx flavour too (the plain
 `images` -> `logits` graph), read from the same file.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -66,8 +67,9 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
             batch = x if x.shape[1:3] == (size, size) else np.stack([resize_u8(Image.fromarray(im), size) for im in x])
         probs = softmax(self.model.logits(normalize(batch, meta)))
         top = probs.argmax(1) if len(probs) else np.zeros(0, int)
-        out = pd.DataFrame({"class": [meta.classes[i] for i in top],
-                            "probability": probs[np.arange(len(top)), top].astype(np.float64)})
+        out = pd.DataFrame(
+            {"class": [meta.classes[i] for i in top], "probability": probs[np.arange(len(top)), top].astype(np.float64)}
+        )
         for i, name in enumerate(meta.classes):
             out[f"p_{name}"] = probs[:, i].astype(np.float64)
         return out
@@ -79,6 +81,7 @@ def signature(classes, example_u8: np.ndarray):
     from mlflow.types.schema import ColSpec, Schema, TensorSpec
 
     inputs = Schema([TensorSpec(np.dtype(np.uint8), (-1, -1, -1, 3), "images")])
-    outputs = Schema([ColSpec("string", "class"), ColSpec("double", "probability"),
-                      *[ColSpec("double", f"p_{c}") for c in classes]])
+    outputs = Schema(
+        [ColSpec("string", "class"), ColSpec("double", "probability"), *[ColSpec("double", f"p_{c}") for c in classes]]
+    )
     return ModelSignature(inputs=inputs, outputs=outputs)

@@ -1,5 +1,6 @@
 """`fedccrl-serve evaluate`'s report: accuracy, per-class accuracy and the confusion matrix, as JSON and as a
 plain-text table."""
+
 from __future__ import annotations
 
 from fedccrl_core.learning.confusion import confusion_matrix
@@ -13,8 +14,13 @@ def confusion_report(y_true: list[int], y_pred: list[int], classes: tuple[str, .
         n = sum(cm[i])
         per_class[name] = {"n": n, "correct": cm[i][i], "accuracy": cm[i][i] / n if n else None}
     n = len(y_true)
-    return {"n_images": n, "accuracy": sum(cm[i][i] for i in range(len(classes))) / n if n else None,
-            "per_class": per_class, "classes": list(classes), "confusion_matrix": cm}
+    return {
+        "n_images": n,
+        "accuracy": sum(cm[i][i] for i in range(len(classes))) / n if n else None,
+        "per_class": per_class,
+        "classes": list(classes),
+        "confusion_matrix": cm,
+    }
 
 
 def format_table(report: dict) -> str:
@@ -30,8 +36,11 @@ def format_table(report: dict) -> str:
         a = f"{row['accuracy']:.4f}" if row["accuracy"] is not None else "-"
         lines.append(f"{name:<{w}}{row['n']:>7}{row['correct']:>9}{a:>10}")
     cw = max(6, *(len(c) for c in classes)) + 1
-    lines += ["", "confusion matrix (rows: true class, columns: predicted)",
-              " " * w + "".join(f"{c[:cw - 1]:>{cw}}" for c in classes)]
+    lines += [
+        "",
+        "confusion matrix (rows: true class, columns: predicted)",
+        " " * w + "".join(f"{c[: cw - 1]:>{cw}}" for c in classes),
+    ]
     for name, row in zip(classes, report["confusion_matrix"]):
         lines.append(f"{name:<{w}}" + "".join(f"{v:>{cw}}" for v in row))
     return "\n".join(lines)

@@ -1,5 +1,6 @@
 """The ONNX Runtime side of serving: a fedccrl export loaded and checked against its metadata, the execution
 providers (CUDA when asked and usable, else the CPU), and class probabilities for batches of image files."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,7 +26,7 @@ class ServedModel:
         requested = _providers(device)
         try:
             self.session = ort.InferenceSession(str(path), sess_options=opts, providers=requested)
-        except Exception as e:  # noqa: BLE001 - onnxruntime raises its own exception types
+        except Exception as e:
             first = (str(e).splitlines() or [e.__class__.__name__])[0][:200]
             raise NotAFedccrlModel(f"{path}: not a readable ONNX model ({first})") from e
         self.meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map, str(path))
@@ -33,8 +34,10 @@ class ServedModel:
         names_in = [i.name for i in self.session.get_inputs()]
         names_out = [o.name for o in self.session.get_outputs()]
         if names_in != [INPUT_NAME] or OUTPUT_NAME not in names_out:
-            raise NotAFedccrlModel(f"{path}: expected input '{INPUT_NAME}' and output '{OUTPUT_NAME}', "
-                                   f"found inputs {names_in} outputs {names_out}")
+            raise NotAFedccrlModel(
+                f"{path}: expected input '{INPUT_NAME}' and output '{OUTPUT_NAME}', "
+                f"found inputs {names_in} outputs {names_out}"
+            )
         self.input_name, self.output_name = INPUT_NAME, OUTPUT_NAME
         out_shape = next(o.shape for o in self.session.get_outputs() if o.name == OUTPUT_NAME)
         check_graph(self.meta, self.session.get_inputs()[0].shape, out_shape, str(path))
@@ -49,8 +52,10 @@ class ServedModel:
             return np.zeros((0, len(self.meta.classes)), np.float32)
         out = self.session.run([self.output_name], {self.input_name: x})[0]
         if out.ndim != 2 or out.shape[1] != len(self.meta.classes):
-            raise Fatal(f"{self.path}: the model returned logits of shape {list(out.shape)} for "
-                        f"{len(self.meta.classes)} class names in its metadata")
+            raise Fatal(
+                f"{self.path}: the model returned logits of shape {list(out.shape)} for "
+                f"{len(self.meta.classes)} class names in its metadata"
+            )
         return out
 
 
@@ -68,7 +73,7 @@ def _providers(device: str) -> list[str]:
     if reason is None:
         try:  # onnxruntime-gpu finds the CUDA/cuDNN libraries of the nvidia-* wheels this way
             ort.preload_dlls()
-        except Exception:  # noqa: BLE001 - older builds lack it; the session falls back by itself
+        except Exception:
             pass
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     if device == "cuda":
@@ -96,7 +101,7 @@ def predict_paths(model: ServedModel, paths: list[Path], batch_size: int, worker
     """Yield (path, probabilities or None, error or None) for every path, in order, batch by batch."""
     done = 0
     for start in range(0, len(paths), batch_size):
-        chunk = paths[start:start + batch_size]
+        chunk = paths[start : start + batch_size]
         x, good, errors = preprocess_files(chunk, model.meta, workers)
         probs = dict(zip(good, softmax(model.logits(x)))) if good else {}
         for i, p in list(probs.items()):

@@ -4,6 +4,7 @@ Tests that need ../shared (the PACS zips) use the `shared_dir` fixture: they ski
 reason when ../shared is absent (a user's clone), and FAIL instead when FEDCCRL_REQUIRE_SHARED=1
 (.ci/run sets it), so CI can never pass by skipping them.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,7 +76,9 @@ def images(tmp_path) -> Path:
     for c in ("a", "b"):
         (d / c).mkdir(parents=True)
         for i in range(6):
-            Image.fromarray(np.random.default_rng(i).integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(d / c / f"{i}.png")
+            Image.fromarray(np.random.default_rng(i).integers(0, 256, (9, 7, 3), dtype=np.uint8)).save(
+                d / c / f"{i}.png"
+            )
     return d
 
 
@@ -94,8 +97,18 @@ def pacs128(shared_dir) -> Path:
     return shared_dir / "datasets" / "pacs" / "pacs_128.zip"
 
 
-def _make_toy_client(cid: str, domain: str, n: int, seed: int, shift: float, contrast: float = 1.0, size: int = 8,
-                     n_val: int = 8, stats: bool = False, stats_mean: float = 0.0):
+def _make_toy_client(
+    cid: str,
+    domain: str,
+    n: int,
+    seed: int,
+    shift: float,
+    contrast: float = 1.0,
+    size: int = 8,
+    n_val: int = 8,
+    stats: bool = False,
+    stats_mean: float = 0.0,
+):
     """A tiny learnable client: class = which colour channel is bright, in size x size uint8 images; the domain
     is a brightness `shift` and a `contrast`. The last `n_val` images are its validation split. stats=True also
     gives it per-sample (mu, sigma) rows (mu ~ N(stats_mean, 1), sigma = |mu| + 0.5) for the algorithms
@@ -134,8 +147,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         mark = item.get_closest_marker("full")
         if mark is not None and not (mark.args and isinstance(mark.args[0], str) and mark.args[0].strip()):
-            raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.full needs its reason, e.g. "
-                                    "@pytest.mark.full('runs the whole pipeline through DVC')")
+            raise pytest.UsageError(
+                f"{item.nodeid}: @pytest.mark.full needs its reason, e.g. "
+                "@pytest.mark.full('runs the whole pipeline through DVC')"
+            )
 
 
 def pytest_deselected(items):

@@ -1,6 +1,7 @@
 """The ```bash blocks of the README and of every page of the documentation site (mkdocs.yml's nav), each with
 the `<!-- ci: skip (reason) -->` marker above it, if any: what tests/test_readme_blocks.py runs and what other
 tests read their recipes from."""
+
 from __future__ import annotations
 
 import re
@@ -16,7 +17,7 @@ MARKER = re.compile(r"<!--\s*ci:\s*(?P<kind>\w+)\s*(?:\((?P<reason>[^)]*)\))?\s*
 
 @dataclass(frozen=True)
 class Block:
-    line: int          # line of the opening fence in its file
+    line: int  # line of the opening fence in its file
     code: str
     marker: str | None  # skip | None
     reason: str | None
@@ -38,8 +39,15 @@ def readme_blocks(text: str, source: str = "README.md") -> list[Block]:
                 j += 1
             above = next((lines[k] for k in range(start - 1, -1, -1) if lines[k].strip()), "")
             m = MARKER.search(above)
-            blocks.append(Block(start + 1, "\n".join(lines[start + 1:j]), m["kind"] if m else None,
-                                (m["reason"] or "").strip() if m else None, source))
+            blocks.append(
+                Block(
+                    start + 1,
+                    "\n".join(lines[start + 1 : j]),
+                    m["kind"] if m else None,
+                    (m["reason"] or "").strip() if m else None,
+                    source,
+                )
+            )
             i = j
         i += 1
     return blocks

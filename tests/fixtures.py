@@ -8,6 +8,7 @@ module-scoped workspace, a Case's setup) calls them directly. Not a test module:
 - `dvc_env(ws)`, `dvc_run(args, ws)`: a command in a scratch DVC workspace.
 - `tiny_onnx(path)`: a fedccrl-format ONNX file without torch. `temps(folder)`: the temporary files left there.
 """
+
 from __future__ import annotations
 
 import json
@@ -68,11 +69,24 @@ def build_tiny(base: Path) -> Path:
     p = read_yaml(REPO / "params.yaml")
     assert p["dataset"]["name"] == "synthetic", "the embedded default is the synthetic dataset"
     generate(base / "raw", seed=p["dataset"]["seed"], images_per_class=TINY_IMAGES_PER_CLASS, progress=False)
-    partition(base / "raw", base / "data" / "shards", get_dataset("synthetic"), 32,
-              clients_per_domain=p["partition"]["clients_per_domain"], val_fraction=p["partition"]["val_fraction"],
-              seed=p["partition"]["seed"], workers=1, progress=False)
-    build_pools(base / "data" / "shards", base / "data" / "pools", p["preprocess"]["mean"], p["preprocess"]["std"],
-                progress=False)
+    partition(
+        base / "raw",
+        base / "data" / "shards",
+        get_dataset("synthetic"),
+        32,
+        clients_per_domain=p["partition"]["clients_per_domain"],
+        val_fraction=p["partition"]["val_fraction"],
+        seed=p["partition"]["seed"],
+        workers=1,
+        progress=False,
+    )
+    build_pools(
+        base / "data" / "shards",
+        base / "data" / "pools",
+        p["preprocess"]["mean"],
+        p["preprocess"]["std"],
+        progress=False,
+    )
     return base
 
 
@@ -90,9 +104,26 @@ def train_tiny(ws: Path, tiny: Path) -> Path:
         mp.setenv("FEDCCRL_MLFLOW_ARTIFACTS", str(ws / "mlartifacts"))
         mp.chdir(ws)
         data = tiny / "data"
-        for args in (["train", "--shards", data / "shards", "--pools", data / "pools", "--algorithm", "fedavg",
-                      "--seed", "0", "--held-out", "0", "--out", "models/fedavg/s0", "--checkpoints", "ck"],
-                     ["evaluate", "--shards", data / "shards", "--models", "models", "--out", "runs"]):
+        for args in (
+            [
+                "train",
+                "--shards",
+                data / "shards",
+                "--pools",
+                data / "pools",
+                "--algorithm",
+                "fedavg",
+                "--seed",
+                "0",
+                "--held-out",
+                "0",
+                "--out",
+                "models/fedavg/s0",
+                "--checkpoints",
+                "ck",
+            ],
+            ["evaluate", "--shards", data / "shards", "--models", "models", "--out", "runs"],
+        ):
             res = CliRunner().invoke(main, [*map(str, args), "--params", "params.yaml"])
             assert res.exit_code == 0, res.output[-3000:]
     return ws
@@ -114,13 +145,23 @@ def dvc_run(args, ws: Path, check=True, **kw) -> subprocess.CompletedProcess:
     """`args` run in `ws` with dvc_env(ws); with check, a failure is an AssertionError with its output's tail."""
     p = subprocess.run(args, cwd=ws, env=dvc_env(ws), capture_output=True, text=True, **kw)
     if check and p.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}")
+        raise AssertionError(
+            f"{' '.join(map(str, args))} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-5000:]}"
+        )
     return p
 
 
 # ------------------------------------------------------------------ serving and files
-def tiny_onnx(path: Path, *, size: int = 4, classes=("a", "b", "c", "d"), graph_size: int | None = None,
-              logits: int | str | None = None, nan: bool = False, **props) -> Path:
+def tiny_onnx(
+    path: Path,
+    *,
+    size: int = 4,
+    classes=("a", "b", "c", "d"),
+    graph_size: int | None = None,
+    logits: int | str | None = None,
+    nan: bool = False,
+    **props,
+) -> Path:
     """A fedccrl-format ONNX file without torch: logits = the first K values of the flattened input
     (or NaN with nan=True). `graph_size` / `logits` make the graph disagree with the metadata."""
     import onnx
@@ -130,18 +171,33 @@ def tiny_onnx(path: Path, *, size: int = 4, classes=("a", "b", "c", "d"), graph_
 
     gs = graph_size or size
     k = len(classes) if logits is None else logits
-    nodes = [helper.make_node("Flatten", ["images"], ["flat"]),
-             helper.make_node("Slice", ["flat", "s", "e", "ax"], ["sl"])]
-    nodes += ([helper.make_node("Sub", ["sl", "sl"], ["z"]), helper.make_node("Div", ["z", "z"], ["logits"])] if nan
-              else [helper.make_node("Identity", ["sl"], ["logits"])])
+    nodes = [
+        helper.make_node("Flatten", ["images"], ["flat"]),
+        helper.make_node("Slice", ["flat", "s", "e", "ax"], ["sl"]),
+    ]
+    nodes += (
+        [helper.make_node("Sub", ["sl", "sl"], ["z"]), helper.make_node("Div", ["z", "z"], ["logits"])]
+        if nan
+        else [helper.make_node("Identity", ["sl"], ["logits"])]
+    )
     kk = k if isinstance(k, int) else len(classes)
     graph = helper.make_graph(
-        nodes, "g", [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, gs, gs])],
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, gs, gs])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", k])],
-        [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", kk), ("ax", 1))])
+        [helper.make_tensor(n, TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", kk), ("ax", 1))],
+    )
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    meta = {"fedccrl_format": "1", "classes": json.dumps(list(classes)), "num_classes": str(len(classes)),
-            "image_size": str(size), "mean": "[0.5, 0.5, 0.5]", "std": "[0.25, 0.25, 0.25]", "resize": RESIZE_POLICY}
+    meta = {
+        "fedccrl_format": "1",
+        "classes": json.dumps(list(classes)),
+        "num_classes": str(len(classes)),
+        "image_size": str(size),
+        "mean": "[0.5, 0.5, 0.5]",
+        "std": "[0.25, 0.25, 0.25]",
+        "resize": RESIZE_POLICY,
+    }
     meta.update({key: str(v) for key, v in props.items()})
     helper.set_model_props(m, meta)
     onnx.save(m, path)

@@ -2,6 +2,7 @@
 they share (the embedded default, K = 1 client per domain, held-out sketch: three source clients), the in-process
 reference run, a loopback Grid (Flower's Grid contract in one process), the ServerApp on a simulated clock, and
 the comparisons. The data itself is conftest.py's `data` fixture (build_data here)."""
+
 from __future__ import annotations
 
 import os
@@ -12,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from fixtures import write_params
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_flower import messages as M
-from fixtures import write_params
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -26,8 +27,16 @@ BIN = Path(sys.executable).parent
 HELD_OUT = "sketch"
 SOURCES = ["art_c0", "cartoon_c0", "photo_c0"]
 SEED = 0
-LOCAL = dict(rounds=2, local_epochs=1, batch_size=32, lr=1e-3, weight_decay=1e-4, lr_schedule="cosine",
-             mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225])
+LOCAL = dict(
+    rounds=2,
+    local_epochs=1,
+    batch_size=32,
+    lr=1e-3,
+    weight_decay=1e-4,
+    lr_schedule="cosine",
+    mean=[0.485, 0.456, 0.406],
+    std=[0.229, 0.224, 0.225],
+)
 
 
 HPARAMS = {"ccst": {"adain_weights": "random", "K": 2}}  # seeded random AdaIN networks: no download
@@ -38,9 +47,20 @@ def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, privacy=Non
 
     local = {**LOCAL, "rounds": rounds, **({"privacy": privacy} if privacy else {})}
     alg = build_algorithm(algorithm, LocalConfig(**local), HPARAMS.get(algorithm))
-    return ServerSpec(algorithm=algorithm, local=local, hparams=alg.hp.model_dump(), backbone="small_cnn",
-                      num_classes=6, seed=SEED, held_out=HELD_OUT, shards=str(data / "shards"), work_dir=str(work),
-                      device="cpu", run_info={"test": algorithm, "rounds": rounds}, **kw)
+    return ServerSpec(
+        algorithm=algorithm,
+        local=local,
+        hparams=alg.hp.model_dump(),
+        backbone="small_cnn",
+        num_classes=6,
+        seed=SEED,
+        held_out=HELD_OUT,
+        shards=str(data / "shards"),
+        work_dir=str(work),
+        device="cpu",
+        run_info={"test": algorithm, "rounds": rounds},
+        **kw,
+    )
 
 
 def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent", privacy=None):
@@ -52,22 +72,29 @@ def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persi
     for cid in SOURCES:
         s = load_client(data / "shards", cid)
         mu, sigma = load_pool(data / "pools", cid)
-        clients.append(ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, "cpu",
-                                             mu, sigma))
+        clients.append(
+            ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, "cpu", mu, sigma)
+        )
     tx, ty = load_domain_test(data / "shards", HELD_OUT)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                  ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-                  torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
-    local = LocalConfig(**{**LOCAL, "rounds": rounds, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"]),
-                           "privacy": privacy})
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]),
+        torch.cat([c.val_y for c in clients]),
+        ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
+        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
+        256,
+    )
+    local = LocalConfig(
+        **{**LOCAL, "rounds": rounds, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"]), "privacy": privacy}
+    )
     alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
     torch.manual_seed(SEED)
     model = alg.build_model("small_cnn", 6, "none", alg.hp)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the SuperNodes below (client_threads=1): CPU sums depend on the thread count
     try:
-        return InProcessEngine(alg, model, clients, ev, rounds, SEED, log=lambda m: None,
-                               client_state=client_state).run()
+        return InProcessEngine(
+            alg, model, clients, ev, rounds, SEED, log=lambda m: None, client_state=client_state
+        ).run()
     finally:
         torch.set_num_threads(threads)
 
@@ -88,8 +115,10 @@ class LoopbackGrid:
         from flwr.supercore.task_identity import TaskIdentity
 
         TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-        self.contexts = {n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(),
-                                    run_config=dict(run_config or {})) for n, c in node_configs.items()}
+        self.contexts = {
+            n: Context(run_id=1, node_id=n, node_config=dict(c), state=RecordDict(), run_config=dict(run_config or {}))
+            for n, c in node_configs.items()
+        }
         self.inbox: dict[str, object] = {}
         self.dead: set[int] = set()
         self.tamper = None
@@ -137,8 +166,14 @@ class LoopbackGrid:
                     continue
                 if node in self.leave:
                     del self.inbox[mid]
-                    self.held[mid] = (self.now[0], self.wire(Message(
-                        Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=msg)))
+                    self.held[mid] = (
+                        self.now[0],
+                        self.wire(
+                            Message(
+                                Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Error: Node Unavailable"), reply_to=msg
+                            )
+                        ),
+                    )
                     continue
                 del self.inbox[mid]
                 handler = handle_query if msg.metadata.message_type == M.QUERY else handle_train
@@ -208,17 +243,23 @@ def build_data(ws: Path, partition: dict | None = None) -> Path:
     stage commands: <ws>/data/{raw,shards,pools}."""
     write_params(ws, partition or {"partition.clients_per_domain": 1})
     env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
-                 ["partition", "--raw", "data/raw", "--out", "data/shards"],
-                 ["pools", "--shards", "data/shards", "--out", "data/pools"]):
+    for args in (
+        ["download", "--out", "data/raw", "--report", "data/download.json"],
+        ["partition", "--raw", "data/raw", "--out", "data/shards"],
+        ["pools", "--shards", "data/shards", "--out", "data/pools"],
+    ):
         p = subprocess.run([str(BIN / "fedccrl"), *args], cwd=ws, env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
     return ws / "data"
 
 
 def node_config(data: Path, cid: str, state_dir: Path) -> dict:
-    return {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: str(data / "shards"), M.NODE_POOLS: str(data / "pools"),
-            M.NODE_STATE_DIR: str(state_dir)}
+    return {
+        M.NODE_CLIENT_ID: cid,
+        M.NODE_SHARDS: str(data / "shards"),
+        M.NODE_POOLS: str(data / "pools"),
+        M.NODE_STATE_DIR: str(state_dir),
+    }
 
 
 def wait_until(pred, timeout: float, what: str, poll: float = 0.5):

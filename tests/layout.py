@@ -1,5 +1,6 @@
 """The project's packages: each top-level import name and the folder that holds it, as pyproject.toml's
 [tool.setuptools] declares them (a folder named otherwise is mapped by `package-dir`)."""
+
 from __future__ import annotations
 
 import tomllib

@@ -2,16 +2,18 @@
 find what was released when nothing protects it; the likelihood-ratio attack, which knows the mechanism, finds
 more than the nearest row under noise; at the default DP settings the TPR stays within what epsilon allows, and a
 mechanism that does not add the noise it claims is flagged."""
+
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
 import numpy as np
 import pytest
 
-from fedccrl_core.privacy.audit import (Client, audit, bound, clopper_pearson, release, threshold_at_fpr, tpr_at_fpr)
 from fedccrl_core.data.pools import unbiased_sigma, upload_size
+from fedccrl_core.privacy.audit import Client, audit, bound, clopper_pearson, release, threshold_at_fpr, tpr_at_fpr
 from fedccrl_core.privacy.settings import PrivacySettings
 
 
@@ -20,8 +22,15 @@ def clients(n_each=300, seed=0, domains=("a", "a", "b", "b")) -> list[Client]:
     out = []
     for i, dom in enumerate(domains):
         shift = 0.0 if dom == "a" else 0.8
-        out.append(Client(f"{dom}{i}", dom, rng.normal(shift, 0.5, (n_each, 3)).astype(np.float32),
-                          np.abs(rng.normal(0.6 + shift / 4, 0.2, (n_each, 3))).astype(np.float32), hw=32 * 32))
+        out.append(
+            Client(
+                f"{dom}{i}",
+                dom,
+                rng.normal(shift, 0.5, (n_each, 3)).astype(np.float32),
+                np.abs(rng.normal(0.6 + shift / 4, 0.2, (n_each, 3))).astype(np.float32),
+                hw=32 * 32,
+            )
+        )
     return out
 
 
@@ -33,7 +42,7 @@ def test_without_noise_tpr_at_low_fpr_is_the_released_share():
             assert rec[f"nearest/tpr_hi@{f:g}"] >= rec["released_share"] >= rec[f"nearest/tpr_lo@{f:g}"] - 0.02
             assert rec[f"nearest/fpr_lo@{f:g}"] <= f
     shares = [r["released_share"] for r in res["rounds"]]
-    assert shares == sorted(shares) and shares[-1] == pytest.approx(1 - 0.9 ** 3, abs=0.05)
+    assert shares == sorted(shares) and shares[-1] == pytest.approx(1 - 0.9**3, abs=0.05)
     assert res["attribution"]["domain_accuracy"] > res["attribution"]["domain_chance"] + 0.2
     assert not res["violated"] and res["noise"] == "off"
 
@@ -66,15 +75,21 @@ def test_at_the_default_dp_settings_the_tpr_lies_within_the_bound():
     """docs/privacy.md's setting: 8 clients of 108 images (two per domain), r = 0.1, 10 rounds, train.privacy at
     its defaults (z_s = 1, the default box), noise from the OS. Each attack's TPR at FPR 1 % has its interval's
     lower end at or below e^eps FPR_hi + delta, eps the statistics channel's after the round."""
-    res = audit(clients(108, domains=("a", "a", "b", "b", "c", "c", "d", "d")), 0.1, 10, seed=0,
-                privacy=PrivacySettings(enabled=True))
+    res = audit(
+        clients(108, domains=("a", "a", "b", "b", "c", "c", "d", "d")),
+        0.1,
+        10,
+        seed=0,
+        privacy=PrivacySettings(enabled=True),
+    )
     eps = [r["epsilon_statistics"] for r in res["rounds"]]
-    assert all(0 < a < b for a, b in zip(eps, eps[1:])) and eps[-1] == pytest.approx(4.644, abs=0.01)
+    assert all(0 < a < b for a, b in itertools.pairwise(eps)) and eps[-1] == pytest.approx(4.644, abs=0.01)
     for rec in res["rounds"]:
         for attack in ("nearest", "lr"):
             assert rec[f"{attack}/tpr_lo@0.01"] <= rec[f"{attack}/bound@0.01"]
             assert rec[f"{attack}/bound@0.01"] == pytest.approx(
-                min(1.0, math.exp(rec["epsilon_statistics"]) * rec[f"{attack}/fpr_hi@0.01"] + 1e-5))
+                min(1.0, math.exp(rec["epsilon_statistics"]) * rec[f"{attack}/fpr_hi@0.01"] + 1e-5)
+            )
     assert not res["violated"]
 
 
@@ -122,8 +137,8 @@ def test_upload_floor_unbiased_is_honoured():
 def test_clopper_pearson_and_the_threshold():
     """The interval's closed forms at the ends: x = 0 -> [0, 1 - (a/2)^(1/n)], x = n -> [(a/2)^(1/n), 1]; and
     the interval of 5 of 10 from beta quantiles (Clopper & Pearson 1934, tabulated: 0.187, 0.813)."""
-    assert clopper_pearson(0, 10) == (0.0, pytest.approx(1 - 0.025 ** 0.1))
-    assert clopper_pearson(10, 10) == (pytest.approx(0.025 ** 0.1), 1.0)
+    assert clopper_pearson(0, 10) == (0.0, pytest.approx(1 - 0.025**0.1))
+    assert clopper_pearson(10, 10) == (pytest.approx(0.025**0.1), 1.0)
     lo, hi = clopper_pearson(5, 10)
     assert lo == pytest.approx(0.187, abs=1e-3) and hi == pytest.approx(0.813, abs=1e-3)
     cal = np.arange(1000.0)  # FPR 1 %: at most 10 of the 1000 above the threshold
@@ -161,9 +176,21 @@ def test_audit_command_names_a_missing_shard_manifest_and_writes_nothing(tmp_pat
     from fedccrl_pipeline.audit import command
 
     out = tmp_path / "audit.json"
-    res = CliRunner().invoke(command, ["--shards", str(tmp_path / "none"), "--pools", str(tmp_path / "nopools"),
-                                       "--out", str(out), "--table", str(tmp_path / "a.md"),
-                                       "--plot", str(tmp_path / "a.png")])
+    res = CliRunner().invoke(
+        command,
+        [
+            "--shards",
+            str(tmp_path / "none"),
+            "--pools",
+            str(tmp_path / "nopools"),
+            "--out",
+            str(out),
+            "--table",
+            str(tmp_path / "a.md"),
+            "--plot",
+            str(tmp_path / "a.png"),
+        ],
+    )
     assert res.exit_code == 2 and f"{tmp_path / 'none'}/manifest.json" in res.output + (res.stderr or "")
     assert not list(tmp_path.glob("a.*")) and not out.exists()
 
@@ -180,17 +207,20 @@ def default_data(tmp_path_factory):
     repo, fedccrl = Path(__file__).resolve().parents[1], Path(sys.executable).parent / "fedccrl"
     env = {**os.environ, "PYTHONPATH": str(repo)}
     (ws / "params.yaml").write_text((repo / "params.yaml").read_text())
-    for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
-                 ["partition", "--raw", "data/raw", "--out", "data/shards"],
-                 ["pools", "--shards", "data/shards", "--out", "data/pools"]):
+    for args in (
+        ["download", "--out", "data/raw", "--report", "data/download.json"],
+        ["partition", "--raw", "data/raw", "--out", "data/shards"],
+        ["pools", "--shards", "data/shards", "--out", "data/pools"],
+    ):
         p = subprocess.run([str(fedccrl), *args], cwd=ws, env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
     return ws / "data"
 
 
 def _dp_params(tmp_path, privacy: dict):
-    import yaml
     from pathlib import Path
+
+    import yaml
 
     d = yaml.safe_load((Path(__file__).resolve().parents[1] / "params.yaml").read_text())
     d["train"]["rounds"], d["train"]["privacy"] = 3, privacy
@@ -212,9 +242,23 @@ def test_audit_command_exits_1_when_the_tpr_lies_above_the_bound(default_data, t
         monkeypatch.setattr(audit_module, "privatize", lambda mu, sigma, s, rng: (mu, sigma))
     params = _dp_params(tmp_path, {"enabled": True, "stats_noise_multiplier": 5.0})
     out = tmp_path / "audit.json"
-    res = CliRunner().invoke(command, ["--shards", str(default_data / "shards"), "--pools", str(default_data / "pools"),
-                                       "--out", str(out), "--table", str(tmp_path / "a.md"),
-                                       "--plot", str(tmp_path / "a.png"), "--params", str(params)])
+    res = CliRunner().invoke(
+        command,
+        [
+            "--shards",
+            str(default_data / "shards"),
+            "--pools",
+            str(default_data / "pools"),
+            "--out",
+            str(out),
+            "--table",
+            str(tmp_path / "a.md"),
+            "--plot",
+            str(tmp_path / "a.png"),
+            "--params",
+            str(params),
+        ],
+    )
     text = res.output + (res.stderr or "")
     assert out.exists() and "OS entropy: private, not bit-reproducible" in (tmp_path / "a.md").read_text()
     assert json.loads(out.read_text())["violated"] is broken

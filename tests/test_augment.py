@@ -1,5 +1,6 @@
 """CCDT / MixStyle from the pool (Alg. 2), per-sample AugMix (Alg. 3), M = AugMix ∘ MixStyle (Eq. 3)
 and the generator-friendly samplers, each pinned to hand or reference computations."""
+
 from __future__ import annotations
 
 import math
@@ -10,11 +11,9 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image, ImageOps
 
-from fedccrl_core.augment.augmix import OPS, apply_op, augmix, sample_augmix_plan
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
-from fedccrl_core.augment.ccdt import ccdt, sample_beta, sample_dirichlet, sample_gamma
-from fedccrl_core.augment.augmix import IDENTITY, _augmix_with, op_magnitude
-from fedccrl_core.augment.ccdt import mixstyle
+from fedccrl_core.augment.augmix import IDENTITY, OPS, _augmix_with, apply_op, augmix, op_magnitude, sample_augmix_plan
+from fedccrl_core.augment.ccdt import ccdt, mixstyle, sample_beta, sample_dirichlet, sample_gamma
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
 
 
@@ -181,8 +180,15 @@ def test_ccdt_rejects_an_empty_pool():
 # ---------------------------------------------------------------------------------------------
 def test_op_set_is_the_augmix_base_set():
     assert set(OPS) == {
-        "autocontrast", "equalize", "posterize", "rotate", "solarize",
-        "shear_x", "shear_y", "translate_x", "translate_y",
+        "autocontrast",
+        "equalize",
+        "posterize",
+        "rotate",
+        "solarize",
+        "shear_x",
+        "shear_y",
+        "translate_x",
+        "translate_y",
     }
 
 
@@ -413,7 +419,7 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
     """16 copies of one image through M (Eq. 3): every output differs from every other, and the two
     views of each sample differ."""
     img = to_tensor(random_image(24, 24, seed=61))
-    x = ((img - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1))
+    x = (img - torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)) / torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
     x = x.repeat(16, 1, 1, 1)
     pool_mu, pool_sigma = torch.randn(30, 3) * 0.5, torch.rand(30, 3) + 0.5
     g = gen(62)
@@ -429,8 +435,12 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
 def _synthetic_batch(n=256, size=24):
     from fedccrl_benchmarks.speed import generate
 
-    return torch.from_numpy(np.concatenate([generate(n // 4, d, size, 0)[0] for d in range(4)])
-                            ).permute(0, 3, 1, 2).float() / 255.0
+    return (
+        torch.from_numpy(np.concatenate([generate(n // 4, d, size, 0)[0] for d in range(4)]))
+        .permute(0, 3, 1, 2)
+        .float()
+        / 255.0
+    )
 
 
 def test_pil_augmix_has_the_distribution_of_the_tensor_augmix():
@@ -448,7 +458,7 @@ def test_pil_augmix_has_the_distribution_of_the_tensor_augmix():
         a, b = stat(t), stat(p)
         se = torch.sqrt(a.var(0) / len(a) + b.var(0) / len(b))
         assert torch.all((a.mean(0) - b.mean(0)).abs() < 4 * se + 1 / 255), (a.mean(0), b.mean(0), se)
-    assert (t - xx).abs().mean() > 0.01 and (p - xx).abs().mean() > 0.01       # both really augment
+    assert (t - xx).abs().mean() > 0.01 and (p - xx).abs().mean() > 0.01  # both really augment
 
 
 def test_pil_augmix_is_reproducible_from_the_generator_and_per_sample():
@@ -459,7 +469,7 @@ def test_pil_augmix_is_reproducible_from_the_generator_and_per_sample():
     assert torch.equal(a, augmix_pil(x, 1.0, 3, torch.Generator().manual_seed(3)))
     assert not torch.equal(a, augmix_pil(x, 1.0, 3, torch.Generator().manual_seed(4)))
     same = augmix_pil(x[:1].repeat(8, 1, 1, 1), 1.0, 3, torch.Generator().manual_seed(0))
-    assert len({tuple(s.flatten()[:64].tolist()) for s in same}) > 1              # own draws per sample
+    assert len({tuple(s.flatten()[:64].tolist()) for s in same}) > 1  # own draws per sample
 
 
 def test_fedccrl_augment_routes_augmix_impl_and_refuses_pil_for_the_batch_reading():
@@ -469,11 +479,15 @@ def test_fedccrl_augment_routes_augmix_impl_and_refuses_pil_for_the_batch_readin
 
     x = torch.randn(8, 3, 16, 16)
     cfg = dict(ccdt=False, difp=True)
-    outs = {impl: fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl=impl), torch.Generator().manual_seed(0))
-            for impl in ("tensor", "pil")}
+    outs = {
+        impl: fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl=impl), torch.Generator().manual_seed(0))
+        for impl in ("tensor", "pil")
+    }
     assert outs["tensor"].shape == outs["pil"].shape and not torch.equal(outs["tensor"], outs["pil"])
-    assert torch.equal(outs["pil"], fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl="pil"),
-                                                    torch.Generator().manual_seed(0)))
+    assert torch.equal(
+        outs["pil"],
+        fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl="pil"), torch.Generator().manual_seed(0)),
+    )
     with pytest.raises(ValueError, match="train.fedccrl.augmix_impl pil implements augmix per_sample only"):
         build_algorithm("fedccrl", LocalConfig(), {"variant": "reference", "augmix_impl": "pil"})
     assert build_algorithm("fedccrl", LocalConfig(), {"augmix_impl": "pil"}).hp.augmix_impl == "pil"

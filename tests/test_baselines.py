@@ -1,7 +1,9 @@
 """The Table 1 baselines FedSR, FedIIR, GA and FedADG: each equation pinned to hand-computed values,
 one engine run of each with checkpoint/resume, and the model file round trip."""
+
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -10,21 +12,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.algorithms.base import StepContext
-from fedccrl_core.algorithms.fedadg import (Discriminator, FedADG, alignment_loss, discriminator_loss,
-                                            generator_loss)
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, load_model
+from fedccrl_core.algorithms.base import Reply, StepContext
+from fedccrl_core.algorithms.fedadg import Discriminator, FedADG, alignment_loss, discriminator_loss, generator_loss
 from fedccrl_core.algorithms.fediir import FedIIR, classifier_gradient, ema_update, iir_penalty
-from fedccrl_core.algorithms.fedsr import (ClassConditionalReference, FedSR, ProbabilisticEncoder, cmi, l2r,
-                                           reparameterize)
+from fedccrl_core.algorithms.fedsr import (
+    ClassConditionalReference,
+    FedSR,
+    ProbabilisticEncoder,
+    cmi,
+    l2r,
+    reparameterize,
+)
 from fedccrl_core.algorithms.ga import GA, generalization_adjustment, step_size
-from fedccrl_core.algorithms import load_model
-from fedccrl_core.learning.model_file import save_model
-from fedccrl_core.learning.clients import ClientState
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.learning.clients import ClientState
+from fedccrl_core.learning.model_file import save_model
 
 BASELINES = ("fedsr", "fediir", "ga", "fedadg")
 SMALL = {"fedadg": {"rp_dim": 32, "disc_hidden": 32, "noise_dim": 8, "gen_hidden": 32, "e1": 1}, "fedsr": {"z_dim": 16}}
@@ -65,14 +70,15 @@ def test_fedsr_cmi_is_closed_form_gaussian_kl():
     r = ClassConditionalReference(num_classes=2, z_dim=1)
     with torch.no_grad():
         r.r_mu.copy_(torch.tensor([[0.0], [3.0]]))
-        r.r_sigma.copy_(torch.tensor([[math.log(math.e - 1)], [math.log(math.e ** 2 - 1)]]))  # softplus -> 1, 2
+        r.r_sigma.copy_(torch.tensor([[math.log(math.e - 1)], [math.log(math.e**2 - 1)]]))  # softplus -> 1, 2
     mu, sigma, y = torch.tensor([[1.0], [1.0]]), torch.tensor([[2.0], [1.0]]), torch.tensor([0, 1])
     # KL(N(1, 2^2) || N(0, 1)) = log(1/2) + (4 + 1)/2 - 1/2; KL(N(1, 1) || N(3, 2^2)) = log 2 + (1 + 4)/8 - 1/2
     kl = [math.log(0.5) + 2.5 - 0.5, math.log(2) + 5 / 8 - 0.5]
     assert cmi(mu, sigma, y, r).item() == pytest.approx(sum(kl) / 2, rel=1e-6)
-    ref = torch.distributions.kl_divergence(torch.distributions.Normal(mu, sigma),
-                                            torch.distributions.Normal(torch.tensor([[0.0], [3.0]]),
-                                                                       torch.tensor([[1.0], [2.0]])))
+    ref = torch.distributions.kl_divergence(
+        torch.distributions.Normal(mu, sigma),
+        torch.distributions.Normal(torch.tensor([[0.0], [3.0]]), torch.tensor([[1.0], [2.0]])),
+    )
     assert cmi(mu, sigma, y, r).item() == pytest.approx(ref.mean().item(), rel=1e-6)
     with torch.no_grad():
         r.C.fill_(2.0)  # the official scale: KL(N(C mu, C sigma) || r); first sample: log(1/4) + (16 + 4)/2 - 1/2
@@ -113,11 +119,12 @@ def test_fediir_penalty_by_hand():
         delta.append([(e[j] / sum(e) - (j == t)) / 2 for j in range(2)])
     d_w = [[sum(delta[n][j] * z[n, k].item() for n in range(2)) for k in range(2)] for j in range(2)]
     d_b = [delta[0][j] + delta[1][j] for j in range(2)]
-    risk, grads, _ = classifier_gradient(g, z, y, create_graph=True)
+    _risk, grads, _ = classifier_gradient(g, z, y, create_graph=True)
     assert torch.allclose(grads[0], torch.tensor(d_w)) and torch.allclose(grads[1], torch.tensor(d_b))
     g_bar = [torch.tensor([[0.1, -0.2], [0.3, 0.0]]), torch.tensor([0.05, -0.05])]
-    by_hand = (sum((d_w[j][k] - g_bar[0][j, k].item()) ** 2 for j in range(2) for k in range(2))
-               + sum((d_b[j] - g_bar[1][j].item()) ** 2 for j in range(2)))
+    by_hand = sum((d_w[j][k] - g_bar[0][j, k].item()) ** 2 for j in range(2) for k in range(2)) + sum(
+        (d_b[j] - g_bar[1][j].item()) ** 2 for j in range(2)
+    )
     assert iir_penalty(grads, g_bar).item() == pytest.approx(by_hand, rel=1e-6)
     assert iir_penalty(grads, [t.detach() for t in grads]).item() == 0.0  # client gradient == g_bar
 
@@ -136,8 +143,9 @@ def test_fediir_ema_by_hand_in_aggregate():
     glob = {"g.weight": torch.tensor([5.0])}
 
     def reply(cid, w, gw, gb, n):  # g_i travels in the reply's upload, next to the weights
-        return Reply(cid, {"g.weight": torch.tensor([w])}, n, upload={"weight": torch.tensor([gw]),
-                                                                      "bias": torch.tensor([gb])})
+        return Reply(
+            cid, {"g.weight": torch.tensor([w])}, n, upload={"weight": torch.tensor([gw]), "bias": torch.tensor([gb])}
+        )
 
     out = alg.aggregate(glob, [reply("a", 0.0, 2.0, 0.0, 1), reply("b", 4.0, 4.0, 1.0, 3)])
     assert out["g.weight"].item() == pytest.approx(3.0)  # Eq. 2: (0 + 3 * 4) / 4
@@ -165,8 +173,9 @@ def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar(toy_clie
     expected = alg.mean_classifier_gradient(model, data)  # g_i on w^t, before any local step
     model.load_state_dict(glob)
     state = ClientState()
-    reply = alg.local_train(model, data, state, glob, payload, torch.Generator().manual_seed(0),
-                            np.random.default_rng(0))
+    reply = alg.local_train(
+        model, data, state, glob, payload, torch.Generator().manual_seed(0), np.random.default_rng(0)
+    )
     # up: g_i, in the reply; local_train runs channels_last (train.fast, CPU too), which reorders the conv
     # sums: equal to float32 round-off, not bit for bit. Measured: 3e-7 of 0.33 with AVX2 kernels, 1.0e-6 of
     # 0.012 (8.4e-5 relative) with ATen's unvectorized ones (ATEN_CPU_CAPABILITY=default); twice that allowed
@@ -197,7 +206,7 @@ def test_ga_adjustment_moves_toward_larger_gap_and_stays_normalized():
 def test_ga_step_decays_linearly():
     steps = [step_size(0.05, r, 10, 2) for r in range(1, 11)]
     assert steps[0] == pytest.approx(0.025) and steps[-1] == pytest.approx(0.0025)
-    assert all(s1 > s2 for s1, s2 in zip(steps, steps[1:]))
+    assert all(s1 > s2 for s1, s2 in itertools.pairwise(steps))
     assert steps[4] - steps[5] == pytest.approx(steps[0] - steps[1])
 
 
@@ -262,17 +271,32 @@ def _engine(toy_client, tmp_path, algorithm, rounds=2, ckpt_name="ck.pt", on_rou
     torch.manual_seed(0)
     clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i) for i in range(2) for k in range(2)]
     tx = toy_client("t", "t", 40, 99, 40)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
-                  tx.train_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
+    )
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
     alg = build_algorithm(algorithm, local, SMALL.get(algorithm))
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, checkpoint_path=tmp_path / ckpt_name,
-                           on_round=on_round, run_info={"k": algorithm}, log=lambda m: None)
+    return InProcessEngine(
+        alg,
+        model,
+        clients,
+        ev,
+        rounds,
+        seed=0,
+        checkpoint_path=tmp_path / ckpt_name,
+        on_round=on_round,
+        run_info={"k": algorithm},
+        log=lambda m: None,
+    )
 
 
-TERMS = {"fedsr": ("l_cls", "l_l2r", "l_cmi"), "fediir": ("l_cls", "l_iir"),
-         "ga": ("l_cls", "ga_loss_global", "ga_loss_local"), "fedadg": ("l_cls", "l_advf", "l_advd", "l_advg")}
+TERMS = {
+    "fedsr": ("l_cls", "l_l2r", "l_cmi"),
+    "fediir": ("l_cls", "l_iir"),
+    "ga": ("l_cls", "ga_loss_global", "ga_loss_local"),
+    "fedadg": ("l_cls", "l_advf", "l_advd", "l_advg"),
+}
 
 
 class Killed(Exception):
@@ -322,7 +346,7 @@ def test_engine_round_and_resume_keep_server_state(toy_client, tmp_path, algorit
         if isinstance(v1, dict) and all(isinstance(t, torch.Tensor) for t in v1.values()):  # FedIIR's g_bar
             assert v1.keys() == v2.keys() and all(torch.equal(v1[n], v2[n]) for n in v1), k
         else:
-            assert (all(torch.equal(a, b) for a, b in zip(v1, v2)) if isinstance(v1, list) else v1 == v2), k
+            assert all(torch.equal(a, b) for a, b in zip(v1, v2)) if isinstance(v1, list) else v1 == v2, k
 
 
 @pytest.mark.parametrize("algorithm", BASELINES)
@@ -333,8 +357,16 @@ def test_model_file_round_trip(tmp_path, algorithm):
     with torch.no_grad():
         for p in model.parameters():
             p.add_(0.01 * torch.randn_like(p))
-    meta = {"backbone": "small_cnn", "num_classes": 3, "classes": ["a", "b", "c"], "image_size": 8,
-            "mean": [0.5] * 3, "std": [0.25] * 3, "algorithm": algorithm, "hparams": SMALL.get(algorithm)}
+    meta = {
+        "backbone": "small_cnn",
+        "num_classes": 3,
+        "classes": ["a", "b", "c"],
+        "image_size": 8,
+        "mean": [0.5] * 3,
+        "std": [0.25] * 3,
+        "algorithm": algorithm,
+        "hparams": SMALL.get(algorithm),
+    }
     save_model(tmp_path / "m.pt", model, meta)
     loaded, meta2 = load_model(tmp_path / "m.pt")
     assert meta2["algorithm"] == algorithm and type(loaded.h) is type(model.h)

@@ -1,6 +1,7 @@
 """`fedccrl-bench speed` and the fast engine path: the fast and plain paths agree (augmentation statistics,
 losses on the same views), on the CPU the fast switch is channels_last alone, interleaved clients equal
 sequential ones, and the command runs end to end on a CUDA-less machine."""
+
 from __future__ import annotations
 
 import json
@@ -13,16 +14,16 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from fedccrl_core.foundation import fastpath
+from fedccrl_benchmarks import plain
+from fedccrl_benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
-from fedccrl_benchmarks import plain
-from fedccrl_benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
 from fedccrl_core.data.pools import compute_statistics
-from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine, concurrent_width
+from fedccrl_core.foundation import fastpath
+from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.learning.models import FedModel, SmallCNN, build_model
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, normalize_u8
 
@@ -35,8 +36,11 @@ def clients_of(n_clients=3, n=12, size=16, seed=0):
     for i in range(n_clients):
         x = rng.integers(0, 256, (n, size, size, 3), dtype=np.uint8)
         y = rng.integers(0, 4, n)
-        out.append(ClientData.from_numpy(f"c{i}", f"d{i}", x, y, x[:3], y[:3], "cpu",
-                                         *compute_statistics(x, IMAGENET_MEAN, IMAGENET_STD)))
+        out.append(
+            ClientData.from_numpy(
+                f"c{i}", f"d{i}", x, y, x[:3], y[:3], "cpu", *compute_statistics(x, IMAGENET_MEAN, IMAGENET_STD)
+            )
+        )
     return out
 
 
@@ -56,8 +60,9 @@ def run_engine(concurrent, fast=True, rounds=2):
     clients = clients_of()
     alg = build_algorithm("fedccrl", LocalConfig(rounds=rounds, local_epochs=1, batch_size=5, fast=fast))
     ev = EvalSets(clients[0].val_x, clients[0].val_y, clients[1].val_x, clients[1].val_y)
-    return InProcessEngine(alg, dropout_model(), clients, ev, rounds, 0, log=lambda m: None,
-                           concurrent_clients=concurrent).run()
+    return InProcessEngine(
+        alg, dropout_model(), clients, ev, rounds, 0, log=lambda m: None, concurrent_clients=concurrent
+    ).run()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -82,6 +87,7 @@ def test_interleaver_runs_steps_round_robin():
                 order.append((name, i))
                 yield
             return name
+
         return steps
 
     tasks = [Task("a", 1, start("a", 3)), Task("b", 2, start("b", 1)), Task("c", 3, start("c", 2))]
@@ -131,6 +137,7 @@ def test_fast_on_the_cpu_is_channels_last_only_and_agrees_to_float_rounding():
 def test_fast_switches_forced_on_the_cpu_run_and_stay_close(monkeypatch):
     """The CUDA branch (bf16 autocast + channels_last) exercised on the CPU: it trains, and its first
     losses stay within bf16 tolerance of float32."""
+
     def local_train(fast_forced):
         monkeypatch.setattr(fastpath, "enabled", lambda fast, device: bool(fast) and fast_forced)
         clients = clients_of(2)
@@ -165,14 +172,32 @@ def test_supcon_stays_float32_under_autocast():
 def test_local_steps_on_cuda_have_no_host_sync():
     device = torch.device("cuda")
     c = clients_of(2, n=64, size=32)
-    clients = [ClientData(d.client_id, d.domain, d.train_x.to(device), d.train_y.to(device), d.val_x.to(device),
-                          d.val_y.to(device), d.stats_mu, d.stats_sigma) for d in c]
+    clients = [
+        ClientData(
+            d.client_id,
+            d.domain,
+            d.train_x.to(device),
+            d.train_y.to(device),
+            d.val_x.to(device),
+            d.val_y.to(device),
+            d.stats_mu,
+            d.stats_sigma,
+        )
+        for d in c
+    ]
     alg = build_algorithm("fedccrl", LocalConfig(rounds=1, local_epochs=1, batch_size=16))
     payload = alg.server_payloads({d.client_id: alg.client_upload(d, np.random.default_rng(0)) for d in clients})
     model = build_model("small_cnn", 4).to(device)
     w = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = alg.local_train_steps(model, clients[0], ClientState(), w, payload["c0"],
-                                  torch.Generator(device=device).manual_seed(0), np.random.default_rng(0))
+    steps = alg.local_train_steps(
+        model,
+        clients[0],
+        ClientState(),
+        w,
+        payload["c0"],
+        torch.Generator(device=device).manual_seed(0),
+        np.random.default_rng(0),
+    )
     next(steps)  # the first step moves the pool to the device
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -213,11 +238,18 @@ def augmented_batches():
     hp = build_algorithm("fedccrl", LocalConfig()).hp
     x = normalize_u8(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous())
     gen = torch.Generator().manual_seed(0)
-    fast = torch.cat([fedccrl_augment(x, torch.from_numpy(pool_mu), torch.from_numpy(pool_sigma),
-                                      AugmentConfig.from_params(hp), gen) for _ in range(2)])
+    fast = torch.cat(
+        [
+            fedccrl_augment(
+                x, torch.from_numpy(pool_mu), torch.from_numpy(pool_sigma), AugmentConfig.from_params(hp), gen
+            )
+            for _ in range(2)
+        ]
+    )
     rng = np.random.default_rng(0)
-    host = np.stack([plain.host_fedccrl_augment(xi, pool_mu, pool_sigma, hp, MEAN, STD, rng)
-                     for _ in range(2) for xi in x.numpy()])
+    host = np.stack(
+        [plain.host_fedccrl_augment(xi, pool_mu, pool_sigma, hp, MEAN, STD, rng) for _ in range(2) for xi in x.numpy()]
+    )
     return x, fast, torch.from_numpy(host)
 
 
@@ -246,8 +278,7 @@ def test_plain_pil_ops_match_the_device_ops():
     """The plain baseline's PIL ops are the device ops' references (same magnitude conventions)."""
     from PIL import Image
 
-    from fedccrl_core.augment.augmix import apply_op
-    from fedccrl_core.augment.augmix import op_magnitude, OPS
+    from fedccrl_core.augment.augmix import OPS, apply_op, op_magnitude
 
     img = np.random.default_rng(3).integers(30, 200, (24, 24, 3), dtype=np.uint8)
     x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
@@ -264,8 +295,9 @@ def test_plain_pil_ops_match_the_device_ops():
 def test_pacs_projection_by_hand():
     # held-out P: 8321 source images, 832 val -> 7489 train; A: 7943 -> 7149; C: 7647 -> 6882; S: 6062 -> 5456
     assert pacs_sweep_seconds(1.0, float("inf")) == pytest.approx(10 * 3 * (7489 + 7149 + 6882 + 5456))
-    assert pacs_sweep_seconds(float("inf"), 1.0) == pytest.approx(10 * (832 + 1670 + 794 + 2048 + 765 + 2344
-                                                                          + 606 + 3929))
+    assert pacs_sweep_seconds(float("inf"), 1.0) == pytest.approx(
+        10 * (832 + 1670 + 794 + 2048 + 765 + 2344 + 606 + 3929)
+    )
 
 
 @pytest.mark.full("the bench command: three child processes, each importing torch")
@@ -275,34 +307,67 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
     from fedccrl_benchmarks.cli import main
 
     out = tmp_path / "bench.json"
-    res = CliRunner().invoke(main, ["speed", "--size", "16", "--images-per-client", "8", "--clients", "2",
-                                    "--steps", "1", "--warmup", "0", "--batch-size", "4", "--repeats", "1",
-                                    "--threads", "1", "--rounds", "2", "--json", str(out)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "speed",
+            "--size",
+            "16",
+            "--images-per-client",
+            "8",
+            "--clients",
+            "2",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--batch-size",
+            "4",
+            "--repeats",
+            "1",
+            "--threads",
+            "1",
+            "--rounds",
+            "2",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
-    assert "| figure | fast | plain (per-batch AugMix, reference) | plain (per-sample PIL AugMix) | fast/plain | " \
-           "fast/plain_per_sample |" in res.output
-    for figure in ("FedCCRL local step on client 0, source images/s", "projected PACS sweep, hours",
-                   "share of step time in augmentation (X1, X2)", "peak RSS of the child process, MiB"):
+    assert (
+        "| figure | fast | plain (per-batch AugMix, reference) | plain (per-sample PIL AugMix) | fast/plain | "
+        "fast/plain_per_sample |" in res.output
+    )
+    for figure in (
+        "FedCCRL local step on client 0, source images/s",
+        "projected PACS sweep, hours",
+        "share of step time in augmentation (X1, X2)",
+        "peak RSS of the child process, MiB",
+    ):
         for other in ("plain", "plain_per_sample"):
             assert f"ratio fast/{other}, {figure}: " in res.output
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" or torch.cuda.is_available()
     assert {f["key"] for f in data["figures"]} >= {"step_ips", "round_s", "pacs_h", "augment_share", "peak_rss_mib"}
-    assert all(f[n] is not None for f in data["figures"] for n in ("fast", "plain", "plain_per_sample")
-               if f["key"] not in ("cuda_peak_mib", "fedavg_step_ips", "busy_share"))
+    assert all(
+        f[n] is not None
+        for f in data["figures"]
+        for n in ("fast", "plain", "plain_per_sample")
+        if f["key"] not in ("cuda_peak_mib", "fedavg_step_ips", "busy_share")
+    )
     assert data["fast"]["fedavg_step_ips"] > 0 and data["plain"]["fedavg_step_ips"] is None  # the fast path's only
     for n in ("fast", "plain", "plain_per_sample"):  # --rounds 2: the first round against the second
         assert all(len(r["rounds_s"]) == 2 and min(r["rounds_s"]) > 0 for r in data[n]["repeats"])
         assert data[n]["first_over_later"] == pytest.approx(data[n]["first_round_s"] / data[n]["later_round_s"])
     assert data["fast"]["busy_share"] is None and data["fast"]["busy_why"] == "not a CUDA device"
     assert "seconds of the first round" in res.output and "first round / later round" in res.output
-    assert data["fast"]["augmix_impl"] in ("tensor", "pil")       # the fast side's AugMix: picked by a probe
+    assert data["fast"]["augmix_impl"] in ("tensor", "pil")  # the fast side's AugMix: picked by a probe
     probe = data["fast"]["augmix_probe_s"]
     assert set(probe) == {"tensor", "pil"} and data["fast"]["augmix_impl"] == min(probe, key=probe.get)
     assert f"AugMix implementation {data['fast']['augmix_impl']} (train.fedccrl.augmix_impl)" in res.output
     for n in ("fast", "plain", "plain_per_sample"):
         assert 50 < data[n]["peak_rss_mib"] < 4096, (n, data[n]["peak_rss_mib"])  # measured, not a constant
-        reps = data[n]["repeats"]                                   # --repeats 1: one child process per path
+        reps = data[n]["repeats"]  # --repeats 1: one child process per path
         assert len(reps) == 1 and data[n]["peak_rss_mib"] == max(r["peak_rss_mib"] for r in reps), (n, reps)
 
 
@@ -316,11 +381,16 @@ def test_plain_per_batch_augmentation_is_the_reference_form():
     u8 = rng.integers(0, 256, (6, 12, 12, 3), dtype=np.uint8)
     x = torch.from_numpy(((u8 / 255.0 - MEAN) / STD).transpose(0, 3, 1, 2).astype(np.float32))
     pool = np.zeros((4, 3), np.float32)
-    got = plain.host_batch_augment(x, pool, pool + 1, hp, MEAN, STD, np.random.default_rng(1),
-                                   torch.Generator().manual_seed(5))
+    got = plain.host_batch_augment(
+        x, pool, pool + 1, hp, MEAN, STD, np.random.default_rng(1), torch.Generator().manual_seed(5)
+    )
     m, s = torch.from_numpy(MEAN)[None, :, None, None], torch.from_numpy(STD)[None, :, None, None]
-    want = (augmix_batch(to_uint8_levels((x * s + m).clamp(0, 1)), hp.beta, hp.severity,
-                         generator=torch.Generator().manual_seed(5)) - m) / s
+    want = (
+        augmix_batch(
+            to_uint8_levels((x * s + m).clamp(0, 1)), hp.beta, hp.severity, generator=torch.Generator().manual_seed(5)
+        )
+        - m
+    ) / s
     assert torch.allclose(got, want, atol=1e-6)
     views = plain.FedCCRLViews(plain.encode_png(u8), np.zeros(6), MEAN, STD, hp, 0, augment="batch")
     assert len(views[0]) == 2  # (X, y): the views are made per batch
@@ -374,10 +444,11 @@ def test_fastest_picks_the_cheapest_candidate_by_its_best_repeat():
         def go():
             clock[0] += costs[name][calls[name]]
             calls[name] += 1
+
         return go
 
     name, seconds = fastest({"a": run("a"), "b": run("b")}, repeats=3, timer=lambda: clock[0])
-    assert (name, seconds) == ("a", {"a": 0.5, "b": 1.0})          # the first call is a warm-up, untimed
+    assert (name, seconds) == ("a", {"a": 0.5, "b": 1.0})  # the first call is a warm-up, untimed
     assert calls == {"a": 4, "b": 4}
     tie, _ = fastest({"x": lambda: None, "y": lambda: None}, repeats=1, timer=lambda: 0.0)
     assert tie == "x"
@@ -388,28 +459,56 @@ def test_bench_repro_headline_is_the_share_outside_training(capsys):
     25 % (met at exactly 25 %, missed above); each stage's DVC seconds run from its command's end to the next command's start."""
     from fedccrl_benchmarks.repro import _print, import_seconds
 
-    cmd = lambda stage, start, end, imports=0.5: {"stage": stage, "start": start, "end": end, "rc": 0,  # noqa: E731
-                                                  "imports_s": imports}
-    full = {"wall_s": 200.0, "cpu_s": 300.0,
-            "commands": [cmd("download", 2.0, 6.0), cmd("train", 7.0, 67.0), cmd("train", 68.0, 158.0),
-                         cmd("export", 160.0, 199.0)]}
+    def cmd(stage, start, end, imports=0.5):
+        return {
+            "stage": stage,
+            "start": start,
+            "end": end,
+            "rc": 0,
+            "imports_s": imports,
+        }
+
+    full = {
+        "wall_s": 200.0,
+        "cpu_s": 300.0,
+        "commands": [
+            cmd("download", 2.0, 6.0),
+            cmd("train", 7.0, 67.0),
+            cmd("train", 68.0, 158.0),
+            cmd("export", 160.0, 199.0),
+        ],
+    }
     rerun = {"wall_s": 20.0, "cpu_s": 20.0, "commands": [cmd("figures", 1.0, 18.0)]}
-    result = {"full": full, "reruns": {"figures.seed=1": rerun}, "cores": 2, "load_avg": 0.1,
-              "thread_policy": {"ACTIVE": {"wall": 2.0, "cpu": 3.0}, "PASSIVE": {"wall": 1.0, "cpu": 1.0}}}
+    result = {
+        "full": full,
+        "reruns": {"figures.seed=1": rerun},
+        "cores": 2,
+        "load_avg": 0.1,
+        "thread_policy": {"ACTIVE": {"wall": 2.0, "cpu": 3.0}, "PASSIVE": {"wall": 1.0, "cpu": 1.0}},
+    }
     _print(result)
     out = capsys.readouterr().out.splitlines()
     assert out[0].startswith("everything but training: 25.0 % of dvc repro's wall (50.0s of 200.0s; training 150.0s")
     assert out[0].endswith("met)")
     assert any(line.split() == ["train", "2", "150.0", "1.0", "3.0"] for line in out), out
     assert any(line.startswith("  DVC itself: 7.0s (2.0s before the first stage") for line in out), out
-    assert any(line.startswith("after figures.seed=1: dvc repro 20.0s = 10.0 % of the full one; target "
-                               "at most 10 %: met; stages run: figures") for line in out), out
+    assert any(
+        line.startswith(
+            "after figures.seed=1: dvc repro 20.0s = 10.0 % of the full one; target "
+            "at most 10 %: met; stages run: figures"
+        )
+        for line in out
+    ), out
     full["wall_s"] = 201.0
     _print(result)
     assert capsys.readouterr().out.splitlines()[0].endswith("MISSED)")
-    lines = ["import time: self [us] | cumulative | imported package", "import time:       10 |         20 |   site",
-             "import time:      100 |       1500 | torch", "import time:       40 |         40 |     torch.nn",
-             "import time:        5 |        500 | mlflow"]
+    lines = [
+        "import time: self [us] | cumulative | imported package",
+        "import time:       10 |         20 |   site",
+        "import time:      100 |       1500 | torch",
+        "import time:       40 |         40 |     torch.nn",
+        "import time:        5 |        500 | mlflow",
+    ]
     assert import_seconds(lines) == 0.002
 
 
@@ -428,16 +527,36 @@ def test_dispatch_bench_counts_a_steps_operators_on_the_cpu(tmp_path):
     from fedccrl_benchmarks.cli import main
 
     out = tmp_path / "dispatch.json"
-    res = CliRunner().invoke(main, ["dispatch", "--size", "16", "--batch-size", "4", "--images-per-client", "8",
-                                    "--steps", "2", "--warmup", "1", "--threads", "1", "--json", str(out)])
+    res = CliRunner().invoke(
+        main,
+        [
+            "dispatch",
+            "--size",
+            "16",
+            "--batch-size",
+            "4",
+            "--images-per-client",
+            "8",
+            "--steps",
+            "2",
+            "--warmup",
+            "1",
+            "--threads",
+            "1",
+            "--json",
+            str(out),
+        ],
+    )
     assert res.exit_code == 0, res.output
     assert "| figure | FedCCRL | FedAvg | FedCCRL/FedAvg |" in res.output
     data = json.loads(out.read_text())
     a, b = data["fedccrl"], data["fedavg"]
     assert a["ops_per_step"] > b["ops_per_step"] > 0 and a["host_ms_per_step"] > 0 and a["images_per_s"] > 0
     assert a["readbacks_per_step"] == b["readbacks_per_step"]
-    assert f"ratio FedCCRL/FedAvg, aten operators dispatched per step (forward, backward, optimizer): " \
-           f"{a['ops_per_step'] / b['ops_per_step']:.2f}" in res.output
+    assert (
+        f"ratio FedCCRL/FedAvg, aten operators dispatched per step (forward, backward, optimizer): "
+        f"{a['ops_per_step'] / b['ops_per_step']:.2f}" in res.output
+    )
     assert "launches_per_step" not in a and "busy_share" not in a  # CUDA figures only on CUDA
 
 
@@ -460,9 +579,26 @@ def test_a_killed_bench_leaves_no_child_running():
 
     import psutil
 
-    bench = subprocess.Popen([sys.executable, "-m", "fedccrl_benchmarks.cli", "dispatch", "--size", "16",
-                              "--batch-size", "4", "--images-per-client", "8", "--steps", "100000", "--threads", "1"],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    bench = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "fedccrl_benchmarks.cli",
+            "dispatch",
+            "--size",
+            "16",
+            "--batch-size",
+            "4",
+            "--images-per-client",
+            "8",
+            "--steps",
+            "100000",
+            "--threads",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline, kids = time.monotonic() + 120, []
     while not kids and time.monotonic() < deadline:
         kids = [p for p in psutil.Process(bench.pid).children(recursive=True) if "--child" in p.cmdline()]
@@ -470,7 +606,7 @@ def test_a_killed_bench_leaves_no_child_running():
     assert kids, "the bench started no child"
     bench.send_signal(signal.SIGKILL)
     bench.wait()
-    gone, alive = psutil.wait_procs(kids, timeout=30)
+    _gone, alive = psutil.wait_procs(kids, timeout=30)
     for p in alive:
         p.kill()
     assert alive == []

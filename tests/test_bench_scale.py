@@ -1,4 +1,5 @@
 """`fedccrl-bench scale` : a tiny run through the CLI, each size in a child process."""
+
 from __future__ import annotations
 
 import re
@@ -13,9 +14,30 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.full("the bench-scale command: child processes per client count")
 def test_bench_scale_prints_a_row_per_algorithm_and_client_count():
-    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.cli", "scale", "--algorithms", "fedavg",
-                        "--clients", "2,4", "--total", "24", "--size", "8", "--rounds", "1", "--batch-size", "4"],
-                       cwd=REPO, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "fedccrl_benchmarks.cli",
+            "scale",
+            "--algorithms",
+            "fedavg",
+            "--clients",
+            "2,4",
+            "--total",
+            "24",
+            "--size",
+            "8",
+            "--rounds",
+            "1",
+            "--batch-size",
+            "4",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr[-2000:]
     rows = [line.split("|")[1:-1] for line in p.stdout.splitlines() if re.match(r"\| fedavg \| \d+ \|", line)]
     assert [int(r[1]) for r in rows] == [2, 4]
@@ -30,6 +52,11 @@ def test_bench_scale_prints_a_row_per_algorithm_and_client_count():
 
 
 def test_bench_scale_rejects_bad_input_before_running():
-    p = subprocess.run([sys.executable, "-m", "fedccrl_benchmarks.cli", "scale", "--algorithms", "nope"],
-                       cwd=REPO, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [sys.executable, "-m", "fedccrl_benchmarks.cli", "scale", "--algorithms", "nope"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode != 0 and "--algorithms" in p.stderr and "nope" in p.stderr

@@ -1,6 +1,7 @@
 """CCST (ccst.txt): AdaIN (Eq. 2, 5), single/overall styles (Eq. 6-8), the style bank as statistics
 only, Alg. 1's augmentation level K, AdaIN weight loading, and CCST through the in-process engine.
 The AdaIN networks use seeded random weights (`adain_weights: random`): no download here."""
+
 from __future__ import annotations
 
 import math
@@ -39,13 +40,17 @@ STYLE_BYTES = 2 * 512 * 4  # one style: a float32 mu and sigma of 512 channels
 
 def _clients(toy_client):
     """Four S x S clients of two domains (tests/conftest.py toy_client)."""
-    return [toy_client(f"d{i}_c{k}", f"d{i}", N_TRAIN + N_VAL, 10 * i + k, 40 * i, size=S, n_val=N_VAL)
-            for i in range(2) for k in range(2)]
+    return [
+        toy_client(f"d{i}_c{k}", f"d{i}", N_TRAIN + N_VAL, 10 * i + k, 40 * i, size=S, n_val=N_VAL)
+        for i in range(2)
+        for k in range(2)
+    ]
 
 
 def _ccst(**hp):
-    return build_algorithm("ccst", LocalConfig(rounds=2, local_epochs=1, batch_size=8, lr=1e-2),
-                           {"adain_weights": "random", "K": 2, **hp})
+    return build_algorithm(
+        "ccst", LocalConfig(rounds=2, local_epochs=1, batch_size=8, lr=1e-2), {"adain_weights": "random", "K": 2, **hp}
+    )
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -76,8 +81,9 @@ def test_adain_eq2_gives_the_style_statistics_and_keeps_the_content():
     ch = f_c[1, 2].flatten().tolist()
     m = sum(ch) / 25
     v = sum((c - m) ** 2 for c in ch) / 25
-    assert out[1, 2, 3, 4].item() == pytest.approx(4.0 * (f_c[1, 2, 3, 4].item() - m) / math.sqrt(v + 1e-5) - 2.0,
-                                                   rel=1e-5)
+    assert out[1, 2, 3, 4].item() == pytest.approx(
+        4.0 * (f_c[1, 2, 3, 4].item() - m) / math.sqrt(v + 1e-5) - 2.0, rel=1e-5
+    )
     # the standardized content (spatial structure) is unchanged
     z = lambda t: (t - t.mean(dim=(2, 3), keepdim=True)) / t.std(dim=(2, 3), unbiased=False, keepdim=True)  # noqa: E731
     assert torch.allclose(z(out), z(f_c), atol=1e-4)
@@ -105,8 +111,7 @@ def test_single_and_overall_styles_by_hand():
     # the mean of the per-image sigmas when the images' means differ
     assert torch.allclose(mu_all[0], mu.mean(0), atol=1e-6)
     var_i = sigma.square() - 1e-5
-    assert torch.allclose(sigma_all[0], ((var_i + mu.square()).mean(0) - mu.mean(0).square() + 1e-5).sqrt(),
-                          atol=1e-5)
+    assert torch.allclose(sigma_all[0], ((var_i + mu.square()).mean(0) - mu.mean(0).square() + 1e-5).sqrt(), atol=1e-5)
     assert (sigma_all[0] - sigma.mean(0)).abs().min() > 0.05
     assert torch.equal(overall_style(ident, x_u8, batch_size=5)[1], sigma_all)  # batching does not matter
 
@@ -182,7 +187,7 @@ def test_augmented_dataset_has_K_entries_per_image_styled_by_other_clients(toy_c
     alg._nets = nets
     bank = {c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients}
     me = clients[1]
-    ids, cl, st = transfer_plan(N_TRAIN, {c: 1 for c in bank}, me.client_id, 3, np.random.default_rng(7))
+    ids, cl, st = transfer_plan(N_TRAIN, dict.fromkeys(bank, 1), me.client_id, 3, np.random.default_rng(7))
     plan = {"bank_ids": ids, "clients": cl, "styles": st}
     d_x, d_y = alg.augmented_dataset(me, bank, plan)
     K, own = 3, ids.index(me.client_id)
@@ -244,8 +249,9 @@ def test_weights_two_release_files_and_url_cache(nets, tmp_path, monkeypatch):
     torch.save(vgg_state, tmp_path / "vgg_normalised.pth")
     torch.save(nets.decoder.state_dict(), tmp_path / "decoder.pth")
     weights = {"vgg": str(tmp_path / "vgg_normalised.pth"), "decoder": (tmp_path / "decoder.pth").as_uri()}
-    shas = {k: adain_mod.sha256_file(tmp_path / f) for k, f in (("vgg", "vgg_normalised.pth"),
-                                                                 ("decoder", "decoder.pth"))}
+    shas = {
+        k: adain_mod.sha256_file(tmp_path / f) for k, f in (("vgg", "vgg_normalised.pth"), ("decoder", "decoder.pth"))
+    }
     monkeypatch.setenv("FEDCCRL_CACHE", str(tmp_path / "cache"))
     loaded = load_adain_networks(weights, shas)
     assert torch.equal(loaded.decoder.state_dict()["1.weight"], nets.decoder.state_dict()["1.weight"])
@@ -276,13 +282,24 @@ def _engine(toy_client, tmp_path, nets, rounds=2, ckpt="ck.pt", on_round=None, f
     torch.manual_seed(0)
     clients = _clients(toy_client)
     tx = toy_client("t", "t", 16, 99, 60, size=S, n_val=N_VAL)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
-                  tx.train_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
+    )
     alg = _ccst(**hp)
     alg._nets = nets  # the same seeded random weights `adain_weights: random` builds, built once per module
-    return InProcessEngine(alg, build_model("small_cnn", 3), clients, ev, rounds, seed=0, client_fraction=fraction,
-                           checkpoint_path=tmp_path / ckpt, on_round=on_round, run_info={"k": "ccst"},
-                           log=lambda m: None)
+    return InProcessEngine(
+        alg,
+        build_model("small_cnn", 3),
+        clients,
+        ev,
+        rounds,
+        seed=0,
+        client_fraction=fraction,
+        checkpoint_path=tmp_path / ckpt,
+        on_round=on_round,
+        run_info={"k": "ccst"},
+        log=lambda m: None,
+    )
 
 
 def _check_bank_bytes_once(toy_client, eng, res, per_client):

@@ -1,5 +1,6 @@
 """The download, partition and pools stages end to end through the CLI, and under
 `dvc repro`."""
+
 from __future__ import annotations
 
 import json
@@ -28,6 +29,7 @@ def _cli(cwd: Path, *args: str, monkeypatch) -> tuple[int, str]:
     from click.testing import CliRunner
 
     from fedccrl_pipeline.cli import main
+
     monkeypatch.chdir(cwd)
     res = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return res.exit_code, res.stderr
@@ -36,10 +38,11 @@ def _cli(cwd: Path, *args: str, monkeypatch) -> tuple[int, str]:
 def test_stages_end_to_end_on_synthetic(params, tmp_path, monkeypatch):
     params({"dataset.name": "synthetic", "dataset.source": "registry", "preprocess.image_size": "auto"})
     t0 = time.monotonic()
-    code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/reports/download.json",
-                     monkeypatch=monkeypatch)
+    code, err = _cli(
+        tmp_path, "download", "--out", "data/raw", "--report", "data/reports/download.json", monkeypatch=monkeypatch
+    )
     assert code == 0, err
-    assert "validate: 960/960" in err                                           # progress on stderr
+    assert "validate: 960/960" in err  # progress on stderr
     code, err = _cli(tmp_path, "partition", "--raw", "data/raw", "--out", "data/shards", monkeypatch=monkeypatch)
     assert code == 0, err
     code, err = _cli(tmp_path, "pools", "--shards", "data/shards", "--out", "data/pools", monkeypatch=monkeypatch)
@@ -49,7 +52,7 @@ def test_stages_end_to_end_on_synthetic(params, tmp_path, monkeypatch):
     report = json.loads((tmp_path / "data/reports/download.json").read_text())
     assert report["status"] == "ok" and report["total"] == 960 and report["source"]["kind"] == "generated"
     manifest = json.loads((tmp_path / "data/shards/manifest.json").read_text())
-    assert manifest["image_size"] == 32 and len(manifest["clients"]) == 8                 # auto -> 32 px
+    assert manifest["image_size"] == 32 and len(manifest["clients"]) == 8  # auto -> 32 px
     assert sum(c["n_train"] + c["n_val"] for c in manifest["clients"]) == 960
     pools = json.loads((tmp_path / "data/pools/manifest.json").read_text())
     for c in pools["clients"]:
@@ -65,8 +68,17 @@ def test_cli_errors_are_one_line_exit_2(params, tmp_path, monkeypatch):
     assert code == 2 and err.strip().splitlines() == [err.strip()]
     assert err.startswith("error: params.yaml: key 'dataset.name': got 'imagenet'; must be one of synthetic, pacs")
     params({"dataset.source": str(tmp_path / "missing.zip")})
-    code, err = _cli(tmp_path, "download", "--out", "data/raw", "--report", "data/r.json", "--params", "params.yaml",
-                     monkeypatch=monkeypatch)
+    code, err = _cli(
+        tmp_path,
+        "download",
+        "--out",
+        "data/raw",
+        "--report",
+        "data/r.json",
+        "--params",
+        "params.yaml",
+        monkeypatch=monkeypatch,
+    )
     assert code == 2 and "dataset.source" in err and not (tmp_path / "data" / "raw").exists()
     params({"partition.val_fraction": 1.5})
     code, err = _cli(tmp_path, "partition", "--raw", "nowhere", "--out", "data/shards", monkeypatch=monkeypatch)
@@ -97,22 +109,34 @@ def test_bench_accuracy_trains_only_train_held_out_and_reports_each_round(params
     """`fedccrl-bench accuracy` honours `train.held_out` (one column per entry) and prints every round on stderr;
     an entry that is not a domain of the shards is refused naming it, before any training."""
     params({"dataset.name": "synthetic", "dataset.source": "registry", "preprocess.image_size": "auto"})
-    for args in (("download", "--out", "data/raw", "--report", "data/r.json"),
-                 ("partition", "--raw", "data/raw", "--out", "data/shards"),
-                 ("pools", "--shards", "data/shards", "--out", "data/pools")):
+    for args in (
+        ("download", "--out", "data/raw", "--report", "data/r.json"),
+        ("partition", "--raw", "data/raw", "--out", "data/shards"),
+        ("pools", "--shards", "data/shards", "--out", "data/pools"),
+    ):
         code, err = _cli(tmp_path, *args, monkeypatch=monkeypatch)
         assert code == 0, err
     from click.testing import CliRunner
 
     from fedccrl_benchmarks.cli import main
-    bench = ["accuracy", "--algorithms", "fedavg", "--seeds", "0", "--set", "train.rounds=2",
-             "--set", "train.local_epochs=1"]
-    res = CliRunner().invoke(main, bench + ["--set", "train.held_out=[sketch]"], catch_exceptions=False)
+
+    bench = [
+        "accuracy",
+        "--algorithms",
+        "fedavg",
+        "--seeds",
+        "0",
+        "--set",
+        "train.rounds=2",
+        "--set",
+        "train.local_epochs=1",
+    ]
+    res = CliRunner().invoke(main, [*bench, "--set", "train.held_out=[sketch]"], catch_exceptions=False)
     assert res.exit_code == 0, res.stderr
     assert "| Algorithm | sketch | Avg. |" in res.stdout
     rounds = [line for line in res.stderr.splitlines() if line.startswith("bench: fedavg sketch seed 0 round")]
     assert [line.split(" round ")[1].split(":")[0] for line in rounds] == ["1/2", "2/2"]
-    res = CliRunner().invoke(main, bench + ["--set", "train.held_out=[9]"], catch_exceptions=False)
+    res = CliRunner().invoke(main, [*bench, "--set", "train.held_out=[9]"], catch_exceptions=False)
     assert res.exit_code == 2 and "train.held_out[0]" in res.stderr and "bench: " not in res.stderr
 
 

@@ -1,4 +1,5 @@
 """The real URL path: archives served over HTTP on 127.0.0.1 (PACS 128 from ../shared, and tiny zips)."""
+
 from __future__ import annotations
 
 import functools
@@ -13,14 +14,23 @@ import pytest
 from PIL import Image
 
 from fedccrl_core.data import registry
-from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.http import download_url
+from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.sources import prepare_raw
 from fedccrl_core.foundation.errors import ChecksumError, DataError
 
 PACS_128_SHA256 = "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
-TINY = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(2, 2), total=4,
-                   sources=(), image_size=16, backbone="small_cnn", pretrained="none")
+TINY = DatasetSpec(
+    name="tiny",
+    domains=("a", "b"),
+    classes=("x", "y"),
+    domain_counts=(2, 2),
+    total=4,
+    sources=(),
+    image_size=16,
+    backbone="small_cnn",
+    pretrained="none",
+)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -59,13 +69,14 @@ def _handler(directory: Path, behaviour: _Behaviour):
                 data = (directory / name).read_bytes()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/zip")
-                self.send_header("Content-Length", str(len(data)))     # promise everything ...
+                self.send_header("Content-Length", str(len(data)))  # promise everything ...
                 self.end_headers()
-                self.wfile.write(data[: len(data) // 3])               # ... send a third, hang up
+                self.wfile.write(data[: len(data) // 3])  # ... send a third, hang up
                 self.wfile.flush()
                 self.close_connection = True
                 return
             super().do_GET()
+
     return functools.partial(Handler, directory=str(directory))
 
 
@@ -98,8 +109,16 @@ def pacs_over_http(pacs128, server, tmp_path_factory):
         if not link.exists():
             link.symlink_to(pacs128)
         work = tmp_path_factory.mktemp("pacs_http")
-        rep = prepare_raw(registry.get_dataset("pacs"), f"{base}/pacs_128.zip", work / "raw", work / "report.json",
-                          sha256=PACS_128_SHA256, timeout_s=30, retries=0, progress=False)
+        rep = prepare_raw(
+            registry.get_dataset("pacs"),
+            f"{base}/pacs_128.zip",
+            work / "raw",
+            work / "report.json",
+            sha256=PACS_128_SHA256,
+            timeout_s=30,
+            retries=0,
+            progress=False,
+        )
         _PACS_RUN.update(report=rep, work=work)
     return _PACS_RUN
 
@@ -127,22 +146,39 @@ def test_pacs_url_with_wrong_sha256_leaves_nothing(pacs_over_http, server, tmp_p
     _, base, _ = server
     out = tmp_path / "data" / "raw"
     with pytest.raises(ChecksumError, match=r"sha256 mismatch.*expected 1{64}, got " + PACS_128_SHA256):
-        prepare_raw(registry.get_dataset("pacs"), f"{base}/pacs_128.zip", out, tmp_path / "data" / "r.json",
-                    sha256="1" * 64, retries=0, progress=False)
+        prepare_raw(
+            registry.get_dataset("pacs"),
+            f"{base}/pacs_128.zip",
+            out,
+            tmp_path / "data" / "r.json",
+            sha256="1" * 64,
+            retries=0,
+            progress=False,
+        )
     assert _leftovers(tmp_path / "data") == []
 
 
 @pytest.mark.shared
-def test_pacs_connection_dropped_midway_fails_and_leaves_nothing(pacs_over_http, pacs128, server, tmp_path,
-                                                                 capsys):
-    root, base, behaviour = server
+def test_pacs_connection_dropped_midway_fails_and_leaves_nothing(pacs_over_http, pacs128, server, tmp_path, capsys):
+    _root, base, behaviour = server
     behaviour.drop.add("pacs_128.zip")
     size = pacs128.stat().st_size
     try:
-        with pytest.raises(DataError, match=rf"download failed after 2 attempt\(s\): connection dropped: "
-                                            rf"received {size // 3} of {size} bytes"):
-            prepare_raw(registry.get_dataset("pacs"), f"{base}/pacs_128.zip", tmp_path / "data" / "raw",
-                        tmp_path / "data" / "r.json", sha256=None, retries=1, backoff_s=0.01, progress=True)
+        with pytest.raises(
+            DataError,
+            match=rf"download failed after 2 attempt\(s\): connection dropped: "
+            rf"received {size // 3} of {size} bytes",
+        ):
+            prepare_raw(
+                registry.get_dataset("pacs"),
+                f"{base}/pacs_128.zip",
+                tmp_path / "data" / "raw",
+                tmp_path / "data" / "r.json",
+                sha256=None,
+                retries=1,
+                backoff_s=0.01,
+                progress=True,
+            )
     finally:
         behaviour.drop.discard("pacs_128.zip")
     assert _leftovers(tmp_path / "data") == []
@@ -181,15 +217,16 @@ def test_registry_source_from_a_mirror(server, tmp_path, monkeypatch):
 
     root, base, behaviour = server
     digest = hashlib.sha256(_tiny_zip(root / "tiny-mirror.zip").read_bytes()).hexdigest()
-    spec = dataclasses.replace(TINY, sources=(registry.Source("https://unreachable.invalid/t.zip", digest, None,
-                                                              "tiny-mirror.zip"),))
+    spec = dataclasses.replace(
+        TINY, sources=(registry.Source("https://unreachable.invalid/t.zip", digest, None, "tiny-mirror.zip"),)
+    )
     monkeypatch.setenv(MIRROR_ENV, base + "/")
     rep = prepare_raw(spec, "registry", tmp_path / "raw", tmp_path / "r.json", progress=False)
     arch = rep["source"]["archives"][0]
     assert arch["url"] == f"{base}/tiny-mirror.zip" and arch["verified"] and rep["total"] == 4
     assert behaviour.requests[-1] == "tiny-mirror.zip"
     bad = dataclasses.replace(spec, sources=(dataclasses.replace(spec.sources[0], sha256="0" * 64),))
-    with pytest.raises(ChecksumError):                                    # the mirror's file is checked as the URL's
+    with pytest.raises(ChecksumError):  # the mirror's file is checked as the URL's
         prepare_raw(bad, "registry", tmp_path / "raw2", None, retries=0, progress=False)
     monkeypatch.setenv(MIRROR_ENV, "/srv/datasets")
     with pytest.raises(DataError, match=f"{MIRROR_ENV}='/srv/datasets': not an http"):
@@ -210,7 +247,7 @@ def test_not_found_html_and_refused_fail_clearly(server, tmp_path):
     root, base, behaviour = server
     with pytest.raises(DataError, match=r"missing\.zip: HTTP 404"):
         download_url(f"{base}/missing.zip", tmp_path / "m.zip", retries=3, backoff_s=0.01, progress=False)
-    assert behaviour.requests.count("missing.zip") == 1                   # a 404 is not retried
+    assert behaviour.requests.count("missing.zip") == 1  # a 404 is not retried
     _tiny_zip(root / "page.zip")
     behaviour.html.add("page.zip")
     with pytest.raises(DataError, match="HTML page, not an archive"):

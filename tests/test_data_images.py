@@ -1,4 +1,5 @@
 """Registry entries and image decoding (load_rgb) / the resize policy (resize_u8)."""
+
 from __future__ import annotations
 
 import io
@@ -13,7 +14,7 @@ from fedccrl_core.foundation.errors import DataError
 
 
 # ------------------------------------------------------------------ registry
-@pytest.mark.parametrize("name", [n for n in registry.dataset_names()])
+@pytest.mark.parametrize("name", list(registry.dataset_names()))
 def test_registry_entries_are_consistent(name):
     spec = registry.get_dataset(name)
     assert spec.name == name
@@ -30,9 +31,13 @@ def test_registry_entries_are_consistent(name):
 
 def test_registry_facts():
     pacs = registry.get_dataset("pacs")
-    assert pacs.domains == ("photo", "art_painting", "cartoon", "sketch")       # paper order P, A, C, S
-    assert dict(zip(pacs.domains, pacs.domain_counts)) == {"photo": 1670, "art_painting": 2048,
-                                                           "cartoon": 2344, "sketch": 3929}
+    assert pacs.domains == ("photo", "art_painting", "cartoon", "sketch")  # paper order P, A, C, S
+    assert dict(zip(pacs.domains, pacs.domain_counts)) == {
+        "photo": 1670,
+        "art_painting": 2048,
+        "cartoon": 2344,
+        "sketch": 3929,
+    }
     assert pacs.total == 9991 and len(pacs.classes) == 7
     assert pacs.sources[0].sha256 is None and pacs.sources[0].folder == "kfold"  # unknown: never invented
     assert {k.filename for k in pacs.known_archives} == {"pacs_128.zip", "pacs_224.zip"}
@@ -53,8 +58,11 @@ def test_unknown_dataset_names_the_key():
 
 
 def test_resolve_auto():
-    p = {"dataset": {"name": "minidomainnet"}, "preprocess": {"image_size": "auto"},
-         "model": {"backbone": "auto", "pretrained": "none"}}
+    p = {
+        "dataset": {"name": "minidomainnet"},
+        "preprocess": {"image_size": "auto"},
+        "model": {"backbone": "auto", "pretrained": "none"},
+    }
     assert registry.resolve_auto(p) == {"image_size": 128, "backbone": "mobilenet_v3_large", "pretrained": "none"}
     assert registry.resolve_image_size(96, "pacs") == 96
     assert registry.resolve_backbone("auto", "synthetic") == "small_cnn"
@@ -72,7 +80,7 @@ def test_modes_become_rgb(tmp_path):
     g = np.tile(np.arange(0, 256, 16, dtype=np.uint8), (16, 1))
     cases = {
         "l.png": Image.fromarray(g, "L"),
-        "cmyk.jpg": Image.new("CMYK", (16, 16), (0, 255, 255, 0)),           # pure red in CMYK
+        "cmyk.jpg": Image.new("CMYK", (16, 16), (0, 255, 255, 0)),  # pure red in CMYK
         "p.png": Image.fromarray(g, "L").convert("P"),
         "rgb.png": Image.fromarray(np.dstack([g, g, g])),
     }
@@ -94,8 +102,8 @@ def test_16bit_grey_is_scaled_not_clipped(tmp_path):
 
 def test_alpha_is_composited_on_white(tmp_path):
     rgba = np.zeros((4, 4, 4), dtype=np.uint8)
-    rgba[..., 0] = 255                    # red ...
-    rgba[:2, :, 3] = 0                    # ... transparent on the top half
+    rgba[..., 0] = 255  # red ...
+    rgba[:2, :, 3] = 0  # ... transparent on the top half
     rgba[2:, :, 3] = 255
     out = np.asarray(load_rgb(_save(Image.fromarray(rgba, "RGBA"), tmp_path / "a.png")))
     assert out[0, 0].tolist() == [255, 255, 255] and out[3, 0].tolist() == [255, 0, 0]
@@ -107,21 +115,21 @@ def test_palette_transparency_is_composited(tmp_path):
     p = Image.new("P", (4, 4), 0)
     p.putpalette([0, 0, 0, 0, 0, 255] + [0] * 762)
     p.putpixel((0, 0), 1)
-    p.info["transparency"] = 0                                 # index 0 (black) is transparent
+    p.info["transparency"] = 0  # index 0 (black) is transparent
     out = np.asarray(load_rgb(_save(p, tmp_path / "p.png", transparency=0)))
     assert out[0, 0].tolist() == [0, 0, 255] and out[1, 1].tolist() == [255, 255, 255]
 
 
 def test_exif_orientation_is_applied(tmp_path):
     img = Image.new("RGB", (20, 10), (0, 0, 0))
-    img.paste((255, 255, 255), (0, 0, 10, 10))                 # white left half
+    img.paste((255, 255, 255), (0, 0, 10, 10))  # white left half
     exif = Image.Exif()
-    exif[0x0112] = 6                                           # rotate 90 CW on display
+    exif[0x0112] = 6  # rotate 90 CW on display
     img.save(tmp_path / "o.jpg", exif=exif.tobytes(), quality=95)
     out = load_rgb(tmp_path / "o.jpg")
     assert out.size == (10, 20)
     a = np.asarray(out).astype(int)
-    assert a[:10].mean() > 200 and a[10:].mean() < 50          # white half is now on top
+    assert a[:10].mean() > 200 and a[10:].mean() < 50  # white half is now on top
 
 
 def test_bad_files_raise_dataerror_naming_the_file(tmp_path):
@@ -139,7 +147,7 @@ def test_bad_files_raise_dataerror_naming_the_file(tmp_path):
 
 def test_decompression_bomb_is_refused(tmp_path, monkeypatch):
     _save(Image.new("RGB", (100, 100)), tmp_path / "big.png")
-    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5000)      # 10,000 px > limit: PIL only warns
+    monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 5000)  # 10,000 px > limit: PIL only warns
     with pytest.raises(DataError, match=r"big.png: decompression bomb"):
         load_rgb(tmp_path / "big.png")
 
@@ -160,7 +168,8 @@ def test_resize_u8_is_direct_bilinear_no_crop():
 
 def test_parallel_check_and_decode_match_serial(tmp_path, monkeypatch):
     from fedccrl_core.data import images
-    monkeypatch.setattr(images, "_INLINE_BELOW", 10)           # force a real process pool for 71 files
+
+    monkeypatch.setattr(images, "_INLINE_BELOW", 10)  # force a real process pool for 71 files
     paths = []
     for i in range(70):
         p = tmp_path / f"{i}.png"

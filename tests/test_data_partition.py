@@ -1,4 +1,5 @@
 """Partition invariants, the shard format and loaders, and the statistics pools (Eq. 6-8)."""
+
 from __future__ import annotations
 
 import json
@@ -9,14 +10,21 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from fixtures import TINY_IMAGES_PER_CLASS
 
 from fedccrl_core.data import registry, synthetic
 from fedccrl_core.data.images import decode_resized
 from fedccrl_core.data.pools import build_pools, load_pool, sample_statistics, upload_size
-from fedccrl_core.data.shards import (assign_clients, client_ids, load_client, load_domain_test, load_manifest,
-                                      partition, split_train_val)
+from fedccrl_core.data.shards import (
+    assign_clients,
+    client_ids,
+    load_client,
+    load_domain_test,
+    load_manifest,
+    partition,
+    split_train_val,
+)
 from fedccrl_core.foundation.errors import DataError
-from fixtures import TINY_IMAGES_PER_CLASS
 
 SPEC = registry.get_dataset("synthetic")
 PER_CLASS = TINY_IMAGES_PER_CLASS
@@ -60,17 +68,17 @@ def test_partition_is_disjoint_complete_and_stratified(raw, shards):
     assert m["domains"] == list(synthetic.DOMAINS) and m["classes"] == sorted(synthetic.CLASSES)
     assert m["image_size"] == SIZE and "bilinear" in m["resize_policy"] and m["skipped"] == []
     assert [c["id"] for c in m["clients"]] == [f"{d}_c{k}" for d in synthetic.DOMAINS for k in range(3)]
-    where = _assignment(shards)                                    # disjoint (asserted inside)
+    where = _assignment(shards)  # disjoint (asserted inside)
     on_disk = {p.relative_to(raw).as_posix() for p in raw.rglob("*.png")}
-    assert set(where) == on_disk                                   # complete
+    assert set(where) == on_disk  # complete
     for c in m["clients"]:
         s = load_client(shards, c["id"])
         assert all(p.startswith(c["domain"] + "/") for p in s.train_paths.tolist() + s.val_paths.tolist())
         hist = np.array(c["train_class_hist"]) + np.array(c["val_class_hist"])
-        assert hist.max() - hist.min() <= 1 and abs(hist.mean() - PER_CLASS / 3) < 1       # even per class
+        assert hist.max() - hist.min() <= 1 and abs(hist.mean() - PER_CLASS / 3) < 1  # even per class
         n = c["n_train"] + c["n_val"]
-        assert c["n_val"] == round(0.1 * n)                         # val fraction per client
-        assert np.all(np.abs(np.array(c["val_class_hist"]) - 0.1 * hist) < 1)              # stratified val
+        assert c["n_val"] == round(0.1 * n)  # val fraction per client
+        assert np.all(np.abs(np.array(c["val_class_hist"]) - 0.1 * hist) < 1)  # stratified val
         assert c["train_class_hist"] == np.bincount(s.train_y, minlength=6).tolist()
         # labels follow the class folder
         assert all(m["classes"][y] == p.split("/")[1] for y, p in zip(s.train_y, s.train_paths.tolist()))
@@ -102,14 +110,16 @@ def test_dirichlet_label_skew_skews(raw, tmp_path):
         """Mean over domains/classes of the largest client's share of that class."""
         shares = []
         for d in manifest["domains"]:
-            h = np.array([np.add(c["train_class_hist"], c["val_class_hist"]) for c in manifest["clients"]
-                          if c["domain"] == d])
+            h = np.array(
+                [np.add(c["train_class_hist"], c["val_class_hist"]) for c in manifest["clients"] if c["domain"] == d]
+            )
             shares.extend(h.max(0) / h.sum(0))
         return float(np.mean(shares))
+
     even = _partition(raw, tmp_path / "even")
     skewed = _partition(raw, tmp_path / "skew", dirichlet_alpha=0.1)
     assert skew(even) < 0.56 and skew(skewed) > 0.8
-    assert set(_assignment(tmp_path / "skew")) == set(_assignment(tmp_path / "even"))    # still complete
+    assert set(_assignment(tmp_path / "skew")) == set(_assignment(tmp_path / "even"))  # still complete
     assert all(c["n_train"] + c["n_val"] >= 2 for c in skewed["clients"])
 
 
@@ -120,17 +130,18 @@ def test_split_functions_on_labels():
     assert max(p.size for p in parts) - min(p.size for p in parts) <= 1
     tr, va = split_train_val(np.arange(labels.size), labels, 0.2, np.random.default_rng(0))
     assert va.size == round(0.2 * labels.size) and set(tr) | set(va) == set(range(labels.size))
-    assert Counter(labels[va].tolist())[0] == 2 and 3 in labels[tr]    # the 1-sample class stays in train
+    assert Counter(labels[va].tolist())[0] == 2 and 3 in labels[tr]  # the 1-sample class stays in train
 
 
 def test_domain_test_set_is_union_of_its_clients(raw, shards):
     x, y = load_domain_test(shards, "art")
-    x1, y1 = load_domain_test(shards, 1)                            # held-out index, registry order
+    _x1, y1 = load_domain_test(shards, 1)  # held-out index, registry order
     assert x.shape == (6 * PER_CLASS, SIZE, SIZE, 3) and y.dtype == np.int64
     np.testing.assert_array_equal(y, y1)
     assert np.bincount(y).tolist() == [PER_CLASS] * 6
     assert client_ids(load_manifest(shards), exclude_domain=1) == [
-        f"{d}_c{k}" for d in ("photo", "cartoon", "sketch") for k in range(3)]
+        f"{d}_c{k}" for d in ("photo", "cartoon", "sketch") for k in range(3)
+    ]
     with pytest.raises(DataError, match="held-out index 4 is out of range"):
         load_domain_test(shards, 4)
 
@@ -158,8 +169,15 @@ def test_loader_errors_name_the_shard_file(shards, tmp_path):
     with pytest.raises(DataError, match=r"art_c2\.npz: shard lacks key\(s\) train_y"):
         load_client(bad, "art_c2")
     good = load_client(shards, "photo_c0")
-    np.savez(bad / "photo_c0.npz", train_x=good.train_x[:, :8], train_y=good.train_y, train_paths=good.train_paths,
-             val_x=good.val_x, val_y=good.val_y, val_paths=good.val_paths)
+    np.savez(
+        bad / "photo_c0.npz",
+        train_x=good.train_x[:, :8],
+        train_y=good.train_y,
+        train_paths=good.train_paths,
+        val_x=good.val_x,
+        val_y=good.val_y,
+        val_paths=good.val_paths,
+    )
     with pytest.raises(DataError, match=r"photo_c0\.npz: train_x is uint8 \(\d+, 8, 16, 3\), expected"):
         load_client(bad, "photo_c0")
     with pytest.raises(DataError, match="no client 'nope_c0'"):
@@ -188,13 +206,13 @@ def test_pool_values_equal_a_direct_computation(shards, pools):
         shard = load_client(shards, cid)
         mu, sigma = load_pool(pools, cid)
         assert mu.dtype == sigma.dtype == np.float32 and mu.shape == (shard.n_train, 3)
-        x = (shard.train_x.astype(np.float64) / 255.0 - np.array(MEAN)) / np.array(STD)     # NHWC, independent
+        x = (shard.train_x.astype(np.float64) / 255.0 - np.array(MEAN)) / np.array(STD)  # NHWC, independent
         want_mu = x.mean(axis=(1, 2))
         want_sigma = np.sqrt(((x - want_mu[:, None, None, :]) ** 2).mean(axis=(1, 2)))
         np.testing.assert_allclose(mu, want_mu, atol=1e-5)
-        np.testing.assert_allclose(sigma, want_sigma, atol=1e-4)            # eps=1e-6 inside the root
+        np.testing.assert_allclose(sigma, want_sigma, atol=1e-4)  # eps=1e-6 inside the root
     with np.load(pools / "photo_c0.npz") as z:
-        assert sorted(z.files) == ["mu", "sigma"]                            # statistics only, no images
+        assert sorted(z.files) == ["mu", "sigma"]  # statistics only, no images
 
 
 def test_eq8_subset_size_and_rows(pools):
@@ -204,7 +222,7 @@ def test_eq8_subset_size_and_rows(pools):
         mu_s, sigma_s = sample_statistics(mu, sigma, r, np.random.default_rng(3))
         assert mu_s.shape == sigma_s.shape == (math.ceil(r * n - 1e-9), 3)
         rows = [int(np.flatnonzero((mu == row).all(1) & (sigma == srow).all(1))[0]) for row, srow in zip(mu_s, sigma_s)]
-        assert len(set(rows)) == len(rows)                                  # without replacement, paired rows
+        assert len(set(rows)) == len(rows)  # without replacement, paired rows
     assert upload_size(30, 0.1) == 3 and upload_size(31, 0.1) == 4 and upload_size(5, 0.01) == 1
     # the rounding guard: these products land just above an integer in floating point, so a bare ceil adds a row
     for n, r, k in ((100, 0.07, 7), (100, 0.14, 14), (100, 0.28, 28), (100, 0.56, 56)):
@@ -222,13 +240,13 @@ def test_eq8_subset_size_and_rows(pools):
 def test_reference_scheme_is_an_unstratified_pooled_split():
     from fedccrl_core.data.shards import client_splits
 
-    labels = np.repeat(np.arange(4), [50, 30, 15, 5])           # imbalanced classes
+    labels = np.repeat(np.arange(4), [50, 30, 15, 5])  # imbalanced classes
     out = client_splits(labels, 3, 0.1, np.random.default_rng(7), scheme="reference")
     trains, vals = [t for t, _ in out], [v for _, v in out]
     allidx = np.concatenate(trains + vals)
-    assert np.array_equal(np.sort(allidx), np.arange(labels.size))       # disjoint and complete
+    assert np.array_equal(np.sort(allidx), np.arange(labels.size))  # disjoint and complete
     pooled = np.sort(np.concatenate(vals))
-    assert pooled.size == 10                                             # round(0.1 * 100) of the domain
+    assert pooled.size == 10  # round(0.1 * 100) of the domain
     # unstratified: the pooled val is the first 10 of one permutation of the whole domain, not per class
     assert np.array_equal(pooled, np.sort(np.random.default_rng(7).permutation(labels.size)[:10]))
     assert max(v.size for v in vals) - min(v.size for v in vals) <= 1

@@ -1,4 +1,5 @@
 """The download stage on local sources: folders, zip / tar.gz archives, unsafe archives, validation."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,13 +19,22 @@ import pytest
 from PIL import Image
 
 from fedccrl_core.data import registry
-from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.archives import safe_extract
+from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.sources import prepare_raw
 from fedccrl_core.foundation.errors import ChecksumError, DataError, UnsafeArchiveError
 
-TINY = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(6, 6), total=12,
-                   sources=(), image_size=16, backbone="small_cnn", pretrained="none")
+TINY = DatasetSpec(
+    name="tiny",
+    domains=("a", "b"),
+    classes=("x", "y"),
+    domain_counts=(6, 6),
+    total=12,
+    sources=(),
+    image_size=16,
+    backbone="small_cnn",
+    pretrained="none",
+)
 
 
 def make_tree(root: Path, domains=("a", "b"), classes=("x", "y"), n=3) -> Path:
@@ -62,7 +72,7 @@ def test_local_folder(tmp_path):
     rep, out, report = run(tmp_path, tmp_path / "src")
     assert sorted(os.listdir(out)) == ["a", "b"]
     assert sorted(os.listdir(out / "a" / "x")) == ["0.png", "1.png", "2.png"]
-    assert (src / "a" / "x" / "0.png").is_file()                       # a folder source is copied, not moved
+    assert (src / "a" / "x" / "0.png").is_file()  # a folder source is copied, not moved
     on_disk = json.loads(report.read_text())
     assert on_disk == rep and rep["status"] == "ok" and rep["source"]["kind"] == "folder"
     assert rep["counts"] == {"a": {"x": 3, "y": 3}, "b": {"x": 3, "y": 3}} and rep["total"] == 12
@@ -78,7 +88,7 @@ def test_local_zip_with_sha256_and_rerun_replaces_out(tmp_path):
     assert rep["source"]["kind"] == "archive" and arch["sha256"] == digest and arch["verified"] is True
     assert rep["sha256"] == digest
     (out / "stale.txt").write_text("from an old run")
-    rep2, out, _ = run(tmp_path, archive)                               # no sha256: computed, not verified
+    rep2, out, _ = run(tmp_path, archive)  # no sha256: computed, not verified
     assert not (out / "stale.txt").exists() and rep2["source"]["archives"][0]["verified"] is False
     assert rep2["tree_sha256"] == rep["tree_sha256"]
 
@@ -90,8 +100,10 @@ def test_local_tar_gz(tmp_path):
         t.add(src, arcname="data/TINY")
     rep, out, _ = run(tmp_path, archive)
     assert rep["source"]["root"] == "data/TINY" and rep["total"] == 12
-    assert np.asarray(Image.open(out / "b" / "y" / "2.png")).tolist() == \
-        np.asarray(Image.open(src / "b" / "y" / "2.png")).tolist()
+    assert (
+        np.asarray(Image.open(out / "b" / "y" / "2.png")).tolist()
+        == np.asarray(Image.open(src / "b" / "y" / "2.png")).tolist()
+    )
 
 
 def test_interrupted_run_leaves_old_out_and_no_temp(tmp_path, monkeypatch):
@@ -101,6 +113,7 @@ def test_interrupted_run_leaves_old_out_and_no_temp(tmp_path, monkeypatch):
 
     def interrupted(*a, **k):
         raise KeyboardInterrupt
+
     monkeypatch.setattr("fedccrl_core.data.validate.validate_tree", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path, zip_dir(src, tmp_path / "t.zip"))
@@ -110,8 +123,8 @@ def test_interrupted_run_leaves_old_out_and_no_temp(tmp_path, monkeypatch):
 
 def test_wrong_sha256_is_refused_before_extraction(tmp_path):
     archive = tmp_path / "evil.zip"
-    with zipfile.ZipFile(archive, "w") as z:                             # unsafe AND the wrong hash:
-        z.writestr("../evil.png", b"x")                                  # the checksum must win
+    with zipfile.ZipFile(archive, "w") as z:  # unsafe AND the wrong hash:
+        z.writestr("../evil.png", b"x")  # the checksum must win
     with pytest.raises(ChecksumError, match="sha256 mismatch.*nothing was extracted"):
         run(tmp_path, archive, sha256="0" * 64)
     assert_nothing_left(tmp_path)
@@ -138,16 +151,28 @@ UNSAFE = {
     "zip-slip": ("zip", lambda z: z.writestr("TINY/../../evil.png", b"x"), "TINY/../../evil.png"),
     "zip-absolute": ("zip", lambda z: z.writestr("/tmp/evil-abs.png", b"x"), "/tmp/evil-abs.png"),
     "zip-backslash": ("zip", lambda z: z.writestr("..\\evil.png", b"x"), "..\\evil.png"),
-    "zip-symlink": ("zip", lambda z: _zip_symlink(z, "TINY/a/x/link.png", "../../../../etc/passwd"),
-                    "TINY/a/x/link.png"),
+    "zip-symlink": (
+        "zip",
+        lambda z: _zip_symlink(z, "TINY/a/x/link.png", "../../../../etc/passwd"),
+        "TINY/a/x/link.png",
+    ),
     "tar-slip": ("tar", lambda t: _tar_add(t, "../evil.png"), "../evil.png"),
     "tar-absolute": ("tar", lambda t: _tar_add(t, "/tmp/evil-abs.png"), "/tmp/evil-abs.png"),
-    "tar-symlink": ("tar", lambda t: _tar_add(t, "TINY/a/x/link.png", type=tarfile.SYMTYPE,
-                                              linkname="/etc/passwd"), "TINY/a/x/link.png"),
-    "tar-hardlink": ("tar", lambda t: _tar_add(t, "TINY/a/x/hl.png", type=tarfile.LNKTYPE,
-                                               linkname="../outside.png"), "TINY/a/x/hl.png"),
-    "tar-device": ("tar", lambda t: _tar_add(t, "TINY/a/x/dev", type=tarfile.CHRTYPE, devmajor=1, devminor=3),
-                   "TINY/a/x/dev"),
+    "tar-symlink": (
+        "tar",
+        lambda t: _tar_add(t, "TINY/a/x/link.png", type=tarfile.SYMTYPE, linkname="/etc/passwd"),
+        "TINY/a/x/link.png",
+    ),
+    "tar-hardlink": (
+        "tar",
+        lambda t: _tar_add(t, "TINY/a/x/hl.png", type=tarfile.LNKTYPE, linkname="../outside.png"),
+        "TINY/a/x/hl.png",
+    ),
+    "tar-device": (
+        "tar",
+        lambda t: _tar_add(t, "TINY/a/x/dev", type=tarfile.CHRTYPE, devmajor=1, devminor=3),
+        "TINY/a/x/dev",
+    ),
 }
 
 
@@ -177,7 +202,7 @@ def test_links_inside_the_archive_become_copies(tmp_path):
         t.add(src, arcname="TINY")
         _tar_add(t, "TINY/a/x/sym.png", type=tarfile.SYMTYPE, linkname="0.png")
     spec = dataclasses.replace(TINY, domain_counts=(7, 6), total=13)
-    rep, out, _ = run(tmp_path, archive, spec=spec)
+    _rep, out, _ = run(tmp_path, archive, spec=spec)
     link = out / "a" / "x" / "sym.png"
     assert link.is_file() and not link.is_symlink()
     assert link.read_bytes() == (src / "a" / "x" / "0.png").read_bytes()
@@ -199,7 +224,7 @@ def _add_bad_files(root: Path) -> None:
     (root / "a" / "x" / "corrupt.jpg").write_bytes(good.getvalue()[:150])
     (root / "a" / "x" / "empty.png").write_bytes(b"")
     (root / "a" / "y" / "readme.txt").write_text("notes")
-    (root / "a" / "y" / ".DS_Store").write_bytes(b"\x00")             # hidden: ignored, not bad
+    (root / "a" / "y" / ".DS_Store").write_bytes(b"\x00")  # hidden: ignored, not bad
 
 
 def test_bad_files_are_reported_by_name(tmp_path):
@@ -213,7 +238,7 @@ def test_bad_files_are_reported_by_name(tmp_path):
     assert bad["a/x/empty.png"] == "zero-byte file" and "not an image" in bad["a/y/readme.txt"]
     assert rep["n_bad"] == 3 and rep["bad_fraction"] == pytest.approx(3 / 15, abs=1e-6)
     assert {"path": "a/y/.DS_Store", "reason": "hidden or system file"} in rep["ignored"]
-    assert (out / "a" / "x" / "empty.png").exists()                     # raw mirrors the source
+    assert (out / "a" / "x" / "empty.png").exists()  # raw mirrors the source
 
 
 def test_too_many_bad_files_fail(tmp_path):
@@ -228,12 +253,15 @@ def test_too_many_bad_files_fail(tmp_path):
     assert sorted(os.listdir(tmp_path / "work")) == ["report.json"]
 
 
-@pytest.mark.parametrize("damage, message", [
-    (lambda r: shutil.rmtree(r / "b"), r"domain 'b' is missing"),
-    (lambda r: shutil.rmtree(r / "b" / "y"), r"domain 'b': class 'y' is missing"),
-    (lambda r: (r / "b" / "y" / "1.png").unlink(), r"domain 'b' has 5 images, expected 6"),
-    (lambda r: make_tree(r, domains=("b",), classes=("z",), n=1), r"domain 'b': unexpected class folder 'z'"),
-])
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda r: shutil.rmtree(r / "b"), r"domain 'b' is missing"),
+        (lambda r: shutil.rmtree(r / "b" / "y"), r"domain 'b': class 'y' is missing"),
+        (lambda r: (r / "b" / "y" / "1.png").unlink(), r"domain 'b' has 5 images, expected 6"),
+        (lambda r: make_tree(r, domains=("b",), classes=("z",), n=1), r"domain 'b': unexpected class folder 'z'"),
+    ],
+)
 def test_layout_and_count_errors_name_the_culprit(tmp_path, damage, message):
     src = make_tree(tmp_path / "src")
     damage(src)
@@ -255,7 +283,7 @@ def test_registry_domain_aliases_and_order(tmp_path):
 def test_imagefolder_discovers_domains_and_checks_classes(tmp_path):
     spec = registry.get_dataset("imagefolder")
     src = make_tree(tmp_path / "src" / "mydata", domains=("zeta", "alpha", "mid"), n=2)
-    rep, out, _ = run(tmp_path, tmp_path / "src", spec=spec)
+    rep, _out, _ = run(tmp_path, tmp_path / "src", spec=spec)
     assert rep["domains"] == ["alpha", "mid", "zeta"] and rep["classes"] == ["x", "y"] and rep["total"] == 12
     make_tree(src, domains=("mid",), classes=("extra",), n=1)
     with pytest.raises(DataError, match=r"domain 'alpha' lacks class\(es\) extra"):
@@ -264,19 +292,20 @@ def test_imagefolder_discovers_domains_and_checks_classes(tmp_path):
 
 def test_split_file_layout_minidomainnet_style(tmp_path):
     """Dassl layout: images + splits_mini/<domain>_{train,test}.txt; only listed images are kept."""
-    spec = dataclasses.replace(registry.get_dataset("minidomainnet"), total=4 * 2 * 2, expected_num_classes=2,
-                               sources=())
+    spec = dataclasses.replace(
+        registry.get_dataset("minidomainnet"), total=4 * 2 * 2, expected_num_classes=2, sources=()
+    )
     src = tmp_path / "src" / "domainnet"
     make_tree(src, domains=spec.domains, classes=("apple", "zebra"), n=3)
     (src / "splits_mini").mkdir()
     for d in spec.domains:
         (src / "splits_mini" / f"{d}_train.txt").write_text(f"{d}/apple/0.png 0\n{d}/zebra/0.png 1\n")
         (src / "splits_mini" / f"{d}_test.txt").write_text(f"{d}/apple/1.png 0\n{d}/zebra/1.png 1\n")
-    (src / "real" / "zebra" / "1.png").unlink()                           # listed but missing
+    (src / "real" / "zebra" / "1.png").unlink()  # listed but missing
     rep, out, _ = run(tmp_path, tmp_path / "src", spec=spec, max_bad_fraction=0.1)
     assert rep["classes"] == ["apple", "zebra"] and rep["total"] == 16
     assert {"path": "real/zebra/1.png", "reason": "listed in real_test.txt but missing from the source"} in rep["bad"]
-    assert not (out / "clipart" / "apple" / "2.png").exists()             # not in any split file
+    assert not (out / "clipart" / "apple" / "2.png").exists()  # not in any split file
     (src / "splits_mini" / "sketch_test.txt").unlink()
     with pytest.raises(DataError, match="sketch_test.txt is missing"):
         run(tmp_path, tmp_path / "src", spec=spec)

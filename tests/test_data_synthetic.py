@@ -1,4 +1,5 @@
 """The embedded synthetic dataset: deterministic, PACS-like styles, and a REAL domain shift."""
+
 from __future__ import annotations
 
 import hashlib
@@ -13,8 +14,9 @@ from fedccrl_core.data.images import decode_resized
 
 
 def _digests(root):
-    return {p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(root.rglob("*.png"))}
+    return {
+        p.relative_to(root).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(root.rglob("*.png"))
+    }
 
 
 def test_same_seed_gives_identical_bytes_other_seed_differs(tmp_path):
@@ -34,19 +36,25 @@ def test_domains_differ_in_style(tmp_path):
     stats = {}
     for d in synthetic.DOMAINS:
         imgs = np.stack([decode_resized(p, 64) for p in sorted((tmp_path / d).rglob("*.png"))]).astype(float)
-        stats[d] = {"mean": imgs.mean(), "sat": (imgs.max(-1) - imgs.min(-1)).mean(),
-                    "colours": np.mean([len(np.unique(i.reshape(-1, 3), axis=0)) for i in imgs])}
-    assert stats["sketch"]["mean"] > 230 and stats["sketch"]["sat"] < 5      # white paper, grey pencil
-    assert stats["cartoon"]["colours"] < stats["photo"]["colours"] / 5      # flat fills vs. gradients+noise
-    assert stats["art"]["sat"] > 60 and stats["cartoon"]["sat"] > 40        # warm strokes, bright fills
+        stats[d] = {
+            "mean": imgs.mean(),
+            "sat": (imgs.max(-1) - imgs.min(-1)).mean(),
+            "colours": np.mean([len(np.unique(i.reshape(-1, 3), axis=0)) for i in imgs]),
+        }
+    assert stats["sketch"]["mean"] > 230 and stats["sketch"]["sat"] < 5  # white paper, grey pencil
+    assert stats["cartoon"]["colours"] < stats["photo"]["colours"] / 5  # flat fills vs. gradients+noise
+    assert stats["art"]["sat"] > 60 and stats["cartoon"]["sat"] > 40  # warm strokes, bright fills
 
 
 def _load(root, size=32):
     x, y = {}, {}
     classes = sorted(synthetic.CLASSES)
     for d in synthetic.DOMAINS:
-        paths = [(root / d / c / f"{i:04d}.png", ci) for ci, c in enumerate(classes)
-                 for i in range(synthetic.IMAGES_PER_CLASS)]
+        paths = [
+            (root / d / c / f"{i:04d}.png", ci)
+            for ci, c in enumerate(classes)
+            for i in range(synthetic.IMAGES_PER_CLASS)
+        ]
         x[d] = np.stack([decode_resized(p, size) for p, _ in paths])
         y[d] = np.array([ci for _, ci in paths])
     return x, y
@@ -55,8 +63,10 @@ def _load(root, size=32):
 def _tiny_cnn(num_classes: int) -> nn.Module:
     def block(i, o):
         return [nn.Conv2d(i, o, 3, padding=1), nn.BatchNorm2d(o), nn.ReLU(), nn.MaxPool2d(2)]
-    return nn.Sequential(*block(3, 16), *block(16, 32), *block(32, 32), nn.Flatten(), nn.Dropout(0.3),
-                         nn.Linear(32 * 4 * 4, num_classes))
+
+    return nn.Sequential(
+        *block(3, 16), *block(16, 32), *block(32, 32), nn.Flatten(), nn.Dropout(0.3), nn.Linear(32 * 4 * 4, num_classes)
+    )
 
 
 def _to_tensor(x: np.ndarray) -> torch.Tensor:
@@ -86,7 +96,7 @@ def _central_gap(x, y, held_out):
         model.train()
         order = torch.randperm(len(tx))
         for b in range(0, len(tx), 32):
-            i = order[b:b + 32]
+            i = order[b : b + 32]
             opt.zero_grad()
             nn.functional.cross_entropy(model(tx[i]), ty[i]).backward()
             opt.step()
@@ -122,8 +132,14 @@ def test_the_files_do_not_depend_on_the_worker_processes(tmp_path):
     digests = []
     for workers in (1, 2):
         out = tmp_path / f"w{workers}"
-        assert synthetic.generate(out, images_per_class=25, domains=("art", "sketch"), progress=False,
-                                  workers=workers) == 2 * len(synthetic.CLASSES) * 25
-        digests.append({p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-                        for p in sorted(out.rglob("*.png"))})
+        assert (
+            synthetic.generate(out, images_per_class=25, domains=("art", "sketch"), progress=False, workers=workers)
+            == 2 * len(synthetic.CLASSES) * 25
+        )
+        digests.append(
+            {
+                p.relative_to(out).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+                for p in sorted(out.rglob("*.png"))
+            }
+        )
     assert digests[0] == digests[1] and len(digests[0]) == 2 * len(synthetic.CLASSES) * 25

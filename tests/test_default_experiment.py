@@ -7,6 +7,7 @@ oneDNN, MKL and ATen pick float32 kernels by instruction set, so another CPU fli
 test images. The README's table must hold within TOLERANCE, which the spread measured across instruction sets
 justifies (see TOLERANCE), and must name the platform that made it.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,10 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-pytestmark = [pytest.mark.full("the whole default experiment through DVC, about 4 minutes on 2 cores"),
-              pytest.mark.timeout(2400)]
+pytestmark = [
+    pytest.mark.full("the whole default experiment through DVC, about 4 minutes on 2 cores"),
+    pytest.mark.timeout(2400),
+]
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +38,12 @@ def default_ws(tmp_path_factory):
         shutil.copy(REPO / f, ws / f)
     for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):
         (ws / code).symlink_to(REPO / code)
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}"}
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
+    }
     subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=ws, env=env, check=True)
     p = subprocess.run(["dvc", "repro"], cwd=ws, env=env, capture_output=True, text=True, timeout=1800)
     assert p.returncode == 0, p.stderr[-4000:]
@@ -45,7 +52,7 @@ def default_ws(tmp_path_factory):
 
 def _final_table(text: str) -> dict[str, list[str]]:
     """{algorithm: [cell, ...]} of the first markdown table after the 'final round' heading."""
-    block = text[text.index("final round"):]
+    block = text[text.index("final round") :]
     rows = {}
     for line in block.splitlines()[1:]:
         if line.startswith("| ") and not line.startswith("| Algorithm"):
@@ -78,8 +85,8 @@ TOLERANCE = {"domain": 2 * MAX_SEEN_DOMAIN, "avg": 2 * MAX_SEEN_AVG}
 
 def test_readme_default_table_holds_here_within_the_measured_spread(default_ws):
     """The README's numbers are tested numbers: its default-experiment table is this run's table within
-    TOLERANCE, and it names the platform that made it. (Bit-identity is a property of one machine: the reruns,
-resume and engine tests check it there.)"""
+        TOLERANCE, and it names the platform that made it. (Bit-identity is a property of one machine: the reruns,
+    resume and engine tests check it there.)"""
     readme = (REPO / "README.md").read_text()
     m = re.search(r"<!-- default-table -->\n(.*?)<!-- /default-table -->", readme, re.S)
     assert m, "README.md: no <!-- default-table --> block"
@@ -95,4 +102,5 @@ resume and engine tests check it there.)"""
             tol = TOLERANCE["avg" if col == "Avg." else "domain"]
             assert abs(float(a) - float(b)) <= tol, (
                 f"{alg} {col}: README {a}, this run {b} (|diff| > {tol} points, the measured spread across "
-                f"instruction sets; this run's platform: {re.search(r'^Platform: .*$', table, re.M)[0]})")
+                f"instruction sets; this run's platform: {re.search(r'^Platform: .*$', table, re.M)[0]})"
+            )

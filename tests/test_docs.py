@@ -8,6 +8,7 @@
 - The architecture page's floor table is tests/test_layers.py's FLOORS, and every block id the docs cite as a
   pytest selection exists.
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,21 +20,23 @@ import sys
 import tokenize
 from pathlib import Path
 
-import pytest
-
 REPO = Path(__file__).resolve().parents[1]
 CODE_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "scripts", "tests")
 
 ISSUE = re.compile(r"\bissues?\s*#?\d+|(?<![\w&#/])#\d+\b", re.I)
 # a path into the repository: a top-level folder of the project, or a Markdown/config file named at the top
 TOP_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "scripts", "tests", "docs", ".ci")
-PATH = re.compile(r"(?<![\w./-])((?:%s)/[\w./-]*[\w/]|[A-Za-z][\w-]*\.md\b)" % "|".join(re.escape(d) for d in TOP_DIRS))
+TOP_ALT = "|".join(re.escape(d) for d in TOP_DIRS)
+PATH = re.compile(rf"(?<![\w./-])((?:{TOP_ALT})/[\w./-]*[\w/]|[A-Za-z][\w-]*\.md\b)")
 
 
 def comments_and_docstrings(source: str) -> list[tuple[int, str]]:
     """(line, text) of every comment and every module, class and function docstring of `source`."""
-    out = [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-           if tok.type == tokenize.COMMENT]
+    out = [
+        (tok.start[0], tok.string)
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    ]
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
             doc = ast.get_docstring(node, clean=False)
@@ -44,18 +47,18 @@ def comments_and_docstrings(source: str) -> list[tuple[int, str]]:
 
 def path_exists(ref: str) -> bool:
     ref = ref.rstrip("./")
-    if any(c in ref for c in "<>{}*"):                                  # a pattern, not a file
+    if any(c in ref for c in "<>{}*"):  # a pattern, not a file
         return True
-    if "/" not in ref:                                                   # a bare Markdown name: top level or docs/
+    if "/" not in ref:  # a bare Markdown name: top level or docs/
         return (REPO / ref).exists() or (REPO / "docs" / ref).exists()
-    return (REPO / ref).exists() or any(REPO.glob(ref + ".*"))         # `fedccrl_core/foundation/fsio` names fsio.py
+    return (REPO / ref).exists() or any(REPO.glob(ref + ".*"))  # `fedccrl_core/foundation/fsio` names fsio.py
 
 
 def problems_in(text: str) -> list[str]:
     """What a comment or docstring cites that a reader cannot follow: issue numbers, files that do not exist."""
     out = [f"cites an issue: {m[0]!r}" for m in ISSUE.finditer(text)]
     for m in PATH.finditer(text):
-        ref = re.sub(r":\d+(-\d+)?$", "", m[1])                         # file:line
+        ref = re.sub(r":\d+(-\d+)?$", "", m[1])  # file:line
         if not path_exists(ref):
             out.append(f"names a file that does not exist: {ref!r}")
     return out
@@ -67,7 +70,7 @@ def _test_module(name: str):
 
     spec = importlib.util.spec_from_file_location(f"_docs_{name}", REPO / "tests" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module                                      # dataclasses look their module up
+    sys.modules[spec.name] = module  # dataclasses look their module up
     spec.loader.exec_module(module)
     return module
 
@@ -82,11 +85,13 @@ def test_the_comment_check_can_fail():
     assert problems_in("see fedccrl_core/no_such_module.py:12")
     assert problems_in("docs/no_such_page.md")
     assert not problems_in("# Eq. 2 over the clients; a tensor of shape (B, 3), colour #fff")
-    assert not problems_in("fedccrl_core/foundation/fsio.py:1-20, docs/architecture.md, README.md, models/<alg>/s<seed>")
+    assert not problems_in(
+        "fedccrl_core/foundation/fsio.py:1-20, docs/architecture.md, README.md, models/<alg>/s<seed>"
+    )
     assert not problems_in("the reference's algorithm/client/fedccrl.py:74-86 and pacs-ours/localTrain.py")
     src = '"""Module (issue 3)."""\n# a comment naming DESIGN.md\nx = "issue 4 in a plain string is data"\n'
     found = [(n, p) for n, text in comments_and_docstrings(src) for p in problems_in(text)]
-    assert sorted(n for n, _ in found) == [1, 2], found                # the plain string is not a comment
+    assert sorted(n for n, _ in found) == [1, 2], found  # the plain string is not a comment
 
 
 def test_comments_and_docstrings_state_their_reasons():
@@ -119,7 +124,8 @@ def test_architecture_page_lists_every_floor_of_the_layers_test():
             continue
         name = module.split(".", 1)[1]
         assert re.search(rf"\b{re.escape(name)}\b", rows.get(floor, "")), (
-            f"docs/architecture.md: {module} is on floor {floor} in tests/test_layers.py, not in that row")
+            f"docs/architecture.md: {module} is on floor {floor} in tests/test_layers.py, not in that row"
+        )
 
 
 def test_block_ids_the_docs_cite_exist():
@@ -133,14 +139,20 @@ def test_block_ids_the_docs_cite_exist():
 
 def test_mkdocs_build_is_strict_and_clean(tmp_path):
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stderr[-4000:]}"
     site = tmp_path / "site"
     hp = (site / "hyperparameters" / "index.html").read_text()
-    assert "train.fedccrl" in hp and "lambda1" in hp                     # generated by the hook at build time
+    assert "train.fedccrl" in hp and "lambda1" in hp  # generated by the hook at build time
     api = (site / "api" / "index.html").read_text()
-    assert "build_algorithm" in api and "DatasetSpec" in api            # rendered from the docstrings
+    assert "build_algorithm" in api and "DatasetSpec" in api  # rendered from the docstrings
     local_bn = (site / "algorithms" / "local-bn" / "index.html").read_text()
     assert "FDBatchNorm2d" in local_bn and "module-docstring" not in local_bn  # the modules' docstrings, inlined
-    assert not (REPO / "site").exists() or (REPO / "site").is_dir()     # never built into the repository here
+    assert not (REPO / "site").exists() or (REPO / "site").is_dir()  # never built into the repository here

@@ -16,6 +16,7 @@ count only where the stage itself uses them (otherwise editing FedSR would re-do
 
 On a failure the test prints the deps list to paste into dvc.yaml.
 """
+
 from __future__ import annotations
 
 import ast
@@ -24,7 +25,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from layout import module_name
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +43,7 @@ def imports_of(module: str) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 pkg = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
-                base = ".".join(pkg[:len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
+                base = ".".join(pkg[: len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
             else:
                 base = node.module
             names = [base] + [f"{base}.{a.name}" for a in node.names]
@@ -121,12 +121,14 @@ def test_stage_code_deps_cover_what_it_imports_by_package(name):
     code_deps = [str(d) for d in stage.get("deps", []) if str(d).split("/")[0] in OWN]
     needed = needed_files(stage)
     listed = set().union(*(py_files(d) for d in code_deps)) if code_deps else set()
-    assert needed <= listed, f"dvc.yaml stage {name}: deps miss {sorted(needed - listed)}; " \
-                             f"its code deps should be {by_package(needed)}"
+    assert needed <= listed, (
+        f"dvc.yaml stage {name}: deps miss {sorted(needed - listed)}; its code deps should be {by_package(needed)}"
+    )
     unused = [d for d in code_deps if not py_files(d) & needed]
     assert not unused, f"dvc.yaml stage {name}: deps {unused} hold nothing it imports; should be {by_package(needed)}"
-    assert sorted(code_deps) == sorted(by_package(needed)), \
+    assert sorted(code_deps) == sorted(by_package(needed)), (
         f"dvc.yaml stage {name}: code deps {code_deps}, by package {by_package(needed)}"
+    )
 
 
 def test_by_package_declares_folders_for_sub_packages_and_files_at_the_top():
@@ -162,12 +164,19 @@ def test_bytecode_caches_stay_out_of_the_hash_of_a_folder_dep():
     dvc = shutil.which("dvc")
     if dvc is None:
         pytest.skip("dvc is not on PATH (the project's .venv is not active)")
-    folders = sorted({d for st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()
-                      for d in st.get("deps", []) if (ROOT / d).is_dir() and any((ROOT / d).rglob("*.py"))})
+    folders = sorted(
+        {
+            d
+            for st in yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"].values()
+            for d in st.get("deps", [])
+            if (ROOT / d).is_dir() and any((ROOT / d).rglob("*.py"))
+        }
+    )
     assert folders  # the stages do depend on folders of code
     pyc = [f"{d}/__pycache__/m.cpython-311.pyc" for d in folders]
     ignored = subprocess.run([dvc, "check-ignore", *pyc], cwd=ROOT, capture_output=True, text=True)
     assert ignored.stdout.split() == pyc, f"hashed with their folder: {sorted(set(pyc) - set(ignored.stdout.split()))}"
-    sources = subprocess.run([dvc, "check-ignore", *(f"{d}/m.py" for d in folders)], cwd=ROOT, capture_output=True,
-                             text=True)
+    sources = subprocess.run(
+        [dvc, "check-ignore", *(f"{d}/m.py" for d in folders)], cwd=ROOT, capture_output=True, text=True
+    )
     assert sources.returncode == 1 and sources.stdout == "", f"sources left out of a folder's hash: {sources.stdout}"

@@ -4,6 +4,7 @@ children, and each experiment's changed params.
 
 A scratch git repository holds the working tree's files (tracked and untracked, not ignored) at tiny settings:
 one algorithm, one seed, one held-out domain, one round of one local epoch."""
+
 from __future__ import annotations
 
 import os
@@ -14,14 +15,21 @@ import time
 from pathlib import Path
 
 import pytest
-
 from fixtures import write_params
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TINY = {"train.algorithms": ["fedccrl"], "train.seeds": [0], "train.held_out": ["sketch"], "train.rounds": 1,
-        "train.local_epochs": 1, "tracking.system_metrics": False,
-        "figures.tsne_points": 20, "figures.gradcam_images": 2, "figures.preview_images": 1}
+TINY = {
+    "train.algorithms": ["fedccrl"],
+    "train.seeds": [0],
+    "train.held_out": ["sketch"],
+    "train.rounds": 1,
+    "train.local_epochs": 1,
+    "tracking.system_metrics": False,
+    "figures.tsne_points": 20,
+    "figures.gradcam_images": 2,
+    "figures.preview_images": 1,
+}
 
 
 def _env(ws: Path) -> dict:
@@ -39,8 +47,13 @@ def _run(args, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
 
 
 def _scratch_repo(root: Path) -> Path:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = (
+        subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True
+        )
+        .stdout.decode()
+        .split("\0")
+    )
     ws = root / "repo"
     for rel in filter(None, files):
         src = REPO / rel
@@ -48,8 +61,11 @@ def _scratch_repo(root: Path) -> Path:
             (ws / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, ws / rel)
     write_params(ws, TINY)  # the scratch repo's params.yaml is the checkout's, copied above
-    for cmd in (["git", "init", "-q"], ["git", "add", "-A"],
-                ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny"]):
+    for cmd in (
+        ["git", "init", "-q"],
+        ["git", "add", "-A"],
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "tiny"],
+    ):
         _run(cmd, ws)
     return ws
 
@@ -70,8 +86,13 @@ def test_two_queued_experiments_land_in_the_repos_mlflow_store(tmp_path):
                 break
             assert time.monotonic() < deadline, status
             time.sleep(5)
-        logs = "".join(subprocess.run(["dvc", "queue", "logs", n], cwd=ws, env=_env(ws), capture_output=True,
-                                      text=True).stdout[-4000:] for n in ("lr-a", "lr-b") if status.count("Success") != 2)
+        logs = "".join(
+            subprocess.run(["dvc", "queue", "logs", n], cwd=ws, env=_env(ws), capture_output=True, text=True).stdout[
+                -4000:
+            ]
+            for n in ("lr-a", "lr-b")
+            if status.count("Success") != 2
+        )
         assert status.count("Success") == 2, status + logs
     finally:
         subprocess.run(["dvc", "queue", "stop", "--kill"], cwd=ws, env=_env(ws), capture_output=True, timeout=120)
@@ -86,7 +107,7 @@ def test_two_queued_experiments_land_in_the_repos_mlflow_store(tmp_path):
     assert set(parents) == {"lr-a", "lr-b"}
     for name, lr in (("lr-a", "0.002"), ("lr-b", "0.004")):
         parent = parents[name]
-        assert parent.info.run_name == f"{name} train.lr={lr}"    # the experiment and its changed params
+        assert parent.info.run_name == f"{name} train.lr={lr}"  # the experiment and its changed params
         assert parent.data.tags["dvc.exp_name"] == name and parent.data.params["train.lr"] == lr
         children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id]
         assert [c.info.run_name for c in children] == ["fedccrl-synthetic-s0-sketch"]

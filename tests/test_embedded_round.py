@@ -6,6 +6,7 @@ hyperparameters params.yaml gives it (CCST with seeded random AdaIN weights: the
 weights cannot be downloaded here). Parametrized over the registry, so an algorithm added later
 is covered without touching this file.
 """
+
 from __future__ import annotations
 
 import math
@@ -17,9 +18,9 @@ import torch
 
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.train import run_settings
 
@@ -38,8 +39,16 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("algorithm", sorted(ALGORITHMS))
 def test_one_round_on_embedded_default(embedded, algorithm):
     base, params = embedded
-    params = {**params, "train": {**params["train"], "rounds": 1, "local_epochs": 1, "device": "cpu",
-                                  "ccst": {**params["train"]["ccst"], "adain_weights": "random"}}}
+    params = {
+        **params,
+        "train": {
+            **params["train"],
+            "rounds": 1,
+            "local_epochs": 1,
+            "device": "cpu",
+            "ccst": {**params["train"]["ccst"], "adain_weights": "random"},
+        },
+    }
     cfg = validate_params(params, (algorithm,))  # validates CCST's group when CCST is the one trained
     settings = run_settings(cfg)
     manifest = load_manifest(base / "shards")
@@ -48,9 +57,13 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     clients = load_clients(base / "shards", base / "pools", sources, "cpu")
     assert len(clients) == 3 * params["partition"]["clients_per_domain"]
     tx, ty = load_domain_test(base / "shards", target)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                  ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-                  torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]),
+        torch.cat([c.val_y for c in clients]),
+        ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], "cpu").train_x,
+        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
+        256,
+    )
     alg = build_algorithm(algorithm, settings.local, getattr(cfg.train, algorithm).model_dump())
     backbone, pretrained = settings.backbone, settings.pretrained
     assert backbone == "small_cnn"
@@ -69,6 +82,9 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     if algorithm in ("fedccrl", "fedalign", "ccst"):  # these exchange statistics besides weights
         w_bytes = sum(v.numel() * v.element_size() for v in res.final_weights.values())
         assert rec["bytes_up"] > len(clients) * w_bytes
-    changed = [k for k, v in res.final_weights.items()
-               if k in before and v.is_floating_point() and not torch.equal(v, before[k])]
+    changed = [
+        k
+        for k, v in res.final_weights.items()
+        if k in before and v.is_floating_point() and not torch.equal(v, before[k])
+    ]
     assert any(k.startswith("g.") for k in changed), "the classifier g did not move in one round"

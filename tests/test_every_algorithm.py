@@ -8,6 +8,7 @@
   test_loopback_every_algorithm_matches_inprocess_engine, parametrized over the same registry (CCST and FedADG
   are in the full tier: style transfer and an adversarial generator take 20-45 s per engine on the CPU).
 """
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms import ALGORITHMS
+from fedccrl_core.foundation import contract
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -46,7 +47,10 @@ def test_params_group_validates_for_a_run_of_the_algorithm_alone(name, tmp_path)
     path.write_text(yaml.safe_dump(tiny_params([name]), sort_keys=False))
     cfg = load_config(path)
     assert cfg.train.algorithms == [name]
-    assert getattr(cfg.train, name).model_dump() == {**ALGORITHMS[name].Params().model_dump(), **NO_DOWNLOAD.get(name, {})}
+    assert getattr(cfg.train, name).model_dump() == {
+        **ALGORITHMS[name].Params().model_dump(),
+        **NO_DOWNLOAD.get(name, {}),
+    }
 
 
 def _dvc() -> str:
@@ -58,8 +62,14 @@ def _dvc() -> str:
 
 def _env(repo: Path) -> dict:
     """One MLflow store per clone (created once: a new SQLite store costs ~10 s of migrations per process)."""
-    return {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1",
-            "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}", "FEDCCRL_MLFLOW_ARTIFACTS": str(repo / "mlruns")}
+    return {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PYTHONPATH": str(ROOT),
+        "DVC_NO_ANALYTICS": "1",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}",
+        "FEDCCRL_MLFLOW_ARTIFACTS": str(repo / "mlruns"),
+    }
 
 
 def _clone(dest: Path, algorithms: list[str]) -> Path:
@@ -67,8 +77,9 @@ def _clone(dest: Path, algorithms: list[str]) -> Path:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(dest)], check=True)
     shutil.copy(ROOT / "dvc.yaml", dest / "dvc.yaml")
     (dest / "params.yaml").write_text(yaml.safe_dump(tiny_params(algorithms), sort_keys=False))
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tiny"], cwd=dest,
-                   check=False)
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "tiny"], cwd=dest, check=False
+    )
     return dest
 
 
@@ -119,10 +130,24 @@ def test_dvc_exp_run_temp_with_one_algorithm_alone(tmp_path):
     round, evaluate, export, report, figures) in DVC's temporary copy of the repository (docs/mlflow.md: every
     form of `dvc exp run` logs to the one store), for that algorithm alone."""
     repo = _clone(tmp_path / "repo", ["fedavg"])
-    _run([_dvc(), "exp", "run", "--temp", "-S", "train.algorithms=[fedccrl]", "-S", "train.rounds=1",
-          "-S", f"train.held_out=[{HELD_OUT}]"], repo, timeout=1200)
+    _run(
+        [
+            _dvc(),
+            "exp",
+            "run",
+            "--temp",
+            "-S",
+            "train.algorithms=[fedccrl]",
+            "-S",
+            "train.rounds=1",
+            "-S",
+            f"train.held_out=[{HELD_OUT}]",
+        ],
+        repo,
+        timeout=1200,
+    )
     shown = json.loads(_run([_dvc(), "exp", "show", "--json"], repo).stdout)
     (rev,) = [r for top in shown for e in top.get("experiments") or [] for r in e.get("revs", [])]  # the one experiment
-    summary = rev["data"]["metrics"]["results/summary.json"]["data"]   # the report stage's metrics, recorded by DVC
+    summary = rev["data"]["metrics"]["results/summary.json"]["data"]  # the report stage's metrics, recorded by DVC
     assert set(summary) == {"fedccrl"} and 0 <= summary["fedccrl"]["sketch"] <= 1, summary
     assert rev["data"]["params"]["params.yaml"]["data"]["train"]["algorithms"] == ["fedccrl"]

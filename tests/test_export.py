@@ -3,6 +3,7 @@
 Shards come from the real partition code: the session's tiny synthetic dataset (conftest.py `tiny`);
 the model is a random small_cnn at 32 px (parity does not need a trained model).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,15 +17,15 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
+from fixtures import TINY_IMAGES_PER_CLASS
 from layout import TOP
 
 from fedccrl_core.algorithms import load_model
-from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.foundation.errors import FedCCRLError
+from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.learning.models import build_model
-from fixtures import TINY_IMAGES_PER_CLASS
 from fedccrl_pipeline import onnx_export
 from fedccrl_pipeline.export import command
 from fedccrl_pipeline.model_registry import SERVING_PACKAGES, log_to_mlflow, sanitize
@@ -46,10 +47,24 @@ def write_model(path: Path, shards: Path, **meta_over) -> Path:
     manifest = json.loads((shards / "manifest.json").read_text())
     torch.manual_seed(1)
     model = build_model("small_cnn", manifest["num_classes"])
-    meta = dict(backbone="small_cnn", num_classes=manifest["num_classes"], classes=manifest["classes"],
-                image_size=32, mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY,
-                dataset="synthetic", domains=manifest["domains"], held_out_domain=HELD_OUT, held_out_index=3,
-                algorithm="fedccrl", seed=0, round=10, params_hash="feedbeef01234567", git_commit="c0ffee")
+    meta = dict(
+        backbone="small_cnn",
+        num_classes=manifest["num_classes"],
+        classes=manifest["classes"],
+        image_size=32,
+        mean=[0.485, 0.456, 0.406],
+        std=[0.229, 0.224, 0.225],
+        resize=RESIZE_POLICY,
+        dataset="synthetic",
+        domains=manifest["domains"],
+        held_out_domain=HELD_OUT,
+        held_out_index=3,
+        algorithm="fedccrl",
+        seed=0,
+        round=10,
+        params_hash="feedbeef01234567",
+        git_commit="c0ffee",
+    )
     meta.update(meta_over)
     save_model(path, model, meta)
     return path
@@ -75,8 +90,9 @@ def leftovers(out: Path) -> set[str]:
 
 # ------------------------------------------------------------------ the successful export
 
+
 def test_stage_writes_one_onnx_file_and_parity(exported, shards):
-    model, out, result = exported
+    _model, out, result = exported
     assert result.exit_code == 0, result.stderr
     assert leftovers(out) == {"model.onnx", "parity.json"}  # no side .data file, no temp file
     parity = json.loads((out / "parity.json").read_text())
@@ -103,8 +119,22 @@ def test_onnx_file_passes_the_checker_and_holds_the_metadata(exported):
     _, meta = load_model(model_path)
     decoded = parse_metadata({p.key: p.value for p in proto.metadata_props}, str(path)).as_dict()
     assert decoded["fedccrl_format"] == 1
-    for key in ("classes", "image_size", "mean", "std", "resize", "dataset", "held_out_domain", "algorithm", "seed",
-                "params_hash", "git_commit", "domains", "backbone", "num_classes"):
+    for key in (
+        "classes",
+        "image_size",
+        "mean",
+        "std",
+        "resize",
+        "dataset",
+        "held_out_domain",
+        "algorithm",
+        "seed",
+        "params_hash",
+        "git_commit",
+        "domains",
+        "backbone",
+        "num_classes",
+    ):
         assert decoded[key] == meta[key], key
 
 
@@ -123,6 +153,7 @@ def test_dynamic_batch_matches_pytorch(exported):
 
 
 # ------------------------------------------------------------------ failures leave no model.onnx
+
 
 def test_failed_parity_exits_nonzero_and_leaves_no_model(shards, tmp_path, monkeypatch):
     model = write_model(tmp_path / "model.pt", shards)
@@ -172,6 +203,7 @@ def test_metadata_needs_the_preprocessing():
 
 # ------------------------------------------------------------------ MLflow
 
+
 def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(shards, tmp_path, monkeypatch):
     import mlflow
     import pandas as pd
@@ -193,8 +225,9 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     version = client.get_model_version_by_alias(name, "s0-heldout-sketch")
     assert version.run_id == run_id
     assert version.tags["held_out_domain"] == HELD_OUT and version.tags["params_hash"] == "feedbeef01234567"
-    logged = mlflow.search_logged_models(experiment_ids=[exp_id], filter_string=f"source_run_id = '{run_id}'",
-                                         output_format="list")
+    logged = mlflow.search_logged_models(
+        experiment_ids=[exp_id], filter_string=f"source_run_id = '{run_id}'", output_format="list"
+    )
     assert [m.name for m in logged] == ["model"]
     info = mlflow.models.get_model_info(uri)
     assert {"onnx", "python_function"} <= set(info.flavors)
@@ -242,9 +275,12 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     # repository is importable (no PYTHONPATH, no editable-install finder, another working directory)
     local = Path(mlflow.artifacts.download_artifacts(uri, dst_path=str(tmp_path / "logged")))
     shipped = sorted(p.relative_to(local / "code").as_posix() for p in (local / "code").rglob("*.py"))
-    assert {s.split("/")[0] for s in shipped} == set(SERVING_PACKAGES)        # no pipeline, benchmarks, Flower
-    assert shipped == sorted(f"{pkg}/{p.relative_to(REPO / TOP[pkg]).as_posix()}" for pkg in SERVING_PACKAGES
-                             for p in (REPO / TOP[pkg]).rglob("*.py"))  # whole packages: nothing shadowed
+    assert {s.split("/")[0] for s in shipped} == set(SERVING_PACKAGES)  # no pipeline, benchmarks, Flower
+    assert shipped == sorted(
+        f"{pkg}/{p.relative_to(REPO / TOP[pkg]).as_posix()}"
+        for pkg in SERVING_PACKAGES
+        for p in (REPO / TOP[pkg]).rglob("*.py")
+    )  # whole packages: nothing shadowed
     np.save(tmp_path / "x.npy", x)
     script = (
         "import sys, json, numpy as np\n"
@@ -253,7 +289,8 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
         f"pf = mlflow.pyfunc.load_model({str(local)!r})\n"
         f"out = pf.predict(np.load({str(tmp_path / 'x.npy')!r}))\n"
         "mods = [m.__file__ for n, m in sys.modules.items() if n.split('.')[0] in ('fedccrl_serving', 'fedccrl_core')]\n"
-        "print(json.dumps({'classes': list(out['class']), 'files': mods}))\n")
+        "print(json.dumps({'classes': list(out['class']), 'files': mods}))\n"
+    )
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
@@ -286,8 +323,9 @@ def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monk
     exp_id = mlflow.create_experiment("fedccrl-parity", artifact_location=(tmp_path / "artifacts").as_uri())
     with mlflow.start_run(experiment_id=exp_id, run_name="train") as run:
         pass
-    model = write_model(tmp_path / "model.pt", shards, mlflow_run_id=run.info.run_id, dataset="synthetic",
-                        algorithm="fedavg")
+    model = write_model(
+        tmp_path / "model.pt", shards, mlflow_run_id=run.info.run_id, dataset="synthetic", algorithm="fedavg"
+    )
     assert run_export(model, shards, tmp_path / "out").exit_code == 0
     client = mlflow.MlflowClient()
     name = "fedccrl-synthetic-fedavg"
@@ -322,6 +360,7 @@ def test_alias_is_sanitized():
 
 # ------------------------------------------------------------------ one trace per architecture
 
+
 def _canonical(proto: onnx.ModelProto) -> bytes:
     """The model with every intermediate value and node renamed in order of appearance: two exports of one model
     compare equal when they compute the same graph with the same weights, whatever the exporter's name counters."""
@@ -351,17 +390,31 @@ def _random_model(algorithm: str, seed: int):
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.running_mean.uniform_(-1, 1)
             m.running_var.uniform_(0.5, 2)
-    meta = dict(backbone="small_cnn", num_classes=4, classes=list("abcd"), image_size=32, algorithm=algorithm,
-                mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY)
+    meta = dict(
+        backbone="small_cnn",
+        num_classes=4,
+        classes=list("abcd"),
+        image_size=32,
+        algorithm=algorithm,
+        mean=[0.485, 0.456, 0.406],
+        std=[0.229, 0.224, 0.225],
+        resize=RESIZE_POLICY,
+    )
     return model.eval(), meta
 
 
 FAST_ALGORITHMS = ("fedccrl", "fedsr")  # FedSR: a probabilistic head and a reference distribution in its state
 
 
-@pytest.mark.parametrize("algorithm", [a if a in FAST_ALGORITHMS else pytest.param(a, marks=pytest.mark.full(
-    "one trace reused: every algorithm's model, three exports each")) for a in __import__(
-        "fedccrl_core.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS])
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        a
+        if a in FAST_ALGORITHMS
+        else pytest.param(a, marks=pytest.mark.full("one trace reused: every algorithm's model, three exports each"))
+        for a in __import__("fedccrl_core.algorithms", fromlist=["ALGORITHMS"]).ALGORITHMS
+    ],
+)
 def test_a_reused_trace_exports_the_same_graph_as_the_exporter_itself(algorithm, tmp_path):
     """A second model of one architecture, exported through the first one's trace, is the graph that
     torch.onnx.export(optimize=True) makes of it, with its own weights (up to intermediate value names)."""
@@ -373,9 +426,17 @@ def test_a_reused_trace_exports_the_same_graph_as_the_exporter_itself(algorithm,
     reused = onnx.load(export_onnx(second, meta, tmp_path / "second.onnx", traces=traces))
     assert len(traces) == 1  # the second model was not traced again
     with torch.no_grad():
-        direct = torch.onnx.export(second, (torch.randn(2, 3, 32, 32),), None, dynamo=True, external_data=False,
-                                   verbose=False, input_names=["images"], output_names=["logits"],
-                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)).model_proto
+        direct = torch.onnx.export(
+            second,
+            (torch.randn(2, 3, 32, 32),),
+            None,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+        ).model_proto
     first_graph = onnx.load(tmp_path / "first.onnx")
     for m in (reused, first_graph, direct):  # our metadata and description apart
         del m.metadata_props[:]
@@ -397,9 +458,17 @@ def test_models_of_two_algorithms_share_one_trace_only_where_their_modules_match
     export_onnx(fedsr, meta, tmp_path / "fedsr.onnx", traces=traces)
     assert len(traces) == 2
     with torch.no_grad():
-        direct = torch.onnx.export(fedccrl, (torch.randn(2, 3, 32, 32),), None, dynamo=True, external_data=False,
-                                   verbose=False, input_names=["images"], output_names=["logits"],
-                                   dynamic_shapes=({0: torch.export.Dim("batch", min=1)},)).model_proto
+        direct = torch.onnx.export(
+            fedccrl,
+            (torch.randn(2, 3, 32, 32),),
+            None,
+            dynamo=True,
+            external_data=False,
+            verbose=False,
+            input_names=["images"],
+            output_names=["logits"],
+            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+        ).model_proto
     for m in (shared, direct):
         del m.metadata_props[:]
         m.ClearField("doc_string")
@@ -427,12 +496,20 @@ def test_a_trace_holding_its_own_constants_is_not_reused():
 
 # ------------------------------------------------------------------ the paper's backbone
 
+
 @pytest.mark.full("MobileNetV3-Large at 224 px: the paper's backbone exported and checked, about a minute on 2 cores")
 def test_mobilenet_v3_large_224_exports_as_one_checked_file(tmp_path):
     torch.manual_seed(0)
     model = build_model("mobilenet_v3_large", 7).eval()
-    meta = dict(backbone="mobilenet_v3_large", num_classes=7, classes=[f"c{i}" for i in range(7)], image_size=224,
-                mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY)
+    meta = dict(
+        backbone="mobilenet_v3_large",
+        num_classes=7,
+        classes=[f"c{i}" for i in range(7)],
+        image_size=224,
+        mean=[0.485, 0.456, 0.406],
+        std=[0.229, 0.224, 0.225],
+        resize=RESIZE_POLICY,
+    )
     path = export_onnx(model, meta, tmp_path / "model.onnx")  # runs onnx.checker (full check) itself
     assert leftovers(tmp_path) == {"model.onnx"}
     assert 10e6 < path.stat().st_size < 2**31
@@ -444,14 +521,18 @@ def test_mobilenet_v3_large_224_exports_as_one_checked_file(tmp_path):
 
 # ------------------------------------------------------------------ export + serve, end to end
 
+
 def test_serving_the_raw_held_out_folder_reproduces_the_shard_predictions(exported, shards, tiny):
     """The held-out domain's original files through `fedccrl-serve evaluate` give exactly the confusion
     matrix of the PyTorch model on the shards (decoded by the partition stage): same transform."""
     from fedccrl_serving.cli import main as serve
 
     model_path, out, _ = exported
-    r = CliRunner().invoke(serve, ["evaluate", str(out / "model.onnx"), str(tiny / "raw" / HELD_OUT),
-                                   "--json", "-q"], catch_exceptions=False)
+    r = CliRunner().invoke(
+        serve,
+        ["evaluate", str(out / "model.onnx"), str(tiny / "raw" / HELD_OUT), "--json", "-q"],
+        catch_exceptions=False,
+    )
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     model, meta = load_model(model_path)

@@ -1,6 +1,7 @@
 """FedAlign (fedalign.txt): clustering and variance-weighted sampling of the style pool (Sec. 3.3),
 MixStyle (Eq. 7-11), L_RC (Eq. 13), L_JS (Eq. 15), Eq. 16 with its switches, the discriminator of
 Sec. 3.4, and one engine run."""
+
 from __future__ import annotations
 
 import math
@@ -10,17 +11,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, load_model
 from fedccrl_core.algorithms.base import StepContext
-from fedccrl_core.algorithms.fedalign import (DomainDiscriminator, FedAlign, adversarial_loss, clustered_mixstyle,
-                                              cluster_variance, fedalign_loss, grad_reverse, kmeans,
-                                              representation_consistency_loss, style_pool_distribution,
-                                              style_sampling_probabilities)
-from fedccrl_core.algorithms import load_model
-from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.algorithms.fedalign import (
+    DomainDiscriminator,
+    FedAlign,
+    adversarial_loss,
+    cluster_variance,
+    clustered_mixstyle,
+    fedalign_loss,
+    grad_reverse,
+    kmeans,
+    representation_consistency_loss,
+    style_pool_distribution,
+    style_sampling_probabilities,
+)
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
+from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.learning.statistics import channel_stats
 
 SMALL = {"disc_hidden": 16}
@@ -184,8 +193,16 @@ def test_model_has_discriminator_but_infers_with_g_h_only(tmp_path):
     assert any(k.startswith("discriminator.") for k in model.state_dict())  # aggregated with Eq. 2
     x = torch.randn(2, 3, 8, 8)
     assert torch.equal(model(x), model.g(model.h(x)))
-    meta = {"backbone": "small_cnn", "num_classes": 3, "classes": ["a", "b", "c"], "image_size": 8,
-            "mean": [0.5] * 3, "std": [0.25] * 3, "algorithm": "fedalign", "hparams": SMALL}
+    meta = {
+        "backbone": "small_cnn",
+        "num_classes": 3,
+        "classes": ["a", "b", "c"],
+        "image_size": 8,
+        "mean": [0.5] * 3,
+        "std": [0.25] * 3,
+        "algorithm": "fedalign",
+        "hparams": SMALL,
+    }
     save_model(tmp_path / "m.pt", model, meta)
     loaded, _ = load_model(tmp_path / "m.pt")  # rebuilt through FedAlign.build_model
     assert loaded.state_dict().keys() == model.state_dict().keys() and torch.equal(loaded(x), model(x))
@@ -194,8 +211,10 @@ def test_model_has_discriminator_but_infers_with_g_h_only(tmp_path):
 def test_train_step_terms_and_adv_switch():
     torch.manual_seed(0)
     g = np.random.default_rng(0)
-    payload = {"mu": g.normal(size=(30, 3)).astype(np.float32),
-               "sigma": (np.abs(g.normal(size=(30, 3))) + 0.5).astype(np.float32)}
+    payload = {
+        "mu": g.normal(size=(30, 3)).astype(np.float32),
+        "sigma": (np.abs(g.normal(size=(30, 3))) + 0.5).astype(np.float32),
+    }
     x, y = torch.randn(6, 3, 8, 8), torch.tensor([0, 1, 2, 0, 1, 2])
     for adv in (True, False):
         alg = FedAlign(LocalConfig(), {**SMALL, "adv": adv})
@@ -213,17 +232,30 @@ def test_train_step_terms_and_adv_switch():
 # ---- one engine run ------------------------------------------------------------------------------
 def test_engine_round(toy_client, tmp_path):
     torch.manual_seed(0)
-    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i, stats=True, stats_mean=20 * i / 40)
-               for i in range(2) for k in range(2)]
+    clients = [
+        toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i, stats=True, stats_mean=20 * i / 40)
+        for i in range(2)
+        for k in range(2)
+    ]
     tx = toy_client("t", "t", 40, 99, 40, stats=True, stats_mean=40 / 40)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
-                  tx.train_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
+    )
     local = LocalConfig(rounds=1, local_epochs=1, batch_size=8, lr=1e-2)
     alg = build_algorithm("fedalign", local, SMALL)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = InProcessEngine(alg, model, clients, ev, 1, seed=0, checkpoint_path=tmp_path / "ck.pt",
-                          run_info={"k": "fedalign"}, log=lambda m: None).run()
+    res = InProcessEngine(
+        alg,
+        model,
+        clients,
+        ev,
+        1,
+        seed=0,
+        checkpoint_path=tmp_path / "ck.pt",
+        run_info={"k": "fedalign"},
+        log=lambda m: None,
+    ).run()
     rec = res.history[0]
     for key in ("loss", "l_cls", "l_sc", "l_rc", "l_js", "l_adv", "val_acc", "target_acc"):
         assert math.isfinite(rec[key]), key

@@ -1,5 +1,6 @@
 """FedBN and SiloBN (fedfd-a.txt section 4.1): which tensors stay on the client, that they survive
 across rounds per client, the complete global model, the paper's SGD setting, and engine runs."""
+
 from __future__ import annotations
 
 import math
@@ -8,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms.silobn import SiloBN
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientState
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
 SMALL_SGD = {"batch_size": 8, "lr": 0.05}
 
@@ -26,16 +27,28 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 def make_engine(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
     torch.manual_seed(0)
-    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i)
-               for i in range(2) for k in range(2)]
+    clients = [
+        toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i) for i in range(2) for k in range(2)
+    ]
     tx = toy_client("t", "t", 40, 99, 60, 0.6)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
-                  tx.train_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
+    )
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
     alg = build_algorithm(algorithm, local, hparams)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, checkpoint_path=tmp_path / ckpt_name,
-                           on_round=on_round, run_info={"k": algorithm}, log=lambda m: None)
+    return InProcessEngine(
+        alg,
+        model,
+        clients,
+        ev,
+        rounds,
+        seed=0,
+        checkpoint_path=tmp_path / ckpt_name,
+        on_round=on_round,
+        run_info={"k": algorithm},
+        log=lambda m: None,
+    )
 
 
 def test_registered_and_frameworks():
@@ -45,7 +58,7 @@ def test_registered_and_frameworks():
     assert len(bns) == 4
     stats = {f"{b}.{s}" for b in bns for s in ("running_mean", "running_var", "num_batches_tracked")}
     affine = {f"{b}.{s}" for b in bns for s in ("weight", "bias")}
-    assert set(local_bn_keys(model, "silobn")) == stats          # SiloBN: statistics only
+    assert set(local_bn_keys(model, "silobn")) == stats  # SiloBN: statistics only
     assert set(local_bn_keys(model, "fedbn")) == stats | affine  # FedBN: statistics and affine
     assert local_bn_keys(model, "fedavg") == []
 
@@ -89,8 +102,10 @@ def test_local_tensors_survive_rounds_and_are_not_loaded_from_the_aggregate(toy_
     spy.cid = None
     alg.train_step = spy
     g0 = {k: v.clone() for k, v in model.state_dict().items()}
-    r1 = {c: alg.local_train(model, d, states[c], g0, None, torch.Generator().manual_seed(0),
-                             np.random.default_rng(0)) for c, d in clients.items()}
+    r1 = {
+        c: alg.local_train(model, d, states[c], g0, None, torch.Generator().manual_seed(0), np.random.default_rng(0))
+        for c, d in clients.items()
+    }
     for c in clients:  # each client stored exactly its framework's local tensors, as its own values
         assert set(states[c].extra["local_bn"]) == keys
         assert all(torch.equal(states[c].extra["local_bn"][k], r1[c].weights[k]) for k in keys)

@@ -2,35 +2,41 @@
 reading. Each switch pinned on tiny tensors against hand-computed values; one local step under the
 reference variant differs from the paper only where a switch says so; the reference variant end to
 end through the in-process engine, Flower (loopback Grid) and the train stage (params.yaml -> MLflow)."""
+
 from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from flower_harness import HPARAMS, assert_same_history, loopback, make_spec, run_inprocess, serve
 from torch import nn
 
-from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithm_params.fedccrl import VARIANT_SWITCHES, resolve_variant
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.augment import fedccrl_augment
-from fedccrl_core.augment.augmix import (ALL_OPS, COLOR_OPS, OPS, apply_op, augmix_batch, batch_op_magnitude,
-                                         sample_augmix_plan, sample_batch_augmix_plan, to_uint8_levels,
-                                         _augmix_with)
+from fedccrl_core.augment.augmix import (
+    ALL_OPS,
+    OPS,
+    _augmix_with,
+    apply_op,
+    augmix_batch,
+    batch_op_magnitude,
+    sample_augmix_plan,
+    sample_batch_augmix_plan,
+    to_uint8_levels,
+)
 from fedccrl_core.augment.ccdt import mixstyle, pool_rows
-from fedccrl_core.learning.clients import ClientData, ClientState
-from fedccrl_core.data.pools import compute_statistics, sample_statistics, unbiased_sigma, upload_size
+from fedccrl_core.data.pools import compute_statistics, unbiased_sigma, upload_size
 from fedccrl_core.foundation.errors import DataError
+from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.learning.losses import supcon_loss, supcon_self_positive_loss, three_view_ce
 from fedccrl_core.learning.models import build_model
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
-from flower_harness import HPARAMS, assert_same_history, loopback, make_spec, run_inprocess, serve
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -49,8 +55,9 @@ def test_variant_resolves_auto_switches_and_explicit_ones_win():
     assert FedCCRL(LocalConfig(), {"variant": "reference"}).hp.forward == "per_view"
 
 
-@pytest.mark.parametrize("key,value", [("variant", "code"), ("forward", "twice"), ("supcon", True),
-                                       ("uint8_wrap", "yes")])
+@pytest.mark.parametrize(
+    "key,value", [("variant", "code"), ("forward", "twice"), ("supcon", True), ("uint8_wrap", "yes")]
+)
 def test_bad_switch_is_one_error_naming_the_key(key, value):
     with pytest.raises(ValueError, match=rf"train\.fedccrl\.{key}\b"):
         FedCCRL(LocalConfig(), {key: value})
@@ -89,10 +96,21 @@ def test_batch_magnitudes_are_torchvision_bins():
     """linspace(0, max, 10)[bin], bins 0..severity-1; hand values at bin 2 (2/9 of max), W = 36, H = 18."""
     ids = torch.arange(len(ALL_OPS))
     mag = batch_op_magnitude(ids, torch.full_like(ids, 2), torch.full((len(ids),), -1.0), height=18, width=36)
-    want = {"autocontrast": 0.0, "equalize": 0.0, "posterize": 3.0,  # 4 - round(2 / 2.25)
-            "rotate": -30 * 2 / 9, "solarize": 255 * 7 / 9, "shear_x": -0.3 * 2 / 9, "shear_y": -0.3 * 2 / 9,
-            "translate_x": -2.0, "translate_y": -1.0,  # -int(12 * 2/9 = 2.67), -int(6 * 2/9 = 1.33)
-            "brightness": -0.2, "color": -0.2, "contrast": -0.2, "sharpness": -0.2}
+    want = {
+        "autocontrast": 0.0,
+        "equalize": 0.0,
+        "posterize": 3.0,  # 4 - round(2 / 2.25)
+        "rotate": -30 * 2 / 9,
+        "solarize": 255 * 7 / 9,
+        "shear_x": -0.3 * 2 / 9,
+        "shear_y": -0.3 * 2 / 9,
+        "translate_x": -2.0,
+        "translate_y": -1.0,  # -int(12 * 2/9 = 2.67), -int(6 * 2/9 = 1.33)
+        "brightness": -0.2,
+        "color": -0.2,
+        "contrast": -0.2,
+        "sharpness": -0.2,
+    }
     assert dict(zip(ALL_OPS, mag.tolist())) == pytest.approx(want, rel=1e-6)
     bins0 = batch_op_magnitude(ids, torch.zeros_like(ids), torch.ones(len(ids)), 18, 36)
     assert bins0[ALL_OPS.index("posterize")] == 4 and bins0[ALL_OPS.index("solarize")] == 255
@@ -170,8 +188,10 @@ def test_uint8_wrap_only_changes_pixels_outside_0_1():
     b = fedccrl_augment(x, None, None, {**kw, "uint8_wrap": True}, torch.Generator().manual_seed(0))
     assert not torch.equal(a, b)
     inside = fedccrl_augment(x.clamp(-0.5, 0.5), None, None, kw, torch.Generator().manual_seed(0))
-    assert torch.equal(inside, fedccrl_augment(x.clamp(-0.5, 0.5), None, None, {**kw, "uint8_wrap": True},
-                                               torch.Generator().manual_seed(0)))
+    assert torch.equal(
+        inside,
+        fedccrl_augment(x.clamp(-0.5, 0.5), None, None, {**kw, "uint8_wrap": True}, torch.Generator().manual_seed(0)),
+    )
     out = augmix_batch(torch.rand(2, 3, 8, 8), generator=torch.Generator().manual_seed(1))
     assert torch.equal(out * 255, (out * 255).round())  # torchvision's uint8 output: 8-bit levels
 
@@ -181,8 +201,11 @@ def test_unbiased_against_population_statistics():
     x = torch.tensor([0.0, 1.0, 2.0, 3.0]).view(1, 1, 2, 2)  # mean 1.5; var 5/4 (over HW) or 5/3 (over HW - 1)
     mu, pop = channel_stats(x, eps=0.0)
     _, unb = channel_stats(x, eps=0.0, unbiased=True)
-    assert mu.item() == 1.5 and pop.item() == pytest.approx(math.sqrt(1.25)) and unb.item() == pytest.approx(
-        math.sqrt(5 / 3))
+    assert (
+        mu.item() == 1.5
+        and pop.item() == pytest.approx(math.sqrt(1.25))
+        and unb.item() == pytest.approx(math.sqrt(5 / 3))
+    )
     one, zero = torch.ones(1), torch.zeros(1, 1)  # lambda = 1: x_hat = (x - mu) / sigma(x) with the pool row (0, 1)
     for unbiased, var in ((False, 1.25), (True, 5 / 3)):
         got = mixstyle(x, zero, torch.ones(1, 1), one, eps=0.0, unbiased=unbiased)
@@ -275,8 +298,9 @@ def local_step(hp: dict, n: int = 6, batch_size: int | None = None):
     torch.manual_seed(0)
     model = build_model("small_cnn", 3)
     w0 = {k: v.clone() for k, v in model.state_dict().items()}
-    steps = alg.local_train_steps(model, data, ClientState(), w0, payload, torch.Generator().manual_seed(1),
-                                  np.random.default_rng(2))
+    steps = alg.local_train_steps(
+        model, data, ClientState(), w0, payload, torch.Generator().manual_seed(1), np.random.default_rng(2)
+    )
     count = 0
     while True:
         try:
@@ -348,8 +372,15 @@ def test_reference_variant_through_dvc(params, tmp_path):
     shutil.copy(REPO / "dvc.yaml", tmp_path / "dvc.yaml")
     for code in ("fedccrl_core", "fedccrl_flower", "serving", "pipeline"):
         (tmp_path / code).symlink_to(REPO / code)
-    params({"train.rounds": 1, "train.local_epochs": 1, "train.held_out": [3], "train.algorithms": ["fedccrl"],
-            "train.fedccrl.variant": "reference"})
+    params(
+        {
+            "train.rounds": 1,
+            "train.local_epochs": 1,
+            "train.held_out": [3],
+            "train.algorithms": ["fedccrl"],
+            "train.fedccrl.variant": "reference",
+        }
+    )
     dvc_run(["dvc", "init", "--no-scm", "-q"], tmp_path)
     dvc_run(["dvc", "repro", "train@fedccrl-0"], tmp_path)
     meta = json.loads((tmp_path / "models/fedccrl/s0/d3/history.json").read_text())["meta"]

@@ -1,5 +1,6 @@
 """Properties of FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over a grid of
 lambda, client counts, domain sizes and seeds."""
+
 import itertools
 
 import numpy as np
@@ -8,8 +9,8 @@ import pytest
 from fedccrl_core.data import feddg_bench
 from fedccrl_core.foundation.errors import DataError
 
-SIZES = [(37, 120, 55, 64), (500, 21, 90)]           # uneven domains (PACS-like and a lopsided one)
-CLIENTS = [2, 3, 4, 7, 30]                           # below, at and above the number of domains
+SIZES = [(37, 120, 55, 64), (500, 21, 90)]  # uneven domains (PACS-like and a lopsided one)
+CLIENTS = [2, 3, 4, 7, 30]  # below, at and above the number of domains
 LAMBDAS = [0.0, 0.1, 0.5, 1.0]
 SEEDS = [0, 1]
 
@@ -27,10 +28,10 @@ def test_every_example_exactly_once_and_counts_follow_the_formula(sizes, C, lam,
     parts = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(seed))
     assert len(parts) == C
     allidx = np.concatenate(parts)
-    assert np.array_equal(np.sort(allidx), np.arange(dom.size))          # a partition: each once, none lost
+    assert np.array_equal(np.sort(allidx), np.arange(dom.size))  # a partition: each once, none lost
     got = np.array([np.bincount(dom[p], minlength=len(sizes)) for p in parts])
     real = feddg_bench.expected_counts(sizes, C, lam)
-    assert np.abs(got - real).max() < 1.0 + 1e-9                          # within one example of the formula
+    assert np.abs(got - real).max() < 1.0 + 1e-9  # within one example of the formula
     assert np.array_equal(got.sum(axis=0), np.asarray(sizes))
 
 
@@ -62,7 +63,7 @@ def test_lambda_0_gives_single_domain_clients(sizes, C, seed):
     parts = feddg_bench.assign(dom, len(sizes), C, 0.0, np.random.default_rng(seed))
     if C >= len(sizes):
         assert all(np.unique(dom[p]).size == 1 for p in parts)
-    else:   # C < D: each domain whole on one client (the benchmark's greedy rule)
+    else:  # C < D: each domain whole on one client (the benchmark's greedy rule)
         for d in range(len(sizes)):
             owners = [c for c, p in enumerate(parts) if (dom[p] == d).any()]
             assert len(owners) == 1
@@ -99,8 +100,19 @@ def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_targe
     from fedccrl_core.data.shards import client_ids, load_client, load_domain_test, partition
 
     spec = registry.get_dataset("synthetic")
-    m = partition(tiny / "raw", tmp_path / "sh", spec, 16, val_fraction=0.1, seed=0, workers=1,
-                  progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
+    m = partition(
+        tiny / "raw",
+        tmp_path / "sh",
+        spec,
+        16,
+        val_fraction=0.1,
+        seed=0,
+        workers=1,
+        progress=False,
+        scheme="feddg_bench",
+        num_clients=6,
+        lam=0.5,
+    )
     assert m["params"]["partition.lambda"] == 0.5 and m["params"]["partition.num_clients"] == 6
     assert [c["domain"] for c in m["clients"]] == ["mixed"] * 6
     sizes = [m["domain_sizes"][d] for d in m["domains"]]
@@ -114,17 +126,16 @@ def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_targe
             paths = s.train_paths.tolist() + s.val_paths.tolist()
             assert paths and not any(p.startswith(target + "/") for p in paths)
             seen += paths
-        tx, ty = load_domain_test(tmp_path / "sh", target)
-        assert len(ty) == m["domain_sizes"][target]                       # the whole target, once
-        assert len(seen) + len(ty) == sum(sizes)                          # sources + target = everything
+        _tx, ty = load_domain_test(tmp_path / "sh", target)
+        assert len(ty) == m["domain_sizes"][target]  # the whole target, once
+        assert len(seen) + len(ty) == sum(sizes)  # sources + target = everything
 
 
 # ---- label skew inside the lambda partition (partition.dirichlet_alpha; feddg_bench.py "Label skew") ----------
 def _labels(sizes, num_classes, seed):
     """Each domain's labels with its own uneven class mix (so a domain's mix differs from the pooled one)."""
     rng = np.random.default_rng(100 + seed)
-    return np.concatenate([rng.choice(num_classes, size=n, p=rng.dirichlet(np.full(num_classes, 3.0)))
-                           for n in sizes])
+    return np.concatenate([rng.choice(num_classes, size=n, p=rng.dirichlet(np.full(num_classes, 3.0))) for n in sizes])
 
 
 SKEW_GRID = list(itertools.product(SIZES, [2, 4, 7, 30], [0.0, 0.5, 1.0], [0.1, 1.0], [0, 1]))
@@ -136,11 +147,11 @@ def test_label_skew_keeps_the_lambda_counts_and_deals_every_example_once(sizes, 
     parts = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(seed), y, alpha)
     assert np.array_equal(np.sort(np.concatenate(parts)), np.arange(dom.size))
     got = np.array([np.bincount(dom[p], minlength=len(sizes)) for p in parts])
-    assert np.array_equal(got, feddg_bench.client_counts(sizes, C, lam))    # the domain axis is FedDG-Bench's
+    assert np.array_equal(got, feddg_bench.client_counts(sizes, C, lam))  # the domain axis is FedDG-Bench's
     if lam == 0.0 and C >= len(sizes):
-        assert all(np.unique(dom[p]).size == 1 for p in parts)              # single-domain clients still
+        assert all(np.unique(dom[p]).size == 1 for p in parts)  # single-domain clients still
     again = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(seed), y, alpha)
-    assert all(np.array_equal(a, b) for a, b in zip(parts, again))          # same seed, same assignment
+    assert all(np.array_equal(a, b) for a, b in zip(parts, again))  # same seed, same assignment
 
 
 def _skew(parts, dom, y, num_classes):
@@ -164,7 +175,7 @@ def test_small_alpha_skews_labels_and_large_alpha_follows_the_domain_mix():
         mixed = _skew(feddg_bench.assign(dom, 3, C, 0.5, np.random.default_rng(seed), y, 100.0), dom, y, 7)
         plain = _skew(feddg_bench.assign(dom, 3, C, 0.5, np.random.default_rng(seed)), dom, y, 7)
         assert skewed > 0.4 > 0.15 > mixed, (seed, skewed, mixed)
-        assert plain < 0.15                                                 # the benchmark's dealing: no skew
+        assert plain < 0.15  # the benchmark's dealing: no skew
 
 
 def test_without_alpha_the_dealing_is_the_benchmarks():
@@ -178,7 +189,7 @@ def test_without_alpha_the_dealing_is_the_benchmarks():
         idx = rng.permutation(np.flatnonzero(dom == d))
         for c in range(C):
             lo = counts[:c, d].sum()
-            want[c].append(idx[lo:lo + counts[c, d]])
+            want[c].append(idx[lo : lo + counts[c, d]])
     got = feddg_bench.assign(dom, len(sizes), C, lam, np.random.default_rng(5), _labels(sizes, 7, 0), None)
     assert all(np.array_equal(g, np.sort(np.concatenate(w))) for g, w in zip(got, want))
 
@@ -189,7 +200,7 @@ def test_class_counts_meet_both_margins_exactly(seed):
     C, K = int(rng.integers(1, 9)), int(rng.integers(1, 8))
     cols = rng.integers(0, 40, size=K)
     cols[0] += 1
-    rows = np.bincount(rng.integers(0, C, size=cols.sum()), minlength=C)   # any split of the same total
+    rows = np.bincount(rng.integers(0, C, size=cols.sum()), minlength=C)  # any split of the same total
     x = feddg_bench.class_counts(rows, cols, rng.dirichlet(np.full(K, 0.3), size=C))
     assert (x >= 0).all() and np.array_equal(x.sum(1), rows) and np.array_equal(x.sum(0), cols)
 
@@ -204,8 +215,9 @@ def test_stage_with_label_skew_records_alpha_and_skews_clients(tiny, tmp_path):
     even = partition(tiny / "raw", tmp_path / "even", spec, 16, **kw)
     assert m["params"]["partition.dirichlet_alpha"] == 0.1 and even["params"]["partition.dirichlet_alpha"] is None
     for a, b in zip(m["clients"], even["clients"]):
-        assert a["domain_counts"] == b["domain_counts"]                     # the lambda counts are untouched
+        assert a["domain_counts"] == b["domain_counts"]  # the lambda counts are untouched
 
-    def spread(man):   # mean over clients of the largest class share of its training rows
+    def spread(man):  # mean over clients of the largest class share of its training rows
         return np.mean([max(c["train_class_hist"]) / max(1, sum(c["train_class_hist"])) for c in man["clients"]])
+
     assert spread(m) > spread(even) + 0.1

@@ -1,5 +1,6 @@
 """Federation core: Eq. 2 aggregation, Eq. 8 upload size, pool exclusion, client sampling,
 checkpoint/resume and determinism of the in-process engine."""
+
 from __future__ import annotations
 
 import math
@@ -12,9 +13,9 @@ from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.fedccrl import pool_without
 from fedccrl_core.data.pools import upload_size
+from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientData
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
 from fedccrl_core.learning.models import build_model
 
 
@@ -39,8 +40,10 @@ def test_upload_size_eq8(r, n, expected):
 
 
 def test_pool_excludes_own_statistics():
-    uploads = {c: {"mu": np.full((k, 3), i, np.float32), "sigma": np.full((k, 3), 10 + i, np.float32)}
-               for i, (c, k) in enumerate([("a", 2), ("b", 3), ("c", 4)])}
+    uploads = {
+        c: {"mu": np.full((k, 3), i, np.float32), "sigma": np.full((k, 3), 10 + i, np.float32)}
+        for i, (c, k) in enumerate([("a", 2), ("b", 3), ("c", 4)])
+    }
     mu, sigma = pool_without(uploads, "b")
     assert mu.shape == (6, 3) and sigma.shape == (6, 3)
     assert set(np.unique(mu)) == {0.0, 2.0}  # a and c only, never b's own (value 1)
@@ -55,8 +58,16 @@ def test_pool_excludes_own_statistics():
 def test_fedccrl_client_upload_draws_ceil_r_n_of_its_own():
     alg = build_algorithm("fedccrl", LocalConfig(), {"r": 0.1})
     mu = np.arange(45 * 3, dtype=np.float32).reshape(45, 3)
-    data = ClientData("c", "d", torch.zeros(45, 3, 4, 4, dtype=torch.uint8), torch.zeros(45, dtype=torch.long),
-                      torch.zeros(0, 3, 4, 4, dtype=torch.uint8), torch.zeros(0, dtype=torch.long), mu, mu + 1)
+    data = ClientData(
+        "c",
+        "d",
+        torch.zeros(45, 3, 4, 4, dtype=torch.uint8),
+        torch.zeros(45, dtype=torch.long),
+        torch.zeros(0, 3, 4, 4, dtype=torch.uint8),
+        torch.zeros(0, dtype=torch.long),
+        mu,
+        mu + 1,
+    )
     up1 = alg.client_upload(data, np.random.default_rng(1))
     up2 = alg.client_upload(data, np.random.default_rng(2))
     assert up1["mu"].shape == (5, 3)  # ceil(0.1 * 45) = 5
@@ -86,16 +97,27 @@ def test_unknown_algorithm_and_hparam_named():
 # ---- a tiny learnable federation: class = which colour channel is bright -------------------------
 def _engine(toy_client, tmp_path, algorithm="fedavg", rounds=3, ckpt_name="ck.pt", on_round=None, hp=None):
     torch.manual_seed(0)
-    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 40, 10 * i + k, 20 * i, stats=True)
-               for i in range(2) for k in range(2)]
+    clients = [
+        toy_client(f"d{i}_c{k}", f"d{i}", 40, 10 * i + k, 20 * i, stats=True) for i in range(2) for k in range(2)
+    ]
     tx = toy_client("t", "t", 48, 99, 40, stats=True)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
-                  tx.train_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
+    )
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
     model = build_model("small_cnn", 3)
-    return InProcessEngine(build_algorithm(algorithm, local, hp), model, clients, ev, rounds, seed=0,
-                           checkpoint_path=tmp_path / ckpt_name, on_round=on_round, run_info={"k": algorithm},
-                           log=lambda m: None)
+    return InProcessEngine(
+        build_algorithm(algorithm, local, hp),
+        model,
+        clients,
+        ev,
+        rounds,
+        seed=0,
+        checkpoint_path=tmp_path / ckpt_name,
+        on_round=on_round,
+        run_info={"k": algorithm},
+        log=lambda m: None,
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "fedccrl"])

@@ -1,6 +1,7 @@
 """FedFD and FedFD-A (fedfd-a.txt sections 3.2-3.3): Eq. 2 mixing with a per-channel u, Eq. 3-5,
 the instance adapter (Eq. 6-7; alpha = clamp(epsilon) at test time), the alternating updates, ONNX
 parity on a shifted domain, model-file round trip and engine runs."""
+
 from __future__ import annotations
 
 import copy
@@ -13,17 +14,24 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, load_model
 from fedccrl_core.algorithms.base import StepContext
-from fedccrl_core.algorithms.fedfd import (FDBatchNorm2d, FedFD, bn_mode, cacl, cafl, fd_layers,
-                                           set_global_statistics, total_loss)
+from fedccrl_core.algorithms.fedfd import (
+    FDBatchNorm2d,
+    FedFD,
+    bn_mode,
+    cacl,
+    cafl,
+    fd_layers,
+    set_global_statistics,
+    total_loss,
+)
 from fedccrl_core.algorithms.fedfd_a import FedFDA, InstanceAdapter
 from fedccrl_core.algorithms.local_bn import local_bn_keys
-from fedccrl_core.algorithms import load_model
-from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.learning.model_file import save_model
 from fedccrl_pipeline import onnx_export
 
 SMALL = {"batch_size": 8}
@@ -32,15 +40,27 @@ SMALL = {"batch_size": 8}
 def make_engine(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
     """Four clients of two synthetic domains (different brightness and contrast), a shifted target."""
     torch.manual_seed(0)
-    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i)
-               for i in range(2) for k in range(2)]
+    clients = [
+        toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i) for i in range(2) for k in range(2)
+    ]
     tx = toy_client("t", "t", 40, 99, 60, 0.6)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
-                  tx.train_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
+    )
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2), hparams)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, checkpoint_path=tmp_path / ckpt_name,
-                           on_round=on_round, run_info={"k": algorithm}, log=lambda m: None)
+    return InProcessEngine(
+        alg,
+        model,
+        clients,
+        ev,
+        rounds,
+        seed=0,
+        checkpoint_path=tmp_path / ckpt_name,
+        on_round=on_round,
+        run_info={"k": algorithm},
+        log=lambda m: None,
+    )
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -61,8 +81,9 @@ def by_hand(a, mu, sigma, bn):
     """gamma (a - mu) / sigma + beta written out, mu/sigma [B, C] or [C]."""
     mu = mu if mu.dim() == 2 else mu.expand(a.shape[0], -1)
     sigma = sigma if sigma.dim() == 2 else sigma.expand(a.shape[0], -1)
-    return ((a - mu[:, :, None, None]) / sigma[:, :, None, None]) * bn.weight[None, :, None, None] \
-        + bn.bias[None, :, None, None]
+    return ((a - mu[:, :, None, None]) / sigma[:, :, None, None]) * bn.weight[None, :, None, None] + bn.bias[
+        None, :, None, None
+    ]
 
 
 # ---- Eq. 2 --------------------------------------------------------------------------------------
@@ -75,16 +96,16 @@ def test_mixed_statistics_use_a_per_channel_u_drawn_every_forward():
     out = bn(a)
     u = bn.last_u
     assert u.shape == (4,) and ((u >= 0) & (u <= 1)).all() and len(set(u.tolist())) == 4  # one per channel
-    assert torch.equal(u, torch.rand(4, generator=torch.Generator().manual_seed(7)))        # from the generator
-    mu_k = a.mean(dim=(2, 3))                                                                 # instance statistics
+    assert torch.equal(u, torch.rand(4, generator=torch.Generator().manual_seed(7)))  # from the generator
+    mu_k = a.mean(dim=(2, 3))  # instance statistics
     sigma_k = (((a - mu_k[:, :, None, None]) ** 2).mean(dim=(2, 3)) + bn.eps).sqrt()
     sigma_g = (g_var + bn.eps).sqrt()
-    mu_d, sigma_d = u * mu_k + (1 - u) * g_mean, u * sigma_k + (1 - u) * sigma_g             # Eq. 2
+    mu_d, sigma_d = u * mu_k + (1 - u) * g_mean, u * sigma_k + (1 - u) * sigma_g  # Eq. 2
     assert torch.allclose(out, by_hand(a, mu_d, sigma_d, bn), atol=1e-5)
     running = bn.running_mean.clone()
     bn(a)
-    assert not torch.equal(bn.last_u, u)            # a new u every forward
-    assert torch.equal(bn.running_mean, running)    # the mixed pass leaves the local statistics alone
+    assert not torch.equal(bn.last_u, u)  # a new u every forward
+    assert torch.equal(bn.running_mean, running)  # the mixed pass leaves the local statistics alone
 
 
 def test_every_layer_draws_its_own_u_and_table2_modes():
@@ -98,8 +119,7 @@ def test_every_layer_draws_its_own_u_and_table2_modes():
         us = [m.last_u for m in layers]
     assert [u.shape[0] for u in us] == [16, 32, 64, 64]  # u^l in R^{C_l}
     assert not torch.equal(us[2][:32], us[1])
-    for stats, sampling, expected in (("global", "random", 0.0), ("instance", "random", 1.0),
-                                      ("mixed", "fixed", 0.5)):
+    for stats, sampling, expected in (("global", "random", 0.0), ("instance", "random", 1.0), ("mixed", "fixed", 0.5)):
         a = FedFD(LocalConfig(), {"statistics": stats, "u_sampling": sampling})
         a.before_local_train(model, g)
         with bn_mode(model, "mix", torch.Generator().manual_seed(3)) as layers:
@@ -111,8 +131,11 @@ def test_every_layer_draws_its_own_u_and_table2_modes():
     a = torch.randn(2, 4, 6, 6)
     assert torch.allclose(bn(a), F.instance_norm(a, weight=bn.weight, bias=bn.bias, eps=bn.eps), atol=1e-5)
     bn.u_low = bn.u_high = 0.0  # global only, no global buffers set: the running statistics
-    assert torch.allclose(bn(a), F.batch_norm(a, bn.running_mean, bn.running_var, bn.weight, bn.bias,
-                                              training=False, eps=bn.eps), atol=1e-5)
+    assert torch.allclose(
+        bn(a),
+        F.batch_norm(a, bn.running_mean, bn.running_var, bn.weight, bn.bias, training=False, eps=bn.eps),
+        atol=1e-5,
+    )
 
 
 def test_global_statistics_come_from_the_received_global_model():
@@ -126,7 +149,7 @@ def test_global_statistics_come_from_the_received_global_model():
     bn.train()
     assert torch.equal(bn.global_statistics()[0], torch.arange(16.0))  # training: theta_G's statistics
     bn.eval()
-    assert torch.equal(bn.global_statistics()[0], bn.running_mean)     # the global model itself: running
+    assert torch.equal(bn.global_statistics()[0], bn.running_mean)  # the global model itself: running
     assert "global_mean" not in model.state_dict() and not any("global_" in k for k in model.state_dict())
 
 
@@ -138,9 +161,10 @@ def test_cafl_cacl_total_by_hand():
     assert cafl(f_k, f_d, "mean").item() == pytest.approx(((1 + 0 + 1) + (4 + 4 + 0)) / 2 / 3)  # / V (default)
     logits, y = torch.tensor([[2.0, 0.0, -1.0], [0.5, 0.5, 1.0]]), torch.tensor([0, 2])
     ce = [-(2.0 - math.log(math.exp(2) + 1 + math.exp(-1))), -(1.0 - math.log(2 * math.exp(0.5) + math.e))]
-    assert cacl(logits, y).item() == pytest.approx(sum(ce) / 2, rel=1e-6)           # Eq. 4
-    assert total_loss(torch.tensor(2.0), torch.tensor(3.0), torch.tensor(0.5), 0.1, 4.0).item() == \
-        pytest.approx(0.9 * 2 + 0.1 * 3 + 4.0 * 0.5)                                  # Eq. 5
+    assert cacl(logits, y).item() == pytest.approx(sum(ce) / 2, rel=1e-6)  # Eq. 4
+    assert total_loss(torch.tensor(2.0), torch.tensor(3.0), torch.tensor(0.5), 0.1, 4.0).item() == pytest.approx(
+        0.9 * 2 + 0.1 * 3 + 4.0 * 0.5
+    )  # Eq. 5
 
 
 def test_fedfd_step_is_eq5_of_the_two_forwards():
@@ -159,8 +183,9 @@ def test_fedfd_step_is_eq5_of_the_two_forwards():
     assert terms["l_ce"].item() == pytest.approx(F.cross_entropy(model.g(f_k), y).item(), rel=1e-5)
     assert terms["l_cafl"].item() == pytest.approx(((f_k - f_d) ** 2).sum(1).mean().item() / 64, rel=1e-5)
     assert terms["l_cacl"].item() == pytest.approx(F.cross_entropy(model.g(f_d), y).item(), rel=1e-5)
-    assert loss.item() == pytest.approx(0.9 * terms["l_ce"].item() + 0.1 * terms["l_cacl"].item()
-                                        + 4.0 * terms["l_cafl"].item(), rel=1e-5)
+    assert loss.item() == pytest.approx(
+        0.9 * terms["l_ce"].item() + 0.1 * terms["l_cacl"].item() + 4.0 * terms["l_cafl"].item(), rel=1e-5
+    )
     assert all(m.mode == "batch" for m in fd_layers(model))
 
 
@@ -174,7 +199,7 @@ def test_adapter_alpha_is_clamped_epsilon_at_test_time_and_sampled_in_training()
     delta, eps = ad.delta_epsilon(d_mu, d_sigma)
     assert (eps < 0).any() and (eps > 1).any() and ((eps > 0) & (eps < 1)).any()
     alpha = ad(d_mu, d_sigma)
-    assert alpha.shape == (64, 1) and torch.equal(alpha, eps.clamp(0, 1))           # test: T(epsilon)
+    assert alpha.shape == (64, 1) and torch.equal(alpha, eps.clamp(0, 1))  # test: T(epsilon)
     z = torch.randn(64, 1, generator=torch.Generator().manual_seed(2))
     assert torch.equal(ad(d_mu, d_sigma, torch.Generator().manual_seed(2)), (z * delta + eps).clamp(0, 1))  # Eq. 7
     # the layer in eval mode: Eq. 6 with alpha = T(epsilon), deterministic
@@ -233,8 +258,7 @@ def test_fedfd_a_alternating_updates_keep_the_objectives_apart():
 
 
 def test_bad_params_name_the_key():
-    for key, value in (("lambda1", 1.5), ("statistics", "batch"), ("u_sampling", "normal"),
-                       ("diversification", "yes")):
+    for key, value in (("lambda1", 1.5), ("statistics", "batch"), ("u_sampling", "normal"), ("diversification", "yes")):
         with pytest.raises(ValueError, match=f"train.fedfd.{key}"):
             FedFD(LocalConfig(), {key: value})
     with pytest.raises(ValueError, match=r"train\.fedfd\.u_high': got 1\.0 \(the default\); must be >= u_low \(2\)"):
@@ -269,8 +293,16 @@ def test_model_file_round_trip(tmp_path):
         cls = ALGORITHMS[name]
         torch.manual_seed(1)
         model = _trained_looking(cls.build_model("small_cnn", 3, "none", None))
-        meta = {"backbone": "small_cnn", "num_classes": 3, "classes": ["a", "b", "c"], "image_size": 8,
-                "mean": [0.5] * 3, "std": [0.25] * 3, "algorithm": name, "hparams": cls(LocalConfig()).hp.model_dump()}
+        meta = {
+            "backbone": "small_cnn",
+            "num_classes": 3,
+            "classes": ["a", "b", "c"],
+            "image_size": 8,
+            "mean": [0.5] * 3,
+            "std": [0.25] * 3,
+            "algorithm": name,
+            "hparams": cls(LocalConfig()).hp.model_dump(),
+        }
         save_model(tmp_path / f"{name}.pt", model, meta)
         loaded, _ = load_model(tmp_path / f"{name}.pt")  # rebuilt through build_model with meta["hparams"]
         assert [type(m.adapter) for m in fd_layers(loaded)] == [type(m.adapter) for m in fd_layers(model)]
@@ -282,9 +314,18 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     torch.manual_seed(2)
     hp = FedFDA(LocalConfig()).hp
     model = _trained_looking(FedFDA.build_model("small_cnn", 3, "none", hp))
-    meta = {"backbone": "small_cnn", "num_classes": 3, "classes": ["a", "b", "c"], "image_size": 16,
-            "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225], "resize": "resize SxS bilinear",
-            "algorithm": "fedfd_a", "hparams": hp.model_dump(), "held_out_domain": "shifted"}
+    meta = {
+        "backbone": "small_cnn",
+        "num_classes": 3,
+        "classes": ["a", "b", "c"],
+        "image_size": 16,
+        "mean": [0.485, 0.456, 0.406],
+        "std": [0.229, 0.224, 0.225],
+        "resize": "resize SxS bilinear",
+        "algorithm": "fedfd_a",
+        "hparams": hp.model_dump(),
+        "held_out_domain": "shifted",
+    }
     save_model(tmp_path / "m.pt", model, meta)
     loaded, meta = load_model(tmp_path / "m.pt")
     path = onnx_export.export_onnx(loaded, meta, tmp_path / "m.onnx")
@@ -297,6 +338,7 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     res = onnx_export.parity(session, loaded, shifted, meta["mean"], meta["std"], batch_size=7)  # odd batches
     assert res["max_abs_logit_diff"] <= 1e-4 and res["top1_agreement"] == 1.0
     from fedccrl_core.learning.statistics import normalize_u8
+
     x = normalize_u8(torch.from_numpy(shifted), meta["mean"], meta["std"])
     plain = FedFDA.build_model("small_cnn", 3, "none", hp.model_copy(update={"inference": "global"}))
     plain.load_state_dict(loaded.state_dict())
@@ -312,7 +354,7 @@ def test_engine_round(toy_client, tmp_path, algorithm):
     res = engine.run()
     rec = res.history[0]
     terms = ("l_ce", "l_cacl", "l_cafl") + (("l_adapter",) if algorithm == "fedfd_a" else ())
-    assert all(math.isfinite(rec[k]) for k in terms + ("loss", "val_acc", "target_acc")), rec
+    assert all(math.isfinite(rec[k]) for k in (*terms, "loss", "val_acc", "target_acc")), rec
     states = RoundCheckpoints(tmp_path / "ck.pt", "cpu").client_states()
     keys = set(local_bn_keys(engine.model, "silobn"))
     assert all(set(s["extra"]["local_bn"]) == keys for s in states.values())  # SiloBN framework
@@ -353,10 +395,25 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tiny, tmp_path):
     torch.manual_seed(3)
     model = _trained_looking(FedFDA.build_model("small_cnn", manifest["num_classes"], "none", hp))
     held_out = manifest["domains"][-1]
-    save_model(tmp_path / "model.pt", model, dict(
-        backbone="small_cnn", num_classes=manifest["num_classes"], classes=manifest["classes"], image_size=32,
-        mean=[0.485, 0.456, 0.406], std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY, dataset="synthetic",
-        domains=manifest["domains"], held_out_domain=held_out, algorithm="fedfd_a", seed=0, hparams=hp.model_dump()))
+    save_model(
+        tmp_path / "model.pt",
+        model,
+        dict(
+            backbone="small_cnn",
+            num_classes=manifest["num_classes"],
+            classes=manifest["classes"],
+            image_size=32,
+            mean=[0.485, 0.456, 0.406],
+            std=[0.229, 0.224, 0.225],
+            resize=RESIZE_POLICY,
+            dataset="synthetic",
+            domains=manifest["domains"],
+            held_out_domain=held_out,
+            algorithm="fedfd_a",
+            seed=0,
+            hparams=hp.model_dump(),
+        ),
+    )
     res = export(tmp_path / "model.pt", shards, tmp_path / "out", 0.999, 64, None, None, False)
     assert res["top1_agreement"] == 1.0 and res["max_abs_logit_diff"] <= 1e-4
     assert (tmp_path / "out" / "model.onnx").is_file() and (tmp_path / "out" / "parity.json").is_file()

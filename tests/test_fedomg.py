@@ -1,6 +1,7 @@
 """FedOMG's server step (fedccrl_core/algorithms/fedomg.py) against a direct, slow implementation of the paper's
 formulas written here (float64, plain Python loops over the parameters), its reduction to FedAvg, the BatchNorm
 statistics, the validation of train.fedomg, and short training runs of fedomg and fedccrl_omg."""
+
 from __future__ import annotations
 
 import itertools
@@ -9,10 +10,9 @@ import math
 import pytest
 import torch
 
-from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, fedomg
 from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.algorithms import fedomg
 from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG, matching_objective, search_coefficients
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 
@@ -50,8 +50,9 @@ def simplex_grid(u: int, steps: int):
             yield [c / steps for c in corner] + [(steps - sum(corner)) / steps]
 
 
-def oracle_update(theta: dict, replies: list[Reply], keys: list[str], gamma: list[float], kappa: float,
-                  eta: float) -> list[float]:
+def oracle_update(
+    theta: dict, replies: list[Reply], keys: list[str], gamma: list[float], kappa: float, eta: float
+) -> list[float]:
     """Eq. 16 g_IGD = g_FL + kappa ||g_FL|| / ||Gamma*_g|| Gamma*_g; Eq. 17 theta - eta_g g_IGD (flattened keys)."""
     g, _, g_fl = oracle_directions(theta, replies, keys)
     gamma_g = [sum(gamma[u] * g[u][i] for u in range(len(g))) for i in range(len(g_fl))]
@@ -68,8 +69,7 @@ def random_round(u: int, seed: int, spread: float = 1.0):
     """theta (parameters and BatchNorm buffers) and U replies whose updates share a common direction plus
     client-specific parts (so that they conflict, as domains do)."""
     gen = torch.Generator().manual_seed(seed)
-    shapes = {"h.conv.weight": (4, 3, 2, 2), "h.bn.weight": (4,), "h.bn.bias": (4,), "g.weight": (3, 4),
-              "g.bias": (3,)}
+    shapes = {"h.conv.weight": (4, 3, 2, 2), "h.bn.weight": (4,), "h.bn.bias": (4,), "g.weight": (3, 4), "g.bias": (3,)}
     theta = {k: torch.randn(s, generator=gen) for k, s in shapes.items()}
     theta["h.bn.running_mean"] = torch.randn(4, generator=gen)
     theta["h.bn.running_var"] = torch.rand(4, generator=gen) + 0.5
@@ -131,8 +131,10 @@ def test_eq15_search_objective_never_increases_over_more_steps():
     g, p, g_fl = oracle_directions(theta, replies, PARAM_KEYS)
     d = torch.tensor(g, dtype=torch.float64)
     gram, pt = d @ d.T, torch.tensor(p, dtype=torch.float64)
-    values = [oracle_objective(search_coefficients(gram, pt, 0.5, 25.0, steps, 0.5).tolist(), g, g_fl, 0.5)
-              for steps in (1, 2, 5, 10, 20, 40)]
+    values = [
+        oracle_objective(search_coefficients(gram, pt, 0.5, 25.0, steps, 0.5).tolist(), g, g_fl, 0.5)
+        for steps in (1, 2, 5, 10, 20, 40)
+    ]
     assert values == sorted(values, reverse=True) and values[-1] < oracle_objective([1 / 3] * 3, g, g_fl, 0.5)
 
 
@@ -201,8 +203,17 @@ def test_registered_with_the_papers_defaults():
 
 
 @pytest.mark.parametrize("name", ["fedomg", "fedccrl_omg"])
-@pytest.mark.parametrize("key,value", [("kappa", -0.1), ("global_lr", 0.0), ("search_lr", -1.0), ("search_steps", 0),
-                                       ("search_momentum", 1.0), ("search_steps", 2.5)])
+@pytest.mark.parametrize(
+    "key,value",
+    [
+        ("kappa", -0.1),
+        ("global_lr", 0.0),
+        ("search_lr", -1.0),
+        ("search_steps", 0),
+        ("search_momentum", 1.0),
+        ("search_steps", 2.5),
+    ],
+)
 def test_bad_hyperparameter_is_refused_naming_its_key(name, key, value):
     with pytest.raises(ValueError, match=f"train.{name}.{key}"):
         build_algorithm(name, LocalConfig(), {key: value})
@@ -221,15 +232,29 @@ def test_differential_privacy_on_the_weights_is_refused():
 def make_engine(toy_client, algorithm, hparams=None, rounds=2, checkpoint=None, on_round=None):
     """Four clients of two synthetic domains (brightness and contrast), a shifted target."""
     torch.manual_seed(0)
-    clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i, stats=True)
-               for i in range(2) for k in range(2)]
+    clients = [
+        toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i, stats=True)
+        for i in range(2)
+        for k in range(2)
+    ]
     tx = toy_client("t", "t", 40, 99, 60, 0.6)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x,
-                  tx.train_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
+    )
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2), hparams)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(alg, model, clients, ev, rounds, seed=0, checkpoint_path=checkpoint, on_round=on_round,
-                           run_info={"k": algorithm}, log=lambda m: None)
+    return InProcessEngine(
+        alg,
+        model,
+        clients,
+        ev,
+        rounds,
+        seed=0,
+        checkpoint_path=checkpoint,
+        on_round=on_round,
+        run_info={"k": algorithm},
+        log=lambda m: None,
+    )
 
 
 @pytest.mark.parametrize("name,base", [("fedomg", "fedavg"), ("fedccrl_omg", "fedccrl")])
@@ -251,6 +276,7 @@ def test_short_training_run(toy_client, name, base):
 def test_resume_is_exact(toy_client, tmp_path):
     """The server step keeps nothing across rounds (the search starts afresh): a run killed after round 2 and
     resumed ends as the uninterrupted run."""
+
     class Killed(Exception):
         pass
 

@@ -1,4 +1,5 @@
 """Figures: the data behind them has the right shapes and properties, and each PNG is readable."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -74,12 +75,28 @@ def test_every_figure_kind_is_a_readable_png(tmp_path):
     rng = np.random.default_rng(0)
     paths = [
         fig.augmentation_preview(rows, tmp_path / "aug.png"),
-        fig.round_curves("sketch", {"target_acc": {"fedccrl": [(1, 0.2), (2, 0.5)], "fedavg": [(1, 0.2), (2, 0.3)]},
-                                    "l_ra": {"fedccrl": [(1, 3.0), (2, 2.0)]}}, tmp_path / "curves.png"),
-        fig.tsne_panels("sketch", {a: (rng.normal(size=(30, 2)), rng.integers(0, 3, 30)) for a in ("fedccrl", "fedavg")},
-                        classes, tmp_path / "tsne.png"),
-        fig.gradcam_grid("sketch", imgs, {"fedccrl": (rng.random((4, 32, 32)), np.array([0, 1, 2, 0]))}, classes,
-                         np.array([0, 1, 2, 1]), tmp_path / "cam.png"),
+        fig.round_curves(
+            "sketch",
+            {
+                "target_acc": {"fedccrl": [(1, 0.2), (2, 0.5)], "fedavg": [(1, 0.2), (2, 0.3)]},
+                "l_ra": {"fedccrl": [(1, 3.0), (2, 2.0)]},
+            },
+            tmp_path / "curves.png",
+        ),
+        fig.tsne_panels(
+            "sketch",
+            {a: (rng.normal(size=(30, 2)), rng.integers(0, 3, 30)) for a in ("fedccrl", "fedavg")},
+            classes,
+            tmp_path / "tsne.png",
+        ),
+        fig.gradcam_grid(
+            "sketch",
+            imgs,
+            {"fedccrl": (rng.random((4, 32, 32)), np.array([0, 1, 2, 0]))},
+            classes,
+            np.array([0, 1, 2, 1]),
+            tmp_path / "cam.png",
+        ),
         fig.confusion("sketch", "fedccrl", np.array([[5, 1, 0], [2, 3, 1], [0, 0, 6]]), classes, tmp_path / "cm.png"),
     ]
     for p in paths:
@@ -98,7 +115,9 @@ def test_mosaic_places_each_image_with_white_gaps():
     assert m.shape == (2 * 5 + 2, 3 * 4 + 2 * 2, 3) and m.dtype == np.uint8
     for r in range(2):
         for c in range(3):
-            assert np.array_equal(m[r * 7:r * 7 + 5, c * 6:c * 6 + 4], tiles[r, c])  # tile (r, c) is the input image
+            assert np.array_equal(
+                m[r * 7 : r * 7 + 5, c * 6 : c * 6 + 4], tiles[r, c]
+            )  # tile (r, c) is the input image
     assert (m[5:7] == 255).all() and (m[:, 4:6] == 255).all() and (m[:, 10:12] == 255).all()  # the gaps are white
     assert (m != 255).sum() == tiles.size  # nothing else
     assert np.array_equal(fig.mosaic(tiles[:1, :1], gap=2), tiles[0, 0])  # one image: itself

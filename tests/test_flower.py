@@ -18,6 +18,7 @@ one torch thread per client (client_threads=1 / Ray's one CPU per ClientApp), so
 reference does too: CPU float sums depend on the thread count, and with equal counts the two
 engines agree bit for bit.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,15 +33,30 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from flower_harness import (
+    BIN,
+    HELD_OUT,
+    HPARAMS,
+    LOCAL,
+    REPO,
+    SEED,
+    SOURCES,
+    assert_same_history,
+    build_data,
+    loopback,
+    make_spec,
+    node_config,
+    run_inprocess,
+    serve,
+    wait_until,
+)
 
-from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.learning.clients import ClientData
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
 from fedccrl_core.foundation import contract
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_flower import messages as M
-from flower_harness import (BIN, HELD_OUT, HPARAMS, LOCAL, REPO, SEED, SOURCES, assert_same_history, build_data,
-                            loopback, make_spec, node_config, run_inprocess, serve, wait_until)
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +140,11 @@ def test_pack_tree_round_trips_client_state():
         net(x).square().mean().backward()
         opt.step()
         sched.step()
-    state = ClientState(opt.state_dict(), sched.state_dict(),
-                        {"bn": {1: torch.ones(2, dtype=torch.bfloat16)}, "t": (1, 2.5, None, "s"), "np": np.arange(3)})
+    state = ClientState(
+        opt.state_dict(),
+        sched.state_dict(),
+        {"bn": {1: torch.ones(2, dtype=torch.bfloat16)}, "t": (1, 2.5, None, "s"), "np": np.arange(3)},
+    )
     arrays, tree = M.pack_tree(state.to_dict())
     back = ClientState.from_dict(M.unpack_tree(arrays, tree))
     assert back.extra["bn"][1].dtype == torch.bfloat16 and back.extra["t"] == (1, 2.5, None, "s")
@@ -179,22 +198,28 @@ def test_client_state_slots_survive_a_retrained_round(tmp_path):
     from fedccrl_flower.client_app import load_client_state, save_client_state
 
     spec = {"state_key": "k1"}
-    ctx = Context(run_id=1, node_id=1, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(),
-                  run_config={})
+    ctx = Context(run_id=1, node_id=1, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(), run_config={})
     st, base = load_client_state(ctx, spec, "a", 1)
     assert st.optimizer is None and base is None
     for rnd in (1, 2):
         st, base = load_client_state(ctx, spec, "a", rnd)
-        save_client_state(ctx, spec, "a", rnd, ClientState({"r": torch.tensor(float(rnd))}, None,
-                                                           {"bank": {"mu": np.full(2, rnd, np.float32)}}), base)
+        save_client_state(
+            ctx,
+            spec,
+            "a",
+            rnd,
+            ClientState({"r": torch.tensor(float(rnd))}, None, {"bank": {"mu": np.full(2, rnd, np.float32)}}),
+            base,
+        )
     assert load_client_state(ctx, spec, "a", 3)[0].optimizer["r"].item() == 2.0
     st, base = load_client_state(ctx, spec, "a", 2)  # round 2 again (a resumed ServerApp): from round 1
     assert st.optimizer["r"].item() == 1.0
     st.optimizer["r"].add_(100.0)  # optimizers update loaded tensors in place: the saved slot must not change
     save_client_state(ctx, spec, "a", 2, st, base)
     assert load_client_state(ctx, spec, "a", 2)[0].optimizer["r"].item() == 1.0
-    fresh = Context(run_id=2, node_id=7, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(),
-                    run_config={})  # a restarted SuperNode / a new run: the disk mirror
+    fresh = Context(
+        run_id=2, node_id=7, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(), run_config={}
+    )  # a restarted SuperNode / a new run: the disk mirror
     assert load_client_state(fresh, spec, "a", 3)[0].optimizer["r"].item() == 101.0  # the retrained round 2
     assert np.array_equal(load_client_state(fresh, spec, "a", 2)[0].extra["bank"]["mu"], [1.0, 1.0])
     assert sorted(p.suffix for p in tmp_path.rglob("*.*")) == [".npz"]  # one file per client, no pickle
@@ -219,16 +244,22 @@ def test_stopping_a_process_leaves_none_of_its_group_or_descendants(tmp_path):
 
     script = "setsid sleep 300 & echo $! > detached; sleep 300 & sleep 300"
     proc = Proc("tree", ["bash", "-c", script], dict(os.environ), tmp_path / "tree.log", cwd=tmp_path)
-    wait_until(lambda: (tmp_path / "detached").read_text().strip() if (tmp_path / "detached").is_file() else "", 30,
-          "the detached child")
+    wait_until(
+        lambda: (tmp_path / "detached").read_text().strip() if (tmp_path / "detached").is_file() else "",
+        30,
+        "the detached child",
+    )
     wait_until(lambda: len(psutil.Process(proc.pid).children(recursive=True)) >= 2, 30, "the children")
-    tree = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True),
-            psutil.Process(int((tmp_path / "detached").read_text()))]
+    tree = [
+        psutil.Process(proc.pid),
+        *psutil.Process(proc.pid).children(recursive=True),
+        psutil.Process(int((tmp_path / "detached").read_text())),
+    ]
     t0 = time.monotonic()
     proc.stop(grace=5.0)
     assert time.monotonic() - t0 < 5.0  # SIGTERM ends them all: no wait for the grace to pass
     assert not proc.alive() and proc.popen.returncode is not None
-    gone, alive = psutil.wait_procs(tree, timeout=10)  # descendants are reaped by init
+    _gone, alive = psutil.wait_procs(tree, timeout=10)  # descendants are reaped by init
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
 
 
@@ -240,24 +271,58 @@ def test_train_with_flower_takes_the_job_and_validated_settings(data, tmp_path, 
     from fedccrl_flower.settings import FlowerSettings
 
     got = {}
-    monkeypatch.setattr(run, "run_flower", lambda settings, spec, pools, on_round=None, log=None:
-                        got.update(settings=settings, spec=spec, pools=pools))
-    monkeypatch.setattr(FlowerSettings, "model_validate", classmethod(lambda cls, *a, **k: pytest.fail("validated again")))
+    monkeypatch.setattr(
+        run,
+        "run_flower",
+        lambda settings, spec, pools, on_round=None, log=None: got.update(settings=settings, spec=spec, pools=pools),
+    )
+    monkeypatch.setattr(
+        FlowerSettings, "model_validate", classmethod(lambda cls, *a, **k: pytest.fail("validated again"))
+    )
     local = LocalConfig(**{**LOCAL, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"])})
-    settings = RunSettings(dataset="embedded", backbone="small_cnn", pretrained="none", local=local, engine="flower",
-                           device="cpu", client_fraction=1.0, concurrent_clients=1, client_state="persistent",
-                           eval_batch_size=64)
+    settings = RunSettings(
+        dataset="embedded",
+        backbone="small_cnn",
+        pretrained="none",
+        local=local,
+        engine="flower",
+        device="cpu",
+        client_fraction=1.0,
+        concurrent_clients=1,
+        client_state="persistent",
+        eval_batch_size=64,
+    )
     hp = build_algorithm("fedavg", local).hp
-    job = TrainJob(index=3, target=HELD_OUT, sources=SOURCES, algorithm="fedavg", seed=SEED, hparams=hp,
-                   settings=settings, run_key="k", ckpt=tmp_path / "ck" / "run.pt", out=tmp_path / "out",
-                   domains=[], classes=list("abcdef"), image_size=32, resize="none")
+    job = TrainJob(
+        index=3,
+        target=HELD_OUT,
+        sources=SOURCES,
+        algorithm="fedavg",
+        seed=SEED,
+        hparams=hp,
+        settings=settings,
+        run_key="k",
+        ckpt=tmp_path / "ck" / "run.pt",
+        out=tmp_path / "out",
+        domains=[],
+        classes=list("abcdef"),
+        image_size=32,
+        resize="none",
+    )
     flower = FlowerSettings(min_clients=3, query_timeout_s=7.0)
     run.train_with_flower(job, flower, shards=data / "shards", pools=data / "pools")
     spec = got["spec"]
     assert got["settings"] is flower and spec.min_clients == 3 and spec.query_timeout_s == 7.0
     assert (spec.algorithm, spec.held_out, spec.num_classes, spec.seed, spec.eval_batch_size) == (
-        "fedavg", HELD_OUT, 6, SEED, 64)
-    assert spec.hparams == hp.model_dump() and spec.run_info == {"run_key": "k"} and spec.work_dir.endswith("run.flower")
+        "fedavg",
+        HELD_OUT,
+        6,
+        SEED,
+        64,
+    )
+    assert (
+        spec.hparams == hp.model_dump() and spec.run_info == {"run_key": "k"} and spec.work_dir.endswith("run.flower")
+    )
 
 
 # ================================================================ loopback Grid: the round loop and its faults
@@ -290,7 +355,7 @@ def test_loopback_malformed_updates_are_refused_never_aggregated(data, tmp_path)
             first = next(iter(w))
             a = w[first].numpy()
             if cid == "art_c0":  # mis-shaped
-                w[first] = Array(np.zeros(a.shape[::-1] + (1,), a.dtype))
+                w[first] = Array(np.zeros((*a.shape[::-1], 1), a.dtype))
             elif cid == "cartoon_c0":  # NaN
                 w[first] = Array(np.full(a.shape, np.nan, a.dtype))
             reply.content[M.WEIGHTS] = ArrayRecord(dict(w.items()))
@@ -301,7 +366,7 @@ def test_loopback_malformed_updates_are_refused_never_aggregated(data, tmp_path)
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1), log=logs.append)
     rec = res["history"][0]
     assert rec["clients"] == 1 and rec["refused"] == 2
-    assert set(k.split("/")[1] for k in rec if k.startswith("train_acc/")) == {"photo_c0"}
+    assert {k.split("/")[1] for k in rec if k.startswith("train_acc/")} == {"photo_c0"}
     reasons = {r["client"]: r["reason"] for r in res["extra"]["refused"]}
     assert "shape" in reasons["art_c0"] and "NaN" in reasons["cartoon_c0"]
     assert any("REFUSED reply of art_c0" in line for line in logs)
@@ -321,11 +386,15 @@ def test_loopback_dead_client_and_min_clients(data, tmp_path):
     assert rec["clients"] == 2 and "train_acc/photo_c0" not in rec
     # a query that timed out used to be recorded as dropped=0; now the node, phase and reason are kept
     assert rec["dropped"] == 1 and rec["dropped_clients"] == [
-        {"client": None, "node": 102, "phase": "query", "reason": "timeout", "detail": "no query reply within 5.0s"}]
+        {"client": None, "node": 102, "phase": "query", "reason": "timeout", "detail": "no query reply within 5.0s"}
+    ]
     grid = loopback(data)
     grid.dead = {102}
-    with pytest.raises(RoundFailure, match="round 1: only 2 client\\(s\\) answered \\(art_c0, cartoon_c0\\), "
-                                           "fewer than train.flower.min_clients = 3; dropped: node 102: timeout"):
+    with pytest.raises(
+        RoundFailure,
+        match="round 1: only 2 client\\(s\\) answered \\(art_c0, cartoon_c0\\), "
+        "fewer than train.flower.min_clients = 3; dropped: node 102: timeout",
+    ):
         serve(grid, make_spec(data, tmp_path / "b", "fedavg", rounds=1, min_clients=3, query_timeout_s=5))
     assert json.loads((tmp_path / "b" / "status.json").read_text())["status"] == "failed"
 
@@ -390,7 +459,9 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     assert r1["dropped"] == 0 and r1["clients"] == 3
     assert r2["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=grid.pull_s * 3)  # polled: within a few pulls
     assert r2["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=grid.pull_s * 3)
-    assert r2["clients"] == 2 and [(d["client"], d["reason"]) for d in r2["dropped_clients"]] == [("photo_c0", "timeout")]
+    assert r2["clients"] == 2 and [(d["client"], d["reason"]) for d in r2["dropped_clients"]] == [
+        ("photo_c0", "timeout")
+    ]
     server = FlowerServer.__new__(FlowerServer)  # the rule itself: the floor wins over a fast phase
     server.spec, server.slowest = spec, {"query": 0.1}
     assert server.reply_timeout("query") == 2.0 and server.reply_timeout("train") == spec.train_timeout_s
@@ -431,8 +502,10 @@ SLOW_ON_CPU = {"ccst", "fedadg"}  # AdaIN style transfer / an adversarial genera
 SLOW_REASON = "style transfer or an adversarial generator: 20-45 s per engine on the CPU"
 
 
-@pytest.mark.parametrize("algorithm", [pytest.param(a, marks=pytest.mark.full(SLOW_REASON)) if a in SLOW_ON_CPU else a
-                                       for a in sorted(ALGORITHMS)])
+@pytest.mark.parametrize(
+    "algorithm",
+    [pytest.param(a, marks=pytest.mark.full(SLOW_REASON)) if a in SLOW_ON_CPU else a for a in sorted(ALGORITHMS)],
+)
 def test_loopback_every_algorithm_matches_inprocess_engine(algorithm, data, inprocess_fedccrl, tmp_path):
     """One implementation, two engines: every registered algorithm, 2 rounds over the Message API
     (state in Context.state, payloads and server state as they are), equals the in-process engine."""
@@ -448,8 +521,10 @@ def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
     """train.client_state: stateless on both engines: a fresh optimizer every round, the same numbers."""
     ref = run_inprocess(data, "fedavg", 2, client_state="stateless")
     persistent = run_inprocess(data, "fedavg", 2)
-    res = serve(loopback(data, state_dir=tmp_path / "state"),
-                make_spec(data, tmp_path / "w", "fedavg", client_state="stateless"))
+    res = serve(
+        loopback(data, state_dir=tmp_path / "state"),
+        make_spec(data, tmp_path / "w", "fedavg", client_state="stateless"),
+    )
     assert_same_history(res["history"], ref.history)
     for k, v in ref.final_weights.items():
         assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
@@ -462,8 +537,13 @@ def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path):
     """train.privacy on both channels: the noised statistics (drawn on the clients) and DP-FedAvg's noise (on the
     server) are the same numbers over the Message API as in-process, epsilon included. The noise is seeded by the
     test-only noise_seed (not private): from the OS, as in a real run, no two runs would match."""
-    priv = {"enabled": True, "stats_noise_multiplier": 0.5, "weights_clip": 0.5, "weights_noise_multiplier": 0.8,
-            "noise_seed": 11}
+    priv = {
+        "enabled": True,
+        "stats_noise_multiplier": 0.5,
+        "weights_clip": 0.5,
+        "weights_noise_multiplier": 0.8,
+        "noise_seed": 11,
+    }
     ref = run_inprocess(data, "fedccrl", 2, privacy=priv)
     res = serve(loopback(data), make_spec(data, tmp_path, "fedccrl", privacy=priv))
     assert_same_history(res["history"], ref.history)
@@ -494,7 +574,9 @@ def _records(work: Path, run_id: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.full(
+    "a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)"
+)
 @pytest.mark.timeout(1800)
 def test_deployment_end_to_end_matches_inprocess(deployment, data, inprocess_fedccrl, tmp_path):
     """A deployment: a SuperLink and 3 SuperNodes as processes (--insecure on 127.0.0.1), the
@@ -537,8 +619,9 @@ def add_wheel_supernode(fed, data: Path, cid: str, root: Path, full_venv: Path, 
     """A SuperNode of the installed wheel's venv (tests/wheel_envs.py), in <root>/site-<cid>: no checkout there."""
     site = root / f"site-{cid}"
     site.mkdir(exist_ok=True)
-    return fed.add_supernode(cid, node_config(data, cid, root / "client-state"), threads=1, wait=wait,
-                             bin_dir=full_venv / "bin", cwd=site)
+    return fed.add_supernode(
+        cid, node_config(data, cid, root / "client-state"), threads=1, wait=wait, bin_dir=full_venv / "bin", cwd=site
+    )
 
 
 @pytest.fixture(scope="module")
@@ -607,7 +690,9 @@ def train(msg, context):
 """
 
 
-@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.full(
+    "a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)"
+)
 @pytest.mark.timeout(900)
 def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
     """A SuperNode whose ClientApp sends a mis-shaped array: the ServerApp logs and refuses it and
@@ -632,7 +717,9 @@ def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
     assert all(torch.isfinite(v.float()).all() for v in res.final_weights.values())
 
 
-@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.full(
+    "a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)"
+)
 @pytest.mark.timeout(900)
 def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, data, full_venv, tmp_path):
     """Process-level faults on one federation:
@@ -647,18 +734,21 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
     fed, root = deployment
     fail = tmp_path / "fail"
     run_id = fed.submit(make_spec(data, fail, "fedavg", rounds=1, num_clients=4, min_clients=4, wait_for_clients_s=3))
-    with pytest.raises(FlowerRunError, match="3 SuperNode\\(s\\) connected after 3s, fewer than "
-                                             "train.flower.min_clients = 4"):
+    with pytest.raises(
+        FlowerRunError, match="3 SuperNode\\(s\\) connected after 3s, fewer than train.flower.min_clients = 4"
+    ):
         wait_for_result(fed, run_id, fail, timeout=180)
 
     work = tmp_path / "work"
-    spec = make_spec(data, work, "fedavg", rounds=3, num_clients=3, min_clients=2, query_timeout_s=30,
-                     train_timeout_s=45)
+    spec = make_spec(
+        data, work, "fedavg", rounds=3, num_clients=3, min_clients=2, query_timeout_s=30, train_timeout_s=45
+    )
     photo = fed.supernodes["photo_c0"]
     seen = photo.log_path.read_text().count("Receiving: train message")  # earlier runs on this federation
     run_id = fed.submit(spec)
-    wait_until(lambda: photo.log_path.read_text().count("Receiving: train message") >= seen + 2, 240,
-          "round 2 at photo_c0")
+    wait_until(
+        lambda: photo.log_path.read_text().count("Receiving: train message") >= seen + 2, 240, "round 2 at photo_c0"
+    )
     photo.kill()
     add_wheel_supernode(fed, data, "photo_c0", root, full_venv)
     wait_until(lambda: len(_records(work, run_id)) >= 2, 240, "round 2's record", poll=0.1)
@@ -679,11 +769,17 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
     assert res.resumed_from == 2 and [r["round"] for r in res.history] == [1, 2, 3]
     # the restarted node trained round 3 with the other two; the killed node's old registration may still be listed
     # until the SuperLink's heartbeat expires it, and is then recorded as dropped (0 or 1: a matter of timing)
-    assert res.history[2]["clients"] == 3 and res.history[2]["dropped"] in (0, 1) and "train_acc/photo_c0" in res.history[2]
+    assert (
+        res.history[2]["clients"] == 3
+        and res.history[2]["dropped"] in (0, 1)
+        and "train_acc/photo_c0" in res.history[2]
+    )
     assert fed.supernodes["photo_c0"].log_path.read_text().count("Receiving: train message") >= 1
 
 
-@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.full(
+    "a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)"
+)
 @pytest.mark.timeout(900)
 def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path):
     """`train.flower.mode: simulation`: `flwr run` on a local simulation SuperLink, Flower's Ray
@@ -692,8 +788,11 @@ def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path
     from fedccrl_flower.settings import FlowerSettings
 
     t0 = time.perf_counter()
-    res = run_flower(FlowerSettings(mode="simulation", min_clients=3, client_cpus=1, ray_cpus=2, run_timeout_s=600),
-                     make_spec(data, tmp_path / "work"), data / "pools")
+    res = run_flower(
+        FlowerSettings(mode="simulation", min_clients=3, client_cpus=1, ray_cpus=2, run_timeout_s=600),
+        make_spec(data, tmp_path / "work"),
+        data / "pools",
+    )
     print(f"simulation, 2 rounds FedCCRL, 3 simulated SuperNodes: {time.perf_counter() - t0:.1f}s")
     assert [r["clients"] for r in res.history] == [3, 3]
     assert_same_history(res.history, inprocess_fedccrl.history, tol=0.0)  # Ray gives each actor one thread
@@ -701,21 +800,54 @@ def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
 
 
-@pytest.mark.full("a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)")
+@pytest.mark.full(
+    "a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)"
+)
 @pytest.mark.timeout(900)
 def test_train_stage_with_flower_engine(data, tmp_path):
     """`fedccrl train` with `train.engine: flower` (deployment): the stage's outputs and MLflow child run."""
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     params["partition"]["clients_per_domain"] = 1
-    params["train"].update({"engine": "flower", "rounds": 1, "local_epochs": 1,
-                            "flower": {"mode": "deployment", "min_clients": 3, "client_threads": 1}})
+    params["train"].update(
+        {
+            "engine": "flower",
+            "rounds": 1,
+            "local_epochs": 1,
+            "flower": {"mode": "deployment", "min_clients": 3, "client_threads": 1},
+        }
+    )
     (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
-           "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
-    p = subprocess.run([str(BIN / "fedccrl"), "train", "--shards", str(data / "shards"), "--pools",
-                        str(data / "pools"), "--algorithm", "fedavg", "--seed", "0", "--held-out", "3", "--out",
-                        "out", "--checkpoints", "ck"], cwd=tmp_path, env=env, capture_output=True, text=True,
-                       timeout=900)
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
+    }
+    p = subprocess.run(
+        [
+            str(BIN / "fedccrl"),
+            "train",
+            "--shards",
+            str(data / "shards"),
+            "--pools",
+            str(data / "pools"),
+            "--algorithm",
+            "fedavg",
+            "--seed",
+            "0",
+            "--held-out",
+            "3",
+            "--out",
+            "out",
+            "--checkpoints",
+            "ck",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert p.returncode == 0, p.stderr[-4000:]
     hist = json.loads((tmp_path / "out" / "d3" / "history.json").read_text())
     assert [r["round"] for r in hist["rounds"]] == [1] and hist["rounds"][0]["clients"] == 3
@@ -727,9 +859,15 @@ def test_train_stage_with_flower_engine(data, tmp_path):
 @pytest.fixture(scope="module")
 def mixed_data(tmp_path_factory) -> Path:
     """The embedded dataset as FedDG-Bench's lambda partition (lambda 0.5, 5 clients) with label skew."""
-    return build_data(tmp_path_factory.mktemp("flower-mixed"), {
-        "partition.scheme": "feddg_bench", "partition.num_clients": 5, "partition.dirichlet_alpha": 1.0,
-        "partition.lambda": 0.5})
+    return build_data(
+        tmp_path_factory.mktemp("flower-mixed"),
+        {
+            "partition.scheme": "feddg_bench",
+            "partition.num_clients": 5,
+            "partition.dirichlet_alpha": 1.0,
+            "partition.lambda": 0.5,
+        },
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedccrl"])
@@ -748,9 +886,13 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
     assert [c.client_id for c in clients] == ids and len(ids) == 5
     assert sum(len(c.train_y) for c in clients) < sum(c["n_train"] for c in manifest["clients"])  # rows dropped
     tx, ty = load_domain_test(shards, HELD_OUT)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                  ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-                  torch.from_numpy(np.asarray(ty, dtype=np.int64)), 256)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]),
+        torch.cat([c.val_y for c in clients]),
+        ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
+        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
+        256,
+    )
     local = LocalConfig(**{**LOCAL, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"])})
     alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
     torch.manual_seed(SEED)
@@ -778,6 +920,8 @@ def test_loopback_a_held_out_domain_client_is_refused_never_sampled(data, tmp_pa
     for k, v in ref.final_weights.items():
         assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
     assert [r["refused"] for r in res["history"]] == [1, 1] and all(r["clients"] == 3 for r in res["history"])
-    assert all("sketch_c0 is not a source client of held-out sketch" in r["refused_clients"][0]["reason"]
-               for r in res["history"])
+    assert all(
+        "sketch_c0 is not a source client of held-out sketch" in r["refused_clients"][0]["reason"]
+        for r in res["history"]
+    )
     assert not [m for m in grid.sent if m.metadata.message_type == M.TRAIN and m.metadata.dst_node_id == 103]

@@ -14,6 +14,7 @@ authentication"), run as written on 127.0.0.1 with `localhost` for the host name
 
 Full tier: about two minutes on 2 shared cores (RSA-4096 keys, a SuperLink, six SuperNodes, a round).
 """
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,15 @@ import shlex
 import ssl
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
-
 from doc_blocks import BLOCKS, REPO
 from flower_harness import SOURCES, assert_same_history, make_spec, node_config, run_inprocess, wait_until
 
 PAGE = REPO / "docs" / "flower.md"
 
 HOST = "superlink.example.org"  # the documented host name
-PORT = "8000"                   # the documented port
+PORT = "8000"  # the documented port
 
 pytestmark = pytest.mark.full("a secure Flower deployment of real processes: a SuperLink, six SuperNodes, a round")
 
@@ -40,6 +39,7 @@ pytestmark = pytest.mark.full("a secure Flower deployment of real processes: a S
 def recipe() -> tuple[str, str, str]:
     """The documented secure recipe: the SuperLink host's block, the key registration (a code span of the
     text between the blocks: `ssh-keygen ... && flwr supernode register ...`), the site's block."""
+
     def pick(needle: str) -> str:
         (code,) = [b.code for b in BLOCKS if needle in b.code]
         return code
@@ -51,8 +51,11 @@ def recipe() -> tuple[str, str, str]:
 def localize(code: str, port: int) -> str:
     """The documented commands for this host: `localhost` and a free port; fails when the recipe changed."""
     assert HOST in code, f"the documented recipe no longer names {HOST}:\n{code}"
-    for old, new in ((f"{HOST}:{PORT}", f"localhost:{port}"), (f"--port {PORT}", f"--port {port}"),
-                     (HOST, "localhost")):
+    for old, new in (
+        (f"{HOST}:{PORT}", f"localhost:{port}"),
+        (f"--port {PORT}", f"--port {port}"),
+        (HOST, "localhost"),
+    ):
         code = code.replace(old, new)
     return code
 
@@ -64,15 +67,15 @@ def commands(code: str) -> list[str]:
 
 def without(argv: list[str], flag: str) -> list[str]:
     """argv less `flag` and its value."""
-    return argv[:argv.index(flag)] + argv[argv.index(flag) + 2:]
+    return argv[: argv.index(flag)] + argv[argv.index(flag) + 2 :]
 
 
 def plain(argv: list[str]) -> list[str]:
     """`--insecure` in place of `--root-certificates certs/ca.crt`."""
-    return without(argv, "--root-certificates") + ["--insecure"]
+    return [*without(argv, "--root-certificates"), "--insecure"]
 
 
-def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data, tmp_path):  # noqa: F811
+def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data, tmp_path):
     from fedccrl_flower.federation import Federation
     from fedccrl_flower.processes import BIN, Proc, flower_env, free_port
     from fedccrl_flower.run import wait_for_result
@@ -83,8 +86,9 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
     ws.mkdir()
     link = commands(localize(link_code, port))
     assert link[-1].startswith("flower-superlink ")
-    setup = subprocess.run(["bash", "-eo", "pipefail", "-c", "\n".join(link[:-1])], cwd=ws, capture_output=True,
-                           text=True, timeout=300)
+    setup = subprocess.run(
+        ["bash", "-eo", "pipefail", "-c", "\n".join(link[:-1])], cwd=ws, capture_output=True, text=True, timeout=300
+    )
     assert setup.returncode == 0, setup.stderr[-3000:]
     fed = Federation(ws, f"localhost:{port}", root_certificates=str(ws / "certs" / "ca.crt"))
     env = flower_env(fed.flwr_home)
@@ -97,8 +101,14 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
         return procs[-1]
 
     def register(site: str) -> str:
-        p = subprocess.run(["bash", "-eo", "pipefail", "-c", register_code.replace("site_art", site)],
-                           cwd=ws, env=env, capture_output=True, text=True, timeout=120)
+        p = subprocess.run(
+            ["bash", "-eo", "pipefail", "-c", register_code.replace("site_art", site)],
+            cwd=ws,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
         return re.search(r"SuperNode (\d+) registered", p.stdout)[1]
 
@@ -106,7 +116,7 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
         argv = shlex.split(commands(localize(site_code, port))[0].replace("site_art", site))
         i = argv.index("--node-config")
         argv[i + 1] = " ".join(f'{k}="{v}"' for k, v in node_config(data, cid, tmp_path / "state" / name).items())
-        argv = change(argv) + ["--port", str(free_port())]  # a runtime API port per SuperNode on this one host
+        argv = [*change(argv), "--port", str(free_port())]  # a runtime API port per SuperNode on this one host
         return start(name, shlex.join(argv), {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
     try:
@@ -116,23 +126,31 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
         def healthy():
             assert superlink.alive(), superlink.tail()
             try:
-                return httpx.get(f"https://localhost:{port}/health", timeout=1,
-                                 verify=ssl.create_default_context(cafile=ws / "certs" / "ca.crt")).is_success
+                return httpx.get(
+                    f"https://localhost:{port}/health",
+                    timeout=1,
+                    verify=ssl.create_default_context(cafile=ws / "certs" / "ca.crt"),
+                ).is_success
             except httpx.HTTPError:
                 return False
 
         wait_until(healthy, 120, "the SuperLink over TLS")
         nodes = {cid: register(f"site_{cid}") for cid in SOURCES}
         nodes["no_ca"], nodes["insecure_key"] = register("site_no_ca"), register("site_insecure_key")
-        subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", "keys/site_rogue"], cwd=ws,
-                       check=True, timeout=60)  # made as the recipe makes a key, never registered
+        subprocess.run(
+            ["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f", "keys/site_rogue"],
+            cwd=ws,
+            check=True,
+            timeout=60,
+        )  # made as the recipe makes a key, never registered
         for cid in SOURCES:
             supernode(cid, f"site_{cid}", cid)
         rogue = supernode("rogue", "site_rogue", SOURCES[0])
         no_ca = supernode("no_ca", "site_no_ca", SOURCES[0], lambda a: without(a, "--root-certificates"))
         insecure_key = supernode("insecure_key", "site_insecure_key", SOURCES[0], plain)
-        insecure = supernode("insecure", "site_insecure_key", SOURCES[0],
-                             lambda a: plain(without(a, "--auth-supernode-private-key")))
+        insecure = supernode(
+            "insecure", "site_insecure_key", SOURCES[0], lambda a: plain(without(a, "--auth-supernode-private-key"))
+        )
 
         work = tmp_path / "work"
         spec = make_spec(data, work, "fedccrl", rounds=1, num_clients=3, min_clients=3)
@@ -144,18 +162,23 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
 
         # Flower's exit codes (https://flower.ai/docs/framework/ref-exit-codes/): 305 no connection to the
         # SuperLink (activation refused, TLS handshake failed), 303 an auth key without TLS
-        for proc, code, needle in ((rogue, 305, "Failed to activate SuperNode"),
-                                   (no_ca, 305, "CERTIFICATE_VERIFY_FAILED"),
-                                   (insecure_key, 303, "SuperNode authentication requires a secure TLS connection")):
-            wait_until(lambda: not proc.alive(), 120, f"{proc.name} to exit")
+        for proc, code, needle in (
+            (rogue, 305, "Failed to activate SuperNode"),
+            (no_ca, 305, "CERTIFICATE_VERIFY_FAILED"),
+            (insecure_key, 303, "SuperNode authentication requires a secure TLS connection"),
+        ):
+            wait_until(lambda proc=proc: not proc.alive(), 120, f"{proc.name} to exit")
             log = proc.log_path.read_text()
             assert proc.popen.returncode != 0 and f"Exit Code: {code}" in log and needle in log, proc.tail()
         # without a key, plain HTTP to the TLS port: it retries, never joins
         assert insecure.alive() and "Connection attempt failed" in insecure.log_path.read_text()
         listed = fed.flwr("supernode", "list", "fedccrl", "--format", "json")
-        status = {n["node-id"]: n["status"] for n in json.loads(listed.stdout[listed.stdout.index("{"):])["nodes"]}
-        assert {cid: status[nodes[cid]] for cid in nodes} == {**{cid: "online" for cid in SOURCES},
-                                                               "no_ca": "registered", "insecure_key": "registered"}
+        status = {n["node-id"]: n["status"] for n in json.loads(listed.stdout[listed.stdout.index("{") :])["nodes"]}
+        assert {cid: status[nodes[cid]] for cid in nodes} == {
+            **dict.fromkeys(SOURCES, "online"),
+            "no_ca": "registered",
+            "insecure_key": "registered",
+        }
         assert len(status) == len(nodes)  # neither the rogue key nor the keyless SuperNode became a node
     finally:
         for proc in reversed(procs):

@@ -5,6 +5,7 @@
 - download: a deadline for the whole download, not only for each read;
 - the data stages: verified known archives, tarfile's data filter, a warning for tiny domains.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,24 @@ import time
 from pathlib import Path
 
 import pytest
+from fixtures import temps, tiny_onnx
 
 from fedccrl_core.foundation import fsio
-from fixtures import temps, tiny_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_py(code: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=120, **kw)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------ A. one atomic write, one cleanup
@@ -49,17 +57,22 @@ def test_a_killed_writer_leaves_temps_that_the_next_run_removes(tmp_path):
     killed = run_py(KILLED_WRITER, tmp_path)
     assert killed.returncode == -signal.SIGKILL
     left_plots, left_results = temps(tmp_path), temps(tmp_path / "results")
-    assert len(left_plots) == 1 and left_plots[0].startswith(".plots.tmp-")  # a kill -9 of `fedccrl figures` left one behind: the next run removes it
+    assert len(left_plots) == 1 and left_plots[0].startswith(
+        ".plots.tmp-"
+    )  # a kill -9 of `fedccrl figures` left one behind: the next run removes it
     assert len(left_results) == 1 and left_results[0].startswith(".d0.json.tmp-")
     assert not (tmp_path / "plots").exists() and not (tmp_path / "results" / "d0.json").exists()
 
-    rerun = run_py("""
+    rerun = run_py(
+        """
         from pathlib import Path
         from fedccrl_core.foundation.fsio import atomic_dir, write_text
         with atomic_dir(Path("plots")) as out:
             (out / "augmentation_preview.png").write_bytes(b"a whole figure")
         write_text(Path("results") / "d0.json", "{}")
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert rerun.returncode == 0, rerun.stderr
     assert temps(tmp_path) == [] and temps(tmp_path / "results") == []
     notices = [ln for ln in rerun.stderr.splitlines() if ln.startswith("notice: removed")]
@@ -68,14 +81,14 @@ def test_a_killed_writer_leaves_temps_that_the_next_run_removes(tmp_path):
 
 
 def test_a_live_writers_temp_is_kept_and_a_reused_pid_is_not_mistaken_for_its_owner(tmp_path):
-    live = tmp_path / f".x.tmp-{os.getpid()}-0123abcd"     # this process is alive and started before it
+    live = tmp_path / f".x.tmp-{os.getpid()}-0123abcd"  # this process is alive and started before it
     live.write_text("in progress")
-    reused = tmp_path / f".y.tmp-{os.getpid()}-4567cdef"   # same pid, but written long before we started
+    reused = tmp_path / f".y.tmp-{os.getpid()}-4567cdef"  # same pid, but written long before we started
     reused.write_text("left by an earlier process that had our pid")
     os.utime(reused, (time.time() - 10 * 86400, time.time() - 10 * 86400))
-    dead = tmp_path / ".z.tmp-999999999-89abcdef"           # no such process
+    dead = tmp_path / ".z.tmp-999999999-89abcdef"  # no such process
     dead.mkdir()
-    unrelated = tmp_path / ".notes.tmp"                      # not one of ours: never touched
+    unrelated = tmp_path / ".notes.tmp"  # not one of ours: never touched
     unrelated.write_text("user file")
     lines: list[str] = []
     removed = fsio.sweep_stale(tmp_path, log=lines.append)
@@ -91,7 +104,7 @@ def test_a_an_exception_mid_write_leaves_nothing_that_looks_complete(tmp_path):
         with fsio.atomic_file(out, "w") as f:
             f.write('{"new": ')
             raise RuntimeError("fault mid-write")
-    assert out.read_text() == '{"old": 1}' and temps(tmp_path) == []   # old output intact, no temp
+    assert out.read_text() == '{"old": 1}' and temps(tmp_path) == []  # old output intact, no temp
     folder = tmp_path / "runs"
     with pytest.raises(KeyboardInterrupt):
         with fsio.atomic_dir(folder) as d:
@@ -134,7 +147,8 @@ def test_a_unwritable_output_is_one_error_naming_the_path(tmp_path):
 
 def test_a_full_disk_is_one_error_naming_the_path(tmp_path):
     """RLIMIT_FSIZE makes writes beyond 64 kB fail with EFBIG, as a full disk fails them with ENOSPC."""
-    r = run_py("""
+    r = run_py(
+        """
         import resource, signal
         from pathlib import Path
         from fedccrl_core.foundation.fsio import OutputError, write_text
@@ -144,13 +158,16 @@ def test_a_full_disk_is_one_error_naming_the_path(tmp_path):
             write_text(Path("big.json"), "x" * 200_000)
         except OutputError as e:
             print(e)
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("big.json: cannot write (File too large")
     assert sorted(os.listdir(tmp_path)) == []
 
 
 # ------------------------------------------------------------------ B. serving
+
 
 def serve(*args, **kw):
     from click.testing import CliRunner
@@ -162,18 +179,22 @@ def serve(*args, **kw):
 
 def one_error(result) -> str:
     lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("fedccrl-serve: error: ") and "Traceback" not in result.stderr, \
+    assert len(lines) == 1 and lines[0].startswith("fedccrl-serve: error: ") and "Traceback" not in result.stderr, (
         result.stderr
+    )
     return lines[0]
 
 
-@pytest.mark.parametrize("case, over, needle", [
-    ("image_size disagrees with the graph's input", dict(size=8, graph_size=4), "image_size=8"),
-    ("7 class names, 6 logits", dict(classes=tuple("abcdefg"), logits=6), "names 7 classes"),
-    ("duplicate class names", dict(classes=("a", "b", "a", "c")), "repeated: 'a'"),
-    ("NaN in the mean", dict(mean="[NaN, 0.5, 0.5]"), "finite"),
-    ("inf in the std", dict(std="[0.2, Infinity, 0.2]"), "finite"),
-])
+@pytest.mark.parametrize(
+    "case, over, needle",
+    [
+        ("image_size disagrees with the graph's input", dict(size=8, graph_size=4), "image_size=8"),
+        ("7 class names, 6 logits", dict(classes=tuple("abcdefg"), logits=6), "names 7 classes"),
+        ("duplicate class names", dict(classes=("a", "b", "a", "c")), "repeated: 'a'"),
+        ("NaN in the mean", dict(mean="[NaN, 0.5, 0.5]"), "finite"),
+        ("inf in the std", dict(std="[0.2, Infinity, 0.2]"), "finite"),
+    ],
+)
 def test_b_metadata_is_checked_against_the_graph(tmp_path, images, case, over, needle):
     model = tiny_onnx(tmp_path / "m.onnx", **over)
     for args in (("info", model), ("predict", model, images), ("evaluate", model, images)):
@@ -232,14 +253,17 @@ def test_b_full_disk_is_one_line_and_no_half_written_output(tmp_path, images, co
     """RLIMIT_FSIZE: a write past 256 bytes fails (EFBIG) as a full disk fails it (ENOSPC)."""
     model = tiny_onnx(tmp_path / "m.onnx")
     out = tmp_path / "out" / "o.json"
-    r = run_py(f"""
+    r = run_py(
+        f"""
         import resource, signal, sys
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (256, 256))
         from fedccrl_serving.cli import main
         sys.argv = ["fedccrl-serve", "{command}", "{model}", "{images}", "--output", "{out}", "-q"]
         main()
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert r.returncode == 2, r.stderr
     assert f"fedccrl-serve: error: {out}: cannot write (File too large)" in r.stderr and "Traceback" not in r.stderr
     assert not out.parent.exists()  # no half-written o.json, no temporary file, not even the folder it made
@@ -272,22 +296,28 @@ def test_b_a_fifo_named_like_an_image_is_skipped_never_opened(tmp_path, images):
     os.mkfifo(tmp_path / "y.png")
     model = tiny_onnx(tmp_path / "m.onnx")
     for args in ([images], [images / "a" / "*.jpg", images / "a" / "0.png"], [tmp_path / "y.png", images / "b"]):
-        r = run_py(f"""
+        r = run_py(
+            f"""
             import sys
             from fedccrl_serving.cli import main
             sys.argv = ["fedccrl-serve", "predict", "{model}", *{[str(a) for a in args]!r}, "-q"]
             main()
-        """, tmp_path)  # a subprocess: if the FIFO were opened, the timeout would fail the test, not hang it
+        """,
+            tmp_path,
+        )  # a subprocess: if the FIFO were opened, the timeout would fail the test, not hang it
         assert r.returncode == 0, r.stderr
         paths = [json.loads(ln)["path"] for ln in r.stdout.splitlines()]
         assert paths and not any(p.endswith(("x.jpg", "y.png")) for p in paths)
         assert "a FIFO, not a regular file" in r.stderr
-    r = run_py(f"""
+    r = run_py(
+        f"""
         import sys
         from fedccrl_serving.cli import main
         sys.argv = ["fedccrl-serve", "evaluate", "{model}", "{images}", "-q", "--json"]
         main()
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     assert r.returncode == 0 and json.loads(r.stdout)["n_images"] == 12 and "x.jpg" in r.stderr
 
 
@@ -309,6 +339,7 @@ def test_b_deadline_stops_the_run_and_writes_no_output(tmp_path, images, command
 
 
 # ------------------------------------------------------------------ C. a deadline for the whole download
+
 
 @pytest.fixture
 def trickling_server():
@@ -368,14 +399,22 @@ def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, p
 
     defaults = read_yaml(REPO / "params.yaml")["download"]
     assert defaults["deadline_s"] >= defaults["timeout_s"]
-    slow = {"dataset.name": "pacs", "dataset.source": trickling_server, "dataset.sha256": None,
-            "download.timeout_s": 1, "download.deadline_s": 2, "download.retries": 0}
+    slow = {
+        "dataset.name": "pacs",
+        "dataset.source": trickling_server,
+        "dataset.sha256": None,
+        "download.timeout_s": 1,
+        "download.deadline_s": 2,
+        "download.retries": 0,
+    }
     params(slow)
     monkeypatch.chdir(tmp_path)
-    r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"],
-                           catch_exceptions=False)
+    r = CliRunner().invoke(
+        main, ["download", "--out", "data/raw", "--report", "data/report.json"], catch_exceptions=False
+    )
     assert r.exit_code == 2 and r.stderr.strip().splitlines()[-1].startswith(
-        f"error: {trickling_server}: the download did not finish within download.deadline_s=2 s")
+        f"error: {trickling_server}: the download did not finish within download.deadline_s=2 s"
+    )
     assert not (tmp_path / "data").exists() or os.listdir(tmp_path / "data") == []  # no output, no temp
     params({**slow, "download.timeout_s": 60, "download.deadline_s": 30})
     r = CliRunner().invoke(main, ["download", "--out", "data/raw", "--report", "data/report.json"])
@@ -383,6 +422,7 @@ def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, p
 
 
 # ------------------------------------------------------------------ D. data: verified known archives, extraction
+
 
 def _tiny_tree(root: Path) -> Path:
     import numpy as np
@@ -392,7 +432,9 @@ def _tiny_tree(root: Path) -> Path:
         for c in ("x", "y"):
             (root / "TINY" / d / c).mkdir(parents=True)
             for i in range(2):
-                Image.fromarray(np.full((8, 8, 3), 40 * i + (d == "b") * 90, np.uint8)).save(root / "TINY" / d / c / f"{i}.png")
+                Image.fromarray(np.full((8, 8, 3), 40 * i + (d == "b") * 90, np.uint8)).save(
+                    root / "TINY" / d / c / f"{i}.png"
+                )
     return root
 
 
@@ -406,8 +448,17 @@ def test_d_an_archive_the_registry_knows_by_hash_is_reported_verified(tmp_path):
 
     archive = Path(shutil.make_archive(str(tmp_path / "tiny"), "zip", _tiny_tree(tmp_path / "src")))
     digest = hashlib.sha256(archive.read_bytes()).hexdigest()
-    spec = DatasetSpec(name="tiny", domains=("a", "b"), classes=("x", "y"), domain_counts=(4, 4), total=8,
-                       sources=(), image_size=16, backbone="small_cnn", pretrained="none")
+    spec = DatasetSpec(
+        name="tiny",
+        domains=("a", "b"),
+        classes=("x", "y"),
+        domain_counts=(4, 4),
+        total=8,
+        sources=(),
+        image_size=16,
+        backbone="small_cnn",
+        pretrained="none",
+    )
     rep = prepare_raw(spec, str(archive), tmp_path / "raw", tmp_path / "r.json", progress=False)
     arch = rep["source"]["archives"][0]
     assert arch["verified"] is False and arch["expected_sha256"] is None  # unknown: computed only
@@ -422,7 +473,9 @@ def test_d_the_local_pacs_archive_is_verified_against_the_registry(pacs128):
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.sources import _local_archive
 
-    rec = _local_archive(pacs128, None, get_dataset("pacs"))  # dataset.sha256: null, as in the PACS recipe (docs/experiments.md)
+    rec = _local_archive(
+        pacs128, None, get_dataset("pacs")
+    )  # dataset.sha256: null, as in the PACS recipe (docs/experiments.md)
     assert rec["verified"] is True and rec["known_as"] == "pacs_128.zip"
     assert rec["expected_sha256"] == rec["sha256"] == "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
 
@@ -442,8 +495,11 @@ def test_d_tar_members_go_through_tarfiles_data_filter(tmp_path, monkeypatch):
         t.addfile(info, io.BytesIO(b"png"))
     filters = []
     real = tarfile.TarFile.extract
-    monkeypatch.setattr(tarfile.TarFile, "extract",
-                        lambda self, m, path="", **kw: filters.append(kw.get("filter")) or real(self, m, path, **kw))
+    monkeypatch.setattr(
+        tarfile.TarFile,
+        "extract",
+        lambda self, m, path="", **kw: filters.append(kw.get("filter")) or real(self, m, path, **kw),
+    )
     assert archives.safe_extract(archive, tmp_path / "out", progress=False) == 1
     assert filters == ["data"]
     mode = (tmp_path / "out" / "TINY" / "a" / "x" / "0.png").stat().st_mode
@@ -479,26 +535,28 @@ def test_d_fedalign_kmeans_recovers_known_clusters_numbered_by_first_appearance(
     from fedccrl_core.algorithms.fedalign import kmeans
 
     g = np.random.default_rng(0)
-    truth = np.array([2, 0, 1] * 40)                          # first appearance: blob 2, then 0, then 1
+    truth = np.array([2, 0, 1] * 40)  # first appearance: blob 2, then 0, then 1
     x = np.array([[0, 0], [50, 0], [0, 50]], dtype=float)[truth] + g.normal(scale=0.5, size=(120, 2))
     rng = np.random.default_rng(5)
     labels, centers = kmeans(x, 3, rng)
-    assert labels.tolist() == [0, 1, 2] * 40                   # blob 2 -> 0, blob 0 -> 1, blob 1 -> 2
+    assert labels.tolist() == [0, 1, 2] * 40  # blob 2 -> 0, blob 0 -> 1, blob 1 -> 2
     assert np.allclose(centers, [x[truth == b].mean(0) for b in (2, 0, 1)])
     assert rng.bit_generator.state == (r := np.random.default_rng(5), r.integers(2**31 - 1))[0].bit_generator.state
     again, _ = kmeans(x, 3, np.random.default_rng(5))
     assert again.tolist() == labels.tolist()
     two = np.array([[1.0, 1.0]] * 5 + [[9.0, 9.0]] * 5)
-    labels2, centers2 = kmeans(two, 4, np.random.default_rng(1))   # 4 asked, 2 distinct points: 2 clusters
+    labels2, centers2 = kmeans(two, 4, np.random.default_rng(1))  # 4 asked, 2 distinct points: 2 clusters
     assert labels2.tolist() == [0] * 5 + [1] * 5 and np.allclose(centers2, [[1, 1], [9, 9]])
     dup = np.repeat(x[:2], 5, axis=0)  # 2 distinct points: at most 2 clusters, no warning
     import warnings
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert kmeans(dup, 3, np.random.default_rng(0))[0].max() == 1
 
 
 # ------------------------------------------------------------------ E. data warnings and layout errors that say why
+
 
 def _imagefolder(root: Path, per_domain: dict[str, int], classes=("x", "y")) -> Path:
     import numpy as np
@@ -508,7 +566,9 @@ def _imagefolder(root: Path, per_domain: dict[str, int], classes=("x", "y")) -> 
         for ci, c in enumerate(classes):
             (root / d / c).mkdir(parents=True, exist_ok=True)
             for i in range(n):
-                Image.fromarray(np.full((8, 8, 3), (30 * di + 7 * ci + i) % 256, np.uint8)).save(root / d / c / f"{i}.png")
+                Image.fromarray(np.full((8, 8, 3), (30 * di + 7 * ci + i) % 256, np.uint8)).save(
+                    root / d / c / f"{i}.png"
+                )
     return root
 
 
@@ -559,6 +619,7 @@ def test_e_a_dataset_wrapped_in_two_folders_is_found_and_a_wrong_layout_says_why
 
 
 # ------------------------------------------------------------------ F. found by `make chaos` (scripts/chaos.py)
+
 
 def test_f_a_failed_write_leaves_no_folder_it_created(tmp_path):
     (tmp_path / "kept").mkdir()
@@ -636,20 +697,30 @@ def test_no_process_tricks_in_product_code():
     import re
 
     root = Path(__file__).resolve().parents[1]
-    banned = re.compile(r"os\.fork|os\.nice|os\._exit|_run_exitfuncs|get_context\(.fork.\)|mlflow_clock"
-                        r"|^\s*[a-z_]\w*(\.\w+)*\._[A-Za-z]\w*\s*=(?!=)")
-    found = [f"{f.relative_to(root)}:{n}: {line.strip()}"
-             for pkg in ("fedccrl_core", "pipeline", "serving", "fedccrl_flower") for f in (root / pkg).rglob("*.py")
-             for n, line in enumerate(f.read_text().splitlines(), 1)
-             if banned.search(line) and not re.match(r"\s*self\._", line)]
+    banned = re.compile(
+        r"os\.fork|os\.nice|os\._exit|_run_exitfuncs|get_context\(.fork.\)|mlflow_clock"
+        r"|^\s*[a-z_]\w*(\.\w+)*\._[A-Za-z]\w*\s*=(?!=)"
+    )
+    found = [
+        f"{f.relative_to(root)}:{n}: {line.strip()}"
+        for pkg in ("fedccrl_core", "pipeline", "serving", "fedccrl_flower")
+        for f in (root / pkg).rglob("*.py")
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if banned.search(line) and not re.match(r"\s*self\._", line)
+    ]
     assert not found, "\n".join(found)
 
 
 def test_the_fedccrl_command_keeps_exit_codes_and_errors(tmp_path):
     """The console script (fedccrl_pipeline.cli:entry): a stage's known error is its `error:` line and exit code 2; --help 0."""
     fedccrl = Path(sys.executable).parent / "fedccrl"
-    p = subprocess.run([str(fedccrl), "pools", "--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "p")],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [str(fedccrl), "pools", "--shards", str(tmp_path / "nowhere"), "--out", str(tmp_path / "p")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 2 and p.stderr.startswith("error: params.yaml: "), p.stderr  # no params.yaml in tmp_path
     p = subprocess.run([str(fedccrl), "--help"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and all(f"  {stage} " in p.stdout for stage in ("pools", "evaluate", "export", "figures"))

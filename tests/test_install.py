@@ -9,6 +9,7 @@
   has no torch; a registered MLflow model loads with `mlflow.pyfunc.load_model` in the full-install venv
   (tests/wheel_envs.py) and predicts on raw images. The Flower SuperNodes from that venv: tests/test_flower.py.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,9 +23,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
-
 from layout import TOP, module_name
+from PIL import Image
 from wheel_envs import REPO, canonical, requirement_closure, run_outside
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
@@ -77,7 +77,9 @@ def _top_level_modules(dist: metadata.Distribution) -> set[str]:
     listed = dist.read_text("top_level.txt")
     if listed:
         return set(listed.split())
-    return {f.parts[0].removesuffix(".py") for f in dist.files or [] if not f.parts[0].endswith((".dist-info", ".data"))}
+    return {
+        f.parts[0].removesuffix(".py") for f in dist.files or [] if not f.parts[0].endswith((".dist-info", ".data"))
+    }
 
 
 def test_the_wheel_declares_every_package_folder_under_a_fedccrl_import_name():
@@ -86,8 +88,7 @@ def test_the_wheel_declares_every_package_folder_under_a_fedccrl_import_name():
     from layout import PACKAGES as DECLARED
 
     assert all(name.startswith("fedccrl") for name in DECLARED), DECLARED
-    found = sorted(module_name(init) for folder in TOP.values()
-                   for init in (REPO / folder).rglob("__init__.py"))
+    found = sorted(module_name(init) for folder in TOP.values() for init in (REPO / folder).rglob("__init__.py"))
     assert sorted(DECLARED) == found
 
 
@@ -97,7 +98,7 @@ def test_every_imported_third_party_module_is_declared():
     provided = set()
     for req in extra("serve", "full"):
         try:  # the one onnxruntime build installed here provides the `onnxruntime` module
-            provided |= _top_level_modules(metadata.distribution(re.split(r"[\[<>=!~; ]", req, 1)[0]))
+            provided |= _top_level_modules(metadata.distribution(re.split(r"[\[<>=!~; ]", req, maxsplit=1)[0]))
         except metadata.PackageNotFoundError:
             continue
     missing = {}
@@ -117,8 +118,11 @@ def test_every_imported_third_party_module_is_declared():
 
 
 def test_constraints_pin_every_dependency_the_metadata_names():
-    pins = {canonical(line.split("==")[0]): line.split("==")[1]
-            for line in (REPO / "constraints.txt").read_text().splitlines() if "==" in line}
+    pins = {
+        canonical(line.split("==")[0]): line.split("==")[1]
+        for line in (REPO / "constraints.txt").read_text().splitlines()
+        if "==" in line
+    }
     from packaging.requirements import Requirement
 
     for r in extra("serve", "full", "dev"):
@@ -136,9 +140,24 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 def _meta(**over) -> dict:
     from fedccrl_core.data.images import RESIZE_POLICY
 
-    meta = dict(backbone="small_cnn", num_classes=len(CLASSES), classes=CLASSES, image_size=SIZE, mean=MEAN, std=STD,
-                resize=RESIZE_POLICY, dataset="synthetic", domains=["a", "b", "c", "d"], held_out_domain="d",
-                held_out_index=3, algorithm="fedccrl", seed=0, round=1, params_hash="0123abcd", git_commit="f00dcafe")
+    meta = dict(
+        backbone="small_cnn",
+        num_classes=len(CLASSES),
+        classes=CLASSES,
+        image_size=SIZE,
+        mean=MEAN,
+        std=STD,
+        resize=RESIZE_POLICY,
+        dataset="synthetic",
+        domains=["a", "b", "c", "d"],
+        held_out_domain="d",
+        held_out_index=3,
+        algorithm="fedccrl",
+        seed=0,
+        round=1,
+        params_hash="0123abcd",
+        git_commit="f00dcafe",
+    )
     return {**meta, **over}
 
 
@@ -187,7 +206,7 @@ def test_the_serve_install_runs_fedccrl_serve_outside_the_checkout(fedccrl_wheel
     tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
     assert tops == set(PACKAGES) and all(t.startswith("fedccrl") for t in tops), tops  # one namespace
     assert "fedccrl_flower/app/pyproject.toml" in names  # the Flower App's configuration travels in the package
-    assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
+    assert any(n.endswith((".dist-info/licenses/LICENSE", ".dist-info/LICENSE")) for n in names)
 
     py, serve = serve_venv / "bin" / "python", serve_venv / "bin" / "fedccrl-serve"
     outside = tmp_path / "site"
@@ -197,8 +216,13 @@ def test_the_serve_install_runs_fedccrl_serve_outside_the_checkout(fedccrl_wheel
     p = run_outside(outside, py, REPO / "tests" / "wheel_envs.py", "serve")  # the closure from the wheel's METADATA
     assert p.returncode == 0, p.stderr
     assert SERVE_CORE <= set(json.loads(p.stdout)) and not set(json.loads(p.stdout)) & TORCH
-    p = run_outside(outside, py, "-c", "import json, importlib.metadata as m, fedccrl_serving, fedccrl_core; print(json.dumps("
-                    "[fedccrl_serving.__file__, fedccrl_core.__file__, m.distribution('onnxruntime').requires]))")
+    p = run_outside(
+        outside,
+        py,
+        "-c",
+        "import json, importlib.metadata as m, fedccrl_serving, fedccrl_core; print(json.dumps("
+        "[fedccrl_serving.__file__, fedccrl_core.__file__, m.distribution('onnxruntime').requires]))",
+    )
     assert p.returncode == 0, p.stderr
     serving_file, core_file, ort_requires = json.loads(p.stdout)
     assert all(Path(f).is_relative_to(serve_venv) for f in (serving_file, core_file))  # the wheel, not the checkout
@@ -239,16 +263,24 @@ def test_a_registered_pyfunc_loads_and_predicts_in_the_full_install_outside_the_
         mlflow.log_param("algorithm", "fedccrl")
     rng = np.random.default_rng(1)
     raw = rng.integers(0, 256, (5, SIZE, SIZE, 3), dtype=np.uint8)
-    log_to_mlflow(onnx_path, _meta(mlflow_run_id=run.info.run_id), {"top1_agreement": 1.0,
-                  "max_abs_logit_diff": 0.0}, raw[:2], None, None)
+    log_to_mlflow(
+        onnx_path,
+        _meta(mlflow_run_id=run.info.run_id),
+        {"top1_agreement": 1.0, "max_abs_logit_diff": 0.0},
+        raw[:2],
+        None,
+        None,
+    )
     outside = tmp_path / "site"
     outside.mkdir()
     np.save(outside / "raw.npy", raw)
-    script = ("import json, sys, numpy as np, mlflow, fedccrl_flower\n"
-              "pf = mlflow.pyfunc.load_model('models:/fedccrl-synthetic-fedccrl@s0-heldout-d')\n"
-              "out = pf.predict(np.load('raw.npy'))\n"
-              "print(json.dumps({'classes': list(out['class']), 'p': out[[f'p_{c}' for c in "
-              f"{CLASSES!r}]].to_numpy().tolist(), 'fedccrl_flower': fedccrl_flower.__file__}}))\n")
+    script = (
+        "import json, sys, numpy as np, mlflow, fedccrl_flower\n"
+        "pf = mlflow.pyfunc.load_model('models:/fedccrl-synthetic-fedccrl@s0-heldout-d')\n"
+        "out = pf.predict(np.load('raw.npy'))\n"
+        "print(json.dumps({'classes': list(out['class']), 'p': out[[f'p_{c}' for c in "
+        f"{CLASSES!r}]].to_numpy().tolist(), 'fedccrl_flower': fedccrl_flower.__file__}}))\n"
+    )
     p = run_outside(outside, full_venv / "bin" / "python", "-c", script)
     assert p.returncode == 0, p.stderr[-3000:]
     got = json.loads(p.stdout.strip().splitlines()[-1])

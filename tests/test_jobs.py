@@ -1,6 +1,7 @@
 """The training jobs' worker pool (fedccrl_core/federation/jobs.py `run_jobs`, concurrent.futures with spawn): the
 records of each job reach the parent in order and before its summary, a worker's crash stops the stage with the
 worker's traceback, and no worker outlives it."""
+
 from __future__ import annotations
 
 import os
@@ -15,13 +16,38 @@ from fedccrl_core.federation.jobs import RunSettings, TrainJob, run_jobs
 
 
 def _jobs(n: int, tmp: Path) -> list[TrainJob]:
-    s = RunSettings(dataset="synthetic", backbone="small_cnn", pretrained="none", local=LocalConfig(),
-                    engine="inprocess", device="cpu", client_fraction=1.0, concurrent_clients="auto", client_state="persistent",
-                    eval_batch_size=8)
+    s = RunSettings(
+        dataset="synthetic",
+        backbone="small_cnn",
+        pretrained="none",
+        local=LocalConfig(),
+        engine="inprocess",
+        device="cpu",
+        client_fraction=1.0,
+        concurrent_clients="auto",
+        client_state="persistent",
+        eval_batch_size=8,
+    )
     doms = ["photo", "art", "cartoon", "sketch"]
-    return [TrainJob(index=i, target=doms[i], sources=[d for d in doms if d != doms[i]], algorithm="fedavg", seed=0,
-                     hparams={}, settings=s, run_key=f"k{i}", ckpt=tmp / f"{i}.pt", out=tmp / f"d{i}", domains=doms,
-                     classes=["a"], image_size=32, resize="r") for i in range(n)]
+    return [
+        TrainJob(
+            index=i,
+            target=doms[i],
+            sources=[d for d in doms if d != doms[i]],
+            algorithm="fedavg",
+            seed=0,
+            hparams={},
+            settings=s,
+            run_key=f"k{i}",
+            ckpt=tmp / f"{i}.pt",
+            out=tmp / f"d{i}",
+            domains=doms,
+            classes=["a"],
+            image_size=32,
+            resize="r",
+        )
+        for i in range(n)
+    ]
 
 
 def counting(job, shards, pools, report):
@@ -30,8 +56,14 @@ def counting(job, shards, pools, report):
 
     for r in range(3):
         report("round", {"round": r + 1, "pid": os.getpid(), "threads": torch.get_num_threads()})
-    return {"index": job.index, "ids": {"commit": job.commit, "mlflow_run_id": job.mlflow_run_id,
-                                        "mlflow_experiment_id": job.mlflow_experiment_id}}
+    return {
+        "index": job.index,
+        "ids": {
+            "commit": job.commit,
+            "mlflow_run_id": job.mlflow_run_id,
+            "mlflow_experiment_id": job.mlflow_experiment_id,
+        },
+    }
 
 
 def crashing(job, shards, pools, report):
@@ -61,8 +93,9 @@ def _workers() -> set[int]:
 def test_pool_streams_records_before_each_summary(tmp_path):
     seen = []
     start = lambda job: {"commit": "c", "mlflow_run_id": f"r{job.index}", "mlflow_experiment_id": "e"}  # noqa: E731
-    run_jobs(_jobs(3, tmp_path), 2, tmp_path, tmp_path, start, lambda kind, i, p: seen.append((kind, i, p)),
-             train=counting)
+    run_jobs(
+        _jobs(3, tmp_path), 2, tmp_path, tmp_path, start, lambda kind, i, p: seen.append((kind, i, p)), train=counting
+    )
     for i in range(3):
         mine = [(k, p) for k, j, p in seen if j == i]
         assert [k for k, _ in mine] == ["round"] * 3 + ["done"]
@@ -74,11 +107,20 @@ def test_pool_streams_records_before_each_summary(tmp_path):
 def test_a_crash_in_a_worker_surfaces_with_its_traceback_and_stops_the_others(tmp_path):
     before = _workers()
     t0 = time.monotonic()
-    with pytest.raises(RuntimeError, match=r"(?s)training worker for held-out art failed:.*Traceback.*"
-                                           r"in crashing.*KeyError: 'boom in the worker'"):
-        run_jobs(_jobs(2, tmp_path), 2, tmp_path, tmp_path, lambda job: {"commit": "", "mlflow_run_id": None,
-                                                                        "mlflow_experiment_id": None},
-                 lambda *a: None, train=crashing)
+    with pytest.raises(
+        RuntimeError,
+        match=r"(?s)training worker for held-out art failed:.*Traceback.*"
+        r"in crashing.*KeyError: 'boom in the worker'",
+    ):
+        run_jobs(
+            _jobs(2, tmp_path),
+            2,
+            tmp_path,
+            tmp_path,
+            lambda job: {"commit": "", "mlflow_run_id": None, "mlflow_experiment_id": None},
+            lambda *a: None,
+            train=crashing,
+        )
     assert time.monotonic() - t0 < 100  # the sleeping worker was stopped, not waited for
     deadline = time.monotonic() + 10
     while _workers() - before and time.monotonic() < deadline:
@@ -89,6 +131,12 @@ def test_a_crash_in_a_worker_surfaces_with_its_traceback_and_stops_the_others(tm
 @pytest.mark.full("spawns a worker process (~10 s on 2 cores)")
 def test_a_known_error_in_a_worker_is_one_line_naming_the_domain(tmp_path):
     with pytest.raises(ValueError, match=r"^(photo|art): data/shards/manifest.json: shard manifest not found$"):
-        run_jobs(_jobs(2, tmp_path), 2, tmp_path, tmp_path, lambda job: {"commit": "", "mlflow_run_id": None,
-                                                                        "mlflow_experiment_id": None},
-                 lambda *a: None, train=bad_data)
+        run_jobs(
+            _jobs(2, tmp_path),
+            2,
+            tmp_path,
+            tmp_path,
+            lambda job: {"commit": "", "mlflow_run_id": None, "mlflow_experiment_id": None},
+            lambda *a: None,
+            train=bad_data,
+        )

@@ -24,26 +24,40 @@ serving runs without torch (`fedccrl-serve`, the MLflow pyfunc): no module of se
 (the exporter, which needs torch, is pipeline/onnx_export.py), and importing serving's modules in a process where
 `import torch` fails works, so no fedccrl_core module that serving uses imports torch when imported.
 """
+
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 import pytest
-
 from layout import TOP, module_name
 
 ROOT = Path(__file__).resolve().parents[1]
 
 FLOORS = {
-    "fedccrl_core": 0, "fedccrl_core.foundation": 0,
-    "fedccrl_core.learning": 1, "fedccrl_core.data": 1, "fedccrl_core.augment": 1, "fedccrl_core.privacy": 1,
-    "fedccrl_core.algorithms": 2, "fedccrl_core.algorithm_params": 2,
-    "fedccrl_core.federation": 3, "fedccrl_core.outcomes": 3,
+    "fedccrl_core": 0,
+    "fedccrl_core.foundation": 0,
+    "fedccrl_core.learning": 1,
+    "fedccrl_core.data": 1,
+    "fedccrl_core.augment": 1,
+    "fedccrl_core.privacy": 1,
+    "fedccrl_core.algorithms": 2,
+    "fedccrl_core.algorithm_params": 2,
+    "fedccrl_core.federation": 3,
+    "fedccrl_core.outcomes": 3,
     "fedccrl_core.viz": 4,
 }
-OUTSIDE_THE_LIBRARY = ("fedccrl_pipeline", "fedccrl_serving", "fedccrl_flower", "fedccrl_benchmarks", "click",
-                       "mlflow", "dvc", "flwr")
+OUTSIDE_THE_LIBRARY = (
+    "fedccrl_pipeline",
+    "fedccrl_serving",
+    "fedccrl_flower",
+    "fedccrl_benchmarks",
+    "click",
+    "mlflow",
+    "dvc",
+    "flwr",
+)
 ABOVE_SERVING_AND_FLOWER = ("fedccrl_pipeline", "fedccrl_benchmarks")
 ABOVE_PIPELINE = ("fedccrl_benchmarks",)
 NOT_IN_SERVING = ("torch", "torchvision")  # serving runs on onnxruntime, numpy and PIL
@@ -59,7 +73,7 @@ def imported(module: str, source: str, is_package: bool = False) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 pkg = module.split(".") if is_package else module.split(".")[:-1]
-                base = ".".join(pkg[:len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
+                base = ".".join(pkg[: len(pkg) - (node.level - 1)] + ([node.module] if node.module else []))
             else:
                 base = node.module
             out.add(base)
@@ -82,8 +96,9 @@ def violations(module: str, source: str, is_package: bool = False) -> list[str]:
         top = target.split(".")[0]
         if module.startswith("fedccrl_core"):
             if top in OUTSIDE_THE_LIBRARY:
-                out.append(f"{module} imports {target}: the library imports no outer package, DVC, MLflow, click or "
-                           "Flower")
+                out.append(
+                    f"{module} imports {target}: the library imports no outer package, DVC, MLflow, click or Flower"
+                )
             elif top == "fedccrl_core":
                 # `from fedccrl_core.x import name` also yields fedccrl_core.x.name, whose floor is fedccrl_core.x's
                 if floor(target) is not None and floor(target) > floor(module):
@@ -101,13 +116,17 @@ SOURCES = sorted(p for folder in TOP.values() for p in (ROOT / folder).rglob("*.
 
 
 def test_every_library_module_has_a_floor():
-    unplaced = [module_name(p) for p in SOURCES if module_name(p).startswith("fedccrl_core")
-                and floor(module_name(p)) is None]
-    assert not unplaced, f"give these modules a floor in tests/test_layers.py FLOORS (and docs/architecture.md): {unplaced}"
+    unplaced = [
+        module_name(p) for p in SOURCES if module_name(p).startswith("fedccrl_core") and floor(module_name(p)) is None
+    ]
+    assert not unplaced, (
+        f"give these modules a floor in tests/test_layers.py FLOORS (and docs/architecture.md): {unplaced}"
+    )
 
 
-@pytest.mark.parametrize("path", [p for p in SOURCES if module_name(p).startswith("fedccrl_core")],
-                         ids=lambda p: module_name(p))
+@pytest.mark.parametrize(
+    "path", [p for p in SOURCES if module_name(p).startswith("fedccrl_core")], ids=lambda p: module_name(p)
+)
 def test_every_library_module_states_its_floor(path):
     """Each module of the library says in its docstring which floor it sits on (its sub-package's)."""
     import re
@@ -122,23 +141,39 @@ def test_imports_point_down(path):
     assert violations(module_name(path), path.read_text(), path.name == "__init__.py") == []
 
 
-@pytest.mark.parametrize("module,source", [
-    ("fedccrl_core.learning.model_file", "from fedccrl_core.algorithms import ALGORITHMS"),
-    ("fedccrl_core.algorithms.base", "def f():\n    from fedccrl_core.federation.client import ClientData"),
-    ("fedccrl_core.algorithms.base", "from ..federation import engine"),
-    ("fedccrl_core.data.shards", "import mlflow"),
-    ("fedccrl_core.learning.models", "from fedccrl_pipeline.params import load_config"),
-    ("fedccrl_serving.cli", "from fedccrl_pipeline.stage_runtime import run_stage"),
-    ("fedccrl_serving.runtime", "def f():\n    import torch"),
-    ("fedccrl_serving.inputs", "from torchvision.io import decode_image"),
-    ("fedccrl_serving.metadata", "from fedccrl_pipeline.onnx_export import export_onnx"),
-    ("fedccrl_core.foundation.runkey", "from fedccrl_benchmarks.plain import plain_round"),
-    ("fedccrl_core.federation.engine", "def f():\n    import fedccrl_benchmarks.speed"),
-    ("fedccrl_pipeline.train", "from fedccrl_benchmarks.accuracy import bench_accuracy"),
-    ("fedccrl_flower.run", "from fedccrl_benchmarks import speed"),
-], ids=["checkpoint-algorithms", "lazy-import", "relative-import", "mlflow", "pipeline", "serving-pipeline",
-        "serving-torch", "serving-torchvision", "serving-exporter",
-        "library-benchmarks", "library-benchmarks-lazy", "pipeline-benchmarks", "flower-benchmarks"])
+@pytest.mark.parametrize(
+    "module,source",
+    [
+        ("fedccrl_core.learning.model_file", "from fedccrl_core.algorithms import ALGORITHMS"),
+        ("fedccrl_core.algorithms.base", "def f():\n    from fedccrl_core.federation.client import ClientData"),
+        ("fedccrl_core.algorithms.base", "from ..federation import engine"),
+        ("fedccrl_core.data.shards", "import mlflow"),
+        ("fedccrl_core.learning.models", "from fedccrl_pipeline.params import load_config"),
+        ("fedccrl_serving.cli", "from fedccrl_pipeline.stage_runtime import run_stage"),
+        ("fedccrl_serving.runtime", "def f():\n    import torch"),
+        ("fedccrl_serving.inputs", "from torchvision.io import decode_image"),
+        ("fedccrl_serving.metadata", "from fedccrl_pipeline.onnx_export import export_onnx"),
+        ("fedccrl_core.foundation.runkey", "from fedccrl_benchmarks.plain import plain_round"),
+        ("fedccrl_core.federation.engine", "def f():\n    import fedccrl_benchmarks.speed"),
+        ("fedccrl_pipeline.train", "from fedccrl_benchmarks.accuracy import bench_accuracy"),
+        ("fedccrl_flower.run", "from fedccrl_benchmarks import speed"),
+    ],
+    ids=[
+        "checkpoint-algorithms",
+        "lazy-import",
+        "relative-import",
+        "mlflow",
+        "pipeline",
+        "serving-pipeline",
+        "serving-torch",
+        "serving-torchvision",
+        "serving-exporter",
+        "library-benchmarks",
+        "library-benchmarks-lazy",
+        "pipeline-benchmarks",
+        "flower-benchmarks",
+    ],
+)
 def test_an_upward_import_is_caught(module, source):
     """The checker itself: each of these runs back up a layer."""
     assert violations(module, source)
@@ -153,22 +188,41 @@ def test_serving_imports_without_torch():
     import subprocess
     import sys
 
-    assert {"fedccrl_serving.cli", "fedccrl_serving.runtime", "fedccrl_serving.inputs", "fedccrl_serving.report", "fedccrl_serving.metadata"} <= set(SERVING)
-    code = ("import importlib, sys; sys.modules['torch'] = None\n"
-            f"for m in {SERVING!r}: importlib.import_module(m)\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('torch', 'torchvision')) and sys.modules[m]))")
+    assert {
+        "fedccrl_serving.cli",
+        "fedccrl_serving.runtime",
+        "fedccrl_serving.inputs",
+        "fedccrl_serving.report",
+        "fedccrl_serving.metadata",
+    } <= set(SERVING)
+    code = (
+        "import importlib, sys; sys.modules['torch'] = None\n"
+        f"for m in {SERVING!r}: importlib.import_module(m)\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('torch', 'torchvision')) and sys.modules[m]))"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.strip() == "[]"
 
 
-NO_TRAINING = ("fedccrl_pipeline.download", "fedccrl_pipeline.partition", "fedccrl_pipeline.pools", "fedccrl_pipeline.report")
+NO_TRAINING = (
+    "fedccrl_pipeline.download",
+    "fedccrl_pipeline.partition",
+    "fedccrl_pipeline.pools",
+    "fedccrl_pipeline.report",
+)
 
 
-@pytest.mark.parametrize("argv", [*(["-c", f"import {m}"] for m in NO_TRAINING),
-                                  ["-c", "from fedccrl_pipeline.params import load_config; load_config('params.yaml')"],
-                                  ["-m", "fedccrl_pipeline.cli", "--help"], ["-m", "fedccrl_pipeline.cli", "partition", "--help"]],
-                         ids=[*NO_TRAINING, "load_config", "fedccrl --help", "fedccrl partition --help"])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        *(["-c", f"import {m}"] for m in NO_TRAINING),
+        ["-c", "from fedccrl_pipeline.params import load_config; load_config('params.yaml')"],
+        ["-m", "fedccrl_pipeline.cli", "--help"],
+        ["-m", "fedccrl_pipeline.cli", "partition", "--help"],
+    ],
+    ids=[*NO_TRAINING, "load_config", "fedccrl --help", "fedccrl partition --help"],
+)
 def test_stages_that_do_not_train_import_neither_torch_nor_mlflow(argv):
     """download, partition, pools and report validate the whole params.yaml (every algorithm's hyperparameters:
     fedccrl_core/algorithm_params/) without importing torch, which they never use (about 2 s of CPU a stage); nor
@@ -176,10 +230,14 @@ def test_stages_that_do_not_train_import_neither_torch_nor_mlflow(argv):
     import subprocess
     import sys
 
-    code = ("import atexit, sys\n"
-            "atexit.register(lambda: print('IMPORTED', sorted(m for m in ('torch', 'mlflow') if m in sys.modules)))\n")
+    code = (
+        "import atexit, sys\n"
+        "atexit.register(lambda: print('IMPORTED', sorted(m for m in ('torch', 'mlflow') if m in sys.modules)))\n"
+    )
     if argv[0] == "-m":
-        code += f"import runpy; sys.argv = ['fedccrl', *{argv[2:]!r}]; runpy.run_module({argv[1]!r}, run_name='__main__')\n"
+        code += (
+            f"import runpy; sys.argv = ['fedccrl', *{argv[2:]!r}]; runpy.run_module({argv[1]!r}, run_name='__main__')\n"
+        )
     else:
         code += argv[1] + "\n"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -212,8 +270,9 @@ def unresolved(source: str) -> list[str]:
 
     bad = []
     for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
-                and node.module.split(".")[0] in TOP):
+        if not (
+            isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.split(".")[0] in TOP
+        ):
             continue
         try:
             module = importlib.import_module(node.module)
@@ -237,6 +296,8 @@ def test_every_own_import_resolves(path):
 
 def test_an_import_of_a_removed_module_is_caught():
     assert unresolved("def f():\n    from fedccrl_core.data.atomic import write_json_atomic\n") == [
-        "line 2: no module fedccrl_core.data.atomic"]
+        "line 2: no module fedccrl_core.data.atomic"
+    ]
     assert unresolved("from fedccrl_core.foundation.fsio import no_such_helper\n") == [
-        "line 1: fedccrl_core.foundation.fsio has no no_such_helper"]
+        "line 1: fedccrl_core.foundation.fsio has no no_such_helper"
+    ]

@@ -1,5 +1,6 @@
 """Lazy shards, so memory stays flat in the client count: a client's training images are memory-mapped from its shard file and read
 only when the client is sampled; the shards on disk stay within 1.5x the decoded uint8 pixels."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,10 +11,10 @@ import torch
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.data import registry
 from fedccrl_core.data.shards import client_ids, load_client, load_manifest, partition
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.learning.clients import ClientData
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 SIZE = 16
@@ -38,8 +39,17 @@ def decoded_pixels(shards: Path) -> int:
 
 def test_memory_mapped_shards_equal_the_loaded_ones(shards, raw, tmp_path):
     fdb = tmp_path / "fdb"
-    partition(raw, fdb, registry.get_dataset("synthetic"), SIZE, workers=1, progress=False, scheme="feddg_bench",
-              num_clients=5, lam=0.5)
+    partition(
+        raw,
+        fdb,
+        registry.get_dataset("synthetic"),
+        SIZE,
+        workers=1,
+        progress=False,
+        scheme="feddg_bench",
+        num_clients=5,
+        lam=0.5,
+    )
     cases = [(shards, cid, None) for cid in client_ids(load_manifest(shards))]
     held = load_manifest(fdb)["domains"][0]
     cases += [(fdb, cid, ex) for cid in client_ids(load_manifest(fdb), held) for ex in (None, held)]
@@ -63,8 +73,13 @@ def lazy_engine(clients, fraction):
     alg = build_algorithm("fedavg", LocalConfig(rounds=3, local_epochs=1, batch_size=8))
     torch.manual_seed(0)
     model = alg.build_model("small_cnn", 6, "none", alg.hp)
-    ev = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                  clients[0].val_x, clients[0].val_y, 64)
+    ev = EvalSets(
+        torch.cat([c.val_x for c in clients]),
+        torch.cat([c.val_y for c in clients]),
+        clients[0].val_x,
+        clients[0].val_y,
+        64,
+    )
     return InProcessEngine(alg, model, clients, ev, 3, seed=0, client_fraction=fraction, log=lambda m: None)
 
 
@@ -91,11 +106,12 @@ def test_lazy_clients_read_only_the_sampled_shards_and_train_identically(shards,
 
     monkeypatch.setattr(ClientData, "resident", resident)
     lazy = lazy_engine(lazy_clients, 0.34).run()
-    sampled = [sorted(k[len("train_acc/"):] for k in r if k.startswith("train_acc/")) for r in lazy.history]
+    sampled = [sorted(k[len("train_acc/") :] for k in r if k.startswith("train_acc/")) for r in lazy.history]
     assert read == [c for s in sampled for c in s]  # each sampled client's images, once a round, nobody else's
     assert len(set(read)) < len(ids)
     assert all(c.train_x is None for c in lazy_clients)  # nothing stays resident between rounds
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in lazy.history] == \
-        [{k: v for k, v in r.items() if k != "seconds"} for r in eager.history]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in lazy.history] == [
+        {k: v for k, v in r.items() if k != "seconds"} for r in eager.history
+    ]
     for k, v in eager.final_weights.items():
         assert torch.equal(v, lazy.final_weights[k]), k

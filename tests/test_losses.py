@@ -1,4 +1,5 @@
 """Eq. 9-16 pinned to explicit numpy loops written straight from the paper's definitions."""
+
 from __future__ import annotations
 
 import math

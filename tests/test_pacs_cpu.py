@@ -2,6 +2,7 @@
 the Makefile's own command in a scratch clone, from the local PACS zip, cut to one round of one local epoch and
 one held-out domain (sketch) by the recipe's PACS_CPU_EXTRA hook; everything else is the recipe's setting
 (64 px, the small CNN from scratch, FedAvg and FedCCRL, seed 0)."""
+
 from __future__ import annotations
 
 import json
@@ -26,13 +27,33 @@ def test_make_pacs_cpu_runs_end_to_end_from_the_local_zip(pacs128, tmp_path):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(repo)], check=True)
     for f in ("Makefile", "dvc.yaml", "params.yaml"):  # this working tree's recipe, committed or not
         (repo / f).write_bytes((ROOT / f).read_bytes())
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "recipe"], cwd=repo,
-                   check=False)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "DVC_NO_ANALYTICS": "1",
-           "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}", "FEDCCRL_MLFLOW_ARTIFACTS": str(repo / "mlruns")}
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qam", "recipe"], cwd=repo, check=False
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "DVC_NO_ANALYTICS": "1",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}",
+        "FEDCCRL_MLFLOW_ARTIFACTS": str(repo / "mlruns"),
+    }
     # this test's virtual environment stands in for the clone's .venv (-o: make does not rebuild it)
-    r = subprocess.run(["make", f"VENV={VENV}", "-o", f"{VENV}/.installed", "pacs-cpu", f"PACS_ZIP={pacs128}",
-                        f"PACS_CPU_EXTRA={TINY}"], cwd=repo, env=env, capture_output=True, text=True, timeout=1400)
+    r = subprocess.run(
+        [
+            "make",
+            f"VENV={VENV}",
+            "-o",
+            f"{VENV}/.installed",
+            "pacs-cpu",
+            f"PACS_ZIP={pacs128}",
+            f"PACS_CPU_EXTRA={TINY}",
+        ],
+        cwd=repo,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1400,
+    )
     assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
 
     table = (repo / "results" / "table.md").read_text()

@@ -1,5 +1,6 @@
 """One round of FedCCRL on a small PACS subset from ../shared (MobileNetV3-Large, the paper's backbone),
 through the real stages: download (local folder) -> partition -> pools -> train -> evaluate."""
+
 from __future__ import annotations
 
 import json
@@ -58,8 +59,21 @@ def test_one_round_on_a_pacs_subset(pacs128, tmp_path, monkeypatch):
     assert sorted(manifest["domains"]) == ["art_painting", "cartoon", "photo", "sketch"]
     assert len(manifest["classes"]) == 7 and len(manifest["clients"]) == 8
     held = manifest["domains"].index("sketch")
-    stage("train", "--shards", "data/shards", "--pools", "data/pools", "--algorithm", "fedccrl", "--seed", "0",
-          "--held-out", str(held), "--out", "models/fedccrl/s0")
+    stage(
+        "train",
+        "--shards",
+        "data/shards",
+        "--pools",
+        "data/pools",
+        "--algorithm",
+        "fedccrl",
+        "--seed",
+        "0",
+        "--held-out",
+        str(held),
+        "--out",
+        "models/fedccrl/s0",
+    )
     hist = json.loads((tmp_path / f"models/fedccrl/s0/d{held}/history.json").read_text())
     assert hist["meta"]["backbone"] == "mobilenet_v3_large" and hist["meta"]["held_out_domain"] == "sketch"
     rec = hist["rounds"][0]

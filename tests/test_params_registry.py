@@ -2,6 +2,7 @@
 params.yaml's `train.<algorithm>` groups (every registered algorithm has one, FedAvg's is empty, so dvc.yaml's
 `train.${item.algorithm}` resolves; exactly the declared keys and defaults), the docs' hyperparameters page, and dvc.yaml's
 params lists against the typed model of params.yaml (pipeline/params.py)."""
+
 from pathlib import Path
 
 import pytest
@@ -46,8 +47,13 @@ def test_every_algorithm_resolves_in_dvc(tmp_path):
     for d in ("data/shards", "data/pools"):
         (repo / d).mkdir(parents=True)
     for name in sorted(ALGORITHMS):
-        r = subprocess.run([dvc, "repro", "--dry", "--single-item", f"train@{name}-0"], cwd=repo,
-                           capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [dvc, "repro", "--dry", "--single-item", f"train@{name}-0"],
+            cwd=repo,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert r.returncode == 0, f"{name}: {r.stdout[-500:]} {r.stderr[-500:]}"
         assert f"--algorithm {name} " in r.stdout
 
@@ -77,11 +83,12 @@ def test_hyperparameter_doc_is_generated_from_the_declarations():
     spec = importlib.util.spec_from_file_location("mkdocs_hooks", ROOT / "scripts" / "mkdocs_hooks.py")
     hooks = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hooks)
-    assert hooks.hyperparameters_markdown() == want          # the page mkdocs builds is the declarations' text
+    assert hooks.hyperparameters_markdown() == want  # the page mkdocs builds is the declarations' text
     assert not (ROOT / "docs" / "hyperparameters.md").exists(), (
-        "docs/hyperparameters.md is generated when the site is built: delete the copy, it would go stale")
+        "docs/hyperparameters.md is generated when the site is built: delete the copy, it would go stale"
+    )
     for name, cls in ALGORITHMS.items():  # and it can fail: every key, default and bound is in it
-        for key, f in cls.Params.model_fields.items():
+        for key, _f in cls.Params.model_fields.items():
             assert f"| `{key}` |" in want.split(f"## `train.{name}`")[1].split("\n## ")[0]
 
 
@@ -107,7 +114,7 @@ def _model_at(key: str):
 
 def test_dvc_params_name_keys_of_the_typed_model():
     """A dvc.yaml params entry that names no key of the typed model is a stage that never reruns when it should."""
-    for stage, keys in _dvc_params().items():
+    for _stage, keys in _dvc_params().items():
         for key in keys:
             if "${" in key:
                 continue
@@ -174,9 +181,9 @@ def test_every_registry_default_is_params_yaml_value():
         if value is KeyError:
             continue
         compared += 1
-        assert value == default and type(value) is type(default) or (
-            isinstance(default, float) and isinstance(value, int) and float(value) == default), (
-            f"{key}: params.yaml {value!r}, declared default {default!r}")
+        assert (value == default and type(value) is type(default)) or (
+            isinstance(default, float) and isinstance(value, int) and float(value) == default
+        ), f"{key}: params.yaml {value!r}, declared default {default!r}"
     assert compared > 100
     for key in TrainSettings.model_fields:  # the library's LocalConfig takes the same defaults
         assert getattr(LocalConfig(), key) == data["train"][key], key
@@ -204,15 +211,39 @@ def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path)
     settings = run_settings(cfg)
     assert settings.local.lr == 0.001 and type(settings.local.lr) is float
     assert build_algorithm("fedavg", settings.local).local.lr == 0.001
-    manifest = {"domains": ["photo", "art", "cartoon", "sketch"], "classes": ["a", "b"], "image_size": 32,
-                "clients": []}
-    (job,) = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [3], ["sketch"],
-                       tmp_path / "models", tmp_path / "ck", cfg.train.fedavg)
+    manifest = {
+        "domains": ["photo", "art", "cartoon", "sketch"],
+        "classes": ["a", "b"],
+        "image_size": 32,
+        "clients": [],
+    }
+    (job,) = plan_runs(
+        settings,
+        cfg.partition.model_dump(by_alias=True),
+        manifest,
+        "fedavg",
+        0,
+        [3],
+        ["sketch"],
+        tmp_path / "models",
+        tmp_path / "ck",
+        cfg.train.fedavg,
+    )
     assert job.settings.local.lr == 0.001
     import pickle
 
     assert pickle.loads(pickle.dumps(job)) == job  # a worker receives it whole
     other = load_config(ROOT / "params.yaml")
-    (job2,) = plan_runs(run_settings(other), other.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [3],
-                        ["sketch"], tmp_path / "models", tmp_path / "ck", other.train.fedavg)
+    (job2,) = plan_runs(
+        run_settings(other),
+        other.partition.model_dump(by_alias=True),
+        manifest,
+        "fedavg",
+        0,
+        [3],
+        ["sketch"],
+        tmp_path / "models",
+        tmp_path / "ck",
+        other.train.fedavg,
+    )
     assert job2.run_key != job.run_key  # the key hashes the learning rate as a number

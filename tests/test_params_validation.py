@@ -2,6 +2,7 @@
 is opened, so that a bad key costs no work. One test per class of bad parameter: each asserts exit code 2, one `error:` line per
 problem that names the key, no traceback, and an MLflow store without runs. Then `held_out` by domain name through
 the train and evaluate stages on tiny synthetic data."""
+
 from __future__ import annotations
 
 import json
@@ -9,7 +10,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from fixtures import DELETE, ONE_ROUND
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,14 +21,46 @@ STAGE_ARGS = {  # inputs that do not exist: a stage that read anything before va
     "download": ["--out", "out/raw", "--report", "out/report.json"],
     "partition": ["--raw", "nowhere/raw", "--out", "out/shards"],
     "pools": ["--shards", "nowhere/shards", "--out", "out/pools"],
-    "train": ["--shards", "nowhere/shards", "--pools", "nowhere/pools", "--algorithm", "fedccrl", "--seed", "0",
-              "--held-out", "0", "--out", "out/model", "--checkpoints", "out/ck"],
+    "train": [
+        "--shards",
+        "nowhere/shards",
+        "--pools",
+        "nowhere/pools",
+        "--algorithm",
+        "fedccrl",
+        "--seed",
+        "0",
+        "--held-out",
+        "0",
+        "--out",
+        "out/model",
+        "--checkpoints",
+        "out/ck",
+    ],
     "evaluate": ["--shards", "nowhere/shards", "--models", "nowhere/models", "--out", "out/runs"],
-    "export": ["--models", "nowhere/models", "--shards", "nowhere/shards", "--out", "out/exports",
-               "--summary", "out/parity.json"],
+    "export": [
+        "--models",
+        "nowhere/models",
+        "--shards",
+        "nowhere/shards",
+        "--out",
+        "out/exports",
+        "--summary",
+        "out/parity.json",
+    ],
     "report": ["--runs", "nowhere/runs", "--metrics", "out/m.json", "--table", "out/t.md", "--curves", "out/c.csv"],
-    "figures": ["--shards", "nowhere/shards", "--pools", "nowhere/pools", "--models", "nowhere/models",
-                "--runs", "nowhere/runs", "--out", "out/plots"],
+    "figures": [
+        "--shards",
+        "nowhere/shards",
+        "--pools",
+        "nowhere/pools",
+        "--models",
+        "nowhere/models",
+        "--runs",
+        "nowhere/runs",
+        "--out",
+        "out/plots",
+    ],
 }
 
 
@@ -74,56 +106,86 @@ def test_every_stage_validates_the_whole_file_first(stage, params, tmp_path, mon
     assert "lambda1" in err  # what is allowed is listed
 
 
-@pytest.mark.parametrize("new_keys,needles", [
-    ({"train.fedccrl.lamda1": 0.1}, ["key 'train.fedccrl.lamda1': unknown key (value 0.1); allowed keys here: "]),
-    ({"trian": {}}, ["key 'trian': unknown key"]),
-    ({"train.flower.min_client": 2}, ["key 'train.flower.min_client': unknown key"]),
-], ids=["typo-in-algorithm-group", "unknown-group", "typo-in-flower"])
+@pytest.mark.parametrize(
+    "new_keys,needles",
+    [
+        ({"train.fedccrl.lamda1": 0.1}, ["key 'train.fedccrl.lamda1': unknown key (value 0.1); allowed keys here: "]),
+        ({"trian": {}}, ["key 'trian': unknown key"]),
+        ({"train.flower.min_client": 2}, ["key 'train.flower.min_client': unknown key"]),
+    ],
+    ids=["typo-in-algorithm-group", "unknown-group", "typo-in-flower"],
+)
 def test_unknown_keys(new_keys, needles, params, tiny, tmp_path, monkeypatch):
     params(new_keys=new_keys)
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
 
 
-@pytest.mark.parametrize("overrides,needles", [
-    ({"train.rounds": "ten"}, ["key 'train.rounds': got 'ten'; must be an integer"]),
-    ({"train.lr": "0.001"}, ["key 'train.lr': got '0.001'; must be a number"]),
-    ({"train.fast": "yes"}, ["key 'train.fast': got 'yes'; must be true or false"]),
-    ({"train.fedccrl.severity": 3.5}, ["key 'train.fedccrl.severity': got 3.5; must be an integer"]),
-    ({"train.held_out": "3"}, ["key 'train.held_out': got '3'; must be a list"]),
-    ({"train.seeds": [True]}, ["key 'train.seeds[0]': got True; must be an integer"]),
-    ({"preprocess.mean": [0.5, 0.5]}, ["key 'preprocess.mean': got [0.5, 0.5]; must have exactly 3 entries"]),
-    ({"train.engine": DELETE}, ["key 'train.engine': missing"]),  # rounds, lr, ... take their declared defaults
-], ids=["int", "number", "bool", "algorithm-int", "held_out-not-a-list", "bool-is-not-int", "length", "missing"])
+@pytest.mark.parametrize(
+    "overrides,needles",
+    [
+        ({"train.rounds": "ten"}, ["key 'train.rounds': got 'ten'; must be an integer"]),
+        ({"train.lr": "0.001"}, ["key 'train.lr': got '0.001'; must be a number"]),
+        ({"train.fast": "yes"}, ["key 'train.fast': got 'yes'; must be true or false"]),
+        ({"train.fedccrl.severity": 3.5}, ["key 'train.fedccrl.severity': got 3.5; must be an integer"]),
+        ({"train.held_out": "3"}, ["key 'train.held_out': got '3'; must be a list"]),
+        ({"train.seeds": [True]}, ["key 'train.seeds[0]': got True; must be an integer"]),
+        ({"preprocess.mean": [0.5, 0.5]}, ["key 'preprocess.mean': got [0.5, 0.5]; must have exactly 3 entries"]),
+        ({"train.engine": DELETE}, ["key 'train.engine': missing"]),  # rounds, lr, ... take their declared defaults
+    ],
+    ids=["int", "number", "bool", "algorithm-int", "held_out-not-a-list", "bool-is-not-int", "length", "missing"],
+)
 def test_wrong_types(overrides, needles, params, tiny, tmp_path, monkeypatch):
     params(overrides)
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
 
 
-@pytest.mark.parametrize("overrides,needles", [
-    ({"train.lr": -0.001}, ["key 'train.lr': got -0.001; must be a number > 0"]),
-    ({"train.fedccrl.r": 0.0}, ["key 'train.fedccrl.r': got 0.0; must be a number in (0, 1]"]),
-    ({"train.fedalign.r": 1.5}, ["key 'train.fedalign.r': got 1.5; must be a number in (0, 1]"]),
-    ({"train.client_fraction": 0}, ["key 'train.client_fraction': got 0; must be a number in (0, 1]"]),
-    ({"partition.val_fraction": 1.0}, ["key 'partition.val_fraction': got 1.0; must be a number in (0, 1)"]),
-    ({"partition.val_fraction": 0.0}, ["key 'partition.val_fraction': got 0.0; must be a number in (0, 1)"]),
-    ({"train.lr": -1, "train.rounds": 0}, ["key 'train.lr': got -1", "key 'train.rounds': got 0; must be an integer >= 1"]),
-    ({"train.algorithms": ["nope"]}, ["key 'train.algorithms[0]': got 'nope'; must be one of fedccrl, fedavg"]),
-    ({"train.fedfd.u_low": 0.8, "train.fedfd.u_high": 0.2}, ["key 'train.fedfd.u_high': got 0.2; must be >= u_low"]),
-], ids=["negative-lr", "r-zero", "fedalign-r", "client-fraction", "val-fraction-1", "val-fraction-0",
-        "two-problems-two-lines", "unknown-algorithm", "cross-field"])
+@pytest.mark.parametrize(
+    "overrides,needles",
+    [
+        ({"train.lr": -0.001}, ["key 'train.lr': got -0.001; must be a number > 0"]),
+        ({"train.fedccrl.r": 0.0}, ["key 'train.fedccrl.r': got 0.0; must be a number in (0, 1]"]),
+        ({"train.fedalign.r": 1.5}, ["key 'train.fedalign.r': got 1.5; must be a number in (0, 1]"]),
+        ({"train.client_fraction": 0}, ["key 'train.client_fraction': got 0; must be a number in (0, 1]"]),
+        ({"partition.val_fraction": 1.0}, ["key 'partition.val_fraction': got 1.0; must be a number in (0, 1)"]),
+        ({"partition.val_fraction": 0.0}, ["key 'partition.val_fraction': got 0.0; must be a number in (0, 1)"]),
+        (
+            {"train.lr": -1, "train.rounds": 0},
+            ["key 'train.lr': got -1", "key 'train.rounds': got 0; must be an integer >= 1"],
+        ),
+        ({"train.algorithms": ["nope"]}, ["key 'train.algorithms[0]': got 'nope'; must be one of fedccrl, fedavg"]),
+        (
+            {"train.fedfd.u_low": 0.8, "train.fedfd.u_high": 0.2},
+            ["key 'train.fedfd.u_high': got 0.2; must be >= u_low"],
+        ),
+    ],
+    ids=[
+        "negative-lr",
+        "r-zero",
+        "fedalign-r",
+        "client-fraction",
+        "val-fraction-1",
+        "val-fraction-0",
+        "two-problems-two-lines",
+        "unknown-algorithm",
+        "cross-field",
+    ],
+)
 def test_out_of_range(overrides, needles, params, tiny, tmp_path, monkeypatch):
     params(overrides)
     errors = _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, *needles)
     assert len(errors) == len(needles)
 
 
-@pytest.mark.parametrize("held_out,needle", [
-    ([1, 1], "key 'train.held_out': got [1, 1]; 1 listed more than once"),
-    ([3, "sketch"], "key 'train.held_out[1]': got 'sketch'; names domain sketch as 3 does"),
-    ([4], "key 'train.held_out[0]': got 4; synthetic has 4 domains, indices 0=photo, 1=art, 2=cartoon, 3=sketch"),
-    (["skech"], "key 'train.held_out[0]': got 'skech'; must be a domain of synthetic: photo, art, cartoon, sketch"),
-    ([-1], "key 'train.held_out[0]': got -1; must be an integer >= 0"),
-])
+@pytest.mark.parametrize(
+    "held_out,needle",
+    [
+        ([1, 1], "key 'train.held_out': got [1, 1]; 1 listed more than once"),
+        ([3, "sketch"], "key 'train.held_out[1]': got 'sketch'; names domain sketch as 3 does"),
+        ([4], "key 'train.held_out[0]': got 4; synthetic has 4 domains, indices 0=photo, 1=art, 2=cartoon, 3=sketch"),
+        (["skech"], "key 'train.held_out[0]': got 'skech'; must be a domain of synthetic: photo, art, cartoon, sketch"),
+        ([-1], "key 'train.held_out[0]': got -1; must be an integer >= 0"),
+    ],
+)
 def test_held_out_entries(held_out, needle, params, tiny, tmp_path, monkeypatch):
     params({"train.held_out": held_out})
     _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path, needle)
@@ -131,16 +193,24 @@ def test_held_out_entries(held_out, needle, params, tiny, tmp_path, monkeypatch)
 
 def test_backbone_and_pretrained_that_do_not_fit(params, tiny, tmp_path, monkeypatch):
     params({"model.backbone": "small_cnn", "model.pretrained": "imagenet"})
-    _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
-                    "key 'model.pretrained': got 'imagenet'; small_cnn (model.backbone 'small_cnn') has no pretrained")
+    _assert_refused(
+        _train(tiny, tmp_path, monkeypatch),
+        tmp_path,
+        tmp_path,
+        "key 'model.pretrained': got 'imagenet'; small_cnn (model.backbone 'small_cnn') has no pretrained",
+    )
 
 
 def test_batch_of_one_for_a_batchnorm_model(params, tiny, tmp_path, monkeypatch):
     """batch_size 1 trains nothing with BatchNorm (the local loop skips batches of one): refused before MLflow.
     FedBN replaces train.batch_size with its own (64), so the same params train it."""
     params({"train.batch_size": 1})
-    _assert_refused(_train(tiny, tmp_path, monkeypatch), tmp_path, tmp_path,
-                    "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model")
+    _assert_refused(
+        _train(tiny, tmp_path, monkeypatch),
+        tmp_path,
+        tmp_path,
+        "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model",
+    )
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_pipeline.params import ParamError, read_yaml, validate_params
     from fedccrl_pipeline.sweep import check_train
@@ -154,13 +224,25 @@ def test_batch_of_one_for_a_batchnorm_model(params, tiny, tmp_path, monkeypatch)
         validate_params(data, ("fedbn",))
 
 
-@pytest.mark.parametrize("client,target,ok", [
-    ({"id": "c0", "domain": "art", "n_train": 1}, "sketch", False),   # one sample: no batch BatchNorm can train on
-    ({"id": "c0", "domain": "art", "n_train": 2}, "sketch", True),
-    ({"id": "c0", "domain": "sketch", "n_train": 1}, "sketch", True),  # the held-out domain's own client is not trained
-    ({"id": "c0", "domain": "mixed", "n_train": 9, "train_domain_counts": {"art": 1, "sketch": 8}}, "sketch", False),
-    ({"id": "c0", "domain": "mixed", "n_train": 9, "train_domain_counts": {"art": 3, "sketch": 6}}, "sketch", True),
-], ids=["one-sample", "two-samples", "held-out-client", "mixed-one-source-sample", "mixed-enough"])
+@pytest.mark.parametrize(
+    "client,target,ok",
+    [
+        ({"id": "c0", "domain": "art", "n_train": 1}, "sketch", False),  # one sample: no batch BatchNorm can train on
+        ({"id": "c0", "domain": "art", "n_train": 2}, "sketch", True),
+        (
+            {"id": "c0", "domain": "sketch", "n_train": 1},
+            "sketch",
+            True,
+        ),  # the held-out domain's own client is not trained
+        (
+            {"id": "c0", "domain": "mixed", "n_train": 9, "train_domain_counts": {"art": 1, "sketch": 8}},
+            "sketch",
+            False,
+        ),
+        ({"id": "c0", "domain": "mixed", "n_train": 9, "train_domain_counts": {"art": 3, "sketch": 6}}, "sketch", True),
+    ],
+    ids=["one-sample", "two-samples", "held-out-client", "mixed-one-source-sample", "mixed-enough"],
+)
 def test_a_client_without_a_batchnorm_batch(client, target, ok):
     """From the manifest's counts (a feddg_bench client counts only its samples outside the held-out domain)."""
     from fedccrl_pipeline.params import ParamError
@@ -193,10 +275,27 @@ def _train(tiny: Path, ws: Path, monkeypatch, algorithm: str = "fedccrl", held_o
     from fedccrl_pipeline.train import command
 
     monkeypatch.chdir(ws)
-    return CliRunner().invoke(command, ["--shards", str(tiny / "data" / "shards"), "--pools",
-                                        str(tiny / "data" / "pools"), "--algorithm", algorithm, "--seed", "0",
-                                        "--held-out", held_out, "--out", out, "--params", "params.yaml",
-                                        "--checkpoints", "ck"])
+    return CliRunner().invoke(
+        command,
+        [
+            "--shards",
+            str(tiny / "data" / "shards"),
+            "--pools",
+            str(tiny / "data" / "pools"),
+            "--algorithm",
+            algorithm,
+            "--seed",
+            "0",
+            "--held-out",
+            held_out,
+            "--out",
+            out,
+            "--params",
+            "params.yaml",
+            "--checkpoints",
+            "ck",
+        ],
+    )
 
 
 def test_held_out_by_name_through_train_and_evaluate(params, tiny, tmp_path, monkeypatch):
@@ -204,8 +303,8 @@ def test_held_out_by_name_through_train_and_evaluate(params, tiny, tmp_path, mon
     evaluate stage finds it there. The child run's MLflow params are the algorithm's declared hyperparameters."""
     from click.testing import CliRunner
 
-    from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.algorithm_params.fedccrl import resolve_variant
+    from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_pipeline.evaluate import command as evaluate
 
     params({**ONE_ROUND, "train.held_out": ["sketch"], "train.algorithms": ["fedccrl"]})
@@ -217,16 +316,31 @@ def test_held_out_by_name_through_train_and_evaluate(params, tiny, tmp_path, mon
     import mlflow
 
     client = mlflow.MlflowClient()
-    (child,) = [r for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
-                if r.data.tags.get("fedccrl.role") == "child"]
-    logged = {k.removeprefix("train.fedccrl."): v for k, v in child.data.params.items()
-              if k.startswith("train.fedccrl.")}
+    (child,) = [
+        r
+        for r in client.search_runs([e.experiment_id for e in client.search_experiments()])
+        if r.data.tags.get("fedccrl.role") == "child"
+    ]
+    logged = {
+        k.removeprefix("train.fedccrl."): v for k, v in child.data.params.items() if k.startswith("train.fedccrl.")
+    }
     declared = resolve_variant(ALGORITHMS["fedccrl"].Params())  # the variant's switches logged as read
     assert logged == {k: str(v) for k, v in declared.model_dump().items()}
     assert child.data.params["train.held_out"] == "sketch"
 
-    res = CliRunner().invoke(evaluate, ["--shards", str(tiny / "data" / "shards"), "--models", "models",
-                                        "--out", "results/runs", "--params", "params.yaml"])
+    res = CliRunner().invoke(
+        evaluate,
+        [
+            "--shards",
+            str(tiny / "data" / "shards"),
+            "--models",
+            "models",
+            "--out",
+            "results/runs",
+            "--params",
+            "params.yaml",
+        ],
+    )
     assert res.exit_code == 0, res.stderr[-3000:]
     doc = json.loads((tmp_path / "results/runs/fedccrl/s0/dsketch.json").read_text())
     assert (doc["held_out_domain"], doc["held_out_index"]) == ("sketch", 3)
@@ -288,7 +402,9 @@ def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatc
         return model_validate(cls, *args, **kwargs)
 
     monkeypatch.setattr(BaseModel, "model_validate", classmethod(counting))
-    params({**ONE_ROUND, "train.privacy.enabled": True}, new_keys={"train.privacy.noise_seed": 0})  # test-only: a seeded noise
+    params(
+        {**ONE_ROUND, "train.privacy.enabled": True}, new_keys={"train.privacy.noise_seed": 0}
+    )  # test-only: a seeded noise
     res = _train(tiny, tmp_path, monkeypatch)
     assert res.exit_code == 0, res.stderr[-3000:]
     assert (tmp_path / "out/model/d0/model.pt").is_file()

@@ -1,5 +1,6 @@
 """The DVC pipeline end to end on the embedded default (download -> ... -> report, figures) in a temp
 workspace, the MLflow run structure, resume after kill -9, determinism, and bad params."""
+
 from __future__ import annotations
 
 import json
@@ -12,14 +13,17 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from fixtures import DELETE, dvc_env, dvc_run, write_params
 
 REPO = Path(__file__).resolve().parents[1]
 
 
-SMALL = {"train.rounds": 2, "train.local_epochs": 1, "train.held_out": ["photo", 3],  # a name and an index
-         "tracking.system_metrics_interval_s": 0.5}
+SMALL = {
+    "train.rounds": 2,
+    "train.local_epochs": 1,
+    "train.held_out": ["photo", 3],  # a name and an index
+    "tracking.system_metrics_interval_s": 0.5,
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +49,9 @@ def test_repro_produces_every_output(repro_ws):
         for f in ("model.pt", "best.pt", "history.json", "history.csv"):
             assert (run_dir / f).is_file(), f
         parity = json.loads((ws / "exports" / "fedccrl" / "s0" / f"d{d}" / "parity.json").read_text())
-        assert parity["top1_agreement"] >= 0.999 and (ws / "exports" / "fedccrl" / "s0" / f"d{d}" / "model.onnx").is_file()
+        assert (
+            parity["top1_agreement"] >= 0.999 and (ws / "exports" / "fedccrl" / "s0" / f"d{d}" / "model.onnx").is_file()
+        )
         res = json.loads((ws / "results" / "runs" / "fedccrl" / "s0" / f"d{d}.json").read_text())
         assert 0.0 <= res["final_target_acc"] <= 1.0 and res["best_round"] in (1, 2)
         assert len(res["per_round"]) == 2
@@ -93,7 +99,9 @@ def test_dvc_metrics_and_plots_show(repro_ws, tmp_path):
     for s in series:  # each series: the run's rounds, its target accuracy as evaluated
         alg, _, dom = s.split("/")
         rounds = {int(v["round"]): float(v["target_acc"]) for v in values if v["series"] == s}
-        run = json.loads((ws / "results" / "runs" / alg / "s0" / f"d{'photo' if dom == 'photo' else 3}.json").read_text())
+        run = json.loads(
+            (ws / "results" / "runs" / alg / "s0" / f"d{'photo' if dom == 'photo' else 3}.json").read_text()
+        )
         assert rounds == {r["round"]: r["target_acc"] for r in run["per_round"]}
     assert any(k.startswith("plots/") and k.endswith(".png") and v[0]["type"] == "image" for k, v in doc.items())
     dvc_run(["dvc", "plots", "show", "-o", str(tmp_path / "plots")], ws)
@@ -116,7 +124,9 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
     children = [r for r in runs if r.data.tags.get("fedccrl.role") == "child"]
     assert len(parents) == 1 and len(children) == 4  # the default: fedavg and fedccrl x held-out 0, 3
     pp = parents[0].data.params  # params.yaml's keys; of the algorithm groups only the sweep's
-    assert pp["train.rounds"] == "2" and "train.fedccrl.r" in pp and not [k for k in pp if k.startswith("train.fedprox.")]
+    assert (
+        pp["train.rounds"] == "2" and "train.fedccrl.r" in pp and not [k for k in pp if k.startswith("train.fedprox.")]
+    )
     manifest = ws / "data" / "shards" / "manifest.json"
     digest = __import__("hashlib").sha256(manifest.read_bytes()).hexdigest()[:16]
     for c in children:
@@ -138,7 +148,9 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
         assert {t.key: t.value for t in inputs[0].tags}["mlflow.data.context"] == "training"
         hist = client.get_metric_history(c.info.run_id, "target_acc")
         assert sorted(m.step for m in hist) == [1, 2]
-        keys = ("val_acc", "lr", "seconds", "bytes_up", "bytes_down") + (("l_ra", "l_js", "l_cls") if alg == "fedccrl" else ())
+        keys = ("val_acc", "lr", "seconds", "bytes_up", "bytes_down") + (
+            ("l_ra", "l_js", "l_cls") if alg == "fedccrl" else ()
+        )
         if alg == "fedccrl":
             assert c.data.params["train.fedccrl.r"] == "0.1" and c.data.params["train.fedccrl.variant"] == "paper"
         for key in keys:
@@ -149,11 +161,14 @@ def test_mlflow_parent_and_child_runs_with_round_metrics(repro_ws):
     assert any(k.startswith("system/cpu_utilization") for c in children for k in c.data.metrics)
 
 
-@pytest.mark.parametrize("key,value,stale", [
-    ("figures.tsne_points", 40, {"figures"}),
-    ("export.batch_size", 64, {"export"}),
-    ("evaluate.batch_size", 64, {"evaluate", "train@fedavg-0", "train@fedccrl-0"}),  # training evaluates each round
-])
+@pytest.mark.parametrize(
+    "key,value,stale",
+    [
+        ("figures.tsne_points", 40, {"figures"}),
+        ("export.batch_size", 64, {"export"}),
+        ("evaluate.batch_size", 64, {"evaluate", "train@fedavg-0", "train@fedccrl-0"}),  # training evaluates each round
+    ],
+)
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
 def test_a_changed_key_makes_exactly_the_stages_that_read_it_stale(repro_ws, key, value, stale, params):
@@ -169,12 +184,32 @@ def test_a_changed_key_makes_exactly_the_stages_that_read_it_stale(repro_ws, key
 
 
 def _train_cmd(ws, out, params):
-    return ["fedccrl", "train", "--shards", "data/shards", "--pools", "data/pools", "--algorithm", "fedccrl",
-            "--seed", "0", "--held-out", "1", "--out", out, "--params", str(params), "--checkpoints", "ck"]
+    return [
+        "fedccrl",
+        "train",
+        "--shards",
+        "data/shards",
+        "--pools",
+        "data/pools",
+        "--algorithm",
+        "fedccrl",
+        "--seed",
+        "0",
+        "--held-out",
+        "1",
+        "--out",
+        out,
+        "--params",
+        str(params),
+        "--checkpoints",
+        "ck",
+    ]
 
 
 def _rounds(ws, out):
-    rounds = json.loads((ws / out / "d1" / "history.json").read_text())["rounds"]  # --out is the (algorithm, seed) folder
+    rounds = json.loads((ws / out / "d1" / "history.json").read_text())[
+        "rounds"
+    ]  # --out is the (algorithm, seed) folder
     return [{k: v for k, v in r.items() if k != "seconds"} for r in rounds]
 
 
@@ -185,14 +220,22 @@ def test_resume_after_kill9_gives_the_same_metrics_as_an_uninterrupted_run(repro
     uninterrupted run's, so this also shows that two processes with the same params and seed agree."""
     ws, _, _ = repro_ws
     params_yaml = params(SMALL, to=ws / "results")
-    dvc_run(_train_cmd(ws, "runA", params_yaml) + ["--checkpoints", "ckA"], ws)
-    proc = subprocess.Popen(_train_cmd(ws, "runK", params_yaml) + ["--checkpoints", "ckK"], cwd=ws, env=dvc_env(ws),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    dvc_run([*_train_cmd(ws, "runA", params_yaml), "--checkpoints", "ckA"], ws)
+    proc = subprocess.Popen(
+        [*_train_cmd(ws, "runK", params_yaml), "--checkpoints", "ckK"],
+        cwd=ws,
+        env=dvc_env(ws),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.time() + 300
     ck = None
     while time.time() < deadline and proc.poll() is None:
-        found = [f for f in (ws / "ckK").rglob("*.pt") if not f.parent.name.endswith(".clients")] \
-            if (ws / "ckK").exists() else []  # the round checkpoint, not a client's state file (written first)
+        found = (
+            [f for f in (ws / "ckK").rglob("*.pt") if not f.parent.name.endswith(".clients")]
+            if (ws / "ckK").exists()
+            else []
+        )  # the round checkpoint, not a client's state file (written first)
         if found:
             ck = found[0]
             break
@@ -201,7 +244,7 @@ def test_resume_after_kill9_gives_the_same_metrics_as_an_uninterrupted_run(repro
     os.kill(proc.pid, signal.SIGKILL)  # kill -9 during round 2
     proc.wait()
     assert not (ws / "runK" / "d1").exists()  # nothing that looks complete
-    p = dvc_run(_train_cmd(ws, "runK", params_yaml) + ["--checkpoints", "ckK"], ws)
+    p = dvc_run([*_train_cmd(ws, "runK", params_yaml), "--checkpoints", "ckK"], ws)
     assert "resuming from checkpoint after round 1" in p.stderr
     assert _rounds(ws, "runK") == _rounds(ws, "runA")
 
@@ -217,17 +260,23 @@ def _train_in_process(ws, out, params_yaml, monkeypatch, algorithm="fedccrl"):
     return CliRunner().invoke(command, args)
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"train.engine": DELETE}, "key 'train.engine': missing"),  # train.rounds has a registry default; engine none
-    ({"train.rounds": "ten"}, "key 'train.rounds': got 'ten'; must be an integer"),
-    ({"model.backbone": "vgg99"}, "key 'model.backbone': got 'vgg99'; must be one of auto, small_cnn"),
-    ({"train.held_out": [1, 1]}, "key 'train.held_out': got [1, 1]; 1 listed more than once"),
-    ({"train.held_out": [-1]}, "key 'train.held_out[0]': got -1; must be an integer >= 0 or a string"),
-    ({"train.algorithms": ["fedccrl", "fedccrl"]}, "key 'train.algorithms': got ['fedccrl', 'fedccrl']; 'fedccrl' listed"),
-    ({"train.seeds": ["0"]}, "key 'train.seeds[0]': got '0'; must be an integer"),
-    ({"train.fedccrl.variant": "code"}, "key 'train.fedccrl.variant': got 'code'; must be one of paper, reference"),
-    ({"train.fedccrl.uint8_wrap": "yes"}, "key 'train.fedccrl.uint8_wrap': got 'yes'; must be true or false"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"train.engine": DELETE}, "key 'train.engine': missing"),  # train.rounds has a registry default; engine none
+        ({"train.rounds": "ten"}, "key 'train.rounds': got 'ten'; must be an integer"),
+        ({"model.backbone": "vgg99"}, "key 'model.backbone': got 'vgg99'; must be one of auto, small_cnn"),
+        ({"train.held_out": [1, 1]}, "key 'train.held_out': got [1, 1]; 1 listed more than once"),
+        ({"train.held_out": [-1]}, "key 'train.held_out[0]': got -1; must be an integer >= 0 or a string"),
+        (
+            {"train.algorithms": ["fedccrl", "fedccrl"]},
+            "key 'train.algorithms': got ['fedccrl', 'fedccrl']; 'fedccrl' listed",
+        ),
+        ({"train.seeds": ["0"]}, "key 'train.seeds[0]': got '0'; must be an integer"),
+        ({"train.fedccrl.variant": "code"}, "key 'train.fedccrl.variant': got 'code'; must be one of paper, reference"),
+        ({"train.fedccrl.uint8_wrap": "yes"}, "key 'train.fedccrl.uint8_wrap': got 'yes'; must be true or false"),
+    ],
+)
 @pytest.mark.full("a DVC workspace that runs dvc repro (the stages run without DVC in test_stages.py)")
 @pytest.mark.timeout(1200)
 def test_bad_params_give_one_clear_line(repro_ws, overrides, message, params, tmp_path, monkeypatch):
@@ -240,8 +289,9 @@ def test_bad_params_give_one_clear_line(repro_ws, overrides, message, params, tm
 @pytest.mark.timeout(1200)
 def test_an_unknown_key_gives_one_clear_line(repro_ws, params, tmp_path, monkeypatch):
     ws, _, _ = repro_ws
-    res = _train_in_process(ws, str(tmp_path / "out"), params(SMALL, new_keys={"train.fedccrl.lambda3": 1.0}),
-                            monkeypatch)
+    res = _train_in_process(
+        ws, str(tmp_path / "out"), params(SMALL, new_keys={"train.fedccrl.lambda3": 1.0}), monkeypatch
+    )
     _assert_one_clear_line(res, "key 'train.fedccrl.lambda3': unknown key", tmp_path)
 
 
@@ -275,9 +325,16 @@ def test_fedccrl_reference_variant_through_the_train_stage(repro_ws, params, tmp
     meta = json.loads((tmp_path / "out" / "d1" / "history.json").read_text())["meta"]
     assert meta["hparams"]["variant"] == "reference" and meta["hparams"]["forward"] == "per_view"
     run = mlflow.MlflowClient(tracking_uri=os.environ["MLFLOW_TRACKING_URI"]).get_run(meta["mlflow_run_id"])
-    recorded = {k: run.data.params[f"train.fedccrl.{k}"] for k in ("variant", "l_cls", "supcon", "upload", "uint8_wrap")}
-    assert recorded == {"variant": "reference", "l_cls": "sum", "supcon": "self_positive", "upload": "floor_unbiased",
-                        "uint8_wrap": "False"}
+    recorded = {
+        k: run.data.params[f"train.fedccrl.{k}"] for k in ("variant", "l_cls", "supcon", "upload", "uint8_wrap")
+    }
+    assert recorded == {
+        "variant": "reference",
+        "l_cls": "sum",
+        "supcon": "self_positive",
+        "upload": "floor_unbiased",
+        "uint8_wrap": "False",
+    }
 
 
 def test_mlflow_store_resolves_to_the_repo_from_a_dvc_temp_copy(tmp_path, monkeypatch):
@@ -307,8 +364,14 @@ def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws, params
     params_yaml = params(SMALL, to=ws / "results")
     db = ws / "results" / "term.db"
     env = {**dvc_env(ws), "MLFLOW_TRACKING_URI": f"sqlite:///{db}"}
-    proc = subprocess.Popen(_train_cmd(ws, "runT", params_yaml) + ["--checkpoints", "ckT"], cwd=ws, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [*_train_cmd(ws, "runT", params_yaml), "--checkpoints", "ckT"],
+        cwd=ws,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:
         if (ws / "ckT").exists() and [f for f in (ws / "ckT").rglob("*.pt") if not f.parent.name.endswith(".clients")]:
@@ -319,19 +382,29 @@ def test_sigterm_marks_the_run_killed_and_a_deleted_store_heals(repro_ws, params
     assert proc.returncode == 143, err[-2000:]
     assert "Traceback" not in err and not (ws / "runT" / "d1").exists()
     client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{db}")
-    runs = client.search_runs([client.get_experiment_by_name("fedccrl-synthetic").experiment_id],
-                              filter_string="tags.`fedccrl.role` = 'child'")
+    runs = client.search_runs(
+        [client.get_experiment_by_name("fedccrl-synthetic").experiment_id],
+        filter_string="tags.`fedccrl.role` = 'child'",
+    )
     assert [r.info.status for r in runs] == ["KILLED"]
     db.unlink()  # the tracker's store is gone; the resume state still names the old run id
-    p = subprocess.run(_train_cmd(ws, "runT", params_yaml) + ["--checkpoints", "ckT"], cwd=ws, env=env,
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [*_train_cmd(ws, "runT", params_yaml), "--checkpoints", "ckT"],
+        cwd=ws,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     assert "no longer exists" in p.stderr and "resuming from checkpoint after round 1" in p.stderr
     import sqlite3  # a fresh connection: this process's MLflow client still holds the deleted file open
 
     with sqlite3.connect(db) as con:
-        statuses = con.execute("select r.status from runs r join tags t on t.run_uuid = r.run_uuid "
-                               "where t.key = 'fedccrl.role' and t.value = 'child'").fetchall()
+        statuses = con.execute(
+            "select r.status from runs r join tags t on t.run_uuid = r.run_uuid "
+            "where t.key = 'fedccrl.role' and t.value = 'child'"
+        ).fetchall()
     assert statuses == [("FINISHED",)]
     if (ws / "runA").exists():  # written by the kill -9 test when it ran first
         assert _rounds(ws, "runT") == _rounds(ws, "runA")
@@ -342,8 +415,9 @@ def test_a_sweeps_parent_run_is_named_after_the_experiment_and_its_changed_param
 
     base = yaml.safe_dump({"train": {"lr": 0.001, "rounds": 10, "fedccrl": {"lambda1": 0.1}}, "seed": 0})
     changed = {"train": {"lr": 0.001, "rounds": 2, "fedccrl": {"lambda1": 1}}, "seed": 0}
-    assert sweep_run_name("gauge-damn", changed, "0123456789", base) == \
-        "gauge-damn train.rounds=2 train.fedccrl.lambda1=1"
+    assert (
+        sweep_run_name("gauge-damn", changed, "0123456789", base) == "gauge-damn train.rounds=2 train.fedccrl.lambda1=1"
+    )
     assert sweep_run_name(None, changed, "0123456789", base) == "train.rounds=2 train.fedccrl.lambda1=1"
     same = yaml.safe_load(base)
     assert sweep_run_name(None, same, "0123456789", base) == "default"
@@ -354,6 +428,6 @@ def test_a_sweeps_parent_run_is_named_after_the_experiment_and_its_changed_param
 def test_a_parent_run_without_a_git_baseline_keeps_the_experiment_or_the_sweep_key(tmp_path, monkeypatch):
     from fedccrl_pipeline.run_names import sweep_run_name
 
-    monkeypatch.chdir(tmp_path)                                # not a git repository: no baseline to compare with
+    monkeypatch.chdir(tmp_path)  # not a git repository: no baseline to compare with
     assert sweep_run_name(None, {"a": 1}, "0123456789abcdef") == "sweep-01234567"
     assert sweep_run_name("lr-a", {"a": 1}, "0123456789abcdef") == "lr-a"

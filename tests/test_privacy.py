@@ -3,8 +3,10 @@ values, to Wang, Balle and Kasiviswanathan's bound on its own path (sampling wit
 to a hand calculation of the two channels' composition, the clipping bounds, the noise std against its formula,
 noise that the run seed does not predict, the settings that would release something unnoised refused, and the
 round loop's accounting and max_epsilon stop."""
+
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -12,14 +14,20 @@ import numpy as np
 import pytest
 import torch
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.algorithms.base import Reply
+from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.privacy import accountant as A
-from fedccrl_core.privacy.dp import (DPFedAvgAggregation, clip_update, noisy_moments, privatize,
-                                     privatize_rows, stats_noise_std)
+from fedccrl_core.privacy.dp import (
+    DPFedAvgAggregation,
+    clip_update,
+    noisy_moments,
+    privatize,
+    privatize_rows,
+    stats_noise_std,
+)
 from fedccrl_core.privacy.settings import PrivacySettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,10 +73,10 @@ def test_two_channels_compose_as_the_hand_calculation():
         run.statistics(t, {"a": (10, 10), "b": (20, 20)})
         run.weights(t, 3, 3)
     orders = np.array(A.rdp.DEFAULT_RDP_ORDERS, dtype=float)
-    per_round = orders * (1 / (2 * 3.0 ** 2) + 1 / (2 * (5.0 / 2) ** 2))
+    per_round = orders * (1 / (2 * 3.0**2) + 1 / (2 * (5.0 / 2) ** 2))
     rec = run.record()
     assert rec[contract.DP_EPSILON] == pytest.approx(hand_epsilon(per_round, orders, rounds, 1e-5), rel=1e-9)
-    stats_only = hand_epsilon(orders / (2 * 3.0 ** 2), orders, rounds, 1e-5)
+    stats_only = hand_epsilon(orders / (2 * 3.0**2), orders, rounds, 1e-5)
     assert rec[contract.DP_EPSILON_STATISTICS] == pytest.approx(stats_only, rel=1e-9)
     assert rec[contract.DP_EPSILON_WEIGHTS] < rec[contract.DP_EPSILON]
     assert rec[contract.DP_EPSILON_STATISTICS] < rec[contract.DP_EPSILON]
@@ -79,7 +87,9 @@ def test_sampling_amplifies_and_the_worst_client_counts():
     full = A.epsilon_of([A.statistics_event(s, {"a": (100, 100)})], 1e-5)
     tenth = A.epsilon_of([A.statistics_event(s, {"a": (100, 10)})], 1e-5)
     assert tenth < full
-    assert A.statistics_event(s, {"a": (100, 10), "b": (10, 1), "c": (95, 10)}) == A.statistics_event(s, {"c": (95, 10)})
+    assert A.statistics_event(s, {"a": (100, 10), "b": (10, 1), "c": (95, 10)}) == A.statistics_event(
+        s, {"c": (95, 10)}
+    )
     with pytest.raises(ValueError, match="a sample of 5 out of 3"):
         A.sampled_gaussian(3, 5, 1.0)
 
@@ -89,7 +99,7 @@ def test_clipped_updates_are_within_the_bound():
     for scale in (1e-3, 0.5, 3.0, 100.0):
         update = {"a": torch.randn(50, generator=g) * scale, "b": torch.randn(3, 4, generator=g) * scale}
         clipped, norm = clip_update(update, 1.0)
-        after = math.sqrt(sum(float((v ** 2).sum()) for v in clipped.values()))
+        after = math.sqrt(sum(float((v**2).sum()) for v in clipped.values()))
         assert after <= 1.0 + 1e-12
         if norm <= 1.0:  # below the bound: untouched
             assert all(torch.equal(clipped[k], update[k].double()) for k in update)
@@ -107,9 +117,10 @@ def test_released_rows_stay_in_the_box():
 def test_statistics_noise_std_matches_its_formula():
     """Rows at the box's centre with a noise small against the box (no post-clipping): the spread of
     released - true over 60,000 coordinates is z_s x D, D = sqrt(C (mu range)^2 + C (sigma range)^2)."""
-    s = PrivacySettings(enabled=True, stats_noise_multiplier=0.04, stats_mu_range=[-10.0, 10.0],
-                        stats_sigma_range=[0.0, 1.0])
-    d = math.sqrt(3 * 20.0 ** 2 + 3 * 1.0 ** 2)
+    s = PrivacySettings(
+        enabled=True, stats_noise_multiplier=0.04, stats_mu_range=[-10.0, 10.0], stats_sigma_range=[0.0, 1.0]
+    )
+    d = math.sqrt(3 * 20.0**2 + 3 * 1.0**2)
     assert stats_noise_std(s, 3) == pytest.approx(0.04 * d)
     mu = np.zeros((20000, 3))
     rmu, _ = privatize_rows(mu, np.full((20000, 3), 0.5), s, np.random.default_rng(1))
@@ -123,15 +134,17 @@ def test_moments_sensitivity_is_the_hand_calculation():
     so D_m = sqrt(3 (9 + 1 + 16 + 1)) = 9."""
     s = PrivacySettings(enabled=True, stats_mu_range=[-1.0, 2.0], stats_sigma_range=[0.0, 1.0])
     assert s.moments_sensitivity(3) == pytest.approx(9.0)
-    assert PrivacySettings(enabled=True, stats_mu_range=[1.0, 2.0], stats_sigma_range=[0.5, 1.0]).moments_sensitivity(1) \
-        == pytest.approx(math.sqrt(1 + 0.25 + 9 + 0.5625))  # squares of [1, 2]: [1, 4]; of [0.5, 1]: [0.25, 1]
+    assert PrivacySettings(enabled=True, stats_mu_range=[1.0, 2.0], stats_sigma_range=[0.5, 1.0]).moments_sensitivity(
+        1
+    ) == pytest.approx(math.sqrt(1 + 0.25 + 9 + 0.5625))  # squares of [1, 2]: [1, 4]; of [0.5, 1]: [0.25, 1]
 
 
 def test_moments_noise_std_matches_its_formula():
     """k rows: the released mean moves from the true mean by the noise on the sum over k, std z_s D_m / k
     (4,000 draws of 6 coordinates)."""
-    s = PrivacySettings(enabled=True, stats_noise_multiplier=0.3, stats_mu_range=[-1.0, 2.0],
-                        stats_sigma_range=[0.0, 1.0])
+    s = PrivacySettings(
+        enabled=True, stats_noise_multiplier=0.3, stats_mu_range=[-1.0, 2.0], stats_sigma_range=[0.0, 1.0]
+    )
     rng = np.random.default_rng(0)
     rows = np.concatenate([rng.uniform(-1, 2, (50, 3)), rng.uniform(0, 1, (50, 3))], axis=1)
     errors = np.stack([noisy_moments(rows, s, rng)[0] - rows.mean(0) for _ in range(4000)])
@@ -175,7 +188,7 @@ def test_dp_fedavg_mean_of_clipped_updates():
     s = PrivacySettings(enabled=True, weights_clip=1.0, weights_noise_multiplier=1e-9)
     gw = {"w": torch.zeros(2)}
     agg = DPFedAvgAggregation(gw, 2, s, np.random.default_rng(0))
-    agg.add(Reply("a", {"w": torch.tensor([3.0, 4.0])}, 1))   # norm 5 -> clipped to (0.6, 0.8)
+    agg.add(Reply("a", {"w": torch.tensor([3.0, 4.0])}, 1))  # norm 5 -> clipped to (0.6, 0.8)
     agg.add(Reply("b", {"w": torch.tensor([0.1, 0.0])}, 99))  # below S: kept; n_i does not weigh
     assert torch.allclose(agg.result()["w"], torch.tensor([0.35, 0.4]), atol=1e-6)
 
@@ -193,8 +206,8 @@ def test_settings_refuse_bad_values_with_the_key():
 
 # ------------------------------------------------------------------ the round loop
 def _engine(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None):
-    from tests.test_round_loop import evalsets, toy_clients
     from fedccrl_core.federation.engine import InProcessEngine
+    from tests.test_round_loop import evalsets, toy_clients
 
     clients = toy_clients(4, 12)
     for c in clients:  # statistics rows for FedCCRL's upload
@@ -203,8 +216,9 @@ def _engine(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None):
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=4, privacy=privacy))
     torch.manual_seed(0)
     model = alg.build_model("small_cnn", 6, "none", alg.hp)
-    return InProcessEngine(alg, model, clients, evalsets(clients), rounds, seed=0, client_fraction=fraction,
-                           log=log or (lambda m: None))
+    return InProcessEngine(
+        alg, model, clients, evalsets(clients), rounds, seed=0, client_fraction=fraction, log=log or (lambda m: None)
+    )
 
 
 def test_round_loop_logs_epsilon_every_round_and_noises_both_channels():
@@ -213,7 +227,7 @@ def test_round_loop_logs_epsilon_every_round_and_noises_both_channels():
     priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
     res = _engine(priv, fraction=0.5).run()
     eps = [r[contract.DP_EPSILON] for r in res.history]
-    assert len(eps) == 3 and all(b > a > 0 for a, b in zip(eps, eps[1:]))
+    assert len(eps) == 3 and all(b > a > 0 for a, b in itertools.pairwise(eps))
     for r in res.history:
         assert contract.DP_EPSILON_STATISTICS in r and contract.DP_SEEDED_NOISE not in r
         assert not any(k.startswith((contract.TRAIN_ACC, contract.LOSS, "l_", "dp_update")) for k in r), sorted(r)
@@ -249,8 +263,12 @@ def test_an_attacker_with_the_run_seed_gains_nothing():
     from fedccrl_core.data.pools import sample_statistics
     from fedccrl_core.foundation.seeding import numpy_rng
 
-    s = {"enabled": True, "stats_noise_multiplier": 0.04, "stats_mu_range": [-100.0, 100.0],
-         "stats_sigma_range": [0.0, 200.0]}
+    s = {
+        "enabled": True,
+        "stats_noise_multiplier": 0.04,
+        "stats_mu_range": [-100.0, 100.0],
+        "stats_sigma_range": [0.0, 200.0],
+    }
     alg = build_algorithm("fedccrl", LocalConfig(rounds=1, privacy=s), {"r": 0.5, "upload": "ceil"})
     n = 4000
     true = np.r_[[0.0] * 3, [100.0] * 3]
@@ -266,7 +284,7 @@ def test_an_attacker_with_the_run_seed_gains_nothing():
     k = noise.size
     assert float(noise.std()) == pytest.approx(std, rel=5 / math.sqrt(2 * k))
     residual = noise - predicted_noise  # what is left of the noise after the attacker subtracts its prediction
-    assert float(residual.var()) == pytest.approx(2 * std ** 2, rel=5 * math.sqrt(2 / k))
+    assert float(residual.var()) == pytest.approx(2 * std**2, rel=5 * math.sqrt(2 / k))
     assert abs(float(np.corrcoef(noise.ravel(), predicted_noise.ravel())[0, 1])) < 5 / math.sqrt(k)
 
 
@@ -282,14 +300,17 @@ def test_the_weights_noise_is_not_the_seeds():
     noisy = _engine(priv, rounds=1, algorithm="fedavg").run().final_weights
     clean = _engine({**priv, "weights_noise_multiplier": 1e-12}, rounds=1, algorithm="fedavg").run().final_weights
     gen, std = torch_generator(0, "dp_weights", 1), 0.8 * 0.5 / 4  # z S / m
-    draws = {k: torch.randn(v.shape, dtype=torch.float64, generator=gen) * std  # one per float entry, in order
-             for k, v in clean.items() if v.is_floating_point()}
+    draws = {
+        k: torch.randn(v.shape, dtype=torch.float64, generator=gen) * std  # one per float entry, in order
+        for k, v in clean.items()
+        if v.is_floating_point()
+    }
     keys = [k for k in draws if not k.endswith("running_var")]  # a noised variance is clamped: left out
     noise = torch.cat([(noisy[k].double() - clean[k].double()).ravel() for k in keys])
     seeded = torch.cat([draws[k].ravel() for k in keys])
     n = noise.numel()
     assert float(noise.std()) == pytest.approx(std, rel=5 / math.sqrt(2 * n))
-    assert float((noise - seeded).var()) == pytest.approx(2 * std ** 2, rel=5 * math.sqrt(2 / n))
+    assert float((noise - seeded).var()) == pytest.approx(2 * std**2, rel=5 * math.sqrt(2 / n))
     assert abs(float(torch.corrcoef(torch.stack([noise, seeded]))[0, 1])) < 5 / math.sqrt(n)
 
 
@@ -300,14 +321,20 @@ def test_the_rows_released_are_not_the_seeds_sample():
     from fedccrl_core.foundation.seeding import numpy_rng
 
     n = 200
-    s = {"enabled": True, "stats_noise_multiplier": 1e-7, "stats_mu_range": [-1.0, float(n)],
-         "stats_sigma_range": [0.0, 1.0]}
+    s = {
+        "enabled": True,
+        "stats_noise_multiplier": 1e-7,
+        "stats_mu_range": [-1.0, float(n)],
+        "stats_sigma_range": [0.0, 1.0],
+    }
     alg = build_algorithm("fedccrl", LocalConfig(rounds=1, privacy=s), {"r": 0.1, "upload": "ceil"})
     data = _Upload(np.repeat(np.arange(n, dtype=np.float64)[:, None], 3, 1), np.full((n, 3), 0.5))
-    picked = [set(np.rint(alg.client_upload(data, numpy_rng(0, "upload", 1, "c0"))["mu"][:, 0]).astype(int))
-              for _ in range(2)]
-    seeds = set(sample_statistics(data.stats_mu, data.stats_sigma, 0.1, numpy_rng(0, "upload", 1, "c0"))[0][:, 0]
-                .astype(int))
+    picked = [
+        set(np.rint(alg.client_upload(data, numpy_rng(0, "upload", 1, "c0"))["mu"][:, 0]).astype(int)) for _ in range(2)
+    ]
+    seeds = set(
+        sample_statistics(data.stats_mu, data.stats_sigma, 0.1, numpy_rng(0, "upload", 1, "c0"))[0][:, 0].astype(int)
+    )
     assert len(picked[0]) == len(seeds) == 20
     assert picked[0] != seeds and picked[1] != seeds and picked[0] != picked[1]
 
@@ -409,14 +436,17 @@ def _wbk19_theorem27_rdp(q: float, z: float, orders) -> np.ndarray:
         ctx.prec = 300
         q, s2 = Decimal(q), 2 * Decimal(z) ** 2
         h = [(Decimal((x - 1) * x) / s2).exp() for x in range(top + 2)]  # e^((x - 1) eps(x))
-        diff = [abs(sum((-1) ** (l - i) * math.comb(l, i) * h[i] for i in range(l + 1))) for l in range(top + 2)]
+        diff = [abs(sum((-1) ** (j - i) * math.comb(j, i) * h[i] for i in range(j + 1))) for j in range(top + 2)]
         e2 = (2 / s2).exp()
         for alpha in orders:
             alpha = int(alpha)
-            a = 1 + q ** 2 * math.comb(alpha, 2) * min(4 * (e2 - 1), 2 * e2)
+            a = 1 + q**2 * math.comb(alpha, 2) * min(4 * (e2 - 1), 2 * e2)
             for j in range(3, alpha + 1):
-                a += q ** j * math.comb(alpha, j) * min(4 * (diff[2 * (j // 2)] * diff[2 * ((j + 1) // 2)]).sqrt(),
-                                                        2 * h[j])
+                a += (
+                    q**j
+                    * math.comb(alpha, j)
+                    * min(4 * (diff[2 * (j // 2)] * diff[2 * ((j + 1) // 2)]).sqrt(), 2 * h[j])
+                )
             out.append(float(a.ln()) / (alpha - 1))
     return np.array(out)
 

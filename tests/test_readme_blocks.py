@@ -35,6 +35,7 @@ and the reason is required. There is no other kind: the queued sweeps, the Flowe
 benchmarks run in the default suite (.ci/run), made cheap by SUBSTITUTIONS. Each block prints its wall
 seconds to stderr (`pytest -s` shows them).
 """
+
 from __future__ import annotations
 
 import functools
@@ -49,11 +50,10 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
-
 from doc_blocks import BLOCKS, MARKER, REPO, Block, doc_files, nav_pages
-from fedccrl_flower.processes import free_port
 from fixtures import write_params
+
+from fedccrl_flower.processes import free_port
 
 README = REPO / "README.md"
 SHARED = Path(os.environ.get("FEDCCRL_SHARED", REPO.parent / "shared"))
@@ -75,49 +75,98 @@ TINY = {
 
 # (block regex, replacement, reason); every regex must match at least one block
 SUBSTITUTIONS = [
-    (r"^make test(?![-\w]).*$", ": make test skipped",
-     "the suite this test belongs to (CI runs it: .ci/run runs `make test-all`)"),
-    (r"^mlflow ui (.*?)\s*(#.*)?$", r"ci_serves mlflow ui \1 --port $CI_PORT",
-     "a server never exits: start it, wait until it answers on a free port, stop it"),
+    (
+        r"^make test(?![-\w]).*$",
+        ": make test skipped",
+        "the suite this test belongs to (CI runs it: .ci/run runs `make test-all`)",
+    ),
+    (
+        r"^mlflow ui (.*?)\s*(#.*)?$",
+        r"ci_serves mlflow ui \1 --port $CI_PORT",
+        "a server never exits: start it, wait until it answers on a free port, stop it",
+    ),
     (r"train\.local_epochs=3", "train.local_epochs=1", "the paper's 3 local epochs: 1 is enough to run"),
-    (r"'train\.algorithms=\[fedavg,fedprox[^\]]*\]'", "'train.algorithms=[fedavg,fedccrl]'",
-     "the 12 algorithms of Table 1: two run the same commands"),
-    (r"'train\.algorithms=\[fedavg,fedccrl,fedomg,fedccrl_omg\]'", "'train.algorithms=[fedomg,fedccrl_omg]'",
-     "FedOMG's page: its two algorithms run the same commands as the four (a list, not a sweep grid)"),
+    (
+        r"'train\.algorithms=\[fedavg,fedprox[^\]]*\]'",
+        "'train.algorithms=[fedavg,fedccrl]'",
+        "the 12 algorithms of Table 1: two run the same commands",
+    ),
+    (
+        r"'train\.algorithms=\[fedavg,fedccrl,fedomg,fedccrl_omg\]'",
+        "'train.algorithms=[fedomg,fedccrl_omg]'",
+        "FedOMG's page: its two algorithms run the same commands as the four (a list, not a sweep grid)",
+    ),
     (r"'train\.seeds=\[0,1,2\]'", "'train.seeds=[0]'", "3 seeds: one runs the same commands"),
     (r"--seeds 0,1,2", "--seeds 0", "3 seeds: one runs the same commands"),
-    (r"^dvc exp run --queue -S 'train\.fedccrl\.r=[^']*'$", ": the r sweep is not queued in CI",
-     "Figure 6's r grid: a one-key grid of train.fedccrl, the command form of the Figure 4 line above it and "
-     "of the lambda line below it (each queued experiment costs 1-2 minutes on 2 shared cores)"),
-    (r"(-S 'train\.fedccrl\.\w+=)([^,'\s]+),[^'\s]+'", r"\1\2'",
-     "Figure 6's lambda1 x lambda2 grid: its first values run the same command; the block's Figure 4 grid "
-     "keeps two values, so its queue still holds a sweep"),
-    (r"'partition\.lambda=1,0\.1,0'", "partition.lambda=1",
-     "FedDG-Bench's lambda grid: one value runs the same command; the next line queues lambda 0, so the queue "
-     "still holds two experiments"),
-    (r"'partition\.num_clients=4,12,24,48'", "partition.num_clients=4",
-     "FedDG-Bench's client counts at lambda 0: one runs the same command"),
-    (r"(-S '[\w.]+=)([^,'\s]+),([^,'\s]+)(,[^'\s]+)+'", r"\1\2,\3'",
-     "a sweep grid: its first two values run the same sweep"),
+    (
+        r"^dvc exp run --queue -S 'train\.fedccrl\.r=[^']*'$",
+        ": the r sweep is not queued in CI",
+        "Figure 6's r grid: a one-key grid of train.fedccrl, the command form of the Figure 4 line above it and "
+        "of the lambda line below it (each queued experiment costs 1-2 minutes on 2 shared cores)",
+    ),
+    (
+        r"(-S 'train\.fedccrl\.\w+=)([^,'\s]+),[^'\s]+'",
+        r"\1\2'",
+        "Figure 6's lambda1 x lambda2 grid: its first values run the same command; the block's Figure 4 grid "
+        "keeps two values, so its queue still holds a sweep",
+    ),
+    (
+        r"'partition\.lambda=1,0\.1,0'",
+        "partition.lambda=1",
+        "FedDG-Bench's lambda grid: one value runs the same command; the next line queues lambda 0, so the queue "
+        "still holds two experiments",
+    ),
+    (
+        r"'partition\.num_clients=4,12,24,48'",
+        "partition.num_clients=4",
+        "FedDG-Bench's client counts at lambda 0: one runs the same command",
+    ),
+    (
+        r"(-S '[\w.]+=)([^,'\s]+),([^,'\s]+)(,[^'\s]+)+'",
+        r"\1\2,\3'",
+        "a sweep grid: its first two values run the same sweep",
+    ),
     (r"for c in ccdt difp l_ra l_js;", "for c in l_js;", "Table 2's four switches: one runs the same loop"),
-    (r"^make (bench-accuracy|bench-table1)\b", r"make \1 TABLE_ALGORITHMS=fedavg,fedccrl",
-     "the 12 algorithms of Table 1: two run the same recipe"),
-    (r"^fedccrl-bench scale(?=\s+#)", "fedccrl-bench scale --clients 6,30",
-     "4 client counts: two give the ratio to 6 clients the same way"),
-    (r"fedccrl-bench scale\b", "fedccrl-bench scale --total 960 --rounds 1",
-     "3840 images and 2 rounds per client count: 960 and 1 run the same bench"),
-    (r"^fedccrl-bench repro$", "fedccrl-bench repro --thread-steps 10",
-     "40 steps per thread-policy measurement: 10 run the same measurement"),
-    (r"fedccrl-bench threads --steps 40 --repeats 2", "fedccrl-bench threads --steps 10 --repeats 1",
-     "40 steps, best of 2: 10 steps once run the same measurement"),
-    (r"scripts/privacy_tradeoff\.py --epsilons inf,8,1 --seeds 0 ", "scripts/privacy_tradeoff.py --rounds 1 "
-     "--epsilons inf,8 --seeds 0 ", "10 rounds at 3 epsilons: one round at no DP and at epsilon 8 runs every "
-     "configuration the same way"),
-    (r"fedccrl_benchmarks\.fedomg_step --clients 6,120", "fedccrl_benchmarks.fedomg_step --clients 6,12",
-     "120 clients (MobileNetV3: minutes of local steps): 12 give the ratio to 6 clients the same way"),
-    (r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
-     r"\1 -S partition.clients_per_domain=1 ",
-     "six SuperNodes (2 clients per source domain): three run the same deployment"),
+    (
+        r"^make (bench-accuracy|bench-table1)\b",
+        r"make \1 TABLE_ALGORITHMS=fedavg,fedccrl",
+        "the 12 algorithms of Table 1: two run the same recipe",
+    ),
+    (
+        r"^fedccrl-bench scale(?=\s+#)",
+        "fedccrl-bench scale --clients 6,30",
+        "4 client counts: two give the ratio to 6 clients the same way",
+    ),
+    (
+        r"fedccrl-bench scale\b",
+        "fedccrl-bench scale --total 960 --rounds 1",
+        "3840 images and 2 rounds per client count: 960 and 1 run the same bench",
+    ),
+    (
+        r"^fedccrl-bench repro$",
+        "fedccrl-bench repro --thread-steps 10",
+        "40 steps per thread-policy measurement: 10 run the same measurement",
+    ),
+    (
+        r"fedccrl-bench threads --steps 40 --repeats 2",
+        "fedccrl-bench threads --steps 10 --repeats 1",
+        "40 steps, best of 2: 10 steps once run the same measurement",
+    ),
+    (
+        r"scripts/privacy_tradeoff\.py --epsilons inf,8,1 --seeds 0 ",
+        "scripts/privacy_tradeoff.py --rounds 1 --epsilons inf,8 --seeds 0 ",
+        "10 rounds at 3 epsilons: one round at no DP and at epsilon 8 runs every configuration the same way",
+    ),
+    (
+        r"fedccrl_benchmarks\.fedomg_step --clients 6,120",
+        "fedccrl_benchmarks.fedomg_step --clients 6,12",
+        "120 clients (MobileNetV3: minutes of local steps): 12 give the ratio to 6 clients the same way",
+    ),
+    (
+        r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
+        r"\1 -S partition.clients_per_domain=1 ",
+        "six SuperNodes (2 clients per source domain): three run the same deployment",
+    ),
 ]
 
 NUM = r"(\d+(?:\.\d+)?)"
@@ -125,29 +174,47 @@ NUM = r"(\d+(?:\.\d+)?)"
 # exit code alone. Each regex must match the block's stdout + stderr; every number a regex captures (the
 # measured figures and their ratios) must be finite and positive.
 BENCH_OUTPUTS = [
-    (r"^fedccrl-bench repro\b",
-     [rf"^everything but training: {NUM} % of dvc repro's wall \({NUM}s of {NUM}s; training {NUM}s",
-      rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
-      *[rf"^  {stage:<10} +\d+ +{NUM} +{NUM} +[\d.]+$" for stage in ("download", "train", "evaluate", "figures")],
-      rf"^after figures\.seed=\d+: dvc repro {NUM}s = {NUM} % of the full one; .*stages run: figures$",
-      rf"^after export\.batch_size=\d+: dvc repro {NUM}s = {NUM} % of the full one; stages run: export$",
-      rf"spin / passive wall {NUM}x cpu {NUM}x"]),
+    (
+        r"^fedccrl-bench repro\b",
+        [
+            rf"^everything but training: {NUM} % of dvc repro's wall \({NUM}s of {NUM}s; training {NUM}s",
+            rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
+            *[rf"^  {stage:<10} +\d+ +{NUM} +{NUM} +[\d.]+$" for stage in ("download", "train", "evaluate", "figures")],
+            rf"^after figures\.seed=\d+: dvc repro {NUM}s = {NUM} % of the full one; .*stages run: figures$",
+            rf"^after export\.batch_size=\d+: dvc repro {NUM}s = {NUM} % of the full one; stages run: export$",
+            rf"spin / passive wall {NUM}x cpu {NUM}x",
+        ],
+    ),
     (r"^fedccrl-bench threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
-    (r"scripts/privacy_tradeoff\.py\b",
-     [rf"^\| FedCCRL, both channels \(rows\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
-      rf"{NUM} ± [\d.]+ \| {NUM} \|$",
-      rf"^\| FedCCRL, both channels \(moments\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
-      rf"{NUM} ± [\d.]+ \| {NUM} \|$",
-      rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} ± [\d.]+ \| - \| - \| ∞ \|$"]),
-    (r"^(make bench-accuracy|.*fedccrl-bench accuracy)\b",
-     [r"^final-round target accuracy \(%\), mean ± std over seeds",
-      rf"^\| (fedccrl|fedomg)[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$"]),  # FedCCRL's row, or FedOMG's (its page)
+    (
+        r"scripts/privacy_tradeoff\.py\b",
+        [
+            rf"^\| FedCCRL, both channels \(rows\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
+            rf"{NUM} ± [\d.]+ \| {NUM} \|$",
+            rf"^\| FedCCRL, both channels \(moments\) \| 8 \| {NUM} \| {NUM} \| {NUM} ± [\d.]+ \| [\d.]+ ± [\d.]+ \| "
+            rf"{NUM} ± [\d.]+ \| {NUM} \|$",
+            rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} ± [\d.]+ \| - \| - \| ∞ \|$",
+        ],
+    ),
+    (
+        r"^(make bench-accuracy|.*fedccrl-bench accuracy)\b",
+        [
+            r"^final-round target accuracy \(%\), mean ± std over seeds",
+            rf"^\| (fedccrl|fedomg)[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$",
+        ],
+    ),  # FedCCRL's row, or FedOMG's (its page)
     (r"^make bench-table1\b", [rf"^\| fedccrl \|(?: {NUM} \|)+$", rf"^\| fedavg \|(?: {NUM} \|)+$"]),
-    (r"^(make bench(?![-\w])|fedccrl-bench speed --size)",
-     [rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {NUM}$",
-      rf"^ratio fast/plain_per_sample, peak RSS of the child process, MiB: {NUM}$"]),
-    (r"^fedccrl-bench scale\b",
-     [rf"^\| fedavg \| 6 \| {NUM} \| 1\.00 \| {NUM} \| 1\.00 \|", rf"^\| fedavg \| \d+ \| {NUM} \| {NUM} \|"]),
+    (
+        r"^(make bench(?![-\w])|fedccrl-bench speed --size)",
+        [
+            rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {NUM}$",
+            rf"^ratio fast/plain_per_sample, peak RSS of the child process, MiB: {NUM}$",
+        ],
+    ),
+    (
+        r"^fedccrl-bench scale\b",
+        [rf"^\| fedavg \| 6 \| {NUM} \| 1\.00 \| {NUM} \| 1\.00 \|", rf"^\| fedavg \| \d+ \| {NUM} \| {NUM} \|"],
+    ),
 ]
 
 
@@ -166,10 +233,12 @@ def check_bench_output(code: str, out: str) -> list[str]:
             if bad:
                 problems.append(f"{command}: {m[0]!r} has figures that are not positive: {bad}")
     if any(re.search(c, code, flags=re.M) for c, _ in BENCH_OUTPUTS):
-        problems += [f"a figure is not finite: {line!r}" for line in out.splitlines()
-                     if re.search(r"\b(nan|inf)\b", line, flags=re.I)]
+        problems += [
+            f"a figure is not finite: {line!r}"
+            for line in out.splitlines()
+            if re.search(r"\b(nan|inf)\b", line, flags=re.I)
+        ]
     return problems
-
 
 
 # bash prelude of every block: `ci_serves CMD...` runs a server in its own process group until
@@ -218,9 +287,10 @@ def test_markers_name_a_kind_and_a_reason():
 
 def test_every_substitution_matches_a_block():
     codes = [b.code for b in BLOCKS if b.marker != "skip"]
-    for pattern, repl, reason in SUBSTITUTIONS:                           # in order, as ci_code applies them
+    for pattern, repl, reason in SUBSTITUTIONS:  # in order, as ci_code applies them
         assert any(re.search(pattern, c, flags=re.M) for c in codes), (
-            f"substitution {pattern!r} ({reason}) matches no block of README.md or docs/: remove it or update it")
+            f"substitution {pattern!r} ({reason}) matches no block of README.md or docs/: remove it or update it"
+        )
         codes = [re.sub(pattern, repl, c, flags=re.M) for c in codes]
 
 
@@ -287,14 +357,31 @@ def clone(tmp_path_factory, mirror):
     if SHARED.is_dir():
         (top / "shared").symlink_to(SHARED)
     write_params(dest, TINY)  # the clone's params.yaml is the checkout's, copied above
-    _git("-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "-qam", "CI: tiny scale",
-         "--allow-empty", cwd=dest)
+    _git(
+        "-c",
+        "user.name=ci",
+        "-c",
+        "user.email=ci@localhost",
+        "commit",
+        "-qam",
+        "CI: tiny scale",
+        "--allow-empty",
+        cwd=dest,
+    )
     _mirror_venv(dest / ".venv")
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_TRACKING_URI", "FEDCCRL_MLFLOW_ARTIFACTS", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST")}
-    env.update(PATH=f"{dest / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(dest),
-               GIT_AUTHOR_NAME="ci", GIT_AUTHOR_EMAIL="ci@localhost", GIT_COMMITTER_NAME="ci",
-               GIT_COMMITTER_EMAIL="ci@localhost")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MLFLOW_TRACKING_URI", "FEDCCRL_MLFLOW_ARTIFACTS", "VIRTUAL_ENV", "PYTEST_CURRENT_TEST")
+    }
+    env.update(
+        PATH=f"{dest / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(dest),
+        GIT_AUTHOR_NAME="ci",
+        GIT_AUTHOR_EMAIL="ci@localhost",
+        GIT_COMMITTER_NAME="ci",
+        GIT_COMMITTER_EMAIL="ci@localhost",
+    )
     if mirror:
         env["FEDCCRL_DATASET_MIRROR"] = mirror
     yield dest, env
@@ -312,15 +399,22 @@ def _wait_for_queue(dest: Path, env: dict, deadline: float) -> str:
 
 def _run_block(code: str, dest: Path, env: dict) -> subprocess.CompletedProcess:
     """bash -c PRELUDE + code in its own process group, killed whole past BLOCK_TIMEOUT_S."""
-    p = subprocess.Popen(["bash", "-c", PRELUDE + code], cwd=dest, env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = subprocess.Popen(
+        ["bash", "-c", PRELUDE + code],
+        cwd=dest,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, err = p.communicate(timeout=BLOCK_TIMEOUT_S)
     except subprocess.TimeoutExpired:
         os.killpg(p.pid, 9)
         out, err = p.communicate()
         err += f"\n(killed after {BLOCK_TIMEOUT_S}s)"
-    except BaseException:                                                  # Ctrl-C: no block outlives the test
+    except BaseException:  # Ctrl-C: no block outlives the test
         os.killpg(p.pid, 9)
         raise
     return subprocess.CompletedProcess(p.args, p.returncode, out, err)
@@ -334,19 +428,23 @@ def test_bench_output_checks_fail_on_a_missing_line_or_a_figure_that_is_not_fini
     threads = "fedccrl-bench threads --steps 10 --repeats 1"
     good = "thread policy, 10 small-CNN steps\n  spin / passive: wall 1.39x  cpu 2.19x\n"
     assert check_bench_output(threads, good) == []
-    assert check_bench_output("echo hi", "") == []                     # not a benchmark: nothing to check
+    assert check_bench_output("echo hi", "") == []  # not a benchmark: nothing to check
     assert check_bench_output(threads, good.replace("1.39x", "nanx"))  # the line no longer matches
     assert check_bench_output(threads, good.replace("1.39x", "0.00x"))  # a ratio of zero is no measurement
-    assert check_bench_output(threads, good + "step time: inf\n")     # any nan or inf in a bench's output
-    assert check_bench_output(threads, "")                             # it printed nothing
+    assert check_bench_output(threads, good + "step time: inf\n")  # any nan or inf in a bench's output
+    assert check_bench_output(threads, "")  # it printed nothing
     acc = "make bench-accuracy TABLE_ALGORITHMS=fedavg,fedccrl"
-    table = ("final-round target accuracy (%), mean ± std over seeds [0], 12s in all\n| Algorithm | sketch | Avg. |\n"
-             "|---|---|---|\n| fedccrl | 41.25 ± 0.00 | 41.25 |\n| fedavg | 30.00 ± 0.00 | 30.00 |\n")
+    table = (
+        "final-round target accuracy (%), mean ± std over seeds [0], 12s in all\n| Algorithm | sketch | Avg. |\n"
+        "|---|---|---|\n| fedccrl | 41.25 ± 0.00 | 41.25 |\n| fedavg | 30.00 ± 0.00 | 30.00 |\n"
+    )
     assert check_bench_output(acc, table) == []
     assert check_bench_output(acc, table.replace("| fedccrl |", "| fedavg |"))  # no FedCCRL row
 
 
-@pytest.mark.full("each README and docs block runs in a scratch clone: the pipeline, queued sweeps, Flower, the benches")
+@pytest.mark.full(
+    "each README and docs block runs in a scratch clone: the pipeline, queued sweeps, Flower, the benches"
+)
 @pytest.mark.timeout(BLOCK_TIMEOUT_S + 300)
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
 def test_readme_block(block: Block, clone, mirror):
@@ -359,7 +457,7 @@ def test_readme_block(block: Block, clone, mirror):
         pytest.skip(msg)
     dest, env = clone
     _git("checkout", "--", "params.yaml", cwd=dest)
-    if _git("ls-files", "dvc.lock", cwd=dest).strip():                     # back to `make repro`'s outputs
+    if _git("ls-files", "dvc.lock", cwd=dest).strip():  # back to `make repro`'s outputs
         _git("checkout", "--", "dvc.lock", cwd=dest)
         subprocess.run(["dvc", "checkout", "--force", "--quiet"], cwd=dest, env=env, check=True, capture_output=True)
     code = ci_code(block.code)
@@ -372,11 +470,20 @@ def test_readme_block(block: Block, clone, mirror):
     assert proc.returncode == 0, (
         f"{block.id}: block failed with exit code {proc.returncode} after "
         f"{time.monotonic() - t0:.0f}s\n--- as run ---\n{code}\n--- stderr tail ---\n{proc.stderr[-3000:]}\n"
-        f"--- stdout tail ---\n{proc.stdout[-1500:]}")
-    if re.search(r"^make repro\b", code, flags=re.M):                   # the state every later block starts from
+        f"--- stdout tail ---\n{proc.stdout[-1500:]}"
+    )
+    if re.search(r"^make repro\b", code, flags=re.M):  # the state every later block starts from
         _git("add", "dvc.lock", cwd=dest)
-        _git("-c", "user.name=ci", "-c", "user.email=ci@localhost", "commit", "-qm", "CI: make repro's dvc.lock",
-             cwd=dest)
+        _git(
+            "-c",
+            "user.name=ci",
+            "-c",
+            "user.email=ci@localhost",
+            "commit",
+            "-qm",
+            "CI: make repro's dvc.lock",
+            cwd=dest,
+        )
     if "dvc queue start" in code:
         status = _wait_for_queue(dest, env, time.monotonic() + BLOCK_TIMEOUT_S)
         assert not re.search(r"\b(Queued|Running)\b", status), f"{block.id}: queue still busy:\n{status}"
@@ -388,7 +495,7 @@ def test_readme_block(block: Block, clone, mirror):
         arch = rep["source"]["archives"][0]
         assert rep["source"]["kind"] == "registry" and arch["url"].startswith(mirror), rep["source"]
         assert arch["verified"] and arch["known_as"] == "pacs_128.zip" and rep["total"] == 9991
-    if "dataset.name=imagefolder" in block.code:                           # the tree the block wrote, as is
+    if "dataset.name=imagefolder" in block.code:  # the tree the block wrote, as is
         import json
 
         rep = json.loads((dest / "data" / "reports" / "download.json").read_text())

@@ -1,4 +1,5 @@
 """The report stage's table from known inputs (mean ± std over seeds, Avg., both selections)."""
+
 from __future__ import annotations
 
 import csv
@@ -10,10 +11,22 @@ from fedccrl_pipeline.report import report
 
 
 def _run(tmp, alg, seed, idx, dom, final, best, up=2e6, down=3e6):
-    doc = {"dataset": "toy", "algorithm": alg, "seed": seed, "held_out_domain": dom, "held_out_index": idx,
-           "final_target_acc": final, "best_val_target_acc": best, "best_round": 1,
-           "per_round": [{"round": 1, "target_acc": final / 2, "val_acc": 0.5}, {"round": 2, "target_acc": final, "val_acc": 0.6}],
-           "bytes_up_per_round": up, "bytes_down_per_round": down}
+    doc = {
+        "dataset": "toy",
+        "algorithm": alg,
+        "seed": seed,
+        "held_out_domain": dom,
+        "held_out_index": idx,
+        "final_target_acc": final,
+        "best_val_target_acc": best,
+        "best_round": 1,
+        "per_round": [
+            {"round": 1, "target_acc": final / 2, "val_acc": 0.5},
+            {"round": 2, "target_acc": final, "val_acc": 0.6},
+        ],
+        "bytes_up_per_round": up,
+        "bytes_down_per_round": down,
+    }
     p = tmp / "runs" / alg / f"s{seed}" / f"d{idx}.json"
     p.parent.mkdir(parents=True, exist_ok=True)
     p.write_text(json.dumps(doc))
@@ -27,8 +40,13 @@ def test_table_from_known_inputs(tmp_path):
     _run(tmp_path, "fedccrl", 1, 1, "b", 0.5, 0.6)
     _run(tmp_path, "fedavg", 0, 0, "a", 0.4, 0.4, up=1e6)
     _run(tmp_path, "fedavg", 0, 1, "b", 0.2, 0.3, up=1e6)
-    m = report(tmp_path / "runs", tmp_path / "metrics.json", tmp_path / "table.md", tmp_path / "curves.csv",
-               summary_out=tmp_path / "summary.json")
+    m = report(
+        tmp_path / "runs",
+        tmp_path / "metrics.json",
+        tmp_path / "table.md",
+        tmp_path / "curves.csv",
+        summary_out=tmp_path / "summary.json",
+    )
     assert m["fedccrl"]["a"]["final_target_acc"]["mean"] == pytest.approx(0.7)
     assert m["fedccrl"]["a"]["final_target_acc"]["std"] == pytest.approx(0.1)
     assert m["fedccrl"]["avg"]["final_target_acc"] == pytest.approx(0.6)
@@ -52,7 +70,9 @@ def test_table_from_known_inputs(tmp_path):
         series.setdefault(r["series"], {})[int(r["round"])] = float(r["target_acc"])
     assert len(series) == 6 and series["fedccrl/s1/a"][2] == pytest.approx(0.6)
     assert all(sorted(v) == [1, 2] for v in series.values())
-    assert {(r["algorithm"], r["seed"], r["held_out"]) for r in curves if r["series"] == "fedavg/s0/b"} == {("fedavg", "0", "b")}
+    assert {(r["algorithm"], r["seed"], r["held_out"]) for r in curves if r["series"] == "fedavg/s0/b"} == {
+        ("fedavg", "0", "b")
+    }
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {"fedavg": {"a": 0.4, "b": 0.2, "avg": 0.3}, "fedccrl": {"a": 0.7, "b": 0.5, "avg": 0.6}}
     assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads(json.dumps(m))

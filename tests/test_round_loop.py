@@ -1,6 +1,7 @@
 """The one round loop (federation/loop.py): streamed Eq. 2, per-client state files written only for
 the clients a round trains, stateless clients, resume at many clients, round checkpoints that keep
 the previous one and fall back from a corrupt latest one."""
+
 from __future__ import annotations
 
 import warnings
@@ -8,13 +9,12 @@ import warnings
 import pytest
 import torch
 
-from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.algorithms.base import ListAggregation
-from fedccrl_core.learning.clients import ClientData
+from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.algorithms.base import ListAggregation, Reply
 from fedccrl_core.federation.checkpoints import CheckpointFallbackWarning
 from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.learning.clients import ClientData
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -33,18 +33,35 @@ def toy_clients(n_clients: int, n_each: int, seed: int = 0) -> list[ClientData]:
 
 
 def evalsets(clients) -> EvalSets:
-    return EvalSets(torch.cat([c.val_x for c in clients[:6]]), torch.cat([c.val_y for c in clients[:6]]),
-                    clients[0].train_x, clients[0].train_y, 64)
+    return EvalSets(
+        torch.cat([c.val_x for c in clients[:6]]),
+        torch.cat([c.val_y for c in clients[:6]]),
+        clients[0].train_x,
+        clients[0].train_y,
+        64,
+    )
 
 
-def engine(clients, rounds=2, fraction=1.0, ckpt=None, algorithm="fedavg", client_state="persistent",
-           on_round=None) -> InProcessEngine:
+def engine(
+    clients, rounds=2, fraction=1.0, ckpt=None, algorithm="fedavg", client_state="persistent", on_round=None
+) -> InProcessEngine:
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=4))
     torch.manual_seed(0)
     model = alg.build_model("small_cnn", 6, "none", alg.hp)
-    return InProcessEngine(alg, model, clients, evalsets(clients), rounds, seed=0, client_fraction=fraction,
-                           checkpoint_path=ckpt, log=lambda m: None, client_state=client_state,
-                           run_info={"test": algorithm}, on_round=on_round)
+    return InProcessEngine(
+        alg,
+        model,
+        clients,
+        evalsets(clients),
+        rounds,
+        seed=0,
+        client_fraction=fraction,
+        checkpoint_path=ckpt,
+        log=lambda m: None,
+        client_state=client_state,
+        run_info={"test": algorithm},
+        on_round=on_round,
+    )
 
 
 # ------------------------------------------------------------------ streamed Eq. 2
@@ -52,13 +69,23 @@ def engine(clients, rounds=2, fraction=1.0, ckpt=None, algorithm="fedavg", clien
 def test_streamed_aggregate_equals_list_aggregate(algorithm):
     local = LocalConfig(rounds=2)
     torch.manual_seed(0)
-    model = build_algorithm(algorithm, local, HPARAMS.get(algorithm)).build_model("small_cnn", 6, "none",
-                                                                                  build_algorithm(algorithm, local, HPARAMS.get(algorithm)).hp)
+    model = build_algorithm(algorithm, local, HPARAMS.get(algorithm)).build_model(
+        "small_cnn", 6, "none", build_algorithm(algorithm, local, HPARAMS.get(algorithm)).hp
+    )
     global_w = {k: v.clone() for k, v in model.state_dict().items()}
     g = torch.Generator().manual_seed(1)
-    replies = [Reply(f"c{i}", {k: (v + torch.randn(v.shape, generator=g) if v.is_floating_point() else v + i)
-                               for k, v in global_w.items()}, n, {"train_acc": 0.5, "ga_gap": 0.1 * i})
-               for i, n in enumerate([7, 30, 12, 1])]
+    replies = [
+        Reply(
+            f"c{i}",
+            {
+                k: (v + torch.randn(v.shape, generator=g) if v.is_floating_point() else v + i)
+                for k, v in global_w.items()
+            },
+            n,
+            {"train_acc": 0.5, "ga_gap": 0.1 * i},
+        )
+        for i, n in enumerate([7, 30, 12, 1])
+    ]
     as_list = build_algorithm(algorithm, local, HPARAMS.get(algorithm)).aggregate(global_w, replies)
     for total in (None, float(sum(r.n for r in replies))):  # N unknown, or announced before the replies
         agg = build_algorithm(algorithm, local, HPARAMS.get(algorithm)).aggregation(global_w, total)
@@ -73,8 +100,9 @@ def test_streamed_aggregate_equals_list_aggregate(algorithm):
                 assert diff == 0.0, (k, diff)  # the same terms in the same order: the same bits
             assert diff <= 1e-6, (k, diff)
     if algorithm != "ga":  # GA's weights need every client's gap before any sum: the list form, said so
-        assert not isinstance(build_algorithm(algorithm, local, HPARAMS.get(algorithm)).aggregation(global_w),
-                              ListAggregation)
+        assert not isinstance(
+            build_algorithm(algorithm, local, HPARAMS.get(algorithm)).aggregation(global_w), ListAggregation
+        )
 
 
 # ------------------------------------------------------------------ per-client state: incremental checkpoints
@@ -84,8 +112,9 @@ def test_checkpoint_bytes_follow_the_clients_trained(tmp_path, algorithm):
     checkpoint writes within 10 % of the same bytes: a round's checkpoint costs what its clients did."""
     written = {}
     for n, fraction in ((6, 1.0), (60, 0.1)):
-        e = engine(toy_clients(n, 8), rounds=2, fraction=fraction, ckpt=tmp_path / f"{n}" / "ck.pt",
-                   algorithm=algorithm)
+        e = engine(
+            toy_clients(n, 8), rounds=2, fraction=fraction, ckpt=tmp_path / f"{n}" / "ck.pt", algorithm=algorithm
+        )
         res = e.run()
         assert all(len([k for k in r if k.startswith("train_acc/")]) == 6 for r in res.history)
         written[n] = e.checkpoints.bytes_written
@@ -93,8 +122,9 @@ def test_checkpoint_bytes_follow_the_clients_trained(tmp_path, algorithm):
         state_files = sorted(f.name for f in (tmp_path / f"{n}" / "ck.pt.clients").iterdir())
         assert state_files == sorted({f"r{r}.bin" for r, _, _ in e.checkpoints.client_records.values()})
         assert state_files == (["r2.bin"] if n == 6 else ["r1.bin", "r2.bin"]), state_files  # all retrained at 6
-        assert len(e.checkpoints.client_records) == \
-            len({k for r in res.history for k in r if k.startswith("train_acc/")})
+        assert len(e.checkpoints.client_records) == len(
+            {k for r in res.history for k in r if k.startswith("train_acc/")}
+        )
     assert abs(written[60] - written[6]) <= 0.1 * written[6], written
     assert written[6] > 6 * 1000  # the client states are in it (Adam moments of the small CNN)
 
@@ -102,12 +132,14 @@ def test_checkpoint_bytes_follow_the_clients_trained(tmp_path, algorithm):
 def test_stateless_clients_write_no_client_state(tmp_path):
     sizes = {}
     for n, fraction in ((6, 1.0), (60, 0.1)):
-        e = engine(toy_clients(n, 8), rounds=2, fraction=fraction, ckpt=tmp_path / f"{n}" / "ck.pt",
-                   client_state="stateless")
+        e = engine(
+            toy_clients(n, 8), rounds=2, fraction=fraction, ckpt=tmp_path / f"{n}" / "ck.pt", client_state="stateless"
+        )
         e.run()
         sizes[n] = (e.checkpoints.bytes_written, (tmp_path / f"{n}" / "ck.pt").stat().st_size)
-        assert not (tmp_path / f"{n}" / "ck.pt.clients").exists() or \
-            not list((tmp_path / f"{n}" / "ck.pt.clients").iterdir())
+        assert not (tmp_path / f"{n}" / "ck.pt.clients").exists() or not list(
+            (tmp_path / f"{n}" / "ck.pt.clients").iterdir()
+        )
     # no per-client state: the checkpoint does not grow with the clients (a persistent client's Adam state is
     # > 1 KB, so 54 more clients would add > 10 %); what differs is the round records' client ids and metrics
     assert abs(sizes[60][0] - sizes[6][0]) <= 0.01 * sizes[6][0], sizes
@@ -132,12 +164,14 @@ def crash_at(rnd):
     def on_round(rec):
         if rec["round"] == rnd:
             raise Crash(f"killed in round {rnd}")
+
     return on_round
 
 
 def assert_same_run(a, b):
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in a.history] == \
-        [{k: v for k, v in r.items() if k != "seconds"} for r in b.history]
+    assert [{k: v for k, v in r.items() if k != "seconds"} for r in a.history] == [
+        {k: v for k, v in r.items() if k != "seconds"} for r in b.history
+    ]
     for k, v in a.final_weights.items():
         assert torch.equal(v, b.final_weights[k]), k
 
@@ -151,9 +185,10 @@ def test_resume_at_60_clients_gives_identical_metrics(tmp_path):
     resumed = engine(clients, rounds=4, fraction=0.1, ckpt=ck).run()
     assert resumed.resumed_from == 2
     assert_same_run(resumed, whole)
-    trained = [{k[len("train_acc/"):] for k in r if k.startswith("train_acc/")} for r in whole.history]
-    assert trained[1] & trained[2] or trained[0] & trained[2] or trained[0] & trained[3], \
+    trained = [{k[len("train_acc/") :] for k in r if k.startswith("train_acc/")} for r in whole.history]
+    assert trained[1] & trained[2] or trained[0] & trained[2] or trained[0] & trained[3], (
         "a client must train twice for the resume to read a state file back"
+    )
 
 
 # ------------------------------------------------------------------ round checkpoints
@@ -175,8 +210,9 @@ def test_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path):
     # completed: pruned to the latest checkpoint and the state files it names
     assert not prev.exists() and not ck.with_name("ck.pt.corrupt").exists()
     named = torch.load(ck, weights_only=False)["client_records"]
-    assert sorted(f.name for f in (tmp_path / "ck.pt.clients").iterdir()) == \
-        sorted({f"r{r}.bin" for r, _, _ in named.values()})
+    assert sorted(f.name for f in (tmp_path / "ck.pt.clients").iterdir()) == sorted(
+        {f"r{r}.bin" for r, _, _ in named.values()}
+    )
 
 
 def test_unreadable_checkpoint_without_a_previous_one_starts_fresh(tmp_path):
@@ -199,13 +235,29 @@ def test_a_client_record_reads_back_bit_identical():
     from fedccrl_core.federation.checkpoints import ALIGN, read_record, write_record
 
     g = torch.Generator().manual_seed(3)
-    state = {"optimizer": {"state": {0: {"step": torch.tensor(7.0), "exp_avg": torch.randn(5, 3, generator=g),
-                                         "exp_avg_sq": torch.randn(5, 3, generator=g).t()}},  # not contiguous
-                           "param_groups": [{"lr": 0.003, "betas": (0.9, 0.999), "params": [0]}]},
-             "scheduler": None,
-             "extra": {"bn": OrderedDict(w=torch.randn(4, generator=g).bfloat16(), n=torch.tensor(3),
-                                         e=torch.zeros(0, 2), b=torch.tensor([True, False])),
-                       "bank": {"mu": np.arange(6, dtype=np.float32).reshape(2, 3)}, "loss": 0.25}}
+    state = {
+        "optimizer": {
+            "state": {
+                0: {
+                    "step": torch.tensor(7.0),
+                    "exp_avg": torch.randn(5, 3, generator=g),
+                    "exp_avg_sq": torch.randn(5, 3, generator=g).t(),
+                }
+            },  # not contiguous
+            "param_groups": [{"lr": 0.003, "betas": (0.9, 0.999), "params": [0]}],
+        },
+        "scheduler": None,
+        "extra": {
+            "bn": OrderedDict(
+                w=torch.randn(4, generator=g).bfloat16(),
+                n=torch.tensor(3),
+                e=torch.zeros(0, 2),
+                b=torch.tensor([True, False]),
+            ),
+            "bank": {"mu": np.arange(6, dtype=np.float32).reshape(2, 3)},
+            "loss": 0.25,
+        },
+    }
     f = io.BytesIO()
     n = write_record(state, f)
     write_record(state, f)  # a second record behind the first
@@ -240,8 +292,9 @@ def test_round_state_files_stay_near_the_live_states(tmp_path):
         out = orig_save(rnd, main, trained)
         disk = sum(f.stat().st_size for f in (tmp_path / "ck.pt.clients").iterdir() if f.name.startswith("r"))
         live = sum(n for _, _, n in e.checkpoints.client_records.values())
-        prev_only = {r for r, _, _ in e.checkpoints._prev_records.values()} - \
-            {r for r, _, _ in e.checkpoints.client_records.values()}
+        prev_only = {r for r, _, _ in e.checkpoints._prev_records.values()} - {
+            r for r, _, _ in e.checkpoints.client_records.values()
+        }
         disk -= sum(e.checkpoints.round_file(r).stat().st_size for r in prev_only)  # kept for P.prev only
         sizes.append((disk, live))
         return out
@@ -251,7 +304,7 @@ def test_round_state_files_stay_near_the_live_states(tmp_path):
         e.run()
     assert all(disk <= 2 * live + 3 * (live // 12 + 1) for disk, live in sizes), sizes
     assert len(list((tmp_path / "ck.pt.clients").iterdir())) < rounds - 1
-    trained = [{k[len("train_acc/"):] for k in r if k.startswith("train_acc/")} for r in whole.history]
+    trained = [{k[len("train_acc/") :] for k in r if k.startswith("train_acc/")} for r in whole.history]
     copied = [c for c, (r, _, _) in e.checkpoints.client_records.items() if c not in trained[r - 1]]
     assert copied, "no record was copied forward: the test does not reach a half-live round file"
     resumed = engine(clients, rounds=rounds, fraction=0.25, ckpt=ck).run()

@@ -1,6 +1,7 @@
 """fedccrl_core/outcomes/runs.py: a saved run re-evaluated on its held-out domain. When the best source-validation round is
 the last one (best.pt holds the final model's weights), its predictions are not computed a second time, and the
 result is the one both predictions would give."""
+
 from __future__ import annotations
 
 import json
@@ -9,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning import accuracy as evaluation
-from fedccrl_core.outcomes import runs
 from fedccrl_core.learning.model_file import save_model
-from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.learning.models import build_model
+from fedccrl_core.outcomes import runs
 
 HELD_OUT = "sketch"
 
@@ -28,11 +29,26 @@ def _save(path: Path, shards: Path, weights_seed: int, rnd: int) -> None:
     manifest = json.loads((shards / "manifest.json").read_text())
     torch.manual_seed(weights_seed)
     model = build_model("small_cnn", manifest["num_classes"])
-    save_model(path, model, dict(backbone="small_cnn", num_classes=manifest["num_classes"],
-                                 classes=manifest["classes"], image_size=32, mean=[0.485, 0.456, 0.406],
-                                 std=[0.229, 0.224, 0.225], resize=RESIZE_POLICY, dataset="synthetic",
-                                 domains=manifest["domains"], held_out_domain=HELD_OUT, held_out_index=3,
-                                 algorithm="fedavg", seed=0, round=rnd))
+    save_model(
+        path,
+        model,
+        dict(
+            backbone="small_cnn",
+            num_classes=manifest["num_classes"],
+            classes=manifest["classes"],
+            image_size=32,
+            mean=[0.485, 0.456, 0.406],
+            std=[0.229, 0.224, 0.225],
+            resize=RESIZE_POLICY,
+            dataset="synthetic",
+            domains=manifest["domains"],
+            held_out_domain=HELD_OUT,
+            held_out_index=3,
+            algorithm="fedavg",
+            seed=0,
+            round=rnd,
+        ),
+    )
 
 
 def _run(tmp_path: Path, shards: Path, best_seed: int, best_round: int) -> Path:
@@ -40,16 +56,26 @@ def _run(tmp_path: Path, shards: Path, best_seed: int, best_round: int) -> Path:
     run.mkdir(parents=True)
     _save(run / contract.MODEL_FILE, shards, 1, 3)
     _save(run / contract.BEST_FILE, shards, best_seed, best_round)
-    rounds = [{contract.ROUND: r, contract.TARGET_ACC: 0.0, contract.VAL_ACC: 0.5, contract.BYTES_UP: 10,
-               contract.BYTES_DOWN: 20} for r in (1, 2, 3)]
+    rounds = [
+        {
+            contract.ROUND: r,
+            contract.TARGET_ACC: 0.0,
+            contract.VAL_ACC: 0.5,
+            contract.BYTES_UP: 10,
+            contract.BYTES_DOWN: 20,
+        }
+        for r in (1, 2, 3)
+    ]
     (run / contract.HISTORY_FILE).write_text(json.dumps({"meta": {}, "best_round": best_round, "rounds": rounds}))
     return run
 
 
-@pytest.mark.parametrize("best_seed, best_round, predictions", [(1, 3, 1), (2, 2, 2)],
-                         ids=["best-is-final", "best-is-earlier"])
-def test_the_best_rounds_model_is_evaluated_only_when_it_differs(tmp_path, shards, monkeypatch, best_seed, best_round,
-                                                                 predictions):
+@pytest.mark.parametrize(
+    "best_seed, best_round, predictions", [(1, 3, 1), (2, 2, 2)], ids=["best-is-final", "best-is-earlier"]
+)
+def test_the_best_rounds_model_is_evaluated_only_when_it_differs(
+    tmp_path, shards, monkeypatch, best_seed, best_round, predictions
+):
     run = _run(tmp_path, shards, best_seed, best_round)
     calls = []
     real = evaluation.predict

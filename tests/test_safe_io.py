@@ -5,6 +5,7 @@ stays a device, a regular file is complete or absent, `-` is stdout, a folder is
 First the library, then every CLI output that takes a user's path, each against every kind of node. Full
 devices are made under the test's folder (mknod 1,7: /dev/full's numbers); the real /dev is never touched.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,9 @@ import threading
 from pathlib import Path
 
 import pytest
+from fixtures import temps, tiny_onnx
 
 from fedccrl_core.foundation import fsio
-from fixtures import temps, tiny_onnx
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -80,7 +81,7 @@ def test_a_link_loop_and_a_folder_are_refused_before_writing(tmp_path):
     (tmp_path / "to_d").symlink_to("d")
     for p in (tmp_path / "d", tmp_path / "to_d"):
         with pytest.raises(fsio.OutputError, match=f"^{p}: cannot write \\(is a folder, not a file\\)"):
-            with fsio.atomic_file(p, "w") as f:
+            with fsio.atomic_file(p, "w"):
                 raise AssertionError("the body ran")  # refused before any work
     assert sorted(os.listdir(tmp_path / "d")) == [] and temps(tmp_path) == []
 
@@ -147,8 +148,14 @@ def test_a_link_to_stdout_onto_a_file_appends_in_order(tmp_path):
     """)
     out = tmp_path / "out.txt"
     with open(out, "w") as f:
-        r = subprocess.run([sys.executable, "-c", code], stdout=f, stderr=subprocess.PIPE, text=True, timeout=60,
-                           env={**os.environ, "PYTHONPATH": str(REPO)})
+        r = subprocess.run(
+            [sys.executable, "-c", code],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
     assert r.returncode == 0, r.stderr
     assert out.read_text() == "before\nvia the link\nvia -\nafter\n"
     assert os.readlink(tmp_path / "stdout") == "/proc/self/fd/1"
@@ -186,10 +193,19 @@ def ws(tmp_path, images):
     """A workspace for every CLI below: an ONNX model, labelled images, report inputs, params.yaml."""
     tiny_onnx(tmp_path / "model.onnx")
     for seed, acc in ((0, 0.5), (1, 0.7)):
-        doc = {"dataset": "toy", "algorithm": "fedavg", "seed": seed, "held_out_domain": "a", "held_out_index": 0,
-               "final_target_acc": acc, "best_val_target_acc": acc, "best_round": 1,
-               "per_round": [{"round": 1, "target_acc": acc, "val_acc": 0.5}],
-               "bytes_up_per_round": 1e6, "bytes_down_per_round": 1e6}
+        doc = {
+            "dataset": "toy",
+            "algorithm": "fedavg",
+            "seed": seed,
+            "held_out_domain": "a",
+            "held_out_index": 0,
+            "final_target_acc": acc,
+            "best_val_target_acc": acc,
+            "best_round": 1,
+            "per_round": [{"round": 1, "target_acc": acc, "val_acc": 0.5}],
+            "bytes_up_per_round": 1e6,
+            "bytes_down_per_round": 1e6,
+        }
         p = tmp_path / "runs" / "fedavg" / f"s{seed}" / "d0.json"
         p.parent.mkdir(parents=True)
         p.write_text(json.dumps(doc))
@@ -201,17 +217,39 @@ def ws(tmp_path, images):
 # name -> (command group, arguments with {out} for the output under test); the other outputs go to o/
 CLIS = {
     "serve predict --output": ("serve", ["predict", "model.onnx", "imgs", "-q", "--output", "{out}"]),
-    "serve predict --format csv --output": ("serve", ["predict", "model.onnx", "imgs", "-q", "--format", "csv",
-                                                      "--output", "{out}"]),
+    "serve predict --format csv --output": (
+        "serve",
+        ["predict", "model.onnx", "imgs", "-q", "--format", "csv", "--output", "{out}"],
+    ),
     "serve evaluate --output": ("serve", ["evaluate", "model.onnx", "imgs", "-q", "--output", "{out}"]),
-    "report --metrics": ("fedccrl", ["report", "--runs", "runs", "--metrics", "{out}", "--table", "o/t.md",
-                                     "--curves", "o/c.csv"]),
-    "report --table": ("fedccrl", ["report", "--runs", "runs", "--metrics", "o/m.json", "--table", "{out}",
-                                   "--curves", "o/c.csv"]),
-    "report --curves": ("fedccrl", ["report", "--runs", "runs", "--metrics", "o/m.json", "--table", "o/t.md",
-                                    "--curves", "{out}"]),
-    "report --summary": ("fedccrl", ["report", "--runs", "runs", "--metrics", "o/m.json", "--table", "o/t.md",
-                                     "--curves", "o/c.csv", "--summary", "{out}"]),
+    "report --metrics": (
+        "fedccrl",
+        ["report", "--runs", "runs", "--metrics", "{out}", "--table", "o/t.md", "--curves", "o/c.csv"],
+    ),
+    "report --table": (
+        "fedccrl",
+        ["report", "--runs", "runs", "--metrics", "o/m.json", "--table", "{out}", "--curves", "o/c.csv"],
+    ),
+    "report --curves": (
+        "fedccrl",
+        ["report", "--runs", "runs", "--metrics", "o/m.json", "--table", "o/t.md", "--curves", "{out}"],
+    ),
+    "report --summary": (
+        "fedccrl",
+        [
+            "report",
+            "--runs",
+            "runs",
+            "--metrics",
+            "o/m.json",
+            "--table",
+            "o/t.md",
+            "--curves",
+            "o/c.csv",
+            "--summary",
+            "{out}",
+        ],
+    ),
 }
 
 
@@ -351,8 +389,7 @@ def test_download_report_through_a_symlink_into_a_fifo_and_onto_a_full_device(tm
 
 
 @pytest.mark.full("the tiny trained run (conftest.py `trained`, about 20 s) and three ONNX exports")
-def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny,
-                                                                            tmp_path, monkeypatch):
+def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(trained, tiny, tmp_path, monkeypatch):
     """`fedccrl export --summary`: the worst parity over the sweep's runs, a DVC metric."""
     from click.testing import CliRunner
 
@@ -361,9 +398,23 @@ def test_export_summary_through_a_symlink_into_a_fifo_and_onto_a_full_device(tra
     monkeypatch.chdir(trained)
 
     def export(summary: Path, out: str):
-        return CliRunner().invoke(main, ["export", "--models", "models", "--shards", str(tiny / "data" / "shards"),
-                                         "--out", str(tmp_path / out), "--summary", str(summary), "--no-mlflow",
-                                         "--params", "params.yaml"])
+        return CliRunner().invoke(
+            main,
+            [
+                "export",
+                "--models",
+                "models",
+                "--shards",
+                str(tiny / "data" / "shards"),
+                "--out",
+                str(tmp_path / out),
+                "--summary",
+                str(summary),
+                "--no-mlflow",
+                "--params",
+                "params.yaml",
+            ],
+        )
 
     (tmp_path / "link").symlink_to("parity.json")
     res = export(tmp_path / "link", "e1")

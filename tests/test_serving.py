@@ -3,6 +3,7 @@
 One random small_cnn at 32 px is exported once per module; its PyTorch twin is the reference for
 every prediction checked here.
 """
+
 from __future__ import annotations
 
 import csv
@@ -36,9 +37,24 @@ MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 def make_meta(**over) -> dict:
-    meta = dict(backbone="small_cnn", num_classes=len(CLASSES), classes=CLASSES, image_size=SIZE, mean=MEAN, std=STD,
-                resize=RESIZE_POLICY, dataset="synthetic", domains=["a", "b", "c", "d"], held_out_domain="d",
-                held_out_index=3, algorithm="fedccrl", seed=0, round=10, params_hash="0123abcd", git_commit="f00dcafe")
+    meta = dict(
+        backbone="small_cnn",
+        num_classes=len(CLASSES),
+        classes=CLASSES,
+        image_size=SIZE,
+        mean=MEAN,
+        std=STD,
+        resize=RESIZE_POLICY,
+        dataset="synthetic",
+        domains=["a", "b", "c", "d"],
+        held_out_domain="d",
+        held_out_index=3,
+        algorithm="fedccrl",
+        seed=0,
+        round=10,
+        params_hash="0123abcd",
+        git_commit="f00dcafe",
+    )
     meta.update(over)
     return meta
 
@@ -99,6 +115,7 @@ def one_error_line(result) -> str:
 
 # ------------------------------------------------------------------ info / help
 
+
 def test_info_prints_the_metadata(exported):
     r = cli("info", exported[0])
     assert r.exit_code == 0, r.stderr
@@ -122,6 +139,7 @@ def test_help_and_version():
 
 # ------------------------------------------------------------------ predict
 
+
 def test_predict_jsonl_matches_pytorch(exported, image_dir):
     path, model = exported
     r = cli("predict", path, image_dir, "--batch-size", 4, "--top-k", 3)
@@ -144,8 +162,19 @@ def test_predict_jsonl_matches_pytorch(exported, image_dir):
 
 def test_predict_csv_to_file_with_globs_and_capped_top_k(exported, image_dir, tmp_path):
     out = tmp_path / "pred.csv"
-    r = cli("predict", exported[0], image_dir / "*.png", image_dir / "0.png", "--format", "csv", "--output", out,
-            "--top-k", 99, "-q")
+    r = cli(
+        "predict",
+        exported[0],
+        image_dir / "*.png",
+        image_dir / "0.png",
+        "--format",
+        "csv",
+        "--output",
+        out,
+        "--top-k",
+        99,
+        "-q",
+    )
     assert r.exit_code == 0, r.stderr
     assert r.stdout == ""
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
@@ -174,6 +203,7 @@ def test_device_cuda_request_falls_back_to_cpu_with_a_notice(exported, image_dir
 
 # ------------------------------------------------------------------ preprocessing contract
 
+
 def test_preprocessing_equals_training_eval_transform(exported, image_dir, tmp_path):
     served = ServedModel(exported[0], "cpu")
     paths = sorted(image_dir.rglob("*.png")) + sorted(image_dir.rglob("*.jpg"))
@@ -195,11 +225,15 @@ def test_model_with_another_resize_policy_is_refused(tmp_path):
     from fedccrl_pipeline.onnx_export import metadata_props
 
     graph = onnx.helper.make_graph(
-        [onnx.helper.make_node("Flatten", ["images"], ["flat"]),
-         onnx.helper.make_node("Slice", ["flat", "s", "e", "a"], ["logits"])], "g",
+        [
+            onnx.helper.make_node("Flatten", ["images"], ["flat"]),
+            onnx.helper.make_node("Slice", ["flat", "s", "e", "a"], ["logits"]),
+        ],
+        "g",
         [onnx.helper.make_tensor_value_info("images", onnx.TensorProto.FLOAT, ["N", 3, 4, 4])],
         [onnx.helper.make_tensor_value_info("logits", onnx.TensorProto.FLOAT, ["N", 4])],
-        [onnx.helper.make_tensor(n, onnx.TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", 4), ("a", 1))])
+        [onnx.helper.make_tensor(n, onnx.TensorProto.INT64, [1], [v]) for n, v in (("s", 0), ("e", 4), ("a", 1))],
+    )
     m = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
     onnx.helper.set_model_props(m, metadata_props(make_meta(image_size=4, resize="center crop 87.5%")))
     path = tmp_path / "crop.onnx"
@@ -209,6 +243,7 @@ def test_model_with_another_resize_policy_is_refused(tmp_path):
 
 
 # ------------------------------------------------------------------ image modes
+
 
 def _modes(tmp_path: Path) -> tuple[Path, dict[str, Path]]:
     """An RGB reference and the same pixels stored as CMYK, grey, RGBA, palette, 16-bit and EXIF-rotated."""
@@ -247,7 +282,7 @@ def test_image_modes_are_converted_like_their_rgb_reference(exported, tmp_path):
     _, cases = _modes(tmp_path)
     served = ServedModel(path, "cpu")
     for name, (ref, variant) in cases.items():
-        x, good, errors = preprocess_files([ref, variant], served.meta)
+        x, _good, errors = preprocess_files([ref, variant], served.meta)
         assert not errors, (name, errors)
         assert np.array_equal(x[0], x[1]), f"{name}: preprocessed tensor differs from the RGB reference"
     r = cli("predict", path, *[p for pair in cases.values() for p in pair], "-q")
@@ -260,13 +295,17 @@ def test_image_modes_are_converted_like_their_rgb_reference(exported, tmp_path):
 
 # ------------------------------------------------------------------ bad input
 
+
 def _bomb_png(path: Path, side: int = 30000) -> Path:
     """A 100-byte PNG that claims 30000 x 30000 pixels (900 M, over PIL's bomb limit)."""
+
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
     ihdr = struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0)
-    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64))
-                     + chunk(b"IEND", b""))
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+    )
     return path
 
 
@@ -294,8 +333,13 @@ def test_bad_files_get_error_records_and_the_rest_is_predicted(exported, bad_inp
     recs = jsonl(r.stdout) if fmt == "jsonl" else list(csv.DictReader(io.StringIO(r.stdout)))
     by_name = {Path(rec["path"]).name: rec for rec in recs}
     assert len(recs) == 7
-    expected = {"truncated.jpg": "truncated", "corrupt.png": "corrupt", "zero.png": "zero-byte",
-                "text.jpg": "not an image", "bomb.png": "decompression bomb"}
+    expected = {
+        "truncated.jpg": "truncated",
+        "corrupt.png": "corrupt",
+        "zero.png": "zero-byte",
+        "text.jpg": "not an image",
+        "bomb.png": "decompression bomb",
+    }
     for name, words in expected.items():
         assert words in by_name[name]["error"], (name, by_name[name])
         assert not by_name[name].get("label")
@@ -317,9 +361,12 @@ def test_missing_path_empty_folder_and_foreign_onnx_give_one_line(exported, tmp_
     }
     import onnx
 
-    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g",
-                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
-                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Identity", ["x"], ["y"])],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])],
+    )
     foreign = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 17)], ir_version=9)
     onnx.save(foreign, tmp_path / "other.onnx")
     cases["not a fedccrl export"] = ("predict", tmp_path / "other.onnx", img)
@@ -337,6 +384,7 @@ def _empty_class_tree(tmp_path: Path) -> Path:
 
 
 # ------------------------------------------------------------------ evaluate
+
 
 @pytest.fixture
 def labelled(tmp_path) -> Path:
@@ -385,6 +433,7 @@ def test_evaluate_names_unknown_class_folders_and_counts_bad_images(exported, la
 
 # ------------------------------------------------------------------ the installed console script
 
+
 def test_console_script_end_to_end(exported, labelled):
     script = Path(sys.executable).parent / "fedccrl-serve"
     if not script.exists():
@@ -412,13 +461,21 @@ def test_serving_runs_without_torch(exported, labelled):
     """`fedccrl-serve predict` and `evaluate` in a process where `import torch` fails (no torch in
     the serving process, which keeps it fast to start and small; preprocessing is numpy/PIL, inference onnxruntime)."""
     path, model = exported
-    code = ("import sys; sys.modules['torch'] = None; from fedccrl_serving.cli import main; "
-            "main(sys.argv[1:], standalone_mode=True)")
+    code = (
+        "import sys; sys.modules['torch'] = None; from fedccrl_serving.cli import main; "
+        "main(sys.argv[1:], standalone_mode=True)"
+    )
     for args in (["predict", str(path), str(labelled)], ["evaluate", str(path), str(labelled), "--json", "-q"]):
         r = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
         assert "torch" not in r.stderr
-    recs = jsonl(subprocess.run([sys.executable, "-c", code, "predict", str(path), str(labelled)],
-                                capture_output=True, text=True, timeout=120).stdout)
+    recs = jsonl(
+        subprocess.run(
+            [sys.executable, "-c", code, "predict", str(path), str(labelled)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        ).stdout
+    )
     probs = torch_probs(model, [rec["path"] for rec in recs])
     assert all(p[CLASSES.index(rec["label"])] == pytest.approx(p.max(), abs=1e-5) for rec, p in zip(recs, probs))

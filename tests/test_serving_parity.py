@@ -2,6 +2,7 @@
 was trained on, within 1e-6, on images of every domain: the partition stage's decode (decode_images: load_rgb
 + resize_u8 into the uint8 shards) followed by training's normalize_u8. The synthetic
 domains are PNGs of four styles; PACS (from ../shared, mandatory in CI) adds JPEGs of its four domains."""
+
 from __future__ import annotations
 
 import zipfile

@@ -2,6 +2,7 @@
 expanded from params.yaml, runs as the `fedccrl` command it names, in a scratch workspace at a tiny scale
 (1 round of 1 local epoch, 16 px, one held-out domain, FedAvg and FedCCRL). The full tier runs the same stages
 through `dvc repro` (tests/test_pipeline.py, tests/test_default_experiment.py)."""
+
 from __future__ import annotations
 
 import itertools
@@ -18,9 +19,16 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-TINY = {"train.rounds": 1, "train.local_epochs": 1, "train.held_out": [3], "train.algorithms": ["fedavg", "fedccrl"],
-        "preprocess.image_size": 16, "figures.tsne_points": 20, "figures.gradcam_images": 1,
-        "figures.preview_images": 1}
+TINY = {
+    "train.rounds": 1,
+    "train.local_epochs": 1,
+    "train.held_out": [3],
+    "train.algorithms": ["fedavg", "fedccrl"],
+    "preprocess.image_size": 16,
+    "figures.tsne_points": 20,
+    "figures.gradcam_images": 1,
+    "figures.preview_images": 1,
+}
 
 
 def _lookup(doc: dict, dotted: str):
@@ -42,8 +50,12 @@ def stage_commands(dvc: dict, params: dict) -> list[tuple[str, str]]:
                 key = m[1]
                 return str(item[key[5:]] if key.startswith("item.") else _lookup(params, key))
 
-            out.append((name + (f"@{'-'.join(map(str, combo))}" if combo else ""),
-                        re.sub(r"\$\{([\w.]+)\}", value, " ".join(stage["cmd"].split()))))
+            out.append(
+                (
+                    name + (f"@{'-'.join(map(str, combo))}" if combo else ""),
+                    re.sub(r"\$\{([\w.]+)\}", value, " ".join(stage["cmd"].split())),
+                )
+            )
     return out
 
 
@@ -54,8 +66,17 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(params, tmp_path):
     tiny_params = read_yaml(params(TINY))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
     commands = stage_commands(yaml.safe_load((REPO / "dvc.yaml").read_text()), tiny_params)
-    assert [n.split("@")[0] for n, _ in commands] == ["download", "partition", "pools", "train", "train",
-                                                       "evaluate", "export", "report", "figures"]
+    assert [n.split("@")[0] for n, _ in commands] == [
+        "download",
+        "partition",
+        "pools",
+        "train",
+        "train",
+        "evaluate",
+        "export",
+        "report",
+        "figures",
+    ]
     for name, cmd in commands:
         assert cmd.startswith("fedccrl "), f"dvc.yaml stage {name}: {cmd!r} is not a fedccrl command"
         t0 = time.monotonic()

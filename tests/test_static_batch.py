@@ -1,6 +1,7 @@
 """Static batch shapes (learning/static_batch.py): a partial batch padded to the batch size under a row mask computes
 what the unpadded batch computes, every training step of a padding algorithm has one shape, and the step's own code
 asks the device for nothing (no host sync)."""
+
 from __future__ import annotations
 
 import importlib
@@ -94,7 +95,7 @@ def test_a_padded_fedccrl_loss_equals_the_unpadded_one(forward):
     y = torch.tensor([0, 1, 2, 3, 0, 1])
     idx = pad_rows(torch.arange(6), 8)
 
-    loss, terms, logits = alg.loss_from_views(model, x, x1, x2, y)
+    loss, terms, _logits = alg.loss_from_views(model, x, x1, x2, y)
     loss.backward()
     with real_rows_only(padded, 6, 8):
         p_loss, p_terms, p_logits = alg.loss_from_views(padded, x[idx], x1[idx], x2[idx], y[idx], real_rows=6)
@@ -118,8 +119,15 @@ def _shapes_of_a_client_round(alg_name, monkeypatch, static, n=20, batch=8, **hp
     clients = [_client(n, seed=0), _client(n, seed=1)]
     payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients})
     w = {k: v.clone() for k, v in model.state_dict().items()}
-    reply = alg.local_train(model, clients[0], ClientState(), w, payload[clients[0].client_id],
-                            torch.Generator().manual_seed(0), np.random.default_rng(0))
+    reply = alg.local_train(
+        model,
+        clients[0],
+        ClientState(),
+        w,
+        payload[clients[0].client_id],
+        torch.Generator().manual_seed(0),
+        np.random.default_rng(0),
+    )
     handle.remove()
     return rows, reply
 
@@ -139,8 +147,11 @@ def test_a_client_round_with_static_shapes_trains_the_same_weights(monkeypatch):
     _, padded = _shapes_of_a_client_round("fedavg", monkeypatch, static=True)
     _, plain = _shapes_of_a_client_round("fedavg", monkeypatch, static=False)
     for k, v in plain.weights.items():
-        assert torch.equal(padded.weights[k], v) if v.dtype == torch.long else torch.allclose(
-            padded.weights[k], v, rtol=1e-3, atol=1e-4), k
+        assert (
+            torch.equal(padded.weights[k], v)
+            if v.dtype == torch.long
+            else torch.allclose(padded.weights[k], v, rtol=1e-3, atol=1e-4)
+        ), k
     assert padded.metrics.keys() == plain.metrics.keys()
     assert padded.metrics["train_acc"] == plain.metrics["train_acc"]
     assert abs(padded.metrics["loss"] - plain.metrics["loss"]) < 1e-4
@@ -153,8 +164,7 @@ def test_an_algorithm_that_pads_has_only_torchs_own_batch_norms():
     assert {"fedavg", "fedccrl"} <= set(padding)
     for name in padding:
         model = ALGORITHMS[name].build_model("small_cnn", 4)
-        odd = [type(m).__name__ for m in model.modules()
-               if isinstance(m, BATCH_NORMS) and type(m) not in BATCH_NORMS]
+        odd = [type(m).__name__ for m in model.modules() if isinstance(m, BATCH_NORMS) and type(m) not in BATCH_NORMS]
         assert odd == [], name
     assert not ALGORITHMS["fedfd"].pads_partial_batch
 
@@ -206,9 +216,15 @@ def test_the_local_step_reads_nothing_back_from_the_device(alg_name, monkeypatch
     model = build_model("small_cnn", 4)
     clients = [_client(20, seed=0), _client(20, seed=1)]
     payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients})
-    steps = alg.local_train_steps(model, clients[0], ClientState(), {k: v.clone() for k, v in model.state_dict().items()},
-                                  payload[clients[0].client_id], torch.Generator().manual_seed(0),
-                                  np.random.default_rng(0))
+    steps = alg.local_train_steps(
+        model,
+        clients[0],
+        ClientState(),
+        {k: v.clone() for k, v in model.state_dict().items()},
+        payload[clients[0].client_id],
+        torch.Generator().manual_seed(0),
+        np.random.default_rng(0),
+    )
     next(steps)  # the first step moves the pool to the device and builds the constants
     reads = _HostReads()
     with reads:
@@ -227,7 +243,7 @@ def test_the_host_read_check_sees_a_read():
     model = build_model("small_cnn", 4)
     with reads:
         accuracy.accuracy(model, _images(4), torch.tensor([0, 1, 2, 3]), batch_size=4)
-    assert any(c.startswith("__float__") or c.startswith("item") for c in reads.calls), reads.calls
+    assert any(c.startswith(("__float__", "item")) for c in reads.calls), reads.calls
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (checks the padded step for host syncs)")
@@ -237,14 +253,31 @@ def test_a_client_round_on_cuda_has_no_host_sync_and_one_shape(alg_name):
     alg = build_algorithm(alg_name, LocalConfig(rounds=1, local_epochs=1, batch_size=8))
     model = build_model("small_cnn", 4).to(device)
     clients = [_client(20, seed=s) for s in (0, 1)]
-    clients = [ClientData(c.client_id, c.domain, c.train_x.to(device), c.train_y.to(device), c.val_x.to(device),
-                          c.val_y.to(device), c.stats_mu, c.stats_sigma) for c in clients]
+    clients = [
+        ClientData(
+            c.client_id,
+            c.domain,
+            c.train_x.to(device),
+            c.train_y.to(device),
+            c.val_x.to(device),
+            c.val_y.to(device),
+            c.stats_mu,
+            c.stats_sigma,
+        )
+        for c in clients
+    ]
     payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients})
     rows = []
     model.h.register_forward_pre_hook(lambda m, args: rows.append(args[0].shape[0]) if m.training else None)
-    steps = alg.local_train_steps(model, clients[0], ClientState(), {k: v.clone() for k, v in model.state_dict().items()},
-                                  payload[clients[0].client_id], torch.Generator(device=device).manual_seed(0),
-                                  np.random.default_rng(0))
+    steps = alg.local_train_steps(
+        model,
+        clients[0],
+        ClientState(),
+        {k: v.clone() for k, v in model.state_dict().items()},
+        payload[clients[0].client_id],
+        torch.Generator(device=device).manual_seed(0),
+        np.random.default_rng(0),
+    )
     next(steps)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
@@ -279,5 +312,7 @@ def test_fedccrl_draws_both_views_in_one_call_on_the_accelerator_path(static, ca
     x1, x2 = alg.augmented_views(x, StepContext(pool, [], torch.Generator().manual_seed(0)))
     assert seen == [8 * (3 - calls)] * calls
     assert x1.shape == x2.shape == x.shape and not torch.equal(x1, x2)
-    reference = build_algorithm("fedccrl", LocalConfig(rounds=1, local_epochs=1, batch_size=8), {"variant": "reference"})
+    reference = build_algorithm(
+        "fedccrl", LocalConfig(rounds=1, local_epochs=1, batch_size=8), {"variant": "reference"}
+    )
     assert not reference.views_in_one_draw("cpu")  # the reference's per-batch AugMix: one chain per call

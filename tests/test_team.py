@@ -1,13 +1,14 @@
 """A team's setup (docs/team.md): a real PostgreSQL and `mlflow server` on loopback (scripts/tracking_server.py),
 two clones running queued sweeps against it at once with a DVC remote between them (scripts/team_sweeps.py), and
 the tracking server and its database killed and restarted under a training run."""
+
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
-import shutil
 import sys
 import tempfile
 import time
@@ -19,15 +20,16 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO / "scripts"))
-import team_sweeps  # noqa: E402
+import team_sweeps  # noqa: E402 (a script beside the tests, found through the path set above)
 import tracking_server  # noqa: E402
 
 from fedccrl_benchmarks.accuracy import apply_overrides  # noqa: E402
 from fedccrl_flower.processes import free_port  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not (tracking_server.shutil.which("initdb") or
-                                     list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))),
-                                reason="PostgreSQL is not installed (.ci/run installs it)")
+pytestmark = pytest.mark.skipif(
+    not (tracking_server.shutil.which("initdb") or list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))),
+    reason="PostgreSQL is not installed (.ci/run installs it)",
+)
 
 
 def service_dir(tmp: Path) -> Path:
@@ -43,17 +45,36 @@ class Server:
         self.uri = f"http://127.0.0.1:{self.port}"
 
     def ctl(self, action: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(REPO / "scripts" / "tracking_server.py"), action, "--dir",
-                               str(self.dir), "--pg-port", str(self.pg_port), "--port", str(self.port)],
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.run(
+            [
+                sys.executable,
+                str(REPO / "scripts" / "tracking_server.py"),
+                action,
+                "--dir",
+                str(self.dir),
+                "--pg-port",
+                str(self.pg_port),
+                "--port",
+                str(self.port),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
 
     def kill_mlflow(self) -> None:
         os.killpg(int((self.dir / "mlflow.pid").read_text()), signal.SIGKILL)
 
     def kill_postgres(self) -> None:
         p = tracking_server.Paths(self.dir)
-        subprocess.run(tracking_server.as_postgres([tracking_server.pg_bin("pg_ctl"), "stop", "-D", str(p.cluster),
-                                                    "-m", "immediate"]), check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            tracking_server.as_postgres(
+                [tracking_server.pg_bin("pg_ctl"), "stop", "-D", str(p.cluster), "-m", "immediate"]
+            ),
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +101,22 @@ def test_the_tracking_server_commands(server, tmp_path):
     password = (server.dir / "postgres-password").read_text().strip()
     assert password not in ps  # the backend URI reaches the server through its environment
     private = tmp_path / "private"  # pytest's folders are mode 700: the postgres user cannot reach them
-    p = subprocess.run([sys.executable, str(REPO / "scripts" / "tracking_server.py"), "start", "--dir", str(private),
-                        "--pg-port", str(free_port()), "--port", str(free_port())], capture_output=True, text=True,
-                       timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "scripts" / "tracking_server.py"),
+            "start",
+            "--dir",
+            str(private),
+            "--pg-port",
+            str(free_port()),
+            "--port",
+            str(free_port()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if os.geteuid() == 0:
         assert p.returncode == 1 and "the postgres user cannot write" in p.stderr and "Traceback" not in p.stderr
 
@@ -97,20 +131,42 @@ def test_two_people_run_queued_sweeps_at_once_against_one_server(server, tmp_pat
 
 def _workspace(root: Path, uri: str, rounds: int) -> tuple[Path, dict]:
     """Shards and pools of the tiny synthetic setting, ready for `fedccrl train`."""
-    env = {**team_sweeps.env_for(uri), "PYTHONPATH": str(REPO), "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",
-           "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1"}
-    params = apply_overrides(yaml.safe_load((REPO / "params.yaml").read_text()),
-                             [*team_sweeps.TINY, f"train.rounds={rounds}", "train.algorithms=[fedavg]"])
+    env = {
+        **team_sweeps.env_for(uri),
+        "PYTHONPATH": str(REPO),
+        "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",
+        "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    }
+    params = apply_overrides(
+        yaml.safe_load((REPO / "params.yaml").read_text()),
+        [*team_sweeps.TINY, f"train.rounds={rounds}", "train.algorithms=[fedavg]"],
+    )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    for args in (["download", "--out", "data/raw", "--report", "data/download.json"],
-                 ["partition", "--raw", "data/raw", "--out", "data/shards"],
-                 ["pools", "--shards", "data/shards", "--out", "data/pools"]):
+    for args in (
+        ["download", "--out", "data/raw", "--report", "data/download.json"],
+        ["partition", "--raw", "data/raw", "--out", "data/shards"],
+        ["pools", "--shards", "data/shards", "--out", "data/pools"],
+    ):
         team_sweeps.sh(["fedccrl", *args], root, env)
     return root, env
 
 
-TRAIN = ["fedccrl", "train", "--shards", "data/shards", "--pools", "data/pools", "--algorithm", "fedavg", "--seed", "0",
-         "--out", "models", "--checkpoints", "ck"]
+TRAIN = [
+    "fedccrl",
+    "train",
+    "--shards",
+    "data/shards",
+    "--pools",
+    "data/pools",
+    "--algorithm",
+    "fedavg",
+    "--seed",
+    "0",
+    "--out",
+    "models",
+    "--checkpoints",
+    "ck",
+]
 
 
 def _child_rounds(uri: str) -> dict[str, list[int]]:
@@ -121,8 +177,7 @@ def _child_rounds(uri: str) -> dict[str, list[int]]:
     if exp is None:
         return {}
     runs = client.search_runs([exp.experiment_id], filter_string="tags.`fedccrl.role` = 'child'")
-    return {r.info.run_id: sorted(m.step for m in client.get_metric_history(r.info.run_id, "target_acc"))
-            for r in runs}
+    return {r.info.run_id: sorted(m.step for m in client.get_metric_history(r.info.run_id, "target_acc")) for r in runs}
 
 
 def _wait_for_round(uri: str, rnd: int, proc: subprocess.Popen, timeout: float = 300) -> None:
@@ -132,7 +187,7 @@ def _wait_for_round(uri: str, rnd: int, proc: subprocess.Popen, timeout: float =
         try:
             if any(len(steps) >= rnd for steps in _child_rounds(uri).values()):
                 return
-        except Exception:  # noqa: BLE001 -- the server is starting up
+        except Exception:
             pass
         time.sleep(0.5)
     raise AssertionError(f"round {rnd} never reached {uri}")
@@ -149,11 +204,11 @@ def test_the_server_and_its_database_restart_under_a_run_and_no_round_is_lost_or
         proc = subprocess.Popen(TRAIN, cwd=ws, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
             _wait_for_round(srv.uri, 1, proc)
-            srv.kill_mlflow()           # kill -9 of the tracking server ...
+            srv.kill_mlflow()  # kill -9 of the tracking server ...
             time.sleep(3)
             assert srv.ctl("start").returncode == 0  # ... and back: the run waits in MLflow's retries
             _wait_for_round(srv.uri, 3, proc)
-            srv.kill_postgres()         # its database stopped at once (no shutdown checkpoint) ...
+            srv.kill_postgres()  # its database stopped at once (no shutdown checkpoint) ...
             time.sleep(3)
             assert srv.ctl("start").returncode == 0  # ... and back
             assert proc.wait(timeout=900) == 0, (tmp_path / "train.log").read_text()[-4000:]
@@ -169,8 +224,9 @@ def test_the_server_and_its_database_restart_under_a_run_and_no_round_is_lost_or
         (ws / "p2.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
         fail_env = {**env, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
         train2 = [*TRAIN[:-4], "--out", "models2", "--checkpoints", "ck2", "--params", "p2.yaml"]
-        proc = subprocess.Popen(train2, cwd=ws, env=fail_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            train2, cwd=ws, env=fail_env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
         deadline = time.monotonic() + 300  # round 1 of the second child run in the server
         while len(_child_rounds(srv.uri)) < 2 or min(map(len, _child_rounds(srv.uri).values())) < 1:
             assert proc.poll() is None and time.monotonic() < deadline, "the second run never logged round 1"

@@ -1,12 +1,15 @@
 """The project's thread policy (fedccrl_core/foundation/threads.py) reaches every `fedccrl` process before torch loads."""
+
 import os
 import subprocess
 import sys
 
 from fedccrl_core.foundation.threads import POLICY, apply_thread_policy
 
-PROBE = ("import os, sys; sys.argv = ['fedccrl', '--version']; import fedccrl_pipeline.cli; "
-         "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('KMP_BLOCKTIME'), 'torch' in sys.modules)")
+PROBE = (
+    "import os, sys; sys.argv = ['fedccrl', '--version']; import fedccrl_pipeline.cli; "
+    "print(os.environ.get('OMP_WAIT_POLICY'), os.environ.get('KMP_BLOCKTIME'), 'torch' in sys.modules)"
+)
 
 
 def _probe(env):

@@ -2,6 +2,7 @@
 stops the stage with an error naming it and starts no run (it is never taken for a store whose run was deleted);
 params.yaml is read with one YAML dialect everywhere, so `lr: 1e-3` is the number 0.001 in the MLflow params and
 in the parent run's name."""
+
 from __future__ import annotations
 
 import json
@@ -9,9 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-
 from fixtures import ONE_ROUND
-
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_A_DATABASE = b"this is not an SQLite database " * 64
@@ -26,9 +25,27 @@ def _store() -> Path:
 
 
 def _train_args(params: Path, data: Path) -> list[str]:
-    return ["train", "--shards", str(data / "shards"), "--pools", str(data / "pools"), "--algorithm", "fedavg",
-            "--seed", "0", "--held-out", "0", "--out", "out/model", "--checkpoints", "ck", "--params", str(params),
-            "--workers", "1"]
+    return [
+        "train",
+        "--shards",
+        str(data / "shards"),
+        "--pools",
+        str(data / "pools"),
+        "--algorithm",
+        "fedavg",
+        "--seed",
+        "0",
+        "--held-out",
+        "0",
+        "--out",
+        "out/model",
+        "--checkpoints",
+        "ck",
+        "--params",
+        str(params),
+        "--workers",
+        "1",
+    ]
 
 
 def test_an_unreadable_store_stops_the_train_stage(params, tiny, tmp_path, monkeypatch):
@@ -72,9 +89,9 @@ def test_an_unreadable_store_stops_a_resumed_train_and_starts_no_run(params, tin
     assert again.exit_code == 2, again.output[-3000:]
     assert f"error: MLflow tracking store sqlite:///{store} cannot be read" in again.output
     assert "Traceback" not in again.output and "starting a fresh run" not in again.output
-    assert store.read_bytes() == NOT_A_DATABASE                      # nothing written to it, nothing put in its place
-    assert sorted(p.name for p in tmp_path.iterdir()) == before      # no other store appeared beside it
-    assert json.loads(side.read_text())["run_id"] == run_id          # the resume state still names the old run
+    assert store.read_bytes() == NOT_A_DATABASE  # nothing written to it, nothing put in its place
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no other store appeared beside it
+    assert json.loads(side.read_text())["run_id"] == run_id  # the resume state still names the old run
 
 
 def test_a_missing_run_heals_but_an_unreadable_store_is_an_error(tmp_path, capsys):
@@ -89,7 +106,9 @@ def test_a_missing_run_heals_but_an_unreadable_store_is_an_error(tmp_path, capsy
     assert not fresh.resumed and "no longer exists" in capsys.readouterr().err
     fresh.finish()
     _store().write_bytes(NOT_A_DATABASE)  # the open connections now read a file that is not a database
-    with pytest.raises(TrackingStoreError, match=re.escape(f"MLflow tracking store sqlite:///{_store()} cannot be read")):
+    with pytest.raises(
+        TrackingStoreError, match=re.escape(f"MLflow tracking store sqlite:///{_store()} cannot be read")
+    ):
         run_status(fresh.run_id)
 
 
@@ -112,21 +131,35 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
 
     text = _with_lr((REPO / "params.yaml").read_text(), "1e-3")
     (tmp_path / "params.yaml").write_text(text)
-    cfg = load_config(tmp_path / "params.yaml")                                      # validation
+    cfg = load_config(tmp_path / "params.yaml")  # validation
     params = cfg.as_written()
     assert params["train"]["lr"] == 0.001 and isinstance(params["train"]["lr"], float)
     settings = run_settings(cfg)
-    assert settings.local.lr == 0.001                                                # training
-    manifest = {"domains": ["photo", "art", "cartoon", "sketch"], "classes": ["a", "b"], "image_size": 32,
-                "clients": []}
-    (job,) = plan_runs(settings, cfg.partition.model_dump(by_alias=True), manifest, "fedavg", 0, [0], ["photo"],
-                       tmp_path / "models", tmp_path / "ck", cfg.train.fedavg)
+    assert settings.local.lr == 0.001  # training
+    manifest = {
+        "domains": ["photo", "art", "cartoon", "sketch"],
+        "classes": ["a", "b"],
+        "image_size": 32,
+        "clients": [],
+    }
+    (job,) = plan_runs(
+        settings,
+        cfg.partition.model_dump(by_alias=True),
+        manifest,
+        "fedavg",
+        0,
+        [0],
+        ["photo"],
+        tmp_path / "models",
+        tmp_path / "ck",
+        cfg.train.fedavg,
+    )
     flat = mlflow_params(params, job, "cpu")
     assert flat["train.lr"] == 0.001 and isinstance(flat["train.lr"], float)
-    run = ChildRun("lr", parent_run_id("lr", "k", params), "r", flat, {})           # MLflow params
+    run = ChildRun("lr", parent_run_id("lr", "k", params), "r", flat, {})  # MLflow params
     assert run.client.get_run(run.run_id).data.params["train.lr"] == "0.001"
     run.finish()
-    assert changed_params(params, text) == {}                                        # parent-run naming
+    assert changed_params(params, text) == {}  # parent-run naming
     assert sweep_run_name(None, params, "0123456789", text) == "default"
     assert changed_params(params, _with_lr(text, "0.003")) == {"train.lr": 0.001}
 
@@ -139,10 +172,13 @@ def _set_experiment_in(cwd: Path, env_drop=("MLFLOW_TRACKING_URI", "FEDCCRL_MLFL
 
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    code = ("from fedccrl_pipeline.mlflow_store import set_experiment; e = set_experiment('race'); "
-            "print(e.experiment_id, e.artifact_location, e.tags.get('mlflow.experimentKind'))")
-    return subprocess.Popen([sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    code = (
+        "from fedccrl_pipeline.mlflow_store import set_experiment; e = set_experiment('race'); "
+        "print(e.experiment_id, e.artifact_location, e.tags.get('mlflow.experimentKind'))"
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def test_the_repositorys_store_keeps_artifacts_in_the_repository(tmp_path):
@@ -151,7 +187,7 @@ def test_the_repositorys_store_keeps_artifacts_in_the_repository(tmp_path):
     p = _set_experiment_in(tmp_path)
     out, err = p.communicate(timeout=300)
     assert p.returncode == 0, err
-    exp_id, location, kind = out.split()
+    _exp_id, location, kind = out.split()
     assert location == (tmp_path / "mlartifacts" / "race").as_uri()
     assert kind == "custom_model_development"
 
@@ -161,7 +197,7 @@ def test_processes_racing_to_create_the_experiment_all_get_it(tmp_path):
     tagged, and none fails on the other's insert (UNIQUE constraint of experiments or experiment_tags)."""
     procs = [_set_experiment_in(tmp_path) for _ in range(4)]
     results = [(p.communicate(timeout=300), p.returncode) for p in procs]
-    for (out, err), rc in results:
+    for (_out, err), rc in results:
         assert rc == 0, err
     assert len({out.split()[0] for (out, _), _ in results}) == 1
     assert all(out.split()[2] == "custom_model_development" for (out, _), _ in results)

@@ -6,6 +6,7 @@ The crafted files here hold an object whose `__reduce__` calls os.system to crea
 test shows that a full unpickler does run it, so the marker's absence elsewhere means something. The stage
 CLI tests share one tiny trained run (about 20 s): full tier.
 """
+
 from __future__ import annotations
 
 import os
@@ -14,9 +15,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedccrl_core.learning.model_file import FORMAT, load_model
-from fedccrl_core.foundation.errors import UntrustedFileError
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.foundation.errors import UntrustedFileError
+from fedccrl_core.learning.model_file import FORMAT, load_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -83,8 +84,11 @@ def test_a_crafted_round_checkpoint_stops_the_resume_naming_it(tmp_path):
 def test_a_crafted_client_state_is_refused_naming_its_file(tmp_path):
     marker = tmp_path / "MARKER"
     cks = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None)
-    good = {"optimizer": {"state": {0: {"exp_avg": torch.arange(4.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
-            "scheduler": None, "extra": {}}
+    good = {
+        "optimizer": {"state": {0: {"exp_avg": torch.arange(4.0)}}, "param_groups": [{"lr": 0.1, "params": [0]}]},
+        "scheduler": None,
+        "extra": {},
+    }
     cks.save(1, {"global": {}}, {"a": good, "b": {**good, "extra": {"x": Payload(marker)}}})
     again = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None)
     assert again.load(lambda c: None)["round"] == 1
@@ -130,11 +134,34 @@ def crafted_run(trained, tmp_path):
 @pytest.mark.parametrize("stage", ["evaluate", "export", "figures"])
 def test_a_stage_refuses_a_crafted_model_file(stage, crafted_run, tiny, tmp_path, monkeypatch):
     ws, model, marker = crafted_run
-    args = {"evaluate": ["evaluate", "--shards", "{data}/shards", "--models", "models", "--out", "out/runs"],
-            "export": ["export", "--models", "models", "--shards", "{data}/shards", "--out", "out/exports",
-                       "--summary", "out/parity.json", "--no-mlflow"],
-            "figures": ["figures", "--shards", "{data}/shards", "--pools", "{data}/pools", "--models", "models",
-                        "--runs", "runs", "--out", "out/plots"]}[stage]
+    args = {
+        "evaluate": ["evaluate", "--shards", "{data}/shards", "--models", "models", "--out", "out/runs"],
+        "export": [
+            "export",
+            "--models",
+            "models",
+            "--shards",
+            "{data}/shards",
+            "--out",
+            "out/exports",
+            "--summary",
+            "out/parity.json",
+            "--no-mlflow",
+        ],
+        "figures": [
+            "figures",
+            "--shards",
+            "{data}/shards",
+            "--pools",
+            "{data}/pools",
+            "--models",
+            "models",
+            "--runs",
+            "runs",
+            "--out",
+            "out/plots",
+        ],
+    }[stage]
     res = _stage(ws, tiny, tmp_path, monkeypatch, *args)
     _refused(res, model, marker)
     assert not (ws / "out").exists()
@@ -147,9 +174,27 @@ def test_train_refuses_to_resume_from_a_crafted_round_checkpoint(trained, tiny, 
     marker = tmp_path / "MARKER"
     crafted_checkpoint(ck, marker)
     try:
-        res = _stage(trained, tiny, tmp_path, monkeypatch, "train", "--shards", "{data}/shards", "--pools",
-                     "{data}/pools", "--algorithm", "fedavg", "--seed", "0", "--held-out", "0",
-                     "--out", "out/models/fedavg/s0", "--checkpoints", "ck")
+        res = _stage(
+            trained,
+            tiny,
+            tmp_path,
+            monkeypatch,
+            "train",
+            "--shards",
+            "{data}/shards",
+            "--pools",
+            "{data}/pools",
+            "--algorithm",
+            "fedavg",
+            "--seed",
+            "0",
+            "--held-out",
+            "0",
+            "--out",
+            "out/models/fedavg/s0",
+            "--checkpoints",
+            "ck",
+        )
         _refused(res, ck.relative_to(trained), marker)
         assert not (trained / "out").exists()
     finally:

@@ -13,6 +13,7 @@ tests/test_flower.py; session fixtures in tests/conftest.py).
 
 `run_outside` runs a command from such a venv in a folder with no checkout and no PYTHONPATH.
 """
+
 from __future__ import annotations
 
 import json
@@ -55,8 +56,9 @@ def requirement_closure(requirements: list[str], read_as: dict[str, str] | None 
 
 
 def _run(args: list, cwd: Path, what: str, timeout: float = 900) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(a) for a in args], cwd=cwd, env=outside_env(), capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [str(a) for a in args], cwd=cwd, env=outside_env(), capture_output=True, text=True, timeout=timeout
+    )
     assert p.returncode == 0, f"{what} failed ({p.returncode}):\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
     return p
 
@@ -68,7 +70,7 @@ def outside_env() -> dict:
 
 def build_wheel(out: Path) -> Path:
     try:
-        import build  # noqa: F401
+        import build  # noqa: F401 (only whether it is installed)
     except ImportError as e:
         raise AssertionError("`python -m build` needs the build package: pip install -e '.[dev]'") from e
     out.mkdir(parents=True, exist_ok=True)
@@ -83,8 +85,11 @@ def make_venv(path: Path) -> Path:
 
 
 def pip_install(venv: Path, *args) -> None:
-    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", *args], venv,
-         f"pip install {' '.join(map(str, args))}")
+    _run(
+        [venv / "bin" / "python", "-m", "pip", "install", "-q", "--disable-pip-version-check", *args],
+        venv,
+        f"pip install {' '.join(map(str, args))}",
+    )
 
 
 def serve_venv(root: Path, wheel: Path) -> Path:
@@ -106,8 +111,9 @@ def run_outside(folder: Path, *args, timeout: float = 600) -> subprocess.Complet
     """Run `args` (the first one a program of a venv) in `folder`, which holds no checkout."""
     folder.mkdir(parents=True, exist_ok=True)
     assert not (folder / "pyproject.toml").exists() and REPO not in (folder, *folder.parents)
-    return subprocess.run([str(a) for a in args], cwd=folder, env=outside_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(a) for a in args], cwd=folder, env=outside_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 if __name__ == "__main__":  # in a venv: the closure of the installed fedccrl with the given extras, as JSON

@@ -8,6 +8,7 @@ its ALGORITHMS lists the same names, in the same order, with the same `Params`.
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from fedccrl_core.algorithm_params.ccst import CCSTParams
@@ -27,8 +28,19 @@ from fedccrl_core.foundation.hparams import HParams
 
 # algorithm name -> its train.<name> declaration, in the registry's order (FedBN and SiloBN share LocalBNParams)
 PARAMS: dict[str, type[HParams]] = {
-    "fedccrl": FedCCRLParams, "fedavg": FedAvgParams, "fedprox": FedProxParams, "ccst": CCSTParams,
-    "fedadg": FedADGParams, "ga": GAParams, "fedsr": FedSRParams, "fediir": FedIIRParams, "fedalign": FedAlignParams,
-    "fedbn": LocalBNParams, "silobn": LocalBNParams, "fedfd": FDParams, "fedfd_a": FedFDAParams,
-    "fedomg": FedOMGParams, "fedccrl_omg": FedCCRLOMGParams,
+    "fedccrl": FedCCRLParams,
+    "fedavg": FedAvgParams,
+    "fedprox": FedProxParams,
+    "ccst": CCSTParams,
+    "fedadg": FedADGParams,
+    "ga": GAParams,
+    "fedsr": FedSRParams,
+    "fediir": FedIIRParams,
+    "fedalign": FedAlignParams,
+    "fedbn": LocalBNParams,
+    "silobn": LocalBNParams,
+    "fedfd": FDParams,
+    "fedfd_a": FedFDAParams,
+    "fedomg": FedOMGParams,
+    "fedccrl_omg": FedCCRLOMGParams,
 }

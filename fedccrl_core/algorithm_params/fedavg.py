@@ -2,6 +2,7 @@
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from fedccrl_core.foundation.hparams import HParams

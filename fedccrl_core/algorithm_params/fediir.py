@@ -2,6 +2,7 @@
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from fedccrl_core.foundation.hparams import HParams, hp
@@ -10,7 +11,15 @@ from fedccrl_core.foundation.hparams import HParams, hp
 class FedIIRParams(HParams):
     """train.fediir."""
 
-    gamma: float = hp(0.001, "gradient-alignment penalty weight: reference hparams_registry PACS 1e-3 (VLCS 5e-3, "
-                             "OfficeHome 5e-4); FedCCRL reference 0.001", ge=0)
-    ema: float = hp(0.95, "moving-average factor of the mean classifier gradient g_bar: reference and FedCCRL "
-                          "reference default 0.95", ge=0, le=1)
+    gamma: float = hp(
+        0.001,
+        "gradient-alignment penalty weight: reference hparams_registry PACS 1e-3 (VLCS 5e-3, "
+        "OfficeHome 5e-4); FedCCRL reference 0.001",
+        ge=0,
+    )
+    ema: float = hp(
+        0.95,
+        "moving-average factor of the mean classifier gradient g_bar: reference and FedCCRL reference default 0.95",
+        ge=0,
+        le=1,
+    )

@@ -3,6 +3,7 @@ normalization what an algorithm is built with (LocalConfig); fedccrl_core/algori
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from typing import Literal
@@ -25,8 +26,11 @@ class TrainSettings(Declared):
     lr: float = Field(0.003, gt=0, description="Adam (paper: 0.001; 0.003 on the embedded default)")
     weight_decay: float = Field(1e-4, ge=0)
     lr_schedule: Literal["cosine", "constant"] = Field("cosine", description="cosine over rounds x local_epochs")
-    fast: bool = Field(True, description="CUDA: bf16 autocast, cuDNN autotuning, static batch shapes, fused Adam; "
-                                         "channels_last on every device (fastpath.py)")
+    fast: bool = Field(
+        True,
+        description="CUDA: bf16 autocast, cuDNN autotuning, static batch shapes, fused Adam; "
+        "channels_last on every device (fastpath.py)",
+    )
 
 
 class LocalConfig(TrainSettings):

@@ -1,6 +1,7 @@
 """Algorithm registry: name -> class. Every algorithm is listed here explicitly (no import side effects).
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from fedccrl_core.algorithm_params import PARAMS
@@ -21,11 +22,31 @@ from fedccrl_core.algorithms.fedsr import FedSR
 from fedccrl_core.algorithms.ga import GA
 from fedccrl_core.algorithms.silobn import SiloBN
 
-ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in (FedCCRL, FedAvg, FedProx, CCST, FedADG, GA, FedSR, FedIIR, FedAlign,
-                                                                  FedBN, SiloBN, FedFD, FedFDA, FedOMG, FedCCRLOMG)}
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls
+    for cls in (
+        FedCCRL,
+        FedAvg,
+        FedProx,
+        CCST,
+        FedADG,
+        GA,
+        FedSR,
+        FedIIR,
+        FedAlign,
+        FedBN,
+        SiloBN,
+        FedFD,
+        FedFDA,
+        FedOMG,
+        FedCCRLOMG,
+    )
+}
 if {n: cls.Params for n, cls in ALGORITHMS.items()} != PARAMS or list(ALGORITHMS) != list(PARAMS):
-    raise ImportError("fedccrl_core.algorithm_params.PARAMS (params.yaml's validation) must list the algorithms of "
-                      "ALGORITHMS, in its order, each with its class's Params")
+    raise ImportError(
+        "fedccrl_core.algorithm_params.PARAMS (params.yaml's validation) must list the algorithms of "
+        "ALGORITHMS, in its order, each with its class's Params"
+    )
 
 
 def load_model(path, map_location: str = "cpu"):
@@ -37,8 +58,9 @@ def load_model(path, map_location: str = "cpu"):
 
 def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) -> Algorithm:
     if name not in ALGORITHMS:
-        raise ValueError(f"params.yaml: train.algorithms has unknown algorithm {name!r}; "
-                         f"choose from {', '.join(ALGORITHMS)}")
+        raise ValueError(
+            f"params.yaml: train.algorithms has unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}"
+        )
     return ALGORITHMS[name](local, hparams)
 
 

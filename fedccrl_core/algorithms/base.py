@@ -11,6 +11,7 @@ something besides weights, `client_upload` / `server_payloads`.
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,12 +22,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from fedccrl_core.foundation import contract
-from fedccrl_core.foundation import fastpath
-from fedccrl_core.learning.aggregation import WeightedSum
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.learning.clients import ClientData, ClientState
+from fedccrl_core.foundation import contract, fastpath
 from fedccrl_core.foundation.hparams import HParams, validate
+from fedccrl_core.learning.aggregation import WeightedSum
+from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.learning.models import FedModel, build_model
 from fedccrl_core.learning.static_batch import pad_rows, real_part, real_rows_only
 from fedccrl_core.learning.statistics import normalize_u8
@@ -82,8 +82,9 @@ class Algorithm:
 
     # ---- the model this algorithm trains ------------------------------------------------------
     @classmethod
-    def build_model(cls, backbone: str, num_classes: int, pretrained: str = "none",
-                    hparams: HParams | dict | None = None) -> FedModel:
+    def build_model(
+        cls, backbone: str, num_classes: int, pretrained: str = "none", hparams: HParams | dict | None = None
+    ) -> FedModel:
         """f = g . h. An algorithm that needs extra modules (a probabilistic head, a reference
         distribution, ...) overrides this; everything in the returned module is aggregated.
         `checkpoint.load_model` rebuilds saved models through this same method."""
@@ -106,7 +107,7 @@ class Algorithm:
         return None
 
     def server_payloads(self, uploads: dict[str, dict | None]) -> dict[str, Any]:
-        return {cid: None for cid in uploads}
+        return dict.fromkeys(uploads)
 
     # ---- Algorithm 1 lines 8-22 ------------------------------------------------------------
     def train_step(self, model, x: torch.Tensor, y: torch.Tensor, ctx: StepContext):
@@ -123,8 +124,14 @@ class Algorithm:
         """Local epochs of one client-round (FedADG: E0 + E1)."""
         return self.local.local_epochs
 
-    def local_dataset(self, data: ClientData, state: ClientState, payload: Any, generator: torch.Generator | None,
-                      shuffle_rng: np.random.Generator) -> ClientData:
+    def local_dataset(
+        self,
+        data: ClientData,
+        state: ClientState,
+        payload: Any,
+        generator: torch.Generator | None,
+        shuffle_rng: np.random.Generator,
+    ) -> ClientData:
         """The data this client trains on this round, before anything else: its own by default (CCST: its
         images in K styles, D^{C_n}, built from the payload). n_i of the Reply is its n_train."""
         return data
@@ -146,16 +153,29 @@ class Algorithm:
         (a dozen operators per step for all parameters, not a dozen per parameter; on the CPU it runs the same
         kernels in the same order as the per-tensor loop, so its numbers are the loop's)."""
         fused = fastpath.enabled(self.local.fast, next(model.parameters()).device)
-        return torch.optim.Adam(model.parameters(), lr=self.local.lr, weight_decay=self.local.weight_decay,
-                                fused=fused or None, foreach=None if fused else True)
+        return torch.optim.Adam(
+            model.parameters(),
+            lr=self.local.lr,
+            weight_decay=self.local.weight_decay,
+            fused=fused or None,
+            foreach=None if fused else True,
+        )
 
     def make_scheduler(self, opt):
         if self.local.lr_schedule == "cosine":  # stepped per local epoch over all rounds x epochs
             return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=self.local.rounds * self.local.local_epochs)
         return torch.optim.lr_scheduler.LambdaLR(opt, lambda _: 1.0)
 
-    def local_train(self, model, data: ClientData, state: ClientState, global_weights: dict,
-                    payload: Any, generator: torch.Generator | None, shuffle_rng: np.random.Generator) -> Reply:
+    def local_train(
+        self,
+        model,
+        data: ClientData,
+        state: ClientState,
+        global_weights: dict,
+        payload: Any,
+        generator: torch.Generator | None,
+        shuffle_rng: np.random.Generator,
+    ) -> Reply:
         steps = self.local_train_steps(model, data, state, global_weights, payload, generator, shuffle_rng)
         while True:
             try:
@@ -163,8 +183,16 @@ class Algorithm:
             except StopIteration as finished:
                 return finished.value
 
-    def local_train_steps(self, model, data: ClientData, state: ClientState, global_weights: dict,
-                          payload: Any, generator: torch.Generator | None, shuffle_rng: np.random.Generator):
+    def local_train_steps(
+        self,
+        model,
+        data: ClientData,
+        state: ClientState,
+        global_weights: dict,
+        payload: Any,
+        generator: torch.Generator | None,
+        shuffle_rng: np.random.Generator,
+    ):
         """`local_train` as a generator: yields after every optimizer step, returns the Reply. The engine
         interleaves several clients' generators on CUDA streams (federation/concurrent.py)."""
         data = self.local_dataset(data, state, payload, generator, shuffle_rng)
@@ -178,8 +206,9 @@ class Algorithm:
             opt.load_state_dict(state.optimizer)
         if state.scheduler is not None:
             sched.load_state_dict(state.scheduler)
-        ctx = StepContext(payload, [p.detach().clone() for p in model.parameters()], generator,
-                          global_weights=global_weights)
+        ctx = StepContext(
+            payload, [p.detach().clone() for p in model.parameters()], generator, global_weights=global_weights
+        )
         self.begin_local(model, data, state, ctx)
         n, bs, dev = data.n_train, self.local.batch_size, data.train_x.device
         static = self.pads_partial_batch and fastpath.static_batches(self.local.fast, dev)
@@ -191,7 +220,7 @@ class Algorithm:
             ctx.epoch = epoch
             order = fastpath.to_device(torch.from_numpy(shuffle_rng.permutation(n)), dev)
             for start in range(0, n, bs):
-                idx = order[start:start + bs]
+                idx = order[start : start + bs]
                 real = idx.numel()
                 if real < self.min_batch():
                     continue
@@ -232,7 +261,7 @@ class Algorithm:
         round loop announces N = sum_i n_i to the streamed aggregation."""
         return data.n_train
 
-    def aggregation(self, global_weights: dict, total: float | None = None) -> "Aggregation | ListAggregation":
+    def aggregation(self, global_weights: dict, total: float | None = None) -> Aggregation | ListAggregation:
         """One round's aggregation, fed one reply at a time (`add`), read once (`result`). Eq. 2 is
         streamed (no list of every client's weights); an algorithm that overrides `aggregate` because
         it needs every reply at once (GA's weights come from all clients' gaps) gets the list form."""
@@ -240,8 +269,9 @@ class Algorithm:
             return ListAggregation(self, global_weights)
         return Aggregation(self, global_weights, total)
 
-    def after_aggregate(self, global_weights: dict, averaged: dict, client_ids: list[str],
-                        uploads: dict | None = None) -> dict:
+    def after_aggregate(
+        self, global_weights: dict, averaged: dict, client_ids: list[str], uploads: dict | None = None
+    ) -> dict:
         """Server-side step after Eq. 2 (FedIIR's moving average of `uploads`, the replies' uploads
         averaged with the same n_i weights; CCST's served clients)."""
         return averaged

@@ -37,6 +37,7 @@ of 32); population variance for the content statistics too (see augment/adain.py
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -83,8 +84,9 @@ def single_bank_size(J: int | None, n_i: int) -> int:
     return min(n_i, J if J is not None else math.ceil(n_i / 32))
 
 
-def transfer_plan(n: int, bank_sizes: dict[str, int], own_id: str, K: int, rng: np.random.Generator,
-                  style_type: str = "overall") -> tuple[list[str], np.ndarray, np.ndarray]:
+def transfer_plan(
+    n: int, bank_sizes: dict[str, int], own_id: str, K: int, rng: np.random.Generator, style_type: str = "overall"
+) -> tuple[list[str], np.ndarray, np.ndarray]:
     """Alg. 1 lines 2-10 as indices: for each of n images, K distinct clients of B (line 3, without
     replacement since K <= N and |D| = K d) and, in single mode, one style of each (line 8).
     Returns (bank_ids, clients [n, K] into bank_ids, styles [n, K]); an entry equal to own_id's
@@ -158,8 +160,9 @@ class CCST(Algorithm):
 
     def load_server_state(self, state):
         bank = state.get("style_bank") or {}
-        self.style_bank = {cid: {k: np.asarray(v.cpu(), dtype=np.float32) for k, v in s.items()}
-                           for cid, s in bank.items()}
+        self.style_bank = {
+            cid: {k: np.asarray(v.cpu(), dtype=np.float32) for k, v in s.items()} for cid, s in bank.items()
+        }
         self.served = set(state.get("served") or ())
 
     # ---- 3.2.3: local style transfer (Alg. 1), then FedAvg on D^{C_n} ------------------------
@@ -180,7 +183,7 @@ class CCST(Algorithm):
             e = min(n, s + TRANSFER_BATCH)
             f_c = None
             for k in range(K):
-                dst = out[s * K + k:e * K:K]  # entries (i, k) for i in [s, e)
+                dst = out[s * K + k : e * K : K]  # entries (i, k) for i in [s, e)
                 is_own = torch.from_numpy(plan["clients"][s:e, k] == own).to(dev)
                 dst[is_own] = x_u8[s:e][is_own]  # Alg. 1 line 6: the image itself
                 other = (~is_own).nonzero().squeeze(1)
@@ -203,8 +206,9 @@ class CCST(Algorithm):
         if PLAN not in state.extra:  # Alg. 1's random draws, once, kept for a resume
             seed = generator.initial_seed() if generator is not None else int(shuffle_rng.integers(2**62))
             rng = np.random.default_rng(derive_seed(seed, "ccst-plan", cid))
-            ids, clients, styles = transfer_plan(data.n_train, {c: len(b["mu"]) for c, b in bank.items()}, cid,
-                                                 self.hp.K, rng, self.hp.style_type)
+            ids, clients, styles = transfer_plan(
+                data.n_train, {c: len(b["mu"]) for c, b in bank.items()}, cid, self.hp.K, rng, self.hp.style_type
+            )
             state.extra[PLAN] = {"bank_ids": ids, "clients": clients, "styles": styles}
         if cid not in self._datasets:
             self._datasets[cid] = self.augmented_dataset(data, bank, state.extra[PLAN])

@@ -25,16 +25,16 @@ the F, C step. Adam and cosine as every algorithm here (the reference: SGD, warm
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
-from __future__ import annotations
 
+from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedadg import FedADGParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.foundation import contract
 from fedccrl_core.learning.models import FedModel, build_model
 
 
@@ -43,8 +43,9 @@ class ReferenceGenerator(nn.Module):
 
     def __init__(self, noise_dim: int, num_classes: int, hidden: int, feature_dim: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(noise_dim + num_classes, hidden), nn.LeakyReLU(),
-                                 nn.Linear(hidden, feature_dim))
+        self.net = nn.Sequential(
+            nn.Linear(noise_dim + num_classes, hidden), nn.LeakyReLU(), nn.Linear(hidden, feature_dim)
+        )
 
     def forward(self, xi, y_soft):
         return self.net(torch.cat([xi, y_soft], 1))
@@ -56,8 +57,9 @@ class Discriminator(nn.Module):
     def __init__(self, feature_dim: int, num_classes: int, rp_dim: int, hidden: int):
         super().__init__()
         self.projection = nn.Linear(feature_dim, rp_dim, bias=False)
-        self.net = nn.Sequential(nn.Linear(rp_dim + num_classes, hidden), nn.LeakyReLU(), nn.Linear(hidden, 1),
-                                 nn.Sigmoid())
+        self.net = nn.Sequential(
+            nn.Linear(rp_dim + num_classes, hidden), nn.LeakyReLU(), nn.Linear(hidden, 1), nn.Sigmoid()
+        )
 
     def forward(self, z, y_soft):
         return self.net(torch.cat([self.projection(z), y_soft], 1)).squeeze(1)
@@ -65,7 +67,7 @@ class Discriminator(nn.Module):
 
 def discriminator_loss(d_ref, d_feat):
     """L_advd = mean((1 - D(r, y))^2 + D(F(x), y)^2)."""
-    return ((1 - d_ref) ** 2 + d_feat ** 2).mean()
+    return ((1 - d_ref) ** 2 + d_feat**2).mean()
 
 
 def alignment_loss(d_feat):
@@ -75,7 +77,7 @@ def alignment_loss(d_feat):
 
 def generator_loss(d_ref):
     """L_advg = mean(D(r, y)^2)."""
-    return (d_ref ** 2).mean()
+    return (d_ref**2).mean()
 
 
 class FedADG(Algorithm):
@@ -96,7 +98,8 @@ class FedADG(Algorithm):
     def make_scheduler(self, opt):  # cosine over rounds x (E0 + E1) epochs
         if self.local.lr_schedule == "cosine":
             return torch.optim.lr_scheduler.CosineAnnealingLR(
-                opt, T_max=self.local.rounds * (self.local.local_epochs + self.hp.e1))
+                opt, T_max=self.local.rounds * (self.local.local_epochs + self.hp.e1)
+            )
         return super().make_scheduler(opt)
 
     # ---- the base local loop's hooks: E0 epochs of L_err, then E1 adversarial epochs ----------
@@ -136,8 +139,11 @@ class FedADG(Algorithm):
 
     def end_local(self, model, state, ctx):
         D = ctx.state["D"]
-        state.extra.update(discriminator={k: v.detach().clone() for k, v in D.state_dict().items()},
-                           opt_d=ctx.state["opt_d"].state_dict(), opt_g=ctx.state["opt_g"].state_dict())
+        state.extra.update(
+            discriminator={k: v.detach().clone() for k, v in D.state_dict().items()},
+            opt_d=ctx.state["opt_d"].state_dict(),
+            opt_g=ctx.state["opt_g"].state_dict(),
+        )
 
     def discriminator_step(self, D, opt_d, z, r, y_soft):
         l_advd = discriminator_loss(D(r.detach(), y_soft), D(z.detach(), y_soft))

@@ -38,6 +38,7 @@ Departures and choices (each also in params.yaml train.fedalign and docs/algorit
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import zlib
@@ -47,24 +48,28 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.augment.augmix import augmix
-from fedccrl_core.augment.ccdt import sample_beta
-from fedccrl_core.augment.ccdt import mixstyle
+from fedccrl_core.augment.ccdt import mixstyle, sample_beta
+from fedccrl_core.foundation import contract
 from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
 from fedccrl_core.learning.models import FedModel, build_model
 from fedccrl_core.learning.statistics import denormalize, normalize
 
-KMEANS_RESTARTS = 4     # k-means++ initializations; the lowest within-cluster sum of squares wins
+KMEANS_RESTARTS = 4  # k-means++ initializations; the lowest within-cluster sum of squares wins
 KMEANS_MAX_ITERS = 100  # Lloyd iterations at most per initialization
 
 
 # ---- Sec. 3.3, change 1: clustering of the style statistics ------------------------------------
-def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, restarts: int = KMEANS_RESTARTS,
-           max_iters: int = KMEANS_MAX_ITERS) -> tuple[np.ndarray, np.ndarray]:
+def kmeans(
+    points: np.ndarray,
+    k: int,
+    rng: np.random.Generator,
+    restarts: int = KMEANS_RESTARTS,
+    max_iters: int = KMEANS_MAX_ITERS,
+) -> tuple[np.ndarray, np.ndarray]:
     """k-means on points [P, D]: scikit-learn's KMeans (Lloyd, k-means++ seeding of Arthur & Vassilvitskii
     2007, `restarts` initializations), seeded by one draw from `rng`.
 
@@ -77,8 +82,13 @@ def kmeans(points: np.ndarray, k: int, rng: np.random.Generator, restarts: int =
     if n == 0:
         raise ValueError("kmeans: no points")
     k = max(1, min(int(k), len(np.unique(x, axis=0))))  # more clusters than distinct points cannot be filled
-    km = KMeans(n_clusters=k, init="k-means++", n_init=max(1, restarts), max_iter=max_iters,
-                random_state=int(rng.integers(2**31 - 1))).fit(x)
+    km = KMeans(
+        n_clusters=k,
+        init="k-means++",
+        n_init=max(1, restarts),
+        max_iter=max_iters,
+        random_state=int(rng.integers(2**31 - 1)),
+    ).fit(x)
     labels, centers = km.labels_, km.cluster_centers_
     used, relabel = np.unique(labels, return_inverse=True)  # drop empty clusters
     order = np.argsort([np.flatnonzero(relabel == c)[0] for c in range(len(used))])
@@ -108,8 +118,9 @@ def style_sampling_probabilities(points: np.ndarray, labels: np.ndarray, varianc
     return (p[labels] / counts[labels]).astype(np.float64)
 
 
-def style_pool_distribution(mu: np.ndarray, sigma: np.ndarray, n_clusters: int, rng: np.random.Generator,
-                            variance_weights: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def style_pool_distribution(
+    mu: np.ndarray, sigma: np.ndarray, n_clusters: int, rng: np.random.Generator, variance_weights: bool = True
+) -> tuple[np.ndarray, np.ndarray]:
     """Cluster the pool's style vectors s_j = [mu_j, sigma_j] (R^{2C}, both in the normalized image's
     units, so unscaled) and return (q [P], labels [P]). n_clusters = 1 gives the uniform pool (FedCCRL)."""
     s = np.concatenate([mu, sigma], axis=1)
@@ -118,8 +129,14 @@ def style_pool_distribution(mu: np.ndarray, sigma: np.ndarray, n_clusters: int, 
 
 
 # ---- Sec. 3.3, Eq. 7-11: MixStyle with a pool row (augment/ccdt.py `mixstyle`, lambda on the sample's own) --
-def clustered_mixstyle(x: torch.Tensor, pool_mu: torch.Tensor, pool_sigma: torch.Tensor, q: torch.Tensor,
-                       alpha: float, generator: torch.Generator | None = None) -> torch.Tensor:
+def clustered_mixstyle(
+    x: torch.Tensor,
+    pool_mu: torch.Tensor,
+    pool_sigma: torch.Tensor,
+    q: torch.Tensor,
+    alpha: float,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
     """M(X) of Sec. 3.3 on a normalized batch: each sample draws its own pool row j ~ q (cluster by
     variance weight, then uniform inside it) and its own lambda ~ Beta(alpha, alpha); no host sync."""
     b = x.shape[0]
@@ -161,9 +178,16 @@ class DomainDiscriminator(nn.Module):
     def __init__(self, feature_dim: int, hidden: int, dropout: float):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(feature_dim, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, hidden), nn.BatchNorm1d(hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, 1))
+            nn.Linear(feature_dim, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.BatchNorm1d(hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, 1),
+        )
 
     def forward(self, z):
         return self.net(z).squeeze(1)
@@ -174,13 +198,29 @@ def adversarial_loss(d_orig: torch.Tensor, d_aug1: torch.Tensor, d_aug2: torch.T
     equally: 1/2 (BCE(D(Z), 0) + 1/2 (BCE(D(Z^(1)), 1) + BCE(D(Z^(2)), 1)))."""
     bce = F.binary_cross_entropy_with_logits
     d_orig, d_aug1, d_aug2 = d_orig.float(), d_aug1.float(), d_aug2.float()
-    return 0.5 * (bce(d_orig, torch.zeros_like(d_orig))
-                  + 0.5 * (bce(d_aug1, torch.ones_like(d_aug1)) + bce(d_aug2, torch.ones_like(d_aug2))))
+    return 0.5 * (
+        bce(d_orig, torch.zeros_like(d_orig))
+        + 0.5 * (bce(d_aug1, torch.ones_like(d_aug1)) + bce(d_aug2, torch.ones_like(d_aug2)))
+    )
 
 
 # ---- Eq. 16 -----------------------------------------------------------------------------------
-def fedalign_loss(logits, logits1, logits2, z, z1, z2, y, lambda1=0.1, lambda2=0.1, tau=0.1,
-                  l_sc=True, l_rc=True, l_js=True, l_adv=None):
+def fedalign_loss(
+    logits,
+    logits1,
+    logits2,
+    z,
+    z1,
+    z2,
+    y,
+    lambda1=0.1,
+    lambda2=0.1,
+    tau=0.1,
+    l_sc=True,
+    l_rc=True,
+    l_js=True,
+    l_adv=None,
+):
     """L = L_CLS + lambda1 (L_SC + L_RC) + lambda2 L_JS (Eq. 16), plus L_ADV when given (Sec. 3.4;
     already routed through the gradient reversal layer by the caller). A switched-off term is
     neither computed nor reported. Returns (L, {term: detached tensor})."""
@@ -224,8 +264,11 @@ class FedAlign(StatisticsExchange, Algorithm):
             sigma = np.ascontiguousarray(ctx.payload["sigma"], dtype=np.float32)
             rng = np.random.default_rng(zlib.crc32(mu.tobytes() + sigma.tobytes()))  # k-means seeded by the pool
             q, _ = style_pool_distribution(mu, sigma, self.hp.n_clusters, rng, self.hp.variance_weights)
-            ctx.state["pool"] = (torch.as_tensor(mu, device=device), torch.as_tensor(sigma, device=device),
-                                 torch.as_tensor(q, dtype=torch.float32, device=device))
+            ctx.state["pool"] = (
+                torch.as_tensor(mu, device=device),
+                torch.as_tensor(sigma, device=device),
+                torch.as_tensor(q, dtype=torch.float32, device=device),
+            )
         return ctx.state["pool"]
 
     def augment(self, x, pool, generator):
@@ -233,8 +276,9 @@ class FedAlign(StatisticsExchange, Algorithm):
         out = clustered_mixstyle(x, *pool, self.hp.alpha, generator)
         if self.hp.difp:
             mean, std = self.local.mean, self.local.std
-            out = normalize(augmix(denormalize(out, mean, std).clamp(0, 1), self.hp.beta, self.hp.severity,
-                                   generator), mean, std)
+            out = normalize(
+                augmix(denormalize(out, mean, std).clamp(0, 1), self.hp.beta, self.hp.severity, generator), mean, std
+            )
         return out
 
     def train_step(self, model, x, y, ctx):
@@ -243,13 +287,14 @@ class FedAlign(StatisticsExchange, Algorithm):
         x1, x2 = self.augment(x, pool, ctx.generator), self.augment(x, pool, ctx.generator)  # Eq. 3
         b = x.shape[0]
         z_all = model.h(torch.cat([x, x1, x2]))  # Eq. 5
-        logits_all = model.g(z_all)              # Eq. 6
-        z, z1, z2 = z_all[:b], z_all[b:2 * b], z_all[2 * b:]
-        lo, lo1, lo2 = logits_all[:b], logits_all[b:2 * b], logits_all[2 * b:]
+        logits_all = model.g(z_all)  # Eq. 6
+        z, z1, z2 = z_all[:b], z_all[b : 2 * b], z_all[2 * b :]
+        lo, lo1, lo2 = logits_all[:b], logits_all[b : 2 * b], logits_all[2 * b :]
         l_adv = None
         if hp.adv:  # Sec. 3.4: D learns original vs. augmented, h unlearns it through the reversal
             d = model.discriminator(grad_reverse(z_all, hp.lambda_adv))
-            l_adv = adversarial_loss(d[:b], d[b:2 * b], d[2 * b:])
-        loss, terms = fedalign_loss(lo, lo1, lo2, z, z1, z2, y, hp.lambda1, hp.lambda2, hp.tau,
-                                    hp.l_sc, hp.l_rc, hp.l_js, l_adv)  # Eq. 16
+            l_adv = adversarial_loss(d[:b], d[b : 2 * b], d[2 * b :])
+        loss, terms = fedalign_loss(
+            lo, lo1, lo2, z, z1, z2, y, hp.lambda1, hp.lambda2, hp.tau, hp.l_sc, hp.l_rc, hp.l_js, l_adv
+        )  # Eq. 16
         return loss, terms, lo

@@ -1,6 +1,7 @@
 """FedAvg (McMahan et al., 2017): local cross-entropy training, aggregation weighted by n_i (Eq. 2).
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from fedccrl_core.algorithm_params.fedavg import FedAvgParams

@@ -10,6 +10,7 @@ uploaded so that the server can form that global model.
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm

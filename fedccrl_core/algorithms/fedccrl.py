@@ -20,16 +20,17 @@ follows `variant`. docs/algorithms/fedccrl.md lists them with the reference's fi
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
-from fedccrl_core.foundation import contract, fastpath
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma, upload_size
+from fedccrl_core.foundation import contract, fastpath
 from fedccrl_core.learning.losses import fedccrl_loss
 from fedccrl_core.privacy.dp import privatize
 from fedccrl_core.privacy.noise import private_rng
@@ -40,8 +41,10 @@ def pool_without(uploads: dict[str, dict], client_id: str) -> tuple[np.ndarray, 
     others = [u for cid, u in uploads.items() if cid != client_id and u is not None]
     if not others:
         raise ValueError(f"FedCCRL: client {client_id} has no other client's statistics (needs >= 2 clients)")
-    return (np.concatenate([u["mu"] for u in others]).astype(np.float32),
-            np.concatenate([u["sigma"] for u in others]).astype(np.float32))
+    return (
+        np.concatenate([u["mu"] for u in others]).astype(np.float32),
+        np.concatenate([u["sigma"] for u in others]).astype(np.float32),
+    )
 
 
 class StatisticsExchange:
@@ -68,7 +71,7 @@ class StatisticsExchange:
         s = self.local.privacy
         if s is None or not s.on_statistics:
             return rng
-        keys = () if s.noise_seed is None else (data.client_id, int(rng.integers(2 ** 62)))  # tests: round's draw
+        keys = () if s.noise_seed is None else (data.client_id, int(rng.integers(2**62)))  # tests: round's draw
         return private_rng(s, "statistics", *keys)
 
     def released(self, upload: dict, rng) -> dict:
@@ -120,14 +123,16 @@ class FedCCRL(StatisticsExchange, Algorithm):
     def augmented_views(self, x, ctx):
         """Eq. 3: X1 = M(X), X2 = M(X), two independent draws on x's device."""
         if ctx.state.get("pool") is None:  # move F_pool^i to the device once per client-round
-            ctx.state["pool"] = (torch.as_tensor(ctx.payload["mu"], device=x.device),
-                                 torch.as_tensor(ctx.payload["sigma"], device=x.device))
+            ctx.state["pool"] = (
+                torch.as_tensor(ctx.payload["mu"], device=x.device),
+                torch.as_tensor(ctx.payload["sigma"], device=x.device),
+            )
         pool_mu, pool_sigma = ctx.state["pool"]
         aug = self.augment
         mean, std = self.local.mean, self.local.std
         if self.views_in_one_draw(x.device):  # one M over [X; X]: every row draws its own, so X1, X2 independent
             both = fedccrl_augment(torch.cat([x, x]), pool_mu, pool_sigma, aug, ctx.generator, mean, std)
-            return both[:x.shape[0]], both[x.shape[0]:]
+            return both[: x.shape[0]], both[x.shape[0] :]
         x1 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, first draw
         x2 = fedccrl_augment(x, pool_mu, pool_sigma, aug, ctx.generator, mean, std)  # Eq. 3, independent draw
         return x1, x2
@@ -138,8 +143,11 @@ class FedCCRL(StatisticsExchange, Algorithm):
         replacement), so the two views have the same distribution as two calls. The draws differ from two calls',
         so the CPU keeps two calls and its numbers."""
         aug = self.augment
-        return (fastpath.static_batches(self.local.fast, device) and aug.augmix == "per_sample"
-                and aug.pool_draw == "with_replacement")
+        return (
+            fastpath.static_batches(self.local.fast, device)
+            and aug.augmix == "per_sample"
+            and aug.pool_draw == "with_replacement"
+        )
 
     def loss_from_views(self, model, x, x1, x2, y, real_rows: int | None = None):
         """Eq. 4-5 and 12-16 on the three views. Returns (loss, {term: tensor}, logits on x). A padded batch
@@ -148,16 +156,29 @@ class FedCCRL(StatisticsExchange, Algorithm):
         b = x.shape[0]
         r = b if real_rows is None else real_rows
         if hp.forward == "joint":
-            z_all = model.h(torch.cat([x, x1, x2]))                                  # Eq. 4
-            logits_all = model.g(z_all)                                              # Eq. 5
-            z, z1, z2 = z_all[:r], z_all[b:b + r], z_all[2 * b:2 * b + r]
-            lo, lo1, lo2 = logits_all[:r], logits_all[b:b + r], logits_all[2 * b:2 * b + r]
+            z_all = model.h(torch.cat([x, x1, x2]))  # Eq. 4
+            logits_all = model.g(z_all)  # Eq. 5
+            z, z1, z2 = z_all[:r], z_all[b : b + r], z_all[2 * b : 2 * b + r]
+            lo, lo1, lo2 = logits_all[:r], logits_all[b : b + r], logits_all[2 * b : 2 * b + r]
         else:  # the reference's three passes (clean first): BN normalizes each view by its own batch
-            z, z1, z2 = model.h(x)[:r], model.h(x1)[:r], model.h(x2)[:r]             # Eq. 4
-            lo, lo1, lo2 = model.g(z), model.g(z1), model.g(z2)                      # Eq. 5
+            z, z1, z2 = model.h(x)[:r], model.h(x1)[:r], model.h(x2)[:r]  # Eq. 4
+            lo, lo1, lo2 = model.g(z), model.g(z1), model.g(z2)  # Eq. 5
         y = y[:r]
-        loss, t = fedccrl_loss(lo, lo1, lo2, z, z1, z2, y, lambda1=hp.lambda1, lambda2=hp.lambda2,
-                               tau=hp.tau, l_ra=hp.l_ra, l_js=hp.l_js,
-                               l_cls=hp.l_cls, supcon=hp.supcon)  # Eq. 12-16
+        loss, t = fedccrl_loss(
+            lo,
+            lo1,
+            lo2,
+            z,
+            z1,
+            z2,
+            y,
+            lambda1=hp.lambda1,
+            lambda2=hp.lambda2,
+            tau=hp.tau,
+            l_ra=hp.l_ra,
+            l_js=hp.l_js,
+            l_cls=hp.l_cls,
+            supcon=hp.supcon,
+        )  # Eq. 12-16
         terms = {k: v for k, v in t.items() if contract.is_loss_term(k)}
         return loss, terms, lo

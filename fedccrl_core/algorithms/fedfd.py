@@ -34,6 +34,7 @@ L_CAFL); f is the encoder output h(x) (the classifier's input).
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import contextlib
@@ -42,9 +43,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedfd import FDParams
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
+from fedccrl_core.foundation import contract
 from fedccrl_core.learning.models import FedModel, build_model
 from fedccrl_core.learning.statistics import channel_stats
 
@@ -66,8 +67,15 @@ class FDBatchNorm2d(nn.BatchNorm2d):
     own under SiloBN/FedBN).
     """
 
-    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, adapter: nn.Module | None = None,
-                 inference: str = "global"):
+    def __init__(
+        self,
+        num_features,
+        eps=1e-5,
+        momentum=0.1,
+        affine=True,
+        adapter: nn.Module | None = None,
+        inference: str = "global",
+    ):
         super().__init__(num_features, eps, momentum, affine, track_running_stats=True)
         self.adapter = adapter
         self.inference = inference
@@ -77,7 +85,7 @@ class FDBatchNorm2d(nn.BatchNorm2d):
         self.generator: torch.Generator | None = None
         self.register_buffer("global_mean", None, persistent=False)
         self.register_buffer("global_var", None, persistent=False)
-        self.last_u: torch.Tensor | None = None      # the u^l of the latest "mix" forward (analysis, tests)
+        self.last_u: torch.Tensor | None = None  # the u^l of the latest "mix" forward (analysis, tests)
         self.last_alpha: torch.Tensor | None = None  # the alpha of the latest training "adapt" forward
 
     # ---- statistics --------------------------------------------------------------------------
@@ -158,8 +166,14 @@ def replace_batchnorm(module: nn.Module, make_adapter=None, inference: str = "gl
         if type(child) is nn.BatchNorm2d:
             if not child.track_running_stats:
                 raise ValueError(f"FedFD: BatchNorm2d {name!r} keeps no running statistics (no global statistics)")
-            new = FDBatchNorm2d(child.num_features, child.eps, child.momentum, child.affine,
-                                make_adapter(child.num_features) if make_adapter else None, inference)
+            new = FDBatchNorm2d(
+                child.num_features,
+                child.eps,
+                child.momentum,
+                child.affine,
+                make_adapter(child.num_features) if make_adapter else None,
+                inference,
+            )
             missing, unexpected = new.load_state_dict(child.state_dict(), strict=False)
             assert not unexpected and all(k.startswith("adapter.") for k in missing)
             setattr(module, name, new.to(child.running_mean.device))
@@ -255,14 +269,14 @@ class FedFD(LocalBNAlgorithm):
             m.u_low, m.u_high, m.local_statistics = low, high, self.hp.local_statistics
 
     def train_step(self, model, x, y, ctx):
-        f_k = model.h(x)                                   # ordinary BN: local feature f_{i,k}
+        f_k = model.h(x)  # ordinary BN: local feature f_{i,k}
         logits = model.g(f_k)
-        l_ce = F.cross_entropy(logits, y)                  # Eq. 1
+        l_ce = F.cross_entropy(logits, y)  # Eq. 1
         if not self.hp.diversification:
             return l_ce, {contract.L_CE: l_ce}, logits
         with bn_mode(model, "mix", ctx.generator):
-            f_delta = model.h(x)                           # Eq. 2 at every BN layer: f_{i,Delta}
+            f_delta = model.h(x)  # Eq. 2 at every BN layer: f_{i,Delta}
         l_cafl = cafl(f_k, f_delta, self.hp.cafl_reduction)  # Eq. 3
-        l_cacl = cacl(model.g(f_delta), y)                 # Eq. 4
+        l_cacl = cacl(model.g(f_delta), y)  # Eq. 4
         loss = total_loss(l_ce, l_cacl, l_cafl, self.hp.lambda1, self.hp.lambda2)  # Eq. 5
         return loss, {contract.L_CE: l_ce, contract.L_CACL: l_cacl, contract.L_CAFL: l_cafl}, logits

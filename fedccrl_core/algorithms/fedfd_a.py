@@ -28,15 +28,16 @@ statistics, instance statistics (TBN), instance feature adapter).
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedfd_a import FedFDAParams
 from fedccrl_core.algorithms.fedfd import FedFD, bn_mode
+from fedccrl_core.foundation import contract
 
 
 class InstanceAdapter(nn.Module):
@@ -53,8 +54,12 @@ class InstanceAdapter(nn.Module):
         out = self.fc2(F.relu(self.fc1(torch.cat([d_mu, d_sigma], dim=1))))
         return out[:, :1], out[:, 1:]
 
-    def forward(self, d_mu: torch.Tensor, d_sigma: torch.Tensor, generator: torch.Generator | None = None,
-                ) -> torch.Tensor:
+    def forward(
+        self,
+        d_mu: torch.Tensor,
+        d_sigma: torch.Tensor,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
         """alpha [B, 1]. With a generator (training): T(z delta + epsilon), z ~ N(0, 1) per sample;
         without (test): T(epsilon)."""
         delta, epsilon = self.delta_epsilon(d_mu, d_sigma)
@@ -80,8 +85,9 @@ class FedFDA(FedFD):
     def make_adapter(cls, hp: FedFDAParams):
         if not hp.adapter:
             return None
-        return lambda c: InstanceAdapter(c, adapter_hidden(c, hp.adapter_reduction, hp.adapter_min_hidden),
-                                         float(hp.adapter_init_alpha))
+        return lambda c: InstanceAdapter(
+            c, adapter_hidden(c, hp.adapter_reduction, hp.adapter_min_hidden), float(hp.adapter_init_alpha)
+        )
 
     @staticmethod
     def adapter_parameters(model: nn.Module) -> list[nn.Parameter]:

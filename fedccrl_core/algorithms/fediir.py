@@ -27,14 +27,16 @@ client uses zeros). The model holds neither.
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from fedccrl_core.foundation import contract
+
 from fedccrl_core.algorithm_params.fediir import FedIIRParams
 from fedccrl_core.algorithms.base import Algorithm
+from fedccrl_core.foundation import contract
 from fedccrl_core.learning.statistics import normalize_u8
 
 
@@ -65,7 +67,7 @@ class FedIIR(Algorithm):
 
     # ---- server half --------------------------------------------------------------------------
     def server_payloads(self, uploads):
-        return {cid: self.g_bar for cid in uploads}
+        return dict.fromkeys(uploads, self.g_bar)
 
     def after_aggregate(self, global_weights, averaged, client_ids, uploads=None):
         if uploads is not None:  # uploads = sum_i n_i g_i / N
@@ -90,8 +92,10 @@ class FedIIR(Algorithm):
         for start in range(0, data.n_train, bs):
             if data.n_train - start < 2:  # a batch of 1 breaks BatchNorm in train mode
                 continue
-            x = normalize_u8(data.train_x[start:start + bs], self.local.mean, self.local.std)
-            _, grads, _ = classifier_gradient(model.g, self._features(model, x), data.train_y[start:start + bs], False)
+            x = normalize_u8(data.train_x[start : start + bs], self.local.mean, self.local.std)
+            _, grads, _ = classifier_gradient(
+                model.g, self._features(model, x), data.train_y[start : start + bs], False
+            )
             sums = list(grads) if sums is None else [s + g for s, g in zip(sums, grads)]
             batches += 1
         return [s / batches for s in sums]
@@ -105,8 +109,12 @@ class FedIIR(Algorithm):
         names = [n for n, _ in model.g.named_parameters()]
         ctx.upload = {n: g.detach().clone() for n, g in zip(names, g_i)}  # up: g_i on w^t
         params = dict(model.g.named_parameters())
-        ctx.state["g_bar"] = [torch.zeros_like(params[n]) if ctx.payload is None else
-                              torch.as_tensor(ctx.payload[n]).to(params[n].device, params[n].dtype) for n in names]
+        ctx.state["g_bar"] = [
+            torch.zeros_like(params[n])
+            if ctx.payload is None
+            else torch.as_tensor(ctx.payload[n]).to(params[n].device, params[n].dtype)
+            for n in names
+        ]
 
     def train_step(self, model, x, y, ctx):
         risk, grads, logits = classifier_gradient(model.g, model.h(x), y, create_graph=True)

@@ -31,18 +31,19 @@ Readings (docs/algorithms/fedomg.md lists them with the official code's departur
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import math
 
 import torch
 
-from fedccrl_core.learning.aggregation import WeightedSum
 from fedccrl_core.algorithm_params.fedomg import FedCCRLOMGParams, FedOMGParams
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedavg import FedAvg
 from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.algorithms.local_bn import BN_STATISTICS
+from fedccrl_core.learning.aggregation import WeightedSum
 
 
 def is_matched(key: str, value: torch.Tensor) -> bool:
@@ -58,8 +59,9 @@ def matching_objective(gamma: torch.Tensor, gram: torch.Tensor, p: torch.Tensor,
     return gamma @ (gram @ p) + kappa * g_fl_norm * gamma_g_norm
 
 
-def search_coefficients(gram: torch.Tensor, p: torch.Tensor, kappa: float, lr: float, steps: int,
-                        momentum: float) -> torch.Tensor:
+def search_coefficients(
+    gram: torch.Tensor, p: torch.Tensor, kappa: float, lr: float, steps: int, momentum: float
+) -> torch.Tensor:
     """Eq. 15: Gamma* on the simplex, by `steps` heavy-ball steps on the logits w of Gamma = softmax(w), from w = 0;
     the visited iterate of lowest F. Closed-form gradient: dF/dGamma = G p + kappa ||g_FL|| G Gamma / ||Gamma_g||,
     dF/dw = Gamma * (dF/dGamma - Gamma . dF/dGamma) (the softmax Jacobian)."""
@@ -97,9 +99,9 @@ def column_blocks(rows: list[torch.Tensor]):
     size = rows[0].numel()
     buf = torch.empty(len(rows), min(CHUNK, size), dtype=torch.float64, device=rows[0].device)
     for start in range(0, size, CHUNK):
-        block = buf[:, :min(CHUNK, size - start)]
+        block = buf[:, : min(CHUNK, size - start)]
         for u, row in enumerate(rows):
-            block[u].copy_(row[start:start + block.shape[1]])
+            block[u].copy_(row[start : start + block.shape[1]])
         yield start, block
 
 
@@ -116,7 +118,7 @@ def combine(rows: list[torch.Tensor], coefficients: torch.Tensor) -> torch.Tenso
     out = torch.empty(rows[0].numel(), dtype=torch.float64, device=rows[0].device)
     coefficients = coefficients.to(out.device, torch.float64)
     for start, block in column_blocks(rows):
-        out[start:start + block.shape[1]] = coefficients @ block
+        out[start : start + block.shape[1]] = coefficients @ block
     return out
 
 
@@ -175,7 +177,7 @@ class MatchingGradientAggregation:
             new = fl + (eta - 1.0) * (fl - self.global_weights[k].to(fl.device, torch.float64))
             size = fl.numel()
             if extra is not None:
-                new = new + extra[offset:offset + size].view_as(fl)
+                new = new + extra[offset : offset + size].view_as(fl)
             out[k] = new.to(averaged[k].dtype)
             offset += size
         return out

@@ -2,11 +2,12 @@
 with w^t the global weights received this round.
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedprox import FedProxParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.foundation import contract
 
 
 class FedProx(Algorithm):

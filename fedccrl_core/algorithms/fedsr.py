@@ -25,16 +25,16 @@ Readings and departures (see also `FedSRParams`):
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithm_params.fedsr import FedSRParams
-
 from fedccrl_core.algorithms.base import Algorithm
+from fedccrl_core.foundation import contract
 from fedccrl_core.learning.models import FedModel, build_model
 
 
@@ -50,7 +50,7 @@ class ProbabilisticEncoder(nn.Module):
 
     def distribution(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         params = self.head(self.encoder(x))
-        return params[:, :self.z_dim], F.softplus(params[:, self.z_dim:])  # mu(x), sigma(x)
+        return params[:, : self.z_dim], F.softplus(params[:, self.z_dim :])  # mu(x), sigma(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.distribution(x)[0]
@@ -83,7 +83,7 @@ def l2r(z: torch.Tensor, form: str = "norm") -> torch.Tensor:
 
 def gaussian_kl(mu1, sigma1, mu2, sigma2) -> torch.Tensor:
     """Closed-form KL(N(mu1, sigma1^2) || N(mu2, sigma2^2)), elementwise."""
-    return torch.log(sigma2) - torch.log(sigma1) + (sigma1 ** 2 + (mu1 - mu2) ** 2) / (2 * sigma2 ** 2) - 0.5
+    return torch.log(sigma2) - torch.log(sigma1) + (sigma1**2 + (mu1 - mu2) ** 2) / (2 * sigma2**2) - 0.5
 
 
 def cmi(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor, r: ClassConditionalReference) -> torch.Tensor:

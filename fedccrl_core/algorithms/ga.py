@@ -25,6 +25,7 @@ Readings and departures:
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import torch
@@ -63,7 +64,7 @@ class GA(Algorithm):
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
         self.a: dict[str, float] = {}  # aggregation weight a_i per client id
-        self.round = 0                 # rounds aggregated so far
+        self.round = 0  # rounds aggregated so far
 
     def server_state(self):
         return {"a": dict(self.a), "round": self.round}
@@ -77,11 +78,16 @@ class GA(Algorithm):
     @torch.no_grad()
     def loss_on(self, model, data) -> float:
         """Mean cross-entropy of `model` (eval mode) on the client's gap split."""
-        x_u8, y = ((data.val_x, data.val_y) if self.hp.gap_data == "val" and len(data.val_y)
-                   else (data.train_x, data.train_y))
+        x_u8, y = (
+            (data.val_x, data.val_y) if self.hp.gap_data == "val" and len(data.val_y) else (data.train_x, data.train_y)
+        )
         model.eval()
-        total = sum(F.cross_entropy(model(normalize_u8(x_u8[i:i + 256], self.local.mean, self.local.std)),
-                                    y[i:i + 256], reduction="sum") for i in range(0, len(y), 256))
+        total = sum(
+            F.cross_entropy(
+                model(normalize_u8(x_u8[i : i + 256], self.local.mean, self.local.std)), y[i : i + 256], reduction="sum"
+            )
+            for i in range(0, len(y), 256)
+        )
         return float(total) / max(len(y), 1)
 
     # the local loop's hooks: the client measures its losses around local training (the gap G_i)
@@ -91,9 +97,9 @@ class GA(Algorithm):
         model.train()  # loss_on evaluated in eval mode
 
     def end_local(self, model, state, ctx):
-        loss_local = self.loss_on(model, ctx.state["ga_data"])       # L(theta_i^r; D_i)
+        loss_local = self.loss_on(model, ctx.state["ga_data"])  # L(theta_i^r; D_i)
         ctx.metrics["ga_loss_local"] = loss_local
-        if "ga_loss_local" in state.extra:                            # G_i of the previous round
+        if "ga_loss_local" in state.extra:  # G_i of the previous round
             ctx.metrics["ga_gap"] = ctx.metrics["ga_loss_global"] - state.extra["ga_loss_local"]
         state.extra["ga_loss_local"] = loss_local
 
@@ -103,7 +109,10 @@ class GA(Algorithm):
         a = {r.client_id: self.a.get(r.client_id, r.n / n_total) for r in replies}
         gaps = {r.client_id: r.metrics["ga_gap"] for r in replies if "ga_gap" in r.metrics}
         if len(gaps) >= 2:
-            a.update(generalization_adjustment(a, gaps, step_size(self.hp.step_size, self.round,
-                                                                   self.local.rounds, len(replies))))
+            a.update(
+                generalization_adjustment(
+                    a, gaps, step_size(self.hp.step_size, self.round, self.local.rounds, len(replies))
+                )
+            )
         self.a.update(a)
         return weighted_average([r.weights for r in replies], [a[r.client_id] for r in replies])

@@ -19,6 +19,7 @@ only for the global (held-out) model.
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import torch
@@ -60,8 +61,9 @@ class LocalBNAlgorithm(Algorithm):
     def make_optimizer(self, model):
         if self.hp.optimizer == "train":
             return super().make_optimizer(model)
-        return torch.optim.SGD(model.parameters(), lr=self.hp.lr, momentum=self.hp.momentum,
-                               weight_decay=self.hp.weight_decay)
+        return torch.optim.SGD(
+            model.parameters(), lr=self.hp.lr, momentum=self.hp.momentum, weight_decay=self.hp.weight_decay
+        )
 
     def make_scheduler(self, opt):
         if self.hp.optimizer == "train":

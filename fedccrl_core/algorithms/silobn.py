@@ -11,6 +11,7 @@ would need target data.
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm

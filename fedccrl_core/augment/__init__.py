@@ -23,6 +23,7 @@ asked for).
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -31,9 +32,9 @@ from typing import Any
 
 import torch
 
-from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
 from fedccrl_core.augment.augmix import augmix, augmix_batch, to_uint8_levels
 from fedccrl_core.augment.ccdt import ccdt
+from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,12 @@ class AugmentConfig:
     augmix_impl: str = "tensor"  # per_sample's implementation: tensor (batched, on the device) | pil (augmix_pil.py)
 
     @classmethod
-    def from_mapping(cls, params: Mapping[str, Any]) -> "AugmentConfig":
+    def from_mapping(cls, params: Mapping[str, Any]) -> AugmentConfig:
         """Build from a mapping such as params.yaml's train.fedccrl; other keys are ignored."""
         return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
 
     @classmethod
-    def from_params(cls, params) -> "AugmentConfig":
+    def from_params(cls, params) -> AugmentConfig:
         """Build from typed hyperparameters with these attributes (FedCCRLParams)."""
         return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})
 
@@ -88,8 +89,15 @@ def fedccrl_augment(
     if cfg.ccdt:
         if pool_mu is None or pool_sigma is None:
             raise ValueError("ccdt=True needs the statistics pool (pool_mu, pool_sigma)")
-        x = ccdt(x, pool_mu, pool_sigma, cfg.alpha, generator, unbiased=cfg.mixstyle_var == "unbiased",
-                 pool_draw=cfg.pool_draw)
+        x = ccdt(
+            x,
+            pool_mu,
+            pool_sigma,
+            cfg.alpha,
+            generator,
+            unbiased=cfg.mixstyle_var == "unbiased",
+            pool_draw=cfg.pool_draw,
+        )
     if cfg.difp:
         x01 = denormalize(x, mean, std)
         if cfg.augmix == "batch" or cfg.uint8_wrap:  # the reference's (x * 255).to(torch.uint8)
@@ -100,6 +108,7 @@ def fedccrl_augment(
             x = augmix_batch(x01, cfg.beta, cfg.severity, generator)
         elif cfg.augmix_impl == "pil":
             from fedccrl_core.augment.augmix_pil import augmix_pil
+
             x = augmix_pil(x01, cfg.beta, cfg.severity, generator)
         else:
             x = augmix(x01, cfg.beta, cfg.severity, generator)

@@ -39,6 +39,7 @@ failure raises AdaINWeightsError naming the param at fault; nothing ever falls b
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os
@@ -81,10 +82,10 @@ def build_encoder() -> nn.Sequential:
     """Phi: vgg_normalised up to relu4_1; module indices match the release's state_dict keys."""
     pool = lambda: nn.MaxPool2d(2, 2, ceil_mode=True)  # noqa: E731
     layers: list[nn.Module] = [nn.Conv2d(3, 3, 1)]
-    layers += _conv(3, 64) + _conv(64, 64) + [pool()]                      # relu1_1, relu1_2
-    layers += _conv(64, 128) + _conv(128, 128) + [pool()]                  # relu2_1, relu2_2
+    layers += _conv(3, 64) + _conv(64, 64) + [pool()]  # relu1_1, relu1_2
+    layers += _conv(64, 128) + _conv(128, 128) + [pool()]  # relu2_1, relu2_2
     layers += _conv(128, 256) + _conv(256, 256) + _conv(256, 256) + _conv(256, 256) + [pool()]  # relu3_1-3_4
-    layers += _conv(256, 512)                                              # relu4_1
+    layers += _conv(256, 512)  # relu4_1
     assert len(layers) == RELU4_1
     return nn.Sequential(*layers)
 
@@ -92,10 +93,10 @@ def build_encoder() -> nn.Sequential:
 def build_decoder() -> nn.Sequential:
     """Psi: the mirror of Phi (nearest upsampling, reflection padding), no ReLU on the output."""
     up = lambda: nn.Upsample(scale_factor=2, mode="nearest")  # noqa: E731
-    layers: list[nn.Module] = _conv(512, 256) + [up()]
+    layers: list[nn.Module] = [*_conv(512, 256), up()]
     layers += _conv(256, 256) + _conv(256, 256) + _conv(256, 256) + _conv(256, 128) + [up()]
     layers += _conv(128, 128) + _conv(128, 64) + [up()]
-    layers += _conv(64, 64) + [nn.ReflectionPad2d(1), nn.Conv2d(64, 3, 3)]
+    layers += [*_conv(64, 64), nn.ReflectionPad2d(1), nn.Conv2d(64, 3, 3)]
     return nn.Sequential(*layers)
 
 
@@ -137,25 +138,27 @@ def images01(x_u8: torch.Tensor) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def single_image_styles(nets: AdaINNetworks, images_u8: torch.Tensor, batch_size: int = 32,
-                        eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def single_image_styles(
+    nets: AdaINNetworks, images_u8: torch.Tensor, batch_size: int = 32, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 6-7: S_single(i) for every given image -> (mu [J, 512], sigma [J, 512])."""
     mus, sigmas = [], []
     for s in range(0, images_u8.shape[0], batch_size):
-        mu, sigma = feature_stats(nets.encoder(images01(images_u8[s:s + batch_size])), eps)
+        mu, sigma = feature_stats(nets.encoder(images01(images_u8[s : s + batch_size])), eps)
         mus.append(mu)
         sigmas.append(sigma)
     return torch.cat(mus), torch.cat(sigmas)
 
 
 @torch.inference_mode()
-def overall_style(nets: AdaINNetworks, images_u8: torch.Tensor, batch_size: int = 32,
-                  eps: float = EPS) -> tuple[torch.Tensor, torch.Tensor]:
+def overall_style(
+    nets: AdaINNetworks, images_u8: torch.Tensor, batch_size: int = 32, eps: float = EPS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Eq. 8: statistics of Stack(F_1..F_M) over every pixel of every image -> ([1, 512], [1, 512])."""
     total = total_sq = None
     count = 0
     for s in range(0, images_u8.shape[0], batch_size):
-        f = nets.encoder(images01(images_u8[s:s + batch_size])).double()
+        f = nets.encoder(images01(images_u8[s : s + batch_size])).double()
         part, part_sq = f.sum(dim=(0, 2, 3)), f.square().sum(dim=(0, 2, 3))
         total = part if total is None else total + part
         total_sq = part_sq if total_sq is None else total_sq + part_sq
@@ -168,8 +171,14 @@ def overall_style(nets: AdaINNetworks, images_u8: torch.Tensor, batch_size: int 
 
 
 @torch.inference_mode()
-def stylize(nets: AdaINNetworks, f_c: torch.Tensor, mu_s: torch.Tensor, sigma_s: torch.Tensor,
-            size: tuple[int, int], eps: float = EPS) -> torch.Tensor:
+def stylize(
+    nets: AdaINNetworks,
+    f_c: torch.Tensor,
+    mu_s: torch.Tensor,
+    sigma_s: torch.Tensor,
+    size: tuple[int, int],
+    eps: float = EPS,
+) -> torch.Tensor:
     """Eq. 5: I_{c<-s} = Psi(AdaIN(Phi(I_c), S)) from content features f_c = Phi(I_c); clamped to
     [0, 1]. When the image side is not a multiple of 8 the decoder's output is resized back."""
     out = nets.decoder(adain(f_c, mu_s, sigma_s, eps))
@@ -194,8 +203,10 @@ def save_adain_weights(nets: AdaINNetworks, path: str | os.PathLike) -> str:
 
 def random_adain_networks(seed: int = RANDOM_WEIGHTS_SEED, param: str = "adain_weights") -> AdaINNetworks:
     """Seeded Kaiming-normal weights (so activations keep their scale through the ReLU stack). TESTS ONLY."""
-    msg = (f"{param}=random: the AdaIN VGG encoder and decoder have RANDOM weights (seed {seed}); "
-           "style transfer produces noise. This is for tests only, never for results.")
+    msg = (
+        f"{param}=random: the AdaIN VGG encoder and decoder have RANDOM weights (seed {seed}); "
+        "style transfer produces noise. This is for tests only, never for results."
+    )
     print(f"WARNING: {msg}", file=sys.stderr, flush=True)
     warnings.warn(msg, RandomAdaINWeightsWarning, stacklevel=2)
     nets = AdaINNetworks()
@@ -252,7 +263,7 @@ def _fetch(source: str, sha256: str, what: str, what_sha: str) -> Path:
 def _torch_load(path: Path, what: str) -> dict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the same user error
+    except Exception as e:
         raise AdaINWeightsError(f"{what}: {path} is not a readable torch file ({e.__class__.__name__}: {e})") from e
     if not isinstance(obj, Mapping):
         raise AdaINWeightsError(f"{what}: {path} holds a {type(obj).__name__}, not a state_dict")
@@ -260,8 +271,11 @@ def _torch_load(path: Path, what: str) -> dict:
 
 
 def _load_into(net: nn.Sequential, state: Mapping, what: str, truncate: int | None = None) -> None:
-    state = {k: v for k, v in state.items()
-             if truncate is None or not (k.split(".")[0].isdigit() and int(k.split(".")[0]) >= truncate)}
+    state = {
+        k: v
+        for k, v in state.items()
+        if truncate is None or not (k.split(".")[0].isdigit() and int(k.split(".")[0]) >= truncate)
+    }
     try:  # the release's vgg_normalised goes on to relu5_4: layers past relu4_1 are dropped above
         net.load_state_dict(state, strict=True)
     except RuntimeError as e:
@@ -275,7 +289,8 @@ def load_adain_networks(weights, sha256, param: str = "train.ccst") -> AdaINNetw
         raise AdaINWeightsError(
             f"{what} is null: CCST needs the pretrained AdaIN VGG encoder and decoder (pytorch-AdaIN's "
             f"vgg_normalised.pth and decoder.pth): set {what} to {{vgg: <path|url>, decoder: <path|url>}} "
-            f"(or one combined file) and {what_sha} to their sha256")
+            f"(or one combined file) and {what_sha} to their sha256"
+        )
     if isinstance(weights, str) and weights == "random":
         return random_adain_networks(param=what)
     nets = AdaINNetworks()
@@ -285,19 +300,20 @@ def load_adain_networks(weights, sha256, param: str = "train.ccst") -> AdaINNetw
         blob.setdefault("vgg", blob.get("encoder"))
         missing = [k for k in NET_KEYS if not isinstance(blob.get(k), Mapping)]
         if missing:
-            raise AdaINWeightsError(f"{what}: {path} lacks the {missing} state_dict(s) "
-                                    f"(expected {{'vgg': ..., 'decoder': ...}})")
+            raise AdaINWeightsError(
+                f"{what}: {path} lacks the {missing} state_dict(s) (expected {{'vgg': ..., 'decoder': ...}})"
+            )
         states = {k: blob[k] for k in NET_KEYS}
     elif isinstance(weights, Mapping):
         if set(weights) != set(NET_KEYS):
             raise AdaINWeightsError(f"{what} must have exactly the keys {list(NET_KEYS)}, got {sorted(weights)}")
         if not isinstance(sha256, Mapping) or set(sha256) != set(NET_KEYS):
-            raise AdaINWeightsError(f"{what_sha} must map {list(NET_KEYS)} to sha256 values (as {what} does), "
-                                    f"got {sha256!r}")
+            raise AdaINWeightsError(
+                f"{what_sha} must map {list(NET_KEYS)} to sha256 values (as {what} does), got {sha256!r}"
+            )
         states = {}
         for k in NET_KEYS:
-            path = _fetch(str(weights[k]), _check_sha(sha256[k], f"{what_sha}.{k}"), f"{what}.{k}",
-                          f"{what_sha}.{k}")
+            path = _fetch(str(weights[k]), _check_sha(sha256[k], f"{what_sha}.{k}"), f"{what}.{k}", f"{what_sha}.{k}")
             states[k] = _torch_load(path, f"{what}.{k}")
     else:
         raise AdaINWeightsError(f"{what} must be null, 'random', a path/URL or {{vgg, decoder}}, got {weights!r}")

@@ -75,6 +75,7 @@ torchvision's gray 0.2989 R + 0.587 G + 0.114 B (not truncated), sharpness its 3
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import functools
@@ -102,7 +103,7 @@ IDENTITY = -1  # op id of an unused chain slot or of a step beyond a chain's dep
 LUT_OPS = (AUTOCONTRAST, EQUALIZE, POSTERIZE, SOLARIZE)
 GEOMETRIC_OPS = (ROTATE, SHEAR_X, SHEAR_Y, TRANSLATE_X, TRANSLATE_Y)
 # torchvision's all_ops=True set (the reference code's AugMix): O plus the four ImageNet-C-overlapping ops
-ALL_OPS = OPS + ("brightness", "color", "contrast", "sharpness")
+ALL_OPS = (*OPS, "brightness", "color", "contrast", "sharpness")
 BRIGHTNESS, COLOR, CONTRAST, SHARPNESS = range(len(OPS), len(ALL_OPS))
 COLOR_OPS = (BRIGHTNESS, COLOR, CONTRAST, SHARPNESS)
 MAGNITUDE_BINS = 10  # torchvision AugMix: linspace(0, max, 10), bin < severity
@@ -130,9 +131,7 @@ class AugMixPlan:
 # ---------------------------------------------------------------------------------------------
 # Magnitudes (AugMix reference conventions, see module docstring)
 # ---------------------------------------------------------------------------------------------
-def op_magnitude(
-    op: torch.Tensor, level: torch.Tensor, sign: torch.Tensor, height: int, width: int
-) -> torch.Tensor:
+def op_magnitude(op: torch.Tensor, level: torch.Tensor, sign: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """Map a level u in [0.1, severity] (and a sign in {-1, +1}) to each op's parameter."""
     zero = torch.zeros_like(level)
     by_op = torch.stack(
@@ -270,12 +269,8 @@ def _affine_theta(op: torch.Tensor, magnitude: torch.Tensor, height: int, width:
     e = torch.where(is_rot, cos, one)
     b = torch.where(is_rot, -sin, torch.where(op == SHEAR_X, mag, zero))
     d = torch.where(is_rot, sin, torch.where(op == SHEAR_Y, mag, zero))
-    c = torch.where(
-        is_rot, cx - cos * cx + sin * cy, torch.where(op == TRANSLATE_X, mag, zero)
-    )
-    f = torch.where(
-        is_rot, cy - sin * cx - cos * cy, torch.where(op == TRANSLATE_Y, mag, zero)
-    )
+    c = torch.where(is_rot, cx - cos * cx + sin * cy, torch.where(op == TRANSLATE_X, mag, zero))
+    f = torch.where(is_rot, cy - sin * cx - cos * cy, torch.where(op == TRANSLATE_Y, mag, zero))
     ratio = height / width
     row_x = torch.stack([a, b * ratio, a + b * ratio + 2.0 * c / width - 1.0], dim=1)
     row_y = torch.stack([d / ratio, e, d / ratio + e + 2.0 * f / height - 1.0], dim=1)
@@ -297,7 +292,7 @@ def _affine_grid(theta: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 def _geometric_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:
     """Rotate/shear/translate, image i by op[i] (bilinear, fill 0; identity map for other ops)."""
-    n, c, h, w = y.shape
+    _n, _c, h, w = y.shape
     grid = _affine_grid(_affine_theta(op, magnitude, h, w).to(y.dtype), h, w)
     return F.grid_sample(y, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
@@ -337,14 +332,21 @@ def _color_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -> to
     smooth = y.clone()
     smooth[:, :, 1:-1, 1:-1] = F.conv2d(y, kernel, groups=y.shape[1])
     out = y
-    for op_id, degenerate in ((BRIGHTNESS, torch.zeros_like(gray)), (COLOR, gray),
-                              (CONTRAST, gray.mean(dim=(1, 2, 3), keepdim=True)), (SHARPNESS, smooth)):
+    for op_id, degenerate in (
+        (BRIGHTNESS, torch.zeros_like(gray)),
+        (COLOR, gray),
+        (CONTRAST, gray.mean(dim=(1, 2, 3), keepdim=True)),
+        (SHARPNESS, smooth),
+    ):
         out = torch.where((op == op_id)[:, None, None, None], (f * y + (1.0 - f) * degenerate).clamp(0.0, 1.0), out)
     return out
 
 
 def _apply_step(
-    y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor, compact: bool | None = None,
+    y: torch.Tensor,
+    op: torch.Tensor,
+    magnitude: torch.Tensor,
+    compact: bool | None = None,
     all_ops: bool = False,
 ) -> torch.Tensor:
     """One chain step: image i gets op[i] with magnitude[i] (IDENTITY leaves it unchanged).
@@ -380,8 +382,9 @@ def _augmix_with(x: torch.Tensor, plan: AugMixPlan, all_ops: bool = False) -> to
     y = x.float()
     chains = y.repeat(S, 1, 1, 1)  # row s * B + b is chain slot s of sample b
     for step in range(D):
-        chains = _apply_step(chains, plan.op[:, :, step].reshape(-1), plan.magnitude[:, :, step].reshape(-1),
-                             all_ops=all_ops)
+        chains = _apply_step(
+            chains, plan.op[:, :, step].reshape(-1), plan.magnitude[:, :, step].reshape(-1), all_ops=all_ops
+        )
     chains = chains.view(S, B, c, h, w)
     weight = plan.weight.to(y.dtype)
     x_aug = weight[:, 0, None, None, None] * chains[0]
@@ -408,30 +411,39 @@ def augmix(
 # ---------------------------------------------------------------------------------------------
 # The reference code's AugMix: torchvision's, one op chain per batch (module docstring)
 # ---------------------------------------------------------------------------------------------
-def batch_op_magnitude(op: torch.Tensor, level_bin: torch.Tensor, sign: torch.Tensor,
-                       height: int, width: int) -> torch.Tensor:
+def batch_op_magnitude(
+    op: torch.Tensor, level_bin: torch.Tensor, sign: torch.Tensor, height: int, width: int
+) -> torch.Tensor:
     """torchvision AugMix's parameter of each op of ALL_OPS: linspace(0, max, 10)[bin], signed
     where the op is signed (0 for autocontrast, equalize and IDENTITY)."""
     frac = level_bin.to(torch.float32) / (MAGNITUDE_BINS - 1)  # linspace(0, max, 10)[bin] = max * frac
     zero = torch.zeros_like(frac)
-    by_op = torch.stack([
-        zero,  # autocontrast
-        zero,  # equalize
-        4.0 - torch.round(level_bin.to(torch.float32) / ((MAGNITUDE_BINS - 1) / 4.0)),  # posterize: bits kept
-        sign * 30.0 * frac,  # rotate: degrees
-        255.0 * (1.0 - frac),  # solarize: threshold, linspace(255, 0, 10)
-        sign * 0.3 * frac,  # shear_x
-        sign * 0.3 * frac,  # shear_y
-        sign * torch.trunc(width / 3.0 * frac),  # translate_x: int() pixels
-        sign * torch.trunc(height / 3.0 * frac),  # translate_y
-        *[sign * 0.9 * frac] * 4,  # brightness, color, contrast, sharpness: factor 1 + magnitude
-    ])
+    by_op = torch.stack(
+        [
+            zero,  # autocontrast
+            zero,  # equalize
+            4.0 - torch.round(level_bin.to(torch.float32) / ((MAGNITUDE_BINS - 1) / 4.0)),  # posterize: bits kept
+            sign * 30.0 * frac,  # rotate: degrees
+            255.0 * (1.0 - frac),  # solarize: threshold, linspace(255, 0, 10)
+            sign * 0.3 * frac,  # shear_x
+            sign * 0.3 * frac,  # shear_y
+            sign * torch.trunc(width / 3.0 * frac),  # translate_x: int() pixels
+            sign * torch.trunc(height / 3.0 * frac),  # translate_y
+            *[sign * 0.9 * frac] * 4,  # brightness, color, contrast, sharpness: factor 1 + magnitude
+        ]
+    )
     return by_op.gather(0, op.clamp_min(0).unsqueeze(0)).squeeze(0) * (op >= 0)
 
 
-def sample_batch_augmix_plan(batch: int, height: int, width: int, beta: float = 1.0, severity: int = 3,
-                             generator: torch.Generator | None = None,
-                             device: torch.device | str | None = None) -> AugMixPlan:
+def sample_batch_augmix_plan(
+    batch: int,
+    height: int,
+    width: int,
+    beta: float = 1.0,
+    severity: int = 3,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> AugMixPlan:
     """torchvision AugMix's draws for a batch: 3 chains of depth U{1,2,3}, each step's op
     (uniform over ALL_OPS), magnitude bin (U{0..severity-1}) and sign shared by the whole batch;
     per sample only w ~ Dirichlet(beta, beta, beta) and m ~ Beta(beta, beta)."""
@@ -460,8 +472,9 @@ def to_uint8_levels(x01: torch.Tensor, wrap: bool = False) -> torch.Tensor:
     return levels / 255.0
 
 
-def augmix_batch(x: torch.Tensor, beta: float = 1.0, severity: int = 3,
-                 generator: torch.Generator | None = None) -> torch.Tensor:
+def augmix_batch(
+    x: torch.Tensor, beta: float = 1.0, severity: int = 3, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """The reference code's AugMix on x [B, C, H, W] of 8-bit levels in [0, 1]: one op chain per
     batch (``sample_batch_augmix_plan``); the result is truncated to 8 bits as torchvision's is."""
     if x.dim() != 4:

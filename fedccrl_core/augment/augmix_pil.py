@@ -14,10 +14,11 @@ on how busy the machine was when it started.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -67,8 +68,9 @@ def host_augmix(img_u8: np.ndarray, beta: float, severity: int, rng: np.random.G
     return np.clip(m * (img_u8.astype(np.float32) / 255.0) + (1 - m) * mix, 0.0, 1.0)  # line 13
 
 
-def augmix_pil(x: torch.Tensor, beta: float = 1.0, severity: int = 3,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+def augmix_pil(
+    x: torch.Tensor, beta: float = 1.0, severity: int = 3, generator: torch.Generator | None = None
+) -> torch.Tensor:
     """Alg. 3 per sample with PIL: x [B, C, H, W] in [0, 1] (any device) -> x_hat on x's device."""
     if x.dim() != 4:
         raise ValueError(f"augmix_pil expects a [B, C, H, W] batch, got shape {tuple(x.shape)}")
@@ -79,9 +81,12 @@ def augmix_pil(x: torch.Tensor, beta: float = 1.0, severity: int = 3,
     return torch.from_numpy(out).permute(0, 3, 1, 2).to(device=x.device, dtype=x.dtype)
 
 
-def fastest(candidates: dict[str, Callable[[], object]], repeats: int = 3,
-            timer: Callable[[], float] = time.perf_counter, sync: Callable[[], None] = lambda: None
-            ) -> tuple[str, dict[str, float]]:
+def fastest(
+    candidates: dict[str, Callable[[], object]],
+    repeats: int = 3,
+    timer: Callable[[], float] = time.perf_counter,
+    sync: Callable[[], None] = lambda: None,
+) -> tuple[str, dict[str, float]]:
     """The candidate with the smallest best-of-`repeats` time (after one untimed warm call), and every
     candidate's seconds; ties go to the first listed."""
     seconds = {}
@@ -98,13 +103,17 @@ def fastest(candidates: dict[str, Callable[[], object]], repeats: int = 3,
     return min(seconds, key=lambda n: (seconds[n], list(candidates).index(n))), seconds
 
 
-def probe_augmix_impl(device: torch.device, size: int, batch: int, beta: float = 1.0, severity: int = 3,
-                      repeats: int = 3) -> tuple[str, dict[str, float]]:
+def probe_augmix_impl(
+    device: torch.device, size: int, batch: int, beta: float = 1.0, severity: int = 3, repeats: int = 3
+) -> tuple[str, dict[str, float]]:
     """Time both per-sample implementations on a [batch, 3, size, size] batch on `device`; the faster one."""
     from fedccrl_core.augment.augmix import augmix
 
     g = torch.Generator(device=device).manual_seed(0)
     x = torch.rand((batch, 3, size, size), generator=g, device=device)
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    return fastest({"tensor": lambda: augmix(x, beta, severity, g),
-                    "pil": lambda: augmix_pil(x, beta, severity, g)}, repeats, sync=sync)
+    return fastest(
+        {"tensor": lambda: augmix(x, beta, severity, g), "pil": lambda: augmix_pil(x, beta, severity, g)},
+        repeats,
+        sync=sync,
+    )

@@ -51,6 +51,7 @@ U**10 underflows float32 and a plain G1 / (G1 + G2) would give 0/0.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import math
@@ -220,8 +221,9 @@ def ccdt(
     return mixstyle(x, pool_mu.index_select(0, idx), pool_sigma.index_select(0, idx), lam, eps, unbiased)
 
 
-def pool_rows(n_pool: int, batch: int, pool_draw: str = "with_replacement",
-              generator: torch.Generator | None = None, device=None) -> torch.Tensor:
+def pool_rows(
+    n_pool: int, batch: int, pool_draw: str = "with_replacement", generator: torch.Generator | None = None, device=None
+) -> torch.Tensor:
     """Indices of the pool rows of a batch: "with_replacement" (Alg. 2 line 5, each sample on its
     own) or "reference" (distinct rows when n_pool >= batch, with replacement otherwise)."""
     if pool_draw == "reference" and n_pool >= batch:

@@ -12,6 +12,7 @@ our checks run on every member before anything is written, and name it); a zip m
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os
@@ -45,7 +46,7 @@ def _link_target_inside(member: PurePosixPath, target: str, symlink: bool) -> Pu
     t = target.replace("\\", "/")
     if t.startswith("/") or (len(t) >= 2 and t[1] == ":"):
         return None
-    base = list(member.parent.parts) if symlink else []   # hardlink targets are archive-root relative
+    base = list(member.parent.parts) if symlink else []  # hardlink targets are archive-root relative
     for p in t.split("/"):
         if p in ("", "."):
             continue
@@ -60,9 +61,9 @@ def _link_target_inside(member: PurePosixPath, target: str, symlink: bool) -> Pu
 
 @dataclass
 class _Plan:
-    files: list = field(default_factory=list)      # (member handle, relpath)
-    dirs: list = field(default_factory=list)       # relpath
-    links: list = field(default_factory=list)      # (relpath, target relpath)
+    files: list = field(default_factory=list)  # (member handle, relpath)
+    dirs: list = field(default_factory=list)  # relpath
+    links: list = field(default_factory=list)  # (relpath, target relpath)
     total_bytes: int = 0
 
 
@@ -71,15 +72,18 @@ def _plan_zip(zf: zipfile.ZipFile, archive: Path) -> _Plan:
     for info in zf.infolist():
         rel = member_path(info.filename)
         if rel is None:
-            raise UnsafeArchiveError(f"{archive}: unsafe member {info.filename!r} (absolute path or '..'); "
-                                     f"nothing was extracted")
+            raise UnsafeArchiveError(
+                f"{archive}: unsafe member {info.filename!r} (absolute path or '..'); nothing was extracted"
+            )
         mode = (info.external_attr >> 16) & 0xFFFF
         if stat.S_ISLNK(mode):
             target = zf.read(info).decode("utf-8", "replace")
             inside = _link_target_inside(rel, target, symlink=True)
             if inside is None:
-                raise UnsafeArchiveError(f"{archive}: symlink member {info.filename!r} -> {target!r} points "
-                                         f"outside the extraction directory; nothing was extracted")
+                raise UnsafeArchiveError(
+                    f"{archive}: symlink member {info.filename!r} -> {target!r} points "
+                    f"outside the extraction directory; nothing was extracted"
+                )
             plan.links.append((rel, inside))
             continue
         if info.flag_bits & 0x1:
@@ -88,8 +92,9 @@ def _plan_zip(zf: zipfile.ZipFile, archive: Path) -> _Plan:
             plan.dirs.append(rel)
             continue
         if mode and not (stat.S_ISREG(mode) or stat.S_IFMT(mode) == 0):
-            raise UnsafeArchiveError(f"{archive}: member {info.filename!r} is not a regular file "
-                                     f"(mode {oct(mode)}); nothing was extracted")
+            raise UnsafeArchiveError(
+                f"{archive}: member {info.filename!r} is not a regular file (mode {oct(mode)}); nothing was extracted"
+            )
         plan.files.append((info, rel))
         plan.total_bytes += info.file_size
     return plan
@@ -100,16 +105,19 @@ def _plan_tar(tf: tarfile.TarFile, archive: Path) -> _Plan:
     for m in tf.getmembers():
         rel = member_path(m.name)
         if rel is None:
-            raise UnsafeArchiveError(f"{archive}: unsafe member {m.name!r} (absolute path or '..'); "
-                                     f"nothing was extracted")
+            raise UnsafeArchiveError(
+                f"{archive}: unsafe member {m.name!r} (absolute path or '..'); nothing was extracted"
+            )
         if m.ischr() or m.isblk() or m.isfifo() or m.isdev():
             raise UnsafeArchiveError(f"{archive}: member {m.name!r} is a device or FIFO; nothing was extracted")
         if m.issym() or m.islnk():
             inside = _link_target_inside(rel, m.linkname, symlink=m.issym())
             if inside is None:
                 kind = "symlink" if m.issym() else "hardlink"
-                raise UnsafeArchiveError(f"{archive}: {kind} member {m.name!r} -> {m.linkname!r} points outside "
-                                         f"the extraction directory; nothing was extracted")
+                raise UnsafeArchiveError(
+                    f"{archive}: {kind} member {m.name!r} -> {m.linkname!r} points outside "
+                    f"the extraction directory; nothing was extracted"
+                )
             plan.links.append((rel, inside))
             continue
         if m.isdir() or str(rel) == ".":
@@ -161,8 +169,10 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
             raise DataError(f"{archive}: corrupt archive ({e})") from e
         free = shutil.disk_usage(dest).free
         if plan.total_bytes > free:
-            raise DataError(f"{archive}: needs {fmt_mb(plan.total_bytes)} to extract but only {fmt_mb(free)} "
-                            f"is free next to the output")
+            raise DataError(
+                f"{archive}: needs {fmt_mb(plan.total_bytes)} to extract but only {fmt_mb(free)} "
+                f"is free next to the output"
+            )
         for rel in plan.dirs:
             (dest / rel).mkdir(parents=True, exist_ok=True)
         bar = counter(len(plan.files), f"extract {archive.name}", progress)
@@ -178,8 +188,10 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
                 else:  # the member under its checked, normalized name
                     ar.extract(member.replace(name=str(rel), deep=False), dest, set_attrs=False, filter="data")
             except tarfile.FilterError as e:
-                raise UnsafeArchiveError(f"{archive}: member {member.name!r} refused by tarfile's data filter "
-                                         f"({e}); nothing usable was extracted") from e
+                raise UnsafeArchiveError(
+                    f"{archive}: member {member.name!r} refused by tarfile's data filter "
+                    f"({e}); nothing usable was extracted"
+                ) from e
             except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as e:
                 raise DataError(f"{archive}: cannot extract member {str(rel)!r} ({e})") from e
             bar.update(1)
@@ -190,6 +202,10 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
                 dst.parent.mkdir(parents=True, exist_ok=True)
                 shutil.copyfile(src, dst)
             elif progress:
-                print(f"extract {archive.name}: skipped link {str(rel)!r} -> {str(target_rel)!r} "
-                      f"(target is not a file in the archive)", file=sys.stderr, flush=True)
+                print(
+                    f"extract {archive.name}: skipped link {str(rel)!r} -> {str(target_rel)!r} "
+                    f"(target is not a file in the archive)",
+                    file=sys.stderr,
+                    flush=True,
+                )
     return len(plan.files)

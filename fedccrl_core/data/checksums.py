@@ -1,6 +1,7 @@
 """Streamed bytes: the chunk size for hashing, downloading and extracting; sha256 of a file; sizes in MB.
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import hashlib

@@ -35,6 +35,7 @@ each client sees few classes of a domain; a -> infinity: every client gets the d
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -86,7 +87,7 @@ def client_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
     """Integer counts [C, D]: floors of `expected_counts`, each domain's remainder to the largest fractions."""
     n = _check(domain_sizes, num_clients, lam)
     real = expected_counts(n, num_clients, lam)
-    counts = np.floor(real + 1e-9).astype(np.int64)         # 1e-9: 2.9999999 from float error is 3
+    counts = np.floor(real + 1e-9).astype(np.int64)  # 1e-9: 2.9999999 from float error is 3
     for d in range(n.size):
         short = int(n[d] - counts[:, d].sum())
         frac = real[:, d] - counts[:, d]
@@ -95,9 +96,15 @@ def client_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
     return counts
 
 
-def assign(domain_of: np.ndarray, num_domains: int, num_clients: int, lam: float,
-           rng: np.random.Generator, labels: np.ndarray | None = None,
-           dirichlet_alpha: float | None = None) -> list[np.ndarray]:
+def assign(
+    domain_of: np.ndarray,
+    num_domains: int,
+    num_clients: int,
+    lam: float,
+    rng: np.random.Generator,
+    labels: np.ndarray | None = None,
+    dirichlet_alpha: float | None = None,
+) -> list[np.ndarray]:
     """Indices (into `domain_of`, an example -> domain index array) of each client; every example exactly once.
     With `dirichlet_alpha` (and `labels`), each domain's share of a client follows its class preference
     (module docstring, "Label skew"); without, the benchmark's dealing."""
@@ -113,7 +120,7 @@ def assign(domain_of: np.ndarray, num_domains: int, num_clients: int, lam: float
         return [np.sort(np.concatenate(p)) for p in parts]
     labels = np.asarray(labels)
     classes = np.unique(labels)
-    q = rng.dirichlet(np.full(classes.size, float(dirichlet_alpha)), size=num_clients)   # q_c, one per client
+    q = rng.dirichlet(np.full(classes.size, float(dirichlet_alpha)), size=num_clients)  # q_c, one per client
     for d in range(num_domains):
         in_d = domain_of == d
         n_dk = np.array([int((in_d & (labels == k)).sum()) for k in classes])
@@ -131,18 +138,18 @@ def class_counts(rows: np.ndarray, cols: np.ndarray, q: np.ndarray, iters: int =
     rows, cols = np.asarray(rows, np.int64), np.asarray(cols, np.int64)
     if rows.sum() != cols.sum():
         raise ValueError(f"class_counts: row total {rows.sum()} != column total {cols.sum()}")
-    x = rows[:, None] * np.maximum(q, 1e-12)           # q > 0 keeps every cell reachable, so Sinkhorn converges
+    x = rows[:, None] * np.maximum(q, 1e-12)  # q > 0 keeps every cell reachable, so Sinkhorn converges
     for _ in range(iters):
         x *= np.divide(cols, x.sum(0), out=np.zeros(cols.size), where=x.sum(0) > 0)[None, :]
         x *= np.divide(rows, x.sum(1), out=np.zeros(rows.size), where=x.sum(1) > 0)[:, None]
         if np.abs(x.sum(0) - cols).max() < 1e-6:
             break
     out = np.floor(x + 1e-9).astype(np.int64)
-    for k in range(cols.size):                          # exact columns: largest remainder (ties: lower client)
+    for k in range(cols.size):  # exact columns: largest remainder (ties: lower client)
         short = int(cols[k] - out[:, k].sum())
         order = sorted(range(rows.size), key=lambda c: (-(x[c, k] - out[c, k]), c))
         out[order[:short], k] += 1
-    while True:                                         # exact rows: move one example of a class from over to under
+    while True:  # exact rows: move one example of a class from over to under
         gap = out.sum(1) - rows
         if not gap.any():
             return out

@@ -14,6 +14,7 @@ and a checksum mismatch are not.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import contextlib
@@ -52,9 +53,11 @@ class _Deadline:
         if self.left() <= 0:
             of = f" of {fmt_mb(expected)}" if expected else ""
             at = f"{fmt_mb(got)}{of} received; " if got is not None else ""
-            raise DataError(f"{self.url}: the download did not finish within download.deadline_s={self.deadline_s:g} s "
-                            f"({at}the server sends too slowly or keeps failing). Raise download.deadline_s, "
-                            f"or download the file by hand and set dataset.source to its path")
+            raise DataError(
+                f"{self.url}: the download did not finish within download.deadline_s={self.deadline_s:g} s "
+                f"({at}the server sends too slowly or keeps failing). Raise download.deadline_s, "
+                f"or download the file by hand and set dataset.source to its path"
+            )
 
 
 def _download_once(url: str, dest: Path, timeout_s: float, progress: bool, label: str, deadline: _Deadline) -> str:
@@ -74,8 +77,10 @@ def _download_once(url: str, dest: Path, timeout_s: float, progress: bool, label
     with resp:
         ctype = (resp.headers.get("Content-Type") or "").lower()
         if ctype.startswith("text/html"):
-            raise DataError(f"{url}: the server sent an HTML page, not an archive (a sign-in, quota or "
-                            f"confirmation page?); download the file by hand and set dataset.source to its path")
+            raise DataError(
+                f"{url}: the server sent an HTML page, not an archive (a sign-in, quota or "
+                f"confirmation page?); download the file by hand and set dataset.source to its path"
+            )
         length = resp.headers.get("Content-Length")
         expected = int(length) if length and length.isdigit() else None
         with open(dest, "wb") as f, counter(expected, f"download {label}", progress, nbytes=True) as bar:
@@ -99,9 +104,17 @@ def _download_once(url: str, dest: Path, timeout_s: float, progress: bool, label
     return h.hexdigest()
 
 
-def download_url(url: str, dest: str | os.PathLike, sha256: str | None = None, timeout_s: float = 60,
-                 retries: int = 3, backoff_s: float = 1.0, progress: bool = True, label: str | None = None,
-                 deadline_s: float | None = DEADLINE_S) -> str:
+def download_url(
+    url: str,
+    dest: str | os.PathLike,
+    sha256: str | None = None,
+    timeout_s: float = 60,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    progress: bool = True,
+    label: str | None = None,
+    deadline_s: float | None = DEADLINE_S,
+) -> str:
     """Stream `url` to `dest` (retries with exponential backoff); return the file's sha256.
 
     A Content-Length that is not met (a connection dropped midway) is an error, never a short
@@ -123,14 +136,19 @@ def download_url(url: str, dest: str | os.PathLike, sha256: str | None = None, t
                 deadline.check()
                 if attempt >= retries:
                     raise DataError(f"{url}: download failed after {attempt + 1} attempt(s): {e}") from e
-                wait = min(backoff_s * (2 ** attempt), max(0.0, deadline.left()))
-                print(f"download {label}: {e}; retrying in {wait:.1f}s ({attempt + 1}/{retries})",
-                      file=sys.stderr, flush=True)
+                wait = min(backoff_s * (2**attempt), max(0.0, deadline.left()))
+                print(
+                    f"download {label}: {e}; retrying in {wait:.1f}s ({attempt + 1}/{retries})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 time.sleep(wait)
                 attempt += 1
         if want and digest != want:
-            raise ChecksumError(f"{url}: sha256 mismatch for {label}: expected {want}, got {digest} "
-                                f"(dataset.sha256); nothing was extracted")
+            raise ChecksumError(
+                f"{url}: sha256 mismatch for {label}: expected {want}, got {digest} "
+                f"(dataset.sha256); nothing was extracted"
+            )
         return digest
     except BaseException:
         with contextlib.suppress(OSError):

@@ -8,6 +8,7 @@ eval transform and ONNX serving all use this function, so the policy lives only 
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os
@@ -96,8 +97,15 @@ def load_rgb(path: str | os.PathLike) -> Image.Image:
                 rgb.load()
                 if rgb is im:
                     rgb = im.copy()
-    except (OSError, ValueError, SyntaxError, EOFError, Image.DecompressionBombError,
-            Image.DecompressionBombWarning, MemoryError) as e:
+    except (
+        OSError,
+        ValueError,
+        SyntaxError,
+        EOFError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+        MemoryError,
+    ) as e:
         # OSError covers UnidentifiedImageError, "image file is truncated", broken data streams
         raise DataError(f"{path}: {_reason(path, e)}") from e
     if rgb.size[0] < 1 or rgb.size[1] < 1:
@@ -122,8 +130,8 @@ def decode_resized(path: str | os.PathLike, size: int) -> np.ndarray:
 
 # ---- parallel decoding (validate: check every file; partition: decode + resize once) ----
 
-DEFAULT_WORKERS = 2          # the brief's pool of 2; FEDCCRL_DATA_WORKERS overrides
-_INLINE_BELOW = 2000         # fewer items: decode in-process (starting a pool costs more than it saves)
+DEFAULT_WORKERS = 2  # the brief's pool of 2; FEDCCRL_DATA_WORKERS overrides
+_INLINE_BELOW = 2000  # fewer items: decode in-process (starting a pool costs more than it saves)
 
 
 def default_workers() -> int:
@@ -138,12 +146,13 @@ def default_workers() -> int:
 
 def _strip_path(path: str, e: DataError) -> str:
     msg = str(e)
-    return msg[len(path) + 2:] if msg.startswith(path + ": ") else msg
+    return msg[len(path) + 2 :] if msg.startswith(path + ": ") else msg
 
 
 def _check_one(path: str) -> tuple[str | None, str | None]:
     """Worker: (None if the file decodes else the reason, sha256 of the file's bytes or None)."""
     import hashlib
+
     try:
         with open(path, "rb") as f:
             digest = hashlib.sha256(f.read()).hexdigest()
@@ -178,6 +187,7 @@ def pool_map(fn, items: list, workers: int | None, label: str, progress: bool, i
                 bar.update(1)
             return
         import multiprocessing as mp
+
         method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         ctx = mp.get_context(method)
         chunk = max(1, min(64, n // (workers * 8) or 1))
@@ -187,13 +197,15 @@ def pool_map(fn, items: list, workers: int | None, label: str, progress: bool, i
                 bar.update(1)
 
 
-def check_images(paths: list[str | os.PathLike], workers: int | None = None, progress: bool = True,
-                 label: str = "validate") -> list[tuple[str | None, str | None]]:
+def check_images(
+    paths: list[str | os.PathLike], workers: int | None = None, progress: bool = True, label: str = "validate"
+) -> list[tuple[str | None, str | None]]:
     """Decode every file with load_rgb; per path (None if good else the reason, sha256 of its bytes)."""
     return list(pool_map(_check_one, [str(p) for p in paths], workers, label, progress))
 
 
-def decode_images(paths: list[str | os.PathLike], size: int, workers: int | None = None, progress: bool = True,
-                  label: str = "decode"):
+def decode_images(
+    paths: list[str | os.PathLike], size: int, workers: int | None = None, progress: bool = True, label: str = "decode"
+):
     """Yield (uint8 [size,size,3] or None, reason or None) per path, in order (load_rgb + resize_u8)."""
     yield from pool_map(_decode_one, [(str(p), size) for p in paths], workers, label, progress)

@@ -5,6 +5,7 @@ A tree is recognized by the registry's domain names (`find_registry_root`), as a
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os
@@ -15,7 +16,6 @@ from fedccrl_core.data.archives import member_path
 from fedccrl_core.data.images import is_ignored_name
 from fedccrl_core.data.tree import scan_classes, subfolders
 from fedccrl_core.foundation.errors import DataError
-
 
 _MAX_DEPTH = 5
 
@@ -55,12 +55,16 @@ def find_registry_root(top: Path, spec) -> tuple[Path, dict[str, Path]]:
         if len(mapping) > best[0]:
             best = (len(mapping), d, mapping)
     if best[1] is None:
-        raise DataError(f"{spec.name}: none of the domain folders {', '.join(spec.domains)} was found in the "
-                        f"source (searched {_MAX_DEPTH} levels deep)")
+        raise DataError(
+            f"{spec.name}: none of the domain folders {', '.join(spec.domains)} was found in the "
+            f"source (searched {_MAX_DEPTH} levels deep)"
+        )
     missing = [d for d in spec.domains if d not in best[2]]
-    raise DataError(f"{spec.name}: domain '{missing[0]}' is missing from the source (found "
-                    f"{', '.join(sorted(best[2]))} in {best[1].relative_to(top) if best[1] != top else '.'}; "
-                    f"missing: {', '.join(missing)})")
+    raise DataError(
+        f"{spec.name}: domain '{missing[0]}' is missing from the source (found "
+        f"{', '.join(sorted(best[2]))} in {best[1].relative_to(top) if best[1] != top else '.'}; "
+        f"missing: {', '.join(missing)})"
+    )
 
 
 def _has_files_at_depth(d: Path, depth: int) -> bool:
@@ -92,8 +96,11 @@ def find_imagefolder_root(top: Path) -> tuple[Path, dict[str, Path]]:
     root = top
     for _ in range(_MAX_DEPTH):
         subs = _subdirs(root)
-        if len(subs) == 1 and not _has_files_at_depth(subs[0], 1) \
-                and any(_has_files_at_depth(subs[0], k) for k in range(2, _MAX_DEPTH + 1)):
+        if (
+            len(subs) == 1
+            and not _has_files_at_depth(subs[0], 1)
+            and any(_has_files_at_depth(subs[0], k) for k in range(2, _MAX_DEPTH + 1))
+        ):
             root = subs[0]
             continue
         break
@@ -110,14 +117,18 @@ def _why_not(top: Path, root: Path) -> str:
         return f"it holds no files (searched {_MAX_DEPTH + 2} folder levels)"
     depth = len(first.relative_to(root).parts) - 1  # folders between root and the file
     where = f"below the wrapper folder(s) {root.relative_to(top).as_posix()}/" if root != top else "below the source"
-    found = (f"images must sit 2 folder levels down (<domain>/<class>/<image>), but the first file, "
-             f"{first.relative_to(top).as_posix()}, is {depth} folder level(s) {where}")
+    found = (
+        f"images must sit 2 folder levels down (<domain>/<class>/<image>), but the first file, "
+        f"{first.relative_to(top).as_posix()}, is {depth} folder level(s) {where}"
+    )
     if depth < 2:
         return f"{found}; add the missing <domain>/ or <class>/ folder(s)"
     subs = _subdirs(root)
-    return (f"{found}; a wrapper folder is stripped only when it holds a single folder, and this level holds "
-            f"{len(subs)} ({', '.join(s.name for s in subs[:4])}{', ...' if len(subs) > 4 else ''}): point "
-            f"dataset.source at the folder whose children are the domains")
+    return (
+        f"{found}; a wrapper folder is stripped only when it holds a single folder, and this level holds "
+        f"{len(subs)} ({', '.join(s.name for s in subs[:4])}{', ...' if len(subs) > 4 else ''}): point "
+        f"dataset.source at the folder whose children are the domains"
+    )
 
 
 def materialize(domain_dirs: dict[str, Path], out: Path, move: bool) -> list[dict]:
@@ -163,8 +174,10 @@ def materialize_split_files(top: Path, spec, out: Path, move: bool) -> tuple[lis
                     raise DataError(f"{spec.name}: {fpath.name} line {ln}: bad image path {parts[0]!r}")
                 cls = rel.parts[-2]
                 if label_of.setdefault(cls, parts[1]) != parts[1]:
-                    raise DataError(f"{spec.name}: {fpath.name} line {ln}: class '{cls}' has label {parts[1]}, "
-                                    f"elsewhere {label_of[cls]}")
+                    raise DataError(
+                        f"{spec.name}: {fpath.name} line {ln}: class '{cls}' has label {parts[1]}, "
+                        f"elsewhere {label_of[cls]}"
+                    )
                 dst_rel = f"{domain}/{cls}/{rel.parts[-1]}"
                 if dst_rel in seen:
                     ignored.append({"path": dst_rel, "reason": f"listed twice (again in {fpath.name})"})

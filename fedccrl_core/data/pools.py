@@ -18,6 +18,7 @@ rounding="floor")` and `unbiased_sigma` give that (train.fedccrl.upload: floor_u
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import inspect
@@ -52,26 +53,29 @@ def compute_statistics(images_u8: np.ndarray, mean, std, batch: int = _BATCH) ->
     with torch.no_grad():
         for s in range(0, n, batch):
             # NHWC -> contiguous NCHW first: the per-channel reductions of Eq. 6-7 then run on contiguous planes
-            x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8[s:s + batch].transpose(0, 3, 1, 2))),
-                             mean, std)
+            x = normalize_u8(
+                torch.from_numpy(np.ascontiguousarray(images_u8[s : s + batch].transpose(0, 3, 1, 2))), mean, std
+            )
             m, sd = channel_stats(x)
-            mu[s:s + batch] = m.numpy()
-            sigma[s:s + batch] = sd.numpy()
+            mu[s : s + batch] = m.numpy()
+            sigma[s : s + batch] = sd.numpy()
     return mu, sigma
 
 
 def _check_mean_std(mean, std) -> tuple[list[float], list[float]]:
     for key, v in (("preprocess.mean", mean), ("preprocess.std", std)):
-        if (not isinstance(v, (list, tuple)) or len(v) != 3
-                or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in v)):
+        if (
+            not isinstance(v, (list, tuple))
+            or len(v) != 3
+            or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in v)
+        ):
             raise DataError(f"params.yaml: {key} must be a list of 3 numbers, got {v!r}")
     if any(s <= 0 for s in std):
         raise DataError(f"params.yaml: preprocess.std must be > 0, got {std!r}")
     return [float(a) for a in mean], [float(a) for a in std]
 
 
-def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean, std,
-                progress: bool = True) -> dict:
+def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean, std, progress: bool = True) -> dict:
     """The pools stage: statistics of every client's training samples, written atomically."""
     from fedccrl_core.data.shards import load_client, load_manifest
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
@@ -95,14 +99,18 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
             "format_version": FORMAT_VERSION,
             "dataset": shards["dataset"],
             "image_size": shards["image_size"],
-            "mean": mean, "std": std, "eps": eps,
+            "mean": mean,
+            "std": std,
+            "eps": eps,
             "statistics": "per-sample channel mean and std of (u8/255 - mean)/std (Eq. 6-7); "
-                          "rows align with the shard's train samples",
+            "rows align with the shard's train samples",
             "clients": entries,
         }
         write_json(stage / MANIFEST, manifest, indent=2, ensure_ascii=False)
     if progress:
-        print(f"pools: {len(entries)} clients -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"pools: {len(entries)} clients -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True
+        )
     return manifest
 
 
@@ -121,8 +129,9 @@ def check_pools(pools_dir: str | os.PathLike, client_ids: list[str]) -> None:
         raise DataError(f"{pools_dir / MANIFEST}: no client(s) {unlisted} ({STALE})")
     missing = [str(pools_dir / listed[c]) for c in client_ids if not (pools_dir / listed[c]).is_file()]
     if missing:
-        raise DataError(f"{missing[0]}: pool file missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1
-                                                              else ""))
+        raise DataError(
+            f"{missing[0]}: pool file missing" + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
 
 
 def load_pool(pools_dir: str | os.PathLike, client_id: str) -> tuple[np.ndarray, np.ndarray]:
@@ -159,14 +168,17 @@ def upload_size(n: int, r: float, rounding: str = "ceil") -> int:
     if rounding == "floor":
         k = int(n * r)
         if k == 0:
-            raise DataError(f"params.yaml: train.fedccrl.upload floor_unbiased uploads floor(r * n) = 0 rows "
-                            f"of a client with n = {n} (r = {r}); raise r or use upload: ceil")
+            raise DataError(
+                f"params.yaml: train.fedccrl.upload floor_unbiased uploads floor(r * n) = 0 rows "
+                f"of a client with n = {n} (r = {r}); raise r or use upload: ceil"
+            )
         return k
     return min(n, math.ceil(round(r * n, 9)))
 
 
-def sample_statistics(mu: np.ndarray, sigma: np.ndarray, r: float, generator: np.random.Generator,
-                      rounding: str = "ceil") -> tuple[np.ndarray, np.ndarray]:
+def sample_statistics(
+    mu: np.ndarray, sigma: np.ndarray, r: float, generator: np.random.Generator, rounding: str = "ceil"
+) -> tuple[np.ndarray, np.ndarray]:
     """Eq. 8: F_i = the statistics of ceil(r * n_i) (or floor, `upload_size`) of the client's samples,
     drawn without replacement."""
     if mu.shape != sigma.shape or mu.ndim != 2:

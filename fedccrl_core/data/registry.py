@@ -31,6 +31,7 @@ What is known and what is derived
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -38,9 +39,9 @@ from dataclasses import dataclass, field
 from fedccrl_core.foundation.errors import DataError
 
 # layout kinds: how a source's extracted tree maps onto <domain>/<class>/<image>
-LAYOUT_FOLDERS = "folders"              # <root>/<domain>/<class>/<image>
-LAYOUT_SPLIT_FILES = "split_files"      # Dassl miniDomainNet: <root>/splits_mini/<domain>_{train,test}.txt
-LAYOUT_GENERATED = "generated"          # synthetic.py writes the tree itself
+LAYOUT_FOLDERS = "folders"  # <root>/<domain>/<class>/<image>
+LAYOUT_SPLIT_FILES = "split_files"  # Dassl miniDomainNet: <root>/splits_mini/<domain>_{train,test}.txt
+LAYOUT_GENERATED = "generated"  # synthetic.py writes the tree itself
 
 AUTO = "auto"
 
@@ -53,16 +54,18 @@ def gdrive_url(file_id: str) -> str:
 @dataclass(frozen=True)
 class Source:
     """One downloadable archive. sha256 None = unknown (computed, reported, to be pinned by the user)."""
+
     url: str
     sha256: str | None
-    folder: str | None          # dataset root folder inside the archive (informative; the root is also searched)
-    filename: str               # name to report the archive under
+    folder: str | None  # dataset root folder inside the archive (informative; the root is also searched)
+    filename: str  # name to report the archive under
     note: str = ""
 
 
 @dataclass(frozen=True)
 class KnownArchive:
     """An archive whose sha256 is known (e.g. the project's local copies); recognized by its hash."""
+
     sha256: str
     filename: str
     note: str
@@ -71,16 +74,16 @@ class KnownArchive:
 @dataclass(frozen=True)
 class DatasetSpec:
     name: str
-    domains: tuple[str, ...]                 # registry order = held-out index order; () = discovered (sorted)
-    classes: tuple[str, ...] | None          # sorted; None = derived from the data
-    domain_counts: tuple[int, ...] | None    # aligned with domains; None = not checked per domain
-    total: int | None                        # None = not checked
-    sources: tuple[Source, ...]              # the `registry` source; () = none (generated or user-provided)
+    domains: tuple[str, ...]  # registry order = held-out index order; () = discovered (sorted)
+    classes: tuple[str, ...] | None  # sorted; None = derived from the data
+    domain_counts: tuple[int, ...] | None  # aligned with domains; None = not checked per domain
+    total: int | None  # None = not checked
+    sources: tuple[Source, ...]  # the `registry` source; () = none (generated or user-provided)
     image_size: int
     backbone: str
     pretrained: str
     layout: str = LAYOUT_FOLDERS
-    domain_aliases: tuple[tuple[str, str], ...] = ()   # (folder name seen in archives, registry domain)
+    domain_aliases: tuple[tuple[str, str], ...] = ()  # (folder name seen in archives, registry domain)
     known_archives: tuple[KnownArchive, ...] = ()
     citation: str = ""
     notes: tuple[str, ...] = field(default=())
@@ -132,26 +135,99 @@ PACS = DatasetSpec(
     classes=("dog", "elephant", "giraffe", "guitar", "horse", "house", "person"),
     domain_counts=(1670, 2048, 2344, 3929),
     total=9991,
-    sources=(Source(url=gdrive_url("1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd"), sha256=None, folder="kfold",
-                    filename="PACS.zip", note="DomainBed's PACS zip (top folder kfold/)"),),
-    image_size=224, backbone="mobilenet_v3_large", pretrained="imagenet",
+    sources=(
+        Source(
+            url=gdrive_url("1JFr8f805nMUelQWWmfnJR3y4_SYoN5Pd"),
+            sha256=None,
+            folder="kfold",
+            filename="PACS.zip",
+            note="DomainBed's PACS zip (top folder kfold/)",
+        ),
+    ),
+    image_size=224,
+    backbone="mobilenet_v3_large",
+    pretrained="imagenet",
     known_archives=(
-        KnownArchive("3b45ceb3d20879e94e1104dfe2ab4c4845740076989ed6ad8523c9c94169b4f7", "pacs_224.zip",
-                     "local copy, 224x224 JPEG q90, layout PACS/<domain>/<class>/"),
-        KnownArchive("0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578", "pacs_128.zip",
-                     "local copy, 128x128 JPEG q85, layout PACS/<domain>/<class>/"),
+        KnownArchive(
+            "3b45ceb3d20879e94e1104dfe2ab4c4845740076989ed6ad8523c9c94169b4f7",
+            "pacs_224.zip",
+            "local copy, 224x224 JPEG q90, layout PACS/<domain>/<class>/",
+        ),
+        KnownArchive(
+            "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578",
+            "pacs_128.zip",
+            "local copy, 128x128 JPEG q85, layout PACS/<domain>/<class>/",
+        ),
     ),
     citation="Li et al., Deeper, Broader and Artier Domain Generalization, ICCV 2017",
 )
 
 OFFICEHOME_CLASSES = (
-    "Alarm_Clock", "Backpack", "Batteries", "Bed", "Bike", "Bottle", "Bucket", "Calculator", "Calendar",
-    "Candles", "Chair", "Clipboards", "Computer", "Couch", "Curtains", "Desk_Lamp", "Drill", "Eraser",
-    "Exit_Sign", "Fan", "File_Cabinet", "Flipflops", "Flowers", "Folder", "Fork", "Glasses", "Hammer",
-    "Helmet", "Kettle", "Keyboard", "Knives", "Lamp_Shade", "Laptop", "Marker", "Monitor", "Mop", "Mouse",
-    "Mug", "Notebook", "Oven", "Pan", "Paper_Clip", "Pen", "Pencil", "Postit_Notes", "Printer", "Push_Pin",
-    "Radio", "Refrigerator", "Ruler", "Scissors", "Screwdriver", "Shelf", "Sink", "Sneakers", "Soda",
-    "Speaker", "Spoon", "TV", "Table", "Telephone", "ToothBrush", "Toys", "Trash_Can", "Webcam",
+    "Alarm_Clock",
+    "Backpack",
+    "Batteries",
+    "Bed",
+    "Bike",
+    "Bottle",
+    "Bucket",
+    "Calculator",
+    "Calendar",
+    "Candles",
+    "Chair",
+    "Clipboards",
+    "Computer",
+    "Couch",
+    "Curtains",
+    "Desk_Lamp",
+    "Drill",
+    "Eraser",
+    "Exit_Sign",
+    "Fan",
+    "File_Cabinet",
+    "Flipflops",
+    "Flowers",
+    "Folder",
+    "Fork",
+    "Glasses",
+    "Hammer",
+    "Helmet",
+    "Kettle",
+    "Keyboard",
+    "Knives",
+    "Lamp_Shade",
+    "Laptop",
+    "Marker",
+    "Monitor",
+    "Mop",
+    "Mouse",
+    "Mug",
+    "Notebook",
+    "Oven",
+    "Pan",
+    "Paper_Clip",
+    "Pen",
+    "Pencil",
+    "Postit_Notes",
+    "Printer",
+    "Push_Pin",
+    "Radio",
+    "Refrigerator",
+    "Ruler",
+    "Scissors",
+    "Screwdriver",
+    "Shelf",
+    "Sink",
+    "Sneakers",
+    "Soda",
+    "Speaker",
+    "Spoon",
+    "TV",
+    "Table",
+    "Telephone",
+    "ToothBrush",
+    "Toys",
+    "Trash_Can",
+    "Webcam",
 )
 
 OFFICEHOME = DatasetSpec(
@@ -160,10 +236,18 @@ OFFICEHOME = DatasetSpec(
     classes=OFFICEHOME_CLASSES,
     domain_counts=(2427, 4365, 4439, 4357),
     total=15588,
-    sources=(Source(url=gdrive_url("1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC"), sha256=None,
-                    folder="OfficeHomeDataset_10072016", filename="office_home.zip",
-                    note="DomainBed's OfficeHome zip"),),
-    image_size=224, backbone="mobilenet_v3_large", pretrained="imagenet",
+    sources=(
+        Source(
+            url=gdrive_url("1uY0pj7oFsjMxRwaD3Sxy0jgel0fsYXLC"),
+            sha256=None,
+            folder="OfficeHomeDataset_10072016",
+            filename="office_home.zip",
+            note="DomainBed's OfficeHome zip",
+        ),
+    ),
+    image_size=224,
+    backbone="mobilenet_v3_large",
+    pretrained="imagenet",
     domain_aliases=(("Real World", "Real_World"), ("RealWorld", "Real_World")),
     citation="Venkateswara et al., Deep Hashing Network for Unsupervised Domain Adaptation, CVPR 2017",
 )
@@ -172,34 +256,48 @@ _DOMAINNET = "http://csr.bu.edu/ftp/visda/2019/multi-source"
 MINIDOMAINNET = DatasetSpec(
     name="minidomainnet",
     domains=("clipart", "painting", "real", "sketch"),
-    classes=None,            # derived from splits_mini (126 classes)
-    domain_counts=None,      # derived; see the module docstring for the recalled, unchecked values
+    classes=None,  # derived from splits_mini (126 classes)
+    domain_counts=None,  # derived; see the module docstring for the recalled, unchecked values
     total=140006,
     sources=(
         Source(f"{_DOMAINNET}/groundtruth/clipart.zip", None, None, "clipart.zip", "DomainNet cleaned"),
         Source(f"{_DOMAINNET}/groundtruth/painting.zip", None, None, "painting.zip", "DomainNet cleaned"),
         Source(f"{_DOMAINNET}/real.zip", None, None, "real.zip", "DomainNet"),
         Source(f"{_DOMAINNET}/sketch.zip", None, None, "sketch.zip", "DomainNet"),
-        Source(gdrive_url("15rrLDCrzyi6ZY-1vJar3u7plgLe4COL7"), None, "splits_mini", "splits_mini.zip",
-               "Dassl's miniDomainNet split files"),
+        Source(
+            gdrive_url("15rrLDCrzyi6ZY-1vJar3u7plgLe4COL7"),
+            None,
+            "splits_mini",
+            "splits_mini.zip",
+            "Dassl's miniDomainNet split files",
+        ),
     ),
-    image_size=128, backbone="mobilenet_v3_large", pretrained="imagenet",
+    image_size=128,
+    backbone="mobilenet_v3_large",
+    pretrained="imagenet",
     layout=LAYOUT_SPLIT_FILES,
     citation="Zhou et al., Domain Adaptive Ensemble Learning, IEEE TIP 2021 (miniDomainNet); "
-             "Peng et al., Moment Matching for Multi-Source Domain Adaptation, ICCV 2019 (DomainNet)",
+    "Peng et al., Moment Matching for Multi-Source Domain Adaptation, ICCV 2019 (DomainNet)",
     expected_num_classes=126,
 )
 
 IMAGEFOLDER = DatasetSpec(
     name="imagefolder",
-    domains=(), classes=None, domain_counts=None, total=None, sources=(),
-    image_size=224, backbone="mobilenet_v3_large", pretrained="imagenet",
+    domains=(),
+    classes=None,
+    domain_counts=None,
+    total=None,
+    sources=(),
+    image_size=224,
+    backbone="mobilenet_v3_large",
+    pretrained="imagenet",
     notes=("domains (sorted) and classes are discovered; every domain must hold the same classes",),
 )
 
 
 def _synthetic_spec() -> DatasetSpec:
     from fedccrl_core.data import synthetic
+
     n = synthetic.IMAGES_PER_CLASS * len(synthetic.CLASSES)
     return DatasetSpec(
         name="synthetic",
@@ -208,7 +306,9 @@ def _synthetic_spec() -> DatasetSpec:
         domain_counts=tuple(n for _ in synthetic.DOMAINS),
         total=n * len(synthetic.DOMAINS),
         sources=(),
-        image_size=32, backbone="small_cnn", pretrained="none",
+        image_size=32,
+        backbone="small_cnn",
+        pretrained="none",
         layout=LAYOUT_GENERATED,
         citation="generated by fedccrl_core.data.synthetic from dataset.seed",
     )
@@ -226,8 +326,9 @@ def dataset_names() -> tuple[str, ...]:
 def get_dataset(name: str) -> DatasetSpec:
     """The registry entry for `name`; DataError naming `dataset.name` for an unknown name."""
     if not isinstance(name, str) or name not in REGISTRY:
-        raise DataError(f"params.yaml: dataset.name {name!r} is not a registered dataset; "
-                        f"choose one of {', '.join(REGISTRY)}")
+        raise DataError(
+            f"params.yaml: dataset.name {name!r} is not a registered dataset; choose one of {', '.join(REGISTRY)}"
+        )
     return REGISTRY[name]
 
 

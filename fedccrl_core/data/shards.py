@@ -23,6 +23,7 @@ train_y int64 [n], train_paths str [n] (relative to the raw root), and the same 
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import json
@@ -54,13 +55,13 @@ _DIRICHLET_TRIES = 1000
 class ClientShard:
     client_id: str
     domain: str
-    train_x: np.ndarray     # uint8 [n_train, S, S, 3] NHWC
-    train_y: np.ndarray     # int64 [n_train]
-    val_x: np.ndarray       # uint8 [n_val, S, S, 3]
-    val_y: np.ndarray       # int64 [n_val]
+    train_x: np.ndarray  # uint8 [n_train, S, S, 3] NHWC
+    train_y: np.ndarray  # int64 [n_train]
+    val_x: np.ndarray  # uint8 [n_val, S, S, 3]
+    val_y: np.ndarray  # int64 [n_val]
     train_paths: np.ndarray  # str [n_train], relative to the raw root
-    val_paths: np.ndarray    # str [n_val]
-    train_rows: np.ndarray | None = None   # rows of the stored shard kept (None: all; see load_client exclude_domain)
+    val_paths: np.ndarray  # str [n_val]
+    train_rows: np.ndarray | None = None  # rows of the stored shard kept (None: all; see load_client exclude_domain)
 
     @property
     def n_train(self) -> int:
@@ -81,15 +82,17 @@ def _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
         raise DataError(f"params.yaml: partition.clients_per_domain must be an int >= 1, got {clients_per_domain!r}")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
         raise DataError(f"params.yaml: partition.val_fraction must be in [0, 1), got {val_fraction!r}")
-    if dirichlet_alpha is not None and (isinstance(dirichlet_alpha, bool)
-                                        or not isinstance(dirichlet_alpha, (int, float)) or dirichlet_alpha <= 0):
+    if dirichlet_alpha is not None and (
+        isinstance(dirichlet_alpha, bool) or not isinstance(dirichlet_alpha, (int, float)) or dirichlet_alpha <= 0
+    ):
         raise DataError(f"params.yaml: partition.dirichlet_alpha must be null or a number > 0, got {dirichlet_alpha!r}")
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise DataError(f"params.yaml: partition.seed must be an int, got {seed!r}")
 
 
-def assign_clients(labels: np.ndarray, num_clients: int, rng: np.random.Generator,
-                   dirichlet_alpha: float | None = None) -> list[np.ndarray]:
+def assign_clients(
+    labels: np.ndarray, num_clients: int, rng: np.random.Generator, dirichlet_alpha: float | None = None
+) -> list[np.ndarray]:
     """Indices of `labels` per client: stratified even split, or Dirichlet(alpha) label skew."""
     labels = np.asarray(labels)
     classes = np.unique(labels)
@@ -104,8 +107,9 @@ def assign_clients(labels: np.ndarray, num_clients: int, rng: np.random.Generato
             pos += idx.size
         return [np.sort(np.concatenate(p)) if p else np.empty(0, np.int64) for p in parts]
     if len(labels) < MIN_CLIENT_SAMPLES * num_clients:
-        raise DataError(f"partition: {len(labels)} samples cannot give {num_clients} clients "
-                        f"{MIN_CLIENT_SAMPLES} samples each")
+        raise DataError(
+            f"partition: {len(labels)} samples cannot give {num_clients} clients {MIN_CLIENT_SAMPLES} samples each"
+        )
     for _ in range(_DIRICHLET_TRIES):
         parts = [[] for _ in range(num_clients)]
         for c in classes:
@@ -117,13 +121,16 @@ def assign_clients(labels: np.ndarray, num_clients: int, rng: np.random.Generato
         out = [np.sort(np.concatenate(p)) for p in parts]
         if min(o.size for o in out) >= MIN_CLIENT_SAMPLES:
             return out
-    raise DataError(f"partition: no Dirichlet({dirichlet_alpha}) draw in {_DIRICHLET_TRIES} tries gave every "
-                    f"client {MIN_CLIENT_SAMPLES}+ samples; raise partition.dirichlet_alpha or lower "
-                    f"partition.clients_per_domain")
+    raise DataError(
+        f"partition: no Dirichlet({dirichlet_alpha}) draw in {_DIRICHLET_TRIES} tries gave every "
+        f"client {MIN_CLIENT_SAMPLES}+ samples; raise partition.dirichlet_alpha or lower "
+        f"partition.clients_per_domain"
+    )
 
 
-def split_train_val(idx: np.ndarray, labels: np.ndarray, val_fraction: float,
-                    rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def split_train_val(
+    idx: np.ndarray, labels: np.ndarray, val_fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Stratified train/val split of a client's indices.
 
     Class c gets floor(f * n_c) val samples, and the remaining round(f * n) - sum floors go to the
@@ -138,25 +145,31 @@ def split_train_val(idx: np.ndarray, labels: np.ndarray, val_fraction: float,
     n_c = np.array([(y == c).sum() for c in classes])
     quota = val_fraction * n_c
     take = np.floor(quota).astype(int)
-    extra = int(round(val_fraction * idx.size)) - int(take.sum())
+    extra = round(val_fraction * idx.size) - int(take.sum())
     order = sorted(range(len(classes)), key=lambda i: (-(quota[i] - take[i]), i))
-    for i in order[:max(0, extra)]:
+    for i in order[: max(0, extra)]:
         take[i] += 1
     val, train = [], []
     for c, t in zip(classes, take):
         members = rng.permutation(idx[y == c])
-        t = min(t, members.size - 1) if members.size > 1 else 0   # never empty a class's train side
+        t = min(t, members.size - 1) if members.size > 1 else 0  # never empty a class's train side
         val.append(members[:t])
         train.append(members[t:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
 SCHEMES = ("per_domain", "reference", "feddg_bench")
-MIXED = "mixed"   # the `domain` of a feddg_bench client holding examples of several domains
+MIXED = "mixed"  # the `domain` of a feddg_bench client holding examples of several domains
 
 
-def client_splits(labels: np.ndarray, num_clients: int, val_fraction: float, rng: np.random.Generator,
-                  dirichlet_alpha: float | None = None, scheme: str = "per_domain") -> list[tuple[np.ndarray, np.ndarray]]:
+def client_splits(
+    labels: np.ndarray,
+    num_clients: int,
+    val_fraction: float,
+    rng: np.random.Generator,
+    dirichlet_alpha: float | None = None,
+    scheme: str = "per_domain",
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train, val) indices of each of a domain's clients.
 
     per_domain: clients first (`assign_clients`), then each client's own stratified `split_train_val`.
@@ -167,11 +180,13 @@ def client_splits(labels: np.ndarray, num_clients: int, val_fraction: float, rng
       validation set) is the pooled per-domain validation of the reference.
     """
     if scheme == "per_domain":
-        return [split_train_val(idx, labels, val_fraction, rng)
-                for idx in assign_clients(labels, num_clients, rng, dirichlet_alpha)]
+        return [
+            split_train_val(idx, labels, val_fraction, rng)
+            for idx in assign_clients(labels, num_clients, rng, dirichlet_alpha)
+        ]
     if scheme == "reference":
         perm = rng.permutation(len(labels))
-        n_val = int(round(val_fraction * len(labels)))
+        n_val = round(val_fraction * len(labels))
         val, train = perm[:n_val], np.sort(perm[n_val:])
         tr_parts = [train[i] for i in assign_clients(labels[train], num_clients, rng, dirichlet_alpha)]
         va_parts = np.array_split(val, num_clients)
@@ -193,27 +208,41 @@ def small_domain_warning(domain: str, y: np.ndarray, classes: list[str], clients
     if not small:
         return None
     worst = min(small, key=lambda i: (counts[i], i))
-    return (f"partition: domain '{domain}' is too small to train on: class '{classes[worst]}' has {counts[worst]} "
-            f"image(s) for {clients} client(s) (fewer than {MIN_IMAGES_PER_CLASS_PER_CLIENT} per client; "
-            f"{len(small)} of {len(classes)} classes are this small), so its clients see almost nothing of "
-            f"the class. Add images, or lower partition.clients_per_domain")
+    return (
+        f"partition: domain '{domain}' is too small to train on: class '{classes[worst]}' has {counts[worst]} "
+        f"image(s) for {clients} client(s) (fewer than {MIN_IMAGES_PER_CLASS_PER_CLIENT} per client; "
+        f"{len(small)} of {len(classes)} classes are this small), so its clients see almost nothing of "
+        f"the class. Add images, or lower partition.clients_per_domain"
+    )
 
 
-def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, image_size: int,
-              clients_per_domain: int = 2, val_fraction: float = 0.1, dirichlet_alpha: float | None = None,
-              seed: int = 0, params: dict | None = None, workers: int | None = None,
-              progress: bool = True, scheme: str = "per_domain", num_clients: int | None = None,
-              lam: float | None = None) -> dict:
+def partition(
+    raw_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    spec,
+    image_size: int,
+    clients_per_domain: int = 2,
+    val_fraction: float = 0.1,
+    dirichlet_alpha: float | None = None,
+    seed: int = 0,
+    params: dict | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+    scheme: str = "per_domain",
+    num_clients: int | None = None,
+    lam: float | None = None,
+) -> dict:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
-    from fedccrl_core.foundation.fsio import atomic_dir, write_json
     from fedccrl_core.data.validate import check_layout, scan_tree
+    from fedccrl_core.foundation.fsio import atomic_dir, write_json
 
     _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
     if scheme not in SCHEMES:
         raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme == "feddg_bench":
         from fedccrl_core.data import feddg_bench
-        feddg_bench.client_counts([1], num_clients, lam)            # checks num_clients and lambda up front
+
+        feddg_bench.client_counts([1], num_clients, lam)  # checks num_clients and lambda up front
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise DataError(f"params.yaml: preprocess.image_size must resolve to an int >= 8, got {image_size!r}")
     t0 = time.monotonic()
@@ -228,8 +257,15 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             ys = [cls_index[c] for c in classes for _ in tree.files[domain][c]]
             xs = np.empty((len(rels), image_size, image_size, 3), dtype=np.uint8)
             keep = np.zeros(len(rels), dtype=bool)
-            for i, (arr, why) in enumerate(decode_images([raw_dir / r for r in rels], image_size, workers=workers,
-                                                         progress=progress, label=f"partition {domain}")):
+            for i, (arr, why) in enumerate(
+                decode_images(
+                    [raw_dir / r for r in rels],
+                    image_size,
+                    workers=workers,
+                    progress=progress,
+                    label=f"partition {domain}",
+                )
+            ):
                 if arr is None:
                     skipped.append({"path": rels[i], "reason": why})
                 else:
@@ -247,25 +283,45 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
                 decoded.append((xs, y, paths))
                 continue
             rng = np.random.default_rng(np.random.SeedSequence([seed, di]))
-            for k, (tr, va) in enumerate(client_splits(y, clients_per_domain, val_fraction, rng, dirichlet_alpha,
-                                                       scheme)):
+            for k, (tr, va) in enumerate(
+                client_splits(y, clients_per_domain, val_fraction, rng, dirichlet_alpha, scheme)
+            ):
                 cid = client_id(domain, k)
                 if tr.size == 0:
-                    raise DataError(f"partition: client {cid} got no training samples "
-                                    f"({domain} has {y.size} readable images for {clients_per_domain} clients)")
+                    raise DataError(
+                        f"partition: client {cid} got no training samples "
+                        f"({domain} has {y.size} readable images for {clients_per_domain} clients)"
+                    )
                 fname = f"{cid}.npz"
-                np.savez(stage / fname, train_x=xs[tr], train_y=y[tr], train_paths=paths[tr],
-                         val_x=xs[va], val_y=y[va], val_paths=paths[va])
-                clients.append({"id": cid, "domain": domain, "domain_index": di, "k": k, "file": fname,
-                                "n_train": int(tr.size), "n_val": int(va.size),
-                                "train_class_hist": _hist(y[tr], len(classes)),
-                                "val_class_hist": _hist(y[va], len(classes))})
+                np.savez(
+                    stage / fname,
+                    train_x=xs[tr],
+                    train_y=y[tr],
+                    train_paths=paths[tr],
+                    val_x=xs[va],
+                    val_y=y[va],
+                    val_paths=paths[va],
+                )
+                clients.append(
+                    {
+                        "id": cid,
+                        "domain": domain,
+                        "domain_index": di,
+                        "k": k,
+                        "file": fname,
+                        "n_train": int(tr.size),
+                        "n_val": int(va.size),
+                        "train_class_hist": _hist(y[tr], len(classes)),
+                        "val_class_hist": _hist(y[va], len(classes)),
+                    }
+                )
                 if progress:
                     print(f"partition: wrote {fname} ({tr.size} train, {va.size} val)", file=sys.stderr, flush=True)
             del xs
         if scheme == "feddg_bench":
-            clients = _write_feddg_bench(stage, decoded, domains, len(classes), num_clients, lam, val_fraction,
-                                         seed, progress, dirichlet_alpha)
+            clients = _write_feddg_bench(
+                stage, decoded, domains, len(classes), num_clients, lam, val_fraction, seed, progress, dirichlet_alpha
+            )
         manifest = {
             "format_version": FORMAT_VERSION,
             "dataset": spec.name,
@@ -276,12 +332,22 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
             "resize_policy": RESIZE_POLICY,
             "layout": "uint8 NHWC [n, S, S, 3]; labels int64; paths relative to the raw root",
             "seed": seed,
-            "params": dict(params or {}, **{
-                "partition.clients_per_domain": clients_per_domain, "partition.val_fraction": val_fraction,
-                "partition.dirichlet_alpha": dirichlet_alpha, "partition.seed": seed,
-                "partition.scheme": scheme,
-                **({"partition.num_clients": num_clients, "partition.lambda": lam} if scheme == "feddg_bench" else {}),
-                "image_size (resolved)": image_size}),
+            "params": dict(
+                params or {},
+                **{
+                    "partition.clients_per_domain": clients_per_domain,
+                    "partition.val_fraction": val_fraction,
+                    "partition.dirichlet_alpha": dirichlet_alpha,
+                    "partition.seed": seed,
+                    "partition.scheme": scheme,
+                    **(
+                        {"partition.num_clients": num_clients, "partition.lambda": lam}
+                        if scheme == "feddg_bench"
+                        else {}
+                    ),
+                    "image_size (resolved)": image_size,
+                },
+            ),
             "domain_sizes": domain_sizes,
             "clients": clients,
             "skipped": skipped,
@@ -289,14 +355,27 @@ def partition(raw_dir: str | os.PathLike, out_dir: str | os.PathLike, spec, imag
         }
         write_json(stage / MANIFEST, manifest, indent=2, ensure_ascii=False)
     if progress:
-        print(f"partition: {len(clients)} clients, {sum(domain_sizes.values())} images ({len(skipped)} skipped) "
-              f"at {image_size}px -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"partition: {len(clients)} clients, {sum(domain_sizes.values())} images ({len(skipped)} skipped) "
+            f"at {image_size}px -> {out_dir} in {time.monotonic() - t0:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
     return manifest
 
 
-def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_classes: int, num_clients: int,
-                       lam: float, val_fraction: float, seed: int, progress: bool,
-                       dirichlet_alpha: float | None = None) -> list[dict]:
+def _write_feddg_bench(
+    stage: Path,
+    decoded: list,
+    domains: list[str],
+    num_classes: int,
+    num_clients: int,
+    lam: float,
+    val_fraction: float,
+    seed: int,
+    progress: bool,
+    dirichlet_alpha: float | None = None,
+) -> list[dict]:
     """FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over ALL domains; clients `c<k>`
     (k zero-padded to the width of num_clients - 1).
 
@@ -316,24 +395,47 @@ def _write_feddg_bench(stage: Path, decoded: list, domains: list[str], num_class
     rng = np.random.default_rng(np.random.SeedSequence([seed]))
     clients = []
     for k, idx in enumerate(feddg_bench.assign(dom, len(domains), num_clients, lam, rng, y, dirichlet_alpha)):
-        cid = f"c{k:0{len(str(num_clients - 1))}d}"     # zero-padded: sorts in client order
+        cid = f"c{k:0{len(str(num_clients - 1))}d}"  # zero-padded: sorts in client order
         tr, va = split_train_val(idx, y, val_fraction, rng)
         if tr.size == 0:
-            raise DataError(f"partition: client {cid} got no training samples ({y.size} images for "
-                            f"{num_clients} clients); lower partition.num_clients")
+            raise DataError(
+                f"partition: client {cid} got no training samples ({y.size} images for "
+                f"{num_clients} clients); lower partition.num_clients"
+            )
         fname = f"{cid}.npz"
-        np.savez(stage / fname, train_x=xs[tr], train_y=y[tr], train_paths=paths[tr], train_domain=dom[tr],
-                 val_x=xs[va], val_y=y[va], val_paths=paths[va], val_domain=dom[va])
+        np.savez(
+            stage / fname,
+            train_x=xs[tr],
+            train_y=y[tr],
+            train_paths=paths[tr],
+            train_domain=dom[tr],
+            val_x=xs[va],
+            val_y=y[va],
+            val_paths=paths[va],
+            val_domain=dom[va],
+        )
         present = sorted(set(dom[idx].tolist()))
-        clients.append({"id": cid, "domain": domains[present[0]] if len(present) == 1 else MIXED,
-                        "domain_index": present[0] if len(present) == 1 else -1, "k": k, "file": fname,
-                        "n_train": int(tr.size), "n_val": int(va.size),
-                        "domain_counts": {domains[d]: int((dom[idx] == d).sum()) for d in present},
-                        "train_domain_counts": {domains[d]: int((dom[tr] == d).sum()) for d in present},
-                        "train_class_hist": _hist(y[tr], num_classes), "val_class_hist": _hist(y[va], num_classes)})
+        clients.append(
+            {
+                "id": cid,
+                "domain": domains[present[0]] if len(present) == 1 else MIXED,
+                "domain_index": present[0] if len(present) == 1 else -1,
+                "k": k,
+                "file": fname,
+                "n_train": int(tr.size),
+                "n_val": int(va.size),
+                "domain_counts": {domains[d]: int((dom[idx] == d).sum()) for d in present},
+                "train_domain_counts": {domains[d]: int((dom[tr] == d).sum()) for d in present},
+                "train_class_hist": _hist(y[tr], num_classes),
+                "val_class_hist": _hist(y[va], num_classes),
+            }
+        )
         if progress:
-            print(f"partition: wrote {fname} ({tr.size} train, {va.size} val; {clients[-1]['domain_counts']})",
-                  file=sys.stderr, flush=True)
+            print(
+                f"partition: wrote {fname} ({tr.size} train, {va.size} val; {clients[-1]['domain_counts']})",
+                file=sys.stderr,
+                flush=True,
+            )
     return clients
 
 
@@ -345,8 +447,9 @@ def _has_rows_outside(entry: dict, skip: str | None, part: str = "train") -> boo
 
 
 # ---------------------------------------------------------------- loaders (used by training / evaluation)
-def read_manifest(folder: str | os.PathLike, what: str, stage: str, fields: tuple[str, ...],
-                  version: int = FORMAT_VERSION) -> dict:
+def read_manifest(
+    folder: str | os.PathLike, what: str, stage: str, fields: tuple[str, ...], version: int = FORMAT_VERSION
+) -> dict:
     """The one reader of a stage's manifest.json (the shards', the pools' (pools.py)): present, JSON, the
     `fields` there and the format version this code writes; DataError naming the file and the stage to rerun."""
     path = Path(folder) / MANIFEST
@@ -362,8 +465,9 @@ def read_manifest(folder: str | os.PathLike, what: str, stage: str, fields: tupl
         if key not in m:
             raise DataError(f"{path}: manifest lacks the field '{key}'")
     if m["format_version"] != version:
-        raise DataError(f"{path}: {what} format_version {m['format_version']} is not {version}; "
-                        f"rerun the {stage} stage")
+        raise DataError(
+            f"{path}: {what} format_version {m['format_version']} is not {version}; rerun the {stage} stage"
+        )
     return m
 
 
@@ -375,8 +479,9 @@ def _client_entry(manifest: dict, shards_dir: Path, cid: str) -> dict:
     for c in manifest["clients"]:
         if c["id"] == cid:
             return c
-    raise DataError(f"{shards_dir / MANIFEST}: no client '{cid}' (clients: "
-                    f"{', '.join(c['id'] for c in manifest['clients'])})")
+    raise DataError(
+        f"{shards_dir / MANIFEST}: no client '{cid}' (clients: {', '.join(c['id'] for c in manifest['clients'])})"
+    )
 
 
 _LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # a zip member's local file header (APPNOTE 4.3.7), 30 bytes
@@ -437,8 +542,9 @@ def _read_shard(path: Path, entry: dict, manifest: dict, mmap: bool = False) -> 
     return arrs
 
 
-def load_client(shards_dir: str | os.PathLike, client_id: str,
-                exclude_domain: str | int | None = None, mmap: bool = False) -> ClientShard:
+def load_client(
+    shards_dir: str | os.PathLike, client_id: str, exclude_domain: str | int | None = None, mmap: bool = False
+) -> ClientShard:
     """One client's shard, checked against the manifest (errors name the shard file).
 
     `mmap`: train_x is an np.memmap of the shard file (nothing of it read yet: a client's images are read only when it trains);
@@ -460,9 +566,17 @@ def load_client(shards_dir: str | os.PathLike, client_id: str,
                 a[k] = a[k][rows]
         for k in ("val_x", "val_y", "val_paths"):
             a[k] = a[k][keep_val]
-    return ClientShard(client_id=client_id, domain=entry["domain"], train_x=a["train_x"], train_y=a["train_y"],
-                       val_x=a["val_x"], val_y=a["val_y"], train_paths=a["train_paths"], val_paths=a["val_paths"],
-                       train_rows=rows)
+    return ClientShard(
+        client_id=client_id,
+        domain=entry["domain"],
+        train_x=a["train_x"],
+        train_y=a["train_y"],
+        val_x=a["val_x"],
+        val_y=a["val_y"],
+        train_paths=a["train_paths"],
+        val_paths=a["val_paths"],
+        train_rows=rows,
+    )
 
 
 def domain_name(manifest: dict, domain: str | int) -> str:
@@ -470,8 +584,10 @@ def domain_name(manifest: dict, domain: str | int) -> str:
     doms = manifest["domains"]
     if isinstance(domain, (int, np.integer)) and not isinstance(domain, bool):
         if not 0 <= domain < len(doms):
-            raise DataError(f"held-out index {domain} is out of range: {manifest['dataset']} has domains "
-                            f"{', '.join(f'{i}={d}' for i, d in enumerate(doms))}")
+            raise DataError(
+                f"held-out index {domain} is out of range: {manifest['dataset']} has domains "
+                f"{', '.join(f'{i}={d}' for i, d in enumerate(doms))}"
+            )
         return doms[int(domain)]
     if domain not in doms:
         raise DataError(f"domain '{domain}' is not in {manifest['dataset']} (domains: {', '.join(doms)})")
@@ -491,8 +607,9 @@ def load_domain_test(shards_dir: str | os.PathLike, domain: str | int) -> tuple[
     name = domain_name(manifest, domain)
     xs, ys = [], []
     di = manifest["domains"].index(name)
-    for entry in sorted((c for c in manifest["clients"] if name in c.get("domain_counts", {c["domain"]: 1})),
-                        key=lambda c: c["k"]):
+    for entry in sorted(
+        (c for c in manifest["clients"] if name in c.get("domain_counts", {c["domain"]: 1})), key=lambda c: c["k"]
+    ):
         a = _read_shard(shards_dir / entry["file"], entry, manifest)
         for part in ("train", "val"):
             keep = a[f"{part}_domain"] == di if f"{part}_domain" in a else slice(None)

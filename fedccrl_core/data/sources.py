@@ -34,6 +34,7 @@ stray temp file is left (and a killed run's leftovers are removed by the next on
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os
@@ -47,7 +48,6 @@ from fedccrl_core.data.http import DEADLINE_S, download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
 from fedccrl_core.foundation.errors import ChecksumError, DataError
 from fedccrl_core.foundation.fsio import atomic_dir, scratch_dir, write_json
-
 
 MIRROR_ENV = "FEDCCRL_DATASET_MIRROR"
 
@@ -72,16 +72,18 @@ def _expected_shas(sha256, n: int, names: list[str]) -> list[str | None]:
         return [None] * n
     if isinstance(sha256, str):
         if n != 1:
-            raise DataError(f"params.yaml: dataset.sha256 is one hash but the source has {n} archives "
-                            f"({', '.join(names)}); give a mapping {{file name: sha256}}")
+            raise DataError(
+                f"params.yaml: dataset.sha256 is one hash but the source has {n} archives "
+                f"({', '.join(names)}); give a mapping {{file name: sha256}}"
+            )
         return [check_sha256_format(sha256, "dataset.sha256")]
     if isinstance(sha256, dict):
         unknown = sorted(set(sha256) - set(names))
         if unknown:
-            raise DataError(f"params.yaml: dataset.sha256 names unknown archive '{unknown[0]}' "
-                            f"(archives: {', '.join(names)})")
-        return [check_sha256_format(sha256[nm], f"dataset.sha256.{nm}") if sha256.get(nm) else None
-                for nm in names]
+            raise DataError(
+                f"params.yaml: dataset.sha256 names unknown archive '{unknown[0]}' (archives: {', '.join(names)})"
+            )
+        return [check_sha256_format(sha256[nm], f"dataset.sha256.{nm}") if sha256.get(nm) else None for nm in names]
     raise DataError(f"params.yaml: dataset.sha256 must be null, a hex string or a mapping, got {sha256!r}")
 
 
@@ -92,6 +94,7 @@ def _warn(msg: str, warnings: list[str]) -> None:
 
 def _archive_name_from_url(url: str) -> str:
     from urllib.parse import urlparse
+
     name = Path(urlparse(url).path).name
     return name if name and name not in ("download", "uc") else "archive"
 
@@ -101,22 +104,47 @@ def _archive_record(digest: str, want: str | None, spec) -> dict:
     knows by hash) and whether they agree; a mismatch with `want` was refused before this."""
     known = spec.known_archive(digest)
     expected = want or (known.sha256 if known else None)
-    return {"sha256": digest, "expected_sha256": expected, "verified": expected == digest,
-            "known_as": known.filename if known else None}
+    return {
+        "sha256": digest,
+        "expected_sha256": expected,
+        "verified": expected == digest,
+        "known_as": known.filename if known else None,
+    }
 
 
-def _fetch_urls(urls: list[tuple[str, str, str | None]], work: Path, timeout_s, retries, backoff_s, progress,
-                warnings: list[str], spec, deadline_s=DEADLINE_S) -> list[tuple[Path, dict]]:
+def _fetch_urls(
+    urls: list[tuple[str, str, str | None]],
+    work: Path,
+    timeout_s,
+    retries,
+    backoff_s,
+    progress,
+    warnings: list[str],
+    spec,
+    deadline_s=DEADLINE_S,
+) -> list[tuple[Path, dict]]:
     """Download each (url, filename, expected sha256) into work/; return (path, archive record)."""
     out = []
     for url, fname, want in urls:
         dest = work / f"{len(out)}-{fname}"
-        digest = download_url(url, dest, sha256=want, timeout_s=timeout_s, retries=retries,
-                              backoff_s=backoff_s, progress=progress, label=fname, deadline_s=deadline_s)
+        digest = download_url(
+            url,
+            dest,
+            sha256=want,
+            timeout_s=timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+            progress=progress,
+            label=fname,
+            deadline_s=deadline_s,
+        )
         rec = {"file": fname, "url": url, **_archive_record(digest, want, spec)}
         if not rec["verified"]:
-            _warn(f"{url}: no sha256 is known for {fname}; its sha256 is {digest}. Pin it in params.yaml "
-                  f"(dataset.sha256: {digest}) so a changed file is caught", warnings)
+            _warn(
+                f"{url}: no sha256 is known for {fname}; its sha256 is {digest}. Pin it in params.yaml "
+                f"(dataset.sha256: {digest}) so a changed file is caught",
+                warnings,
+            )
         out.append((dest, rec))
     return out
 
@@ -125,15 +153,28 @@ def _local_archive(path: Path, want: str | None, spec) -> dict:
     """Hash a local archive and verify it against `want` BEFORE anything is extracted."""
     digest = sha256_file(path)
     if want and digest != want:
-        raise ChecksumError(f"{path}: sha256 mismatch: expected {want} (dataset.sha256), got {digest}; "
-                            f"nothing was extracted")
+        raise ChecksumError(
+            f"{path}: sha256 mismatch: expected {want} (dataset.sha256), got {digest}; nothing was extracted"
+        )
     return {"file": path.name, "path": str(path), **_archive_record(digest, want, spec)}
 
 
-def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os.PathLike | None, *,
-                sha256=None, seed: int = 0, timeout_s: float = 60, retries: int = 3, backoff_s: float = 1.0,
-                max_bad_fraction: float = 0.01, workers: int | None = None, progress: bool = True,
-                deadline_s: float | None = DEADLINE_S) -> dict:
+def prepare_raw(
+    spec,
+    source: str,
+    out: str | os.PathLike,
+    report_path: str | os.PathLike | None,
+    *,
+    sha256=None,
+    seed: int = 0,
+    timeout_s: float = 60,
+    retries: int = 3,
+    backoff_s: float = 1.0,
+    max_bad_fraction: float = 0.01,
+    workers: int | None = None,
+    progress: bool = True,
+    deadline_s: float | None = DEADLINE_S,
+) -> dict:
     """The download stage: obtain `source`, extract safely, map to out/<domain>/<class>/<image>, validate.
 
     `spec` is a DatasetSpec (see registry.get_dataset). Writes the report JSON to `report_path`
@@ -155,16 +196,25 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
             folder: Path | None = None
             if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:
                 if sha256 is not None:
-                    raise DataError(f"params.yaml: dataset.sha256 does not apply to the generated dataset "
-                                    f"'{spec.name}'; set it to null")
+                    raise DataError(
+                        f"params.yaml: dataset.sha256 does not apply to the generated dataset "
+                        f"'{spec.name}'; set it to null"
+                    )
                 n = synthetic.generate(stage, seed=seed, progress=progress)
-                src_rec.update(kind="generated", generator="fedccrl_core.data.synthetic", seed=seed,
-                               images_per_class=synthetic.IMAGES_PER_CLASS, images=n)
+                src_rec.update(
+                    kind="generated",
+                    generator="fedccrl_core.data.synthetic",
+                    seed=seed,
+                    images_per_class=synthetic.IMAGES_PER_CLASS,
+                    images=n,
+                )
             else:
                 if source == "registry":
                     if not spec.sources:
-                        raise DataError(f"params.yaml: dataset.source 'registry' has no download for "
-                                        f"'{spec.name}'; set dataset.source to a URL, an archive or a folder")
+                        raise DataError(
+                            f"params.yaml: dataset.source 'registry' has no download for "
+                            f"'{spec.name}'; set dataset.source to a URL, an archive or a folder"
+                        )
                     names = [s.filename for s in spec.sources]
                     params_sha = _expected_shas(sha256, len(names), names)
                     urls = [(registry_url(s), s.filename, p or s.sha256) for s, p in zip(spec.sources, params_sha)]
@@ -190,11 +240,14 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
                         safe_extract(p, extracted, progress=progress)
                         src_rec.update(kind="archive", archives=[rec])
                     else:
-                        raise DataError(f"params.yaml: dataset.source {source!r} is neither 'registry', an "
-                                        f"http(s) URL, nor an existing file or folder")
+                        raise DataError(
+                            f"params.yaml: dataset.source {source!r} is neither 'registry', an "
+                            f"http(s) URL, nor an existing file or folder"
+                        )
                 if urls:
-                    fetched = _fetch_urls(urls, work, timeout_s, retries, backoff_s, progress, warnings, spec,
-                                          deadline_s)
+                    fetched = _fetch_urls(
+                        urls, work, timeout_s, retries, backoff_s, progress, warnings, spec, deadline_s
+                    )
                     extracted = work / "extract"
                     for path, _ in fetched:
                         safe_extract(path, extracted, progress=progress)
@@ -216,8 +269,17 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
         if progress:
             print(f"download: source ready in {time.monotonic() - t0:.1f}s; validating", file=sys.stderr, flush=True)
         try:
-            report = validate.validate_tree(spec, stage, max_bad_fraction, source=src_rec, missing=missing,
-                                            ignored=ignored, warnings=warnings, workers=workers, progress=progress)
+            report = validate.validate_tree(
+                spec,
+                stage,
+                max_bad_fraction,
+                source=src_rec,
+                missing=missing,
+                ignored=ignored,
+                warnings=warnings,
+                workers=workers,
+                progress=progress,
+            )
         except validate.ValidationError as e:
             if report_path is not None and e.report is not None:
                 write_json(report_path, e.report, indent=2, ensure_ascii=False)
@@ -225,6 +287,10 @@ def prepare_raw(spec, source: str, out: str | os.PathLike, report_path: str | os
         if report_path is not None:
             write_json(report_path, report, indent=2, ensure_ascii=False)
     if progress:
-        print(f"download: {report['total']} images in {len(report['domains'])} domains -> {out} "
-              f"({report['n_bad']} bad) in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True)
+        print(
+            f"download: {report['total']} images in {len(report['domains'])} domains -> {out} "
+            f"({report['n_bad']} bad) in {time.monotonic() - t0:.1f}s",
+            file=sys.stderr,
+            flush=True,
+        )
     return report

@@ -24,23 +24,36 @@ cartoon 0.83 (flat fills + outlines: the "easy" target, like PACS photo), sketch
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import colorsys
+import itertools
 import math
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, ImageDraw
 
-DOMAINS = ("photo", "art", "cartoon", "sketch")          # registry order = held-out index order
+DOMAINS = ("photo", "art", "cartoon", "sketch")  # registry order = held-out index order
 CLASSES = ("circle", "square", "triangle", "star", "cross", "ring")
-IMAGES_PER_CLASS = 40                                    # per class per domain: 240 per domain, 960 in all
+IMAGES_PER_CLASS = 40  # per class per domain: 240 per domain, 960 in all
 CANVAS = 64
-MAX_ROTATION = np.pi / 7                                # +-25.7 degrees around the upright pose
+MAX_ROTATION = np.pi / 7  # +-25.7 degrees around the upright pose
 
-_WARM = np.array([(178, 34, 34), (230, 115, 0), (204, 153, 51), (160, 82, 45), (240, 190, 60),
-                  (128, 0, 32), (240, 128, 96), (210, 180, 140)], dtype=np.float64)
+_WARM = np.array(
+    [
+        (178, 34, 34),
+        (230, 115, 0),
+        (204, 153, 51),
+        (160, 82, 45),
+        (240, 190, 60),
+        (128, 0, 32),
+        (240, 128, 96),
+        (210, 180, 140),
+    ],
+    dtype=np.float64,
+)
 
 
 # ---------------------------------------------------------------- shapes
@@ -65,8 +78,25 @@ def _shape_contours(cls: str) -> list[np.ndarray]:
         return [pts]
     if cls == "cross":
         w = 0.34
-        return [np.array([(w, -1), (w, -w), (1, -w), (1, w), (w, w), (w, 1), (-w, 1), (-w, w), (-1, w),
-                          (-1, -w), (-w, -w), (-w, -1)], dtype=np.float64)]
+        return [
+            np.array(
+                [
+                    (w, -1),
+                    (w, -w),
+                    (1, -w),
+                    (1, w),
+                    (w, w),
+                    (w, 1),
+                    (-w, 1),
+                    (-w, w),
+                    (-1, w),
+                    (-1, -w),
+                    (-w, -w),
+                    (-w, -1),
+                ],
+                dtype=np.float64,
+            )
+        ]
     raise ValueError(f"unknown synthetic class {cls!r}")
 
 
@@ -99,15 +129,17 @@ def _closed(c: np.ndarray) -> list[tuple[float, float]]:
 # ---------------------------------------------------------------- domain styles
 def _low_freq(rng: np.random.Generator, amp: float) -> np.ndarray:
     field = rng.normal(0.0, 1.0, size=(4, 4, 3))
-    chans = [np.asarray(Image.fromarray(field[..., k].astype(np.float32), "F")
-                        .resize((CANVAS, CANVAS), Image.BILINEAR)) for k in range(3)]
+    chans = [
+        np.asarray(Image.fromarray(field[..., k].astype(np.float32), "F").resize((CANVAS, CANVAS), Image.BILINEAR))
+        for k in range(3)
+    ]
     return np.stack(chans, axis=2) * amp
 
 
 def _photo(cls: str, rng: np.random.Generator) -> Image.Image:
     yy, xx = np.mgrid[0:CANVAS, 0:CANVAS] / (CANVAS - 1)
     a = rng.uniform(0, 2 * np.pi)
-    t = (np.cos(a) * xx + np.sin(a) * yy)
+    t = np.cos(a) * xx + np.sin(a) * yy
     t = ((t - t.min()) / (np.ptp(t) + 1e-9))[..., None]
     h = rng.uniform()
     c0 = _hsv(h, rng.uniform(0.2, 0.5), rng.uniform(0.45, 0.85))
@@ -117,15 +149,22 @@ def _photo(cls: str, rng: np.random.Generator) -> Image.Image:
     # the object's colour is set off from the background: another hue, and darker or brighter
     v = rng.uniform(0.1, 0.3) if rng.uniform() < 0.5 else rng.uniform(0.9, 1.0)
     fill = _hsv(h + 0.5 + rng.uniform(-0.2, 0.2), rng.uniform(0.5, 1.0), v)
-    la = rng.uniform(0, 2 * np.pi)                       # directional light over the shape
+    la = rng.uniform(0, 2 * np.pi)  # directional light over the shape
     light = (np.cos(la) * (xx - 0.5) + np.sin(la) * (yy - 0.5))[..., None]
     shaded = fill * (1.0 + 0.7 * light) + 20.0 * light + _low_freq(rng, 6.0)
     img = bg * (1 - m) + shaded * m + rng.normal(0.0, 5.0, size=(CANVAS, CANVAS, 3))
     return Image.fromarray(np.clip(np.rint(img), 0, 255).astype(np.uint8), "RGB")
 
 
-def _strokes(draw: ImageDraw.ImageDraw, rng: np.random.Generator, palette: np.ndarray, n: int,
-             base_angle: float, width: tuple[int, int], length: tuple[float, float]) -> None:
+def _strokes(
+    draw: ImageDraw.ImageDraw,
+    rng: np.random.Generator,
+    palette: np.ndarray,
+    n: int,
+    base_angle: float,
+    width: tuple[int, int],
+    length: tuple[float, float],
+) -> None:
     rows = palette.tolist()  # plain floats: the same products and clipping as numpy's, a fraction of the time
     for _ in range(n):
         x, y = rng.uniform(-4, CANVAS + 4, size=2).tolist()
@@ -133,8 +172,11 @@ def _strokes(draw: ImageDraw.ImageDraw, rng: np.random.Generator, palette: np.nd
         ln = rng.uniform(*length)
         row, gain = rows[rng.integers(len(rows))], rng.uniform(0.8, 1.1)
         col = tuple(int(min(max(v * gain, 0.0), 255.0)) for v in row)
-        draw.line([(x, y), (x + ln * math.cos(ang), y + ln * math.sin(ang))], fill=col,
-                  width=int(rng.integers(width[0], width[1] + 1)))
+        draw.line(
+            [(x, y), (x + ln * math.cos(ang), y + ln * math.sin(ang))],
+            fill=col,
+            width=int(rng.integers(width[0], width[1] + 1)),
+        )
 
 
 def _art(cls: str, rng: np.random.Generator) -> Image.Image:
@@ -171,7 +213,7 @@ def _cartoon(cls: str, rng: np.random.Generator) -> Image.Image:
 def _jitter_path(c: np.ndarray, rng: np.random.Generator, sigma: float) -> list[tuple[float, float]]:
     pts = np.vstack([c, c[:1]])
     dense = []
-    for p, q in zip(pts[:-1], pts[1:]):
+    for p, q in itertools.pairwise(pts):
         n = max(2, int(np.linalg.norm(q - p) / 2.0))
         dense.append(p + (q - p) * (np.arange(n) * (1.0 / n))[:, None])  # np.linspace(0, 1, n, endpoint=False)
     dense.append(pts[-1:])
@@ -185,7 +227,7 @@ def _sketch(cls: str, rng: np.random.Generator) -> Image.Image:
     img = Image.fromarray(np.clip(np.rint(paper), 0, 255).astype(np.uint8), "RGB")
     d = ImageDraw.Draw(img)
     for c in _place(cls, rng):
-        for _ in range(2):                               # doubled pencil strokes
+        for _ in range(2):  # doubled pencil strokes
             g = int(rng.uniform(0, 70))
             d.line(_jitter_path(c, rng, 0.7), fill=(g, g, g), width=1)
     return img
@@ -205,9 +247,15 @@ def image_rng(seed: int, domain_index: int, class_index: int, i: int) -> np.rand
     return np.random.default_rng(np.random.SeedSequence([int(seed), domain_index, class_index, i]))
 
 
-def generate(out_dir: str | Path, seed: int = 0, images_per_class: int = IMAGES_PER_CLASS,
-             domains: tuple[str, ...] = DOMAINS, classes: tuple[str, ...] = CLASSES,
-             progress: bool = True, workers: int | None = None) -> int:
+def generate(
+    out_dir: str | Path,
+    seed: int = 0,
+    images_per_class: int = IMAGES_PER_CLASS,
+    domains: tuple[str, ...] = DOMAINS,
+    classes: tuple[str, ...] = CLASSES,
+    progress: bool = True,
+    workers: int | None = None,
+) -> int:
     """Write `<out_dir>/<domain>/<class>/<i:04d>.png`; return the number of images written. Each image has its own
     generator (`image_rng`), so the files are the same whatever the number of worker processes (default: one per
     core, fedccrl_core/data/images.py)."""
@@ -220,7 +268,9 @@ def generate(out_dir: str | Path, seed: int = 0, images_per_class: int = IMAGES_
         for c in classes:
             ci = CLASSES.index(c)
             (out / d / c).mkdir(parents=True, exist_ok=True)
-            items += [(str(out / d / c / f"{i:04d}.png"), d, c, (int(seed), di, ci, i)) for i in range(images_per_class)]
+            items += [
+                (str(out / d / c / f"{i:04d}.png"), d, c, (int(seed), di, ci, i)) for i in range(images_per_class)
+            ]
     # rendering costs about 2 ms an image: a pool pays from a few hundred images on
     return sum(pool_map(_write, items, workers, "synthetic", progress, inline_below=256))
 

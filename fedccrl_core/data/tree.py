@@ -10,12 +10,13 @@ imports it without torch.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 from fedccrl_core.data.images import is_ignored_name
 from fedccrl_core.foundation.errors import DataError
@@ -67,6 +68,7 @@ def scan_classes(folder: str | os.PathLike, rel: str) -> tuple[dict[str, list[st
 @dataclass
 class Tree:
     """A scanned raw tree: files[domain][class] = sorted file names."""
+
     root: Path
     files: dict[str, dict[str, list[str]]]
     ignored: list[dict] = field(default_factory=list)

@@ -22,11 +22,11 @@ listed under `ignored` and neither counted nor decoded.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
 
 from fedccrl_core.data.images import RESIZE_POLICY, check_images
 from fedccrl_core.data.registry import DatasetSpec
@@ -34,8 +34,10 @@ from fedccrl_core.data.tree import Tree, scan_tree
 from fedccrl_core.foundation.errors import DataError
 
 REPORT_VERSION = 1
-COUNT_POLICY = ("expected counts are counts of files in the source (bad files included); "
-                "bad files stay in the raw tree and are skipped by partition")
+COUNT_POLICY = (
+    "expected counts are counts of files in the source (bad files included); "
+    "bad files stay in the raw tree and are skipped by partition"
+)
 
 
 class ValidationError(DataError):
@@ -57,16 +59,22 @@ def check_layout(spec: DatasetSpec, tree: Tree) -> tuple[list[str], list[str]]:
     if spec.domains:
         missing = [d for d in spec.domains if d not in found]
         if missing:
-            raise DataError(f"{spec.name}: domain '{missing[0]}' is missing from {tree.root} "
-                            f"(missing: {', '.join(missing)}; found: {', '.join(sorted(found)) or 'nothing'})")
+            raise DataError(
+                f"{spec.name}: domain '{missing[0]}' is missing from {tree.root} "
+                f"(missing: {', '.join(missing)}; found: {', '.join(sorted(found)) or 'nothing'})"
+            )
         extra = sorted(found - set(spec.domains))
         if extra:
-            raise DataError(f"{spec.name}: unexpected domain folder '{extra[0]}' in {tree.root} "
-                            f"(the registry's domains are {', '.join(spec.domains)})")
+            raise DataError(
+                f"{spec.name}: unexpected domain folder '{extra[0]}' in {tree.root} "
+                f"(the registry's domains are {', '.join(spec.domains)})"
+            )
     elif len(found) < 2:
-        raise DataError(f"{spec.name}: {tree.root} holds {len(found)} domain folder(s) "
-                        f"({', '.join(sorted(found)) or 'none'}); domain generalization needs at least 2 "
-                        f"(layout <domain>/<class>/<image>)")
+        raise DataError(
+            f"{spec.name}: {tree.root} holds {len(found)} domain folder(s) "
+            f"({', '.join(sorted(found)) or 'none'}); domain generalization needs at least 2 "
+            f"(layout <domain>/<class>/<image>)"
+        )
     domains = domain_order(spec, found)
     if spec.classes is not None:
         want = set(spec.classes)
@@ -74,9 +82,11 @@ def check_layout(spec: DatasetSpec, tree: Tree) -> tuple[list[str], list[str]]:
             have = set(tree.files[d])
             if have != want:
                 miss, extra = sorted(want - have), sorted(have - want)
-                what = (f"class '{miss[0]}' is missing" if miss else f"unexpected class folder '{extra[0]}'")
-                raise DataError(f"{spec.name}: domain '{d}': {what} (missing: {', '.join(miss) or '-'}; "
-                                f"extra: {', '.join(extra) or '-'})")
+                what = f"class '{miss[0]}' is missing" if miss else f"unexpected class folder '{extra[0]}'"
+                raise DataError(
+                    f"{spec.name}: domain '{d}': {what} (missing: {', '.join(miss) or '-'}; "
+                    f"extra: {', '.join(extra) or '-'})"
+                )
         classes = sorted(want)
     else:
         union = set().union(*(set(tree.files[d]) for d in domains))
@@ -84,8 +94,10 @@ def check_layout(spec: DatasetSpec, tree: Tree) -> tuple[list[str], list[str]]:
             have = set(tree.files[d])
             if have != union:
                 miss = sorted(union - have)
-                raise DataError(f"{spec.name}: domain '{d}' lacks class(es) {', '.join(miss)} that other domains "
-                                f"have; every domain must hold the same classes")
+                raise DataError(
+                    f"{spec.name}: domain '{d}' lacks class(es) {', '.join(miss)} that other domains "
+                    f"have; every domain must hold the same classes"
+                )
         classes = sorted(union)
         if spec.expected_num_classes is not None and len(classes) != spec.expected_num_classes:
             raise DataError(f"{spec.name}: found {len(classes)} classes, expected {spec.expected_num_classes}")
@@ -103,8 +115,10 @@ def check_counts(spec: DatasetSpec, tree: Tree, domains: list[str], extra: dict[
     for d in domains:
         want = spec.expected_count(d) if spec.domains else None
         if want is not None and counts[d] != want:
-            raise DataError(f"{spec.name}: domain '{d}' has {counts[d]:,} images, expected {want:,} "
-                            f"(registry count; wrong or incomplete archive?)")
+            raise DataError(
+                f"{spec.name}: domain '{d}' has {counts[d]:,} images, expected {want:,} "
+                f"(registry count; wrong or incomplete archive?)"
+            )
     total = sum(counts.values())
     if spec.total is not None and total != spec.total:
         raise DataError(f"{spec.name}: {total:,} images in all, expected {spec.total:,}")
@@ -126,10 +140,18 @@ def _archive_sha256(source: dict):
     return {a["file"]: a["sha256"] for a in arch} or None
 
 
-def validate_tree(spec: DatasetSpec, root: str | os.PathLike, max_bad_fraction: float, *,
-                  source: dict | None = None, missing: list[dict] | None = None,
-                  ignored: list[dict] | None = None, warnings: list[str] | None = None,
-                  workers: int | None = None, progress: bool = True) -> dict:
+def validate_tree(
+    spec: DatasetSpec,
+    root: str | os.PathLike,
+    max_bad_fraction: float,
+    *,
+    source: dict | None = None,
+    missing: list[dict] | None = None,
+    ignored: list[dict] | None = None,
+    warnings: list[str] | None = None,
+    workers: int | None = None,
+    progress: bool = True,
+) -> dict:
     """Run all checks on `root`; return the report (status 'ok') or raise ValidationError with a report."""
     tree = scan_tree(root)
     missing = list(missing or [])
@@ -172,9 +194,11 @@ def validate_tree(spec: DatasetSpec, root: str | os.PathLike, max_bad_fraction: 
         report["tree_sha256"] = tree_digest([(r, dg) for r, (_, dg) in zip(rels, results) if dg])
         if n and len(bad) / n > max_bad_fraction:
             shown = "; ".join(f"{b['path']} ({b['reason']})" for b in report["bad"][:5])
-            raise DataError(f"{spec.name}: {len(bad)} of {n} images are unreadable ({len(bad) / n:.2%} > "
-                            f"download.max_bad_fraction {max_bad_fraction:.2%}): {shown}"
-                            f"{' ...' if len(bad) > 5 else ''}")
+            raise DataError(
+                f"{spec.name}: {len(bad)} of {n} images are unreadable ({len(bad) / n:.2%} > "
+                f"download.max_bad_fraction {max_bad_fraction:.2%}): {shown}"
+                f"{' ...' if len(bad) > 5 else ''}"
+            )
     except DataError as e:
         report["error"] = str(e)
         raise ValidationError(str(e), report) from e

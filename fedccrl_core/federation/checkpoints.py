@@ -20,6 +20,7 @@ deletes P.prev and every state file P does not name.
 
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import collections
@@ -30,15 +31,15 @@ import os
 import pickle
 import struct
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
 
-from fedccrl_core.learning.model_file import torch_load
 from fedccrl_core.foundation.errors import UntrustedFileError
 from fedccrl_core.foundation.fsio import atomic_file, atomic_path
+from fedccrl_core.learning.model_file import torch_load
 
 ALIGN = 64  # every record and every tensor's bytes start at a multiple of this (aligned views on read)
 _HEAD = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; then one <Q length per buffer
@@ -70,16 +71,18 @@ class _Pickler(pickle.Pickler):
             try:
                 return _tensor_from, (None, None, t.numpy())
             except TypeError:  # no numpy dtype
-                return _tensor_from, (str(t.dtype).removeprefix("torch."), tuple(t.shape),
-                                      t.reshape(-1).view(torch.uint8).numpy())
+                return _tensor_from, (
+                    str(t.dtype).removeprefix("torch."),
+                    tuple(t.shape),
+                    t.reshape(-1).view(torch.uint8).numpy(),
+                )
         return NotImplemented
 
 
 # Every class or function a client state's pickle names besides `_tensor_from` (optimizer and LR-schedule
 # state dicts, `extra`): numpy's rebuilder of an out-of-band array (numpy.core or numpy._core by version)
 # and its dtype, OrderedDict. A pickle names what it calls when loaded, so nothing else is looked up.
-_ALLOWED = {(f.__module__, f.__name__): f
-            for f in (np.zeros(1).__reduce_ex__(5)[0], np.dtype, collections.OrderedDict)}
+_ALLOWED = {(f.__module__, f.__name__): f for f in (np.zeros(1).__reduce_ex__(5)[0], np.dtype, collections.OrderedDict)}
 
 
 class _Unpickler(pickle.Unpickler):
@@ -123,12 +126,12 @@ def read_record(buf: np.ndarray, device=None):
     meta_len, nbuf = _HEAD.unpack_from(mv, 0)
     lens = struct.unpack_from(f"<{nbuf}Q", mv, _HEAD.size)
     pos = _HEAD.size + 8 * nbuf
-    meta = mv[pos:pos + meta_len]
+    meta = mv[pos : pos + meta_len]
     pos += meta_len
     pos += _pad(pos)
     views = []
     for n in lens:
-        views.append(mv[pos:pos + n])
+        views.append(mv[pos : pos + n])
         pos += n
         pos += _pad(pos)
     dev = None if device is None or torch.device(device).type == "cpu" else device
@@ -160,8 +163,10 @@ class RoundCheckpoints:
         if "client_files" in ck:
             raise ValueError("a checkpoint of the one-file-per-client format (before round state files)")
         recs = ck.get("client_records") or {}
-        sizes = {r: self.round_file(r).stat().st_size if self.round_file(r).is_file() else -1
-                 for r in {rec[0] for rec in recs.values()}}
+        sizes = {
+            r: self.round_file(r).stat().st_size if self.round_file(r).is_file() else -1
+            for r in {rec[0] for rec in recs.values()}
+        }
         missing = [c for c, (r, off, n) in recs.items() if sizes[r] < off + n]
         if missing:
             raise FileNotFoundError(f"client state record(s) missing: {missing[:3]}")
@@ -180,8 +185,10 @@ class RoundCheckpoints:
                 msg = f"checkpoint {path} unreadable ({e.__class__.__name__}: {str(e)[:120]})"
                 if path == self.path and self.prev.is_file():
                     warnings.warn(f"{msg}; falling back to {self.prev.name}", CheckpointFallbackWarning, stacklevel=2)
-                    self.log(f"WARNING: {msg}; falling back to {self.prev} (the corrupt one is kept as "
-                             f"{self.corrupt.name} until the run completes)")
+                    self.log(
+                        f"WARNING: {msg}; falling back to {self.prev} (the corrupt one is kept as "
+                        f"{self.corrupt.name} until the run completes)"
+                    )
                     os.replace(self.path, self.corrupt)  # never rotated into P.prev by the next save
                 else:
                     self.log(f"{msg}; starting from round 1")
@@ -212,8 +219,9 @@ class RoundCheckpoints:
         try:
             return read_record(self._raw(rec), self.device)
         except pickle.UnpicklingError as e:
-            raise UntrustedFileError(f"{self.round_file(rec[0])}: refused: the state of client {cid} {e}; "
-                                     f"nothing in it was loaded or run") from e
+            raise UntrustedFileError(
+                f"{self.round_file(rec[0])}: refused: the state of client {cid} {e}; nothing in it was loaded or run"
+            ) from e
 
     def client_states(self) -> dict[str, dict]:
         """Every client state the latest checkpoint names (for inspection and tests; the engine loads

@@ -16,13 +16,14 @@ and freed only after the next one, so the caching allocator never hands out memo
 
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import contextlib
 import copy
 import random
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Callable, Generator
 
 import numpy as np
 import torch
@@ -40,7 +41,7 @@ class GlobalRng:
     python: tuple
 
     @classmethod
-    def capture(cls, device: torch.device) -> "GlobalRng":
+    def capture(cls, device: torch.device) -> GlobalRng:
         cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None  # host-side state: no sync
         return cls(torch.get_rng_state(), cuda, np.random.get_state(), random.getstate())
 
@@ -66,7 +67,7 @@ class Task:
 class _Slot:
     task: Task
     steps: Generator
-    stream: "torch.cuda.Stream | None"
+    stream: torch.cuda.Stream | None
     rng: GlobalRng
     done: bool = False
     reply: object = None
@@ -95,7 +96,7 @@ class Interleaver:
         """Replies in the order of `tasks` (the order aggregation sums them in)."""
         replies = {}
         for w in range(0, len(tasks), self.width):
-            for slot in self._run_wave(tasks[w:w + self.width]):
+            for slot in self._run_wave(tasks[w : w + self.width]):
                 replies[slot.task.client_id] = slot.reply
         return [replies[t.client_id] for t in tasks]
 

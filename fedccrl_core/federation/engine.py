@@ -13,24 +13,23 @@ Client state (Adam moments and LR schedule, FedBN/SiloBN's local BN layers in `e
 
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import dataclasses
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.learning.clients import ClientData, ClientState
-from fedccrl_core.foundation.fastpath import resolve_device  # noqa: F401  (re-exported: the engines' callers)
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.concurrent import Interleaver, Task
-from fedccrl_core.federation.loop import (EvalSets, RoundLoop, RunResult, nbytes, sample_clients,  # noqa: F401
-                                          weighted_mean)
+from fedccrl_core.federation.loop import EvalSets, RoundLoop, RunResult
+from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
+from fedccrl_core.learning.clients import ClientData, ClientState
 
 CLIENT_STATE_MODES = ("persistent", "stateless")
 
@@ -52,12 +51,21 @@ def concurrent_width(setting: int | str, device: torch.device, n_clients: int, a
 
 
 class InProcessTransport:
-    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, clients: list[ClientData], seed: int,
-                 concurrent_clients: int | str = "auto", client_state: str = "persistent",
-                 log: Callable[[str], None] = print, rounds: int = 0):
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        model: torch.nn.Module,
+        clients: list[ClientData],
+        seed: int,
+        concurrent_clients: int | str = "auto",
+        client_state: str = "persistent",
+        log: Callable[[str], None] = print,
+        rounds: int = 0,
+    ):
         if client_state not in CLIENT_STATE_MODES:
-            raise ValueError(f"params.yaml: train.client_state must be one of {', '.join(CLIENT_STATE_MODES)}, "
-                             f"got {client_state!r}")
+            raise ValueError(
+                f"params.yaml: train.client_state must be one of {', '.join(CLIENT_STATE_MODES)}, got {client_state!r}"
+            )
         self.alg, self.model, self.seed, self.log, self.rounds = algorithm, model, seed, log, rounds
         self.clients = {c.client_id: c for c in clients}
         self.ids = sorted(self.clients)
@@ -91,8 +99,14 @@ class InProcessTransport:
     # ---- the two client-side phases -----------------------------------------------------------
     def collect_uploads(self, rnd: int) -> dict:
         """Lines 3-6: every client's statistics enter the pool."""
-        return {cid: (self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))
-                      if self.alg.upload_wanted(cid) else None) for cid in self.ids}
+        return {
+            cid: (
+                self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))
+                if self.alg.upload_wanted(cid)
+                else None
+            )
+            for cid in self.ids
+        }
 
     def announced_n(self, sampled):
         return {cid: self.alg.sample_count(self.clients[cid]) for cid in sampled}
@@ -108,8 +122,10 @@ class InProcessTransport:
             cid = reply.client_id
             if self._checkpoints is not None and self.client_state == "persistent" and cid in self._states:
                 self._checkpoints.write_client(cid, rnd, self._states.pop(cid).to_dict())  # leaves memory now
-            self.log(f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {reply.client_id}: "
-                     + contract.reply_summary(reply.metrics))
+            self.log(
+                f"round {rnd}/{self.rounds} client {j + 1}/{len(sampled)} {reply.client_id}: "
+                + contract.reply_summary(reply.metrics)
+            )
         self._trained = list(sampled)
         return replies
 
@@ -124,20 +140,29 @@ class InProcessTransport:
     def _client_args(self, rnd, cid, global_w, payload) -> tuple:
         """One client's local-training arguments after the model, with its per-(seed, round, client)
         generators: the same in the sequential and the interleaved mode."""
-        return (self.clients[cid].resident(), self._state(cid), global_w, payload,  # lazy: its images now
-                torch_generator(self.seed, "augment", rnd, cid, device=self.device),
-                numpy_rng(self.seed, "shuffle", rnd, cid))
+        return (
+            self.clients[cid].resident(),
+            self._state(cid),
+            global_w,
+            payload,  # lazy: its images now
+            torch_generator(self.seed, "augment", rnd, cid, device=self.device),
+            numpy_rng(self.seed, "shuffle", rnd, cid),
+        )
 
     def _local_replies(self, rnd, sampled, global_w, payloads):
         """Algorithm 1 lines 8-22: each sampled client's Reply, in order; one client after another, or
         several interleaved (federation/concurrent.py; the same replies)."""
         width = concurrent_width(self.concurrent_clients, self.device, len(sampled), self.alg)
         if width > 1:
+
             def starter(cid):
                 return lambda model: self.alg.local_train_steps(
-                    model, *self._client_args(rnd, cid, global_w, payloads.get(cid)))
+                    model, *self._client_args(rnd, cid, global_w, payloads.get(cid))
+                )
+
             yield from self._interleaved(width).run(
-                [Task(cid, derive_seed(self.seed, "local", rnd, cid), starter(cid)) for cid in sampled])
+                [Task(cid, derive_seed(self.seed, "local", rnd, cid), starter(cid)) for cid in sampled]
+            )
             return
         for cid in sampled:
             seed_everything(derive_seed(self.seed, "local", rnd, cid))
@@ -147,18 +172,42 @@ class InProcessTransport:
 class InProcessEngine:
     """RoundLoop over an InProcessTransport (the constructor pipeline/train.py and the tests use)."""
 
-    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, clients: list[ClientData], evalsets: EvalSets,
-                 rounds: int, seed: int, client_fraction: float = 1.0, checkpoint_path: str | Path | None = None,
-                 on_round: Callable[[dict], None] | None = None, run_info: dict | None = None,
-                 log=lambda msg: print(msg, file=sys.stderr, flush=True), concurrent_clients: int | str = "auto",
-                 client_state: str = "persistent"):
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        model: torch.nn.Module,
+        clients: list[ClientData],
+        evalsets: EvalSets,
+        rounds: int,
+        seed: int,
+        client_fraction: float = 1.0,
+        checkpoint_path: str | Path | None = None,
+        on_round: Callable[[dict], None] | None = None,
+        run_info: dict | None = None,
+        log=lambda msg: print(msg, file=sys.stderr, flush=True),
+        concurrent_clients: int | str = "auto",
+        client_state: str = "persistent",
+    ):
         self.alg, self.model = algorithm, model
         device = next(model.parameters()).device
-        self.transport = InProcessTransport(algorithm, model, clients, seed, concurrent_clients, client_state, log,
-                                            rounds)
+        self.transport = InProcessTransport(
+            algorithm, model, clients, seed, concurrent_clients, client_state, log, rounds
+        )
         self.checkpoints = RoundCheckpoints(checkpoint_path, device, log) if checkpoint_path else None
-        self.loop = RoundLoop(algorithm, model, self.transport, evalsets, rounds, seed, client_fraction,
-                              self.checkpoints, on_round, run_info, log, engine="inprocess")
+        self.loop = RoundLoop(
+            algorithm,
+            model,
+            self.transport,
+            evalsets,
+            rounds,
+            seed,
+            client_fraction,
+            self.checkpoints,
+            on_round,
+            run_info,
+            log,
+            engine="inprocess",
+        )
 
     def run(self) -> RunResult:
         return self.loop.run()

@@ -13,15 +13,17 @@ training (their process ids, reported by each worker at start, are terminated), 
 
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import csv
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.numerics import numeric_platform
@@ -35,29 +37,29 @@ class RunSettings:
     """What every run of one `fedccrl train` shares, from the validated params file (pipeline/params.py)."""
 
     dataset: str
-    backbone: str                   # resolved: never `auto`
-    pretrained: str                 # resolved: never `auto`
-    local: Any                      # fedccrl_core.algorithms.LocalConfig (train.* + preprocess mean, std)
-    engine: str                     # train.engine: inprocess | flower
-    device: str                     # train.device: auto | cpu | cuda
+    backbone: str  # resolved: never `auto`
+    pretrained: str  # resolved: never `auto`
+    local: Any  # fedccrl_core.algorithms.LocalConfig (train.* + preprocess mean, std)
+    engine: str  # train.engine: inprocess | flower
+    device: str  # train.device: auto | cpu | cuda
     client_fraction: float
     concurrent_clients: int | str
     client_state: str
-    eval_batch_size: int            # evaluate.batch_size
+    eval_batch_size: int  # evaluate.batch_size
 
 
 @dataclass
 class TrainJob:
     """One held-out domain of one (algorithm, seed): everything a worker needs, picklable."""
 
-    index: int                      # the held-out domain's index in `domains`
-    target: str                     # the held-out domain
+    index: int  # the held-out domain's index in `domains`
+    target: str  # the held-out domain
     sources: list[str]
     algorithm: str
     seed: int
-    hparams: Any                    # train.<algorithm>: the algorithm's frozen Params (Algorithm.validated)
+    hparams: Any  # train.<algorithm>: the algorithm's frozen Params (Algorithm.validated)
     settings: RunSettings
-    run_key: str                    # hash of everything that determines the run: names its round checkpoint
+    run_key: str  # hash of everything that determines the run: names its round checkpoint
     ckpt: Path
     out: Path
     domains: list[str]
@@ -73,7 +75,10 @@ class TrainJob:
 
     def record_ids(self, ids: dict) -> None:
         self.commit, self.mlflow_run_id, self.mlflow_experiment_id = (
-            ids["commit"], ids["mlflow_run_id"], ids["mlflow_experiment_id"])
+            ids["commit"],
+            ids["mlflow_run_id"],
+            ids["mlflow_experiment_id"],
+        )
 
 
 def load_clients(shards: Path, pools: Path, domains: list[str], device):
@@ -88,20 +93,34 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
             continue
         s = load_client(shards, entry["id"], exclude_domain=held_out[0] if held_out else None, mmap=True)
         if not len(s.train_y):
-            continue                                   # a mixed client holding only the held-out domain
+            continue  # a mixed client holding only the held-out domain
         mu, sigma = load_pool(pools, entry["id"])
         if s.train_rows is not None:
             mu, sigma = mu[s.train_rows], sigma[s.train_rows]
         if len(mu) != len(s.train_y):
-            raise ValueError(f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples "
-                             f"({STALE})")
-        clients.append(ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device,
-                                             mu, sigma, lazy=True))  # images read when sampled: memory flat in the clients
+            raise ValueError(
+                f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE})"
+            )
+        clients.append(
+            ClientData.from_numpy(
+                s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device, mu, sigma, lazy=True
+            )
+        )  # images read when sampled: memory flat in the clients
     return clients
 
 
-def plan_runs(settings: RunSettings, partition: dict, manifest: dict, algorithm: str, seed: int, held_out: list,
-              targets: list[str], out: Path, checkpoints: Path, hparams) -> list[TrainJob]:
+def plan_runs(
+    settings: RunSettings,
+    partition: dict,
+    manifest: dict,
+    algorithm: str,
+    seed: int,
+    held_out: list,
+    targets: list[str],
+    out: Path,
+    checkpoints: Path,
+    hparams,
+) -> list[TrainJob]:
     """One job per held-out entry (checked by pipeline/sweep.py `check_train`; `targets` are their domain names),
     its run key (the hash of every setting of the run, the manifest and the training code) and its output
     folder out/d<entry>. `hparams`: the algorithm's Params; `partition`: params.yaml's partition group."""
@@ -113,19 +132,43 @@ def plan_runs(settings: RunSettings, partition: dict, manifest: dict, algorithm:
         del local["privacy"]
     for h, target in zip(held_out, targets):
         i = domains.index(target)
-        run_params = {"dataset": s.dataset, "backbone": s.backbone, "pretrained": s.pretrained,
-                      **local, "engine": s.engine, "device": s.device,
-                      "client_fraction": s.client_fraction, "concurrent_clients": s.concurrent_clients,
-                      "client_state": s.client_state, "eval_batch_size": s.eval_batch_size,
-                      "algorithm": algorithm, "seed": seed, "held_out": domains[i], algorithm: hparams.model_dump(),
-                      "partition": partition, "image_size": manifest["image_size"]}
+        run_params = {
+            "dataset": s.dataset,
+            "backbone": s.backbone,
+            "pretrained": s.pretrained,
+            **local,
+            "engine": s.engine,
+            "device": s.device,
+            "client_fraction": s.client_fraction,
+            "concurrent_clients": s.concurrent_clients,
+            "client_state": s.client_state,
+            "eval_batch_size": s.eval_batch_size,
+            "algorithm": algorithm,
+            "seed": seed,
+            "held_out": domains[i],
+            algorithm: hparams.model_dump(),
+            "partition": partition,
+            "image_size": manifest["image_size"],
+        }
         run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
-        jobs.append(TrainJob(
-            index=i, target=domains[i], sources=[d for d in domains if d != domains[i]], algorithm=algorithm,
-            seed=seed, hparams=hparams, settings=s, run_key=run_key,
-            ckpt=checkpoints / contract.checkpoint_dir_name(algorithm, seed, h) / f"{run_key}.pt",
-            out=out / contract.domain_dir_name(h), domains=domains, classes=list(manifest["classes"]),
-            image_size=manifest["image_size"], resize=manifest.get("resize_policy", "resize SxS bilinear")))
+        jobs.append(
+            TrainJob(
+                index=i,
+                target=domains[i],
+                sources=[d for d in domains if d != domains[i]],
+                algorithm=algorithm,
+                seed=seed,
+                hparams=hparams,
+                settings=s,
+                run_key=run_key,
+                ckpt=checkpoints / contract.checkpoint_dir_name(algorithm, seed, h) / f"{run_key}.pt",
+                out=out / contract.domain_dir_name(h),
+                domains=domains,
+                classes=list(manifest["classes"]),
+                image_size=manifest["image_size"],
+                resize=manifest.get("resize_policy", "resize SxS bilinear"),
+            )
+        )
     return jobs
 
 
@@ -139,10 +182,10 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     import torch
 
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.learning.model_file import save_model
     from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
+    from fedccrl_core.learning.clients import ClientData
+    from fedccrl_core.learning.model_file import save_model
 
     s, target, out = job.settings, job.target, Path(job.out)
     device = resolve_device(s.device)
@@ -156,10 +199,14 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         if len(clients) < 2:
             raise ValueError(f"{shards}: need at least 2 source clients, found {len(clients)}")
         tx, ty = load_domain_test(shards, target)
-        evalsets = EvalSets(torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]),
-                            ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
-                            torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device), s.eval_batch_size)
-        del tx, ty      # the NCHW copy in evalsets is the one copy of the target domain kept for training
+        evalsets = EvalSets(
+            torch.cat([c.val_x for c in clients]),
+            torch.cat([c.val_y for c in clients]),
+            ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
+            torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device),
+            s.eval_batch_size,
+        )
+        del tx, ty  # the NCHW copy in evalsets is the one copy of the target domain kept for training
         alg = build_algorithm(job.algorithm, s.local, job.hparams)
         torch.manual_seed(job.seed)
         model = alg.build_model(s.backbone, len(job.classes), s.pretrained, alg.hp).to(device)
@@ -168,39 +215,72 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
             # fedccrl_flower.run.train_with_flower, set by the caller (the library does not import the transport)
             result = job.flower_train(job, shards=shards, pools=pools, on_round=on_round, log=log)
         else:
-            result = InProcessEngine(alg, model, clients, evalsets, s.local.rounds, job.seed, s.client_fraction,
-                                     job.ckpt, on_round=on_round, run_info={"run_key": job.run_key}, log=log,
-                                     concurrent_clients=s.concurrent_clients, client_state=s.client_state).run()
+            result = InProcessEngine(
+                alg,
+                model,
+                clients,
+                evalsets,
+                s.local.rounds,
+                job.seed,
+                s.client_fraction,
+                job.ckpt,
+                on_round=on_round,
+                run_info={"run_key": job.run_key},
+                log=log,
+                concurrent_clients=s.concurrent_clients,
+                client_state=s.client_state,
+            ).run()
     finally:
         torch.set_num_threads(threads)
 
-    meta = {"backbone": s.backbone, "num_classes": len(job.classes), "classes": job.classes,
-            "image_size": job.image_size, "mean": list(s.local.mean), "std": list(s.local.std),
-            "resize": job.resize, "dataset": s.dataset, "domains": job.domains,
-            "held_out_domain": target, "held_out_index": job.index, "algorithm": job.algorithm,
-            "seed": job.seed, "hparams": alg.hp.model_dump(), "params_hash": job.run_key, "git_commit": job.commit,
-            "mlflow_run_id": job.mlflow_run_id, "mlflow_experiment_id": job.mlflow_experiment_id,
-            "platform": numeric_platform(str(device))}
+    meta = {
+        "backbone": s.backbone,
+        "num_classes": len(job.classes),
+        "classes": job.classes,
+        "image_size": job.image_size,
+        "mean": list(s.local.mean),
+        "std": list(s.local.std),
+        "resize": job.resize,
+        "dataset": s.dataset,
+        "domains": job.domains,
+        "held_out_domain": target,
+        "held_out_index": job.index,
+        "algorithm": job.algorithm,
+        "seed": job.seed,
+        "hparams": alg.hp.model_dump(),
+        "params_hash": job.run_key,
+        "git_commit": job.commit,
+        "mlflow_run_id": job.mlflow_run_id,
+        "mlflow_experiment_id": job.mlflow_experiment_id,
+        "platform": numeric_platform(str(device)),
+    }
     from fedccrl_core.foundation.fsio import atomic_dir
 
-    with atomic_dir(out) as tmp:  # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
+    with atomic_dir(
+        out
+    ) as tmp:  # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
         model.load_state_dict(result.final_weights)
         save_model(tmp / contract.MODEL_FILE, model, {**meta, "round": s.local.rounds})
         model.load_state_dict(result.best_weights)
         save_model(tmp / contract.BEST_FILE, model, {**meta, "round": result.best_round})
-        (tmp / contract.HISTORY_FILE).write_text(json.dumps({"meta": meta, contract.BEST_ROUND: result.best_round,
-                                                      "rounds": result.history}, indent=1))
-        keys = [*contract.HISTORY_CSV_FIELDS,
-                *sorted({k for r in result.history for k in r if contract.is_loss_term(k)})]
+        (tmp / contract.HISTORY_FILE).write_text(
+            json.dumps({"meta": meta, contract.BEST_ROUND: result.best_round, "rounds": result.history}, indent=1)
+        )
+        keys = [
+            *contract.HISTORY_CSV_FIELDS,
+            *sorted({k for r in result.history for k in r if contract.is_loss_term(k)}),
+        ]
         with open(tmp / contract.HISTORY_CSV, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
             w.writeheader()
             w.writerows(result.history)
     final = result.history[-1]
     log(f"done: final target acc {final[contract.TARGET_ACC]:.4f}; best-val round {result.best_round} -> {out}")
-    return {contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-            contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
-            contract.BEST_ROUND: result.best_round}
+    return {
+        contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
+        contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
+        contract.BEST_ROUND: result.best_round,
+    }
 
 
 def worker_count(setting: str, settings: RunSettings, n_jobs: int) -> int:
@@ -254,8 +334,9 @@ def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
     _RECORDS.put(("done", job.index, summary))
 
 
-def run_jobs(jobs: list[TrainJob], workers: int, shards: Path, pools: Path, start, on_message,
-             train: Callable = run_one) -> None:
+def run_jobs(
+    jobs: list[TrainJob], workers: int, shards: Path, pools: Path, start, on_message, train: Callable = run_one
+) -> None:
     """Run the jobs, `workers` at a time: in this process when workers == 1, else in a spawned process pool
     (one torch thread each). start(job) opens the job's MLflow run and returns the ids its outputs record, in
     this process, before the job is handed to a worker (a job travels to its worker whole: no channel back to it
@@ -264,8 +345,9 @@ def run_jobs(jobs: list[TrainJob], workers: int, shards: Path, pools: Path, star
     if workers == 1:
         for job in jobs:
             job.record_ids(start(job))
-            on_message("done", job.index, train(job, shards, pools,
-                                                lambda kind, rec, i=job.index: on_message(kind, i, rec)))
+            on_message(
+                "done", job.index, train(job, shards, pools, lambda kind, rec, i=job.index: on_message(kind, i, rec))
+            )
         return
     import multiprocessing as mp
     import queue as queue_mod
@@ -303,8 +385,10 @@ def run_jobs(jobs: list[TrainJob], workers: int, shards: Path, pools: Path, star
                 except ValueError:
                     raise
                 except BaseException as e:
-                    raise RuntimeError(f"training worker for held-out {job.target} failed:\n"
-                                       f"{getattr(e.__cause__, 'tb', '')}{type(e).__name__}: {e}") from e
+                    raise RuntimeError(
+                        f"training worker for held-out {job.target} failed:\n"
+                        f"{getattr(e.__cause__, 'tb', '')}{type(e).__name__}: {e}"
+                    ) from e
                 if index in finished:  # its "done" came through the queue, after every round record
                     live.pop(index)
     finally:

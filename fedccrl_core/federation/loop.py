@@ -16,24 +16,26 @@ clients of a round, Eq. 8's rows) come from the OS instead (privacy/noise.py): a
 
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.algorithms.base import Algorithm, Reply
-from fedccrl_core.learning.accuracy import accuracy, predict
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.privacy.dp import DPFedAvgAggregation
-from fedccrl_core.privacy.settings import BudgetExhausted
-from fedccrl_core.privacy.noise import private_rng
+from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
+from fedccrl_core.learning.accuracy import accuracy, predict
+from fedccrl_core.privacy.dp import DPFedAvgAggregation
+from fedccrl_core.privacy.noise import private_rng
+from fedccrl_core.privacy.settings import BudgetExhausted
 
 
 def nbytes(obj) -> int:
@@ -61,13 +63,17 @@ def privacy_of(alg: Algorithm):
         return None
     uploads = getattr(alg.Params, "uploads_statistics", False)
     if type(alg).client_upload is not Algorithm.client_upload and not uploads:
-        raise ValueError(f"train.privacy.enabled: {alg.name} uploads something other than FedCCRL's statistics "
-                         "rows; only those are clipped and noised (fedccrl_core/privacy/dp.py)")
+        raise ValueError(
+            f"train.privacy.enabled: {alg.name} uploads something other than FedCCRL's statistics "
+            "rows; only those are clipped and noised (fedccrl_core/privacy/dp.py)"
+        )
     for key, why in s.unprotected(alg.name, uploads):
         raise ValueError(f"{key}: {why}")
     if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
-        raise ValueError(f"train.privacy.weights: {alg.name} aggregates with a rule of its own, not Eq. 2; "
-                         "DP-FedAvg replaces Eq. 2 only (fedavg, fedccrl, fedprox, ...)")
+        raise ValueError(
+            f"train.privacy.weights: {alg.name} aggregates with a rule of its own, not Eq. 2; "
+            "DP-FedAvg replaces Eq. 2 only (fedavg, fedccrl, fedprox, ...)"
+        )
     from fedccrl_core.privacy.accountant import RunPrivacy  # dp_accounting, imported only when on
 
     return RunPrivacy(s, uploads)
@@ -87,8 +93,9 @@ def sampled_count(clients: int, fraction: float) -> int:
     return max(1, round(fraction * clients))
 
 
-def sample_clients(client_ids: list[str], fraction: float, seed: int, rnd: int,
-                   rng: np.random.Generator | None = None) -> list[str]:
+def sample_clients(
+    client_ids: list[str], fraction: float, seed: int, rnd: int, rng: np.random.Generator | None = None
+) -> list[str]:
     """m of the N clients without replacement, from the run seed, or from `rng` (train.privacy: the OS's)."""
     k = sampled_count(len(client_ids), fraction)
     if k == len(client_ids):
@@ -138,8 +145,9 @@ class Transport(Protocol):
         """n_i of every client whose size is known before the round's uploads (in-process: all; Flower: those
         that answered the previous round's query, none before round 1)."""
 
-    def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict,
-              fold: Callable[[Reply], None]) -> list[Reply]:
+    def train(
+        self, rnd: int, sampled: list[str], global_w: dict, payloads: dict, fold: Callable[[Reply], None]
+    ) -> list[Reply]:
         """Lines 8-22 on the sampled clients: `fold(reply)` for each valid reply in client-id order, as
         it arrives; returns the replies with their weights dropped (n_i and metrics for the record)."""
 
@@ -154,11 +162,21 @@ class Transport(Protocol):
 
 
 class RoundLoop:
-    def __init__(self, algorithm: Algorithm, model: torch.nn.Module, transport: Transport, evalsets: EvalSets,
-                 rounds: int, seed: int, client_fraction: float = 1.0, checkpoints: RoundCheckpoints | None = None,
-                 on_round: Callable[[dict], None] | None = None, run_info: dict | None = None,
-                 log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
-                 engine: str = "inprocess"):
+    def __init__(
+        self,
+        algorithm: Algorithm,
+        model: torch.nn.Module,
+        transport: Transport,
+        evalsets: EvalSets,
+        rounds: int,
+        seed: int,
+        client_fraction: float = 1.0,
+        checkpoints: RoundCheckpoints | None = None,
+        on_round: Callable[[dict], None] | None = None,
+        run_info: dict | None = None,
+        log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
+        engine: str = "inprocess",
+    ):
         self.alg, self.model, self.transport, self.evalsets = algorithm, model, transport, evalsets
         self.rounds, self.seed, self.client_fraction = rounds, seed, client_fraction
         self.checkpoints, self.on_round = checkpoints, on_round or (lambda rec: None)
@@ -198,8 +216,10 @@ class RoundLoop:
         """A global model that predicts one class for every validation image has collapsed (seen on PACS from
         scratch): say so, instead of reporting a class share as accuracy in silence."""
         if val_classes == 1 and int(torch.unique(self.evalsets.val_y).numel()) > 1:
-            self.log(f"warning: round {rnd}: the global model predicts a single class for all "
-                     f"{len(self.evalsets.val_y)} validation images (collapsed); its accuracy is that class's share")
+            self.log(
+                f"warning: round {rnd}: the global model predicts a single class for all "
+                f"{len(self.evalsets.val_y)} validation images (collapsed); its accuracy is that class's share"
+            )
 
     def run(self) -> RunResult:
         seed_everything(derive_seed(self.seed, "init"))
@@ -220,12 +240,21 @@ class RoundLoop:
             try:
                 if self.privacy is not None:  # both of the round's events, before its first release
                     known = self.transport.known_n()
-                    self.privacy.before_round(rnd, self.planned_sizes(), len(known),
-                                              sampled_count(len(known), self.client_fraction) if known else 0)
+                    self.privacy.before_round(
+                        rnd,
+                        self.planned_sizes(),
+                        len(known),
+                        sampled_count(len(known), self.client_fraction) if known else 0,
+                    )
                 uploads = self.transport.collect_uploads(rnd)  # lines 3-6
                 private = self.privacy is not None
-                sampled = sample_clients(list(uploads), self.client_fraction, self.seed, rnd,
-                                         private_rng(self.privacy.s, "sample", rnd) if private else None)
+                sampled = sample_clients(
+                    list(uploads),
+                    self.client_fraction,
+                    self.seed,
+                    rnd,
+                    private_rng(self.privacy.s, "sample", rnd) if private else None,
+                )
                 if private:
                     self.privacy.statistics(rnd, upload_sizes(uploads, self.transport))
                     self.privacy.before_weights(rnd, len(uploads), len(sampled))
@@ -236,8 +265,9 @@ class RoundLoop:
                 break
             payloads = self.alg.server_payloads(uploads)  # line 7
             if self.privacy is not None:  # DP-FedAvg (privacy/dp.py)
-                agg = DPFedAvgAggregation(global_w, len(sampled), self.privacy.s,
-                                          private_rng(self.privacy.s, "weights", rnd))
+                agg = DPFedAvgAggregation(
+                    global_w, len(sampled), self.privacy.s, private_rng(self.privacy.s, "weights", rnd)
+                )
             else:
                 agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
             replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
@@ -250,12 +280,17 @@ class RoundLoop:
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec = {contract.ROUND: rnd, contract.VAL_ACC: val_acc, contract.TARGET_ACC: tgt_acc,
-                   contract.VAL_PRED_CLASSES: val_classes, contract.SECONDS: time.perf_counter() - t0,
-                   contract.BYTES_UP: len(replies) * w_bytes + sum(nbytes(u) for u in uploads.values())
-                   + sum(nbytes(r.upload) for r in replies),
-                   contract.BYTES_DOWN: len(replies) * w_bytes
-                   + sum(nbytes(payloads.get(r.client_id)) for r in replies)}
+            rec = {
+                contract.ROUND: rnd,
+                contract.VAL_ACC: val_acc,
+                contract.TARGET_ACC: tgt_acc,
+                contract.VAL_PRED_CLASSES: val_classes,
+                contract.SECONDS: time.perf_counter() - t0,
+                contract.BYTES_UP: len(replies) * w_bytes
+                + sum(nbytes(u) for u in uploads.values())
+                + sum(nbytes(r.upload) for r in replies),
+                contract.BYTES_DOWN: len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies),
+            }
             for key in sorted({k for r in replies for k in r.metrics}):
                 rec[key] = weighted_mean(replies, key)
             for r in replies:  # none under train.privacy: the clients send no metrics
@@ -265,16 +300,28 @@ class RoundLoop:
             if self.privacy is not None:
                 rec.update(self.privacy.record())
             history.append(rec)
-            self.log(f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
-                     f"target_acc {tgt_acc:.4f} ({rec[contract.SECONDS]:.1f}s, {rec[contract.BYTES_UP]} B up, "
-                     f"{rec[contract.BYTES_DOWN]} B down)")
+            self.log(
+                f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
+                f"target_acc {tgt_acc:.4f} ({rec[contract.SECONDS]:.1f}s, {rec[contract.BYTES_UP]} B up, "
+                f"{rec[contract.BYTES_DOWN]} B down)"
+            )
             self.on_round(rec)  # log first: a crash before the checkpoint re-logs identical values
             if self.checkpoints is not None:
-                self.checkpoints.save(rnd, {"global": global_w, "best": best_w, "best_round": best_round,
-                                            "best_val": best_val, "history": history, "run_info": self.run_info,
-                                            "server_state": self.alg.server_state(), "engine": self.engine,
-                                            **({"privacy": self.privacy.state()} if self.privacy else {})},
-                                      self.transport.client_states())
+                self.checkpoints.save(
+                    rnd,
+                    {
+                        "global": global_w,
+                        "best": best_w,
+                        "best_round": best_round,
+                        "best_val": best_val,
+                        "history": history,
+                        "run_info": self.run_info,
+                        "server_state": self.alg.server_state(),
+                        "engine": self.engine,
+                        **({"privacy": self.privacy.state()} if self.privacy else {}),
+                    },
+                    self.transport.client_states(),
+                )
         if self.checkpoints is not None:
             self.checkpoints.prune()
         return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1)

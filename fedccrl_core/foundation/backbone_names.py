@@ -3,4 +3,5 @@ validation reads them.
 
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 BACKBONES = ("small_cnn", "mobilenet_v3_large", "resnet18", "resnet50")

@@ -6,16 +6,17 @@
 - the fields of an evaluated run (results/runs/... .json, read by report and figures);
 - the record keys of the messages between the Flower ServerApp and its ClientApps.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
 
 # ---- run layout: <root>/<algorithm>/s<seed>/d<held-out entry> -----------------------------------------
-MODEL_FILE = "model.pt"       # the global model after the last round
-BEST_FILE = "best.pt"         # the global model of the round with the best source-validation accuracy
+MODEL_FILE = "model.pt"  # the global model after the last round
+BEST_FILE = "best.pt"  # the global model of the round with the best source-validation accuracy
 HISTORY_FILE = "history.json"  # {"meta", "best_round", "rounds": [round record, ...]}
-HISTORY_CSV = "history.csv"    # the same rounds, HISTORY_CSV_FIELDS plus the loss terms
-RESULT_SUFFIX = ".json"        # results/runs/<algorithm>/s<seed>/d<entry>.json (evaluate stage)
+HISTORY_CSV = "history.csv"  # the same rounds, HISTORY_CSV_FIELDS plus the loss terms
+RESULT_SUFFIX = ".json"  # results/runs/<algorithm>/s<seed>/d<entry>.json (evaluate stage)
 
 
 def seed_dir_name(seed) -> str:
@@ -55,19 +56,19 @@ def checkpoint_dir_name(algorithm: str, seed, entry) -> str:
 
 # ---- round record (one per round of RoundLoop's history) ---------------------------------------------
 ROUND = "round"
-VAL_ACC = "val_acc"                    # source validation (union of the clients' val splits)
-TARGET_ACC = "target_acc"              # the held-out domain
+VAL_ACC = "val_acc"  # source validation (union of the clients' val splits)
+TARGET_ACC = "target_acc"  # the held-out domain
 VAL_PRED_CLASSES = "val_pred_classes"  # distinct classes predicted on validation (1 = collapsed)
 SECONDS = "seconds"
 BYTES_UP = "bytes_up"
 BYTES_DOWN = "bytes_down"
-LOSS = "loss"                          # the local objective, weighted mean over the clients (Eq. 2's n_i)
+LOSS = "loss"  # the local objective, weighted mean over the clients (Eq. 2's n_i)
 TRAIN_ACC = "train_acc"
 LR = "lr"
-DP_EPSILON = "dp_epsilon"                        # train.privacy: epsilon at its delta so far, both channels composed
+DP_EPSILON = "dp_epsilon"  # train.privacy: epsilon at its delta so far, both channels composed
 DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
-DP_EPSILON_WEIGHTS = "dp_epsilon/weights"        # the weights channel alone
-DP_SEEDED_NOISE = "dp_seeded_noise"              # 1 when train.privacy.noise_seed seeds the noise: NOT private
+DP_EPSILON_WEIGHTS = "dp_epsilon/weights"  # the weights channel alone
+DP_SEEDED_NOISE = "dp_seeded_noise"  # 1 when train.privacy.noise_seed seeds the noise: NOT private
 HISTORY_CSV_FIELDS = (ROUND, TARGET_ACC, VAL_ACC, LOSS, TRAIN_ACC, LR, SECONDS, BYTES_UP, BYTES_DOWN)
 
 
@@ -85,17 +86,17 @@ def reply_summary(metrics: dict) -> str:
 
 # ---- loss terms (an algorithm's train step reports these; names follow the papers' L_*) ----------------
 LOSS_TERM_PREFIX = "l_"
-L_CLS = "l_cls"          # classification (cross-entropy; FedCCRL Eq. 16 over three views)
-L_CE = "l_ce"            # FedFD's L_CE (Eq. 5)
-L_RA = "l_ra"            # FedCCRL Eq. 12
-L_JS = "l_js"            # FedCCRL Eq. 14, FedAlign Eq. 15
-L_PROX = "l_prox"        # FedProx's proximal term
+L_CLS = "l_cls"  # classification (cross-entropy; FedCCRL Eq. 16 over three views)
+L_CE = "l_ce"  # FedFD's L_CE (Eq. 5)
+L_RA = "l_ra"  # FedCCRL Eq. 12
+L_JS = "l_js"  # FedCCRL Eq. 14, FedAlign Eq. 15
+L_PROX = "l_prox"  # FedProx's proximal term
 L_ADVF, L_ADVD, L_ADVG = "l_advf", "l_advd", "l_advg"  # FedADG
-L_L2R, L_CMI = "l_l2r", "l_cmi"                        # FedSR
-L_IIR = "l_iir"                                        # FedIIR
-L_CACL, L_CAFL = "l_cacl", "l_cafl"                    # FedFD Eq. 5
-L_ADAPTER = "l_adapter"                                # FedFD-A
-L_SC, L_RC, L_ADV = "l_sc", "l_rc", "l_adv"            # FedAlign Eq. 12, 13, 16
+L_L2R, L_CMI = "l_l2r", "l_cmi"  # FedSR
+L_IIR = "l_iir"  # FedIIR
+L_CACL, L_CAFL = "l_cacl", "l_cafl"  # FedFD Eq. 5
+L_ADAPTER = "l_adapter"  # FedFD-A
+L_SC, L_RC, L_ADV = "l_sc", "l_rc", "l_adv"  # FedAlign Eq. 12, 13, 16
 
 
 def is_loss_term(field: str) -> bool:
@@ -117,8 +118,8 @@ MSG_METRICS = "fedccrl.metrics"
 
 # ---- a Flower run's report folder <work_dir>/run-<run id>/ (written by the ServerApp, read by the launcher) --
 FLOWER_ROUNDS_FILE = "rounds.jsonl"  # one round record per line, as each round finishes
-FLOWER_STATUS_FILE = "status.json"   # running | completed | failed | stopped
-FLOWER_RESULT_FILE = "result.pt"     # the RunResult's fields
+FLOWER_STATUS_FILE = "status.json"  # running | completed | failed | stopped
+FLOWER_RESULT_FILE = "result.pt"  # the RunResult's fields
 FLOWER_LOG_FILE = "server.log"
 
 

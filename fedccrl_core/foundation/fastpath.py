@@ -25,6 +25,7 @@ clients interleaved on CUDA streams (`federation.concurrent`).
 
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import contextlib

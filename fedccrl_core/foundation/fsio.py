@@ -26,6 +26,7 @@ directory entry, not what it points at:
                              has been read already, so "complete or absent" cannot hold there.
     a folder, a block device refused with an OutputError before anything is written
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,8 @@ import socket
 import stat
 import sys
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import psutil
 
@@ -89,8 +90,7 @@ def _remove(p: Path) -> None:
             p.unlink()
 
 
-def sweep_stale(parent: str | os.PathLike, name: str | None = None,
-                log: Callable[[str], None] = _notice) -> list[Path]:
+def sweep_stale(parent: str | os.PathLike, name: str | None = None, log: Callable[[str], None] = _notice) -> list[Path]:
     """Remove the temporary paths in `parent` (of output `name`, or of any output) whose owner is gone.
     Returns the removed paths; each gets one line through `log`."""
     parent = Path(parent)
@@ -113,8 +113,10 @@ def sweep_stale(parent: str | os.PathLike, name: str | None = None,
         p = Path(e.path)
         _remove(p)
         removed.append(p)
-        log(f"removed {p}, a temporary {'folder' if e.is_dir(follow_symlinks=False) else 'file'} left by "
-            f"process {pid}, which is no longer running")
+        log(
+            f"removed {p}, a temporary {'folder' if e.is_dir(follow_symlinks=False) else 'file'} left by "
+            f"process {pid}, which is no longer running"
+        )
     return removed
 
 
@@ -195,9 +197,19 @@ def _display(path: Path) -> Path:
 
 
 def _kind(mode: int) -> str:
-    return ("a folder" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
-            else "a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode)
-            else "a regular file")
+    return (
+        "a folder"
+        if stat.S_ISDIR(mode)
+        else "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a regular file"
+    )
 
 
 class _RawOutput(io.FileIO):
@@ -318,8 +330,13 @@ def _fsync_path(p: Path) -> None:
 
 # ---- files --------------------------------------------------------------------------------------
 @contextlib.contextmanager
-def atomic_path(path: str | os.PathLike, *, verify: Callable[[Path], object] | None = None,
-                previous: str | os.PathLike | None = None, _synced: bool = False) -> Iterator[Path]:
+def atomic_path(
+    path: str | os.PathLike,
+    *,
+    verify: Callable[[Path], object] | None = None,
+    previous: str | os.PathLike | None = None,
+    _synced: bool = False,
+) -> Iterator[Path]:
     """Yield a temporary path next to `path` for the body to write by any means. On success it is
     fsynced, checked by `verify(tmp)` (which raises to refuse it), and renamed over `path`; the old
     `path` is first moved to `previous` when given (a fallback kept by the caller). On any failure or
@@ -353,8 +370,14 @@ def atomic_path(path: str | os.PathLike, *, verify: Callable[[Path], object] | N
 
 
 @contextlib.contextmanager
-def atomic_file(path: str | os.PathLike, mode: str = "wb", *, verify: Callable[[Path], object] | None = None,
-                previous: str | os.PathLike | None = None, **open_kwargs):
+def atomic_file(
+    path: str | os.PathLike,
+    mode: str = "wb",
+    *,
+    verify: Callable[[Path], object] | None = None,
+    previous: str | os.PathLike | None = None,
+    **open_kwargs,
+):
     """`open(path, mode)` that writes a temporary file, fsyncs it and renames it over `path` on success
     (see `atomic_path`). `mode` is "w" (text, utf-8 by default) or "wb". A FIFO, character device,
     socket or "-" (stdout) is written in place instead (`output_target`)."""

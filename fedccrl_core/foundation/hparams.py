@@ -13,6 +13,7 @@ number is declared. Unknown keys are refused, so `lamda1` cannot pass as a typo 
 
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import math
@@ -57,11 +58,20 @@ def hp(default: Any, source: str, **bounds: Any) -> Any:
 
 # ---- errors ------------------------------------------------------------------------------------------
 _TYPE_WORDS = {
-    "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
-    "float_type": "a number", "float_parsing": "a number", "finite_number": "a finite number",
-    "bool_type": "true or false", "bool_parsing": "true or false",
-    "string_type": "a string", "list_type": "a list", "dict_type": "a mapping", "model_type": "a mapping",
-    "model_attributes_type": "a mapping", "none_required": "null",
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "finite_number": "a finite number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "dict_type": "a mapping",
+    "model_type": "a mapping",
+    "model_attributes_type": "a mapping",
+    "none_required": "null",
 }
 
 
@@ -86,7 +96,7 @@ def _walk(data: Any, loc: tuple, model: type[BaseModel] | None = None) -> tuple[
         elif isinstance(node, dict) and part in fields:
             node, found = None, False  # a declared key the data lacks
         else:
-            continue     # a tag, or a location inside a value that is not a mapping
+            continue  # a tag, or a location inside a value that is not a mapping
         path.append(part)
         f = fields.get(part)
         sub = f.annotation if f is not None else None
@@ -148,8 +158,12 @@ def _expected(err: dict, field) -> str:
     if t in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         bounds = describe_bounds(field) if field is not None else ""
         if not bounds:
-            sym = {"greater_than": "> {gt}", "greater_than_equal": ">= {ge}", "less_than": "< {lt}",
-                   "less_than_equal": "<= {le}"}[t]
+            sym = {
+                "greater_than": "> {gt}",
+                "greater_than_equal": ">= {ge}",
+                "less_than": "< {lt}",
+                "less_than_equal": "<= {le}",
+            }[t]
             bounds = sym.format(**{k: _num(v) for k, v in ctx.items()})
         kind = "an integer" if _is_int(field, tuple(err["loc"])) else "a number"
         return f"{kind} {bounds}"
@@ -181,16 +195,18 @@ def _fmt(v: Any) -> str:
     return s if len(s) <= 80 else s[:77] + "..."
 
 
-def problems(err: ValidationError, data: Any, model: type[BaseModel] | None = None, prefix: str = "",
-             file: str = "params.yaml") -> list[str]:
+def problems(
+    err: ValidationError, data: Any, model: type[BaseModel] | None = None, prefix: str = "", file: str = "params.yaml"
+) -> list[str]:
     """One line per problem: `<file>: key '<dotted.key>': got <value>; allowed: <what>`. Errors that are
     alternatives of one union at one key become one line ('an integer or a string')."""
     merged: dict[tuple, dict] = {}
     for e in err.errors(include_url=False):
         path, value, found = _walk(data, tuple(e["loc"]), model)
         key = dotted([prefix] * bool(prefix) + path)
-        entry = merged.setdefault((key, e["type"] == "extra_forbidden", e["type"] == "missing"),
-                                  {"value": value, "expected": []})
+        entry = merged.setdefault(
+            (key, e["type"] == "extra_forbidden", e["type"] == "missing"), {"value": value, "expected": []}
+        )
         parent = path[:-1] if e["type"] == "extra_forbidden" else path
         f = _field(model, path) if model is not None else None
         if not found and f is not None and e["type"] != "missing":  # a default checked against a value given
@@ -215,8 +231,9 @@ def problems(err: ValidationError, data: Any, model: type[BaseModel] | None = No
             lines.append(f"{where}: missing; {entry['expected'][0]}")
         else:
             exp = entry["expected"]
-            simple = all(x in _TYPE_WORDS.values() or x.startswith(("one of ", "a number ", "an integer "))
-                         for x in exp)
+            simple = all(
+                x in _TYPE_WORDS.values() or x.startswith(("one of ", "a number ", "an integer ")) for x in exp
+            )
             what = ("must be " + " or ".join(exp)) if simple else "; ".join(exp)
             lines.append(f"{where}: got {_fmt(entry['value'])}; {what}")
     return lines
@@ -235,8 +252,8 @@ def validate(model: type[BaseModel], data: Any, prefix: str = "", file: str = "p
 # ---- the documentation table ---------------------------------------------------------------------------
 def _type_name(ann: Any) -> str:
     """A declared annotation in the words the errors use: int, number, bool, string, list, mapping, a | b."""
-    from typing import Annotated, Literal, Union, get_origin
     import types
+    from typing import Annotated, Literal, Union, get_origin
 
     origin, args = get_origin(ann), get_args(ann)
     if ann is type(None):
@@ -250,17 +267,22 @@ def _type_name(ann: Any) -> str:
     if origin is not None:
         return {list: "list", tuple: "list", dict: "mapping"}.get(origin, str(origin))
     return {int: "int", float: "number", bool: "bool", str: "string", dict: "mapping", list: "list"}.get(
-        ann, getattr(ann, "__name__", str(ann)))
+        ann, getattr(ann, "__name__", str(ann))
+    )
 
 
 def markdown(groups: dict[str, type[HParams]]) -> str:
     """The documentation site's hyperparameters page: one table per `train.<name>` group, each row a declared
     hyperparameter's key, type, default, allowed range and source, straight from the declarations. The page is
     generated when the site is built (scripts/mkdocs_hooks.py), never committed, so it cannot go stale."""
-    out = ["# Hyperparameters", "",
-           "Generated from each algorithm's declaration (`Params` in `fedccrl_core/algorithms/<name>.py`) by",
-           "`make docs` when the site is built (`python scripts/mkdocs_hooks.py` prints the same text). params.yaml's",
-           "`train.<algorithm>` groups hold these defaults; `-S train.<algorithm>.<key>=<value>` overrides one.", ""]
+    out = [
+        "# Hyperparameters",
+        "",
+        "Generated from each algorithm's declaration (`Params` in `fedccrl_core/algorithms/<name>.py`) by",
+        "`make docs` when the site is built (`python scripts/mkdocs_hooks.py` prints the same text). params.yaml's",
+        "`train.<algorithm>` groups hold these defaults; `-S train.<algorithm>.<key>=<value>` overrides one.",
+        "",
+    ]
     for name, params in groups.items():
         out += [f"## `train.{name}`", ""]
         if not params.model_fields:
@@ -268,10 +290,14 @@ def markdown(groups: dict[str, type[HParams]]) -> str:
             continue
         out += ["| key | type | default | allowed | source |", "|---|---|---|---|---|"]
         for key, f in params.model_fields.items():
-            default = "null" if f.default is None else str(f.default).lower() if isinstance(f.default, bool) \
+            default = (
+                "null"
+                if f.default is None
+                else str(f.default).lower()
+                if isinstance(f.default, bool)
                 else _num(f.default)
+            )
             source = (f.description or "").replace("|", "\\|")
-            out.append(f"| `{key}` | {_type_name(f.annotation)} | `{default}` | {describe_bounds(f)} | "
-                       f"{source} |")
+            out.append(f"| `{key}` | {_type_name(f.annotation)} | `{default}` | {describe_bounds(f)} | {source} |")
         out.append("")
     return "\n".join(out)

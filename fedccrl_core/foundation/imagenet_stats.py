@@ -3,5 +3,6 @@ and the default of params.yaml `preprocess.mean`/`std`. Plain numbers, no torch:
 
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)

@@ -7,6 +7,7 @@ this description, and the report prints it under its table, so a number always c
 
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os

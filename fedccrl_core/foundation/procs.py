@@ -8,6 +8,7 @@
 
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import ctypes

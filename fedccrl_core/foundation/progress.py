@@ -4,6 +4,7 @@ writes an update at most every 5 s and the final count when the work is done, as
 `enabled=False` (progress=False) prints nothing.
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import sys
@@ -15,8 +16,21 @@ def progress(total: int | None, label: str, enabled: bool = True, nbytes: bool =
 
     tty = sys.stderr.isatty()
     unit = "B" if nbytes else ""
-    fmt = ("{desc}: {n_fmt}" + unit + ("/{total_fmt}" + unit if total else "")
-           + (" ({percentage:.0f}%)" if nbytes and total else ""))
-    return tqdm(total=total, desc=label, file=sys.stderr, disable=not enabled, bar_format=fmt,
-                mininterval=0.5 if tty else 5.0, unit="B" if nbytes else "it", unit_scale=nbytes,
-                unit_divisor=1000, dynamic_ncols=tty)
+    fmt = (
+        "{desc}: {n_fmt}"
+        + unit
+        + ("/{total_fmt}" + unit if total else "")
+        + (" ({percentage:.0f}%)" if nbytes and total else "")
+    )
+    return tqdm(
+        total=total,
+        desc=label,
+        file=sys.stderr,
+        disable=not enabled,
+        bar_format=fmt,
+        mininterval=0.5 if tty else 5.0,
+        unit="B" if nbytes else "it",
+        unit_scale=nbytes,
+        unit_divisor=1000,
+        dynamic_ncols=tty,
+    )

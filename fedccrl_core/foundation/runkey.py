@@ -6,6 +6,7 @@ benchmarks live outside the library (benchmarks/), so editing them, a figure or 
 resumable checkpoint valid.
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import hashlib

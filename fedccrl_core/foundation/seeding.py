@@ -1,6 +1,7 @@
 """Every random draw is derived from (seed, round, client, ...) so a resumed run replays exactly.
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import hashlib
@@ -11,7 +12,7 @@ import torch
 
 
 def derive_seed(seed: int, *keys) -> int:
-    h = hashlib.sha256(repr((int(seed),) + tuple(str(k) for k in keys)).encode()).digest()
+    h = hashlib.sha256(repr((int(seed), *tuple(str(k) for k in keys))).encode()).digest()
     return int.from_bytes(h[:8], "little") & 0x7FFF_FFFF_FFFF_FFFF
 
 

@@ -8,12 +8,15 @@ PASSIVE makes idle OpenMP threads sleep instead. A value the user set explicitly
 
 
 Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import os
 
-POLICY = {"OMP_WAIT_POLICY": "PASSIVE",  # libgomp (torch's Linux wheels) and Intel OpenMP
-          "KMP_BLOCKTIME": "0"}          # Intel OpenMP: sleep at once after a parallel region
+POLICY = {
+    "OMP_WAIT_POLICY": "PASSIVE",  # libgomp (torch's Linux wheels) and Intel OpenMP
+    "KMP_BLOCKTIME": "0",
+}  # Intel OpenMP: sleep at once after a parallel region
 
 
 def apply_thread_policy(environ=os.environ) -> dict:

@@ -5,6 +5,7 @@ streams replies into it. `WeightedSum` folds one client's weights at a time into
 accumulators, so no list of every client's weights is ever held; `weighted_average` over a list
 is the same sum, term for term, so both give the same bits when they see the same total.
 """
+
 from __future__ import annotations
 
 import torch
@@ -37,8 +38,9 @@ class WeightedSum:
         scale = n / self.total if self.total is not None else float(n)
         for k, v in state.items():
             if v.shape != self._shapes[k]:
-                raise ValueError(f"weighted_average: '{k}' has shape {tuple(v.shape)}, "
-                                 f"expected {tuple(self._shapes[k])}")
+                raise ValueError(
+                    f"weighted_average: '{k}' has shape {tuple(v.shape)}, expected {tuple(self._shapes[k])}"
+                )
             if v.is_floating_point():
                 if k not in self._acc:
                     self._acc[k] = torch.zeros_like(v, dtype=torch.float64)

@@ -1,6 +1,7 @@
 """What one client holds: its data (never leaves it) and the state that persists across rounds.
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,24 +50,54 @@ class ClientData:
             return int(self.train_x.shape[2]), int(self.train_x.shape[3])
         return int(self.train_source.shape[1]), int(self.train_source.shape[2])
 
-    def resident(self) -> "ClientData":
+    def resident(self) -> ClientData:
         """This client with its training images on the device (itself when they already are)."""
         if self.train_x is not None:
             return self
         return dataclasses.replace(self, train_x=_images(self.train_source, self.device), train_source=None)
 
     @classmethod
-    def from_numpy(cls, client_id, domain, train_x, train_y, val_x, val_y, device, stats_mu=None, stats_sigma=None,
-                   lazy: bool = False):
+    def from_numpy(
+        cls,
+        client_id,
+        domain,
+        train_x,
+        train_y,
+        val_x,
+        val_y,
+        device,
+        stats_mu=None,
+        stats_sigma=None,
+        lazy: bool = False,
+    ):
         """`lazy`: keep `train_x` (a memory-mapped NHWC array) where it is until `resident()`."""
+
         def labels(a):
             return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
 
         if lazy:
-            return cls(client_id, domain, None, labels(train_y), _images(val_x, device), labels(val_y),
-                       stats_mu, stats_sigma, train_source=train_x, device=device)
-        return cls(client_id, domain, _images(train_x, device), labels(train_y), _images(val_x, device),
-                   labels(val_y), stats_mu, stats_sigma)
+            return cls(
+                client_id,
+                domain,
+                None,
+                labels(train_y),
+                _images(val_x, device),
+                labels(val_y),
+                stats_mu,
+                stats_sigma,
+                train_source=train_x,
+                device=device,
+            )
+        return cls(
+            client_id,
+            domain,
+            _images(train_x, device),
+            labels(train_y),
+            _images(val_x, device),
+            labels(val_y),
+            stats_mu,
+            stats_sigma,
+        )
 
 
 @dataclass
@@ -82,5 +113,5 @@ class ClientState:
         return {"optimizer": self.optimizer, "scheduler": self.scheduler, "extra": self.extra}
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ClientState":
+    def from_dict(cls, d: dict) -> ClientState:
         return cls(d.get("optimizer"), d.get("scheduler"), d.get("extra") or {})

@@ -2,6 +2,7 @@
 `fedccrl-serve evaluate` count with it, and serving imports no torch.
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import numpy as np

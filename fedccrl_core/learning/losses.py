@@ -21,6 +21,7 @@ l_cls), to reproduce the reference code's runs: ``supcon_self_positive_loss`` an
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import torch
@@ -73,7 +74,10 @@ def supcon_loss(
 
 
 def supcon_self_positive_loss(
-    z_prime: torch.Tensor, z_dprime: torch.Tensor, y_prime: torch.Tensor, y_dprime: torch.Tensor,
+    z_prime: torch.Tensor,
+    z_dprime: torch.Tensor,
+    y_prime: torch.Tensor,
+    y_dprime: torch.Tensor,
     tau: float = 0.1,
 ) -> torch.Tensor:
     """L_SC as the reference code computes it (SanphouWang/FedCCRL 60b2d9b,
@@ -99,7 +103,11 @@ SUPCON = {"paper": supcon_loss, "self_positive": supcon_self_positive_loss}  # t
 
 
 def representation_alignment_loss(
-    z: torch.Tensor, z1: torch.Tensor, z2: torch.Tensor, y: torch.Tensor, tau: float = 0.1,
+    z: torch.Tensor,
+    z1: torch.Tensor,
+    z2: torch.Tensor,
+    y: torch.Tensor,
+    tau: float = 0.1,
     supcon: str = "paper",
 ) -> torch.Tensor:
     """L_RA = 1/2 (L_SC(Z^(1), Z) + L_SC(Z^(2), Z))  (Eq. 12); each view shares the labels Y.
@@ -124,7 +132,10 @@ def js_loss(logits: torch.Tensor, logits1: torch.Tensor, logits2: torch.Tensor) 
 
 
 def three_view_ce(
-    logits: torch.Tensor, logits1: torch.Tensor, logits2: torch.Tensor, y: torch.Tensor,
+    logits: torch.Tensor,
+    logits1: torch.Tensor,
+    logits2: torch.Tensor,
+    y: torch.Tensor,
     reduction: str = "mean",
 ) -> torch.Tensor:
     """L_CLS = sum_{Y' in {Y_hat, Y_hat^(1), Y_hat^(2)}} 1/3 L_CRE(Y', Y)  (Eq. 16).

@@ -12,6 +12,7 @@ unpickler runs whatever code its pickle names.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import pickle
@@ -41,11 +42,13 @@ def torch_load(path: str | Path, map_location="cpu"):
     except pickle.UnpicklingError as e:
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:  # noqa: BLE001 - not a zip-format torch file: an unreadable one, reported as such
+        except Exception:
             unsafe = []
         if unsafe:
-            raise UntrustedFileError(f"{path}: refused: it holds objects other than tensors and plain data "
-                                     f"({', '.join(unsafe[:5])}); nothing in it was loaded or run") from e
+            raise UntrustedFileError(
+                f"{path}: refused: it holds objects other than tensors and plain data "
+                f"({', '.join(unsafe[:5])}); nothing in it was loaded or run"
+            ) from e
         raise
 
 

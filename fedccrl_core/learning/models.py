@@ -5,6 +5,7 @@ layer acts as the classifier g, and the preceding layers serve as the representa
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -81,8 +82,11 @@ def _torchvision_net(backbone: str, pretrained: str):
     if pretrained == "none":
         return net
     if pretrained == "imagenet":
-        enum = {"mobilenet_v3_large": tvm.MobileNet_V3_Large_Weights, "resnet18": tvm.ResNet18_Weights,
-                "resnet50": tvm.ResNet50_Weights}[backbone]
+        enum = {
+            "mobilenet_v3_large": tvm.MobileNet_V3_Large_Weights,
+            "resnet18": tvm.ResNet18_Weights,
+            "resnet50": tvm.ResNet50_Weights,
+        }[backbone]
         try:
             state = enum.DEFAULT.get_state_dict(progress=False)
         except Exception as e:  # network refused, no cache
@@ -102,7 +106,8 @@ def _torchvision_net(backbone: str, pretrained: str):
     missing, unexpected = net.load_state_dict(state, strict=False)
     if unexpected or [m for m in missing if not m.startswith(("fc.", "classifier.3."))]:
         raise PretrainedWeightsError(
-            f"model.pretrained={pretrained!r} does not fit {backbone}: missing {missing[:5]}, unexpected {unexpected[:5]}")
+            f"model.pretrained={pretrained!r} does not fit {backbone}: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
     return net
 
 

@@ -15,6 +15,7 @@ input of k * B rows (FedCCRL's three views in one pass, Eq. 4) has k blocks, eac
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import contextlib
@@ -79,6 +80,7 @@ def real_rows_only(model: nn.Module, real: int, block: int):
             if not bn.training:
                 return plain(x)
             return _masked_batch_norm(bn, x, real_row_index(x.shape[0], real, block, x.device))
+
         return forward
 
     try:
@@ -95,4 +97,3 @@ def real_rows_only(model: nn.Module, real: int, block: int):
 def real_part(t: torch.Tensor, real: int | None) -> torch.Tensor:
     """The first `real` rows of a model output or label tensor (all of them when real is None)."""
     return t if real is None else t[:real]
-

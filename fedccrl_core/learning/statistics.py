@@ -5,6 +5,7 @@ x = (u8 / 255 - mean) / std, i.e. after the training resize and normalization.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import functools

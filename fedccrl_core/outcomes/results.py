@@ -4,6 +4,7 @@ layout and field names are fedccrl_core/foundation/contract.py's. Plain data onl
 
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import json
@@ -13,10 +14,25 @@ from pathlib import Path
 from fedccrl_core.foundation import contract
 
 # FedCCRL's Table 1 row order, then the other seed papers' methods (FedFD-A's Table 1 frameworks, FedAlign)
-PAPER_ORDER = ("fedavg", "fedprox", "fedadg", "ga", "fedsr", "fediir", "ccst", "fedccrl",
-               "fedbn", "silobn", "fedfd", "fedfd_a", "fedalign")
-SELECTIONS = ((contract.FINAL_TARGET_ACC, "final round"),
-              (contract.BEST_VAL_TARGET_ACC, "round selected by source validation"))
+PAPER_ORDER = (
+    "fedavg",
+    "fedprox",
+    "fedadg",
+    "ga",
+    "fedsr",
+    "fediir",
+    "ccst",
+    "fedccrl",
+    "fedbn",
+    "silobn",
+    "fedfd",
+    "fedfd_a",
+    "fedalign",
+)
+SELECTIONS = (
+    (contract.FINAL_TARGET_ACC, "final round"),
+    (contract.BEST_VAL_TARGET_ACC, "round selected by source validation"),
+)
 
 
 # ---- the report stage: the table over evaluated runs ----------------------------------------------
@@ -26,8 +42,13 @@ def load_results(runs_dir: Path) -> list[dict]:
     if not files:
         raise FileNotFoundError(f"{runs_dir}: no evaluation results (run the evaluate stage first)")
     runs = [json.loads(f.read_text()) for f in files]
-    runs.sort(key=lambda r: (PAPER_ORDER.index(r["algorithm"]) if r["algorithm"] in PAPER_ORDER else 99,
-                             r["algorithm"], r["seed"]))
+    runs.sort(
+        key=lambda r: (
+            PAPER_ORDER.index(r["algorithm"]) if r["algorithm"] in PAPER_ORDER else 99,
+            r["algorithm"],
+            r["seed"],
+        )
+    )
     return runs
 
 
@@ -48,11 +69,17 @@ def summarize(runs: list[dict]) -> dict:
         by.setdefault(r["algorithm"], {}).setdefault(r["held_out_domain"], []).append(r)
     metrics: dict = {}
     for alg, per_dom in by.items():
-        m = {dom: {**{key: _mean_std([x[key] for x in rs]) for key, _ in SELECTIONS},
-                   "seeds": sorted(x["seed"] for x in rs)} for dom, rs in per_dom.items()}
+        m = {
+            dom: {
+                **{key: _mean_std([x[key] for x in rs]) for key, _ in SELECTIONS},
+                "seeds": sorted(x["seed"] for x in rs),
+            }
+            for dom, rs in per_dom.items()
+        }
         m["comm_mb_per_round"] = {
             k: statistics.fmean(x[f"bytes_{k}_per_round"] for rs in per_dom.values() for x in rs) / 1e6
-            for k in ("up", "down")}
+            for k in ("up", "down")
+        }
         if len(per_dom) == len(domains):
             m["avg"] = {key: statistics.fmean(m[d][key]["mean"] for d in domains) for key, _ in SELECTIONS}
         metrics[alg] = m
@@ -72,21 +99,32 @@ def table_markdown(runs: list[dict], metrics: dict) -> list[str]:
     lines = []
     for p in sorted({json.dumps(r.get("partition") or {}, sort_keys=True) for r in runs}):
         # the partition the runs were trained on (one line; several if runs were mixed)
-        lines += ["Partition: " + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items())
-                                   or "not recorded"), ""]
+        lines += [
+            "Partition: "
+            + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items()) or "not recorded"),
+            "",
+        ]
     for platform in sorted({r.get("platform") or "not recorded" for r in runs}):
         # the kernels that made the numbers (fedccrl_core/foundation/numerics.py): they differ in the last digits by CPU
         lines += [f"Platform: {platform}", ""]
     for key, title in SELECTIONS:
-        lines += [f"### {runs[0]['dataset']}: target accuracy (%), {title}", "",
-                  "| Algorithm | " + " | ".join(domains) + " | Avg. |", "|---" * (len(domains) + 2) + "|"]
+        lines += [
+            f"### {runs[0]['dataset']}: target accuracy (%), {title}",
+            "",
+            "| Algorithm | " + " | ".join(domains) + " | Avg. |",
+            "|---" * (len(domains) + 2) + "|",
+        ]
         for alg in metrics:
             avg = metrics[alg].get("avg", {}).get(key)
             avg_cell = f"{100 * avg:.2f}" if avg is not None else "–"
             lines.append(f"| {alg} | " + " | ".join(cell(alg, d, key) for d in domains) + f" | {avg_cell} |")
         lines.append("")
-    lines += ["### Communication per round (MB, all clients together): what the papers argue about", "",
-              "| Algorithm | up (weights + statistics / style bank) | down |", "|---|---|---|"]
+    lines += [
+        "### Communication per round (MB, all clients together): what the papers argue about",
+        "",
+        "| Algorithm | up (weights + statistics / style bank) | down |",
+        "|---|---|---|",
+    ]
     for alg in metrics:
         c = metrics[alg]["comm_mb_per_round"]
         lines.append(f"| {alg} | {c['up']:.3f} | {c['down']:.3f} |")
@@ -100,9 +138,16 @@ def table_rows(runs: list[dict], metrics: dict) -> list[list]:
     rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
     for key, _ in SELECTIONS:
         for alg in metrics:
-            get = lambda d, s: metrics[alg][d][key][s] if d in metrics[alg] else ""  # noqa: E731
-            rows.append([key, alg, *[get(d, "mean") for d in domains], *[get(d, "std") for d in domains],
-                         metrics[alg].get("avg", {}).get(key, "")])
+            per_domain = metrics[alg]
+            rows.append(
+                [
+                    key,
+                    alg,
+                    *[per_domain[d][key]["mean"] if d in per_domain else "" for d in domains],
+                    *[per_domain[d][key]["std"] if d in per_domain else "" for d in domains],
+                    metrics[alg].get("avg", {}).get(key, ""),
+                ]
+            )
     return rows
 
 
@@ -112,17 +157,29 @@ def curve_rows(runs: list[dict]) -> list[list]:
     rows = [["series", "algorithm", "seed", "held_out", contract.ROUND, contract.TARGET_ACC]]
     for r in runs:
         for p in sorted(r["per_round"], key=lambda p: p[contract.ROUND]):
-            rows.append([f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}", r["algorithm"], r["seed"],
-                         r["held_out_domain"], p[contract.ROUND], p[contract.TARGET_ACC]])
+            rows.append(
+                [
+                    f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}",
+                    r["algorithm"],
+                    r["seed"],
+                    r["held_out_domain"],
+                    p[contract.ROUND],
+                    p[contract.TARGET_ACC],
+                ]
+            )
     return rows
 
 
 def summary_of(metrics: dict, domains: list[str]) -> dict:
     """The compact DVC metric: per algorithm, the mean final target accuracy of each held-out domain, and avg."""
     key = contract.FINAL_TARGET_ACC
-    return {alg: {**{d: round(m[d][key]["mean"], 4) for d in domains if d in m},
-                  **({"avg": round(m["avg"][key], 4)} if "avg" in m else {})}
-            for alg, m in metrics.items()}
+    return {
+        alg: {
+            **{d: round(m[d][key]["mean"], 4) for d in domains if d in m},
+            **({"avg": round(m["avg"][key], 4)} if "avg" in m else {}),
+        }
+        for alg, m in metrics.items()
+    }
 
 
 # ---- the figures stage: evaluated runs with their training histories ----------------------------------
@@ -133,8 +190,9 @@ def load_runs_with_history(models: Path, runs_dir: Path) -> list[dict]:
     for res in sorted(Path(runs_dir).rglob(f"*{contract.RESULT_SUFFIX}")):
         hist = contract.run_of_result(models, runs_dir, res) / contract.HISTORY_FILE
         doc = json.loads(hist.read_text())
-        out.append({"dir": hist.parent, "meta": doc["meta"], "rounds": doc["rounds"],
-                    "result": json.loads(res.read_text())})
+        out.append(
+            {"dir": hist.parent, "meta": doc["meta"], "rounds": doc["rounds"], "result": json.loads(res.read_text())}
+        )
     if not out:
         raise FileNotFoundError(f"{runs_dir}: no evaluated runs (run the evaluate stage first)")
     return out

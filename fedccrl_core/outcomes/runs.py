@@ -2,6 +2,7 @@
 (fedccrl_core/foundation/contract.py's run layout).
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,8 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.learning.confusion import confusion_matrix
     from fedccrl_core.learning.accuracy import predict
+    from fedccrl_core.learning.confusion import confusion_matrix
 
     hist_path = run / contract.HISTORY_FILE
     if not hist_path.is_file():
@@ -38,28 +39,42 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
         pred = predict(model.to(device), x_t, batch_size, m["mean"], m["std"])
         cm = confusion_matrix(y, pred.cpu().numpy(), m["num_classes"])
         per_class = (np.diag(cm).astype(np.float32) / np.maximum(cm.sum(1), 1).astype(np.float32)).tolist()
-        return {contract.TARGET_ACC: float((pred == y_t).float().mean()), contract.ROUND: int(m["round"]),
-                "per_class_acc": dict(zip(m["classes"], per_class)), "confusion": cm.tolist()}
+        return {
+            contract.TARGET_ACC: float((pred == y_t).float().mean()),
+            contract.ROUND: int(m["round"]),
+            "per_class_acc": dict(zip(m["classes"], per_class)),
+            "confusion": cm.tolist(),
+        }
 
     result = {"final": scored(final, final_meta)}
     result["best_val"] = {**result["final"], contract.ROUND: int(meta["round"])} if same else scored(best, meta)
-    doc = {"dataset": meta["dataset"], "algorithm": meta["algorithm"], "seed": meta["seed"],
-           "held_out_domain": meta["held_out_domain"], "held_out_index": meta.get("held_out_index"),
-           "classes": meta["classes"], "platform": meta.get("platform"), "n_test": int(len(y)),
-           "mlflow_run_id": meta.get("mlflow_run_id"),
-           contract.FINAL_TARGET_ACC: result["final"][contract.TARGET_ACC],
-           contract.BEST_VAL_TARGET_ACC: result["best_val"][contract.TARGET_ACC],
-           contract.BEST_ROUND: result["best_val"][contract.ROUND],
-           "final_val_acc": rounds[-1][contract.VAL_ACC], "detail": result,
-           "bytes_up_per_round": sum(r[contract.BYTES_UP] for r in rounds) / len(rounds),
-           "bytes_down_per_round": sum(r[contract.BYTES_DOWN] for r in rounds) / len(rounds),
-           "per_round": [{k: r[k] for k in (contract.ROUND, contract.TARGET_ACC, contract.VAL_ACC)} for r in rounds],
-           "partition": {k: v for k, v in load_manifest(shards).get("params", {}).items()
-                         if k.startswith("partition.")}}
+    doc = {
+        "dataset": meta["dataset"],
+        "algorithm": meta["algorithm"],
+        "seed": meta["seed"],
+        "held_out_domain": meta["held_out_domain"],
+        "held_out_index": meta.get("held_out_index"),
+        "classes": meta["classes"],
+        "platform": meta.get("platform"),
+        "n_test": len(y),
+        "mlflow_run_id": meta.get("mlflow_run_id"),
+        contract.FINAL_TARGET_ACC: result["final"][contract.TARGET_ACC],
+        contract.BEST_VAL_TARGET_ACC: result["best_val"][contract.TARGET_ACC],
+        contract.BEST_ROUND: result["best_val"][contract.ROUND],
+        "final_val_acc": rounds[-1][contract.VAL_ACC],
+        "detail": result,
+        "bytes_up_per_round": sum(r[contract.BYTES_UP] for r in rounds) / len(rounds),
+        "bytes_down_per_round": sum(r[contract.BYTES_DOWN] for r in rounds) / len(rounds),
+        "per_round": [{k: r[k] for k in (contract.ROUND, contract.TARGET_ACC, contract.VAL_ACC)} for r in rounds],
+        "partition": {k: v for k, v in load_manifest(shards).get("params", {}).items() if k.startswith("partition.")},
+    }
     recorded = rounds[-1][contract.TARGET_ACC]
     if abs(recorded - doc[contract.FINAL_TARGET_ACC]) > 1e-6 and torch.device(device).type == "cpu":
-        print(f"warning: re-evaluated final accuracy {doc[contract.FINAL_TARGET_ACC]:.4f} differs from the one "
-              f"recorded in training {recorded:.4f}", file=sys.stderr)
+        print(
+            f"warning: re-evaluated final accuracy {doc[contract.FINAL_TARGET_ACC]:.4f} differs from the one "
+            f"recorded in training {recorded:.4f}",
+            file=sys.stderr,
+        )
     return doc
 
 

@@ -16,6 +16,7 @@ the attacker does not know them. A channel that releases nothing (FedAvg's stati
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -54,14 +55,20 @@ def weights_event(s: PrivacySettings, clients: int, sampled: int) -> dp_accounti
 
 def epsilon_of(events: list[dp_accounting.DpEvent], delta: float, orders=None) -> float:
     """epsilon at delta of the composition of `events` (RDP accountant, REPLACE_ONE)."""
-    acc = rdp.RdpAccountant(orders, neighboring_relation=REPLACE_ONE) if orders is not None \
+    acc = (
+        rdp.RdpAccountant(orders, neighboring_relation=REPLACE_ONE)
+        if orders is not None
         else rdp.RdpAccountant(neighboring_relation=REPLACE_ONE)
+    )
     counts: dict[dp_accounting.DpEvent, int] = {}
     for e in events:  # equal events (every round's, as a rule) are composed as one self-composition: computed once
         counts[e] = counts.get(e, 0) + 1
     if counts:
-        acc.compose(dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(e, c) if c > 1 else e
-                                                   for e, c in counts.items()]))
+        acc.compose(
+            dp_accounting.ComposedDpEvent(
+                [dp_accounting.SelfComposedDpEvent(e, c) if c > 1 else e for e, c in counts.items()]
+            )
+        )
     return float(acc.get_epsilon(delta))
 
 
@@ -123,21 +130,31 @@ class RunPrivacy:
             raise BudgetExhausted(
                 f"privacy budget: round {rnd}'s {what} would bring epsilon to {eps:.3f} at delta "
                 f"{self.s.delta:g}, above train.privacy.max_epsilon = {self.s.max_epsilon:g}; stopping before it. "
-                f"epsilon spent (the ledger): {self.ledger.epsilon():.3f}")
+                f"epsilon spent (the ledger): {self.ledger.epsilon():.3f}"
+            )
 
     def round_events(self, sizes: dict[str, tuple[int, int]], clients: int, sampled: int) -> list:
         """The events of a round as announced; sizes not announced charged as their upper bound."""
         events = []
         if self.uploads:
-            events.append(statistics_event(self.s, sizes) if sizes
-                          else dp_accounting.GaussianDpEvent(self.s.stats_noise_multiplier))
-        events.append(weights_event(self.s, clients, sampled) if clients
-                      else dp_accounting.GaussianDpEvent(self.s.weights_noise_multiplier / 2.0))
+            events.append(
+                statistics_event(self.s, sizes)
+                if sizes
+                else dp_accounting.GaussianDpEvent(self.s.stats_noise_multiplier)
+            )
+        events.append(
+            weights_event(self.s, clients, sampled)
+            if clients
+            else dp_accounting.GaussianDpEvent(self.s.weights_noise_multiplier / 2.0)
+        )
         return events
 
     def before_round(self, rnd: int, sizes: dict[str, tuple[int, int]], clients: int, sampled: int) -> None:
-        self._check(rnd, "releases (statistics and weights)" if self.uploads else "weights release",
-                    self.round_events(sizes, clients, sampled))
+        self._check(
+            rnd,
+            "releases (statistics and weights)" if self.uploads else "weights release",
+            self.round_events(sizes, clients, sampled),
+        )
 
     def statistics(self, rnd: int, sizes: dict[str, tuple[int, int]]) -> None:
         if self.uploads and sizes:
@@ -150,8 +167,10 @@ class RunPrivacy:
         self._add(WEIGHTS, rnd, clients, sampled, self.s.weights_noise_multiplier / 2.0)
 
     def record(self) -> dict[str, float]:
-        out = {contract.DP_EPSILON: self.ledger.epsilon(),
-               contract.DP_EPSILON_WEIGHTS: self.ledger.epsilon(channel=WEIGHTS)}
+        out = {
+            contract.DP_EPSILON: self.ledger.epsilon(),
+            contract.DP_EPSILON_WEIGHTS: self.ledger.epsilon(channel=WEIGHTS),
+        }
         if self.uploads:
             out[contract.DP_EPSILON_STATISTICS] = self.ledger.epsilon(channel=STATISTICS)
         if self.s.seeded:

@@ -27,6 +27,7 @@ The released rows are drawn as the engines draw them: Eq. 8's ceil(r n_i) rows w
 round, client) without DP; with train.privacy.statistics on, the sample and the noise from the OS's entropy
 (privacy/noise.py), as client_upload draws them.
 """
+
 from __future__ import annotations
 
 import math
@@ -35,10 +36,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedccrl_core.data.pools import sample_statistics, unbiased_sigma, upload_size
+from fedccrl_core.foundation.seeding import numpy_rng
 from fedccrl_core.privacy.dp import clip_rows, privatize, stats_noise_std
 from fedccrl_core.privacy.noise import private_rng
 from fedccrl_core.privacy.settings import PrivacySettings
-from fedccrl_core.foundation.seeding import numpy_rng
 
 FPRS = (0.001, 0.01)
 ATTACKS = ("nearest", "lr")
@@ -50,9 +51,9 @@ UPLOADS = {"ceil": "ceil", "floor_unbiased": "floor"}  # train.fedccrl.upload ->
 class Client:
     client_id: str
     domain: str
-    mu: np.ndarray      # [n_i, C], every training image's Eq. 6
-    sigma: np.ndarray   # [n_i, C], Eq. 7
-    hw: int = 0         # pixels per image (H W): the unbiased std of upload floor_unbiased
+    mu: np.ndarray  # [n_i, C], every training image's Eq. 6
+    sigma: np.ndarray  # [n_i, C], Eq. 7
+    hw: int = 0  # pixels per image (H W): the unbiased std of upload floor_unbiased
 
     @property
     def rows(self) -> np.ndarray:
@@ -71,13 +72,17 @@ class Client:
         return np.concatenate([self.mu, self.uploaded_sigma(upload)], axis=1).astype(np.float64)
 
 
-def release(c: Client, r: float, seed: int, rnd: int, privacy: PrivacySettings,
-            upload: str = "ceil") -> tuple[np.ndarray, np.ndarray]:
+def release(
+    c: Client, r: float, seed: int, rnd: int, privacy: PrivacySettings, upload: str = "ceil"
+) -> tuple[np.ndarray, np.ndarray]:
     """(released rows [k, 2C], the indices of the images they came from) of client c in round rnd."""
     if upload not in UPLOADS:
         raise ValueError(f"audit: train.fedccrl.upload must be one of {', '.join(UPLOADS)}, got {upload!r}")
-    rng = (private_rng(privacy, "audit", rnd, c.client_id) if privacy.on_statistics
-           else numpy_rng(seed, "upload", rnd, c.client_id))
+    rng = (
+        private_rng(privacy, "audit", rnd, c.client_id)
+        if privacy.on_statistics
+        else numpy_rng(seed, "upload", rnd, c.client_id)
+    )
     idx = np.arange(len(c.mu))[:, None]
     chosen = sample_statistics(idx, idx, r, rng, rounding=UPLOADS[upload])[0][:, 0]  # Eq. 8's draw
     mu, sigma = c.mu[chosen], c.uploaded_sigma(upload)[chosen]
@@ -93,16 +98,17 @@ def nearest_distance(candidates: np.ndarray, released: np.ndarray) -> np.ndarray
     return cKDTree(released).query(candidates, k=1)[0]
 
 
-def row_log_likelihood(released: np.ndarray, candidates: np.ndarray, privacy: PrivacySettings,
-                       std: np.ndarray | float | None = None) -> np.ndarray:
+def row_log_likelihood(
+    released: np.ndarray, candidates: np.ndarray, privacy: PrivacySettings, std: np.ndarray | float | None = None
+) -> np.ndarray:
     """log p(y | x) [candidates, released] of the rows mechanism: y = box(box(x) + N(0, s^2 I)) per coordinate
     (s = z_s D, or `std` per coordinate)."""
     from scipy.stats import norm
 
     c = len(candidates[0]) // 2
     cmu, csig = clip_rows(candidates[:, :c], candidates[:, c:], privacy)
-    x = np.concatenate([cmu, csig], axis=1)[:, None, :]          # [m, 1, 2C]
-    y = released[None, :, :]                                     # [1, k, 2C]
+    x = np.concatenate([cmu, csig], axis=1)[:, None, :]  # [m, 1, 2C]
+    y = released[None, :, :]  # [1, k, 2C]
     lo = np.r_[[privacy.stats_mu_range[0]] * c, [privacy.stats_sigma_range[0]] * c]
     hi = np.r_[[privacy.stats_mu_range[1]] * c, [privacy.stats_sigma_range[1]] * c]
     s = np.broadcast_to(np.asarray(stats_noise_std(privacy, c) if std is None else std, np.float64), lo.shape)
@@ -119,18 +125,20 @@ def reference_std(reference: np.ndarray, privacy: PrivacySettings) -> np.ndarray
     reference set is a sample of the domain, not the domain: without h the model is n spikes)."""
     n, d = reference.shape
     h = n ** (-1.0 / (d + 4)) * reference.std(axis=0)
-    return np.sqrt(stats_noise_std(privacy, d // 2) ** 2 + h ** 2)
+    return np.sqrt(stats_noise_std(privacy, d // 2) ** 2 + h**2)
 
 
-def lr_round(released: np.ndarray, candidates: np.ndarray, reference: np.ndarray, q: float,
-             privacy: PrivacySettings) -> np.ndarray:
+def lr_round(
+    released: np.ndarray, candidates: np.ndarray, reference: np.ndarray, q: float, privacy: PrivacySettings
+) -> np.ndarray:
     """One round's log(1 - q + q mean_y p(y | x) / p_ref(y)) for every candidate x."""
     from scipy.special import logsumexp
 
     ref_ll = row_log_likelihood(released, reference, privacy, reference_std(reference, privacy))
     log_ref = logsumexp(ref_ll, axis=0) - math.log(len(reference))
-    log_ratio = logsumexp(row_log_likelihood(released, candidates, privacy) - log_ref[None, :], axis=1) \
-        - math.log(len(released))
+    log_ratio = logsumexp(row_log_likelihood(released, candidates, privacy) - log_ref[None, :], axis=1) - math.log(
+        len(released)
+    )
     return np.logaddexp(math.log1p(-q), math.log(q) + log_ratio) if q < 1 else log_ratio
 
 
@@ -148,7 +156,7 @@ def clopper_pearson(x: int, n: int, confidence: float = CONFIDENCE) -> tuple[flo
 def threshold_at_fpr(calibration_out: np.ndarray, fpr: float) -> float:
     """The threshold (member if score > it) that lets at most floor(fpr n) calibration non-members through."""
     ranked = np.sort(calibration_out)[::-1]
-    return float(ranked[min(int(math.floor(fpr * len(ranked))), len(ranked) - 1)])
+    return float(ranked[min(math.floor(fpr * len(ranked)), len(ranked) - 1)])
 
 
 def rates(s_in: np.ndarray, s_out: np.ndarray, threshold: float) -> dict:
@@ -170,8 +178,7 @@ def tpr_at_fpr(scores_in: np.ndarray, scores_out: np.ndarray, fpr: float) -> flo
 def auc(scores_in: np.ndarray, scores_out: np.ndarray) -> float:
     from sklearn.metrics import roc_auc_score
 
-    return float(roc_auc_score(np.r_[np.ones(len(scores_in)), np.zeros(len(scores_out))],
-                               np.r_[scores_in, scores_out]))
+    return float(roc_auc_score(np.r_[np.ones(len(scores_in)), np.zeros(len(scores_out))], np.r_[scores_in, scores_out]))
 
 
 def bound(epsilon: float, fpr: float, delta: float) -> float:
@@ -187,8 +194,8 @@ class Split:
     """One client's candidates: indices into its own rows (members) and into its peers' rows (non-members)."""
 
     client: Client
-    peers: np.ndarray        # [p, 2C] the non-members' rows
-    ref: np.ndarray          # indices into peers: the reference set of p_ref
+    peers: np.ndarray  # [p, 2C] the non-members' rows
+    ref: np.ndarray  # indices into peers: the reference set of p_ref
     cal_in: np.ndarray
     cal_out: np.ndarray
     ev_in: np.ndarray
@@ -205,15 +212,18 @@ def splits(clients: list[Client], seed: int, upload: str) -> list[Split]:
         prow = np.concatenate([p.candidate_rows(upload) for p in peers])
         o, i = rng.permutation(len(prow)), rng.permutation(len(c.mu))
         third, half = len(o) // 3, len(i) // 2
-        out.append(Split(c, prow, o[:third], i[:half], o[third:2 * third], i[half:], o[2 * third:]))
+        out.append(Split(c, prow, o[:third], i[:half], o[third : 2 * third], i[half:], o[2 * third :]))
     if not out:
-        raise ValueError("audit: no client has a peer of its own domain (partition.clients_per_domain >= 2 "
-                         "gives the non-members: images of the domain the client does not hold)")
+        raise ValueError(
+            "audit: no client has a peer of its own domain (partition.clients_per_domain >= 2 "
+            "gives the non-members: images of the domain the client does not hold)"
+        )
     return out
 
 
-def scores(sp: Split, released: list[np.ndarray], q: float, privacy: PrivacySettings, upload: str,
-           lr_sums: dict | None) -> dict[str, tuple[np.ndarray, ...]]:
+def scores(
+    sp: Split, released: list[np.ndarray], q: float, privacy: PrivacySettings, upload: str, lr_sums: dict | None
+) -> dict[str, tuple[np.ndarray, ...]]:
     """{attack: (cal_in, cal_out, ev_in, ev_out)} after the rounds in `released`; `lr_sums` carries the LR
     attack's running sums over the rounds (None: no LR attack)."""
     own = sp.client.candidate_rows(upload)
@@ -243,8 +253,7 @@ def attribution(rows: np.ndarray, labels: np.ndarray, seed: int) -> tuple[float,
     return float(acc), float(counts.max() / counts.sum())
 
 
-def statistics_epsilon(clients: list[Client], r: float, rounds: int, privacy: PrivacySettings,
-                       upload: str) -> float:
+def statistics_epsilon(clients: list[Client], r: float, rounds: int, privacy: PrivacySettings, upload: str) -> float:
     """The statistics channel's epsilon after `rounds` rounds (inf without DP on it)."""
     if not privacy.on_statistics:
         return float("inf")
@@ -254,8 +263,9 @@ def statistics_epsilon(clients: list[Client], r: float, rounds: int, privacy: Pr
     return A.epsilon_of([A.statistics_event(privacy, sizes)] * rounds, privacy.delta)
 
 
-def audit(clients: list[Client], r: float, rounds: int, seed: int, privacy: PrivacySettings,
-          upload: str = "ceil") -> dict:
+def audit(
+    clients: list[Client], r: float, rounds: int, seed: int, privacy: PrivacySettings, upload: str = "ceil"
+) -> dict:
     """One record per round: the released share (measured, and 1 - (1 - r)^t), the statistics channel's epsilon,
     and per attack AUC and, at FPR 0.1 % and 1 %, the evaluation split's TPR and FPR with their intervals, the DP
     bound and whether the TPR's interval lies above it; attribution accuracy (domain, client) on round 1's rows.
@@ -271,16 +281,29 @@ def audit(clients: list[Client], r: float, rounds: int, seed: int, privacy: Priv
             rows, chosen = release(c, r, seed, t, privacy, upload)
             released[c.client_id].append(rows)
             seen[c.client_id][chosen] = True
-        per = [scores(s, released[s.client.client_id], len(released[s.client.client_id][-1]) / len(s.client.mu),
-                      privacy, upload, lr_sums if lr_on else None) for s in sp]
+        per = [
+            scores(
+                s,
+                released[s.client.client_id],
+                len(released[s.client.client_id][-1]) / len(s.client.mu),
+                privacy,
+                upload,
+                lr_sums if lr_on else None,
+            )
+            for s in sp
+        ]
         n = sum(len(c.mu) for c in clients)
         eps = statistics_epsilon(clients, r, t, privacy, upload)
-        rec = {"round": t, "released_share": float(sum(v.sum() for v in seen.values()) / n),
-               "expected_share": 1 - (1 - r) ** t, "epsilon_statistics": eps}
+        rec = {
+            "round": t,
+            "released_share": float(sum(v.sum() for v in seen.values()) / n),
+            "expected_share": 1 - (1 - r) ** t,
+            "epsilon_statistics": eps,
+        }
         for attack in (a for a in ATTACKS if a in per[0]):
-            cal_in, cal_out, ev_in, ev_out = (np.concatenate([p[attack][j] for p in per]) for j in range(4))
+            _cal_in, cal_out, ev_in, ev_out = (np.concatenate([p[attack][j] for p in per]) for j in range(4))
             rec[f"{attack}/auc"] = auc(ev_in, ev_out)
-            rec["members"], rec["non_members"] = int(len(ev_in)), int(len(ev_out))
+            rec["members"], rec["non_members"] = len(ev_in), len(ev_out)
             for f in FPRS:
                 got = rates(ev_in, ev_out, threshold_at_fpr(cal_out, f))
                 got["bound"] = bound(eps, got["fpr_hi"], privacy.delta)
@@ -291,9 +314,19 @@ def audit(clients: list[Client], r: float, rounds: int, seed: int, privacy: Priv
     rows = np.concatenate([x for x, _ in first])
     dom_acc, dom_chance = attribution(rows, np.concatenate([[c.domain] * len(x) for x, c in first]), seed)
     cli_acc, cli_chance = attribution(rows, np.concatenate([[c.client_id] * len(x) for x, c in first]), seed)
-    return {"rounds": out, "attribution": {"domain_accuracy": dom_acc, "domain_chance": dom_chance,
-                                           "client_accuracy": cli_acc, "client_chance": cli_chance,
-                                           "rows": int(len(rows))},
-            "violated": any(v for rec in out for k, v in rec.items() if "/violated@" in k and v),
-            "r": r, "seed": seed, "upload": upload, "noise": privacy.noise_source(),
-            "privacy": privacy.model_dump() if privacy.enabled else None}
+    return {
+        "rounds": out,
+        "attribution": {
+            "domain_accuracy": dom_acc,
+            "domain_chance": dom_chance,
+            "client_accuracy": cli_acc,
+            "client_chance": cli_chance,
+            "rows": len(rows),
+        },
+        "violated": any(v for rec in out for k, v in rec.items() if "/violated@" in k and v),
+        "r": r,
+        "seed": seed,
+        "upload": upload,
+        "noise": privacy.noise_source(),
+        "privacy": privacy.model_dump() if privacy.enabled else None,
+    }

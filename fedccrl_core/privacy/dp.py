@@ -18,6 +18,7 @@ Integer buffers (BatchNorm's num_batches_tracked) keep the global value: they ar
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -25,14 +26,15 @@ import torch
 
 from fedccrl_core.privacy.settings import PrivacySettings
 
-
 RUNNING_VAR_FLOOR = 1e-5  # BatchNorm's default eps: a noised running variance is clamped to it
 
 
 def clip_rows(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings) -> tuple[np.ndarray, np.ndarray]:
     """Each row clipped into the stated box (float64)."""
-    return (np.clip(np.asarray(mu, np.float64), *s.stats_mu_range),
-            np.clip(np.asarray(sigma, np.float64), *s.stats_sigma_range))
+    return (
+        np.clip(np.asarray(mu, np.float64), *s.stats_mu_range),
+        np.clip(np.asarray(sigma, np.float64), *s.stats_sigma_range),
+    )
 
 
 def stats_noise_std(s: PrivacySettings, channels: int) -> float:
@@ -40,8 +42,9 @@ def stats_noise_std(s: PrivacySettings, channels: int) -> float:
     return s.stats_noise_multiplier * s.stats_sensitivity(channels)
 
 
-def privatize_rows(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings,
-                   rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def privatize_rows(
+    mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """The released rows: clipped, noised (one draw per coordinate from `rng`), clipped into the box again.
     The dtype of the input is kept (float32 on the wire)."""
     dtype = np.asarray(mu).dtype
@@ -59,25 +62,27 @@ def noisy_moments(rows: np.ndarray, s: PrivacySettings, rng: np.random.Generator
     k, width = rows.shape
     std = s.stats_noise_multiplier * s.moments_sensitivity(width // 2)
     s1 = rows.sum(0) + rng.normal(0.0, std, size=width)
-    s2 = (rows ** 2).sum(0) + rng.normal(0.0, std, size=width)
+    s2 = (rows**2).sum(0) + rng.normal(0.0, std, size=width)
     mean = s1 / k
-    return mean, np.maximum(s2 / k - mean ** 2, 0.0)
+    return mean, np.maximum(s2 / k - mean**2, 0.0)
 
 
-def privatize_moments(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings,
-                      rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def privatize_moments(
+    mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """k rows drawn from the noisy first and second moments of the k clipped rows (float64 inside, the input's
     dtype out): mean = S1 / k, var = max(S2 / k - mean^2, 0), S1 and S2 noised with std z_s D_m."""
     dtype = np.asarray(mu).dtype
     cmu, csig = clip_rows(mu, sigma, s)
     mean, var = noisy_moments(np.concatenate([cmu, csig], axis=1), s, rng)
     drawn = mean + np.sqrt(var) * rng.standard_normal((len(cmu), mean.size))
-    out_mu, out_sig = clip_rows(drawn[:, :cmu.shape[1]], drawn[:, cmu.shape[1]:], s)
+    out_mu, out_sig = clip_rows(drawn[:, : cmu.shape[1]], drawn[:, cmu.shape[1] :], s)
     return out_mu.astype(dtype), out_sig.astype(dtype)
 
 
-def privatize(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings,
-              rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def privatize(
+    mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """The statistics release that train.privacy.stats_release names."""
     return (privatize_moments if s.stats_release == "moments" else privatize_rows)(mu, sigma, s, rng)
 
@@ -110,10 +115,15 @@ class DPFedAvgAggregation:
 
     def add(self, reply) -> None:
         if reply.upload is not None:
-            raise ValueError(f"DP-FedAvg: client {reply.client_id} uploads more than weights ({sorted(reply.upload)}); "
-                             "train.privacy.weights covers the weights only")
-        update = {k: reply.weights[k].detach().cpu().to(torch.float64)
-                  - self.global_weights[k].detach().cpu().to(torch.float64) for k in self.keys}
+            raise ValueError(
+                f"DP-FedAvg: client {reply.client_id} uploads more than weights ({sorted(reply.upload)}); "
+                "train.privacy.weights covers the weights only"
+            )
+        update = {
+            k: reply.weights[k].detach().cpu().to(torch.float64)
+            - self.global_weights[k].detach().cpu().to(torch.float64)
+            for k in self.keys
+        }
         clipped, _ = clip_update(update, self.s.weights_clip)
         for k in self.keys:
             self.sum[k] += clipped[k]

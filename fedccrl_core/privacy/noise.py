@@ -12,12 +12,13 @@ clients are drawn from a numpy Generator seeded by `SeedSequence()` without entr
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import numpy as np
 
-from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_core.foundation.seeding import derive_seed
+from fedccrl_core.privacy.settings import PrivacySettings
 
 
 def private_rng(s: PrivacySettings, *keys) -> np.random.Generator:

@@ -3,6 +3,7 @@ with sources). Off by default: `enabled: false` is the paper's protocol, bit for
 validates params.yaml with this model before it does any work (pipeline/params.py).
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import math
@@ -11,6 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 
 from fedccrl_core.foundation.hparams import Declared, validate
+
 
 class BudgetExhausted(Exception):
     """A release would take epsilon past train.privacy.max_epsilon; the round loop stops before it."""
@@ -29,31 +31,54 @@ class PrivacySettings(Declared):
     """
 
     enabled: bool = Field(False, description="false = no clipping, no noise, no accounting (the paper's protocol)")
-    statistics: bool = Field(True, description="clip + noise each released (mu, sigma) row (Gaussian mechanism, "
-                                               "Dwork & Roth 2014 Thm. A.1) when enabled")
-    weights: bool = Field(True, description="client-level DP-FedAvg (McMahan et al., ICLR 2018, Alg. 1) when "
-                                            "enabled")
+    statistics: bool = Field(
+        True,
+        description="clip + noise each released (mu, sigma) row (Gaussian mechanism, "
+        "Dwork & Roth 2014 Thm. A.1) when enabled",
+    )
+    weights: bool = Field(True, description="client-level DP-FedAvg (McMahan et al., ICLR 2018, Alg. 1) when enabled")
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta at which epsilon is reported and bounded")
-    max_epsilon: float = Field(0.0, ge=0, description="stop before a release that would make epsilon exceed it; "
-                                                       "0 = no limit")
+    max_epsilon: float = Field(
+        0.0, ge=0, description="stop before a release that would make epsilon exceed it; 0 = no limit"
+    )
     stats_release: Literal["rows", "moments"] = Field(
-        "rows", description="rows: each of Eq. 8's k_i rows clipped and noised; moments: the noisy sums of those "
+        "rows",
+        description="rows: each of Eq. 8's k_i rows clipped and noised; moments: the noisy sums of those "
         "k_i clipped rows and of their squares, from which k_i rows are drawn per coordinate (a Gaussian of that "
-        "mean and variance, post-processing); the same sampling, the same accounting")
-    stats_noise_multiplier: float = Field(1.0, gt=0, description="z_s: noise std per coordinate = z_s x the "
-                                          "release's L2 sensitivity (rows: the diameter of the clipping box; "
-                                          "moments: that of the box of (row, row squared))")
-    stats_mu_range: Range = Field([-2.2, 2.7], description="clip each channel mean to [lo, hi]: the range of a "
-                                  "normalized pixel under ImageNet's mean/std ((0 - 0.485)/0.229, (1 - 0.406)/0.225)")
+        "mean and variance, post-processing); the same sampling, the same accounting",
+    )
+    stats_noise_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="z_s: noise std per coordinate = z_s x the "
+        "release's L2 sensitivity (rows: the diameter of the clipping box; "
+        "moments: that of the box of (row, row squared))",
+    )
+    stats_mu_range: Range = Field(
+        [-2.2, 2.7],
+        description="clip each channel mean to [lo, hi]: the range of a "
+        "normalized pixel under ImageNet's mean/std ((0 - 0.485)/0.229, (1 - 0.406)/0.225)",
+    )
     stats_sigma_range: Range = Field([0.0, 1.5], description="clip each channel std to [lo, hi]")
-    weights_clip: float = Field(1.0, gt=0, description="S: each client's update w_i - w (every floating-point "
-                                "entry of the state dict, one vector) is clipped to L2 norm S (McMahan et al. 2018)")
-    weights_noise_multiplier: float = Field(1.0, gt=0, description="z: Gaussian noise of std z S / m is added to "
-                                            "the mean of the m sampled clients' clipped updates (McMahan et al. "
-                                            "2018, fixed denominator)")
-    noise_seed: int | None = Field(None, description="TESTS ONLY: draw the noise and the privacy sampling from this "
-                                   "seed instead of the operating system's entropy; the run is then NOT private "
-                                   "(anyone with params.yaml removes the noise) and every report says so")
+    weights_clip: float = Field(
+        1.0,
+        gt=0,
+        description="S: each client's update w_i - w (every floating-point "
+        "entry of the state dict, one vector) is clipped to L2 norm S (McMahan et al. 2018)",
+    )
+    weights_noise_multiplier: float = Field(
+        1.0,
+        gt=0,
+        description="z: Gaussian noise of std z S / m is added to "
+        "the mean of the m sampled clients' clipped updates (McMahan et al. "
+        "2018, fixed denominator)",
+    )
+    noise_seed: int | None = Field(
+        None,
+        description="TESTS ONLY: draw the noise and the privacy sampling from this "
+        "seed instead of the operating system's entropy; the run is then NOT private "
+        "(anyone with params.yaml removes the noise) and every report says so",
+    )
 
     @field_validator("stats_mu_range", "stats_sigma_range")
     @classmethod
@@ -99,6 +124,7 @@ class PrivacySettings(Declared):
     def moments_sensitivity(self, channels: int) -> float:
         """L2 sensitivity of the stacked sums (sum of rows, sum of squared rows) under REPLACE_ONE: one row moves
         each coordinate of the first by at most its range and of the second by the range of its square."""
+
         def sq_range(lo, hi):
             return max(lo * lo, hi * hi) - (0.0 if lo <= 0.0 <= hi else min(lo * lo, hi * hi))
 
@@ -112,14 +138,24 @@ class PrivacySettings(Declared):
             return []
         out = []
         if uploads_statistics and not self.statistics:
-            out.append(("train.privacy.statistics", f"{algorithm} uploads statistics rows every round (Eq. 8): with "
-                        "DP on and statistics: false they would leave exact while epsilon is reported; set "
-                        "statistics: true"))
+            out.append(
+                (
+                    "train.privacy.statistics",
+                    f"{algorithm} uploads statistics rows every round (Eq. 8): with "
+                    "DP on and statistics: false they would leave exact while epsilon is reported; set "
+                    "statistics: true",
+                )
+            )
         if not self.weights:
-            out.append(("train.privacy.weights", f"{algorithm} releases its weights every round: with DP on and "
-                        "weights: false they would leave unnoised while epsilon is reported; set weights: true"))
+            out.append(
+                (
+                    "train.privacy.weights",
+                    f"{algorithm} releases its weights every round: with DP on and "
+                    "weights: false they would leave unnoised while epsilon is reported; set weights: true",
+                )
+            )
         return out
 
     @classmethod
-    def from_mapping(cls, d: dict | None) -> "PrivacySettings":
+    def from_mapping(cls, d: dict | None) -> PrivacySettings:
         return validate(cls, dict(d or {}), prefix="train.privacy")

@@ -1,6 +1,7 @@
 """The data behind the figures: augmentation previews, encoder representations for t-SNE, CAMs.
 
 Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -19,8 +20,9 @@ def _to_u8(x_norm: torch.Tensor, mean, std) -> np.ndarray:
     return (x01.permute(0, 2, 3, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
 
 
-def augmentation_views(images_u8: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, cfg: AugmentConfig,
-                       seed: int, mean, std) -> dict[str, np.ndarray]:
+def augmentation_views(
+    images_u8: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, cfg: AugmentConfig, seed: int, mean, std
+) -> dict[str, np.ndarray]:
     """original | CCDT with F_pool^i | the same CCDT output then DIFP (Fig. 3: (c) is made from (b))."""
     g = torch.Generator().manual_seed(seed)
     x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8)), mean, std)
@@ -28,7 +30,11 @@ def augmentation_views(images_u8: np.ndarray, pool_mu: np.ndarray, pool_sigma: n
     x_ccdt = ccdt(x, mu, sigma, cfg.alpha, g, unbiased=cfg.mixstyle_var == "unbiased", pool_draw=cfg.pool_draw)
     difp_only = dataclasses.replace(cfg, ccdt=False, difp=True)
     x_both = fedccrl_augment(x_ccdt, None, None, difp_only, g, mean, std)
-    return {"original": np.asarray(images_u8), "ccdt": _to_u8(x_ccdt, mean, std), "ccdt_difp": _to_u8(x_both, mean, std)}
+    return {
+        "original": np.asarray(images_u8),
+        "ccdt": _to_u8(x_ccdt, mean, std),
+        "ccdt_difp": _to_u8(x_both, mean, std),
+    }
 
 
 @torch.no_grad()
@@ -38,7 +44,7 @@ def representations(model, images_u8: np.ndarray, mean, std, batch_size: int = 2
         raise ValueError("representations: no images")
     model.eval()
     x = torch.from_numpy(np.ascontiguousarray(images_u8))
-    out = [model.h(normalize_u8(x[i:i + batch_size], mean, std)).float() for i in range(0, len(x), batch_size)]
+    out = [model.h(normalize_u8(x[i : i + batch_size], mean, std)).float() for i in range(0, len(x), batch_size)]
     return torch.cat(out).numpy()
 
 
@@ -72,8 +78,9 @@ def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std
     return rows
 
 
-def model_features(models: dict, x: np.ndarray, y: np.ndarray, pick: np.ndarray, n_cam: int, mean,
-                   std) -> tuple[dict, dict]:
+def model_features(
+    models: dict, x: np.ndarray, y: np.ndarray, pick: np.ndarray, n_cam: int, mean, std
+) -> tuple[dict, dict]:
     """For each {algorithm: model file}: h(x) of the picked held-out images and their labels (the t-SNE input of
     FedCCRL Fig. 5, embedded by tsne_2d) and the Grad-CAMs of the first n_cam of them (Fig. 7)."""
     from fedccrl_core.algorithms import load_model

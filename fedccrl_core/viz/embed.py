@@ -2,6 +2,7 @@
 process can run it without loading torch.
 
 Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -16,5 +17,6 @@ def tsne_2d(features: np.ndarray, seed: int) -> np.ndarray:
 
     perplexity = float(min(30, max(2, (len(features) - 1) // 3)))
     with threadpool_limits(limits=1):  # OpenMP and BLAS
-        return TSNE(n_components=2, init="pca", random_state=seed, perplexity=perplexity,
-                    max_iter=500).fit_transform(features)
+        return TSNE(n_components=2, init="pca", random_state=seed, perplexity=perplexity, max_iter=500).fit_transform(
+            features
+        )

@@ -2,16 +2,17 @@
 class legends, and the domain and algorithm on each panel. Deterministic given the inputs and seed.
 
 Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import matplotlib.pyplot as plt
+import numpy as np
 from matplotlib.collections import PatchCollection
 from matplotlib.font_manager import FontProperties
 from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
-import numpy as np
 
 from fedccrl_core.foundation.fsio import atomic_file
 
@@ -27,7 +28,7 @@ def mosaic(tiles: np.ndarray, gap: int = GAP) -> np.ndarray:
     out = np.full((rows * h + (rows - 1) * gap, cols * w + (cols - 1) * gap, c), 255, dtype=tiles.dtype)
     for r in range(rows):
         for k in range(cols):
-            out[r * (h + gap):r * (h + gap) + h, k * (w + gap):k * (w + gap) + w] = tiles[r, k]
+            out[r * (h + gap) : r * (h + gap) + h, k * (w + gap) : k * (w + gap) + w] = tiles[r, k]
     return out
 
 
@@ -64,7 +65,11 @@ def augmentation_preview(rows: list[dict], path: Path) -> Path:
     One Axes per view: a mosaic of every client's images (one client per row, named on the left)."""
     n, h, w = rows[0]["original"].shape[:3]
     cols = ("original", "ccdt", "ccdt_difp")
-    titles = {"original": "original", "ccdt": "CCDT (MixStyle, other clients' pool)", "ccdt_difp": "CCDT + DIFP (AugMix)"}
+    titles = {
+        "original": "original",
+        "ccdt": "CCDT (MixStyle, other clients' pool)",
+        "ccdt_difp": "CCDT + DIFP (AugMix)",
+    }
     tall = (len(rows) * (h + GAP) - GAP) / (n * (w + GAP) - GAP)  # a view's mosaic: height / width
     fig, axes = plt.subplots(1, 3, figsize=(1.1 * 3 * n, 1.1 * n * tall + 0.7), layout="tight")
     for ax, col in zip(axes, cols):
@@ -88,9 +93,10 @@ def round_curves(domain: str, series: dict[str, dict[str, list[tuple[int, float]
     # layout measured every tick label of the 6 panels twice, half of this figure's time
     left, right, bottom, top, wgap, hgap = 0.95, 0.15, 0.6, 0.35, 1.05, 0.85
     aw, ah = (w - left - right - (ncols - 1) * wgap) / ncols, (h - bottom - top - (nrows - 1) * hgap) / nrows
-    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=wgap / aw,
-                        hspace=hgap / ah)
-    for ax in axes.flat[len(metrics):]:
+    fig.subplots_adjust(
+        left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h, wspace=wgap / aw, hspace=hgap / ah
+    )
+    for ax in axes.flat[len(metrics) :]:
         ax.set_visible(False)
     for ax, metric in zip(axes.flat, metrics):
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -119,14 +125,19 @@ def tsne_panels(domain: str, panels: dict[str, tuple[np.ndarray, np.ndarray]], c
     return _save(fig, path)
 
 
-def gradcam_grid(domain: str, images: np.ndarray, cams: dict[str, tuple[np.ndarray, np.ndarray]], classes: list[str],
-                 labels: np.ndarray, path: Path) -> Path:
+def gradcam_grid(
+    domain: str,
+    images: np.ndarray,
+    cams: dict[str, tuple[np.ndarray, np.ndarray]],
+    classes: list[str],
+    labels: np.ndarray,
+    path: Path,
+) -> Path:
     """Fig. 7: Grad-CAM overlays, one row per algorithm. cams: {alg: (cam [n,H,W] in [0,1], pred [n])}.
     One Axes per row: a mosaic of the images (top row) or of the overlays, each image's label above it."""
     n, h, w = images.shape[:3]
     jet = plt.get_cmap("jet")
-    fig, axes = plt.subplots(len(cams) + 1, 1, figsize=(1.4 * n, 1.5 * (len(cams) + 1)), squeeze=False,
-                             layout="tight")
+    fig, axes = plt.subplots(len(cams) + 1, 1, figsize=(1.4 * n, 1.5 * (len(cams) + 1)), squeeze=False, layout="tight")
     rows = [("image (true class)", images, [classes[c] for c in labels])]
     for alg, (cam, pred) in cams.items():
         # the heat map at alpha 0.45 over the image, blended here (as imshow(image); imshow(cam, alpha=0.45) did)
@@ -157,8 +168,15 @@ def confusion(domain: str, algorithm: str, cm: np.ndarray, classes: list[str], p
     if len(classes) <= 20:
         for i in range(len(classes)):
             for j in range(len(classes)):
-                ax.text(j, i, int(cm[i, j]), ha="center", va="center", fontsize=7,
-                        color="white" if norm[i, j] > 0.5 else "black")
+                ax.text(
+                    j,
+                    i,
+                    int(cm[i, j]),
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="white" if norm[i, j] > 0.5 else "black",
+                )
     ax.set_xticks(range(len(classes)), classes, rotation=45, ha="right", fontsize=7)
     ax.set_yticks(range(len(classes)), classes, fontsize=7)
     ax.set_xlabel("predicted class"), ax.set_ylabel("true class")

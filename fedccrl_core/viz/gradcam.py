@@ -5,6 +5,7 @@ normalized to [0, 1] per image (an all-zero map stays zero).
 
 
 Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
+
 from __future__ import annotations
 
 import torch

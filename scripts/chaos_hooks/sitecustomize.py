@@ -13,6 +13,7 @@ exactly there. Points:
   round-1-logged  round 1's record logged to MLflow (the Flower launcher's federation is up and running)
   mid-figure      the first figure saved into the temporary plots folder
 """
+
 from __future__ import annotations
 
 import os
