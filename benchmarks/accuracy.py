@@ -48,8 +48,10 @@ def bench_accuracy(
     from fedccrl_core.algorithm_params.fedccrl import VARIANTS
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
+    from fedccrl_core.federation.engine import InProcessEngine
     from fedccrl_core.federation.jobs import load_clients
+    from fedccrl_core.federation.loop import EvalSets
+    from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_core.learning.clients import ClientData
     from fedccrl_pipeline.cross_checks import resolve_held_out
     from fedccrl_pipeline.train import check_algorithm, run_settings

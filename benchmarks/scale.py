@@ -44,7 +44,8 @@ def child(spec: dict) -> dict:
     from fedccrl_core.algorithm_params.train import LocalConfig
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.pools import compute_statistics
-    from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+    from fedccrl_core.federation.engine import InProcessEngine
+    from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.learning.clients import ClientData
 
     torch.set_num_threads(spec["threads"])

@@ -238,7 +238,8 @@ class FastPath:
     def __init__(self, cfg: BenchConfig, data: BenchData, device: torch.device):
         from fedccrl_core.algorithms.fedccrl import FedCCRL
         from fedccrl_core.augment.augmix_pil import probe_augmix_impl
-        from fedccrl_core.federation.engine import EvalSets, concurrent_width
+        from fedccrl_core.federation.engine import concurrent_width
+        from fedccrl_core.federation.loop import EvalSets
         from fedccrl_core.learning.clients import ClientData
 
         self.cfg, self.data, self.device = cfg, data, device
@@ -452,7 +453,7 @@ PATHS = {p.name: p for p in (FastPath, PlainPath, PlainPerSamplePath)}
 
 def child(cfg: BenchConfig, name: str) -> dict:
     """One path, measured in this (child) process: timings, the peak RSS of the process, CUDA peak."""
-    from fedccrl_core.federation.engine import resolve_device
+    from fedccrl_core.foundation.fastpath import resolve_device
 
     device = resolve_device(cfg.device, "--device")
     if cfg.threads:
@@ -652,7 +653,7 @@ def render_table(cfg: BenchConfig, device: torch.device, results: dict, rows: li
 
 
 def bench(cfg: BenchConfig) -> dict:
-    from fedccrl_core.federation.engine import resolve_device
+    from fedccrl_core.foundation.fastpath import resolve_device
 
     device = resolve_device(cfg.device, "--device")
     _log(

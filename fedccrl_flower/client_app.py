@@ -34,8 +34,9 @@ from flwr.clientapp import ClientApp
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.federation.engine import nbytes, resolve_device
+from fedccrl_core.federation.loop import nbytes
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator

@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from fedccrl_core.federation.engine import RunResult
+from fedccrl_core.federation.loop import RunResult
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning.model_file import torch_load
 from fedccrl_flower import messages as M

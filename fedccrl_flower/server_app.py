@@ -49,9 +49,9 @@ from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.federation.engine import resolve_device
 from fedccrl_core.federation.loop import RoundLoop, nbytes
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_core.learning.model_file import atomic_torch_save
 from fedccrl_flower import messages as M

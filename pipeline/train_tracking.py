@@ -47,7 +47,7 @@ class TrainTracking:
     def __init__(self, cfg, settings, algorithm: str, seed: int, manifest: dict, shards: Path, jobs: list):
         """cfg: the ParamsFile; settings: the jobs' RunSettings; jobs: TrainJobs (fedccrl_core/federation/jobs.py)."""
         from fedccrl_core.algorithms import ALGORITHMS
-        from fedccrl_core.federation.engine import resolve_device
+        from fedccrl_core.foundation.fastpath import resolve_device
 
         params = cfg.as_written()  # the keys params.yaml sets, typed: `lr: 1e-3` is 0.001 here too
         swept = set(params["train"]["algorithms"])  # the parent names only the groups of the sweep's algorithms

@@ -23,8 +23,9 @@ from fedccrl_core.data.pools import build_pools
 from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
 from fedccrl_core.data.synthetic import generate
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.train import run_settings

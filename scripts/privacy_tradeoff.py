@@ -24,8 +24,9 @@ import torch
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.learning.clients import ClientData

@@ -189,7 +189,7 @@ def check_store(uri: str, seeds: list[int]) -> list[tuple[str, bool]]:
         try:
             v = client.get_model_version_by_alias(name, f"s{s}-heldout-{HELD_OUT}")
             aliases_ok &= seed_of_run.get(v.run_id) == str(s)
-        except Exception:
+        except Exception:  # a missing alias is a failed check, reported as such
             aliases_ok = False
     out.append((f"each alias s<seed>-heldout-{HELD_OUT} points to the version its seed trained", aliases_ok))
     return out

@@ -74,7 +74,7 @@ def normalize(batch_u8: np.ndarray, meta: ServingMetadata) -> np.ndarray:
 def _try_load(path, size):
     try:
         return load_u8(path, size), None
-    except Exception as e:
+    except Exception as e:  # one bad file is an error record, never the end of the run
         msg = str(e).splitlines()[0] if str(e) else e.__class__.__name__
         prefix = f"{path}: "
         return None, (msg[len(prefix) :] if msg.startswith(prefix) else msg)

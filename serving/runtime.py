@@ -26,7 +26,7 @@ class ServedModel:
         requested = _providers(device)
         try:
             self.session = ort.InferenceSession(str(path), sess_options=opts, providers=requested)
-        except Exception as e:
+        except Exception as e:  # onnxruntime raises its own exception types
             first = (str(e).splitlines() or [e.__class__.__name__])[0][:200]
             raise NotAFedccrlModel(f"{path}: not a readable ONNX model ({first})") from e
         self.meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map, str(path))
@@ -73,7 +73,7 @@ def _providers(device: str) -> list[str]:
     if reason is None:
         try:  # onnxruntime-gpu finds the CUDA/cuDNN libraries of the nvidia-* wheels this way
             ort.preload_dlls()
-        except Exception:
+        except Exception:  # older builds lack it; the session falls back by itself
             pass
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
     if device == "cuda":

@@ -17,7 +17,8 @@ from fixtures import write_params
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_flower import messages as M
 

@@ -27,7 +27,8 @@ from fedccrl_core.algorithms.fedsr import (
 )
 from fedccrl_core.algorithms.ga import GA, generalization_adjustment, step_size
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.clients import ClientState
 from fedccrl_core.learning.model_file import save_model
 

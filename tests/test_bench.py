@@ -21,7 +21,8 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.federation.concurrent import Interleaver, Task
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine, concurrent_width
+from fedccrl_core.federation.engine import InProcessEngine, concurrent_width
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.foundation import fastpath
 from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.learning.models import FedModel, SmallCNN, build_model
@@ -279,13 +280,14 @@ def test_plain_pil_ops_match_the_device_ops():
     from PIL import Image
 
     from fedccrl_core.augment.augmix import OPS, apply_op, op_magnitude
+    from fedccrl_core.augment.augmix_pil import pil_op
 
     img = np.random.default_rng(3).integers(30, 200, (24, 24, 3), dtype=np.uint8)
     x = torch.from_numpy(img).permute(2, 0, 1)[None].float() / 255
     for op_id, op in enumerate(OPS):
         mag = op_magnitude(torch.tensor([op_id]), torch.tensor([2.0]), torch.tensor([1.0]), 24, 24)
         device = apply_op(x, op, mag)[0].permute(1, 2, 0).numpy() * 255
-        host = np.asarray(plain.pil_op(Image.fromarray(img), op, 2.0, 1.0)).astype(np.float64)
+        host = np.asarray(pil_op(Image.fromarray(img), op, 2.0, 1.0)).astype(np.float64)
         assert np.abs(device - host)[3:-3, 3:-3].max() <= 1.5, op
 
 

@@ -29,7 +29,8 @@ from fedccrl_core.augment.adain import (
     stylize,
     to_u8,
 )
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets, nbytes, sample_clients
 from fedccrl_core.learning.models import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::fedccrl_core.augment.adain.RandomAdaINWeightsWarning")

@@ -18,8 +18,9 @@ import torch
 
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
 from fedccrl_core.federation.jobs import load_clients
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.train import run_settings

@@ -27,7 +27,8 @@ from fedccrl_core.algorithms.fedalign import (
     style_pool_distribution,
     style_sampling_probabilities,
 )
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
 from fedccrl_core.learning.model_file import save_model
 from fedccrl_core.learning.statistics import channel_stats

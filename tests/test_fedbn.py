@@ -15,7 +15,8 @@ from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms.silobn import SiloBN
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientState
 

@@ -13,7 +13,8 @@ from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.fedccrl import pool_without
 from fedccrl_core.data.pools import upload_size
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine, nbytes, sample_clients
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets, nbytes, sample_clients
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.learning.models import build_model

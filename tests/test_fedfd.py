@@ -30,7 +30,8 @@ from fedccrl_core.algorithms.fedfd import (
 from fedccrl_core.algorithms.fedfd_a import FedFDA, InstanceAdapter
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.model_file import save_model
 from fedccrl_pipeline import onnx_export
 

@@ -14,7 +14,8 @@ from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, fedomg
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG, matching_objective, search_coefficients
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -13,7 +13,8 @@ from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithms.base import ListAggregation, Reply
 from fedccrl_core.federation.checkpoints import CheckpointFallbackWarning
-from fedccrl_core.federation.engine import EvalSets, InProcessEngine
+from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.clients import ClientData
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

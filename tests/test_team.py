@@ -187,7 +187,7 @@ def _wait_for_round(uri: str, rnd: int, proc: subprocess.Popen, timeout: float =
         try:
             if any(len(steps) >= rnd for steps in _child_rounds(uri).values()):
                 return
-        except Exception:
+        except Exception:  # the server is starting up
             pass
         time.sleep(0.5)
     raise AssertionError(f"round {rnd} never reached {uri}")

@@ -263,7 +263,7 @@ def _fetch(source: str, sha256: str, what: str, what_sha: str) -> Path:
 def _torch_load(path: Path, what: str) -> dict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
+    except Exception as e:  # any unreadable file is the same user error
         raise AdaINWeightsError(f"{what}: {path} is not a readable torch file ({e.__class__.__name__}: {e})") from e
     if not isinstance(obj, Mapping):
         raise AdaINWeightsError(f"{what}: {path} holds a {type(obj).__name__}, not a state_dict")

@@ -183,7 +183,9 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
 
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.federation.engine import EvalSets, InProcessEngine, resolve_device
+    from fedccrl_core.federation.engine import InProcessEngine
+    from fedccrl_core.federation.loop import EvalSets
+    from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.learning.model_file import save_model
 

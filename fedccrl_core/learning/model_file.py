@@ -42,7 +42,7 @@ def torch_load(path: str | Path, map_location="cpu"):
     except pickle.UnpicklingError as e:
         try:
             unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(path)
-        except Exception:
+        except Exception:  # not a zip-format torch file: an unreadable one, reported as such
             unsafe = []
         if unsafe:
             raise UntrustedFileError(
