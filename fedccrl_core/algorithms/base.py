@@ -85,10 +85,15 @@ class Algorithm:
     def build_model(
         cls, backbone: str, num_classes: int, pretrained: str = "none", hparams: HParams | dict | None = None
     ) -> FedModel:
-        """f = g . h. An algorithm that needs extra modules (a probabilistic head, a reference
-        distribution, ...) overrides this; everything in the returned module is aggregated.
-        `checkpoint.load_model` rebuilds saved models through this same method."""
-        return build_model(backbone, num_classes, pretrained)
+        """f = g . h, then `extend_model` adds what this algorithm needs. Everything in the returned module is
+        aggregated. `checkpoint.load_model` rebuilds saved models through this same method."""
+        return cls.extend_model(build_model(backbone, num_classes, pretrained), num_classes, cls.validated(hparams))
+
+    @classmethod
+    def extend_model(cls, model: FedModel, num_classes: int, hp: HParams) -> FedModel:
+        """The hook of `build_model`: an algorithm that needs extra modules (a probabilistic head, a reference
+        distribution, a discriminator) adds them to, or wraps, the plain f = g . h here. The plain model by default."""
+        return model
 
     # ---- server state that must survive a resume (e.g. GA's aggregation weights) --------------
     def server_state(self) -> dict:

@@ -35,7 +35,7 @@ from torch import nn
 from fedccrl_core.algorithm_params.fedadg import FedADGParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.foundation import contract
-from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.models import FedModel
 
 
 class ReferenceGenerator(nn.Module):
@@ -85,9 +85,7 @@ class FedADG(Algorithm):
     Params = FedADGParams
 
     @classmethod
-    def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
-        hp = cls.validated(hparams)
-        model = build_model(backbone, num_classes, pretrained)
+    def extend_model(cls, model, num_classes, hp) -> FedModel:
         model.generator = ReferenceGenerator(hp.noise_dim, num_classes, hp.gen_hidden, model.feature_dim)
         return model
 

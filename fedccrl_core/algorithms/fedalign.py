@@ -55,7 +55,7 @@ from fedccrl_core.augment.augmix import augmix
 from fedccrl_core.augment.ccdt import mixstyle, sample_beta
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
-from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.models import FedModel
 from fedccrl_core.learning.statistics import denormalize, normalize
 
 KMEANS_RESTARTS = 4  # k-means++ initializations; the lowest within-cluster sum of squares wins
@@ -248,10 +248,8 @@ class FedAlign(StatisticsExchange, Algorithm):
     Params = FedAlignParams
 
     @classmethod
-    def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
+    def extend_model(cls, model, num_classes, hp) -> FedModel:
         """f = g . h plus the discriminator D (aggregated, never used by forward)."""
-        hp = cls.validated(hparams)
-        model = build_model(backbone, num_classes, pretrained)
         model.discriminator = DomainDiscriminator(model.feature_dim, int(hp.disc_hidden), float(hp.disc_dropout))
         return model
 

@@ -46,7 +46,7 @@ from torch import nn
 from fedccrl_core.algorithm_params.fedfd import FDParams
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
 from fedccrl_core.foundation import contract
-from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.models import FedModel
 from fedccrl_core.learning.statistics import channel_stats
 
 
@@ -254,12 +254,12 @@ class FedFD(LocalBNAlgorithm):
         return "global"  # FedFD-A reads its own `inference`
 
     @classmethod
-    def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
-        hp = cls.validated(hparams)
-        model = build_model(backbone, num_classes, pretrained)
+    def extend_model(cls, model, num_classes, hp) -> FedModel:
         make = cls.make_adapter(hp)
         if replace_batchnorm(model.h, make, cls.inference(hp)) == 0:
-            raise ValueError(f"model.backbone: {cls.name} needs BatchNorm2d layers in {backbone!r} (section 3.1)")
+            raise ValueError(
+                f"model.backbone: {cls.name} needs BatchNorm2d layers in {type(model.h).__name__} (section 3.1)"
+            )
         return model
 
     def before_local_train(self, model, global_weights):

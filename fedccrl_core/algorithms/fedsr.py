@@ -35,7 +35,7 @@ from torch import nn
 from fedccrl_core.algorithm_params.fedsr import FedSRParams
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.foundation import contract
-from fedccrl_core.learning.models import FedModel, build_model
+from fedccrl_core.learning.models import FedModel
 
 
 class ProbabilisticEncoder(nn.Module):
@@ -96,9 +96,8 @@ class FedSR(Algorithm):
     Params = FedSRParams
 
     @classmethod
-    def build_model(cls, backbone, num_classes, pretrained="none", hparams=None) -> FedModel:
-        hp = cls.validated(hparams)
-        base = build_model(backbone, num_classes, pretrained)
+    def extend_model(cls, model, num_classes, hp) -> FedModel:
+        base = model
         z_dim = int(hp.z_dim or base.feature_dim)
         model = FedModel(ProbabilisticEncoder(base.h, base.feature_dim, z_dim), nn.Linear(z_dim, num_classes))
         model.r = ClassConditionalReference(num_classes, z_dim)  # in state_dict: aggregated and saved
