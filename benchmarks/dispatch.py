@@ -95,12 +95,11 @@ def _steps(cfg: DispatchConfig, alg_name: str, device: torch.device):
 
 def _cuda_code_path() -> None:
     """This child process runs the CUDA fast path's code on its device (module docstring)."""
-    import importlib
-
+    from fedccrl_core.augment import augmix
     from fedccrl_core.foundation import fastpath
 
     fastpath.enabled = lambda fast, device: bool(fast)
-    importlib.import_module("fedccrl_core.augment.augmix").COMPACT_DEVICES = ()
+    augmix.COMPACT_DEVICES = ()
 
 
 def child(cfg: DispatchConfig, alg_name: str) -> dict:

@@ -11,9 +11,9 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image, ImageOps
 
-from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.augment.augmix import IDENTITY, OPS, _augmix_with, apply_op, augmix, op_magnitude, sample_augmix_plan
 from fedccrl_core.augment.ccdt import ccdt, mixstyle, sample_beta, sample_dirichlet, sample_gamma
+from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
 
 
@@ -475,7 +475,7 @@ def test_pil_augmix_is_reproducible_from_the_generator_and_per_sample():
 def test_fedccrl_augment_routes_augmix_impl_and_refuses_pil_for_the_batch_reading():
     from fedccrl_core.algorithm_params.train import LocalConfig
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.augment import AugmentConfig, fedccrl_augment
+    from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
 
     x = torch.randn(8, 3, 16, 16)
     cfg = dict(ccdt=False, difp=True)

@@ -18,7 +18,7 @@ from fedccrl_benchmarks import plain
 from fedccrl_benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.augment import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.engine import InProcessEngine, concurrent_width

@@ -18,7 +18,6 @@ from torch import nn
 from fedccrl_core.algorithm_params.fedccrl import VARIANT_SWITCHES, resolve_variant
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.fedccrl import FedCCRL
-from fedccrl_core.augment import fedccrl_augment
 from fedccrl_core.augment.augmix import (
     ALL_OPS,
     OPS,
@@ -31,6 +30,7 @@ from fedccrl_core.augment.augmix import (
     to_uint8_levels,
 )
 from fedccrl_core.augment.ccdt import mixstyle, pool_rows
+from fedccrl_core.augment.compose import fedccrl_augment
 from fedccrl_core.data.pools import compute_statistics, unbiased_sigma, upload_size
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.learning.clients import ClientData, ClientState

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from fedccrl_core.augment import AugmentConfig
+from fedccrl_core.augment.compose import AugmentConfig
 from fedccrl_core.learning.models import build_model
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
 from fedccrl_core.viz import figures as fig

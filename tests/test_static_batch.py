@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithms.base import cross_entropy_step
+from fedccrl_core.augment import augmix
 from fedccrl_core.foundation import fastpath
 from fedccrl_core.learning.accuracy import predict
 from fedccrl_core.learning.clients import ClientData, ClientState
@@ -208,8 +209,6 @@ class _HostReads(TorchFunctionMode):
 def test_the_local_step_reads_nothing_back_from_the_device(alg_name, monkeypatch):
     """Every step of a client-round, the padded one included, on the accelerator's code path (static shapes on,
     AugMix without the CPU's compaction): fedccrl_core asks the device for no value until the round's metrics."""
-    augmix = importlib.import_module("fedccrl_core.augment.augmix")  # the module (the package binds the function)
-
     monkeypatch.setattr(fastpath, "static_batches", lambda fast, device: True)
     monkeypatch.setattr(augmix, "COMPACT_DEVICES", ())
     alg = build_algorithm(alg_name, LocalConfig(rounds=1, local_epochs=1, batch_size=8))

@@ -28,7 +28,7 @@ import torch
 
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.augment import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma, upload_size
 from fedccrl_core.foundation import contract, fastpath
 from fedccrl_core.learning.losses import fedccrl_loss

@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import torch
 
-from fedccrl_core.augment import AugmentConfig, fedccrl_augment
 from fedccrl_core.augment.ccdt import ccdt
+from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
 from fedccrl_core.learning.statistics import denormalize, normalize_u8
 from fedccrl_core.viz.gradcam import grad_cam
 
