@@ -246,6 +246,7 @@ class FedAlign(StatisticsExchange, Algorithm):
 
     name = "fedalign"
     Params = FedAlignParams
+    hp: FedAlignParams
 
     @classmethod
     def extend_model(cls, model, num_classes, hp) -> FedModel:

@@ -11,6 +11,7 @@ from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 class FedAvg(Algorithm):
     name = "fedavg"
     Params = FedAvgParams
+    hp: FedAvgParams
     pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def train_step(self, model, x, y, ctx):

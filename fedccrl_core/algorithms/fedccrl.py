@@ -91,6 +91,7 @@ class StatisticsExchange:
 class FedCCRL(StatisticsExchange, Algorithm):
     name = "fedccrl"
     Params = FedCCRLParams
+    hp: FedCCRLParams
     pads_partial_batch = True  # Eq. 12-16 read ctx.real_rows only (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):

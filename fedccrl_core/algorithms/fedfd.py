@@ -228,6 +228,7 @@ def total_loss(l_ce, l_cacl, l_cafl, lambda1: float, lambda2: float) -> torch.Te
 class FedFD(LocalBNAlgorithm):
     name = "fedfd"
     Params = FDParams
+    hp: FDParams
     pads_partial_batch = False  # FDBatchNorm2d's own statistics of the batch (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):

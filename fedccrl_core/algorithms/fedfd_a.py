@@ -76,6 +76,7 @@ def adapter_hidden(num_channels: int, reduction: int, min_hidden: int) -> int:
 class FedFDA(FedFD):
     name = "fedfd_a"
     Params = FedFDAParams
+    hp: FedFDAParams
 
     @classmethod
     def inference(cls, hp: FedFDAParams) -> str:

@@ -60,6 +60,7 @@ def ema_update(grad_mean: torch.Tensor, grad_new: torch.Tensor, ema: float) -> t
 class FedIIR(Algorithm):
     name = "fediir"
     Params = FedIIRParams
+    hp: FedIIRParams
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)

@@ -202,6 +202,7 @@ class FedOMG(OnServerMatchingGradient, FedAvg):
 
     name = "fedomg"
     Params = FedOMGParams
+    hp: FedOMGParams
 
 
 class FedCCRLOMG(OnServerMatchingGradient, FedCCRL):
@@ -210,3 +211,4 @@ class FedCCRLOMG(OnServerMatchingGradient, FedCCRL):
 
     name = "fedccrl_omg"
     Params = FedCCRLOMGParams
+    hp: FedCCRLOMGParams

@@ -48,6 +48,7 @@ class LocalBNAlgorithm(Algorithm):
     """Cross-entropy local training with a framework's BN tensors kept per client."""
 
     Params = LocalBNParams
+    hp: LocalBNParams
     pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
     framework = "silobn"  # subclasses fix it, or read it from their Params (FedFD)
 

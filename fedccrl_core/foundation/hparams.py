@@ -17,9 +17,11 @@ Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
-from typing import Any, get_args
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+M = TypeVar("M", bound=BaseModel)  # the model `validate` checks data against, and returns an instance of
 
 
 class Declared(BaseModel):
@@ -239,7 +241,7 @@ def problems(
     return lines
 
 
-def validate(model: type[BaseModel], data: Any, prefix: str = "", file: str = "params.yaml") -> BaseModel:
+def validate(model: type[M], data: Any, prefix: str = "", file: str = "params.yaml") -> M:
     """model.model_validate(data), or ParamError with one line per problem."""
     from fedccrl_core.foundation.errors import ParamError
 
