@@ -84,7 +84,7 @@ def generate(n: int, domain_index: int, size: int, seed: int) -> tuple[np.ndarra
         c = i % len(CLASSES)
         img = render(DOMAINS[domain_index], CLASSES[c], image_rng(seed, domain_index, c, i))
         if img.size != (size, size):
-            img = img.resize((size, size), Image.BILINEAR)
+            img = img.resize((size, size), Image.Resampling.BILINEAR)
         images[i], labels[i] = np.asarray(img), c
     return images, labels
 

@@ -46,6 +46,8 @@ def flower_env(flwr_home: Path, extra: dict | None = None) -> dict:
 class Proc:
     """A child process in its own process group, logging to a file."""
 
+    health_url: str  # a supernode's health endpoint (set by fedccrl_flower/federation.py)
+
     def __init__(self, name: str, args: list[str], env: dict, log_path: Path, cwd: Path | None = None):
         self.name, self.args, self.log_path = name, args, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ import math
 from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)  # the model `validate` checks data against, and returns an instance of
 
@@ -151,7 +152,7 @@ def _is_int(field, loc: tuple) -> bool:
     return ann is int or int in get_args(ann) or any(isinstance(p, str) and p.endswith("int") for p in loc)
 
 
-def _expected(err: dict, field) -> str:
+def _expected(err: ErrorDetails, field) -> str:
     t, ctx = err["type"], err.get("ctx") or {}
     if t in _TYPE_WORDS:
         return _TYPE_WORDS[t]

@@ -42,7 +42,7 @@ def real_row_index(n_rows: int, real: int, block: int, device) -> torch.Tensor:
     return (starts[:, None] + torch.arange(real, device=device)[None, :]).reshape(-1)
 
 
-def _masked_batch_norm(bn: nn.Module, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+def _masked_batch_norm(bn: nn.modules.batchnorm._BatchNorm, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """BatchNorm in train mode with the statistics of x's `rows` (float32), applied to every row; the running
     statistics updated as torch's BatchNorm does (momentum, or the cumulative average when momentum is None; the
     running variance unbiased)."""

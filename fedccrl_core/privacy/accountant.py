@@ -19,6 +19,7 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import dp_accounting
@@ -83,7 +84,7 @@ class Ledger:
     def record(self, channel: str, rnd: int, event: dp_accounting.DpEvent) -> None:
         self.releases.append((channel, rnd, event))
 
-    def epsilon(self, extra: list[dp_accounting.DpEvent] = (), channel: str | None = None) -> float:
+    def epsilon(self, extra: Sequence[dp_accounting.DpEvent] = (), channel: str | None = None) -> float:
         events = [e for c, _, e in self.releases if channel is None or c == channel]
         return epsilon_of(events + list(extra), self.settings.delta)
 
