@@ -6,27 +6,33 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
 from fedccrl_core.foundation.hparams import HParams, hp
 
-# train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`
-VARIANT_SWITCHES = {
-    "forward": ("joint", "per_view"),  # one pass on the 3B concatenation | three passes (BN per view)
-    "l_cls": ("mean", "sum"),  # Eq. 16's 1/3 | the sum of the three CEs
-    "supcon": ("paper", "self_positive"),  # Eq. 11's P(i) without i | i its own positive, mean over 2B
-    "augmix": ("per_sample", "batch"),  # Alg. 3 per sample | torchvision's AugMix on the batch tensor
-    "mixstyle_var": ("population", "unbiased"),  # Eq. 7 | torch.var's default
-    "pool_draw": ("with_replacement", "reference"),  # Alg. 2 line 5 | distinct rows when the pool has >= B
-    "upload": ("ceil", "floor_unbiased"),  # Eq. 8 | floor(r n) rows with the unbiased std
-    "last_batch": ("skip_single", "keep"),  # skip a last batch of 1 | keep every batch
+# The type of train.fedccrl.<key>: auto (follow `variant`), the paper's reading, the reference code's
+Forward = Literal["auto", "joint", "per_view"]  # one pass on the 3B concatenation | three passes (BN per view)
+LCls = Literal["auto", "mean", "sum"]  # Eq. 16's 1/3 | the sum of the three CEs
+Supcon = Literal["auto", "paper", "self_positive"]  # Eq. 11's P(i) without i | i its own positive, mean over 2B
+Augmix = Literal["auto", "per_sample", "batch"]  # Alg. 3 per sample | torchvision's AugMix on the batch tensor
+MixstyleVar = Literal["auto", "population", "unbiased"]  # Eq. 7 | torch.var's default
+PoolDraw = Literal["auto", "with_replacement", "reference"]  # Alg. 2 line 5 | distinct rows when the pool has >= B
+Upload = Literal["auto", "ceil", "floor_unbiased"]  # Eq. 8 | floor(r n) rows with the unbiased std
+LastBatch = Literal["auto", "skip_single", "keep"]  # skip a last batch of 1 | keep every batch
+_SWITCH_TYPES = {
+    "forward": Forward,
+    "l_cls": LCls,
+    "supcon": Supcon,
+    "augmix": Augmix,
+    "mixstyle_var": MixstyleVar,
+    "pool_draw": PoolDraw,
+    "upload": Upload,
+    "last_batch": LastBatch,
 }
-VARIANTS = ("paper", "reference")
-
-
-def _switch(key: str):
-    """The type of train.fedccrl.<key>: auto or one of its two readings."""
-    return Literal[("auto", *VARIANT_SWITCHES[key])]
+# train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`
+VARIANT_SWITCHES = {key: get_args(t)[1:] for key, t in _SWITCH_TYPES.items()}
+Variant = Literal["paper", "reference"]
+VARIANTS = get_args(Variant)
 
 
 def resolve_variant(hp: FedCCRLParams) -> FedCCRLParams:
@@ -70,42 +76,42 @@ class FedCCRLParams(HParams):
     l_ra: bool = hp(True, "Table 2 ablation: L_RA in Eq. 15")
     l_js: bool = hp(True, "Table 2 ablation: L_JS in Eq. 15")
     # the paper's reading or the reference code's: each switch is auto (follow `variant`) or a reading
-    variant: Literal[VARIANTS] = hp(
+    variant: Variant = hp(
         "paper",
         "paper = Eq. 3-16 and Alg. 1-3 | reference = the authors' code (SanphouWang/FedCCRL at 60b2d9b) behind Table 1",
     )
-    forward: _switch("forward") = hp(
+    forward: Forward = hp(
         "auto",
         "Eq. 4: joint = one pass on the 3B concatenation | per_view = three "
         "passes, BN per view (reference algorithm/client/fedccrl.py:74-86)",
     )
-    l_cls: _switch("l_cls") = hp(
+    l_cls: LCls = hp(
         "auto", "Eq. 16: mean = 1/3 of the three CEs | sum (reference algorithm/client/fedccrl.py:76, :86)"
     )
-    supcon: _switch("supcon") = hp(
+    supcon: Supcon = hp(
         "auto",
         "Eq. 11: paper = P(i) without i | self_positive = i its own positive, "
         "mean over 2B anchors (reference algorithm/client/fedccrl.py:137-145)",
     )
-    augmix: _switch("augmix") = hp(
+    augmix: Augmix = hp(
         "auto",
         "Alg. 3: per_sample | batch = torchvision AugMix on the batch tensor, "
         "one op chain per batch (reference algorithm/client/fedccrl.py:154-165)",
     )
-    mixstyle_var: _switch("mixstyle_var") = hp(
+    mixstyle_var: MixstyleVar = hp(
         "auto", "Eq. 7: population | unbiased = torch.var's default (reference model/models.py:272)"
     )
-    pool_draw: _switch("pool_draw") = hp(
+    pool_draw: PoolDraw = hp(
         "auto",
         "Alg. 2 line 5: with_replacement | reference = distinct rows when "
         "the pool holds >= B (reference algorithm/client/fedccrl.py:55-63)",
     )
-    upload: _switch("upload") = hp(
+    upload: Upload = hp(
         "auto",
         "Eq. 8: ceil(r n_i) rows | floor_unbiased = floor(r n_i) rows, unbiased "
         "std (reference algorithm/client/fedccrl.py:21-44)",
     )
-    last_batch: _switch("last_batch") = hp(
+    last_batch: LastBatch = hp(
         "auto",
         "skip_single = a last batch of 1 skipped (BatchNorm) | keep = every batch (reference DataLoader, no drop_last)",
     )

@@ -26,7 +26,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
 from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma, upload_size
@@ -51,6 +53,9 @@ class StatisticsExchange:
     """Algorithm 1 lines 3-7, shared with FedAlign (which builds on FedCCRL's exchange, its Fig. 2)."""
 
     rounding = "ceil"  # Eq. 8
+    # what the Algorithm it is mixed into (FedCCRL, FedAlign) has
+    local: LocalConfig
+    hp: FedCCRLParams | FedAlignParams
 
     def client_upload(self, data, rng):
         """Eq. 8: a fresh uniform subset of ceil(r n_i) of the client's own per-sample statistics."""
@@ -102,7 +107,9 @@ class FedCCRL(StatisticsExchange, Algorithm):
     @classmethod
     def validated(cls, hparams):
         """The Params with every `auto` switch read from `variant` (fedccrl_core/algorithm_params/fedccrl.py)."""
-        return resolve_variant(super().validated(hparams))
+        hp = super().validated(hparams)
+        assert isinstance(hp, FedCCRLParams)  # cls.Params: FedCCRLParams or a subclass (FedCCRLOMGParams)
+        return resolve_variant(hp)
 
     def client_upload(self, data, rng):
         """Eq. 8 (upload: ceil), or the reference's floor(r n_i) rows with the unbiased std."""

@@ -39,7 +39,6 @@ import math
 import torch
 
 from fedccrl_core.algorithm_params.fedomg import FedCCRLOMGParams, FedOMGParams
-from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedavg import FedAvg
 from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.algorithms.local_bn import BN_STATISTICS
@@ -127,7 +126,7 @@ class MatchingGradientAggregation:
     into a row in the weights' precision on the reply's device, and Eq. 2 is streamed beside it (FedAvg's average: the BN statistics,
     and the exact kappa = 0, eta_g = 1 case)."""
 
-    def __init__(self, alg: Algorithm, global_weights: dict, total: float | None = None):
+    def __init__(self, alg: OnServerMatchingGradient, global_weights: dict, total: float | None = None):
         self.alg, self.global_weights = alg, global_weights
         self.fedavg = WeightedSum(total)  # Eq. 2
         self.keys = [k for k, v in global_weights.items() if is_matched(k, v)]
@@ -185,6 +184,8 @@ class MatchingGradientAggregation:
 
 class OnServerMatchingGradient:
     """FedOMG's server half (Eq. 15-17), mixed into an algorithm whose clients it leaves as they are."""
+
+    hp: FedOMGParams  # of the Algorithm it is mixed into (FedOMG, FedCCRLOMG)
 
     def aggregation(self, global_weights, total=None):
         return MatchingGradientAggregation(self, global_weights, total)

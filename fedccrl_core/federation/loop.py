@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedccrl_core.algorithms.base import Algorithm, Reply
+from fedccrl_core.algorithms.base import Aggregation, Algorithm, ListAggregation, Reply
+from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
@@ -190,6 +191,7 @@ class RoundLoop:
         announced (Transport.known_n); {} when the algorithm uploads no statistics."""
         if not self.privacy.uploads:
             return {}
+        assert isinstance(self.alg, StatisticsExchange)  # the algorithms whose uploads are statistics
         return {cid: (n, self.alg.released_rows(n)) for cid, n in self.transport.known_n().items()}
 
     def _accept(self, ck: dict) -> str | None:
@@ -264,6 +266,7 @@ class RoundLoop:
                     raise ValueError(f"{stop}: no round completed") from None
                 break
             payloads = self.alg.server_payloads(uploads)  # line 7
+            agg: DPFedAvgAggregation | Aggregation | ListAggregation
             if self.privacy is not None:  # DP-FedAvg (privacy/dp.py)
                 agg = DPFedAvgAggregation(
                     global_w, len(sampled), self.privacy.s, private_rng(self.privacy.s, "weights", rnd)
@@ -280,7 +283,7 @@ class RoundLoop:
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec = {
+            rec: dict[str, Any] = {
                 contract.ROUND: rnd,
                 contract.VAL_ACC: val_acc,
                 contract.TARGET_ACC: tgt_acc,
