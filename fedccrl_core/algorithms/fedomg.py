@@ -86,6 +86,7 @@ def search_coefficients(
         grad = gamma * (d_gamma - gamma @ d_gamma)
         buf = momentum * buf + grad  # torch.optim.SGD's momentum form
         w = w - lr * buf
+    assert best_gamma is not None, "FedOMG: the coefficient search met no finite objective (a non-finite update?)"
     return best_gamma
 
 
@@ -158,7 +159,7 @@ class MatchingGradientAggregation:
             return averaged
         n = torch.tensor(self.n, dtype=torch.float64)
         p = n / n.sum()
-        c, gamma = 0.0, None
+        c, gamma = 0.0, None  # gamma: Gamma*, searched when kappa > 0
         if kappa > 0:
             gram = gram_matrix(self.rows).cpu()  # G [U, U]: one pass over D; the search runs on the host
             gamma = search_coefficients(gram, p, kappa, hp.search_lr, hp.search_steps, hp.search_momentum)
@@ -168,7 +169,9 @@ class MatchingGradientAggregation:
         self.last = {"gamma": gamma, "c": c, "p": p, "client_ids": list(self.client_ids)}
         # Eq. 17: theta - eta_g g_IGD = theta + eta_g (sum_u p_u Delta_u + c Gamma*_g-direction), written from
         # theta_FL (Eq. 2's bits) so that kappa = 0, eta_g = 1 adds exact zeros to FedAvg's result.
-        extra = None if c == 0.0 else combine(self.rows, gamma * (eta * c))  # -eta_g c Gamma*_g: one pass over D
+        extra = (
+            None if c == 0.0 or gamma is None else combine(self.rows, gamma * (eta * c))
+        )  # -eta_g c Gamma*_g: one pass over D
         self.rows = []
         out, offset = dict(averaged), 0
         for k in self.keys:

@@ -215,6 +215,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         on_round = lambda rec: report("round", rec)  # noqa: E731
         if s.engine == "flower":  # same algorithm, seeds and record dicts over Flower: job.flower_train is
             # fedccrl_flower.run.train_with_flower, set by the caller (the library does not import the transport)
+            assert job.flower_train is not None, "engine flower: the caller sets job.flower_train"
             result = job.flower_train(job, shards=shards, pools=pools, on_round=on_round, log=log)
         else:
             result = InProcessEngine(
@@ -329,11 +330,13 @@ def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
     concurrent.futures."""
     from fedccrl_core.foundation.errors import FedCCRLError
 
+    assert _RECORDS is not None  # set by _worker_start
+    records = _RECORDS
     try:
-        summary = train(job, shards, pools, lambda kind, rec: _RECORDS.put((kind, job.index, rec)))
+        summary = train(job, shards, pools, lambda kind, rec: records.put((kind, job.index, rec)))
     except (ValueError, FileNotFoundError, FedCCRLError) as e:
         raise ValueError(f"{job.target}: {e}") from None
-    _RECORDS.put(("done", job.index, summary))
+    records.put(("done", job.index, summary))
 
 
 def run_jobs(
@@ -359,7 +362,8 @@ def run_jobs(
 
     ctx = mp.get_context("spawn")  # not fork: torch's OpenMP pool does not survive a fork
     records = ctx.Queue()
-    pending, live, finished, pids = list(jobs), {}, set(), set()
+    live: dict[int, tuple] = {}  # job index: (its future, the job)
+    pending, finished, pids = list(jobs), set(), set()
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_start, initargs=(records,))
     try:
         while pending or live:

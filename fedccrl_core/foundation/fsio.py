@@ -42,6 +42,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import psutil
 
@@ -276,7 +277,7 @@ def _stream(path: Path, name: Path, mode: str, verify, previous, open_kwargs) ->
     with _as_output_error(name):
         raw = _open_raw(path, name)
     buffered = io.BufferedWriter(raw)
-    f: io.BufferedWriter | io.TextIOWrapper = io.TextIOWrapper(buffered, **open_kwargs) if mode == "w" else buffered
+    f: IO[Any] = io.TextIOWrapper(buffered, **open_kwargs) if mode == "w" else buffered
     try:
         with _as_output_error(name, any_errno=False):
             yield f

@@ -50,6 +50,7 @@ def _masked_batch_norm(bn: nn.modules.batchnorm._BatchNorm, x: torch.Tensor, row
     real = x.index_select(0, rows).float()
     var, mean = torch.var_mean(real, dim=dims, unbiased=False)
     if bn.track_running_stats and bn.running_mean is not None:
+        assert bn.running_var is not None and bn.num_batches_tracked is not None  # kept with running_mean
         with torch.no_grad():
             bn.num_batches_tracked.add_(1)
             factor = bn.momentum if bn.momentum is not None else 1.0 / bn.num_batches_tracked
