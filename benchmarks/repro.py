@@ -179,7 +179,8 @@ def stage_table(run: dict) -> tuple[dict, float]:
     """{stage: {procs, wall, imports, dvc}} of one `dvc repro`, and DVC's start-up before the first command. A
     command's `dvc` seconds: from its end to the next command's start (or to the end of `dvc repro`): DVC saving
     its outputs and checking the next stage."""
-    cmds, by = run["commands"], {}
+    cmds = run["commands"]
+    by: dict[str, dict] = {}
     for i, c in enumerate(cmds):
         nxt = cmds[i + 1]["start"] if i + 1 < len(cmds) else run["wall_s"]
         s = by.setdefault(c["stage"], {"procs": 0, "wall": 0.0, "imports": 0.0, "dvc": 0.0})

@@ -23,7 +23,8 @@ def resolve_held_out(
     """Held-out entries (names, or indices into `domains`) -> (the domain names, one problem line per entry that is
     not a domain of `of` or names a domain an earlier entry names). The one check of held-out entries: against
     the registry's domains when params.yaml is validated, against the manifest's in the train stage."""
-    names, problems, seen = [], [], {}
+    names, problems = [], []
+    seen: dict[str, int | str] = {}  # domain: the entry that names it
     for i, h in enumerate(entries):
         where = f"{key}[{i}]" if key == "train.held_out" else key
         if isinstance(h, int) and not isinstance(h, bool):

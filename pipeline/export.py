@@ -56,7 +56,8 @@ def export_sweep(
     written."""
     from fedccrl_pipeline.params import load_config, run_dirs
 
-    results, traces = {}, {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
+    results: dict = {}
+    traces: dict = {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
         key = run.relative_to(models).as_posix()
         results[key] = export(

@@ -63,7 +63,7 @@ class Figures:
 
     def _first_seeds(self, dom: str) -> dict:
         """{algorithm: run of its first seed} on held-out `dom`, FedCCRL first, then FedAvg."""
-        by_alg = {}
+        by_alg: dict[str, dict] = {}
         for r in sorted(
             (r for r in self.runs if r["meta"]["held_out_domain"] == dom),
             key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"]),

@@ -64,7 +64,9 @@ def _package_folders(dest: Path) -> list[str]:
 
     out = []
     for name in SERVING_PACKAGES:
-        src = Path(importlib.import_module(name).__file__).parent
+        init = importlib.import_module(name).__file__
+        assert init is not None  # a package of .py files
+        src = Path(init).parent
         shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         out.append(str(dest / name))
     return out

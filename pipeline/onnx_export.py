@@ -94,6 +94,7 @@ def _trace(model, size: int, example_batch: int):
             output_names=[OUTPUT_NAME],
             dynamic_shapes=({0: batch},),
         )
+    assert program is not None  # dynamo=True returns the ONNXProgram
     return program.model
 
 

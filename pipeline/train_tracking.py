@@ -148,6 +148,7 @@ class TrainTracking:
             run.log_round(payload)
         elif kind == "done":
             job = next(j for j in self.jobs if j.index == index)
+            assert history is not None  # on_message reads it for "done"
             late = run.backfill(history)  # every round in MLflow, also after a kill or a lost store
             if late:
                 print(

@@ -300,7 +300,7 @@ def _geometric_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -
 
 # Device types where a family runs on its selected images only (`_apply_family`): reading the selection is a host
 # sync on an accelerator, free on the CPU.
-COMPACT_DEVICES = ("cpu",)
+COMPACT_DEVICES: tuple[str, ...] = ("cpu",)
 
 
 def _apply_family(y, op, magnitude, family_ops, family_fn, compact: bool) -> torch.Tensor:
