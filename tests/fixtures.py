@@ -136,7 +136,6 @@ def dvc_env(ws: Path) -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{ws / 'mlflow.db'}"
-    env["PYTHONPATH"] = str(REPO)
     env["DVC_NO_ANALYTICS"] = "1"
     return env
 

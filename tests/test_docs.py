@@ -138,7 +138,7 @@ def test_block_ids_the_docs_cite_exist():
 
 
 def test_mkdocs_build_is_strict_and_clean(tmp_path):
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=REPO,

@@ -376,7 +376,6 @@ def clone(tmp_path_factory, mirror):
     }
     env.update(
         PATH=f"{dest / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(dest),
         GIT_AUTHOR_NAME="ci",
         GIT_AUTHOR_EMAIL="ci@localhost",
         GIT_COMMITTER_NAME="ci",
