@@ -58,8 +58,7 @@ SERVING_PACKAGES = ("fedccrl_core", "fedccrl_serving")  # import names; each shi
 
 def _package_folders(dest: Path) -> list[str]:
     """Each of SERVING_PACKAGES copied whole (its .py files) into dest/<import name>: MLflow ships a code path
-    under its folder's name, and the folder of an import name may be named otherwise (pyproject.toml's
-    package-dir: fedccrl_serving lives in serving/)."""
+    under its folder's name, which is the package's import name."""
     import importlib
 
     out = []
