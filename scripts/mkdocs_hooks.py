@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,8 +31,6 @@ def module_docstring(dotted: str) -> str:
 
 
 def hyperparameters_markdown() -> str:
-    if not sys.path or sys.path[0] != str(ROOT):  # this checkout's code, before any installed copy
-        sys.path.insert(0, str(ROOT))
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.foundation.hparams import markdown
 

@@ -403,7 +403,9 @@ def test_bench_command_defaults_are_bench_config_defaults():
 
     fields = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
     options = {p.name: p.default for p in command.params if p.name != "json_out"}
-    assert options == {k: fields[k] for k in options}, "benchmarks/speed_cli.py and BenchConfig disagree"
+    assert options == {k: fields[k] for k in options}, (
+        "benchmarks/fedccrl_benchmarks/speed_cli.py and BenchConfig disagree"
+    )
     assert set(fields) - set(options) == set(), f"BenchConfig fields without a CLI option: {set(fields) - set(options)}"
 
 
