@@ -97,7 +97,7 @@ def _shards_dir(context: Context) -> str:
 
 def load_client_data(context: Context, cid: str, device: torch.device, held_out: str) -> ClientData:
     """This client's data for a run that holds out `held_out`: a mixed-domain (feddg_bench) client drops that
-    domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/train.py)."""
+    domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/fedccrl_pipeline/train.py)."""
     from fedccrl_core.data.pools import STALE, load_pool
     from fedccrl_core.data.shards import load_client
 

@@ -293,7 +293,7 @@ class FlowerServer:
         s = self.spec
         self.sources = set(client_ids(load_manifest(s.shards), s.held_out))  # feddg_bench: the non-empty clients
         evalsets = load_evalsets(s.shards, s.held_out, s.eval_batch_size, self.device)
-        torch.manual_seed(s.seed)  # as pipeline/train.py builds the model for the in-process engine
+        torch.manual_seed(s.seed)  # as pipeline/fedccrl_pipeline/train.py builds the model for the in-process engine
         model = self.alg.build_model(s.backbone, s.num_classes, s.pretrained, self.alg.hp).to(self.device)
         loop = RoundLoop(
             self.alg,

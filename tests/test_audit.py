@@ -1,4 +1,4 @@
-"""`fedccrl audit` (fedccrl_core/privacy/audit.py, pipeline/audit.py): the membership attacks on the released statistics
+"""`fedccrl audit` (fedccrl_core/privacy/audit.py, pipeline/fedccrl_pipeline/audit.py): the membership attacks on the released statistics
 find what was released when nothing protects it; the likelihood-ratio attack, which knows the mechanism, finds
 more than the nearest row under noise; at the default DP settings the TPR stays within what epsilon allows, and a
 mechanism that does not add the noise it claims is flagged."""
@@ -198,21 +198,19 @@ def test_audit_command_names_a_missing_shard_manifest_and_writes_nothing(tmp_pat
 @pytest.fixture(scope="module")
 def default_data(tmp_path_factory):
     """The default data's shards and pools (8 clients of 108 images), made by the CLI in a scratch folder."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
     ws = tmp_path_factory.mktemp("audit-data")
     repo, fedccrl = Path(__file__).resolve().parents[1], Path(sys.executable).parent / "fedccrl"
-    env = {**os.environ, "PYTHONPATH": str(repo)}
     (ws / "params.yaml").write_text((repo / "params.yaml").read_text())
     for args in (
         ["download", "--out", "data/raw", "--report", "data/download.json"],
         ["partition", "--raw", "data/raw", "--out", "data/shards"],
         ["pools", "--shards", "data/shards", "--out", "data/pools"],
     ):
-        p = subprocess.run([str(fedccrl), *args], cwd=ws, env=env, capture_output=True, text=True)
+        p = subprocess.run([str(fedccrl), *args], cwd=ws, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
     return ws / "data"
 

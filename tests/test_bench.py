@@ -18,7 +18,7 @@ from fedccrl_benchmarks import plain
 from fedccrl_benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.compose import fedccrl_augment
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.engine import InProcessEngine, concurrent_width
@@ -240,12 +240,7 @@ def augmented_batches():
     x = normalize_u8(torch.from_numpy(images).permute(0, 3, 1, 2).contiguous())
     gen = torch.Generator().manual_seed(0)
     fast = torch.cat(
-        [
-            fedccrl_augment(
-                x, torch.from_numpy(pool_mu), torch.from_numpy(pool_sigma), AugmentConfig.from_params(hp), gen
-            )
-            for _ in range(2)
-        ]
+        [fedccrl_augment(x, torch.from_numpy(pool_mu), torch.from_numpy(pool_sigma), hp, gen) for _ in range(2)]
     )
     rng = np.random.default_rng(0)
     host = np.stack(
@@ -408,7 +403,9 @@ def test_bench_command_defaults_are_bench_config_defaults():
 
     fields = {f.name: f.default for f in dataclasses.fields(BenchConfig)}
     options = {p.name: p.default for p in command.params if p.name != "json_out"}
-    assert options == {k: fields[k] for k in options}, "benchmarks/speed_cli.py and BenchConfig disagree"
+    assert options == {k: fields[k] for k in options}, (
+        "benchmarks/fedccrl_benchmarks/speed_cli.py and BenchConfig disagree"
+    )
     assert set(fields) - set(options) == set(), f"BenchConfig fields without a CLI option: {set(fields) - set(options)}"
 
 

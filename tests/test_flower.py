@@ -176,7 +176,7 @@ def test_flower_settings_validation():
     from fedccrl_core.foundation.hparams import validate
     from fedccrl_flower.settings import FlowerSettings
 
-    def from_mapping(d):  # as params.yaml's train.flower is validated (pipeline/params.py)
+    def from_mapping(d):  # as params.yaml's train.flower is validated (pipeline/fedccrl_pipeline/params.py)
         return validate(FlowerSettings, d, prefix="train.flower")
 
     assert from_mapping({"mode": "simulation", "min_clients": 3}).min_clients == 3
@@ -821,7 +821,6 @@ def test_train_stage_with_flower_engine(data, tmp_path):
     env = {
         **os.environ,
         "PATH": f"{BIN}:{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO),
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
     }
     p = subprocess.run(

@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def run_py(code: str, cwd: Path, **kw) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONDONTWRITEBYTECODE": "1"}
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
     return subprocess.run(
         [sys.executable, "-c", textwrap.dedent(code)],
         cwd=cwd,

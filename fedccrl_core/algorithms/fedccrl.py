@@ -30,7 +30,7 @@ from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.compose import fedccrl_augment
 from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma, upload_size
 from fedccrl_core.foundation import contract, fastpath
 from fedccrl_core.learning.losses import fedccrl_loss
@@ -102,7 +102,6 @@ class FedCCRL(StatisticsExchange, Algorithm):
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
         self.rounding = "ceil" if self.hp.upload == "ceil" else "floor"
-        self.augment = AugmentConfig.from_params(self.hp)  # M of Eq. 3
 
     @classmethod
     def validated(cls, hparams):
@@ -136,7 +135,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
                 torch.as_tensor(ctx.payload["sigma"], device=x.device),
             )
         pool_mu, pool_sigma = ctx.state["pool"]
-        aug = self.augment
+        aug = self.hp
         mean, std = self.local.mean, self.local.std
         if self.views_in_one_draw(x.device):  # one M over [X; X]: every row draws its own, so X1, X2 independent
             both = fedccrl_augment(torch.cat([x, x]), pool_mu, pool_sigma, aug, ctx.generator, mean, std)
@@ -150,7 +149,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
         twice the size): on the CUDA fast path, where M draws per row (per-sample AugMix, pool rows with
         replacement), so the two views have the same distribution as two calls. The draws differ from two calls',
         so the CPU keeps two calls and its numbers."""
-        aug = self.augment
+        aug = self.hp
         return (
             fastpath.static_batches(self.local.fast, device)
             and aug.augmix == "per_sample"

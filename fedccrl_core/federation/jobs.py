@@ -1,11 +1,11 @@
-"""Training jobs: one (algorithm, seed) trained for each held-out domain (`fedccrl train`, pipeline/train.py).
+"""Training jobs: one (algorithm, seed) trained for each held-out domain (`fedccrl train`, pipeline/fedccrl_pipeline/train.py).
 
 `plan_runs` turns the run settings (typed, from the validated params file) into one picklable `TrainJob` per
 held-out entry, keyed by a hash of everything that determines the run (its round checkpoint's name); `run_one`
 trains a job on the in-process engine (or over Flower, with the caller's `job.flower_train`) and writes its
 outputs at once at the end (the run layout of fedccrl_core/foundation/contract.py); `run_jobs` runs jobs side by side in a
 `concurrent.futures.ProcessPoolExecutor` (spawned workers, one torch thread each) and hands their round records
-to the caller, which alone talks to the tracker (pipeline/tracking.py).
+to the caller, which alone talks to the tracker (pipeline/fedccrl_pipeline/tracking.py).
 
 The pool is the standard library's; two things it does not do are added here: the round records stream to the
 parent while a job trains (a queue every worker receives at start), and a failed run stops the workers still
@@ -34,7 +34,7 @@ LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What every run of one `fedccrl train` shares, from the validated params file (pipeline/params.py)."""
+    """What every run of one `fedccrl train` shares, from the validated params file (pipeline/fedccrl_pipeline/params.py)."""
 
     dataset: str
     backbone: str  # resolved: never `auto`
@@ -121,7 +121,7 @@ def plan_runs(
     checkpoints: Path,
     hparams,
 ) -> list[TrainJob]:
-    """One job per held-out entry (checked by pipeline/sweep.py `check_train`; `targets` are their domain names),
+    """One job per held-out entry (checked by pipeline/fedccrl_pipeline/sweep.py `check_train`; `targets` are their domain names),
     its run key (the hash of every setting of the run, the manifest and the training code) and its output
     folder out/d<entry>. `hparams`: the algorithm's Params; `partition`: params.yaml's partition group."""
     domains = list(manifest["domains"])

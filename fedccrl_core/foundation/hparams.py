@@ -1,5 +1,5 @@
 """Typed parameters, declared once: the base of every algorithm's hyperparameter declaration
-(`Algorithm.Params`) and of the params.yaml schema (pipeline/params.py), and the one place that turns a
+(`Algorithm.Params`) and of the params.yaml schema (pipeline/fedccrl_pipeline/params.py), and the one place that turns a
 validation failure into lines a user can act on.
 
 A hyperparameter is declared with `hp(default, source, **bounds)`: its type is the annotation, its

@@ -1,6 +1,6 @@
 """params.yaml `train.privacy.*`: differential privacy on both upload channels, declared once (typed, bounded,
 with sources). Off by default: `enabled: false` is the paper's protocol, bit for bit. No torch here: every stage
-validates params.yaml with this model before it does any work (pipeline/params.py).
+validates params.yaml with this model before it does any work (pipeline/fedccrl_pipeline/params.py).
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 

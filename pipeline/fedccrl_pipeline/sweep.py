@@ -17,7 +17,7 @@ def held_out_entry(text: str | int) -> int | str:
 
 
 def manifest_held_out(manifest: dict, entries: list, key: str = "train.held_out") -> list[str]:
-    """Held-out entries -> the shards' domain names (pipeline/params.py `resolve_held_out`, against the manifest:
+    """Held-out entries -> the shards' domain names (pipeline/fedccrl_pipeline/params.py `resolve_held_out`, against the manifest:
     imagefolder's domains only the data knows); ParamError naming each bad entry."""
     names, problems = resolve_held_out(
         list(manifest["domains"]), entries, f"the shards ({manifest.get('dataset')})", key

@@ -1,7 +1,7 @@
 """`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json, logged to MLflow.
 
-The export and its parity check are pipeline/onnx_export.py's `export_checked` (fails below --min-agreement, and
-no output then); the MLflow side, after parity passed, is pipeline/model_registry.py.
+The export and its parity check are pipeline/fedccrl_pipeline/onnx_export.py's `export_checked` (fails below --min-agreement, and
+no output then); the MLflow side, after parity passed, is pipeline/fedccrl_pipeline/model_registry.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The MLflow model side of `fedccrl export` (pipeline/export.py): the exported model logged to its training run
+"""The MLflow model side of `fedccrl export` (pipeline/fedccrl_pipeline/export.py): the exported model logged to its training run
 without reopening it, registered once per (dataset, algorithm), a new version only for new weights."""
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def weights_sha256(onnx_path: Path) -> str:
     return h.hexdigest()
 
 
-# The packages the logged pyfunc (serving/pyfunc.py) imports from when it is loaded and predicts, shipped whole:
+# The packages the logged pyfunc (serving/fedccrl_serving/pyfunc.py) imports from when it is loaded and predicts, shipped whole:
 # MLflow puts the model's code folder first on sys.path of the process that loads it, so a partial copy of a
 # package would hide the rest of an installed fedccrl from that process and from the workers it spawns. No
 # pipeline, benchmarks or Flower code goes in (tests/test_export.py loads the model where nothing else of the
@@ -58,8 +58,7 @@ SERVING_PACKAGES = ("fedccrl_core", "fedccrl_serving")  # import names; each shi
 
 def _package_folders(dest: Path) -> list[str]:
     """Each of SERVING_PACKAGES copied whole (its .py files) into dest/<import name>: MLflow ships a code path
-    under its folder's name, and the folder of an import name may be named otherwise (pyproject.toml's
-    package-dir: fedccrl_serving lives in serving/)."""
+    under its folder's name, which is the package's import name."""
     import importlib
 
     out = []
@@ -78,7 +77,7 @@ def registered_model_name(meta: dict) -> str:
 
 
 def _flavour(onnx_file: str):
-    """An MLflow flavour module for Model.log: the pyfunc of serving/pyfunc.py (raw images in, class names and
+    """An MLflow flavour module for Model.log: the pyfunc of serving/fedccrl_serving/pyfunc.py (raw images in, class names and
     probabilities out), plus the onnx flavour pointing at the same .onnx file inside the model folder."""
     import types
 

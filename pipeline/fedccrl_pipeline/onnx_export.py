@@ -1,5 +1,5 @@
 """`fedccrl export`'s engine: a trained FedModel -> one ONNX file with the fedccrl metadata inside (the
-format: serving/metadata.py), and its parity with PyTorch on the held-out domain.
+format: serving/fedccrl_serving/metadata.py), and its parity with PyTorch on the held-out domain.
 
 It imports torch (the exporter and the parity reference), so it lives here and not in the torch-free `serving`.
 """

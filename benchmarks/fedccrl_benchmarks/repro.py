@@ -11,7 +11,7 @@ Then, in the same workspace, the two reruns a user makes most: one `figures.*` k
 `figures` may run) and one `export.*` key changed (`export.batch_size`: only `export` may run), each by one, so
 that the stage has the same work to do again, and each timed as a whole `dvc repro` against the full one.
 Last, the thread policy: spin (OMP_WAIT_POLICY=ACTIVE) against passive while a busy process shares the cores
-(benchmarks/threads.py). It reports ratios against the baselines measured in this run; it asserts nothing.
+(benchmarks/fedccrl_benchmarks/threads.py). It reports ratios against the baselines measured in this run; it asserts nothing.
 """
 
 from __future__ import annotations

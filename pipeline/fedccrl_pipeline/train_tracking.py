@@ -1,4 +1,4 @@
-"""`fedccrl train`'s MLflow side (pipeline/train.py): one child run per held-out job under the sweep's parent run,
+"""`fedccrl train`'s MLflow side (pipeline/fedccrl_pipeline/train.py): one child run per held-out job under the sweep's parent run,
 its params as params.yaml spells them with the values the run used, every round as it arrives."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""params.yaml's checks that involve more than one key (pipeline/params.py runs them after the typed validation):
+"""params.yaml's checks that involve more than one key (pipeline/fedccrl_pipeline/params.py runs them after the typed validation):
 held-out entries against a dataset's domains (the one held-out check: the train stage runs it again against the
 manifest, for imagefolder), the backbone against `pretrained`, and what an algorithm to be trained needs of its
 own group. One line per problem."""

@@ -9,7 +9,7 @@ value and what is allowed (ParamError); `fedccrl <stage>` prints each as `error:
 
 `load_config` returns the typed model, and that is what every stage and training job receives (a default is
 declared once, in these models or the library's `TrainSettings`/`Algorithm.Params`, and equals params.yaml's:
-tests/test_params_registry.py). The checks of a run against the data are pipeline/sweep.py.
+tests/test_params_registry.py). The checks of a run against the data are pipeline/fedccrl_pipeline/sweep.py.
 
 `train.held_out` lists domains by name (`[sketch]`) or by index. Indices follow the manifest's domain order:
 the dataset registry's order for a registered dataset (fedccrl_core/data/registry.py: synthetic photo, art,
