@@ -206,8 +206,9 @@ def test_settings_refuse_bad_values_with_the_key():
 
 # ------------------------------------------------------------------ the round loop
 def _engine(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None):
-    from fedccrl_core.federation.engine import InProcessEngine
     from test_round_loop import evalsets, toy_clients
+
+    from fedccrl_core.federation.engine import InProcessEngine
 
     clients = toy_clients(4, 12)
     for c in clients:  # statistics rows for FedCCRL's upload
