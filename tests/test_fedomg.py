@@ -366,7 +366,7 @@ def test_differential_privacy_on_the_weights_is_refused():
     from fedccrl_core.federation.loop import privacy_of
 
     alg = build_algorithm("fedomg", LocalConfig(privacy={"enabled": True}))
-    with pytest.raises(ValueError, match="train.privacy.weights: fedomg"):
+    with pytest.raises(ValueError, match="train.privacy.enabled: fedomg: FedOMG.s server step"):
         privacy_of(alg)
 
 
