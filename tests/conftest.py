@@ -73,6 +73,15 @@ def params(tmp_path):
     return write
 
 
+@pytest.fixture
+def not_private(monkeypatch) -> None:
+    """This test seeds the DP noise (train.privacy.noise_seed), which is refused unless the environment says the run
+    is not private (FEDCCRL_NOT_PRIVATE=1, fedccrl_core/privacy/settings.py); child processes inherit it."""
+    from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
+
+    monkeypatch.setenv(NOT_PRIVATE_VARIABLE, "1")
+
+
 @pytest.fixture(scope="session")
 def tiny(tmp_path_factory) -> Path:
     """The one tiny dataset of a test run, read-only (a test that changes a file copies it first): <tiny>/raw,

@@ -580,7 +580,7 @@ def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
 
 
 @pytest.mark.full("two 2-round FedCCRL runs with DP, in-process and over the loopback Grid: ~40 s on the CPU")
-def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path):
+def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path, not_private):
     """train.privacy on both channels: the noised statistics (drawn on the clients) and DP-FedAvg's noise (on the
     server) are the same numbers over the Message API as in-process, epsilon included. The noise is seeded by the
     test-only noise_seed (not private): from the OS, as in a real run, no two runs would match."""

@@ -384,7 +384,7 @@ def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
         read_yaml(bad)
 
 
-def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatch, params):
+def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatch, params, not_private):
     """`fedccrl train` of one algorithm, in this process, with train.privacy on: the params file is validated once
     (ParamsFile); the train settings, the algorithm's Params and the privacy settings travel typed from there (no
     second validation of train.*, train.<algorithm> or train.privacy by the stage, the algorithm, the round loop or

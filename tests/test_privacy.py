@@ -222,7 +222,7 @@ def _engine(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None):
     )
 
 
-def test_round_loop_logs_epsilon_every_round_and_noises_both_channels():
+def test_round_loop_logs_epsilon_every_round_and_noises_both_channels(not_private):
     """Epsilon grows every round; no client metric and no update norm is released; the noise comes from the OS,
     so the same seed gives another run, unless the test-only noise_seed seeds it (then marked in every record)."""
     priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
@@ -520,3 +520,17 @@ def test_tradeoff_calibration_reaches_the_target_epsilon():
             run.statistics(t, sizes)
             run.weights(t, 6, 6)
         assert run.record()[contract.DP_EPSILON] == pytest.approx(target, rel=1e-3)
+
+
+def test_a_seeded_noise_needs_the_environment_to_say_not_private(monkeypatch):
+    """train.privacy.noise_seed (tests only: anyone with the params file removes the noise) is refused, naming the
+    key and the variable, unless FEDCCRL_NOT_PRIVATE=1 says where the run starts that it is not private."""
+    from fedccrl_core.foundation.hparams import validate
+    from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
+
+    monkeypatch.delenv(NOT_PRIVATE_VARIABLE, raising=False)
+    with pytest.raises(ParamError, match=rf"train.privacy.noise_seed.*not private.*{NOT_PRIVATE_VARIABLE}=1"):
+        validate(PrivacySettings, {"enabled": True, "noise_seed": 3}, prefix="train.privacy")
+    assert validate(PrivacySettings, {"enabled": True}, prefix="train.privacy").noise_seed is None
+    monkeypatch.setenv(NOT_PRIVATE_VARIABLE, "1")
+    assert validate(PrivacySettings, {"enabled": True, "noise_seed": 3}, prefix="train.privacy").seeded
