@@ -28,11 +28,12 @@ lock: $(STAMP)  ## regenerate constraints.txt from .venv: pip freeze, without fe
 repro: $(STAMP)   ## the main job: dvc repro on the embedded default dataset
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 
-lint: typecheck  ## ruff's lint and format check over every Python file (pyproject.toml [tool.ruff]), after mypy
+lint: $(STAMP)    ## ruff's lint and format check over every Python file (pyproject.toml [tool.ruff]), then mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
-typecheck: $(STAMP)  ## mypy over the packages pyproject.toml [tool.mypy] names: 0 errors
+typecheck: $(STAMP)  ## mypy alone, over the packages pyproject.toml [tool.mypy] names: 0 errors
 	$(BIN)/mypy
 
 test: lint    ## the fast tier (minutes): the checks above, then every test not marked `full`; it lists what it leaves to test-all

@@ -309,6 +309,10 @@ def worker_count(setting: str, settings: RunSettings, n_jobs: int) -> int:
 
 
 # ---- the worker pool -----------------------------------------------------------------------------------------
+class WorkerFailed(Exception):
+    """An unexpected error in a training worker; its message is the worker's formatted traceback."""
+
+
 _RECORDS = None  # in a worker: the queue to the parent (set once by _worker_start, the pool's initializer)
 
 
@@ -326,8 +330,10 @@ def _worker_start(records) -> None:
 def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
     """One run in a worker: its round records and then its summary ("done") sent to the parent in order, through
     one queue; the parent alone talks to MLflow. A known error (bad data, a missing file) comes back as a
-    ValueError naming the held-out domain; anything else as itself, with the worker's traceback attached by
-    concurrent.futures."""
+    ValueError naming the held-out domain; any other error as WorkerFailed, with the worker's traceback formatted
+    here."""
+    import traceback
+
     from fedccrl_core.foundation.errors import FedCCRLError
 
     assert _RECORDS is not None  # set by _worker_start
@@ -336,6 +342,8 @@ def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
         summary = train(job, shards, pools, lambda kind, rec: records.put((kind, job.index, rec)))
     except (ValueError, FileNotFoundError, FedCCRLError) as e:
         raise ValueError(f"{job.target}: {e}") from None
+    except Exception:
+        raise WorkerFailed(traceback.format_exc().rstrip()) from None
     records.put(("done", job.index, summary))
 
 
@@ -390,10 +398,11 @@ def run_jobs(
                     raise RuntimeError(f"training worker for held-out {job.target} died ({e})") from None
                 except ValueError:
                     raise
+                except WorkerFailed as e:  # its message is the worker's traceback
+                    raise RuntimeError(f"training worker for held-out {job.target} failed:\n{e}") from None
                 except BaseException as e:
                     raise RuntimeError(
-                        f"training worker for held-out {job.target} failed:\n"
-                        f"{getattr(e.__cause__, 'tb', '')}{type(e).__name__}: {e}"
+                        f"training worker for held-out {job.target} failed:\n{type(e).__name__}: {e}"
                     ) from e
                 if index in finished:  # its "done" came through the queue, after every round record
                     live.pop(index)

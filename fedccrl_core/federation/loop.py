@@ -54,6 +54,16 @@ def nbytes(obj) -> int:
     return 0
 
 
+def uncovered_release(alg: Algorithm) -> str:
+    """What `alg` releases that train.privacy's mechanisms (privacy/dp.py) do not cover, read from which hooks it
+    overrides ("" when none): an upload other than FedCCRL's statistics rows, an aggregation other than Eq. 2."""
+    if type(alg).client_upload is not Algorithm.client_upload and not getattr(alg.Params, "uploads_statistics", False):
+        return "uploads something other than FedCCRL's statistics rows (only those are clipped and noised)"
+    if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
+        return "aggregates with a rule of its own, not Eq. 2 (DP-FedAvg replaces Eq. 2 only)"
+    return ""
+
+
 def privacy_of(alg: Algorithm):
     """train.privacy of this run (LocalConfig.privacy): a RunPrivacy, or None when off. Refuses, before any
     work, a setting under which something leaves the client that is neither noised nor counted: an upload the
@@ -63,18 +73,15 @@ def privacy_of(alg: Algorithm):
     if s is None or not s.enabled:
         return None
     uploads = getattr(alg.Params, "uploads_statistics", False)
-    if type(alg).client_upload is not Algorithm.client_upload and not uploads:
+    if alg.Params.dp_refusal:  # params.yaml's validation refuses it first (pipeline cross_checks)
+        raise ValueError(f"train.privacy.enabled: {alg.name}: {alg.Params.dp_refusal}")
+    if uncovered_release(alg):
         raise ValueError(
-            f"train.privacy.enabled: {alg.name} uploads something other than FedCCRL's statistics "
-            "rows; only those are clipped and noised (fedccrl_core/privacy/dp.py)"
+            f"train.privacy.enabled: {alg.name} {uncovered_release(alg)}, and its Params declare no dp_refusal "
+            "(fedccrl_core/foundation/hparams.py): declare why, so that params.yaml's validation refuses it"
         )
     for key, why in s.unprotected(alg.name, uploads):
         raise ValueError(f"{key}: {why}")
-    if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
-        raise ValueError(
-            f"train.privacy.weights: {alg.name} aggregates with a rule of its own, not Eq. 2; "
-            "DP-FedAvg replaces Eq. 2 only (fedavg, fedccrl, fedprox, ...)"
-        )
     from fedccrl_core.privacy.accountant import RunPrivacy  # dp_accounting, imported only when on
 
     return RunPrivacy(s, uploads)

@@ -17,7 +17,7 @@ Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
-from typing import Any, TypeVar, get_args
+from typing import Any, ClassVar, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
@@ -36,6 +36,11 @@ class HParams(Declared):
     attributes (`alg.hp.lambda1`). An empty or null group takes every default."""
 
     model_config = ConfigDict(frozen=True)
+
+    # Why train.privacy has no mechanism for what this algorithm releases ("" = it has: DP-FedAvg replaces Eq. 2 and
+    # statistics rows are clipped and noised). Declared here, without torch, so that params.yaml's validation refuses
+    # the combination before any run starts; the round loop checks the algorithm against it (federation/loop.py).
+    dp_refusal: ClassVar[str] = ""
 
     @model_validator(mode="before")
     @classmethod

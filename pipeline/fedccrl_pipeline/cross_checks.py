@@ -81,6 +81,16 @@ def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = ()) -> list[
     for name in dict.fromkeys([*cfg.train.algorithms, *run_algorithms]):
         group = getattr(cfg.train, name)
         out += group.selected_problems(f"train.{name}")
+        if cfg.train.privacy.enabled and type(group).dp_refusal:
+            out.append(
+                _line(
+                    "train.privacy.enabled",
+                    True,
+                    f"{name} cannot train under train.privacy: {type(group).dp_refusal}. Set train.privacy.enabled "
+                    f"to false, or leave {name} out of train.algorithms",
+                )
+            )
+            continue
         out += [
             _line(key, getattr(cfg.train.privacy, key.rsplit(".", 1)[1]), why)
             for key, why in cfg.train.privacy.unprotected(name, getattr(type(group), "uploads_statistics", False))

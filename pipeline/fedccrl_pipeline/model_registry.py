@@ -76,29 +76,27 @@ def registered_model_name(meta: dict) -> str:
     return f"fedccrl-{sanitize(meta.get('dataset', 'model'))}-{sanitize(meta.get('algorithm', 'model'))}"
 
 
-def _flavour(onnx_file: str):
-    """An MLflow flavour module for Model.log: the pyfunc of serving/fedccrl_serving/pyfunc.py (raw images in, class names and
-    probabilities out), plus the onnx flavour pointing at the same .onnx file inside the model folder."""
-    import types
-
+def save_model(path, mlflow_model, onnx_file: str, **kwargs) -> None:
+    """This module is the flavour module that log_to_mlflow hands to MLflow's `Model.log` (its contract for a
+    flavour: a module with `save_model(path, mlflow_model, **kwargs)`; MLflow's own flavours log the same way):
+    the pyfunc of serving/fedccrl_serving/pyfunc.py (raw images in, class names and probabilities out), plus the onnx flavour
+    pointing at the same .onnx file inside the model folder."""
     import mlflow.pyfunc
     import onnx
 
-    def save_model(path, mlflow_model, **kwargs):
-        mlflow.pyfunc.save_model(path, mlflow_model=mlflow_model, **kwargs)
-        data = Path("artifacts") / Path(onnx_file).name
-        assert (Path(path) / data).is_file(), data
-        mlflow_model.add_flavor(
-            "onnx",
-            onnx_version=onnx.__version__,
-            data=data.as_posix(),
-            providers=["CPUExecutionProvider"],
-            onnx_session_options=None,
-            code=None,
-        )
-        mlflow_model.save(str(Path(path) / "MLmodel"))
-
-    return types.SimpleNamespace(__name__="mlflow.pyfunc", save_model=save_model)
+    mlflow.pyfunc.save_model(path, mlflow_model=mlflow_model, **kwargs)
+    data = Path("artifacts") / Path(onnx_file).name
+    if not (Path(path) / data).is_file():
+        raise FileNotFoundError(f"the pyfunc's artifacts hold no {data}")
+    mlflow_model.add_flavor(
+        "onnx",
+        onnx_version=onnx.__version__,
+        data=data.as_posix(),
+        providers=["CPUExecutionProvider"],
+        onnx_session_options=None,
+        code=None,
+    )
+    mlflow_model.save(str(Path(path) / "MLmodel"))
 
 
 def log_to_mlflow(
@@ -162,7 +160,8 @@ def log_to_mlflow(
         info = Model.log(
             artifact_path=None,
             name="model",
-            flavor=_flavour(str(onnx_file)),
+            flavor=sys.modules[__name__],  # save_model above
+            onnx_file=str(onnx_file),
             run_id=run_id,
             model_id=logged.model_id,
             registered_model_name=name,

@@ -19,6 +19,7 @@ An entry is also the run's name: models/<algorithm>/s<seed>/d<entry> (d3 or dske
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
@@ -183,13 +184,17 @@ class ParamsFile(Declared):
     figures: FiguresParams
     tracking: TrackingParams = Field(default_factory=TrackingParams)
 
-    def local_config(self) -> LocalConfig:
-        """What every algorithm's local training reads: the train settings and preprocess's normalization."""
+    @functools.cached_property
+    def local(self) -> LocalConfig:
+        """What every algorithm's local training reads: the train settings and preprocess's normalization, built
+        once from the values validated with the file (model_construct: they are not validated a second time)."""
         privacy = self.train.privacy  # only when on: a run without DP keeps its run key (and checkpoint)
-        return LocalConfig(
-            **self.train.model_dump(include=set(TrainSettings.model_fields)),
-            mean=tuple(self.preprocess.mean),
-            std=tuple(self.preprocess.std),
+        mean_r, mean_g, mean_b = self.preprocess.mean  # three each, validated
+        std_r, std_g, std_b = self.preprocess.std
+        return LocalConfig.model_construct(
+            **{name: getattr(self.train, name) for name in TrainSettings.model_fields},
+            mean=(mean_r, mean_g, mean_b),
+            std=(std_r, std_g, std_b),
             privacy=privacy if privacy.enabled else None,
         )
 

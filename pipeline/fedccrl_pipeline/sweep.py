@@ -58,7 +58,7 @@ def check_train(cfg: ParamsFile, manifest: dict, algorithm: str, held_out: list)
 
     manifest_held_out(manifest, cfg.train.held_out)
     targets = manifest_held_out(manifest, [held_out_entry(h) for h in held_out], key="--held-out")
-    alg = build_algorithm(algorithm, cfg.local_config(), getattr(cfg.train, algorithm))
+    alg = build_algorithm(algorithm, cfg.local, getattr(cfg.train, algorithm))
     # an algorithm whose own batch_size replaces train.batch_size (local_bn.py: FedBN, SiloBN, FedFD(-A))
     key = f"train.{algorithm}.batch_size" if getattr(alg.hp, "batch_size", None) is not None else "train.batch_size"
     for target in targets:

@@ -49,7 +49,7 @@ def run_settings(cfg: ParamsFile):
         dataset=cfg.dataset.name,
         backbone=resolve_backbone(cfg.model.backbone, cfg.dataset.name),
         pretrained=resolve_pretrained(cfg.model.pretrained, cfg.dataset.name),
-        local=cfg.local_config(),
+        local=cfg.local,
         engine=t.engine,
         device=t.device,
         client_fraction=t.client_fraction,

@@ -50,7 +50,7 @@ class TrainTracking:
         from fedccrl_core.foundation.fastpath import resolve_device
 
         params = cfg.as_written()  # the keys params.yaml sets, typed: `lr: 1e-3` is 0.001 here too
-        swept = set(params["train"]["algorithms"])  # the parent names only the groups of the sweep's algorithms
+        swept = set(cfg.train.algorithms)  # the parent names only the groups of the sweep's algorithms
         sweep = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
         self.sweep_params = {
             **sweep,
