@@ -17,10 +17,10 @@ Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any, ClassVar, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from pydantic_core import ErrorDetails
 
 M = TypeVar("M", bound=BaseModel)  # the model `validate` checks data against, and returns an instance of
 
@@ -157,7 +157,7 @@ def _is_int(field, loc: tuple) -> bool:
     return ann is int or int in get_args(ann) or any(isinstance(p, str) and p.endswith("int") for p in loc)
 
 
-def _expected(err: ErrorDetails, field) -> str:
+def _expected(err: Mapping[str, Any], field) -> str:  # one of pydantic's ValidationError.errors()
     t, ctx = err["type"], err.get("ctx") or {}
     if t in _TYPE_WORDS:
         return _TYPE_WORDS[t]
