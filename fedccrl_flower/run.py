@@ -111,7 +111,7 @@ def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on
     settings.model_copy(update={"min_clients": max(settings.min_clients, spec.min_clients)}).require_clients(
         len(ids), spec.held_out
     )
-    spec.num_clients = spec.num_clients or settings.num_clients or len(ids)
+    spec = spec.model_copy(update={"num_clients": spec.num_clients or settings.num_clients or len(ids)})
     shards, pools = str(Path(spec.shards).resolve()), str(Path(pools).resolve())
     state_dir = str(work / "client-state")
     if settings.mode == "simulation":
@@ -154,11 +154,10 @@ def train_with_flower(
     (<checkpoint>.flower/)."""
     s = job.settings
     checkpoint = Path(job.ckpt).resolve()
-    # the job's typed hyperparameters as JSON-ready data: they travel in the run config
     spec = ServerSpec(
         algorithm=job.algorithm,
-        local=s.local.model_dump(),
-        hparams=job.hparams.model_dump(),
+        local=s.local,
+        hparams=job.hparams,
         backbone=s.backbone,
         num_classes=len(job.classes),
         seed=int(job.seed),

@@ -45,10 +45,9 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.loop import RoundLoop, nbytes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
@@ -82,11 +81,9 @@ class FlowerServer:
         self.checkpoint_path = Path(spec.checkpoint) if spec.checkpoint else Path(spec.work_dir) / "checkpoint.pt"
         self.log = log or self.report.log
         self.sleep, self.clock = sleep, clock
-        local = dict(spec.local)
-        local["mean"], local["std"] = tuple(local["mean"]), tuple(local["std"])
-        self.alg = build_algorithm(spec.algorithm, LocalConfig(**local), spec.hparams)
+        self.alg = build_algorithm(spec.algorithm, spec.local, spec.hparams)
         self.device = resolve_device(spec.device)
-        self.client_spec_json = json.dumps(spec.client_spec(), sort_keys=True)
+        self.client_spec_json = spec.client_spec().to_json()
         self.client_of_node: dict[int, str] = {}  # last client id each node answered with
         self.ledger = Ledger(self.log)
         self.slowest: dict[str, float] = {}  # phase -> the slowest complete exchange so far (s)
@@ -283,8 +280,8 @@ class FlowerServer:
     def client_states(self) -> dict:
         return {}  # client states live on the clients (Context.state, mirrored to their state-dir)
 
-    def restore(self, checkpoints, ck) -> None:
-        self._start = ck["round"] + 1 if ck is not None else 1
+    def restore(self, checkpoints: RoundCheckpoints | None, ck: RoundCheckpoint | None) -> None:
+        self._start = ck.round + 1 if ck is not None else 1
 
     def _run(self) -> dict:
         from fedccrl_core.data.shards import client_ids, load_manifest
@@ -332,7 +329,7 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
         raise SystemExit(2)
-    spec = ServerSpec.from_dict(json.loads(str(raw)))
+    spec = ServerSpec.from_json(str(raw), f"Flower run config '{M.RUN_SPEC}'")
     FlowerServer(grid, spec, report_dir=report_dir(spec.work_dir, context.run_id)).run()
 
 

@@ -198,33 +198,33 @@ def test_client_state_slots_survive_a_retrained_round(tmp_path):
     from fedccrl_core.learning.clients import ClientState
     from fedccrl_flower.client_app import load_client_state, save_client_state
 
-    spec = {"state_key": "k1"}
+    key = "k1"  # the run's state key (ClientSpec.state_key)
     ctx = Context(run_id=1, node_id=1, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(), run_config={})
-    st, base = load_client_state(ctx, spec, "a", 1)
+    st, base = load_client_state(ctx, key, "a", 1)
     assert st.optimizer is None and base is None
     for rnd in (1, 2):
-        st, base = load_client_state(ctx, spec, "a", rnd)
+        st, base = load_client_state(ctx, key, "a", rnd)
         save_client_state(
             ctx,
-            spec,
+            key,
             "a",
             rnd,
             ClientState({"r": torch.tensor(float(rnd))}, None, {"bank": {"mu": np.full(2, rnd, np.float32)}}),
             base,
         )
-    assert load_client_state(ctx, spec, "a", 3)[0].optimizer["r"].item() == 2.0
-    st, base = load_client_state(ctx, spec, "a", 2)  # round 2 again (a resumed ServerApp): from round 1
+    assert load_client_state(ctx, key, "a", 3)[0].optimizer["r"].item() == 2.0
+    st, base = load_client_state(ctx, key, "a", 2)  # round 2 again (a resumed ServerApp): from round 1
     assert st.optimizer["r"].item() == 1.0
     st.optimizer["r"].add_(100.0)  # optimizers update loaded tensors in place: the saved slot must not change
-    save_client_state(ctx, spec, "a", 2, st, base)
-    assert load_client_state(ctx, spec, "a", 2)[0].optimizer["r"].item() == 1.0
+    save_client_state(ctx, key, "a", 2, st, base)
+    assert load_client_state(ctx, key, "a", 2)[0].optimizer["r"].item() == 1.0
     fresh = Context(
         run_id=2, node_id=7, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(), run_config={}
     )  # a restarted SuperNode / a new run: the disk mirror
-    assert load_client_state(fresh, spec, "a", 3)[0].optimizer["r"].item() == 101.0  # the retrained round 2
-    assert np.array_equal(load_client_state(fresh, spec, "a", 2)[0].extra["bank"]["mu"], [1.0, 1.0])
+    assert load_client_state(fresh, key, "a", 3)[0].optimizer["r"].item() == 101.0  # the retrained round 2
+    assert np.array_equal(load_client_state(fresh, key, "a", 2)[0].extra["bank"]["mu"], [1.0, 1.0])
     assert sorted(p.suffix for p in tmp_path.rglob("*.*")) == [".npz"]  # one file per client, no pickle
-    assert load_client_state(fresh, {"state_key": "other"}, "a", 3)[0].optimizer is None
+    assert load_client_state(fresh, "other", "a", 3)[0].optimizer is None
 
 
 def test_launcher_rejects_impossible_min_clients_before_starting_processes(data, tmp_path):
@@ -321,9 +321,7 @@ def test_train_with_flower_takes_the_job_and_validated_settings(data, tmp_path, 
         SEED,
         64,
     )
-    assert (
-        spec.hparams == hp.model_dump() and spec.run_info == {"run_key": "k"} and spec.work_dir.endswith("run.flower")
-    )
+    assert spec.hparams == hp and spec.run_info == {"run_key": "k"} and spec.work_dir.endswith("run.flower")
 
 
 # ================================================================ loopback Grid: the round loop and its faults
@@ -880,12 +878,12 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
 
     shards, pools = mixed_data / "shards", mixed_data / "pools"
     manifest = load_manifest(shards)
-    assert all(c["domain"] == "mixed" for c in manifest["clients"])
-    sources = [d for d in manifest["domains"] if d != HELD_OUT]
+    assert all(c.domain == "mixed" for c in manifest.clients)
+    sources = [d for d in manifest.domains if d != HELD_OUT]
     clients = load_clients(shards, pools, sources, "cpu")
     ids = client_ids(manifest, HELD_OUT)
     assert [c.client_id for c in clients] == ids and len(ids) == 5
-    assert sum(len(c.train_y) for c in clients) < sum(c["n_train"] for c in manifest["clients"])  # rows dropped
+    assert sum(len(c.train_y) for c in clients) < sum(c.n_train for c in manifest.clients)  # rows dropped
     tx, ty = load_domain_test(shards, HELD_OUT)
     ev = EvalSets(
         torch.cat([c.val_x for c in clients]),

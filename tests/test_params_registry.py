@@ -190,7 +190,7 @@ def test_every_registry_default_is_params_yaml_value():
     assert (LocalConfig().mean, LocalConfig().std) == (IMAGENET_MEAN, IMAGENET_STD)
     assert tuple(data["preprocess"]["mean"]) == IMAGENET_MEAN and tuple(data["preprocess"]["std"]) == IMAGENET_STD
     for key in ServerSpec.FROM_SETTINGS:  # the Flower server's waits: FlowerSettings' defaults
-        assert ServerSpec.__dataclass_fields__[key].default == FlowerSettings.model_fields[key].default
+        assert ServerSpec.model_fields[key].default == FlowerSettings.model_fields[key].default
 
 
 def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path):

@@ -353,7 +353,7 @@ def test_held_out_index_and_name_reach_the_same_domain(tiny, tmp_path, monkeypat
     from fedccrl_pipeline.sweep import manifest_held_out
 
     manifest = load_manifest(tiny / "data" / "shards")
-    assert manifest["domains"] == list(get_dataset("synthetic").domains)
+    assert manifest.domains == list(get_dataset("synthetic").domains)
     assert manifest_held_out(manifest, [3, "photo"]) == ["sketch", "photo"]
     with pytest.raises(ValueError, match=r"train.held_out\[1\]'.*names domain sketch as 3 does"):
         manifest_held_out(manifest, [3, "sketch"])
