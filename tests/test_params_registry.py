@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import bare_manifest
 
 from fedccrl_core.algorithms import ALGORITHMS
 
@@ -211,12 +212,7 @@ def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path)
     settings = run_settings(cfg)
     assert settings.local.lr == 0.001 and type(settings.local.lr) is float
     assert build_algorithm("fedavg", settings.local).local.lr == 0.001
-    manifest = {
-        "domains": ["photo", "art", "cartoon", "sketch"],
-        "classes": ["a", "b"],
-        "image_size": 32,
-        "clients": [],
-    }
+    manifest = bare_manifest()
     (job,) = plan_runs(
         settings,
         cfg.partition.model_dump(by_alias=True),
