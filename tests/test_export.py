@@ -135,7 +135,7 @@ def test_onnx_file_passes_the_checker_and_holds_the_metadata(exported):
         "backbone",
         "num_classes",
     ):
-        assert decoded[key] == meta[key], key
+        assert decoded[key] == getattr(meta, key), key
 
 
 def test_dynamic_batch_matches_pytorch(exported):
@@ -541,13 +541,13 @@ def test_serving_the_raw_held_out_folder_reproduces_the_shard_predictions(export
     x, y = load_domain_test(shards, HELD_OUT)
     with torch.no_grad():
         logits = model(normalized(x, meta))
-    cm = np.zeros((meta["num_classes"],) * 2, int)
+    cm = np.zeros((meta.num_classes,) * 2, int)
     np.add.at(cm, (y, logits.argmax(1).numpy()), 1)
     assert doc["confusion_matrix"] == cm.tolist()
     assert doc["accuracy"] == json.loads((out / "parity.json").read_text())["onnx_accuracy"]
 
 
-def normalized(x_u8: np.ndarray, meta: dict) -> torch.Tensor:
+def normalized(x_u8: np.ndarray, meta: ModelMeta) -> torch.Tensor:
     from fedccrl_core.learning.statistics import normalize_u8
 
-    return normalize_u8(torch.from_numpy(np.ascontiguousarray(x_u8)), meta["mean"], meta["std"])
+    return normalize_u8(torch.from_numpy(np.ascontiguousarray(x_u8)), meta.mean, meta.std)

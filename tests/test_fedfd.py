@@ -336,11 +336,11 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     base = rng.integers(0, 256, (24, 16, 16, 3)).astype(np.float64)
     shifted = np.clip(0.35 * base + 140, 0, 255).astype(np.uint8)  # another domain: brighter, low contrast
     session = onnx_export.cpu_session(path)
-    res = onnx_export.parity(session, loaded, shifted, meta["mean"], meta["std"], batch_size=7)  # odd batches
+    res = onnx_export.parity(session, loaded, shifted, meta.mean, meta.std, batch_size=7)  # odd batches
     assert res["max_abs_logit_diff"] <= 1e-4 and res["top1_agreement"] == 1.0
     from fedccrl_core.learning.statistics import normalize_u8
 
-    x = normalize_u8(torch.from_numpy(shifted), meta["mean"], meta["std"])
+    x = normalize_u8(torch.from_numpy(shifted), meta.mean, meta.std)
     plain = FedFDA.build_model("small_cnn", 3, "none", hp.model_copy(update={"inference": "global"}))
     plain.load_state_dict(loaded.state_dict())
     with torch.no_grad():
