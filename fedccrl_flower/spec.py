@@ -111,21 +111,20 @@ class ServerSpec(_Spec):
     def client_spec(self) -> ClientSpec:
         """The part a client needs. `state_key` names the clients' saved state: the params hash
         (fedccrl_core/foundation/runkey.py) of this part and the run info."""
-        core = {
-            "algorithm": self.algorithm,
-            "local": self.local.model_dump(),
-            "hparams": self.hparams.model_dump(),
-            "backbone": self.backbone,
-            "num_classes": self.num_classes,
-            "seed": self.seed,
-            "held_out": self.held_out,
-            "device": self.device,
-            "client_state": self.client_state,
-        }
-        return ClientSpec(
-            **{**core, "local": self.local, "hparams": self.hparams},
-            state_key=params_hash({**core, "run_info": self.run_info}),
+        spec = ClientSpec(
+            algorithm=self.algorithm,
+            local=self.local,
+            hparams=self.hparams,
+            backbone=self.backbone,
+            num_classes=self.num_classes,
+            seed=self.seed,
+            held_out=self.held_out,
+            device=self.device,
+            client_state=self.client_state,
+            state_key="",
         )
+        core = spec.model_dump(exclude={"state_key"})
+        return spec.model_copy(update={"state_key": params_hash({**core, "run_info": self.run_info})})
 
 
 def report_dir(work_dir: str | Path, run_id: int) -> Path:

@@ -21,6 +21,7 @@ from fedccrl_core.algorithms.fedprox import FedProx
 from fedccrl_core.algorithms.fedsr import FedSR
 from fedccrl_core.algorithms.ga import GA
 from fedccrl_core.algorithms.silobn import SiloBN
+from fedccrl_core.foundation.hparams import HParams
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls
@@ -56,7 +57,7 @@ def load_model(path, map_location: str = "cpu"):
     return checkpoint.load_model(path, map_location, {name: cls.build_model for name, cls in ALGORITHMS.items()})
 
 
-def build_algorithm(name: str, local: LocalConfig, hparams: dict | None = None) -> Algorithm:
+def build_algorithm(name: str, local: LocalConfig, hparams: HParams | dict | None = None) -> Algorithm:
     if name not in ALGORITHMS:
         raise ValueError(
             f"params.yaml: train.algorithms has unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}"
