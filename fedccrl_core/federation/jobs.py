@@ -129,9 +129,8 @@ def plan_runs(
     domains = list(manifest.domains)
     s = settings
     jobs = []
-    local = s.local.model_dump()
-    if local["privacy"] is None:  # a run without DP keeps its run key (and checkpoint)
-        del local["privacy"]
+    # a run without DP keeps its run key (and checkpoint): no privacy key
+    local = s.local.model_dump(exclude={"privacy"} if s.local.privacy is None else None)
     for h, target in zip(held_out, targets):
         i = domains.index(target)
         run_params = {
