@@ -27,10 +27,10 @@ from pathlib import Path
 
 from fedccrl_core.federation.loop import RunResult
 from fedccrl_core.foundation import contract
-from fedccrl_core.learning.model_file import torch_load
 from fedccrl_flower import messages as M
 from fedccrl_flower.federation import LOG, Federation, LocalFederation
 from fedccrl_flower.processes import FlowerRunError
+from fedccrl_flower.report import read_result
 from fedccrl_flower.settings import FlowerSettings
 from fedccrl_flower.spec import ServerSpec, report_dir
 
@@ -67,14 +67,14 @@ def wait_for_result(
         st = json.loads(st_path.read_text()) if st_path.is_file() else {}
         if st.get("status") == "completed":
             drain()
-            res = torch_load(work_dir / contract.FLOWER_RESULT_FILE)
+            res = read_result(work_dir)
             return RunResult(
-                res["history"],
-                res["final_weights"],
-                res["best_weights"],
-                res["best_round"],
-                resumed_from=res["resumed_from"],
-                extra={**res["extra"], "run_id": run_id},
+                res.history,
+                res.final_weights,
+                res.best_weights,
+                res.best_round,
+                resumed_from=res.resumed_from,
+                extra={**res.extra, "run_id": run_id},
             )
         if st.get("status") in ("failed", "stopped"):
             raise FlowerRunError(f"Flower run {run_id} {st['status']}: {st.get('error')}")

@@ -52,11 +52,10 @@ from fedccrl_core.federation.loop import RoundLoop, nbytes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
-from fedccrl_core.learning.model_file import atomic_torch_save
 from fedccrl_flower import messages as M
 from fedccrl_flower.evalsets import load_evalsets
 from fedccrl_flower.replies import BAD_REPLY, Ledger, matching_train_uploads, read_query_reply, read_train_reply
-from fedccrl_flower.report import RunReport
+from fedccrl_flower.report import FlowerResult, RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
 from fedccrl_flower.transport import RoundFailure, answered, error_reason, exchange, wait_for_nodes
 
@@ -204,11 +203,11 @@ class FlowerServer:
         return sorted(matching_train_uploads(rnd, valid, self.ledger), key=lambda r: r.client_id), up, down
 
     # ---- Algorithm 1 --------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> FlowerResult:
         try:
             self.report.status("running")
             result = self._run()
-            self.report.status("completed", round=result["history"][-1]["round"] if result["history"] else 0)
+            self.report.status("completed", round=result.history[-1][contract.ROUND] if result.history else 0)
             return result
         except (SystemExit, KeyboardInterrupt) as e:  # `flwr stop` / a signal
             self.log(f"stopped ({e.__class__.__name__})")
@@ -283,7 +282,7 @@ class FlowerServer:
     def restore(self, checkpoints: RoundCheckpoints | None, ck: RoundCheckpoint | None) -> None:
         self._start = ck.round + 1 if ck is not None else 1
 
-    def _run(self) -> dict:
+    def _run(self) -> FlowerResult:
         from fedccrl_core.data.shards import client_ids, load_manifest
 
         s = self.spec
@@ -306,15 +305,15 @@ class FlowerServer:
             engine="flower",
         )
         res = loop.run()
-        result = {
-            "history": res.history,
-            "final_weights": res.final_weights,
-            "best_weights": res.best_weights,
-            "best_round": res.best_round,
-            "resumed_from": res.resumed_from,
-            "extra": {"refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
-        }
-        atomic_torch_save(result, self.work / contract.FLOWER_RESULT_FILE)
+        result = FlowerResult(
+            history=res.history,
+            final_weights=res.final_weights,
+            best_weights=res.best_weights,
+            best_round=res.best_round,
+            resumed_from=res.resumed_from,
+            extra={"refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
+        )
+        self.report.result(result)
         return result
 
 

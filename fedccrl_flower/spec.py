@@ -20,6 +20,7 @@ from fedccrl_core.foundation.runkey import params_hash
 from fedccrl_flower.settings import FlowerSettings
 
 S = TypeVar("S", bound="_Spec")
+_FLOWER = FlowerSettings()  # params.yaml train.flower's defaults
 
 
 class _Spec(Record):
@@ -83,13 +84,13 @@ class ServerSpec(_Spec):
     device: str = "auto"
     eval_batch_size: int = 256
     # params.yaml train.flower's waits (fedccrl_flower/settings.py declares each, with its default and meaning)
-    min_clients: int = FlowerSettings.model_fields["min_clients"].default
-    num_clients: int = FlowerSettings.model_fields["num_clients"].default  # 0: min_clients
-    wait_for_clients_s: float = FlowerSettings.model_fields["wait_for_clients_s"].default
-    query_timeout_s: float = FlowerSettings.model_fields["query_timeout_s"].default
-    train_timeout_s: float = FlowerSettings.model_fields["train_timeout_s"].default
-    timeout_factor: float = FlowerSettings.model_fields["timeout_factor"].default
-    timeout_floor_s: float = FlowerSettings.model_fields["timeout_floor_s"].default
+    min_clients: int = _FLOWER.min_clients
+    num_clients: int = _FLOWER.num_clients  # 0: min_clients
+    wait_for_clients_s: float = _FLOWER.wait_for_clients_s
+    query_timeout_s: float = _FLOWER.query_timeout_s
+    train_timeout_s: float = _FLOWER.train_timeout_s
+    timeout_factor: float = _FLOWER.timeout_factor
+    timeout_floor_s: float = _FLOWER.timeout_floor_s
     checkpoint: str = ""  # "" = <work_dir>/checkpoint.pt
     client_state: Literal["persistent", "stateless"] = "persistent"  # params.yaml train.client_state
     run_info: dict[str, Any] = Field(default_factory=dict)

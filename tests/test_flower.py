@@ -363,13 +363,13 @@ def test_loopback_malformed_updates_are_refused_never_aggregated(data, tmp_path)
     grid.tamper = tamper
     logs = []
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1), log=logs.append)
-    rec = res["history"][0]
+    rec = res.history[0]
     assert rec["clients"] == 1 and rec["refused"] == 2
     assert {k.split("/")[1] for k in rec if k.startswith("train_acc/")} == {"photo_c0"}
-    reasons = {r["client"]: r["reason"] for r in res["extra"]["refused"]}
+    reasons = {r["client"]: r["reason"] for r in res.extra["refused"]}
     assert "shape" in reasons["art_c0"] and "NaN" in reasons["cartoon_c0"]
     assert any("REFUSED reply of art_c0" in line for line in logs)
-    for k, v in res["final_weights"].items():  # Eq. 2 over the one valid reply = that reply
+    for k, v in res.final_weights.items():  # Eq. 2 over the one valid reply = that reply
         assert np.array_equal(v.cpu().numpy(), honest["photo_c0"][k]), k
 
 
@@ -381,7 +381,7 @@ def test_loopback_dead_client_and_min_clients(data, tmp_path):
     grid = loopback(data)
     grid.dead = {102}  # photo_c0
     res = serve(grid, make_spec(data, tmp_path / "a", "fedavg", rounds=1, min_clients=2, query_timeout_s=5))
-    rec = res["history"][0]
+    rec = res.history[0]
     assert rec["clients"] == 2 and "train_acc/photo_c0" not in rec
     # a query that timed out used to be recorded as dropped=0; now the node, phase and reason are kept
     assert rec["dropped"] == 1 and rec["dropped_clients"] == [
@@ -424,7 +424,7 @@ def test_loopback_dropped_clients_say_why_and_reach_mlflow(data, tmp_path):
 
     grid.push_messages = push
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1))
-    rec = res["history"][0]
+    rec = res.history[0]
     why = {d["client"]: (d["node"], d["phase"], d["reason"]) for d in rec["dropped_clients"]}
     assert why == {"photo_c0": (102, "train", "error"), "cartoon_c0": (101, "train", "disconnected")}
     assert rec["dropped"] == 2 and rec["clients"] == 1 and "CUDA out of memory" in str(rec["dropped_clients"])
@@ -453,7 +453,7 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     grid.delay = delay
     spec = make_spec(data, tmp_path, "fedavg", rounds=2, min_clients=2, timeout_factor=3.0, timeout_floor_s=2.0)
     res = serve(grid, spec)
-    r1, r2 = res["history"]
+    r1, r2 = res.history
     assert (r1["train_timeout_s"], r1["query_timeout_s"]) == (spec.train_timeout_s, spec.query_timeout_s)
     assert r1["dropped"] == 0 and r1["clients"] == 3
     assert r2["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=grid.pull_s * 3)  # polled: within a few pulls
@@ -489,10 +489,10 @@ def test_loopback_resume_after_serverapp_crash(data, tmp_path):
     with pytest.raises(Crash):
         serve(grid, make_spec(data, tmp_path / "w2", "fedavg"))
     resumed = serve(loopback(data, state_dir=tmp_path / "s2"), make_spec(data, tmp_path / "w2", "fedavg"))
-    assert resumed["resumed_from"] == 1 and [r["round"] for r in resumed["history"]] == [1, 2]
-    assert_same_history(resumed["history"], whole["history"])
-    for k, v in whole["final_weights"].items():
-        assert torch.equal(resumed["final_weights"][k], v), k
+    assert resumed.resumed_from == 1 and [r["round"] for r in resumed.history] == [1, 2]
+    assert_same_history(resumed.history, whole.history)
+    for k, v in whole.final_weights.items():
+        assert torch.equal(resumed.final_weights[k], v), k
 
 
 SLOW_ON_CPU = {"ccst", "fedadg"}  # AdaIN style transfer / an adversarial generator: 20-45 s here
@@ -510,10 +510,10 @@ def test_loopback_every_algorithm_matches_inprocess_engine(algorithm, data, inpr
     (state in Context.state, payloads and server state as they are), equals the in-process engine."""
     ref = inprocess_fedccrl if algorithm == "fedccrl" else run_inprocess(data, algorithm, 2)
     res = serve(loopback(data), make_spec(data, tmp_path, algorithm))
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
-    assert all(r["clients"] == 3 and r["refused"] == 0 for r in res["history"])
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+    assert all(r["clients"] == 3 and r["refused"] == 0 for r in res.history)
 
 
 def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
@@ -524,9 +524,9 @@ def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
         loopback(data, state_dir=tmp_path / "state"),
         make_spec(data, tmp_path / "w", "fedavg", client_state="stateless"),
     )
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
     assert ref.history[1]["loss"] != persistent.history[1]["loss"]  # round 2 really started afresh
     assert not list((tmp_path / "state").rglob("*.npz"))  # nothing kept on the clients
 
@@ -545,10 +545,10 @@ def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path):
     }
     ref = run_inprocess(data, "fedccrl", 2, privacy=priv)
     res = serve(loopback(data), make_spec(data, tmp_path, "fedccrl", privacy=priv))
-    assert_same_history(res["history"], ref.history)
-    assert [r[contract.DP_EPSILON] for r in res["history"]] == [r[contract.DP_EPSILON] for r in ref.history]
+    assert_same_history(res.history, ref.history)
+    assert [r[contract.DP_EPSILON] for r in res.history] == [r[contract.DP_EPSILON] for r in ref.history]
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
 
 
 # ================================================================ real processes: SuperLink + 3 SuperNodes on 127.0.0.1
@@ -903,10 +903,10 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
     finally:
         torch.set_num_threads(threads)
     res = serve(loopback(mixed_data, clients=ids), make_spec(mixed_data, tmp_path, algorithm))
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
-    assert all(r["clients"] == 5 for r in res["history"])
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+    assert all(r["clients"] == 5 for r in res.history)
 
 
 def test_loopback_a_held_out_domain_client_is_refused_never_sampled(data, tmp_path):
@@ -915,12 +915,11 @@ def test_loopback_a_held_out_domain_client_is_refused_never_sampled(data, tmp_pa
     ref = run_inprocess(data, "fedavg", 2)
     grid = loopback(data, clients=[*SOURCES, "sketch_c0"])
     res = serve(grid, make_spec(data, tmp_path, "fedavg"))
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
-    assert [r["refused"] for r in res["history"]] == [1, 1] and all(r["clients"] == 3 for r in res["history"])
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+    assert [r["refused"] for r in res.history] == [1, 1] and all(r["clients"] == 3 for r in res.history)
     assert all(
-        "sketch_c0 is not a source client of held-out sketch" in r["refused_clients"][0]["reason"]
-        for r in res["history"]
+        "sketch_c0 is not a source client of held-out sketch" in r["refused_clients"][0]["reason"] for r in res.history
     )
     assert not [m for m in grid.sent if m.metadata.message_type == M.TRAIN and m.metadata.dst_node_id == 103]
