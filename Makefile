@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see docs/algorithms/baselines.md) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: lock repro lint test test-all chaos bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv \
+.PHONY: lock repro lint typecheck test test-all chaos bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv \
         tracking-server tracking-server-stop tracking-server-status
 
 # constraints.txt pins every package to the exact version it was tested with (make lock writes it)
@@ -28,9 +28,13 @@ lock: $(STAMP)  ## regenerate constraints.txt from .venv: pip freeze, without fe
 repro: $(STAMP)   ## the main job: dvc repro on the embedded default dataset
 	PATH="$(CURDIR)/$(BIN):$$PATH" dvc repro
 
-lint: $(STAMP)    ## ruff's lint and format check over every Python file (pyproject.toml [tool.ruff])
+lint: $(STAMP)    ## ruff's lint and format check over every Python file (pyproject.toml [tool.ruff]), then mypy
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+typecheck: $(STAMP)  ## mypy alone, over the packages pyproject.toml [tool.mypy] names: 0 errors
+	$(BIN)/mypy
 
 test: lint    ## the fast tier (minutes): the checks above, then every test not marked `full`; it lists what it leaves to test-all
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest

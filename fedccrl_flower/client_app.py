@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedccrl_core.algorithms import build_algorithm
@@ -99,7 +99,7 @@ def _shards_dir(context: Context) -> str:
 
 def load_client_data(context: Context, cid: str, device: torch.device, held_out: str) -> ClientData:
     """This client's data for a run that holds out `held_out`: a mixed-domain (feddg_bench) client drops that
-    domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/train.py)."""
+    domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/fedccrl_pipeline/train.py)."""
     from fedccrl_core.data.pools import STALE, load_pool
     from fedccrl_core.data.shards import load_client
 
@@ -143,8 +143,8 @@ def build_client_algorithm(spec: ClientSpec, device: torch.device) -> tuple[Algo
 
 def read_config(msg: Message) -> tuple[ClientSpec, int, ConfigRecord]:
     """The CONFIG record's spec (parsed and checked here, once), round and the record itself."""
-    cfg = msg.content[M.CONFIG]
-    return ClientSpec.from_json(str(cfg[M.F_SPEC]), f"CONFIG record '{M.F_SPEC}'"), int(cfg[M.F_ROUND]), cfg
+    cfg = M.record(msg.content, M.CONFIG, ConfigRecord)
+    return ClientSpec.from_json(str(cfg[M.F_SPEC]), f"CONFIG record '{M.F_SPEC}'"), int(cfg[M.F_ROUND]), cfg  # type: ignore[arg-type]  # the server's int
 
 
 # ---- ClientState: Context.state, mirrored to disk ---------------------------------------------
@@ -156,7 +156,9 @@ def _state_file(context: Context, state_key: str, cid: str) -> Path | None:
 def _book_from_context(context: Context, state_key: str, cid: str) -> dict | None:
     if M.STATE_TREE not in context.state or M.STATE_ARRAYS not in context.state:
         return None
-    book = M.unpack_tree(context.state[M.STATE_ARRAYS], context.state[M.STATE_TREE])
+    book = M.unpack_tree(
+        M.record(context.state, M.STATE_ARRAYS, ArrayRecord), M.record(context.state, M.STATE_TREE, ConfigRecord)
+    )
     return book if (book.get("state_key"), book.get("client_id")) == (state_key, cid) else None
 
 
@@ -205,7 +207,7 @@ def save_client_state(
     if path is not None:  # npz, no pickle: written to a temp file, fsynced, renamed
         arrays_np, skeleton = M.encode_tree(book)
         with atomic_file(path, "wb") as f:  # fedccrl_core.foundation.fsio
-            np.savez(f, tree=np.array(skeleton), **{f"a{k}": v for k, v in arrays_np.items()})
+            np.savez(f, tree=np.array(skeleton), **{f"a{k}": v for k, v in arrays_np.items()})  # type: ignore[arg-type]  # keys a<k>, never allow_pickle
 
 
 # ---- the two message handlers -----------------------------------------------------------------
@@ -233,13 +235,17 @@ def handle_train(msg: Message, context: Context) -> Message:
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
-        raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]} but this SuperNode holds {cid}")
+        raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
     data = load_client_data(context, cid, device, spec.held_out)
     alg, model = build_client_algorithm(spec, device)
     reference = model.state_dict()
-    received = M.record_to_arrays(msg.content[M.WEIGHTS], "global weights")
+    received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "global weights")
     global_w = {k: v.to(device) for k, v in M.validate_weights(received, reference, "global weights").items()}
-    payload = M.record_to_arrays(msg.content[M.PAYLOAD], "payload") if M.PAYLOAD in msg.content else None
+    payload = (
+        M.record_to_arrays(M.record(msg.content, M.PAYLOAD, ArrayRecord), "payload")
+        if M.PAYLOAD in msg.content
+        else None
+    )
     stateless = spec.client_state == "stateless"  # a fresh optimizer every round
     state, base = (ClientState(), None) if stateless else load_client_state(context, spec.state_key, cid, rnd)
     seed = spec.seed

@@ -30,7 +30,7 @@ class Federation:
         self.flwr_home = self.workdir / "flwr-home"
         self.flwr_home.mkdir(exist_ok=True)
         self.env = flower_env(self.flwr_home)
-        conn = {"address": address}
+        conn: dict[str, str | bool] = {"address": address}
         conn.update(
             {"root-certificates": str(Path(root_certificates).resolve())} if root_certificates else {"insecure": True}
         )

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -62,6 +62,17 @@ RUN_STATE_DIR = "client-state-dir"
 
 class MalformedUpdate(ValueError):
     """A reply whose arrays cannot be used; it is refused, never aggregated."""
+
+
+R = TypeVar("R", ArrayRecord, ConfigRecord, MetricRecord)
+
+
+def record(content: RecordDict, key: str, kind: type[R]) -> R:
+    """content[key] (KeyError when absent), which must be a `kind`: MalformedUpdate otherwise."""
+    rec = content[key]
+    if not isinstance(rec, kind):
+        raise MalformedUpdate(f"record '{key}' is a {type(rec).__name__}, expected a {kind.__name__}")
+    return rec
 
 
 # ---- arrays <-> ArrayRecord -------------------------------------------------------------------

@@ -6,6 +6,7 @@ process outlives the launcher; each child also dies with the launcher (fedccrl_c
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import psutil
 
 from fedccrl_core.foundation.errors import FedCCRLError
-from fedccrl_core.foundation.procs import die_with_parent
+from fedccrl_core.foundation.procs import guarded
 
 BIN = Path(sys.executable).parent
 
@@ -46,19 +47,22 @@ def flower_env(flwr_home: Path, extra: dict | None = None) -> dict:
 class Proc:
     """A child process in its own process group, logging to a file."""
 
+    health_url: str  # a supernode's health endpoint (set by fedccrl_flower/federation.py)
+
     def __init__(self, name: str, args: list[str], env: dict, log_path: Path, cwd: Path | None = None):
         self.name, self.args, self.log_path = name, args, log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "ab")
+        if shutil.which(args[0], path=env.get("PATH")) is None:  # as Popen would, before the guard's exec
+            raise FileNotFoundError(f"{name}: no executable {args[0]!r}")
         self.popen = psutil.Popen(
-            args,
+            guarded(args),
             env=env,
             cwd=cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=die_with_parent,
         )  # fedccrl_core/foundation/procs.py: dies with the launcher
         self.pid = self.popen.pid
 

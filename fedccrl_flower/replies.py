@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
-from flwr.app import Message
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.foundation import contract
@@ -22,11 +22,15 @@ BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malfo
 
 def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
     """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6)."""
-    info = r.content[M.INFO]
-    cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])
+    info = M.record(r.content, M.INFO, ConfigRecord)
+    cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])  # type: ignore[arg-type]  # a list or bytes: TypeError, a BAD_REPLY
     if n < 1:
         raise M.MalformedUpdate(f"n_i = {n}")
-    upload = M.record_to_arrays(r.content[M.UPLOAD], f"upload of {cid}") if M.UPLOAD in r.content else None
+    upload = (
+        M.record_to_arrays(M.record(r.content, M.UPLOAD, ArrayRecord), f"upload of {cid}")
+        if M.UPLOAD in r.content
+        else None
+    )
     M.validate_upload(upload, f"upload of {cid}")
     return cid, n, upload
 
@@ -34,18 +38,22 @@ def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None
 def read_train_reply(r: Message, cid: str, reference: dict[str, torch.Tensor], need_train_acc: bool):
     """(n_i, weights, metrics, upload) of `cid`'s TRAIN reply (lines 8-22), its weights checked against the
     global weights `reference`."""
-    info = r.content[M.INFO]
+    info = M.record(r.content, M.INFO, ConfigRecord)
     n = info[M.F_N]
     if str(info[M.F_CLIENT_ID]) != cid:
-        raise M.MalformedUpdate(f"answers as {info[M.F_CLIENT_ID]}, expected {cid}")
+        raise M.MalformedUpdate(f"answers as {info[M.F_CLIENT_ID]!s}, expected {cid}")
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:  # the algorithm's n_i (Eq. 2)
         raise M.MalformedUpdate(f"n_i = {n!r} is not a positive integer")
-    arrays = M.record_to_arrays(r.content[M.WEIGHTS], f"weights of {cid}")
+    arrays = M.record_to_arrays(M.record(r.content, M.WEIGHTS, ArrayRecord), f"weights of {cid}")
     weights = M.validate_weights(arrays, reference, f"weights of {cid}")
-    metrics = M.metrics_from_record(r.content[M.METRICS], f"metrics of {cid}")
+    metrics = M.metrics_from_record(M.record(r.content, M.METRICS, MetricRecord), f"metrics of {cid}")
     if need_train_acc and contract.TRAIN_ACC not in metrics:  # train.privacy: no metrics are sent
         raise M.MalformedUpdate(f"metrics of {cid} lack {contract.TRAIN_ACC}")
-    upload = M.record_to_arrays(r.content[M.UPLOAD], f"train upload of {cid}") if M.UPLOAD in r.content else None
+    upload = (
+        M.record_to_arrays(M.record(r.content, M.UPLOAD, ArrayRecord), f"train upload of {cid}")
+        if M.UPLOAD in r.content
+        else None
+    )
     M.validate_upload(upload, f"train upload of {cid}")
     return n, weights, metrics, upload
 

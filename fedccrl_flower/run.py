@@ -1,4 +1,4 @@
-"""Launch the Flower engine from Python (pipeline/train.py with `train.engine: flower`, and the tests).
+"""Launch the Flower engine from Python (pipeline/fedccrl_pipeline/train.py with `train.engine: flower`, and the tests).
 
 Two modes, one ServerApp/ClientApp (fedccrl_flower/app/pyproject.toml, package data, describes the app; its FAB
 holds only that file, the code comes from the installed fedccrl_core / fedccrl_flower packages, the data from
@@ -148,7 +148,7 @@ def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on
 def train_with_flower(
     job, settings: FlowerSettings, *, shards: str | Path, pools: str | Path, on_round=None, log=LOG
 ) -> RunResult:
-    """pipeline/train.py's `train.engine: flower`: one TrainJob (fedccrl_core/federation/jobs.py) over Flower
+    """pipeline/fedccrl_pipeline/train.py's `train.engine: flower`: one TrainJob (fedccrl_core/federation/jobs.py) over Flower
     with `settings` (params.yaml `train.flower`, validated once by the caller) -> RunResult. The ServerApp
     checkpoints where the in-process engine would (`job.ckpt`); its work folder sits beside it
     (<checkpoint>.flower/)."""

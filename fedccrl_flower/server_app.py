@@ -91,10 +91,10 @@ class FlowerServer:
 
     # ---- messaging ----------------------------------------------------------------------------
     def _config(self, rnd: int, cid: str | None = None) -> ConfigRecord:
-        cfg = {M.F_SPEC: self.client_spec_json, M.F_ROUND: rnd}
+        cfg = ConfigRecord({M.F_SPEC: self.client_spec_json, M.F_ROUND: rnd})
         if cid is not None:
             cfg[M.F_CLIENT_ID] = cid
-        return ConfigRecord(cfg)
+        return cfg
 
     def reply_timeout(self, phase: str) -> float:
         """How long a phase ("query" | "train") waits for its replies: the spec's fixed timeout until an
@@ -128,7 +128,8 @@ class FlowerServer:
         down = sum(M.content_nbytes(m.content) for m in msgs)
         replies, failed = self._exchange(rnd, msgs, "query")  # failed: node -> (reason, detail)
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
-        uploads, node_of, n_of, sigs = {}, {}, {}, {}
+        node_of: dict[str, int] = {}
+        uploads, n_of, sigs = {}, {}, {}
         for node in sorted(replies):
             r = replies[node]
             who = f"node {node}" + (f" ({self.client_of_node[node]})" if node in self.client_of_node else "")
@@ -163,11 +164,11 @@ class FlowerServer:
                     d.pop(cid)
         came = answered(replies)  # refused clients answered: refused, not dropped
         for node in sorted(failed):
-            cid = self.client_of_node.get(node)
-            if cid is not None and cid in came:  # a restarted client answered from its new node
-                self.log(f"round {rnd}: stale node {node} of {cid} did not answer ({failed[node][0]})")
+            owner = self.client_of_node.get(node)
+            if owner is not None and owner in came:  # a restarted client answered from its new node
+                self.log(f"round {rnd}: stale node {node} of {owner} did not answer ({failed[node][0]})")
                 continue
-            self.ledger.drop(rnd, cid, node, "query", *failed[node])
+            self.ledger.drop(rnd, owner, node, "query", *failed[node])
         return {cid: uploads[cid] for cid in sorted(uploads)}, node_of, n_of, up, down
 
     def _train(self, rnd: int, global_w: dict, sampled: list[str], payloads: dict, node_of: dict):
@@ -288,7 +289,7 @@ class FlowerServer:
         s = self.spec
         self.sources = set(client_ids(load_manifest(s.shards), s.held_out))  # feddg_bench: the non-empty clients
         evalsets = load_evalsets(s.shards, s.held_out, s.eval_batch_size, self.device)
-        torch.manual_seed(s.seed)  # as pipeline/train.py builds the model for the in-process engine
+        torch.manual_seed(s.seed)  # as pipeline/fedccrl_pipeline/train.py builds the model for the in-process engine
         model = self.alg.build_model(s.backbone, s.num_classes, s.pretrained, self.alg.hp).to(self.device)
         loop = RoundLoop(
             self.alg,

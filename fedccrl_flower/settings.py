@@ -1,5 +1,5 @@
 """params.yaml `train.flower.*`: the Flower engine's settings, declared once (typed, with bounds). No torch and no
-flwr here: every stage validates params.yaml with this model before it does any work (pipeline/params.py)."""
+flwr here: every stage validates params.yaml with this model before it does any work (pipeline/fedccrl_pipeline/params.py)."""
 
 from __future__ import annotations
 

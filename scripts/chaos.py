@@ -94,7 +94,9 @@ def write_params(path: Path, **overrides) -> Path:
 def env_for(ws: Path, db: Path, hook: str = "", fault_dir: Path | None = None, token: str = "") -> dict:
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join(([str(HOOKS)] if hook else []) + [str(REPO)])
+    env.pop("PYTHONPATH", None)  # the installed packages
+    if hook:  # the fault-injection hook folder: Python imports its sitecustomize.py at start-up
+        env["PYTHONPATH"] = str(HOOKS)
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
     env["DVC_NO_ANALYTICS"] = "1"
     env["OMP_NUM_THREADS"] = "1"

@@ -1,7 +1,8 @@
 """mkdocs hooks (mkdocs.yml `hooks:`): text generated from the code at build time instead of committed.
 
 A line `<!-- module-docstring: fedccrl_core.algorithms.fedfd -->` in a page becomes that module's docstring, as
-written (a plain-text block: the docstrings lay out their equations line by line), read without importing it.
+written (a plain-text block: the docstrings lay out their equations line by line), read without importing it; the
+line `<!-- fedccrl-variant-switches -->` becomes FedCCRL's table of variant switches, from their declarations.
 
 The hyperparameters page is made from the algorithms' declarations (`Params` in each module of
 fedccrl_core/algorithms), so the tables cannot drift from the code: `python scripts/mkdocs_hooks.py` prints the
@@ -12,12 +13,12 @@ from __future__ import annotations
 
 import ast
 import re
-import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 GENERATED = "hyperparameters.md"
 DOCSTRING = re.compile(r"^<!-- module-docstring: ([\w.]+) -->$", re.M)
+SWITCHES = "<!-- fedccrl-variant-switches -->"  # FedCCRL's variant switches, from their declarations
 
 
 def module_docstring(dotted: str) -> str:
@@ -30,8 +31,6 @@ def module_docstring(dotted: str) -> str:
 
 
 def hyperparameters_markdown() -> str:
-    if not sys.path or sys.path[0] != str(ROOT):  # this checkout's code, before any installed copy
-        sys.path.insert(0, str(ROOT))
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.foundation.hparams import markdown
 
@@ -49,6 +48,10 @@ def on_files(files, config):
 
 
 def on_page_markdown(markdown, page, config, files):
+    if SWITCHES in markdown:
+        from fedccrl_core.algorithm_params.fedccrl import switches_markdown
+
+        markdown = markdown.replace(SWITCHES, switches_markdown())
     return DOCSTRING.sub(
         lambda m: f"```text\n{module_docstring(m[1])}\n```\n\n*From the docstring of `{m[1]}`.*", markdown
     )

@@ -29,7 +29,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from fedccrl_core.foundation.fsio import write_text
 
 HOST = "127.0.0.1"

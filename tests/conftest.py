@@ -15,6 +15,31 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("FEDCCRL_SHARED", REPO.parent / "shared"))
 
+# ---- hypothesis (tests/test_properties.py) --------------------------------------------------------------------------
+# "ci", the default: derandomized, so a run draws the same examples on every machine and a red CI run is red again
+# on the developer's (no example database to carry between them, none written into the checkout); 25 examples per
+# property (a test may lower it where one example writes files), no deadline (2 shared cores time nothing reliably).
+# HYPOTHESIS_PROFILE=explore: random examples, 500 per property, to hunt for new counterexamples; one it finds is
+# printed with the @reproduce_failure blob to pin it.
+try:
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _hypothesis_settings
+except ImportError:  # hypothesis is in the dev extra; without it only tests/test_properties.py cannot run
+    pass
+else:
+    _hypothesis_settings.register_profile(
+        "ci", derandomize=True, database=None, max_examples=25, deadline=None, print_blob=True
+    )
+    _hypothesis_settings.register_profile(
+        "explore",
+        max_examples=500,
+        deadline=None,
+        database=None,
+        print_blob=True,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    _hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 
 @pytest.fixture(autouse=True)
 def _mlflow_tmp_store(tmp_path, monkeypatch):
@@ -46,6 +71,15 @@ def params(tmp_path):
         return write_params(to, overrides, new_keys=new_keys)
 
     return write
+
+
+@pytest.fixture
+def not_private(monkeypatch) -> None:
+    """This test seeds the DP noise (train.privacy.noise_seed), which is refused unless the environment says the run
+    is not private (FEDCCRL_NOT_PRIVATE=1, fedccrl_core/privacy/settings.py); child processes inherit it."""
+    from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
+
+    monkeypatch.setenv(NOT_PRIVATE_VARIABLE, "1")
 
 
 @pytest.fixture(scope="session")

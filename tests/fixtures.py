@@ -151,12 +151,11 @@ def train_tiny(ws: Path, tiny: Path) -> Path:
 
 # ------------------------------------------------------------------ a DVC workspace
 def dvc_env(ws: Path) -> dict:
-    """The environment of a command in a scratch DVC workspace `ws`: this interpreter's scripts first, this
-    checkout's code, the MLflow store ws/mlflow.db."""
+    """The environment of a command in a scratch DVC workspace `ws`: this interpreter's scripts first (its
+    installed packages), the MLflow store ws/mlflow.db."""
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{ws / 'mlflow.db'}"
-    env["PYTHONPATH"] = str(REPO)
     env["DVC_NO_ANALYTICS"] = "1"
     return env
 

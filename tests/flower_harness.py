@@ -65,7 +65,7 @@ def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, privacy=Non
 
 
 def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent", privacy=None):
-    """pipeline/train.py's construction of the in-process engine, on the same data."""
+    """pipeline/fedccrl_pipeline/train.py's construction of the in-process engine, on the same data."""
     from fedccrl_core.data.pools import load_pool
     from fedccrl_core.data.shards import load_client, load_domain_test
 
@@ -243,7 +243,7 @@ def build_data(ws: Path, partition: dict | None = None) -> Path:
     """The embedded default partitioned by `partition` (dotted keys; default one client per domain), through the
     stage commands: <ws>/data/{raw,shards,pools}."""
     write_params(ws, partition or {"partition.clients_per_domain": 1})
-    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}"}
     for args in (
         ["download", "--out", "data/raw", "--report", "data/download.json"],
         ["partition", "--raw", "data/raw", "--out", "data/shards"],

@@ -1,4 +1,4 @@
-"""`fedccrl audit` (fedccrl_core/privacy/audit.py, pipeline/audit.py): the membership attacks on the released statistics
+"""`fedccrl audit` (fedccrl_core/privacy/audit.py, pipeline/fedccrl_pipeline/audit.py): the membership attacks on the released statistics
 find what was released when nothing protects it; the likelihood-ratio attack, which knows the mechanism, finds
 more than the nearest row under noise; at the default DP settings the TPR stays within what epsilon allows, and a
 mechanism that does not add the noise it claims is flagged."""
@@ -48,7 +48,7 @@ def test_without_noise_tpr_at_low_fpr_is_the_released_share():
 
 
 @pytest.mark.parametrize("stats_release", ["rows", "moments"])
-def test_with_strong_noise_tpr_is_near_the_fpr(stats_release):
+def test_with_strong_noise_tpr_is_near_the_fpr(stats_release, not_private):
     strong = PrivacySettings(enabled=True, stats_noise_multiplier=5.0, stats_release=stats_release, noise_seed=1)
     res = audit(clients(), 0.1, 3, seed=0, privacy=strong)
     for rec in res["rounds"]:
@@ -61,7 +61,7 @@ def test_with_strong_noise_tpr_is_near_the_fpr(stats_release):
 
 
 @pytest.mark.parametrize("noise_seed", [3, 4])
-def test_the_likelihood_ratio_attack_finds_more_than_the_nearest_row_under_noise(noise_seed):
+def test_the_likelihood_ratio_attack_finds_more_than_the_nearest_row_under_noise(noise_seed, not_private):
     """z_s = 0.015 (noise std 0.13 per coordinate against rows spread 0.5), 4 rounds: the mechanism-aware score
     finds members well above FPR 1 %, more than the nearest row does, with a larger AUC. Seeded noise (the
     test switch): fixed numbers (LR 0.102 / 0.098 against nearest 0.058 / 0.037 when written)."""
@@ -151,7 +151,7 @@ def test_tpr_at_fpr_reads_the_roc():
     assert tpr_at_fpr(np.array([3.0, 2.0, 0.5]), np.linspace(0, 1, 100), 0.01) == pytest.approx(2 / 3)
 
 
-def test_audit_stage_writes_table_plot_and_json(tmp_path):
+def test_audit_stage_writes_table_plot_and_json(tmp_path, not_private):
     from fedccrl_pipeline.audit import plot, table
 
     res = audit(clients(60), 0.2, 2, seed=0, privacy=PrivacySettings(enabled=True, noise_seed=0))
@@ -198,21 +198,19 @@ def test_audit_command_names_a_missing_shard_manifest_and_writes_nothing(tmp_pat
 @pytest.fixture(scope="module")
 def default_data(tmp_path_factory):
     """The default data's shards and pools (8 clients of 108 images), made by the CLI in a scratch folder."""
-    import os
     import subprocess
     import sys
     from pathlib import Path
 
     ws = tmp_path_factory.mktemp("audit-data")
     repo, fedccrl = Path(__file__).resolve().parents[1], Path(sys.executable).parent / "fedccrl"
-    env = {**os.environ, "PYTHONPATH": str(repo)}
     (ws / "params.yaml").write_text((repo / "params.yaml").read_text())
     for args in (
         ["download", "--out", "data/raw", "--report", "data/download.json"],
         ["partition", "--raw", "data/raw", "--out", "data/shards"],
         ["pools", "--shards", "data/shards", "--out", "data/pools"],
     ):
-        p = subprocess.run([str(fedccrl), *args], cwd=ws, env=env, capture_output=True, text=True)
+        p = subprocess.run([str(fedccrl), *args], cwd=ws, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
     return ws / "data"
 

@@ -13,7 +13,8 @@ from PIL import Image, ImageOps
 
 from fedccrl_core.augment.augmix import IDENTITY, OPS, _augmix_with, apply_op, augmix, op_magnitude, sample_augmix_plan
 from fedccrl_core.augment.ccdt import ccdt, mixstyle, sample_beta, sample_dirichlet, sample_gamma
-from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.compose import fedccrl_augment
+from fedccrl_core.augment.settings import AugmentParams
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, channel_stats
 
 
@@ -354,13 +355,13 @@ def test_fedccrl_augment_switches():
     torch.manual_seed(5)
     x = torch.randn(4, 3, 16, 16)
     pool_mu, pool_sigma = torch.randn(10, 3), torch.rand(10, 3) + 0.5
-    off = AugmentConfig(ccdt=False, difp=False)
+    off = AugmentParams(ccdt=False, difp=False)
     assert torch.equal(fedccrl_augment(x, None, None, off, gen(0)), x)
-    ccdt_only = fedccrl_augment(x, pool_mu, pool_sigma, {"ccdt": True, "difp": False, "alpha": 0.3}, gen(1))
+    ccdt_only = fedccrl_augment(x, pool_mu, pool_sigma, AugmentParams(ccdt=True, difp=False, alpha=0.3), gen(1))
     assert torch.equal(ccdt_only, ccdt(x, pool_mu, pool_sigma, 0.3, gen(1)))
     m = torch.tensor(IMAGENET_MEAN).view(1, 3, 1, 1)
     s = torch.tensor(IMAGENET_STD).view(1, 3, 1, 1)
-    difp_only = fedccrl_augment(x, None, None, AugmentConfig(ccdt=False), gen(2))
+    difp_only = fedccrl_augment(x, None, None, AugmentParams(ccdt=False), gen(2))
     want = (augmix((x * s + m).clamp(0, 1), 1.0, 3, gen(2)) - m) / s
     assert torch.allclose(difp_only, want, atol=1e-5)
 
@@ -369,7 +370,7 @@ def test_fedccrl_augment_is_augmix_after_mixstyle():
     torch.manual_seed(6)
     x = torch.randn(4, 3, 16, 16)
     pool_mu, pool_sigma = torch.randn(10, 3), torch.rand(10, 3) + 0.5
-    params = {"alpha": 0.1, "beta": 1.0, "severity": 3, "ccdt": True, "difp": True, "tau": 0.1}
+    params = AugmentParams(alpha=0.1, beta=1.0, severity=3, ccdt=True, difp=True)
     got = fedccrl_augment(x, pool_mu, pool_sigma, params, gen(3))
     g = gen(3)
     styled = ccdt(x, pool_mu, pool_sigma, 0.1, g)
@@ -383,7 +384,7 @@ def test_fedccrl_augment_is_augmix_after_mixstyle():
 
 def test_fedccrl_augment_needs_a_pool_when_ccdt_is_on():
     with pytest.raises(ValueError, match="pool"):
-        fedccrl_augment(torch.randn(2, 3, 8, 8), None, None, AugmentConfig(), gen(0))
+        fedccrl_augment(torch.randn(2, 3, 8, 8), None, None, AugmentParams(), gen(0))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (checks the device path for host syncs)")
@@ -395,7 +396,7 @@ def test_fedccrl_augment_runs_on_cuda_without_host_syncs():
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # any synchronizing CUDA call raises
     try:
-        out = fedccrl_augment(x, pool_mu, pool_sigma, AugmentConfig(), g)
+        out = fedccrl_augment(x, pool_mu, pool_sigma, AugmentParams(), g)
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.shape == x.shape and out.device.type == "cuda"
@@ -423,7 +424,7 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
     x = x.repeat(16, 1, 1, 1)
     pool_mu, pool_sigma = torch.randn(30, 3) * 0.5, torch.rand(30, 3) + 0.5
     g = gen(62)
-    cfg = AugmentConfig(alpha=1.0)  # alpha = 1: lambda rarely ~0, so CCDT changes every sample too
+    cfg = AugmentParams(alpha=1.0)  # alpha = 1: lambda rarely ~0, so CCDT changes every sample too
     x1, x2 = fedccrl_augment(x, pool_mu, pool_sigma, cfg, g), fedccrl_augment(x, pool_mu, pool_sigma, cfg, g)
     for view in (x1, x2):
         flat = view.flatten(1)
@@ -475,18 +476,17 @@ def test_pil_augmix_is_reproducible_from_the_generator_and_per_sample():
 def test_fedccrl_augment_routes_augmix_impl_and_refuses_pil_for_the_batch_reading():
     from fedccrl_core.algorithm_params.train import LocalConfig
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
 
     x = torch.randn(8, 3, 16, 16)
     cfg = dict(ccdt=False, difp=True)
     outs = {
-        impl: fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl=impl), torch.Generator().manual_seed(0))
+        impl: fedccrl_augment(x, None, None, AugmentParams(**cfg, augmix_impl=impl), torch.Generator().manual_seed(0))
         for impl in ("tensor", "pil")
     }
     assert outs["tensor"].shape == outs["pil"].shape and not torch.equal(outs["tensor"], outs["pil"])
     assert torch.equal(
         outs["pil"],
-        fedccrl_augment(x, None, None, AugmentConfig(**cfg, augmix_impl="pil"), torch.Generator().manual_seed(0)),
+        fedccrl_augment(x, None, None, AugmentParams(**cfg, augmix_impl="pil"), torch.Generator().manual_seed(0)),
     )
     with pytest.raises(ValueError, match="train.fedccrl.augmix_impl pil implements augmix per_sample only"):
         build_algorithm("fedccrl", LocalConfig(), {"variant": "reference", "augmix_impl": "pil"})

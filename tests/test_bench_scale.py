@@ -60,3 +60,24 @@ def test_bench_scale_rejects_bad_input_before_running():
         timeout=120,
     )
     assert p.returncode != 0 and "--algorithms" in p.stderr and "nope" in p.stderr
+
+
+def test_the_scale_table_divides_each_row_by_the_fewest_clients():
+    """x6 columns: each client count's seconds, CPU seconds and peak RSS over those of the fewest clients; the
+    goal (at most 1.2x at 120 clients against 6) reads from them."""
+    from fedccrl_benchmarks.scale import table
+
+    def row(seconds, cpu, peak):
+        return {
+            "seconds_per_round": seconds,
+            "cpu_seconds_per_round": cpu,
+            "phases": {"train": seconds / 2},
+            "peak_rss_mib": peak,
+            "rss_start_mib": 100.0,
+            "checkpoint_bytes": 10,
+            "bytes_per_round": 20.0,
+        }
+
+    lines = table({"fedavg": {120: row(2.4, 3.0, 600.0), 6: row(2.0, 2.0, 400.0)}}).splitlines()
+    cells = {int(c[2]): [c[4], c[6], c[12]] for c in (line.split("|") for line in lines[2:])}
+    assert cells == {6: [" 1.00 ", " 1.00 ", " 1.00 "], 120: [" 1.20 ", " 1.50 ", " 1.50 "]}

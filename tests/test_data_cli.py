@@ -11,12 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-
 
 def _env(extra_path: Path | None = None) -> dict:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     path = [str(Path(sys.executable).parent), env.get("PATH", "")]
     if extra_path is not None:
         path.insert(0, str(extra_path))

@@ -41,7 +41,6 @@ def default_ws(tmp_path_factory):
     env = {
         **os.environ,
         "PATH": f"{BIN}:{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO),
         "MLFLOW_TRACKING_URI": f"sqlite:///{ws / 'mlflow.db'}",
     }
     subprocess.run(["dvc", "init", "--no-scm", "-q"], cwd=ws, env=env, check=True)

@@ -21,11 +21,11 @@ import tokenize
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-CODE_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "scripts", "tests")
+CODE_DIRS = ("fedccrl_core", "pipeline", "serving", "benchmarks", "fedccrl_flower", "scripts", "tests")
 
 ISSUE = re.compile(r"\bissues?\s*#?\d+|(?<![\w&#/])#\d+\b", re.I)
 # a path into the repository: a top-level folder of the project, or a Markdown/config file named at the top
-TOP_DIRS = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower", "scripts", "tests", "docs", ".ci")
+TOP_DIRS = ("fedccrl_core", "pipeline", "serving", "benchmarks", "fedccrl_flower", "scripts", "tests", "docs", ".ci")
 TOP_ALT = "|".join(re.escape(d) for d in TOP_DIRS)
 PATH = re.compile(rf"(?<![\w./-])((?:{TOP_ALT})/[\w./-]*[\w/]|[A-Za-z][\w-]*\.md\b)")
 
@@ -138,7 +138,7 @@ def test_block_ids_the_docs_cite_exist():
 
 
 def test_mkdocs_build_is_strict_and_clean(tmp_path):
-    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(tmp_path / "site")],
         cwd=REPO,

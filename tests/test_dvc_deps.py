@@ -1,17 +1,17 @@
 """DVC code dependencies by package: each stage of dvc.yaml depends on the code it imports (its own script
-pipeline/<stage>.py, `fedccrl`'s entry point pipeline/cli.py and the project modules these import, transitively,
+pipeline/fedccrl_pipeline/<stage>.py, `fedccrl`'s entry point pipeline/fedccrl_pipeline/cli.py and the project modules these import, transitively,
 lazy imports inside functions included), declared as few paths as DVC can hash:
 
 - a sub-package (fedccrl_core/data, fedccrl_core/algorithms, ...) as its folder, when the stage imports any module
   of it (one `.dir` hash in dvc.lock instead of one per file);
-- a module of a top-level package (fedccrl_core/*.py, pipeline/*.py, serving/*.py) as its file, unless the stage
+- a module of a top-level package (fedccrl_core/*.py, pipeline/fedccrl_pipeline/*.py, serving/fedccrl_serving/*.py) as its file, unless the stage
   imports every module of that package, then as the package's folder.
 
 Every module a stage imports is covered, and no dep covers nothing the stage imports.
 
-One boundary: every stage first validates the whole of params.yaml (pipeline/params.py, so that a bad key fails before any work), which
+One boundary: every stage first validates the whole of params.yaml (pipeline/fedccrl_pipeline/params.py, so that a bad key fails before any work), which
 imports every algorithm's `Params`, the dataset registry and the Flower settings to do so. Validation can stop a
-stage but never changes what it writes, so pipeline/params.py is a dep of every stage while the modules it imports
+stage but never changes what it writes, so pipeline/fedccrl_pipeline/params.py is a dep of every stage while the modules it imports
 count only where the stage itself uses them (otherwise editing FedSR would re-download the dataset).
 
 On a failure the test prints the deps list to paste into dvc.yaml.
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from layout import module_name
+from layout import TOP, module_name
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN = ("fedccrl_core", "pipeline", "serving", "fedccrl_flower")  # folders: the product's code (not benchmarks/)
@@ -73,7 +73,7 @@ def closure(roots: set[str], boundary: set[str] = frozenset()) -> set[str]:
 
 
 def stage_roots(stage: dict) -> set[str]:
-    """`fedccrl <command> ...`: the console script's module and the command's module (pipeline/cli.py STAGES)."""
+    """`fedccrl <command> ...`: the console script's module and the command's module (pipeline/fedccrl_pipeline/cli.py STAGES)."""
     from fedccrl_pipeline.cli import STAGES
 
     words = stage["cmd"].split()
@@ -101,14 +101,15 @@ def py_files(dep: str) -> set[str]:
 def by_package(files: set[str]) -> list[str]:
     """`files` as dvc.yaml deps, by the rule of this module's docstring."""
     out = set()
-    for top in sorted({f.split("/")[0] for f in files}):
-        mine = {f for f in files if f.split("/")[0] == top}
-        if py_files(top) <= mine:
+    for folder in TOP.values():
+        top = folder.relative_to(ROOT).as_posix()  # fedccrl_core, pipeline/fedccrl_pipeline, ...
+        mine = {f for f in files if (ROOT / f).is_relative_to(folder)}
+        if mine and py_files(top) <= mine:
             out.add(top)
             continue
         for f in mine:
-            parts = f.split("/")
-            out.add("/".join(parts[:2]) if len(parts) > 2 else f)
+            parts = (ROOT / f).relative_to(folder).parts
+            out.add(f"{top}/{parts[0]}" if len(parts) > 1 else f)
     return sorted(out, key=lambda d: ((ROOT / d).is_file(), d))
 
 
@@ -132,9 +133,11 @@ def test_stage_code_deps_cover_what_it_imports_by_package(name):
 
 
 def test_by_package_declares_folders_for_sub_packages_and_files_at_the_top():
-    got = by_package({"fedccrl_core/data/shards.py", "fedccrl_core/foundation/errors.py", "pipeline/cli.py"})
-    assert got == ["fedccrl_core/data", "fedccrl_core/foundation", "pipeline/cli.py"]
-    assert by_package(py_files("serving")) == ["serving"]
+    got = by_package(
+        {"fedccrl_core/data/shards.py", "fedccrl_core/foundation/errors.py", "pipeline/fedccrl_pipeline/cli.py"}
+    )
+    assert got == ["fedccrl_core/data", "fedccrl_core/foundation", "pipeline/fedccrl_pipeline/cli.py"]
+    assert by_package(py_files("serving/fedccrl_serving")) == ["serving/fedccrl_serving"]
 
 
 def test_the_own_script_is_a_dep():

@@ -33,9 +33,9 @@ TINY = {
 
 
 def _env(ws: Path) -> dict:
-    """No MLFLOW_TRACKING_URI: the store is the one the stages resolve from the repository (pipeline/mlflow_store.py)."""
+    """No MLFLOW_TRACKING_URI: the store is the one the stages resolve from the repository (pipeline/fedccrl_pipeline/mlflow_store.py)."""
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "FEDCCRL_MLFLOW_ARTIFACTS")}
-    env.update(PATH=f"{BIN}:{env['PATH']}", DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1", PYTHONPATH=str(ws))
+    env.update(PATH=f"{BIN}:{env['PATH']}", DVC_NO_ANALYTICS="1", OMP_NUM_THREADS="1")
     return env
 
 

@@ -1,6 +1,6 @@
 """Every registered algorithm through the user's own paths:
 
-- its params.yaml group validates as a run of that algorithm alone (pipeline/params.py, as every stage does);
+- its params.yaml group validates as a run of that algorithm alone (pipeline/fedccrl_pipeline/params.py, as every stage does);
 - DVC runs it through the whole pipeline: `dvc repro` in one scratch clone with every algorithm, one tiny round
   each, and the run's files land where evaluate, export and figures look for them (fedccrl_core/foundation/contract.py);
   `dvc exp run --temp` with one algorithm alone runs the same pipeline in DVC's temporary copy;
@@ -65,7 +65,6 @@ def _env(repo: Path) -> dict:
     return {
         **os.environ,
         "PATH": f"{BIN}:{os.environ['PATH']}",
-        "PYTHONPATH": str(ROOT),
         "DVC_NO_ANALYTICS": "1",
         "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}",
         "FEDCCRL_MLFLOW_ARTIFACTS": str(repo / "mlruns"),

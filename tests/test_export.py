@@ -279,9 +279,7 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     shipped = sorted(p.relative_to(local / "code").as_posix() for p in (local / "code").rglob("*.py"))
     assert {s.split("/")[0] for s in shipped} == set(SERVING_PACKAGES)  # no pipeline, benchmarks, Flower
     assert shipped == sorted(
-        f"{pkg}/{p.relative_to(REPO / TOP[pkg]).as_posix()}"
-        for pkg in SERVING_PACKAGES
-        for p in (REPO / TOP[pkg]).rglob("*.py")
+        f"{pkg}/{p.relative_to(TOP[pkg]).as_posix()}" for pkg in SERVING_PACKAGES for p in TOP[pkg].rglob("*.py")
     )  # whole packages: nothing shadowed
     np.save(tmp_path / "x.npy", x)
     script = (

@@ -31,6 +31,7 @@ from fedccrl_core.augment.augmix import (
 )
 from fedccrl_core.augment.ccdt import mixstyle, pool_rows
 from fedccrl_core.augment.compose import fedccrl_augment
+from fedccrl_core.augment.settings import AugmentParams
 from fedccrl_core.data.pools import compute_statistics, unbiased_sigma, upload_size
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.learning.clients import ClientData, ClientState
@@ -183,14 +184,16 @@ def test_uint8_levels_truncate_and_wrap_as_the_reference_cast():
 def test_uint8_wrap_only_changes_pixels_outside_0_1():
     """Between MixStyle and AugMix: out-of-range pixels wrap instead of clamping; others are the same."""
     x = torch.randn(4, 3, 8, 8) * 2.0  # normalized, many pixels outside [0, 1] once denormalized
-    kw = dict(ccdt=False, difp=True, augmix="batch")
-    a = fedccrl_augment(x, None, None, kw, torch.Generator().manual_seed(0))
-    b = fedccrl_augment(x, None, None, {**kw, "uint8_wrap": True}, torch.Generator().manual_seed(0))
+    kw: dict = dict(ccdt=False, difp=True, augmix="batch")
+    a = fedccrl_augment(x, None, None, AugmentParams(**kw), torch.Generator().manual_seed(0))
+    b = fedccrl_augment(x, None, None, AugmentParams(**kw, uint8_wrap=True), torch.Generator().manual_seed(0))
     assert not torch.equal(a, b)
-    inside = fedccrl_augment(x.clamp(-0.5, 0.5), None, None, kw, torch.Generator().manual_seed(0))
+    inside = fedccrl_augment(x.clamp(-0.5, 0.5), None, None, AugmentParams(**kw), torch.Generator().manual_seed(0))
     assert torch.equal(
         inside,
-        fedccrl_augment(x.clamp(-0.5, 0.5), None, None, {**kw, "uint8_wrap": True}, torch.Generator().manual_seed(0)),
+        fedccrl_augment(
+            x.clamp(-0.5, 0.5), None, None, AugmentParams(**kw, uint8_wrap=True), torch.Generator().manual_seed(0)
+        ),
     )
     out = augmix_batch(torch.rand(2, 3, 8, 8), generator=torch.Generator().manual_seed(1))
     assert torch.equal(out * 255, (out * 255).round())  # torchvision's uint8 output: 8-bit levels

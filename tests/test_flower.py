@@ -176,7 +176,7 @@ def test_flower_settings_validation():
     from fedccrl_core.foundation.hparams import validate
     from fedccrl_flower.settings import FlowerSettings
 
-    def from_mapping(d):  # as params.yaml's train.flower is validated (pipeline/params.py)
+    def from_mapping(d):  # as params.yaml's train.flower is validated (pipeline/fedccrl_pipeline/params.py)
         return validate(FlowerSettings, d, prefix="train.flower")
 
     assert from_mapping({"mode": "simulation", "min_clients": 3}).min_clients == 3
@@ -262,6 +262,52 @@ def test_stopping_a_process_leaves_none_of_its_group_or_descendants(tmp_path):
     assert not proc.alive() and proc.popen.returncode is not None
     _gone, alive = psutil.wait_procs(tree, timeout=10)  # descendants are reaped by init
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def test_a_process_dies_with_the_launcher_that_started_it(tmp_path):
+    """processes.Proc: kill -9 of the launcher, and its child (in a session of its own) gets SIGTERM from the kernel
+    (PR_SET_PDEATHSIG, asked for by the child itself at its start: fedccrl_core/foundation/child_guard.py)."""
+    import sys
+
+    import psutil
+
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import os, sys, time; from pathlib import Path; from fedccrl_flower.processes import Proc; "
+            "p = Proc('sleep', ['sleep', '300'], dict(os.environ), Path(sys.argv[1])); "
+            "print(p.pid, flush=True); time.sleep(300)",
+            str(tmp_path / "sleep.log"),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    child = psutil.Process(int(launcher.stdout.readline()))
+    wait_until(lambda: child.cmdline()[:1] == ["sleep"], 30, "the child's exec of sleep")  # the guard is done
+    assert child.ppid() == launcher.pid and os.getpgid(child.pid) == child.pid  # its own session and group
+    launcher.kill()
+    launcher.wait()
+    _gone, alive = psutil.wait_procs([child], timeout=30)
+    for p in alive:
+        p.kill()
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def test_a_guarded_child_whose_parent_is_not_the_expected_one_runs_nothing(tmp_path):
+    """child_guard with a parent pid that is not its parent's (the parent died before the guard ran): SIGTERM to
+    itself before the command runs; with its own parent's pid, the command runs."""
+    import sys
+
+    from fedccrl_core.foundation.procs import guarded
+
+    marker = tmp_path / "ran"
+    args = guarded(["touch", str(marker)])
+    assert args[4] == str(os.getpid())
+    stale = subprocess.run([*args[:4], str(os.getppid()), *args[5:]], timeout=60)
+    assert stale.returncode == -signal.SIGTERM and not marker.exists()
+    assert subprocess.run(args, timeout=60).returncode == 0 and marker.is_file()
+    assert args[:4] == [sys.executable, "-P", "-m", "fedccrl_core.foundation.child_guard"]
 
 
 def test_train_with_flower_takes_the_job_and_validated_settings(data, tmp_path, monkeypatch):
@@ -532,7 +578,7 @@ def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
 
 
 @pytest.mark.full("two 2-round FedCCRL runs with DP, in-process and over the loopback Grid: ~40 s on the CPU")
-def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path):
+def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path, not_private):
     """train.privacy on both channels: the noised statistics (drawn on the clients) and DP-FedAvg's noise (on the
     server) are the same numbers over the Message API as in-process, epsilon included. The noise is seeded by the
     test-only noise_seed (not private): from the OS, as in a real run, no two runs would match."""
@@ -819,7 +865,6 @@ def test_train_stage_with_flower_engine(data, tmp_path):
     env = {
         **os.environ,
         "PATH": f"{BIN}:{os.environ['PATH']}",
-        "PYTHONPATH": str(REPO),
         "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
     }
     p = subprocess.run(

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from layout import TOP, module_name
+from layout import FIND, ROOTS, TOP, module_name
 from PIL import Image
 from wheel_envs import REPO, canonical, requirement_closure, run_outside
 
 PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-PACKAGES = tuple(TOP)  # the wheel's top-level import names (tests/layout.py: pyproject.toml's packages)
+PACKAGES = tuple(TOP)  # the wheel's top-level import names (tests/layout.py: pyproject.toml's source roots)
 TORCH = {"torch", "torchvision", "triton"}
 SERVE_CORE = {"onnxruntime", "numpy", "pillow", "click"}
 
@@ -82,14 +82,24 @@ def _top_level_modules(dist: metadata.Distribution) -> set[str]:
     }
 
 
-def test_the_wheel_declares_every_package_folder_under_a_fedccrl_import_name():
+def test_the_wheel_ships_every_module_under_a_fedccrl_import_name():
     """Every import name the wheel installs starts with fedccrl (a user's own `pipeline` or `benchmarks` package
-    is never overwritten), and pyproject.toml's package list is exactly the folders that hold an __init__.py."""
-    from layout import PACKAGES as DECLARED
+    is never overwritten); setuptools finds, under pyproject.toml's source roots, exactly the packages of the
+    folders below them, so that every .py file of pipeline/, serving/, benchmarks/ and the top packages ships."""
+    from setuptools import find_packages
 
-    assert all(name.startswith("fedccrl") for name in DECLARED), DECLARED
-    found = sorted(module_name(init) for folder in TOP.values() for init in (REPO / folder).rglob("__init__.py"))
-    assert sorted(DECLARED) == found
+    first_party = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]["isort"]
+    assert sorted(TOP) == sorted(first_party["known-first-party"]) and all(n.startswith("fedccrl") for n in TOP)
+    sources = [p for folder in TOP.values() for p in folder.rglob("*.py")]
+    sources += [p for root in ROOTS if root != REPO for p in root.rglob("*.py")]  # a module beside a package too
+    found = {pkg for root in ROOTS for pkg in find_packages(str(root), include=FIND["include"])}
+    unshipped = sorted(
+        p.relative_to(REPO).as_posix()
+        for p in sources
+        if not any(p.is_relative_to(f) for f in TOP.values()) or module_name(p.parent / "__init__.py") not in found
+    )
+    assert not unshipped, f"not in a package the wheel ships (a folder without __init__.py?): {unshipped}"
+    assert found == {module_name(init) for folder in TOP.values() for init in folder.rglob("__init__.py")}
 
 
 def test_every_imported_third_party_module_is_declared():
@@ -103,7 +113,7 @@ def test_every_imported_third_party_module_is_declared():
             continue
     missing = {}
     for pkg in PACKAGES:
-        for path in (REPO / TOP[pkg]).rglob("*.py"):
+        for path in TOP[pkg].rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]

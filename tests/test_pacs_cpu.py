@@ -32,7 +32,6 @@ def test_make_pacs_cpu_runs_end_to_end_from_the_local_zip(pacs128, tmp_path):
     )
     env = {
         **os.environ,
-        "PYTHONPATH": str(ROOT),
         "DVC_NO_ANALYTICS": "1",
         "MLFLOW_TRACKING_URI": f"sqlite:///{repo / 'mlflow.db'}",
         "FEDCCRL_MLFLOW_ARTIFACTS": str(repo / "mlruns"),

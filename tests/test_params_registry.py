@@ -1,7 +1,7 @@
 """Everything spelled outside an algorithm's declaration (`Algorithm.Params`) is tested against it:
 params.yaml's `train.<algorithm>` groups (every registered algorithm has one, FedAvg's is empty, so dvc.yaml's
 `train.${item.algorithm}` resolves; exactly the declared keys and defaults), the docs' hyperparameters page, and dvc.yaml's
-params lists against the typed model of params.yaml (pipeline/params.py)."""
+params lists against the typed model of params.yaml (pipeline/fedccrl_pipeline/params.py)."""
 
 from pathlib import Path
 
@@ -99,7 +99,7 @@ def _dvc_params() -> dict[str, list[str]]:
 
 
 def _model_at(key: str):
-    """The pydantic field or model that a dotted params.yaml key names in pipeline/params.py's ParamsFile."""
+    """The pydantic field or model that a dotted params.yaml key names in pipeline/fedccrl_pipeline/params.py's ParamsFile."""
     from pydantic import BaseModel
 
     from fedccrl_pipeline.params import ParamsFile
@@ -155,7 +155,7 @@ def _defaults(model, prefix: str = "") -> dict:
 
 
 def test_every_registry_default_is_params_yaml_value():
-    """A default is written once, in the typed registry (pipeline/params.py's groups, the library's TrainSettings
+    """A default is written once, in the typed registry (pipeline/fedccrl_pipeline/params.py's groups, the library's TrainSettings
     and LocalConfig, each algorithm's Params, fedccrl_flower/settings.py), and params.yaml's value is the same:
     the run a missing key gives is the run the committed file describes."""
     from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings

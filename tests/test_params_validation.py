@@ -389,29 +389,65 @@ def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
         read_yaml(bad)
 
 
-def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatch, params):
+def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatch, params, not_private):
     """`fedccrl train` of one algorithm, in this process, with train.privacy on: the params file is validated once
-    (ParamsFile); the algorithm's Params and the privacy settings travel typed from there (no second validation of
-    train.<algorithm> or train.privacy by the algorithm, the round loop or the job)."""
-    from pydantic import BaseModel
-
-    from fedccrl_core.foundation.hparams import HParams
-    from fedccrl_core.privacy.settings import PrivacySettings
+    (ParamsFile); the train settings, the algorithm's Params and the privacy settings travel typed from there (no
+    second validation of train.*, train.<algorithm> or train.privacy by the stage, the algorithm, the round loop or
+    the job). Every way a pydantic model is validated is counted: `Model(**data)`, `model_validate`,
+    `model_validate_json` and `model_validate_strings`."""
+    from fedccrl_core.foundation.hparams import Declared
     from fedccrl_pipeline.params import ParamsFile
 
-    validated = []
-    model_validate = BaseModel.__dict__["model_validate"].__func__
-
-    def counting(cls, *args, **kwargs):
-        validated.append(cls)
-        return model_validate(cls, *args, **kwargs)
-
-    monkeypatch.setattr(BaseModel, "model_validate", classmethod(counting))
+    built = count_validations(monkeypatch)
     params(
         {**ONE_ROUND, "train.privacy.enabled": True}, new_keys={"train.privacy.noise_seed": 0}
     )  # test-only: a seeded noise
     res = _train(tiny, tmp_path, monkeypatch)
     assert res.exit_code == 0, res.stderr[-3000:]
     assert (tmp_path / "out/model/d0/model.pt").is_file()
-    ours = [c for c in validated if c is ParamsFile or issubclass(c, (HParams, PrivacySettings))]
+    ours = [c for c in built if issubclass(c, Declared)]
     assert ours == [ParamsFile], [c.__name__ for c in ours]
+
+
+def count_validations(monkeypatch) -> list[type]:
+    """The classes of the pydantic models validated from now on (until the test ends), one entry per model a caller
+    builds from data: each of BaseModel's validating constructors is wrapped on BaseModel itself, which every model
+    inherits them from. A model nested in one being validated is part of that validation, not one of its own;
+    `model_construct` validates nothing (a model built from values validated already) and is not counted."""
+    import functools
+
+    from pydantic import BaseModel
+
+    built: list[type] = []
+    init = BaseModel.__init__
+
+    @functools.wraps(init)  # keeps __pydantic_base_init__: a model class defined meanwhile is not a custom-init one
+    def counting_init(self, /, **data):
+        built.append(type(self))
+        init(self, **data)
+
+    monkeypatch.setattr(BaseModel, "__init__", counting_init)
+    for name in ("model_validate", "model_validate_json", "model_validate_strings"):
+        constructor = BaseModel.__dict__[name].__func__
+
+        def counting(cls, *args, _constructor=constructor, **kwargs):
+            built.append(cls)
+            return _constructor(cls, *args, **kwargs)
+
+        monkeypatch.setattr(BaseModel, name, classmethod(counting))
+    return built
+
+
+def test_every_way_of_validating_a_model_is_counted(monkeypatch):
+    """The counter above sees a model validated from keywords, from a mapping, from JSON and from strings, and
+    neither the models nested in it nor one built from validated values."""
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.privacy.settings import PrivacySettings
+
+    built = count_validations(monkeypatch)
+    LocalConfig(rounds=2, privacy={"enabled": True})
+    LocalConfig.model_validate({"rounds": 2})
+    LocalConfig.model_validate_json('{"rounds": 2}')
+    LocalConfig.model_validate_strings({"rounds": "2"})
+    PrivacySettings.model_construct()
+    assert built == [LocalConfig, LocalConfig, LocalConfig, LocalConfig]

@@ -206,8 +206,9 @@ def test_settings_refuse_bad_values_with_the_key():
 
 # ------------------------------------------------------------------ the round loop
 def _engine(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None):
+    from test_round_loop import evalsets, toy_clients
+
     from fedccrl_core.federation.engine import InProcessEngine
-    from tests.test_round_loop import evalsets, toy_clients
 
     clients = toy_clients(4, 12)
     for c in clients:  # statistics rows for FedCCRL's upload
@@ -221,7 +222,7 @@ def _engine(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None):
     )
 
 
-def test_round_loop_logs_epsilon_every_round_and_noises_both_channels():
+def test_round_loop_logs_epsilon_every_round_and_noises_both_channels(not_private):
     """Epsilon grows every round; no client metric and no update norm is released; the noise comes from the OS,
     so the same seed gives another run, unless the test-only noise_seed seeds it (then marked in every record)."""
     priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
@@ -414,9 +415,45 @@ def test_fedavg_is_not_charged_for_statistics_it_does_not_release():
     assert len(res.history) == 3
 
 
-def test_algorithms_the_mechanisms_do_not_cover_are_refused():
-    with pytest.raises(ValueError, match="train.privacy.weights: ga aggregates with a rule of its own"):
+def test_algorithms_the_mechanisms_do_not_cover_declare_it_and_are_refused():
+    """An algorithm whose hooks release what train.privacy does not cover (an upload other than the statistics rows,
+    an aggregation other than Eq. 2) declares why in its Params (`dp_refusal`, read by params.yaml's validation
+    without torch); the round loop refuses it naming train.privacy.enabled. The declaration and the hooks agree for
+    every registered algorithm."""
+    from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.federation.loop import uncovered_release
+
+    refused = []
+    for name, cls in ALGORITHMS.items():
+        hp = {"adain_weights": "random"} if name == "ccst" else None
+        alg = build_algorithm(name, LocalConfig(rounds=1), hp)
+        assert bool(cls.Params.dp_refusal) == bool(uncovered_release(alg)), name
+        if cls.Params.dp_refusal:
+            refused.append(name)
+    assert refused == ["ccst", "ga", "fediir", "fedomg", "fedccrl_omg"]
+    with pytest.raises(ValueError, match="train.privacy.enabled: ga: GA weighs the clients by their generalization"):
         _engine({"enabled": True, "statistics": False}, algorithm="ga")
+
+
+def test_algorithms_without_a_mechanism_are_refused_at_validation(tmp_path):
+    """params.yaml with train.privacy on and an algorithm that has no mechanism to train: one ParamError line per
+    such algorithm, naming train.privacy.enabled and what to change, before any stage works (no MLflow run)."""
+    import yaml
+
+    from fedccrl_pipeline.params import load_config, read_yaml
+
+    d = read_yaml(ROOT / "params.yaml")
+    d["train"]["algorithms"] = ["fedavg", "ga", "fedccrl_omg"]
+    d["train"]["privacy"] = {"enabled": True}
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(d))
+    with pytest.raises(ParamError) as err:
+        load_config(tmp_path / "params.yaml")
+    lines = [line for line in str(err.value).splitlines() if "train.privacy.enabled" in line]
+    assert len(lines) == 2 and "ga cannot train under train.privacy" in lines[0], str(err.value)
+    assert "leave fedccrl_omg out of train.algorithms" in lines[1], str(err.value)
+    d["train"]["algorithms"] = ["fedavg"]
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(d))
+    assert load_config(tmp_path / "params.yaml").train.privacy.enabled
 
 
 def _wbk19_theorem27_rdp(q: float, z: float, orders) -> np.ndarray:
@@ -483,3 +520,17 @@ def test_tradeoff_calibration_reaches_the_target_epsilon():
             run.statistics(t, sizes)
             run.weights(t, 6, 6)
         assert run.record()[contract.DP_EPSILON] == pytest.approx(target, rel=1e-3)
+
+
+def test_a_seeded_noise_needs_the_environment_to_say_not_private(monkeypatch):
+    """train.privacy.noise_seed (tests only: anyone with the params file removes the noise) is refused, naming the
+    key and the variable, unless FEDCCRL_NOT_PRIVATE=1 says where the run starts that it is not private."""
+    from fedccrl_core.foundation.hparams import validate
+    from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
+
+    monkeypatch.delenv(NOT_PRIVATE_VARIABLE, raising=False)
+    with pytest.raises(ParamError, match=rf"train.privacy.noise_seed.*not private.*{NOT_PRIVATE_VARIABLE}=1"):
+        validate(PrivacySettings, {"enabled": True, "noise_seed": 3}, prefix="train.privacy")
+    assert validate(PrivacySettings, {"enabled": True}, prefix="train.privacy").noise_seed is None
+    monkeypatch.setenv(NOT_PRIVATE_VARIABLE, "1")
+    assert validate(PrivacySettings, {"enabled": True, "noise_seed": 3}, prefix="train.privacy").seeded

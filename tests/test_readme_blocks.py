@@ -10,7 +10,7 @@ The clone. `git clone` of this repository into a temporary folder, plus the work
 changes, so the test runs what a developer sees. `../shared` is linked beside it when present. Its
 `.venv` mirrors the running interpreter's environment (each entry linked) with a fresh `.installed` stamp,
 so `source .venv/bin/activate` and `make` use the installed environment and never pip-install; the
-blocks run with that environment's bin first on PATH and PYTHONPATH = the clone, and with no
+blocks run with that environment's bin first on PATH (its packages: this checkout's, installed editable), and with no
 MLFLOW_TRACKING_URI, so MLflow uses the README's store (the clone's mlflow.db). After the `make repro`
 block its dvc.lock is committed in the clone, and before each block params.yaml and dvc.lock are reset
 to the committed ones and `dvc checkout` restores their outputs: each block is a recipe a reader runs
@@ -376,7 +376,6 @@ def clone(tmp_path_factory, mirror):
     }
     env.update(
         PATH=f"{dest / '.venv' / 'bin'}{os.pathsep}{env.get('PATH', '')}",
-        PYTHONPATH=str(dest),
         GIT_AUTHOR_NAME="ci",
         GIT_AUTHOR_EMAIL="ci@localhost",
         GIT_COMMITTER_NAME="ci",

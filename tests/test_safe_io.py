@@ -154,7 +154,6 @@ def test_a_link_to_stdout_onto_a_file_appends_in_order(tmp_path):
             stderr=subprocess.PIPE,
             text=True,
             timeout=60,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
         )
     assert r.returncode == 0, r.stderr
     assert out.read_text() == "before\nvia the link\nvia -\nafter\n"

@@ -1,4 +1,4 @@
-"""fedccrl-serve's torch-free preprocessing (serving/preprocess.py, numpy + PIL) gives the tensors the model
+"""fedccrl-serve's torch-free preprocessing (serving/fedccrl_serving/preprocess.py, numpy + PIL) gives the tensors the model
 was trained on, within 1e-6, on images of every domain: the partition stage's decode (decode_images: load_rgb
 + resize_u8 into the uint8 shards) followed by training's normalize_u8. The synthetic
 domains are PNGs of four styles; PACS (from ../shared, mandatory in CI) adds JPEGs of its four domains."""

@@ -64,7 +64,7 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(params, tmp_path):
     from fedccrl_pipeline.params import read_yaml
 
     tiny_params = read_yaml(params(TINY))
-    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}
     commands = stage_commands(yaml.safe_load((REPO / "dvc.yaml").read_text()), tiny_params)
     assert [n.split("@")[0] for n, _ in commands] == [
         "download",

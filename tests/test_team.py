@@ -4,6 +4,7 @@ the tracking server and its database killed and restarted under a training run."
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -17,14 +18,23 @@ from pathlib import Path
 import pytest
 import yaml
 
+from fedccrl_benchmarks.accuracy import apply_overrides
+from fedccrl_flower.processes import free_port
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-sys.path.insert(0, str(REPO / "scripts"))
-import team_sweeps  # noqa: E402 (a script beside the tests, found through the path set above)
-import tracking_server  # noqa: E402
 
-from fedccrl_benchmarks.accuracy import apply_overrides  # noqa: E402
-from fedccrl_flower.processes import free_port  # noqa: E402
+
+def _script(name: str):
+    """scripts/<name>.py loaded by its path: the team's tooling is not part of the installed packages."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+team_sweeps = _script("team_sweeps")
+tracking_server = _script("tracking_server")
 
 pytestmark = pytest.mark.skipif(
     not (tracking_server.shutil.which("initdb") or list(Path("/usr/lib/postgresql").glob("*/bin/initdb"))),
@@ -133,7 +143,6 @@ def _workspace(root: Path, uri: str, rounds: int) -> tuple[Path, dict]:
     """Shards and pools of the tiny synthetic setting, ready for `fedccrl train`."""
     env = {
         **team_sweeps.env_for(uri),
-        "PYTHONPATH": str(REPO),
         "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "6",
         "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
     }

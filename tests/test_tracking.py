@@ -1,4 +1,4 @@
-"""The MLflow side of the stages (pipeline/mlflow_store.py, tracking.py, run_names.py): a store that cannot be read
+"""The MLflow side of the stages (pipeline/fedccrl_pipeline/mlflow_store.py, tracking.py, run_names.py): a store that cannot be read
 stops the stage with an error naming it and starts no run (it is never taken for a store whose run was deleted);
 params.yaml is read with one YAML dialect everywhere, so `lr: 1e-3` is the number 0.001 in the MLflow params and
 in the parent run's name."""
@@ -166,7 +166,6 @@ def _set_experiment_in(cwd: Path, env_drop=("MLFLOW_TRACKING_URI", "FEDCCRL_MLFL
     import sys
 
     env = {k: v for k, v in os.environ.items() if k not in env_drop}
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
     code = (
         "from fedccrl_pipeline.mlflow_store import set_experiment; e = set_experiment('race'); "
         "print(e.experiment_id, e.artifact_location, e.tags.get('mlflow.experimentKind'))"

@@ -2,7 +2,7 @@
 
 One module per algorithm holds its pydantic `Params` (fields with the paper equations they come from); `train`
 holds the settings every algorithm shares (TrainSettings, LocalConfig). The algorithms (fedccrl_core/algorithms/)
-train with these declarations; params.yaml's validation (pipeline/params.py) reads them from here, so a stage that
+train with these declarations; params.yaml's validation (pipeline/fedccrl_pipeline/params.py) reads them from here, so a stage that
 trains nothing validates the whole file without importing torch. fedccrl_core/algorithms/__init__.py checks that
 its ALGORITHMS lists the same names, in the same order, with the same `Params`.
 

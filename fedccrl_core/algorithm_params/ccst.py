@@ -5,13 +5,18 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class CCSTParams(HParams):
     """train.ccst (ccst.txt)."""
+
+    dp_refusal: ClassVar[str] = (
+        "CCST uploads its clients' style banks (per-image AdaIN statistics, Alg. 1), which train.privacy neither "
+        "clips nor noises"
+    )
 
     style_type: Literal["overall", "single"] = hp("overall", "overall = Eq. 8 (Table 1's best) | single = Eq. 6-7")
     K: int = hp(3, "augmentation level, K in 1..N clients (Alg. 1); Table 1's setting Overall, K = 3", ge=1)

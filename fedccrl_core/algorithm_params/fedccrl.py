@@ -6,27 +6,29 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, get_args
 
-from fedccrl_core.foundation.hparams import HParams, hp
+from fedccrl_core.augment.settings import AUGMENT_SWITCHES, AugmentParams
+from fedccrl_core.foundation.hparams import hp
 
-# train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`
-VARIANT_SWITCHES = {
-    "forward": ("joint", "per_view"),  # one pass on the 3B concatenation | three passes (BN per view)
-    "l_cls": ("mean", "sum"),  # Eq. 16's 1/3 | the sum of the three CEs
-    "supcon": ("paper", "self_positive"),  # Eq. 11's P(i) without i | i its own positive, mean over 2B
-    "augmix": ("per_sample", "batch"),  # Alg. 3 per sample | torchvision's AugMix on the batch tensor
-    "mixstyle_var": ("population", "unbiased"),  # Eq. 7 | torch.var's default
-    "pool_draw": ("with_replacement", "reference"),  # Alg. 2 line 5 | distinct rows when the pool has >= B
-    "upload": ("ceil", "floor_unbiased"),  # Eq. 8 | floor(r n) rows with the unbiased std
-    "last_batch": ("skip_single", "keep"),  # skip a last batch of 1 | keep every batch
+# The switches of train.fedccrl: auto (follow `variant`), the paper's reading, the reference code's
+ForwardReading = Literal["auto", "joint", "per_view"]  # one pass on the 3B concatenation | three passes (BN per view)
+LClsReading = Literal["auto", "mean", "sum"]  # Eq. 16's 1/3 | the sum of the three CEs
+SupconReading = Literal["auto", "paper", "self_positive"]  # Eq. 11's P(i) without i | i its own positive, mean over 2B
+UploadReading = Literal["auto", "ceil", "floor_unbiased"]  # Eq. 8 | floor(r n) rows with the unbiased std
+LastBatchReading = Literal["auto", "skip_single", "keep"]  # skip a last batch of 1 | keep every batch
+# train.fedccrl.<key>: (the paper's reading, the reference code's), chosen by `variant` when `auto`; M's own
+# switches (augmix, mixstyle_var, pool_draw) are declared with M (fedccrl_core/augment/settings.py)
+VARIANT_SWITCHES: dict[str, tuple[str, ...]] = {
+    "forward": get_args(ForwardReading)[1:],
+    "l_cls": get_args(LClsReading)[1:],
+    "supcon": get_args(SupconReading)[1:],
+    **AUGMENT_SWITCHES,
+    "upload": get_args(UploadReading)[1:],
+    "last_batch": get_args(LastBatchReading)[1:],
 }
-VARIANTS = ("paper", "reference")
-
-
-def _switch(key: str):
-    """The type of train.fedccrl.<key>: auto or one of its two readings."""
-    return Literal[("auto", *VARIANT_SWITCHES[key])]
+Variant = Literal["paper", "reference"]
+VARIANTS = get_args(Variant)
 
 
 def resolve_variant(hp: FedCCRLParams) -> FedCCRLParams:
@@ -47,78 +49,63 @@ def resolve_variant(hp: FedCCRLParams) -> FedCCRLParams:
     return out
 
 
-class FedCCRLParams(HParams):
-    """train.fedccrl (fedccrl-v2.txt)."""
+class FedCCRLParams(AugmentParams):
+    """train.fedccrl (fedccrl-v2.txt): M's settings (inherited from AugmentParams) and the rest."""
 
     uploads_statistics: ClassVar[bool] = True  # Eq. 8's rows every round: train.privacy.statistics must noise them
 
     r: float = hp(
         0.1, "Eq. 8: share of a client's per-sample statistics uploaded each round; Table 1 caption r = 0.1", gt=0, le=1
     )
-    alpha: float = hp(0.1, "Alg. 2 (CCDT/MixStyle): lambda ~ Beta(alpha, alpha); Sec. 4.2 alpha = 0.1", gt=0)
-    beta: float = hp(
-        1.0, "Alg. 3 (DIFP/AugMix): Dirichlet(beta) chain weights and m ~ Beta(beta, beta); Sec. 4.2 beta = 1.0", gt=0
-    )
-    severity: int = hp(
-        3, "Alg. 3: AugMix operation severity; not stated, AugMix's (Hendrycks et al.) default 3", ge=1, le=10
-    )
     tau: float = hp(0.1, "Eq. 11: SupCon temperature; Sec. 4.2 tau = 0.1", gt=0)
     lambda1: float = hp(0.1, "Eq. 15: weight of L_RA; not stated, the reference implementation's 0.1", ge=0)
     lambda2: float = hp(0.1, "Eq. 15: weight of L_JS; not stated, the reference implementation's 0.1", ge=0)
-    ccdt: bool = hp(True, "Table 2 ablation: CCDT (MixStyle from the pool) in M")
-    difp: bool = hp(True, "Table 2 ablation: DIFP (per-sample AugMix) in M")
     l_ra: bool = hp(True, "Table 2 ablation: L_RA in Eq. 15")
     l_js: bool = hp(True, "Table 2 ablation: L_JS in Eq. 15")
     # the paper's reading or the reference code's: each switch is auto (follow `variant`) or a reading
-    variant: Literal[VARIANTS] = hp(
+    variant: Variant = hp(
         "paper",
         "paper = Eq. 3-16 and Alg. 1-3 | reference = the authors' code (SanphouWang/FedCCRL at 60b2d9b) behind Table 1",
     )
-    forward: _switch("forward") = hp(
+    forward: ForwardReading = hp(
         "auto",
-        "Eq. 4: joint = one pass on the 3B concatenation | per_view = three "
-        "passes, BN per view (reference algorithm/client/fedccrl.py:74-86)",
+        "Eq. 4: joint = the three views through h in one 3B batch | per_view = three passes, clean first, so "
+        "BatchNorm normalizes each view by its own batch and updates its running statistics three times a step "
+        "(reference algorithm/client/fedccrl.py:74-86)",
     )
-    l_cls: _switch("l_cls") = hp(
-        "auto", "Eq. 16: mean = 1/3 of the three CEs | sum (reference algorithm/client/fedccrl.py:76, :86)"
-    )
-    supcon: _switch("supcon") = hp(
+    l_cls: LClsReading = hp(
         "auto",
-        "Eq. 11: paper = P(i) without i | self_positive = i its own positive, "
-        "mean over 2B anchors (reference algorithm/client/fedccrl.py:137-145)",
+        "Eq. 16: mean = 1/3 of the three cross-entropies | sum = the three summed, so L_CLS weighs 3x against "
+        "lambda1 L_RA and lambda2 L_JS (reference algorithm/client/fedccrl.py:76, :86)",
     )
-    augmix: _switch("augmix") = hp(
+    supcon: SupconReading = hp(
         "auto",
-        "Alg. 3: per_sample | batch = torchvision AugMix on the batch tensor, "
-        "one op chain per batch (reference algorithm/client/fedccrl.py:154-165)",
+        "Eq. 11: paper = P(i) without i, max subtracted before the log-sum-exp | self_positive = the same-label "
+        "mask keeps its diagonal (i its own positive), the mean runs over all 2B anchors, no max subtracted "
+        "(reference algorithm/client/fedccrl.py:137-145)",
     )
-    mixstyle_var: _switch("mixstyle_var") = hp(
-        "auto", "Eq. 7: population | unbiased = torch.var's default (reference model/models.py:272)"
-    )
-    pool_draw: _switch("pool_draw") = hp(
+    upload: UploadReading = hp(
         "auto",
-        "Alg. 2 line 5: with_replacement | reference = distinct rows when "
-        "the pool holds >= B (reference algorithm/client/fedccrl.py:55-63)",
+        "Eq. 8: ceil = ceil(r n_i) rows | floor_unbiased = floor(r n_i) rows, the first of a freshly shuffled pass "
+        "each round, with the unbiased std (reference algorithm/client/fedccrl.py:21-44)",
     )
-    upload: _switch("upload") = hp(
+    last_batch: LastBatchReading = hp(
         "auto",
-        "Eq. 8: ceil(r n_i) rows | floor_unbiased = floor(r n_i) rows, unbiased "
-        "std (reference algorithm/client/fedccrl.py:21-44)",
+        "skip_single = a last batch of 1 skipped (BatchNorm) | keep = every batch, as a DataLoader without "
+        "drop_last (reference algorithm/client/fedavg.py:20-22)",
     )
-    last_batch: _switch("last_batch") = hp(
-        "auto",
-        "skip_single = a last batch of 1 skipped (BatchNorm) | keep = every batch (reference DataLoader, no drop_last)",
-    )
-    augmix_impl: Literal["tensor", "pil"] = hp(
-        "tensor",
-        "how augmix per_sample runs, not what it draws: tensor = "
-        "batched on the device | pil = PIL per sample on the host "
-        "(augment/augmix_pil.py); `fedccrl-bench speed` says which is "
-        "faster on a device",
-    )
-    uint8_wrap: bool = hp(
-        False,
-        "reference algorithm/client/fedccrl.py:157-159 casts MixStyle's output to uint8 "
-        "unclamped (values outside [0, 1] wrap mod 256): a defect, off even in variant "
-        "reference; true reproduces it",
-    )
+
+
+def switches_markdown() -> str:
+    """docs/algorithms/fedccrl.md's table of the variant switches, generated from the declarations above when the
+    site is built (scripts/mkdocs_hooks.py): each switch's two readings and its source."""
+    rows = [
+        "| Switch (`train.fedccrl.`) | `paper` | `reference` | the readings and their source |",
+        "|---|---|---|---|",
+    ]
+    fields = FedCCRLParams.model_fields
+    for key, (paper, reference) in VARIANT_SWITCHES.items():
+        rows.append(f"| `{key}` | `{paper}` | `{reference}` | {(fields[key].description or '').replace('|', '/')} |")
+    uint8 = (fields["uint8_wrap"].description or "").replace("|", "/")
+    rows.append(f"| `uint8_wrap` | `false` | `false` | {uint8} |")
+    return "\n".join(rows)

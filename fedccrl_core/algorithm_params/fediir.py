@@ -5,11 +5,18 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedIIRParams(HParams):
     """train.fediir."""
+
+    dp_refusal: ClassVar[str] = (
+        "FedIIR uploads each client's mean classifier gradient beside its weights, which train.privacy neither clips "
+        "nor noises, and its server keeps their moving average, a rule of its own beside Eq. 2"
+    )
 
     gamma: float = hp(
         0.001,

@@ -7,12 +7,19 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
 from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedOMGParams(HParams):
     """train.fedomg (Eq. 15-17): FedAvg's clients, FedOMG's server step."""
+
+    dp_refusal: ClassVar[str] = (
+        "FedOMG's server step (Eq. 15-17) combines the clients' updates by its own rule instead of Eq. 2; DP-FedAvg "
+        "replaces Eq. 2 only"
+    )
 
     kappa: float = hp(
         0.5,

@@ -5,13 +5,18 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class GAParams(HParams):
     """train.ga."""
+
+    dp_refusal: ClassVar[str] = (
+        "GA weighs the clients by their generalization gaps, its own rule instead of Eq. 2; DP-FedAvg replaces Eq. 2 "
+        "only"
+    )
 
     step_size: float = hp(
         0.05,

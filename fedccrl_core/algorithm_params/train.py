@@ -17,7 +17,7 @@ from fedccrl_core.privacy.settings import PrivacySettings
 
 class TrainSettings(Declared):
     """params.yaml `train.*` keys that every algorithm's local training reads, declared once: the type, bounds
-    and default of each. The defaults are params.yaml's (tests/test_params_registry.py); pipeline/params.py's
+    and default of each. The defaults are params.yaml's (tests/test_params_registry.py); pipeline/fedccrl_pipeline/params.py's
     `TrainSweep` extends this model with the sweep's own keys."""
 
     rounds: int = Field(10, ge=1, description="T (paper: 10)")

@@ -201,6 +201,7 @@ class Algorithm:
         """`local_train` as a generator: yields after every optimizer step, returns the Reply. The engine
         interleaves several clients' generators on CUDA streams (federation/concurrent.py)."""
         data = self.local_dataset(data, state, payload, generator, shuffle_rng)
+        assert data.train_x is not None  # the engine passes resident clients (ClientData.resident)
         fast = fastpath.enabled(self.local.fast, data.train_x.device)
         fastpath.prepare_model(model, self.local.fast)
         model.load_state_dict(global_weights)
@@ -293,7 +294,8 @@ class Aggregation:
     """Streamed Eq. 2: each reply's weights are folded into float64 sums as it arrives."""
 
     def __init__(self, alg: Algorithm, global_weights: dict, total: float | None):
-        self.alg, self.global_weights, self.sum, self.client_ids = alg, global_weights, WeightedSum(total), []
+        self.alg, self.global_weights, self.sum = alg, global_weights, WeightedSum(total)
+        self.client_ids: list[str] = []
         self.uploads = WeightedSum(total)
 
     def add(self, reply: Reply) -> None:
@@ -311,7 +313,8 @@ class ListAggregation:
     """For an `aggregate` that needs every reply at once: keeps them, then calls it."""
 
     def __init__(self, alg: Algorithm, global_weights: dict):
-        self.alg, self.global_weights, self.replies = alg, global_weights, []
+        self.alg, self.global_weights = alg, global_weights
+        self.replies: list[Reply] = []
 
     def add(self, reply: Reply) -> None:
         self.replies.append(dataclasses.replace(reply))  # the caller may drop the weights of its own

@@ -109,6 +109,7 @@ def transfer_plan(
 class CCST(Algorithm):
     name = "ccst"
     Params = CCSTParams
+    hp: CCSTParams
     pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):

@@ -83,6 +83,7 @@ def generator_loss(d_ref):
 class FedADG(Algorithm):
     name = "fedadg"
     Params = FedADGParams
+    hp: FedADGParams
 
     @classmethod
     def extend_model(cls, model, num_classes, hp) -> FedModel:

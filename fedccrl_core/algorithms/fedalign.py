@@ -246,6 +246,7 @@ class FedAlign(StatisticsExchange, Algorithm):
 
     name = "fedalign"
     Params = FedAlignParams
+    hp: FedAlignParams
 
     @classmethod
     def extend_model(cls, model, num_classes, hp) -> FedModel:
@@ -271,7 +272,8 @@ class FedAlign(StatisticsExchange, Algorithm):
 
     def augment(self, x, pool, generator):
         """M(X) (Eq. 3): clustered MixStyle, then optionally FedCCRL's per-sample AugMix (difp)."""
-        out = clustered_mixstyle(x, *pool, self.hp.alpha, generator)
+        pool_mu, pool_sigma, q = pool
+        out = clustered_mixstyle(x, pool_mu, pool_sigma, q, self.hp.alpha, generator)
         if self.hp.difp:
             mean, std = self.local.mean, self.local.std
             out = normalize(

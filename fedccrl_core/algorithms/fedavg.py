@@ -6,11 +6,12 @@ from __future__ import annotations
 
 from fedccrl_core.algorithm_params.fedavg import FedAvgParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.foundation.hparams import HParams
 
 
 class FedAvg(Algorithm):
     name = "fedavg"
-    Params = FedAvgParams
+    Params: type[HParams] = FedAvgParams  # HParams: FedOMG on FedAvg's clients has its own
     pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def train_step(self, model, x, y, ctx):

@@ -26,9 +26,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from fedccrl_core.algorithm_params.fedalign import FedAlignParams
 from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams, resolve_variant
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.compose import fedccrl_augment
 from fedccrl_core.data.pools import REBUILD, sample_statistics, unbiased_sigma, upload_size
 from fedccrl_core.foundation import contract, fastpath
 from fedccrl_core.learning.losses import fedccrl_loss
@@ -51,6 +53,9 @@ class StatisticsExchange:
     """Algorithm 1 lines 3-7, shared with FedAlign (which builds on FedCCRL's exchange, its Fig. 2)."""
 
     rounding = "ceil"  # Eq. 8
+    # what the Algorithm it is mixed into (FedCCRL, FedAlign) has
+    local: LocalConfig
+    hp: FedCCRLParams | FedAlignParams
 
     def client_upload(self, data, rng):
         """Eq. 8: a fresh uniform subset of ceil(r n_i) of the client's own per-sample statistics."""
@@ -91,17 +96,19 @@ class StatisticsExchange:
 class FedCCRL(StatisticsExchange, Algorithm):
     name = "fedccrl"
     Params = FedCCRLParams
+    hp: FedCCRLParams
     pads_partial_batch = True  # Eq. 12-16 read ctx.real_rows only (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
         self.rounding = "ceil" if self.hp.upload == "ceil" else "floor"
-        self.augment = AugmentConfig.from_params(self.hp)  # M of Eq. 3
 
     @classmethod
     def validated(cls, hparams):
         """The Params with every `auto` switch read from `variant` (fedccrl_core/algorithm_params/fedccrl.py)."""
-        return resolve_variant(super().validated(hparams))
+        hp = super().validated(hparams)
+        assert isinstance(hp, FedCCRLParams)  # cls.Params: FedCCRLParams or a subclass (FedCCRLOMGParams)
+        return resolve_variant(hp)
 
     def client_upload(self, data, rng):
         """Eq. 8 (upload: ceil), or the reference's floor(r n_i) rows with the unbiased std."""
@@ -128,7 +135,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
                 torch.as_tensor(ctx.payload["sigma"], device=x.device),
             )
         pool_mu, pool_sigma = ctx.state["pool"]
-        aug = self.augment
+        aug = self.hp
         mean, std = self.local.mean, self.local.std
         if self.views_in_one_draw(x.device):  # one M over [X; X]: every row draws its own, so X1, X2 independent
             both = fedccrl_augment(torch.cat([x, x]), pool_mu, pool_sigma, aug, ctx.generator, mean, std)
@@ -142,7 +149,7 @@ class FedCCRL(StatisticsExchange, Algorithm):
         twice the size): on the CUDA fast path, where M draws per row (per-sample AugMix, pool rows with
         replacement), so the two views have the same distribution as two calls. The draws differ from two calls',
         so the CPU keeps two calls and its numbers."""
-        aug = self.augment
+        aug = self.hp
         return (
             fastpath.static_batches(self.local.fast, device)
             and aug.augmix == "per_sample"

@@ -67,6 +67,12 @@ class FDBatchNorm2d(nn.BatchNorm2d):
     own under SiloBN/FedBN).
     """
 
+    # always tracked here (track_running_stats=True below); BatchNorm2d types them Optional
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+    global_mean: torch.Tensor | None
+    global_var: torch.Tensor | None
+
     def __init__(
         self,
         num_features,
@@ -91,7 +97,7 @@ class FDBatchNorm2d(nn.BatchNorm2d):
     # ---- statistics --------------------------------------------------------------------------
     def global_statistics(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mu_G, sigma_G), [C] each."""
-        if self.training and self.global_mean is not None:
+        if self.training and self.global_mean is not None and self.global_var is not None:  # set together
             mean, var = self.global_mean, self.global_var
         else:
             mean, var = self.running_mean, self.running_var
@@ -135,6 +141,7 @@ class FDBatchNorm2d(nn.BatchNorm2d):
         if self.inference == "instance" and not sample:
             alpha = torch.ones_like(mu_i[:, :1])
         else:
+            assert self.adapter is not None  # "adapt" training and "adapter" inference are FedFD-A's, with one
             alpha = self.adapter(mu_i - mu_g, sigma_i - sigma_g, self.generator if sample else None)  # [B, 1]
         if sample:
             self.last_alpha = alpha.detach()
@@ -176,6 +183,7 @@ def replace_batchnorm(module: nn.Module, make_adapter=None, inference: str = "gl
             )
             missing, unexpected = new.load_state_dict(child.state_dict(), strict=False)
             assert not unexpected and all(k.startswith("adapter.") for k in missing)
+            assert child.running_mean is not None  # tracked: checked above
             setattr(module, name, new.to(child.running_mean.device))
             count += 1
         else:
@@ -228,6 +236,7 @@ def total_loss(l_ce, l_cacl, l_cafl, lambda1: float, lambda2: float) -> torch.Te
 class FedFD(LocalBNAlgorithm):
     name = "fedfd"
     Params = FDParams
+    hp: FDParams
     pads_partial_batch = False  # FDBatchNorm2d's own statistics of the batch (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):

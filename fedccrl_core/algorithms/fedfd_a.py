@@ -76,13 +76,14 @@ def adapter_hidden(num_channels: int, reduction: int, min_hidden: int) -> int:
 class FedFDA(FedFD):
     name = "fedfd_a"
     Params = FedFDAParams
+    hp: FedFDAParams
 
     @classmethod
-    def inference(cls, hp: FedFDAParams) -> str:
+    def inference(cls, hp: FedFDAParams) -> str:  # type: ignore[override]  # hp is always cls.Params (extend_model)
         return hp.inference
 
     @classmethod
-    def make_adapter(cls, hp: FedFDAParams):
+    def make_adapter(cls, hp: FedFDAParams):  # type: ignore[override]  # hp is always cls.Params (extend_model)
         if not hp.adapter:
             return None
         return lambda c: InstanceAdapter(

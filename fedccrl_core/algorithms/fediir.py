@@ -60,6 +60,7 @@ def ema_update(grad_mean: torch.Tensor, grad_new: torch.Tensor, ema: float) -> t
 class FedIIR(Algorithm):
     name = "fediir"
     Params = FedIIRParams
+    hp: FedIIRParams
 
     def __init__(self, local, hparams=None):
         super().__init__(local, hparams)
@@ -88,7 +89,8 @@ class FedIIR(Algorithm):
     def mean_classifier_gradient(self, model, data) -> list[torch.Tensor]:
         """g_i on the current (global) weights: the mean of the minibatch gradients over the client's data."""
         model.train()  # as the reference: train-mode forward (begin_local restores the BN buffers after)
-        sums, batches, bs = None, 0, self.local.batch_size
+        sums: list[torch.Tensor] | None = None
+        batches, bs = 0, self.local.batch_size
         for start in range(0, data.n_train, bs):
             if data.n_train - start < 2:  # a batch of 1 breaks BatchNorm in train mode
                 continue
@@ -98,6 +100,7 @@ class FedIIR(Algorithm):
             )
             sums = list(grads) if sums is None else [s + g for s, g in zip(sums, grads)]
             batches += 1
+        assert sums is not None, "FedIIR: a client needs at least 2 training rows"
         return [s / batches for s in sums]
 
     # ---- client half: the base local loop's hooks --------------------------------------------

@@ -39,7 +39,6 @@ import math
 import torch
 
 from fedccrl_core.algorithm_params.fedomg import FedCCRLOMGParams, FedOMGParams
-from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.algorithms.fedavg import FedAvg
 from fedccrl_core.algorithms.fedccrl import FedCCRL
 from fedccrl_core.algorithms.local_bn import BN_STATISTICS
@@ -87,6 +86,7 @@ def search_coefficients(
         grad = gamma * (d_gamma - gamma @ d_gamma)
         buf = momentum * buf + grad  # torch.optim.SGD's momentum form
         w = w - lr * buf
+    assert best_gamma is not None, "FedOMG: the coefficient search met no finite objective (a non-finite update?)"
     return best_gamma
 
 
@@ -127,7 +127,7 @@ class MatchingGradientAggregation:
     into a row in the weights' precision on the reply's device, and Eq. 2 is streamed beside it (FedAvg's average: the BN statistics,
     and the exact kappa = 0, eta_g = 1 case)."""
 
-    def __init__(self, alg: Algorithm, global_weights: dict, total: float | None = None):
+    def __init__(self, alg: OnServerMatchingGradient, global_weights: dict, total: float | None = None):
         self.alg, self.global_weights = alg, global_weights
         self.fedavg = WeightedSum(total)  # Eq. 2
         self.keys = [k for k, v in global_weights.items() if is_matched(k, v)]
@@ -159,7 +159,7 @@ class MatchingGradientAggregation:
             return averaged
         n = torch.tensor(self.n, dtype=torch.float64)
         p = n / n.sum()
-        c, gamma = 0.0, None
+        c, gamma = 0.0, None  # gamma: Gamma*, searched when kappa > 0
         if kappa > 0:
             gram = gram_matrix(self.rows).cpu()  # G [U, U]: one pass over D; the search runs on the host
             gamma = search_coefficients(gram, p, kappa, hp.search_lr, hp.search_steps, hp.search_momentum)
@@ -169,7 +169,9 @@ class MatchingGradientAggregation:
         self.last = {"gamma": gamma, "c": c, "p": p, "client_ids": list(self.client_ids)}
         # Eq. 17: theta - eta_g g_IGD = theta + eta_g (sum_u p_u Delta_u + c Gamma*_g-direction), written from
         # theta_FL (Eq. 2's bits) so that kappa = 0, eta_g = 1 adds exact zeros to FedAvg's result.
-        extra = None if c == 0.0 else combine(self.rows, gamma * (eta * c))  # -eta_g c Gamma*_g: one pass over D
+        extra = (
+            None if c == 0.0 or gamma is None else combine(self.rows, gamma * (eta * c))
+        )  # -eta_g c Gamma*_g: one pass over D
         self.rows = []
         out, offset = dict(averaged), 0
         for k in self.keys:
@@ -185,6 +187,8 @@ class MatchingGradientAggregation:
 
 class OnServerMatchingGradient:
     """FedOMG's server half (Eq. 15-17), mixed into an algorithm whose clients it leaves as they are."""
+
+    hp: FedOMGParams  # of the Algorithm it is mixed into (FedOMG, FedCCRLOMG)
 
     def aggregation(self, global_weights, total=None):
         return MatchingGradientAggregation(self, global_weights, total)
@@ -202,6 +206,7 @@ class FedOMG(OnServerMatchingGradient, FedAvg):
 
     name = "fedomg"
     Params = FedOMGParams
+    hp: FedOMGParams
 
 
 class FedCCRLOMG(OnServerMatchingGradient, FedCCRL):
@@ -210,3 +215,4 @@ class FedCCRLOMG(OnServerMatchingGradient, FedCCRL):
 
     name = "fedccrl_omg"
     Params = FedCCRLOMGParams
+    hp: FedCCRLOMGParams

@@ -13,6 +13,7 @@ from fedccrl_core.foundation import contract
 class FedProx(Algorithm):
     name = "fedprox"
     Params = FedProxParams
+    hp: FedProxParams
     pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def train_step(self, model, x, y, ctx):

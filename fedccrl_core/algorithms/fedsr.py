@@ -94,6 +94,7 @@ def cmi(mu: torch.Tensor, sigma: torch.Tensor, y: torch.Tensor, r: ClassConditio
 class FedSR(Algorithm):
     name = "fedsr"
     Params = FedSRParams
+    hp: FedSRParams
 
     @classmethod
     def extend_model(cls, model, num_classes, hp) -> FedModel:

@@ -59,6 +59,7 @@ def generalization_adjustment(a: dict[str, float], gaps: dict[str, float], d_r: 
 class GA(Algorithm):
     name = "ga"
     Params = GAParams
+    hp: GAParams
     pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
 
     def __init__(self, local, hparams=None):

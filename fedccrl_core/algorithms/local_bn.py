@@ -27,6 +27,7 @@ from torch import nn
 
 from fedccrl_core.algorithm_params.local_bn import LocalBNParams
 from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.learning.static_batch import BATCH_NORMS
 
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
 BN_AFFINE = ("weight", "bias")
@@ -38,7 +39,7 @@ def local_bn_keys(model: nn.Module, framework: str) -> list[str]:
     suffixes = FRAMEWORKS[framework]
     keys = []
     for name, module in model.named_modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if isinstance(module, BATCH_NORMS):  # FedFD's FDBatchNorm2d too
             own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
             keys += [f"{name}.{s}" if name else s for s in suffixes if own.get(s) is not None]
     return keys
@@ -48,6 +49,7 @@ class LocalBNAlgorithm(Algorithm):
     """Cross-entropy local training with a framework's BN tensors kept per client."""
 
     Params = LocalBNParams
+    hp: LocalBNParams
     pads_partial_batch = True  # its loss reads ctx.real_rows only (learning/static_batch.py)
     framework = "silobn"  # subclasses fix it, or read it from their Params (FedFD)
 

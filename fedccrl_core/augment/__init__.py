@@ -1,5 +1,6 @@
 """Feature augmentation, one module per algorithm of the papers, each reachable by its name:
-  compose    FedCCRL's M = AugMix ∘ MixStyle (Eq. 3): `AugmentConfig`, `fedccrl_augment`
+  compose    FedCCRL's M = AugMix ∘ MixStyle (Eq. 3): `fedccrl_augment`
+  settings   M's settings, declared once without torch (`AugmentParams`, train.fedccrl's augmentation keys)
   ccdt       CCDT / MixStyle from the statistics pool (Alg. 2)
   augmix     DIFP / per-sample AugMix on the device (Alg. 3), and the reference code's batch AugMix
   augmix_pil the same per-sample AugMix with PIL on the host

@@ -163,7 +163,7 @@ def overall_style(
         total = part if total is None else total + part
         total_sq = part_sq if total_sq is None else total_sq + part_sq
         count += f.shape[0] * f.shape[2] * f.shape[3]
-    if total is None:
+    if total is None or total_sq is None:
         raise ValueError("overall_style: no images")
     mu = total / count
     var = (total_sq / count - mu.square()).clamp_min(0.0)
@@ -214,7 +214,8 @@ def random_adain_networks(seed: int = RANDOM_WEIGHTS_SEED, param: str = "adain_w
     for m in nets.modules():
         if isinstance(m, nn.Conv2d):
             nn.init.kaiming_normal_(m.weight, nonlinearity="relu", generator=g)
-            nn.init.zeros_(m.bias)
+            if m.bias is not None:  # every conv of the AdaIN networks has one
+                nn.init.zeros_(m.bias)
     return nets
 
 

@@ -80,6 +80,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -163,7 +164,7 @@ def sample_augmix_plan(
     if not 1 <= severity <= 10:
         raise ValueError(f"AugMix severity must be in [1, 10], got {severity}")
     S, D = MAX_CHAINS, MAX_DEPTH
-    kw = dict(generator=generator, device=device)
+    kw: dict[str, Any] = dict(generator=generator, device=device)
     k = torch.randint(1, S + 1, (batch,), **kw)  # line 4
     depth = torch.randint(1, D + 1, (S, batch), **kw)  # line 9: which of op1, op12, op123
     op = torch.randint(0, len(OPS), (S, batch, D), **kw)  # line 7
@@ -299,7 +300,7 @@ def _geometric_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -
 
 # Device types where a family runs on its selected images only (`_apply_family`): reading the selection is a host
 # sync on an accelerator, free on the CPU.
-COMPACT_DEVICES = ("cpu",)
+COMPACT_DEVICES: tuple[str, ...] = ("cpu",)
 
 
 def _apply_family(y, op, magnitude, family_ops, family_fn, compact: bool) -> torch.Tensor:
@@ -450,7 +451,7 @@ def sample_batch_augmix_plan(
     if not 1 <= severity <= 10:
         raise ValueError(f"AugMix severity must be in [1, 10], got {severity}")
     S, D = MAX_CHAINS, MAX_DEPTH
-    kw = dict(generator=generator, device=device)
+    kw: dict[str, Any] = dict(generator=generator, device=device)
     depth = torch.randint(1, D + 1, (S,), **kw)
     op = torch.randint(0, len(ALL_OPS), (S, D), **kw)
     level_bin = torch.randint(0, severity, (S, D), **kw)

@@ -42,14 +42,14 @@ def pil_op(img: Image.Image, op: str, level: float, sign: float) -> Image.Image:
     if op == "solarize":
         return ImageOps.solarize(img, 256 - int(level * 256 / 10))
     if op == "rotate":
-        return img.rotate(sign * int(level * 30 / 10), resample=Image.BILINEAR)
+        return img.rotate(sign * int(level * 30 / 10), resample=Image.Resampling.BILINEAR)
     affine = {
         "shear_x": (1, sign * level * 0.3 / 10, 0, 0, 1, 0),
         "shear_y": (1, 0, 0, sign * level * 0.3 / 10, 1, 0),
         "translate_x": (1, 0, sign * int(level * (w / 3) / 10), 0, 1, 0),
         "translate_y": (1, 0, 0, 0, 1, sign * int(level * (h / 3) / 10)),
     }[op]
-    return img.transform((w, h), Image.AFFINE, affine, resample=Image.BILINEAR)
+    return img.transform((w, h), Image.Transform.AFFINE, affine, resample=Image.Resampling.BILINEAR)
 
 
 def host_augmix(img_u8: np.ndarray, beta: float, severity: int, rng: np.random.Generator) -> np.ndarray:

@@ -55,6 +55,7 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -122,7 +123,7 @@ def sample_beta(
 ) -> torch.Tensor:
     """Beta(a, b) variates: X/(X+Y) with X ~ Gamma(a), Y ~ Gamma(b), computed as
     sigmoid(log X - log Y) so that it never divides 0 by 0."""
-    kw = dict(generator=generator, device=device, dtype=dtype)
+    kw: dict[str, Any] = dict(generator=generator, device=device, dtype=dtype)
     log_x = sample_log_gamma(a, shape, **kw)
     log_y = sample_log_gamma(b, shape, **kw)
     return torch.sigmoid(log_x - log_y)

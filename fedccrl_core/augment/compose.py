@@ -27,64 +27,26 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any
-
 import torch
 
 from fedccrl_core.augment import augmix, ccdt
+from fedccrl_core.augment.settings import AugmentParams
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
-
-
-@dataclass(frozen=True)
-class AugmentConfig:
-    """The augmentation part of params.yaml ``train.fedccrl`` (paper defaults, Sec. 4.1)."""
-
-    alpha: float = 0.1  # MixStyle / CCDT Beta(alpha, alpha)
-    beta: float = 1.0  # AugMix / DIFP Dirichlet and Beta parameter
-    severity: int = 3  # AugMix severity (reference default)
-    ccdt: bool = True  # Table 2 switch "MixStyle"
-    difp: bool = True  # Table 2 switch "AugMix"
-    mixstyle_var: str = "population"  # population (Eq. 7) | unbiased (reference code)
-    pool_draw: str = "with_replacement"  # with_replacement (Alg. 2 line 5) | reference (distinct rows when pool >= B)
-    augmix: str = "per_sample"  # per_sample (Alg. 3) | batch (reference code: torchvision's AugMix on the batch)
-    uint8_wrap: bool = False  # reference code's cast wrapping mod 256 between MixStyle and AugMix (a defect)
-    augmix_impl: str = "tensor"  # per_sample's implementation: tensor (batched, on the device) | pil (augmix_pil.py)
-
-    @classmethod
-    def from_mapping(cls, params: Mapping[str, Any]) -> AugmentConfig:
-        """Build from a mapping such as params.yaml's train.fedccrl; other keys are ignored."""
-        return cls(**{f.name: params[f.name] for f in fields(cls) if f.name in params})
-
-    @classmethod
-    def from_params(cls, params) -> AugmentConfig:
-        """Build from typed hyperparameters with these attributes (FedCCRLParams)."""
-        return cls(**{f.name: getattr(params, f.name) for f in fields(cls)})
-
-
-def _as_config(cfg: AugmentConfig | Mapping[str, Any] | None) -> AugmentConfig:
-    if cfg is None:
-        return AugmentConfig()
-    if isinstance(cfg, AugmentConfig):
-        return cfg
-    if isinstance(cfg, Mapping):
-        return AugmentConfig.from_mapping(cfg)
-    raise TypeError(f"expected AugmentConfig or a mapping, got {type(cfg).__name__}")
 
 
 def fedccrl_augment(
     x_norm: torch.Tensor,
     pool_mu: torch.Tensor | None,
     pool_sigma: torch.Tensor | None,
-    cfg: AugmentConfig | Mapping[str, Any] | None = None,
+    cfg: AugmentParams | None = None,
     generator: torch.Generator | None = None,
     mean=IMAGENET_MEAN,
     std=IMAGENET_STD,
 ) -> torch.Tensor:
     """M(X) = AugMix(MixStyle(X)) (Eq. 3) on a normalized batch [B, C, H, W]; returns a
     normalized batch. pool_mu/pool_sigma [P, C]: F_pool^i (may be None when cfg.ccdt is off)."""
-    cfg = _as_config(cfg)
+    cfg = cfg if cfg is not None else AugmentParams()
+    augmix_reading = cfg.reading("augmix")
     x = x_norm
     if cfg.ccdt:
         if pool_mu is None or pool_sigma is None:
@@ -95,16 +57,16 @@ def fedccrl_augment(
             pool_sigma,
             cfg.alpha,
             generator,
-            unbiased=cfg.mixstyle_var == "unbiased",
-            pool_draw=cfg.pool_draw,
+            unbiased=cfg.reading("mixstyle_var") == "unbiased",
+            pool_draw=cfg.reading("pool_draw"),
         )
     if cfg.difp:
         x01 = denormalize(x, mean, std)
-        if cfg.augmix == "batch" or cfg.uint8_wrap:  # the reference's (x * 255).to(torch.uint8)
+        if augmix_reading == "batch" or cfg.uint8_wrap:  # the reference's (x * 255).to(torch.uint8)
             x01 = augmix.to_uint8_levels(x01, wrap=cfg.uint8_wrap)
         else:
             x01 = x01.clamp(0.0, 1.0)
-        if cfg.augmix == "batch":
+        if augmix_reading == "batch":
             x = augmix.augmix_batch(x01, cfg.beta, cfg.severity, generator)
         elif cfg.augmix_impl == "pil":
             from fedccrl_core.augment.augmix_pil import augmix_pil

@@ -156,6 +156,7 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
         raise DataError(f"{archive}: not a zip or tar archive")
     dest.mkdir(parents=True, exist_ok=True)
     try:
+        ctx: zipfile.ZipFile | tarfile.TarFile
         if kind == "zip":
             ctx = zipfile.ZipFile(archive)
         else:
@@ -164,7 +165,7 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
         raise DataError(f"{archive}: cannot open archive ({e})") from e
     with ctx as ar:
         try:
-            plan = _plan_zip(ar, archive) if kind == "zip" else _plan_tar(ar, archive)
+            plan = _plan_zip(ar, archive) if isinstance(ar, zipfile.ZipFile) else _plan_tar(ar, archive)
         except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
             raise DataError(f"{archive}: corrupt archive ({e})") from e
         free = shutil.disk_usage(dest).free
@@ -182,7 +183,7 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
                 raise DataError(f"{archive}: member {str(rel)!r} would overwrite an existing file")
             target.parent.mkdir(parents=True, exist_ok=True)
             try:
-                if kind == "zip":
+                if isinstance(ar, zipfile.ZipFile):
                     with ar.open(member) as src, open(target, "xb") as f:
                         shutil.copyfileobj(src, f, CHUNK)
                 else:  # the member under its checked, normalized name

@@ -89,14 +89,15 @@ def load_rgb(path: str | os.PathLike) -> Image.Image:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(path) as im:
                 im.load()
+                upright: Image.Image = im
                 try:
-                    im = ImageOps.exif_transpose(im)
+                    upright = ImageOps.exif_transpose(im)
                 except Exception:  # a broken EXIF block does not spoil valid pixels
                     pass
-                rgb = _to_rgb(im)
+                rgb = _to_rgb(upright)
                 rgb.load()
-                if rgb is im:
-                    rgb = im.copy()
+                if rgb is upright:
+                    rgb = upright.copy()
     except (
         OSError,
         ValueError,
@@ -118,7 +119,7 @@ def resize_u8(img: Image.Image, size: int) -> np.ndarray:
     if img.mode != "RGB":
         img = _to_rgb(img)
     if img.size != (size, size):
-        img = img.resize((size, size), Image.BILINEAR)
+        img = img.resize((size, size), Image.Resampling.BILINEAR)
     out = np.asarray(img, dtype=np.uint8)
     return np.ascontiguousarray(out)
 

@@ -200,7 +200,7 @@ def upload_size(n: int, r: float, rounding: str = "ceil") -> int:
                 f"of a client with n = {n} (r = {r}); raise r or use upload: ceil"
             )
         return k
-    return min(n, math.ceil(round(r * n, 9)))
+    return min(n, max(1, math.ceil(round(r * n, 9))))  # r * n below 5e-10 rounds to 0: Eq. 8's ceil is still 1
 
 
 def sample_statistics(

@@ -323,7 +323,7 @@ def dataset_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
-def get_dataset(name: str) -> DatasetSpec:
+def get_dataset(name: object) -> DatasetSpec:
     """The registry entry for `name`; DataError naming `dataset.name` for an unknown name."""
     if not isinstance(name, str) or name not in REGISTRY:
         raise DataError(

@@ -293,7 +293,8 @@ def partition(
     if scheme == "feddg_bench":
         from fedccrl_core.data import feddg_bench
 
-        feddg_bench.client_counts([1], num_clients, lam)  # checks num_clients and lambda up front
+        # checks num_clients and lambda up front: None is refused here, naming its key
+        feddg_bench.client_counts([1], num_clients, lam)  # type: ignore[arg-type]  # unchecked values on purpose
     if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
         raise DataError(f"params.yaml: preprocess.image_size must resolve to an int >= 8, got {image_size!r}")
     t0 = time.monotonic()
@@ -374,6 +375,7 @@ def partition(
                     print(f"partition: wrote {fname} ({tr.size} train, {va.size} val)", file=sys.stderr, flush=True)
             del xs
         if scheme == "feddg_bench":
+            assert num_clients is not None and lam is not None  # refused up front otherwise
             clients = _write_feddg_bench(
                 stage, decoded, domains, len(classes), num_clients, lam, val_fraction, seed, progress, dirichlet_alpha
             )
@@ -573,7 +575,7 @@ def _read_shard(path: Path, entry: ClientEntry, manifest: ShardManifest, mmap: b
             if missing:
                 raise DataError(f"{path}: shard lacks key(s) {', '.join(missing)}")
             lazy = {"train_x": _member_memmap(path, "train_x")} if mmap else {}
-            arrs = {k: lazy[k] if lazy.get(k) is not None else z[k] for k in SHARD_KEYS}
+            arrs: dict[str, np.ndarray] = {k: m if (m := lazy.get(k)) is not None else z[k] for k in SHARD_KEYS}
             if entry.domain_counts is not None:
                 if "train_domain" not in z.files or "val_domain" not in z.files:
                     raise DataError(f"{path}: a mixed-domain shard lacks train_domain/val_domain")
@@ -645,7 +647,7 @@ def domain_name(manifest: ShardManifest, domain: str | int) -> str:
         return doms[int(domain)]
     if domain not in doms:
         raise DataError(f"domain '{domain}' is not in {manifest.dataset} (domains: {', '.join(doms)})")
-    return domain
+    return str(domain)
 
 
 def client_ids(manifest: ShardManifest, exclude_domain: str | int | None = None) -> list[str]:

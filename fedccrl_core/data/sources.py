@@ -124,7 +124,7 @@ def _fetch_urls(
     deadline_s=DEADLINE_S,
 ) -> list[tuple[Path, dict]]:
     """Download each (url, filename, expected sha256) into work/; return (path, archive record)."""
-    out = []
+    out: list[tuple[Path, dict]] = []
     for url, fname, want in urls:
         dest = work / f"{len(out)}-{fname}"
         digest = download_url(
@@ -254,6 +254,7 @@ def prepare_raw(
                         path.unlink()
                     src_rec["archives"] = [rec for _, rec in fetched]
                 top = extracted if extracted is not None else folder
+                assert top is not None  # every source above set one: a folder, or where its archives went
                 move = extracted is not None
                 if spec.layout == registry.LAYOUT_SPLIT_FILES:
                     missing, ignored = materialize_split_files(top, spec, stage, move)

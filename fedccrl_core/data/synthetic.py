@@ -130,7 +130,9 @@ def _closed(c: np.ndarray) -> list[tuple[float, float]]:
 def _low_freq(rng: np.random.Generator, amp: float) -> np.ndarray:
     field = rng.normal(0.0, 1.0, size=(4, 4, 3))
     chans = [
-        np.asarray(Image.fromarray(field[..., k].astype(np.float32), "F").resize((CANVAS, CANVAS), Image.BILINEAR))
+        np.asarray(
+            Image.fromarray(field[..., k].astype(np.float32), "F").resize((CANVAS, CANVAS), Image.Resampling.BILINEAR)
+        )
         for k in range(3)
     ]
     return np.stack(chans, axis=2) * amp

@@ -22,17 +22,17 @@ from fedccrl_core.data.images import is_ignored_name
 from fedccrl_core.foundation.errors import DataError
 
 
-def _entries(folder: str | os.PathLike) -> list[os.DirEntry]:
+def _entries(folder: str | os.PathLike[str]) -> list[os.DirEntry]:
     with os.scandir(folder) as it:
         return sorted(it, key=lambda e: e.name)
 
 
-def subfolders(folder: str | os.PathLike) -> list[Path]:
+def subfolders(folder: str | os.PathLike[str]) -> list[Path]:
     """The folders in `folder`, sorted, ignored names skipped."""
     return [Path(e.path) for e in _entries(folder) if e.is_dir() and not is_ignored_name(e.name)]
 
 
-def walk_files(folder: str | os.PathLike) -> Iterator[Path]:
+def walk_files(folder: str | os.PathLike[str]) -> Iterator[Path]:
     """Every file under `folder`, recursively, sorted, ignored names (of files and folders) skipped."""
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not is_ignored_name(d))
@@ -77,14 +77,14 @@ class Tree:
         return sum(len(v) for v in self.files.get(domain, {}).values())
 
     def relpaths(self, domains: list[str] | None = None) -> list[str]:
-        out = []
+        out: list[str] = []
         for d in domains or sorted(self.files):
             for c in sorted(self.files[d]):
                 out.extend(f"{d}/{c}/{f}" for f in self.files[d][c])
         return out
 
 
-def scan_tree(root: str | os.PathLike) -> Tree:
+def scan_tree(root: str | os.PathLike[str]) -> Tree:
     """Scan `root/<domain>/<class>/<file>`. Ignored names are skipped; stray files are listed as ignored."""
     root = Path(root)
     if not root.is_dir():

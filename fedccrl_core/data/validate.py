@@ -170,7 +170,7 @@ def validate_tree(
     try:
         domains, classes = check_layout(spec, tree)
         report.update(domains=domains, classes=classes)
-        extra = {}
+        extra: dict[str, int] = {}
         for m in missing:
             d = m["path"].split("/", 1)[0]
             extra[d] = extra.get(d, 0) + 1

@@ -112,7 +112,10 @@ class _Pickler(pickle.Pickler):
 # Every class or function a client state's pickle names besides `_tensor_from` (optimizer and LR-schedule
 # state dicts, `extra`): numpy's rebuilder of an out-of-band array (numpy.core or numpy._core by version)
 # and its dtype, OrderedDict. A pickle names what it calls when loaded, so nothing else is looked up.
-_ALLOWED = {(f.__module__, f.__name__): f for f in (np.zeros(1).__reduce_ex__(5)[0], np.dtype, collections.OrderedDict)}
+_ALLOWED = {
+    (f.__module__, f.__name__): f  # type: ignore[union-attr]  # __reduce_ex__(5)[0] is numpy's rebuilder function here, typed as str | callable
+    for f in (np.zeros(1).__reduce_ex__(5)[0], np.dtype, collections.OrderedDict)
+}
 
 
 class _Unpickler(pickle.Unpickler):
@@ -152,7 +155,7 @@ def write_record(state, f) -> int:
 def read_record(buf: np.ndarray, device=None):
     """The state `write_record` wrote, from its bytes; tensors are views of `buf` (CPU) or copies on
     `device`."""
-    mv = memoryview(buf)
+    mv = memoryview(buf)  # type: ignore[arg-type]  # an ndarray is a buffer; numpy's stubs declare __buffer__ for Python >= 3.12 only
     meta_len, nbuf = _HEAD.unpack_from(mv, 0)
     lens = struct.unpack_from(f"<{nbuf}Q", mv, _HEAD.size)
     pos = _HEAD.size + 8 * nbuf
@@ -180,7 +183,8 @@ class RoundCheckpoints:
         self.bytes_written = 0  # by the last save (checkpoint plus the round's state file)
         self._pending: dict[str, tuple[int, int, int]] = {}  # records written this round, named by no checkpoint yet
         self._store: contextlib.ExitStack | None = None  # the round's state file being written
-        self._store_round, self._store_file, self._store_pos = 0, None, 0
+        self._store_round, self._store_pos = 0, 0
+        self._store_file: io.BufferedWriter | None = None
 
     # ---- reading ------------------------------------------------------------------------------
     def round_file(self, rnd: int) -> Path:
@@ -241,7 +245,7 @@ class RoundCheckpoints:
         buf = np.empty(n, dtype=np.uint8)
         with open(self.round_file(rnd), "rb") as f:
             f.seek(off)
-            if f.readinto(memoryview(buf)) != n:
+            if f.readinto(memoryview(buf)) != n:  # type: ignore[arg-type]  # an ndarray is a buffer (see read_record)
                 raise EOFError(f"{self.round_file(rnd)}: record at {off} is truncated")
         return buf
 
@@ -258,7 +262,7 @@ class RoundCheckpoints:
                 f"{self.round_file(rec[0])}: refused: the state of client {cid} {e}; nothing in it was loaded or run"
             ) from e
 
-    def client_states(self) -> dict[str, dict]:
+    def client_states(self) -> dict[str, dict | None]:
         """Every client state the latest checkpoint names (for inspection and tests; the engine loads
         only the sampled clients' states, with `load_client`)."""
         self.client_records = dict(self._parse(self.path).client_records)
@@ -317,6 +321,7 @@ class RoundCheckpoints:
             records.update(self._pending)
             self._compact(records)
             records.update(self._pending)
+            assert self._store_file is not None  # opened with the round's store
             self._store_file.close()
             stack, self._store, self._store_file = self._store, None, None
             stack.close()  # fsync, rename to P.clients/r<rnd>.bin

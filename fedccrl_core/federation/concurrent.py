@@ -37,7 +37,7 @@ class GlobalRng:
 
     torch_cpu: torch.Tensor
     torch_cuda: torch.Tensor | None
-    numpy: tuple
+    numpy: tuple | dict  # np.random.get_state()
     python: tuple
 
     @classmethod
@@ -104,7 +104,7 @@ class Interleaver:
         current = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
         slots = []
         for task, model, stream in zip(wave, self.models, self.streams):
-            if stream is not None:
+            if stream is not None and current is not None:  # both exist on CUDA only
                 stream.wait_stream(current)
             seed_everything(task.seed)
             slots.append(_Slot(task, task.start(model), stream, GlobalRng.capture(self.device)))
@@ -121,6 +121,7 @@ class Interleaver:
             active = [s for s in active if not s.done]
         if current is not None:
             for slot in slots:
-                current.wait_stream(slot.stream)
+                if slot.stream is not None:  # always on CUDA
+                    current.wait_stream(slot.stream)
         slots[-1].rng.restore(self.device)  # what the sequential engine leaves: the last client's final state
         return slots

@@ -170,7 +170,7 @@ class InProcessTransport:
 
 
 class InProcessEngine:
-    """RoundLoop over an InProcessTransport (the constructor pipeline/train.py and the tests use)."""
+    """RoundLoop over an InProcessTransport (the constructor pipeline/fedccrl_pipeline/train.py and the tests use)."""
 
     def __init__(
         self,

@@ -1,11 +1,11 @@
-"""Training jobs: one (algorithm, seed) trained for each held-out domain (`fedccrl train`, pipeline/train.py).
+"""Training jobs: one (algorithm, seed) trained for each held-out domain (`fedccrl train`, pipeline/fedccrl_pipeline/train.py).
 
 `plan_runs` turns the run settings (typed, from the validated params file) into one picklable `TrainJob` per
 held-out entry, keyed by a hash of everything that determines the run (its round checkpoint's name); `run_one`
 trains a job on the in-process engine (or over Flower, with the caller's `job.flower_train`) and writes its
 outputs at once at the end (the run layout of fedccrl_core/foundation/contract.py); `run_jobs` runs jobs side by side in a
 `concurrent.futures.ProcessPoolExecutor` (spawned workers, one torch thread each) and hands their round records
-to the caller, which alone talks to the tracker (pipeline/tracking.py).
+to the caller, which alone talks to the tracker (pipeline/fedccrl_pipeline/tracking.py).
 
 The pool is the standard library's; two things it does not do are added here: the round records stream to the
 parent while a job trains (a queue every worker receives at start), and a failed run stops the workers still
@@ -36,7 +36,7 @@ LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
 @dataclass(frozen=True)
 class RunSettings:
-    """What every run of one `fedccrl train` shares, from the validated params file (pipeline/params.py)."""
+    """What every run of one `fedccrl train` shares, from the validated params file (pipeline/fedccrl_pipeline/params.py)."""
 
     dataset: str
     backbone: str  # resolved: never `auto`
@@ -123,7 +123,7 @@ def plan_runs(
     checkpoints: Path,
     hparams: HParams,
 ) -> list[TrainJob]:
-    """One job per held-out entry (checked by pipeline/sweep.py `check_train`; `targets` are their domain names),
+    """One job per held-out entry (checked by pipeline/fedccrl_pipeline/sweep.py `check_train`; `targets` are their domain names),
     its run key (the hash of every setting of the run, the manifest and the training code) and its output
     folder out/d<entry>. `hparams`: the algorithm's Params; `partition`: params.yaml's partition group."""
     domains = list(manifest.domains)
@@ -216,6 +216,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         on_round = lambda rec: report("round", rec)  # noqa: E731
         if s.engine == "flower":  # same algorithm, seeds and record dicts over Flower: job.flower_train is
             # fedccrl_flower.run.train_with_flower, set by the caller (the library does not import the transport)
+            assert job.flower_train is not None, "engine flower: the caller sets job.flower_train"
             result = job.flower_train(job, shards=shards, pools=pools, on_round=on_round, log=log)
         else:
             result = InProcessEngine(
@@ -311,6 +312,10 @@ def worker_count(setting: str, settings: RunSettings, n_jobs: int) -> int:
 
 
 # ---- the worker pool -----------------------------------------------------------------------------------------
+class WorkerFailed(Exception):
+    """An unexpected error in a training worker; its message is the worker's formatted traceback."""
+
+
 _RECORDS = None  # in a worker: the queue to the parent (set once by _worker_start, the pool's initializer)
 
 
@@ -328,15 +333,21 @@ def _worker_start(records) -> None:
 def _worker_run(train, job: TrainJob, shards: Path, pools: Path) -> None:
     """One run in a worker: its round records and then its summary ("done") sent to the parent in order, through
     one queue; the parent alone talks to MLflow. A known error (bad data, a missing file) comes back as a
-    ValueError naming the held-out domain; anything else as itself, with the worker's traceback attached by
-    concurrent.futures."""
+    ValueError naming the held-out domain; any other error as WorkerFailed, with the worker's traceback formatted
+    here."""
+    import traceback
+
     from fedccrl_core.foundation.errors import FedCCRLError
 
+    assert _RECORDS is not None  # set by _worker_start
+    records = _RECORDS
     try:
-        summary = train(job, shards, pools, lambda kind, rec: _RECORDS.put((kind, job.index, rec)))
+        summary = train(job, shards, pools, lambda kind, rec: records.put((kind, job.index, rec)))
     except (ValueError, FileNotFoundError, FedCCRLError) as e:
         raise ValueError(f"{job.target}: {e}") from None
-    _RECORDS.put(("done", job.index, summary))
+    except Exception:
+        raise WorkerFailed(traceback.format_exc().rstrip()) from None
+    records.put(("done", job.index, summary))
 
 
 def run_jobs(
@@ -362,7 +373,8 @@ def run_jobs(
 
     ctx = mp.get_context("spawn")  # not fork: torch's OpenMP pool does not survive a fork
     records = ctx.Queue()
-    pending, live, finished, pids = list(jobs), {}, set(), set()
+    live: dict[int, tuple] = {}  # job index: (its future, the job)
+    pending, finished, pids = list(jobs), set(), set()
     pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_start, initargs=(records,))
     try:
         while pending or live:
@@ -389,10 +401,11 @@ def run_jobs(
                     raise RuntimeError(f"training worker for held-out {job.target} died ({e})") from None
                 except ValueError:
                     raise
+                except WorkerFailed as e:  # its message is the worker's traceback
+                    raise RuntimeError(f"training worker for held-out {job.target} failed:\n{e}") from None
                 except BaseException as e:
                     raise RuntimeError(
-                        f"training worker for held-out {job.target} failed:\n"
-                        f"{getattr(e.__cause__, 'tb', '')}{type(e).__name__}: {e}"
+                        f"training worker for held-out {job.target} failed:\n{type(e).__name__}: {e}"
                     ) from e
                 if index in finished:  # its "done" came through the queue, after every round record
                     live.pop(index)

@@ -28,7 +28,8 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedccrl_core.algorithms.base import Algorithm, Reply
+from fedccrl_core.algorithms.base import Aggregation, Algorithm, ListAggregation, Reply
+from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints, RoundState
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
@@ -53,6 +54,16 @@ def nbytes(obj) -> int:
     return 0
 
 
+def uncovered_release(alg: Algorithm) -> str:
+    """What `alg` releases that train.privacy's mechanisms (privacy/dp.py) do not cover, read from which hooks it
+    overrides ("" when none): an upload other than FedCCRL's statistics rows, an aggregation other than Eq. 2."""
+    if type(alg).client_upload is not Algorithm.client_upload and not getattr(alg.Params, "uploads_statistics", False):
+        return "uploads something other than FedCCRL's statistics rows (only those are clipped and noised)"
+    if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
+        return "aggregates with a rule of its own, not Eq. 2 (DP-FedAvg replaces Eq. 2 only)"
+    return ""
+
+
 def privacy_of(alg: Algorithm):
     """train.privacy of this run (LocalConfig.privacy): a RunPrivacy, or None when off. Refuses, before any
     work, a setting under which something leaves the client that is neither noised nor counted: an upload the
@@ -62,18 +73,15 @@ def privacy_of(alg: Algorithm):
     if s is None or not s.enabled:
         return None
     uploads = getattr(alg.Params, "uploads_statistics", False)
-    if type(alg).client_upload is not Algorithm.client_upload and not uploads:
+    if alg.Params.dp_refusal:  # params.yaml's validation refuses it first (pipeline cross_checks)
+        raise ValueError(f"train.privacy.enabled: {alg.name}: {alg.Params.dp_refusal}")
+    if uncovered_release(alg):
         raise ValueError(
-            f"train.privacy.enabled: {alg.name} uploads something other than FedCCRL's statistics "
-            "rows; only those are clipped and noised (fedccrl_core/privacy/dp.py)"
+            f"train.privacy.enabled: {alg.name} {uncovered_release(alg)}, and its Params declare no dp_refusal "
+            "(fedccrl_core/foundation/hparams.py): declare why, so that params.yaml's validation refuses it"
         )
     for key, why in s.unprotected(alg.name, uploads):
         raise ValueError(f"{key}: {why}")
-    if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
-        raise ValueError(
-            f"train.privacy.weights: {alg.name} aggregates with a rule of its own, not Eq. 2; "
-            "DP-FedAvg replaces Eq. 2 only (fedavg, fedccrl, fedprox, ...)"
-        )
     from fedccrl_core.privacy.accountant import RunPrivacy  # dp_accounting, imported only when on
 
     return RunPrivacy(s, uploads)
@@ -190,6 +198,7 @@ class RoundLoop:
         announced (Transport.known_n); {} when the algorithm uploads no statistics."""
         if not self.privacy.uploads:
             return {}
+        assert isinstance(self.alg, StatisticsExchange)  # the algorithms whose uploads are statistics
         return {cid: (n, self.alg.released_rows(n)) for cid, n in self.transport.known_n().items()}
 
     def _accept(self, ck: RoundCheckpoint) -> str | None:
@@ -264,6 +273,7 @@ class RoundLoop:
                     raise ValueError(f"{stop}: no round completed") from None
                 break
             payloads = self.alg.server_payloads(uploads)  # line 7
+            agg: DPFedAvgAggregation | Aggregation | ListAggregation
             if self.privacy is not None:  # DP-FedAvg (privacy/dp.py)
                 agg = DPFedAvgAggregation(
                     global_w, len(sampled), self.privacy.s, private_rng(self.privacy.s, "weights", rnd)
@@ -280,7 +290,7 @@ class RoundLoop:
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec = {
+            rec: dict[str, Any] = {
                 contract.ROUND: rnd,
                 contract.VAL_ACC: val_acc,
                 contract.TARGET_ACC: tgt_acc,

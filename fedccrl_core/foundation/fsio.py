@@ -42,6 +42,7 @@ import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import IO, Any
 
 import psutil
 
@@ -275,9 +276,8 @@ def _stream(path: Path, name: Path, mode: str, verify, previous, open_kwargs) ->
         raise OutputError(f"{name}: cannot write (this output must be a regular file)")
     with _as_output_error(name):
         raw = _open_raw(path, name)
-    f = io.BufferedWriter(raw)
-    if mode == "w":
-        f = io.TextIOWrapper(f, **open_kwargs)
+    buffered = io.BufferedWriter(raw)
+    f: IO[Any] = io.TextIOWrapper(buffered, **open_kwargs) if mode == "w" else buffered
     try:
         with _as_output_error(name, any_errno=False):
             yield f

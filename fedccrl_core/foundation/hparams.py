@@ -1,5 +1,5 @@
 """Typed parameters, declared once: the base of every algorithm's hyperparameter declaration
-(`Algorithm.Params`) and of the params.yaml schema (pipeline/params.py), and the one place that turns a
+(`Algorithm.Params`) and of the params.yaml schema (pipeline/fedccrl_pipeline/params.py), and the one place that turns a
 validation failure into lines a user can act on.
 
 A hyperparameter is declared with `hp(default, source, **bounds)`: its type is the annotation, its
@@ -17,9 +17,12 @@ Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import math
-from typing import Any, get_args
+from typing import Any, ClassVar, TypeVar, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
+
+M = TypeVar("M", bound=BaseModel)  # the model `validate` checks data against, and returns an instance of
 
 
 class Declared(BaseModel):
@@ -33,6 +36,11 @@ class HParams(Declared):
     attributes (`alg.hp.lambda1`). An empty or null group takes every default."""
 
     model_config = ConfigDict(frozen=True)
+
+    # Why train.privacy has no mechanism for what this algorithm releases ("" = it has: DP-FedAvg replaces Eq. 2 and
+    # statistics rows are clipped and noised). Declared here, without torch, so that params.yaml's validation refuses
+    # the combination before any run starts; the round loop checks the algorithm against it (federation/loop.py).
+    dp_refusal: ClassVar[str] = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -149,7 +157,7 @@ def _is_int(field, loc: tuple) -> bool:
     return ann is int or int in get_args(ann) or any(isinstance(p, str) and p.endswith("int") for p in loc)
 
 
-def _expected(err: dict, field) -> str:
+def _expected(err: ErrorDetails, field) -> str:
     t, ctx = err["type"], err.get("ctx") or {}
     if t in _TYPE_WORDS:
         return _TYPE_WORDS[t]
@@ -239,7 +247,7 @@ def problems(
     return lines
 
 
-def validate(model: type[BaseModel], data: Any, prefix: str = "", file: str = "params.yaml") -> BaseModel:
+def validate(model: type[M], data: Any, prefix: str = "", file: str = "params.yaml") -> M:
     """model.model_validate(data), or ParamError with one line per problem."""
     from fedccrl_core.foundation.errors import ParamError
 

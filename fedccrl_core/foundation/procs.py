@@ -1,7 +1,7 @@
 """The process policy every fedccrl process and child process follows, so that no stage outlives what started it and a killed run stays resumable.
 
 - `die_with_parent()`: Linux PR_SET_PDEATHSIG, so a stage (or a Flower SuperLink/SuperNode started by the
-  launcher) receives SIGTERM when the process that started it dies: SIGTERM to `dvc repro` no longer
+  launcher through `guarded`) receives SIGTERM when the process that started it dies: SIGTERM to `dvc repro` no longer
   orphans a trainer that a rerun would then race with.
 - `sigterm_as_exit()`: SIGTERM raises SystemExit in the main thread, so `finally` blocks run: temporary
   outputs are removed, child processes stopped and MLflow runs marked KILLED.
@@ -21,9 +21,11 @@ import threading
 PR_SET_PDEATHSIG = 1
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> bool:
+def die_with_parent(sig: int = signal.SIGTERM, parent: int | None = None) -> bool:
     """Ask the kernel to send `sig` to this process when its parent exits. Linux only; elsewhere a no-op
-    (returns False). Also usable as Popen(preexec_fn=die_with_parent) for children."""
+    (returns False). `parent`: the pid the parent must have; when this process has another parent already (the
+    parent died before prctl took effect), it sends itself `sig` at once (without `parent`: when its parent is
+    init). A child process started by a fedccrl process arranges this itself at its start (`guarded`)."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -32,9 +34,18 @@ def die_with_parent(sig: int = signal.SIGTERM) -> bool:
             return False
     except OSError:
         return False
-    if os.getppid() == 1:  # the parent died before prctl took effect
+    orphaned = os.getppid() == 1 if parent is None else os.getppid() != parent
+    if orphaned:
         os.kill(os.getpid(), sig)
     return True
+
+
+def guarded(args: list[str]) -> list[str]:
+    """The command line that runs `args` as a child that dies with this process: a Python process of
+    fedccrl_core/foundation/child_guard.py asks for the death signal (which survives exec) and checks that this
+    process is still its parent, then replaces itself with `args` (same pid, same process group). `-P`: the
+    child's working directory is not on its module path."""
+    return [sys.executable, "-P", "-m", "fedccrl_core.foundation.child_guard", str(os.getpid()), "--", *args]
 
 
 def _exit_on_signal(signum, frame):

@@ -48,12 +48,14 @@ class ClientData:
         """(H, W) of the training images, without reading them."""
         if self.train_x is not None:
             return int(self.train_x.shape[2]), int(self.train_x.shape[3])
+        assert self.train_source is not None  # lazy: train_x is None, the shard's images are here
         return int(self.train_source.shape[1]), int(self.train_source.shape[2])
 
     def resident(self) -> ClientData:
         """This client with its training images on the device (itself when they already are)."""
         if self.train_x is not None:
             return self
+        assert self.train_source is not None  # lazy: train_x is None, the shard's images are here
         return dataclasses.replace(self, train_x=_images(self.train_source, self.device), train_source=None)
 
     @classmethod

@@ -9,6 +9,7 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -54,7 +55,7 @@ class SmallCNN(nn.Module):
 class _TorchvisionEncoder(nn.Module):
     """Everything of a torchvision classifier except its last Linear layer."""
 
-    def __init__(self, net: nn.Module, kind: str):
+    def __init__(self, net: Any, kind: str):  # a torchvision model (torchvision ships no types)
         super().__init__()
         self.kind = kind
         if kind == "mobilenet_v3_large":
@@ -122,5 +123,4 @@ def build_model(backbone: str, num_classes: int, pretrained: str = "none") -> Fe
         return FedModel(h, nn.Linear(h.out_dim, num_classes))
     net = _torchvision_net(backbone, pretrained)
     last = net.classifier[-1] if backbone == "mobilenet_v3_large" else net.fc
-    h = _TorchvisionEncoder(net, backbone)
-    return FedModel(h, nn.Linear(last.in_features, num_classes))
+    return FedModel(_TorchvisionEncoder(net, backbone), nn.Linear(last.in_features, num_classes))

@@ -5,9 +5,10 @@ partial batch is padded, not dropped. With every step the same shape, cuDNN auto
 whatever the client or round (fastpath.static_batches says where this is on). The padding must not change what the
 step computes:
   * `pad_rows`: the batch's indices, extended to B by repeating its own rows (finite, in-distribution inputs);
-  * `real_rows_only`: every BatchNorm layer in train mode takes its batch statistics from the real rows only, and
-    updates its running statistics from them, as the unpadded batch would. The padded rows are normalized with the
-    same statistics, so they stay on the real rows' scale;
+  * `real_rows_only`: every BatchNorm layer in train mode runs on the real rows only (torch's forward hooks: its
+    own forward, given the real rows), so it takes its batch statistics from them and updates its running
+    statistics as the unpadded batch would. Each padded row leaves the layer as a copy of the real row it
+    stands for, so it stays finite and on the real rows' scale;
   * the algorithm takes its loss on the real rows only (`StepContext.real_rows`, algorithms/base.py), so no gradient
     comes from a padded row.
 A padded step then equals the unpadded one up to the order of floating-point sums (tests/test_static_batch.py). An
@@ -42,56 +43,53 @@ def real_row_index(n_rows: int, real: int, block: int, device) -> torch.Tensor:
     return (starts[:, None] + torch.arange(real, device=device)[None, :]).reshape(-1)
 
 
-def _masked_batch_norm(bn: nn.Module, x: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """BatchNorm in train mode with the statistics of x's `rows` (float32), applied to every row; the running
-    statistics updated as torch's BatchNorm does (momentum, or the cumulative average when momentum is None; the
-    running variance unbiased)."""
-    dims = [0, *range(2, x.dim())]
-    real = x.index_select(0, rows).float()
-    var, mean = torch.var_mean(real, dim=dims, unbiased=False)
-    if bn.track_running_stats and bn.running_mean is not None:
-        with torch.no_grad():
-            bn.num_batches_tracked.add_(1)
-            factor = bn.momentum if bn.momentum is not None else 1.0 / bn.num_batches_tracked
-            count = real.numel() // real.shape[1]
-            bn.running_mean.lerp_(mean.to(bn.running_mean.dtype), factor)
-            bn.running_var.lerp_((var * (count / max(count - 1, 1))).to(bn.running_var.dtype), factor)
-    shape = (1, -1, *([1] * (x.dim() - 2)))
-    y = (x.float() - mean.view(shape)) * torch.rsqrt(var + bn.eps).view(shape)
-    if bn.affine:
-        y = y * bn.weight.float().view(shape) + bn.bias.float().view(shape)
-    return y.to(x.dtype)
+def _first_of_each_block(real: int, block: int, k: int, device) -> torch.Tensor:
+    """For each of k * block rows, the position in the k * real real rows of the real row it repeats: row j of
+    block b is real row (j mod real) of b."""
+    starts = torch.arange(0, k * real, real, device=device)
+    return (starts[:, None] + (torch.arange(block, device=device) % real)[None, :]).reshape(-1)
+
+
+class _RealRowsOnly:
+    """The pair of hooks that mask one BatchNorm layer in train mode (torch's public module hooks; the layer's own
+    forward runs, on the real rows): the forward pre-hook hands it the real rows only, so it takes its statistics
+    from them and updates its running statistics as on the unpadded batch; the forward hook gives each padded row
+    the output of the real row it stands for, so every row leaves the layer on the real rows' scale and the
+    output has the input's rows."""
+
+    def __init__(self, real: int, block: int):
+        self.real, self.block = real, block
+
+    def real_rows_in(self, bn: nn.Module, args: tuple) -> tuple | None:
+        if not bn.training:
+            return None
+        (x,) = args
+        return (x[real_row_index(x.shape[0], self.real, self.block, x.device)],)  # indexing keeps channels_last
+
+    def every_row_out(self, bn: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
+        if not bn.training:
+            return None
+        return out[_first_of_each_block(self.real, self.block, out.shape[0] // self.real, out.device)]
 
 
 @contextlib.contextmanager
 def real_rows_only(model: nn.Module, real: int, block: int):
     """Within: every BatchNorm layer of `model` in train mode normalizes with the statistics of the first `real`
-    rows of each `block` rows of its input (module docstring). A no-op when real == block. Each layer's forward is
-    replaced on the instance for the duration, and restored after."""
+    rows of each `block` rows of its input (module docstring). A no-op when real == block. Each of torch's own
+    BatchNorm layers gets the hooks of _RealRowsOnly for the duration; they are removed after."""
     if real >= block:
         yield
         return
-    replaced = []
-
-    def masked_forward(bn):
-        plain = bn.forward
-
-        def forward(x):
-            if not bn.training:
-                return plain(x)
-            return _masked_batch_norm(bn, x, real_row_index(x.shape[0], real, block, x.device))
-
-        return forward
-
+    mask, handles = _RealRowsOnly(real, block), []
     try:
         for m in model.modules():
-            if type(m) in BATCH_NORMS and "forward" not in vars(m):  # a subclass has its own forward: untouched
-                m.forward = masked_forward(m)
-                replaced.append(m)
+            if type(m) in BATCH_NORMS:  # a subclass has its own statistics: untouched (Algorithm.pads_partial_batch)
+                handles.append(m.register_forward_pre_hook(mask.real_rows_in))
+                handles.append(m.register_forward_hook(mask.every_row_out))
         yield
     finally:
-        for m in replaced:
-            del m.forward
+        for h in handles:
+            h.remove()
 
 
 def real_part(t: torch.Tensor, real: int | None) -> torch.Tensor:

@@ -69,7 +69,7 @@ def summarize(runs: list[dict]) -> dict:
         by.setdefault(r["algorithm"], {}).setdefault(r["held_out_domain"], []).append(r)
     metrics: dict = {}
     for alg, per_dom in by.items():
-        m = {
+        m: dict[str, dict] = {
             dom: {
                 **{key: _mean_std([x[key] for x in rs]) for key, _ in SELECTIONS},
                 "seeds": sorted(x["seed"] for x in rs),

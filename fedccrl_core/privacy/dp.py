@@ -21,6 +21,8 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -31,9 +33,10 @@ RUNNING_VAR_FLOOR = 1e-5  # BatchNorm's default eps: a noised running variance i
 
 def clip_rows(mu: np.ndarray, sigma: np.ndarray, s: PrivacySettings) -> tuple[np.ndarray, np.ndarray]:
     """Each row clipped into the stated box (float64)."""
+    (mu_lo, mu_hi), (sigma_lo, sigma_hi) = s.stats_mu_range, s.stats_sigma_range
     return (
-        np.clip(np.asarray(mu, np.float64), *s.stats_mu_range),
-        np.clip(np.asarray(sigma, np.float64), *s.stats_sigma_range),
+        np.clip(np.asarray(mu, np.float64), mu_lo, mu_hi),
+        np.clip(np.asarray(sigma, np.float64), sigma_lo, sigma_hi),
     )
 
 
@@ -93,7 +96,7 @@ def floating_keys(state: dict) -> list[str]:
 
 def clip_update(update: dict[str, torch.Tensor], clip: float) -> tuple[dict[str, torch.Tensor], float]:
     """update scaled by min(1, S / ||update||) (one L2 norm over every entry); returns it and the norm before."""
-    norm = float(torch.sqrt(sum((v.to(torch.float64) ** 2).sum() for v in update.values())))
+    norm = math.sqrt(float(sum((v.to(torch.float64) ** 2).sum() for v in update.values())))
     scale = min(1.0, clip / norm) if norm > 0 else 1.0
     return {k: v.to(torch.float64) * scale for k, v in update.items()}, norm
 

@@ -1,12 +1,13 @@
 """params.yaml `train.privacy.*`: differential privacy on both upload channels, declared once (typed, bounded,
 with sources). Off by default: `enabled: false` is the paper's protocol, bit for bit. No torch here: every stage
-validates params.yaml with this model before it does any work (pipeline/params.py).
+validates params.yaml with this model before it does any work (pipeline/fedccrl_pipeline/params.py).
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
 import math
+import os
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
@@ -19,6 +20,9 @@ class BudgetExhausted(Exception):
 
 
 Range = Annotated[list[float], Field(min_length=2, max_length=2)]
+# train.privacy.noise_seed is refused unless this variable is 1: a seeded run says, where it is started, that it is not
+# private
+NOT_PRIVATE_VARIABLE = "FEDCCRL_NOT_PRIVATE"
 
 
 class PrivacySettings(Declared):
@@ -77,8 +81,19 @@ class PrivacySettings(Declared):
         None,
         description="TESTS ONLY: draw the noise and the privacy sampling from this "
         "seed instead of the operating system's entropy; the run is then NOT private "
-        "(anyone with params.yaml removes the noise) and every report says so",
+        "(anyone with params.yaml removes the noise) and every report says so; refused unless "
+        "FEDCCRL_NOT_PRIVATE=1 is in the environment",
     )
+
+    @field_validator("noise_seed")
+    @classmethod
+    def _seeded_only_on_request(cls, v):
+        if v is not None and os.environ.get(NOT_PRIVATE_VARIABLE) != "1":
+            raise ValueError(
+                f"a seeded noise is not private (anyone who reads the params file removes it): it is for tests only, "
+                f"and needs {NOT_PRIVATE_VARIABLE}=1 in the environment to say so; remove the key for a private run"
+            )
+        return v
 
     @field_validator("stats_mu_range", "stats_sigma_range")
     @classmethod

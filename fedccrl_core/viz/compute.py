@@ -4,13 +4,12 @@ Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 import torch
 
 from fedccrl_core.augment.ccdt import ccdt
-from fedccrl_core.augment.compose import AugmentConfig, fedccrl_augment
+from fedccrl_core.augment.compose import fedccrl_augment
+from fedccrl_core.augment.settings import AugmentParams
 from fedccrl_core.learning.statistics import denormalize, normalize_u8
 from fedccrl_core.viz.gradcam import grad_cam
 
@@ -21,14 +20,22 @@ def _to_u8(x_norm: torch.Tensor, mean, std) -> np.ndarray:
 
 
 def augmentation_views(
-    images_u8: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, cfg: AugmentConfig, seed: int, mean, std
+    images_u8: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, cfg: AugmentParams, seed: int, mean, std
 ) -> dict[str, np.ndarray]:
     """original | CCDT with F_pool^i | the same CCDT output then DIFP (Fig. 3: (c) is made from (b))."""
     g = torch.Generator().manual_seed(seed)
     x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8)), mean, std)
     mu, sigma = torch.as_tensor(pool_mu), torch.as_tensor(pool_sigma)
-    x_ccdt = ccdt(x, mu, sigma, cfg.alpha, g, unbiased=cfg.mixstyle_var == "unbiased", pool_draw=cfg.pool_draw)
-    difp_only = dataclasses.replace(cfg, ccdt=False, difp=True)
+    x_ccdt = ccdt(
+        x,
+        mu,
+        sigma,
+        cfg.alpha,
+        g,
+        unbiased=cfg.reading("mixstyle_var") == "unbiased",
+        pool_draw=cfg.reading("pool_draw"),
+    )
+    difp_only = cfg.model_copy(update={"ccdt": False, "difp": True})
     x_both = fedccrl_augment(x_ccdt, None, None, difp_only, g, mean, std)
     return {
         "original": np.asarray(images_u8),
@@ -68,7 +75,7 @@ def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std
         mu, sigma = load_pool(pools, cid)
         f_mu, f_sigma = sample_statistics(mu, sigma, fedccrl_hp.r, rng)  # Eq. 8
         uploads[cid] = {"mu": f_mu, "sigma": f_sigma}
-    aug = AugmentConfig.from_params(fedccrl_hp)
+    aug = fedccrl_hp  # resolved: its switches hold the variant's readings
     rows = []
     for j, cid in enumerate(ids):
         shard = load_client(shards, cid)

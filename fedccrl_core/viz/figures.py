@@ -160,7 +160,7 @@ def confusion(domain: str, algorithm: str, cm: np.ndarray, classes: list[str], p
     fig, ax = plt.subplots(figsize=(w, h))
     # margins in inches from the longest class name (7 pt tick labels, the x ones at 45 degrees), not measured
     # from every text of the figure by a tight layout; the colorbar and its label on the right
-    r = fig.canvas.get_renderer()
+    r = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas (fedccrl_core.viz sets Agg) has it; the base class does not declare it
     name = max(r.get_text_width_height_descent(c, FontProperties(size=7), ismath=False)[0] for c in classes) / fig.dpi
     left, bottom, top, right = name + 0.45, 0.71 * name + 0.5, 0.35, 0.8
     fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=bottom / h, top=1 - top / h)
@@ -171,7 +171,7 @@ def confusion(domain: str, algorithm: str, cm: np.ndarray, classes: list[str], p
                 ax.text(
                     j,
                     i,
-                    int(cm[i, j]),
+                    str(int(cm[i, j])),
                     ha="center",
                     va="center",
                     fontsize=7,

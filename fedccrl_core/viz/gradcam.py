@@ -23,7 +23,7 @@ def last_conv(module: nn.Module) -> nn.Conv2d:
 def grad_cam(model, x: torch.Tensor, target: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """CAMs [B, H, W] in [0, 1] for class `target` (default: the predicted class), and the predictions."""
     layer = last_conv(model.h)
-    store = {}
+    store: dict[str, torch.Tensor] = {}
     h1 = layer.register_forward_hook(lambda m, i, o: store.__setitem__("A", o))
     was_training = model.training
     model.eval()

@@ -1,5 +1,5 @@
 """`fedccrl export`'s engine: a trained FedModel -> one ONNX file with the fedccrl metadata inside (the
-format: serving/metadata.py), and its parity with PyTorch on the held-out domain.
+format: serving/fedccrl_serving/metadata.py), and its parity with PyTorch on the held-out domain.
 
 It imports torch (the exporter and the parity reference), so it lives here and not in the torch-free `serving`.
 """
@@ -38,7 +38,7 @@ class ParityError(FedCCRLError):
 
 def metadata_props(meta: ModelMeta) -> dict[str, str]:
     """The model file's meta (fedccrl_core.learning.model_file) -> the string key/values stored in the ONNX file
-    (serving/metadata.py names the meta fields each is written from)."""
+    (serving/fedccrl_serving/metadata.py names the meta fields each is written from)."""
     values = meta.to_dict()
     missing = [k for k in REQUIRED_KEYS if values.get(k) is None]
     if missing:
@@ -92,6 +92,7 @@ def _trace(model, size: int, example_batch: int):
             output_names=[OUTPUT_NAME],
             dynamic_shapes=({0: batch},),
         )
+    assert program is not None  # dynamo=True returns the ONNXProgram
     return program.model
 
 

@@ -1,5 +1,5 @@
 """`fedccrl-bench dispatch`: operators dispatched, host time and device reads of one local step, FedCCRL against
-FedAvg (benchmarks/dispatch.py). Progress on stderr, the table on stdout."""
+FedAvg (benchmarks/fedccrl_benchmarks/dispatch.py). Progress on stderr, the table on stdout."""
 
 from __future__ import annotations
 

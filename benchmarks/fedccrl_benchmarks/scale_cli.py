@@ -1,5 +1,5 @@
 """`fedccrl-bench scale`: seconds per round, peak RSS (child process), checkpoint bytes and bytes sent,
-for the same total data split over 6, 30, 120 and 300 clients (benchmarks/scale.py)."""
+for the same total data split over 6, 30, 120 and 300 clients (benchmarks/fedccrl_benchmarks/scale.py)."""
 
 from __future__ import annotations
 

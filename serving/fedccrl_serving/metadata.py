@@ -2,7 +2,7 @@
 
 Contract of an exported file (fedccrl_format=1):
 - one self-contained .onnx (weights inline, no side .data file), opset from torch's dynamo exporter
-  (pipeline/onnx_export.py writes it);
+  (pipeline/fedccrl_pipeline/onnx_export.py writes it);
 - input `images`: float32 [N, 3, S, S], already normalized: (u8 / 255 - mean) / std after the
   training eval resize; N is dynamic;
 - output `logits`: float32 [N, num_classes];

@@ -8,6 +8,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import click
@@ -17,7 +18,7 @@ from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
-def apply_overrides(params: dict, overrides: list[str], source: str = "--set") -> dict:
+def apply_overrides(params: dict, overrides: Sequence[str], source: str = "--set") -> dict:
     """`KEY=VALUE` overrides (dotted keys of params.yaml, YAML values), as `dvc exp run -S` spells them. A key
     must already exist: a typo is an error naming it, not a new entry that nothing reads."""
     from fedccrl_pipeline.params import ParamError, parse_yaml, set_key  # YAML 1.2 numbers, as params.yaml is read
@@ -39,7 +40,7 @@ def bench_accuracy(
     algorithms: list[str],
     seeds: list[int],
     params_path: Path,
-    overrides: list[str] = (),
+    overrides: Sequence[str] = (),
     variants: list[str] | None = None,
 ) -> dict:
     import numpy as np

@@ -1,5 +1,5 @@
 """`fedccrl-serve`: predict, evaluate and inspect with an exported fedccrl ONNX model (the click commands; the
-runtime is serving/runtime.py, the inputs serving/inputs.py, the evaluation report serving/report.py).
+runtime is serving/fedccrl_serving/runtime.py, the inputs serving/fedccrl_serving/inputs.py, the evaluation report serving/fedccrl_serving/report.py).
 
 stdout carries only results (JSONL / CSV / JSON / the evaluation table); progress, notices and
 errors go to stderr. Exit codes: 0 all good, 2 a fatal error (one line on stderr: missing path,

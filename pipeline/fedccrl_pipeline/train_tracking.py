@@ -1,4 +1,4 @@
-"""`fedccrl train`'s MLflow side (pipeline/train.py): one child run per held-out job under the sweep's parent run,
+"""`fedccrl train`'s MLflow side (pipeline/fedccrl_pipeline/train.py): one child run per held-out job under the sweep's parent run,
 its params as params.yaml spells them with the values the run used, every round as it arrives."""
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ class TrainTracking:
         from fedccrl_core.foundation.fastpath import resolve_device
 
         params = cfg.as_written()  # the keys params.yaml sets, typed: `lr: 1e-3` is 0.001 here too
-        swept = set(params["train"]["algorithms"])  # the parent names only the groups of the sweep's algorithms
+        swept = set(cfg.train.algorithms)  # the parent names only the groups of the sweep's algorithms
         sweep = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
         self.sweep_params = {
             **sweep,
@@ -152,6 +152,7 @@ class TrainTracking:
             run.log_round(payload)
         elif kind == "done":
             job = next(j for j in self.jobs if j.index == index)
+            assert history is not None  # on_message reads it for "done"
             late = run.backfill(history)  # every round in MLflow, also after a kill or a lost store
             if late:
                 print(

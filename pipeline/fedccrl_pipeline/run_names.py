@@ -33,7 +33,7 @@ def dvc_experiment_name() -> str | None:
 def changed_params(sweep_params: dict, baseline_yaml: str | None = None) -> dict | None:
     """The params of this sweep that differ from the committed params.yaml (`git show HEAD:params.yaml`: the
     experiment's baseline, also inside `dvc exp run --temp/--queue` copies), as dotted keys; None without git or
-    when the committed file is not YAML. The baseline is read as params.yaml is (pipeline/params.py: YAML 1.2
+    when the committed file is not YAML. The baseline is read as params.yaml is (pipeline/fedccrl_pipeline/params.py: YAML 1.2
     floats, so `lr: 1e-3` is the number 0.001 on both sides)."""
     if baseline_yaml is None:
         baseline_yaml = committed_text("params.yaml")

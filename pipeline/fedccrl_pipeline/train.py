@@ -1,11 +1,11 @@
 """`fedccrl train`: federated training of one (algorithm, seed) for each held-out domain, in one process.
 
-For each held-out entry h (a domain name or its index, pipeline/params.py) it writes <out>/d<h>/model.pt (final
+For each held-out entry h (a domain name or its index, pipeline/fedccrl_pipeline/params.py) it writes <out>/d<h>/model.pt (final
 global model), best.pt (global model at the round of best source-validation accuracy), history.json and
 history.csv (per-round metrics), all at once at the end. One process per (algorithm, seed) saves the imports and
 MLflow start-up each run used to pay; on the CPU the held-out domains train side by side in worker
 processes, one torch thread each, and only this process talks to MLflow. The jobs themselves are
-fedccrl_core/federation/jobs.py; the MLflow side is pipeline/train_tracking.py. Round checkpoints live
+fedccrl_core/federation/jobs.py; the MLflow side is pipeline/fedccrl_pipeline/train_tracking.py. Round checkpoints live
 outside the DVC output (DVC deletes outputs before a rerun), under --checkpoints, keyed by the run's hash.
 """
 
@@ -49,7 +49,7 @@ def run_settings(cfg: ParamsFile):
         dataset=cfg.dataset.name,
         backbone=resolve_backbone(cfg.model.backbone, cfg.dataset.name),
         pretrained=resolve_pretrained(cfg.model.pretrained, cfg.dataset.name),
-        local=cfg.local_config(),
+        local=cfg.local,
         engine=t.engine,
         device=t.device,
         client_fraction=t.client_fraction,
@@ -124,7 +124,7 @@ def train(
 @click.option(
     "--held-out",
     multiple=True,
-    help="a held-out domain: its name, or its index in the manifest's domain order (pipeline/params.py); "
+    help="a held-out domain: its name, or its index in the manifest's domain order (pipeline/fedccrl_pipeline/params.py); "
     "repeatable; default: params.yaml train.held_out",
 )
 @click.option(

@@ -44,7 +44,7 @@ def measure(steps: int, repeats: int, load: int) -> dict:
     """Best-of-`repeats` wall and CPU seconds of each policy, alternating, while `load` busy processes run."""
     busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(load)]
     try:
-        best = {"ACTIVE": None, "PASSIVE": None}
+        best: dict[str, dict | None] = {"ACTIVE": None, "PASSIVE": None}
         for r in range(repeats):
             for policy in best:
                 res = _run(policy, steps)

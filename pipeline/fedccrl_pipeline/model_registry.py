@@ -1,4 +1,4 @@
-"""The MLflow model side of `fedccrl export` (pipeline/export.py): the exported model logged to its training run
+"""The MLflow model side of `fedccrl export` (pipeline/fedccrl_pipeline/export.py): the exported model logged to its training run
 without reopening it, registered once per (dataset, algorithm), a new version only for new weights."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def weights_sha256(onnx_path: Path) -> str:
     return h.hexdigest()
 
 
-# The packages the logged pyfunc (serving/pyfunc.py) imports from when it is loaded and predicts, shipped whole:
+# The packages the logged pyfunc (serving/fedccrl_serving/pyfunc.py) imports from when it is loaded and predicts, shipped whole:
 # MLflow puts the model's code folder first on sys.path of the process that loads it, so a partial copy of a
 # package would hide the rest of an installed fedccrl from that process and from the workers it spawns. No
 # pipeline, benchmarks or Flower code goes in (tests/test_export.py loads the model where nothing else of the
@@ -62,13 +62,14 @@ SERVING_PACKAGES = ("fedccrl_core", "fedccrl_serving")  # import names; each shi
 
 def _package_folders(dest: Path) -> list[str]:
     """Each of SERVING_PACKAGES copied whole (its .py files) into dest/<import name>: MLflow ships a code path
-    under its folder's name, and the folder of an import name may be named otherwise (pyproject.toml's
-    package-dir: fedccrl_serving lives in serving/)."""
+    under its folder's name, which is the package's import name."""
     import importlib
 
     out = []
     for name in SERVING_PACKAGES:
-        src = Path(importlib.import_module(name).__file__).parent
+        init = importlib.import_module(name).__file__
+        assert init is not None  # a package of .py files
+        src = Path(init).parent
         shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
         out.append(str(dest / name))
     return out
@@ -79,29 +80,27 @@ def registered_model_name(meta: ModelMeta) -> str:
     return f"fedccrl-{sanitize(meta.dataset or 'model')}-{sanitize(meta.algorithm or 'model')}"
 
 
-def _flavour(onnx_file: str):
-    """An MLflow flavour module for Model.log: the pyfunc of serving/pyfunc.py (raw images in, class names and
-    probabilities out), plus the onnx flavour pointing at the same .onnx file inside the model folder."""
-    import types
-
+def save_model(path, mlflow_model, onnx_file: str, **kwargs) -> None:
+    """This module is the flavour module that log_to_mlflow hands to MLflow's `Model.log` (its contract for a
+    flavour: a module with `save_model(path, mlflow_model, **kwargs)`; MLflow's own flavours log the same way):
+    the pyfunc of serving/fedccrl_serving/pyfunc.py (raw images in, class names and probabilities out), plus the onnx flavour
+    pointing at the same .onnx file inside the model folder."""
     import mlflow.pyfunc
     import onnx
 
-    def save_model(path, mlflow_model, **kwargs):
-        mlflow.pyfunc.save_model(path, mlflow_model=mlflow_model, **kwargs)
-        data = Path("artifacts") / Path(onnx_file).name
-        assert (Path(path) / data).is_file(), data
-        mlflow_model.add_flavor(
-            "onnx",
-            onnx_version=onnx.__version__,
-            data=data.as_posix(),
-            providers=["CPUExecutionProvider"],
-            onnx_session_options=None,
-            code=None,
-        )
-        mlflow_model.save(str(Path(path) / "MLmodel"))
-
-    return types.SimpleNamespace(__name__="mlflow.pyfunc", save_model=save_model)
+    mlflow.pyfunc.save_model(path, mlflow_model=mlflow_model, **kwargs)
+    data = Path("artifacts") / Path(onnx_file).name
+    if not (Path(path) / data).is_file():
+        raise FileNotFoundError(f"the pyfunc's artifacts hold no {data}")
+    mlflow_model.add_flavor(
+        "onnx",
+        onnx_version=onnx.__version__,
+        data=data.as_posix(),
+        providers=["CPUExecutionProvider"],
+        onnx_session_options=None,
+        code=None,
+    )
+    mlflow_model.save(str(Path(path) / "MLmodel"))
 
 
 def log_to_mlflow(
@@ -166,7 +165,8 @@ def log_to_mlflow(
         info = Model.log(
             artifact_path=None,
             name="model",
-            flavor=_flavour(str(onnx_file)),
+            flavor=sys.modules[__name__],  # save_model above
+            onnx_file=str(onnx_file),
             run_id=run_id,
             model_id=logged.model_id,
             registered_model_name=name,

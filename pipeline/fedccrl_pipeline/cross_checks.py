@@ -1,4 +1,4 @@
-"""params.yaml's checks that involve more than one key (pipeline/params.py runs them after the typed validation):
+"""params.yaml's checks that involve more than one key (pipeline/fedccrl_pipeline/params.py runs them after the typed validation):
 held-out entries against a dataset's domains (the one held-out check: the train stage runs it again against the
 manifest, for imagefolder), the backbone against `pretrained`, and what an algorithm to be trained needs of its
 own group. One line per problem."""
@@ -23,7 +23,8 @@ def resolve_held_out(
     """Held-out entries (names, or indices into `domains`) -> (the domain names, one problem line per entry that is
     not a domain of `of` or names a domain an earlier entry names). The one check of held-out entries: against
     the registry's domains when params.yaml is validated, against the manifest's in the train stage."""
-    names, problems, seen = [], [], {}
+    names, problems = [], []
+    seen: dict[str, int | str] = {}  # domain: the entry that names it
     for i, h in enumerate(entries):
         where = f"{key}[{i}]" if key == "train.held_out" else key
         if isinstance(h, int) and not isinstance(h, bool):
@@ -80,6 +81,16 @@ def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = ()) -> list[
     for name in dict.fromkeys([*cfg.train.algorithms, *run_algorithms]):
         group = getattr(cfg.train, name)
         out += group.selected_problems(f"train.{name}")
+        if cfg.train.privacy.enabled and type(group).dp_refusal:
+            out.append(
+                _line(
+                    "train.privacy.enabled",
+                    True,
+                    f"{name} cannot train under train.privacy: {type(group).dp_refusal}. Set train.privacy.enabled "
+                    f"to false, or leave {name} out of train.algorithms",
+                )
+            )
+            continue
         out += [
             _line(key, getattr(cfg.train.privacy, key.rsplit(".", 1)[1]), why)
             for key, why in cfg.train.privacy.unprotected(name, getattr(type(group), "uploads_statistics", False))

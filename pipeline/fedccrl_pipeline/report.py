@@ -69,7 +69,7 @@ def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
     from fedccrl_pipeline.mlflow_store import mlflow_module, trained_run
 
-    models_meta = [r.get("mlflow_run_id") for r in runs if r.get("mlflow_run_id")]
+    models_meta = [run_id for r in runs if (run_id := r.get("mlflow_run_id"))]
     if not models_meta:
         return
     run = trained_run(models_meta[0], "report")

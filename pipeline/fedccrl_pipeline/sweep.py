@@ -18,7 +18,7 @@ def held_out_entry(text: str | int) -> int | str:
 
 
 def manifest_held_out(manifest: ShardManifest, entries: list, key: str = "train.held_out") -> list[str]:
-    """Held-out entries -> the shards' domain names (pipeline/params.py `resolve_held_out`, against the manifest:
+    """Held-out entries -> the shards' domain names (pipeline/fedccrl_pipeline/params.py `resolve_held_out`, against the manifest:
     imagefolder's domains only the data knows); ParamError naming each bad entry."""
     names, problems = resolve_held_out(list(manifest.domains), entries, f"the shards ({manifest.dataset})", key)
     if problems:
@@ -57,7 +57,7 @@ def check_train(cfg: ParamsFile, manifest: ShardManifest, algorithm: str, held_o
 
     manifest_held_out(manifest, cfg.train.held_out)
     targets = manifest_held_out(manifest, [held_out_entry(h) for h in held_out], key="--held-out")
-    alg = build_algorithm(algorithm, cfg.local_config(), getattr(cfg.train, algorithm))
+    alg = build_algorithm(algorithm, cfg.local, getattr(cfg.train, algorithm))
     # an algorithm whose own batch_size replaces train.batch_size (local_bn.py: FedBN, SiloBN, FedFD(-A))
     key = f"train.{algorithm}.batch_size" if getattr(alg.hp, "batch_size", None) is not None else "train.batch_size"
     for target in targets:

@@ -9,7 +9,7 @@ value and what is allowed (ParamError); `fedccrl <stage>` prints each as `error:
 
 `load_config` returns the typed model, and that is what every stage and training job receives (a default is
 declared once, in these models or the library's `TrainSettings`/`Algorithm.Params`, and equals params.yaml's:
-tests/test_params_registry.py). The checks of a run against the data are pipeline/sweep.py.
+tests/test_params_registry.py). The checks of a run against the data are pipeline/fedccrl_pipeline/sweep.py.
 
 `train.held_out` lists domains by name (`[sketch]`) or by index. Indices follow the manifest's domain order:
 the dataset registry's order for a registered dataset (fedccrl_core/data/registry.py: synthetic photo, art,
@@ -19,8 +19,9 @@ An entry is also the run's name: models/<algorithm>/s<seed>/d<entry> (d3 or dske
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, create_model, field_validator
 from ruamel.yaml import YAML, YAMLError
@@ -41,7 +42,7 @@ __all__ = ["ParamError", "ParamsFile", "check_config", "load_config", "resolve_h
 
 
 def _one_of(values) -> Any:
-    return Literal[tuple(values)]  # type: ignore[valid-type]
+    return Literal[tuple(values)]
 
 
 def _unique(v: list) -> list:
@@ -53,7 +54,7 @@ def _unique(v: list) -> list:
 
 # ---- the groups, in params.yaml's order ------------------------------------------------------------------------
 class DatasetParams(Declared):
-    name: _one_of(REGISTRY)  # type: ignore[valid-type]
+    name: _one_of(REGISTRY)  # type: ignore[valid-type]  # a Literal built at import
     source: str = Field("registry", min_length=1)
     sha256: str | dict[str, str] | None = None
     seed: int = 0
@@ -89,7 +90,7 @@ class PartitionParams(Declared):
     seed: int
     num_clients: int | None = Field(12, ge=1, description="C, feddg_bench only")
     lambda_: float | None = Field(0.1, alias="lambda", ge=0, le=1, description="feddg_bench only")
-    scheme: _one_of(SCHEMES) = "per_domain"  # type: ignore[valid-type]
+    scheme: _one_of(SCHEMES) = "per_domain"  # type: ignore[valid-type]  # a Literal built at import
 
     @field_validator("scheme")
     @classmethod
@@ -106,7 +107,7 @@ class PartitionParams(Declared):
 
 
 class ModelParams(Declared):
-    backbone: _one_of((AUTO, *BACKBONES))  # type: ignore[valid-type]
+    backbone: _one_of((AUTO, *BACKBONES))  # type: ignore[valid-type]  # a Literal built at import
     pretrained: str = Field(min_length=1, description="auto | imagenet | none | <path to a torchvision state_dict>")
 
 
@@ -118,7 +119,7 @@ class TrainSweep(TrainSettings):
     settings every algorithm shares (those its local training reads are the library's TrainSettings)."""
 
     held_out: Annotated[list[HeldOut], Field(min_length=1)]
-    algorithms: Annotated[list[_one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]
+    algorithms: Annotated[list[_one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
     seeds: Annotated[list[int], Field(min_length=1)]
     engine: Literal["inprocess", "flower"]
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
@@ -135,11 +136,17 @@ class TrainSweep(TrainSettings):
 
 
 # train.<algorithm>: each algorithm's own declaration (absent or partial groups take the declared defaults)
-TrainParams = create_model(
-    "TrainParams",
-    __base__=TrainSweep,
-    **{name: (params, Field(default_factory=params)) for name, params in PARAMS.items()},
-)
+if TYPE_CHECKING:  # the groups are built from PARAMS at import: to the type checker, each one is Any
+
+    class TrainParams(TrainSweep):
+        def __getattr__(self, algorithm: str) -> Any: ...
+
+else:
+    TrainParams = create_model(
+        "TrainParams",
+        __base__=TrainSweep,
+        **{name: (params, Field(default_factory=params)) for name, params in PARAMS.items()},
+    )
 
 
 class EvaluateParams(Declared):
@@ -171,19 +178,23 @@ class ParamsFile(Declared):
     preprocess: PreprocessParams
     partition: PartitionParams
     model: ModelParams
-    train: TrainParams  # type: ignore[valid-type]
+    train: TrainParams
     evaluate: EvaluateParams
     export: ExportParams
     figures: FiguresParams
     tracking: TrackingParams = Field(default_factory=TrackingParams)
 
-    def local_config(self) -> LocalConfig:
-        """What every algorithm's local training reads: the train settings and preprocess's normalization."""
+    @functools.cached_property
+    def local(self) -> LocalConfig:
+        """What every algorithm's local training reads: the train settings and preprocess's normalization, built
+        once from the values validated with the file (model_construct: they are not validated a second time)."""
         privacy = self.train.privacy  # only when on: a run without DP keeps its run key (and checkpoint)
-        return LocalConfig(
-            **self.train.model_dump(include=set(TrainSettings.model_fields)),
-            mean=tuple(self.preprocess.mean),
-            std=tuple(self.preprocess.std),
+        mean_r, mean_g, mean_b = self.preprocess.mean  # three each, validated
+        std_r, std_g, std_b = self.preprocess.std
+        return LocalConfig.model_construct(
+            **{name: getattr(self.train, name) for name in TrainSettings.model_fields},
+            mean=(mean_r, mean_g, mean_b),
+            std=(std_r, std_g, std_b),
             privacy=privacy if privacy.enabled else None,
         )
 
@@ -200,7 +211,8 @@ def read_yaml(path: str | Path = "params.yaml") -> dict:
     try:
         data = parse_yaml(path.read_text())
     except YAMLError as e:
-        where = f" at line {e.problem_mark.line + 1}" if getattr(e, "problem_mark", None) else ""
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark else ""
         raise ParamError(f"{path}: not valid YAML ({e.__class__.__name__}{where})") from e
     if not isinstance(data, dict):
         raise ParamError(f"{path}: top level must be a mapping of stage groups")
@@ -217,7 +229,7 @@ def set_key(params: dict, dotted: str, value: Any) -> None:
     """Set params.yaml's key `dotted` (`train.fedccrl.r`) in `params` to `value`, as `dvc exp run -S` does. The key
     must exist: a typo is a ParamError naming it, not a new entry that nothing reads."""
     *head, last = dotted.split(".")
-    node = params
+    node: Any = params
     for h in head:
         node = node.get(h) if isinstance(node, dict) else None
     if not isinstance(node, dict) or last not in node:

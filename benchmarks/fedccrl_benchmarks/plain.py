@@ -160,17 +160,19 @@ class FedCCRLViews(EncodedImages):
             raise ValueError(f"plain baseline: augment must be one of {AUGMENT_FORMS}, got {augment!r}")
         self.hp, self.rng, self.augment = hp, np.random.default_rng(seed), augment
         self.generator = torch.Generator().manual_seed(seed)
-        self.pool_mu = self.pool_sigma = None
+        self.pool_mu: np.ndarray | None = None  # set_pool
+        self.pool_sigma: np.ndarray | None = None
         self.decode_s = self.augment_s = 0.0
 
     def batch_views(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.pool_mu is not None and self.pool_sigma is not None  # set_pool comes first
         t0 = time.perf_counter()
-        views = tuple(
+        first, second = (
             host_batch_augment(x, self.pool_mu, self.pool_sigma, self.hp, self.mean, self.std, self.rng, self.generator)
             for _ in range(2)
         )
         self.augment_s += time.perf_counter() - t0
-        return views
+        return first, second
 
     def set_pool(self, mu: np.ndarray, sigma: np.ndarray) -> None:
         self.pool_mu, self.pool_sigma = np.asarray(mu, np.float32), np.asarray(sigma, np.float32)
@@ -192,6 +194,7 @@ class FedCCRLViews(EncodedImages):
 
 def _worker_init(worker_id: int) -> None:  # a distinct numpy stream per DataLoader worker
     info = torch.utils.data.get_worker_info()
+    assert info is not None and isinstance(info.dataset, FedCCRLViews)  # a worker of a FedCCRLViews loader
     info.dataset.rng = np.random.default_rng([info.seed % 2**32, worker_id])
 
 

@@ -84,7 +84,7 @@ def generate(n: int, domain_index: int, size: int, seed: int) -> tuple[np.ndarra
         c = i % len(CLASSES)
         img = render(DOMAINS[domain_index], CLASSES[c], image_rng(seed, domain_index, c, i))
         if img.size != (size, size):
-            img = img.resize((size, size), Image.BILINEAR)
+            img = img.resize((size, size), Image.Resampling.BILINEAR)
         images[i], labels[i] = np.asarray(img), c
     return images, labels
 
@@ -139,8 +139,10 @@ class BusySampler:
     `why` set when NVML cannot be read (nvidia-ml-py missing, no driver library)."""
 
     def __init__(self, device: torch.device, every: float = 0.1):
-        self.device, self.every, self.samples, self.why = device, every, [], None
-        self._stop, self._thread = threading.Event(), None
+        self.device, self.every, self.why = device, every, None
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
         if device.type != "cuda":
             self.why = "not a CUDA device"
             return
@@ -546,6 +548,7 @@ def pacs_sweep_seconds(
     from fedccrl_core.data.registry import REGISTRY
 
     counts = REGISTRY["pacs"].domain_counts
+    assert counts is not None  # the registry checks PACS per domain
     total = 0.0
     for held_out, n_target in enumerate(counts):
         n_source = sum(n for d, n in enumerate(counts) if d != held_out)

@@ -11,7 +11,7 @@ Then, in the same workspace, the two reruns a user makes most: one `figures.*` k
 `figures` may run) and one `export.*` key changed (`export.batch_size`: only `export` may run), each by one, so
 that the stage has the same work to do again, and each timed as a whole `dvc repro` against the full one.
 Last, the thread policy: spin (OMP_WAIT_POLICY=ACTIVE) against passive while a busy process shares the cores
-(benchmarks/threads.py). It reports ratios against the baselines measured in this run; it asserts nothing.
+(benchmarks/fedccrl_benchmarks/threads.py). It reports ratios against the baselines measured in this run; it asserts nothing.
 """
 
 from __future__ import annotations
@@ -179,7 +179,8 @@ def stage_table(run: dict) -> tuple[dict, float]:
     """{stage: {procs, wall, imports, dvc}} of one `dvc repro`, and DVC's start-up before the first command. A
     command's `dvc` seconds: from its end to the next command's start (or to the end of `dvc repro`): DVC saving
     its outputs and checking the next stage."""
-    cmds, by = run["commands"], {}
+    cmds = run["commands"]
+    by: dict[str, dict] = {}
     for i, c in enumerate(cmds):
         nxt = cmds[i + 1]["start"] if i + 1 < len(cmds) else run["wall_s"]
         s = by.setdefault(c["stage"], {"procs": 0, "wall": 0.0, "imports": 0.0, "dvc": 0.0})

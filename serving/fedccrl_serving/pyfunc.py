@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import mlflow.pyfunc
 import numpy as np
+from mlflow.pyfunc import PythonModel
 
 ONNX_ARTIFACT = "onnx_model"  # the key of the .onnx file among the pyfunc's artifacts
 
@@ -42,7 +42,7 @@ def _images(model_input) -> tuple[np.ndarray | None, list[str] | None]:
     return x, None
 
 
-class ImageClassifier(mlflow.pyfunc.PythonModel):
+class ImageClassifier(PythonModel):
     """Wraps fedccrl_serving.runtime.ServedModel (onnxruntime on the CPU) with the serving preprocessing."""
 
     def load_context(self, context):
@@ -64,6 +64,7 @@ class ImageClassifier(mlflow.pyfunc.PythonModel):
         if paths is not None:
             batch = np.stack([load_u8(p, size) for p in paths]) if paths else np.zeros((0, size, size, 3), np.uint8)
         else:
+            assert x is not None  # _images gives an array or file paths
             batch = x if x.shape[1:3] == (size, size) else np.stack([resize_u8(Image.fromarray(im), size) for im in x])
         probs = softmax(self.model.logits(normalize(batch, meta)))
         top = probs.argmax(1) if len(probs) else np.zeros(0, int)

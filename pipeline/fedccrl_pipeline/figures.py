@@ -21,8 +21,8 @@ from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
     """Every figure, into `out` (written whole at the end), then logged to MLflow."""
     folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
-    load_config(params_path)  # the whole file, before anything is read
-    with Figures(shards, models, out, params_path) as figs:
+    cfg = load_config(params_path)  # the whole file, before anything is read
+    with Figures(shards, models, out, cfg) as figs:
         figs.curves()
         figs.model_figures(pools)
         figs.confusions(runs_dir)
@@ -34,10 +34,11 @@ class Figures:
     without an error: the curves from the training histories, Fig. 3, 5 and 7 from the models, the confusion
     matrices from the evaluation results."""
 
-    def __init__(self, shards: Path, models: Path, out: Path, params_path: Path):
+    def __init__(self, shards: Path, models: Path, out: Path, cfg):
+        """cfg: the ParamsFile, validated before anything is read or written."""
         from fedccrl_core.data.shards import load_manifest
 
-        self.cfg = load_config(params_path)  # the whole file, before anything is read or written
+        self.cfg = cfg
         self.shards, self.models, self.final_out = shards, models, out
         manifest = load_manifest(shards)
         self.classes = list(manifest.classes)
@@ -63,7 +64,7 @@ class Figures:
 
     def _first_seeds(self, dom: str) -> dict:
         """{algorithm: run of its first seed} on held-out `dom`, FedCCRL first, then FedAvg."""
-        by_alg = {}
+        by_alg: dict[str, dict] = {}
         for r in sorted(
             (r for r in self.runs if r["meta"]["held_out_domain"] == dom),
             key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"]),

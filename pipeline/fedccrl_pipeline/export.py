@@ -1,7 +1,7 @@
 """`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json, logged to MLflow.
 
-The export and its parity check are pipeline/onnx_export.py's `export_checked` (fails below --min-agreement, and
-no output then); the MLflow side, after parity passed, is pipeline/model_registry.py.
+The export and its parity check are pipeline/fedccrl_pipeline/onnx_export.py's `export_checked` (fails below --min-agreement, and
+no output then); the MLflow side, after parity passed, is pipeline/fedccrl_pipeline/model_registry.py.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def export_sweep(
     written."""
     from fedccrl_pipeline.params import load_config, run_dirs
 
-    results, traces = {}, {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
+    results: dict = {}
+    traces: dict = {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
         key = run.relative_to(models).as_posix()
         results[key] = export(
@@ -94,6 +95,7 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
 
     meta = load_meta(run / contract.MODEL_FILE)
     meta.require(run / contract.MODEL_FILE, "held_out_domain")
+    assert meta.held_out_domain is not None  # require() raised otherwise
     images, _ = load_domain_test(shards, meta.held_out_domain)
     result = json.loads((out / PARITY_FILE).read_text())
     log_to_mlflow(out / ONNX_FILE, meta, result, example_images(images), None, None)

@@ -1,6 +1,6 @@
 """The MLflow runs of the stages: one parent run per sweep, one child run per (held-out domain, algorithm, seed),
-written against MlflowClient with explicit run ids. The store is pipeline/mlflow_store.py's, the names
-pipeline/run_names.py's, the clean-up of dead processes' runs pipeline/orphan_runs.py's."""
+written against MlflowClient with explicit run ids. The store is pipeline/fedccrl_pipeline/mlflow_store.py's, the names
+pipeline/fedccrl_pipeline/run_names.py's, the clean-up of dead processes' runs pipeline/fedccrl_pipeline/orphan_runs.py's."""
 
 from __future__ import annotations
 
