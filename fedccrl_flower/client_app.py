@@ -32,8 +32,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.loop import nbytes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
@@ -41,7 +41,9 @@ from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 from fedccrl_core.learning.clients import ClientData, ClientState
+from fedccrl_core.learning.models import FedModel
 from fedccrl_flower import messages as M
+from fedccrl_flower.spec import ClientSpec
 
 app = ClientApp()
 if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
@@ -70,7 +72,7 @@ def _setting(context: Context, node_key: str, run_key: str | None = None) -> str
     return "" if v is None else str(v)
 
 
-def resolve_client_id(context: Context, spec: dict) -> str:
+def resolve_client_id(context: Context, spec: ClientSpec) -> str:
     cid = _setting(context, M.NODE_CLIENT_ID)
     if cid:
         return cid
@@ -79,7 +81,7 @@ def resolve_client_id(context: Context, spec: dict) -> str:
         raise ValueError(f"SuperNode node config needs '{M.NODE_CLIENT_ID}=<id>' or '{M.NODE_PARTITION_ID}=<k>'")
     from fedccrl_core.data.shards import client_ids, load_manifest
 
-    ids = client_ids(load_manifest(_shards_dir(context)), spec["held_out"])
+    ids = client_ids(load_manifest(_shards_dir(context)), spec.held_out)
     if not 0 <= int(pid) < len(ids):
         raise ValueError(f"{M.NODE_PARTITION_ID}={pid} is out of range: {len(ids)} source clients {ids}")
     return ids[int(pid)]
@@ -125,43 +127,42 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
     return _CACHE[key]
 
 
-def _device(context: Context, spec: dict) -> torch.device:
-    return resolve_device(_setting(context, M.NODE_DEVICE) or spec.get("device", "auto"))
+def _device(context: Context, spec: ClientSpec) -> torch.device:
+    return resolve_device(_setting(context, M.NODE_DEVICE) or spec.device)
 
 
-def build_client_algorithm(spec: dict, device: torch.device):
+def build_client_algorithm(spec: ClientSpec, device: torch.device) -> tuple[Algorithm, FedModel]:
     """The algorithm and a model of the server's architecture (weights always come from the server)."""
-    key = ("alg", json.dumps(spec, sort_keys=True), str(device))
+    key = ("alg", spec.to_json(), str(device))
     if key not in _CACHE:
-        local = dict(spec["local"])
-        local["mean"], local["std"] = tuple(local["mean"]), tuple(local["std"])
-        alg = build_algorithm(spec["algorithm"], LocalConfig(**local), spec["hparams"])
-        model = alg.build_model(spec["backbone"], int(spec["num_classes"]), "none", alg.hp).to(device)
+        alg = build_algorithm(spec.algorithm, spec.local, spec.hparams)
+        model = alg.build_model(spec.backbone, spec.num_classes, "none", alg.hp).to(device)
         _CACHE[key] = (alg, model)
     return _CACHE[key]
 
 
-def read_config(msg: Message) -> tuple[dict, int, ConfigRecord]:
+def read_config(msg: Message) -> tuple[ClientSpec, int, ConfigRecord]:
+    """The CONFIG record's spec (parsed and checked here, once), round and the record itself."""
     cfg = M.record(msg.content, M.CONFIG, ConfigRecord)
-    return json.loads(str(cfg[M.F_SPEC])), int(cfg[M.F_ROUND]), cfg  # type: ignore[arg-type]  # the server's int
+    return ClientSpec.from_json(str(cfg[M.F_SPEC]), f"CONFIG record '{M.F_SPEC}'"), int(cfg[M.F_ROUND]), cfg  # type: ignore[arg-type]  # the server's int
 
 
 # ---- ClientState: Context.state, mirrored to disk ---------------------------------------------
-def _state_file(context: Context, spec: dict, cid: str) -> Path | None:
+def _state_file(context: Context, state_key: str, cid: str) -> Path | None:
     d = _setting(context, M.NODE_STATE_DIR, M.RUN_STATE_DIR)
-    return Path(d) / spec["state_key"] / f"{cid}.npz" if d else None
+    return Path(d) / state_key / f"{cid}.npz" if d else None
 
 
-def _book_from_context(context: Context, spec: dict, cid: str) -> dict | None:
+def _book_from_context(context: Context, state_key: str, cid: str) -> dict | None:
     if M.STATE_TREE not in context.state or M.STATE_ARRAYS not in context.state:
         return None
     book = M.unpack_tree(
         M.record(context.state, M.STATE_ARRAYS, ArrayRecord), M.record(context.state, M.STATE_TREE, ConfigRecord)
     )
-    return book if (book.get("state_key"), book.get("client_id")) == (spec["state_key"], cid) else None
+    return book if (book.get("state_key"), book.get("client_id")) == (state_key, cid) else None
 
 
-def _book_from_disk(path: Path | None, spec: dict, cid: str) -> dict | None:
+def _book_from_disk(path: Path | None, state_key: str, cid: str) -> dict | None:
     if path is None or not path.is_file():
         return None
     try:
@@ -170,14 +171,17 @@ def _book_from_disk(path: Path | None, spec: dict, cid: str) -> dict | None:
     except Exception as e:  # a torn or foreign file: start fresh, say so
         print(f"client {cid}: state file {path} unreadable ({e.__class__.__name__}); ignoring it", flush=True)
         return None
-    return book if (book.get("state_key"), book.get("client_id")) == (spec["state_key"], cid) else None
+    return book if (book.get("state_key"), book.get("client_id")) == (state_key, cid) else None
 
 
-def load_client_state(context: Context, spec: dict, cid: str, rnd: int) -> tuple[ClientState, dict | None]:
-    """The newest saved state made before round `rnd` (fresh if none) and its slot."""
+def load_client_state(context: Context, state_key: str, cid: str, rnd: int) -> tuple[ClientState, dict | None]:
+    """The newest saved state (of the run `state_key` names) made before round `rnd` (fresh if none) and its slot."""
     books = [
         b
-        for b in (_book_from_context(context, spec, cid), _book_from_disk(_state_file(context, spec, cid), spec, cid))
+        for b in (
+            _book_from_context(context, state_key, cid),
+            _book_from_disk(_state_file(context, state_key, cid), state_key, cid),
+        )
         if b
     ]
     books.sort(key=lambda b: max((s["round"] for s in b["slots"]), default=0), reverse=True)
@@ -188,16 +192,18 @@ def load_client_state(context: Context, spec: dict, cid: str, rnd: int) -> tuple
     return ClientState(), None
 
 
-def save_client_state(context: Context, spec: dict, cid: str, rnd: int, state: ClientState, base: dict | None):
+def save_client_state(
+    context: Context, state_key: str, cid: str, rnd: int, state: ClientState, base: dict | None
+) -> None:
     book = {
-        "state_key": spec["state_key"],
+        "state_key": state_key,
         "client_id": cid,
         "slots": [{"round": rnd, "state": state.to_dict()}] + ([base] if base else []),
     }
     arrays, tree = M.pack_tree(book)
     context.state[M.STATE_ARRAYS] = arrays
     context.state[M.STATE_TREE] = tree
-    path = _state_file(context, spec, cid)
+    path = _state_file(context, state_key, cid)
     if path is not None:  # npz, no pickle: written to a temp file, fsynced, renamed
         arrays_np, skeleton = M.encode_tree(book)
         with atomic_file(path, "wb") as f:  # fedccrl_core.foundation.fsio
@@ -211,10 +217,10 @@ def handle_query(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
-    data = load_client_data(context, cid, device, spec["held_out"])
+    data = load_client_data(context, cid, device, spec.held_out)
     alg, _ = build_client_algorithm(spec, device)
     skip = json.loads(str(msg.content[M.CONFIG].get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
-    upload = None if cid in skip else alg.client_upload(data, numpy_rng(spec["seed"], "upload", rnd, cid))
+    upload = None if cid in skip else alg.client_upload(data, numpy_rng(spec.seed, "upload", rnd, cid))
     _say(f"client {cid} round {rnd}: upload of {nbytes(upload)} B", t0)
     content = RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: alg.sample_count(data)})})
     if upload is not None:
@@ -230,7 +236,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     cid = resolve_client_id(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
-    data = load_client_data(context, cid, device, spec["held_out"])
+    data = load_client_data(context, cid, device, spec.held_out)
     alg, model = build_client_algorithm(spec, device)
     reference = model.state_dict()
     received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "global weights")
@@ -240,14 +246,14 @@ def handle_train(msg: Message, context: Context) -> Message:
         if M.PAYLOAD in msg.content
         else None
     )
-    stateless = spec.get("client_state", "persistent") == "stateless"  # a fresh optimizer every round
-    state, base = (ClientState(), None) if stateless else load_client_state(context, spec, cid, rnd)
-    seed = spec["seed"]
+    stateless = spec.client_state == "stateless"  # a fresh optimizer every round
+    state, base = (ClientState(), None) if stateless else load_client_state(context, spec.state_key, cid, rnd)
+    seed = spec.seed
     seed_everything(derive_seed(seed, "local", rnd, cid))
     gen = torch_generator(seed, "augment", rnd, cid, device=device)
     reply = alg.local_train(model, data, state, global_w, payload, gen, numpy_rng(seed, "shuffle", rnd, cid))
     if not stateless:
-        save_client_state(context, spec, cid, rnd, state, base)
+        save_client_state(context, spec.state_key, cid, rnd, state, base)
     _say(f"client {cid} round {rnd}: trained, {contract.reply_summary(reply.metrics)}", t0)
     content = RecordDict(
         {

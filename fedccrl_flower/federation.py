@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from dataclasses import asdict
 from pathlib import Path
 
 from fedccrl_core.foundation.fsio import write_text
@@ -52,7 +51,7 @@ class Federation:
         """`flwr run <app_dir> <connection> --run-config <toml>`: the spec travels in the run config."""
         import tomli_w
 
-        cfg = {M.RUN_SPEC: json.dumps(asdict(spec)), **(run_config or {})}
+        cfg = {M.RUN_SPEC: spec.to_json(), **(run_config or {})}
         Path(spec.work_dir).mkdir(parents=True, exist_ok=True)
         path = write_text(Path(spec.work_dir) / "run_config.toml", tomli_w.dumps(cfg))
         args = ["run", str(app_dir), CONNECTION, "--run-config", str(path), "--format", "json"]

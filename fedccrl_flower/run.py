@@ -27,10 +27,10 @@ from pathlib import Path
 
 from fedccrl_core.federation.loop import RunResult
 from fedccrl_core.foundation import contract
-from fedccrl_core.learning.model_file import torch_load
 from fedccrl_flower import messages as M
 from fedccrl_flower.federation import LOG, Federation, LocalFederation
 from fedccrl_flower.processes import FlowerRunError
+from fedccrl_flower.report import read_result
 from fedccrl_flower.settings import FlowerSettings
 from fedccrl_flower.spec import ServerSpec, report_dir
 
@@ -67,14 +67,14 @@ def wait_for_result(
         st = json.loads(st_path.read_text()) if st_path.is_file() else {}
         if st.get("status") == "completed":
             drain()
-            res = torch_load(work_dir / contract.FLOWER_RESULT_FILE)
+            res = read_result(work_dir)
             return RunResult(
-                res["history"],
-                res["final_weights"],
-                res["best_weights"],
-                res["best_round"],
-                resumed_from=res["resumed_from"],
-                extra={**res["extra"], "run_id": run_id},
+                res.history,
+                res.final_weights,
+                res.best_weights,
+                res.best_round,
+                resumed_from=res.resumed_from,
+                extra={**res.extra, "run_id": run_id},
             )
         if st.get("status") in ("failed", "stopped"):
             raise FlowerRunError(f"Flower run {run_id} {st['status']}: {st.get('error')}")
@@ -111,7 +111,7 @@ def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on
     settings.model_copy(update={"min_clients": max(settings.min_clients, spec.min_clients)}).require_clients(
         len(ids), spec.held_out
     )
-    spec.num_clients = spec.num_clients or settings.num_clients or len(ids)
+    spec = spec.model_copy(update={"num_clients": spec.num_clients or settings.num_clients or len(ids)})
     shards, pools = str(Path(spec.shards).resolve()), str(Path(pools).resolve())
     state_dir = str(work / "client-state")
     if settings.mode == "simulation":
@@ -154,11 +154,10 @@ def train_with_flower(
     (<checkpoint>.flower/)."""
     s = job.settings
     checkpoint = Path(job.ckpt).resolve()
-    # the job's typed hyperparameters as JSON-ready data: they travel in the run config
     spec = ServerSpec(
         algorithm=job.algorithm,
-        local=s.local.model_dump(),
-        hparams=job.hparams.model_dump(),
+        local=s.local,
+        hparams=job.hparams,
         backbone=s.backbone,
         num_classes=len(job.classes),
         seed=int(job.seed),

@@ -45,19 +45,17 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.loop import RoundLoop, nbytes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
-from fedccrl_core.learning.model_file import atomic_torch_save
 from fedccrl_flower import messages as M
 from fedccrl_flower.evalsets import load_evalsets
 from fedccrl_flower.replies import BAD_REPLY, Ledger, matching_train_uploads, read_query_reply, read_train_reply
-from fedccrl_flower.report import RunReport
+from fedccrl_flower.report import FlowerResult, RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
 from fedccrl_flower.transport import RoundFailure, answered, error_reason, exchange, wait_for_nodes
 
@@ -82,11 +80,9 @@ class FlowerServer:
         self.checkpoint_path = Path(spec.checkpoint) if spec.checkpoint else Path(spec.work_dir) / "checkpoint.pt"
         self.log = log or self.report.log
         self.sleep, self.clock = sleep, clock
-        local = dict(spec.local)
-        local["mean"], local["std"] = tuple(local["mean"]), tuple(local["std"])
-        self.alg = build_algorithm(spec.algorithm, LocalConfig(**local), spec.hparams)
+        self.alg = build_algorithm(spec.algorithm, spec.local, spec.hparams)
         self.device = resolve_device(spec.device)
-        self.client_spec_json = json.dumps(spec.client_spec(), sort_keys=True)
+        self.client_spec_json = spec.client_spec().to_json()
         self.client_of_node: dict[int, str] = {}  # last client id each node answered with
         self.ledger = Ledger(self.log)
         self.slowest: dict[str, float] = {}  # phase -> the slowest complete exchange so far (s)
@@ -208,11 +204,11 @@ class FlowerServer:
         return sorted(matching_train_uploads(rnd, valid, self.ledger), key=lambda r: r.client_id), up, down
 
     # ---- Algorithm 1 --------------------------------------------------------------------------
-    def run(self) -> dict:
+    def run(self) -> FlowerResult:
         try:
             self.report.status("running")
             result = self._run()
-            self.report.status("completed", round=result["history"][-1]["round"] if result["history"] else 0)
+            self.report.status("completed", round=result.history[-1][contract.ROUND] if result.history else 0)
             return result
         except (SystemExit, KeyboardInterrupt) as e:  # `flwr stop` / a signal
             self.log(f"stopped ({e.__class__.__name__})")
@@ -284,10 +280,10 @@ class FlowerServer:
     def client_states(self) -> dict:
         return {}  # client states live on the clients (Context.state, mirrored to their state-dir)
 
-    def restore(self, checkpoints, ck) -> None:
-        self._start = ck["round"] + 1 if ck is not None else 1
+    def restore(self, checkpoints: RoundCheckpoints | None, ck: RoundCheckpoint | None) -> None:
+        self._start = ck.round + 1 if ck is not None else 1
 
-    def _run(self) -> dict:
+    def _run(self) -> FlowerResult:
         from fedccrl_core.data.shards import client_ids, load_manifest
 
         s = self.spec
@@ -310,15 +306,15 @@ class FlowerServer:
             engine="flower",
         )
         res = loop.run()
-        result = {
-            "history": res.history,
-            "final_weights": res.final_weights,
-            "best_weights": res.best_weights,
-            "best_round": res.best_round,
-            "resumed_from": res.resumed_from,
-            "extra": {"refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
-        }
-        atomic_torch_save(result, self.work / contract.FLOWER_RESULT_FILE)
+        result = FlowerResult(
+            history=res.history,
+            final_weights=res.final_weights,
+            best_weights=res.best_weights,
+            best_round=res.best_round,
+            resumed_from=res.resumed_from,
+            extra={"refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
+        )
+        self.report.result(result)
         return result
 
 
@@ -333,7 +329,7 @@ def main(grid: Grid, context: Context) -> None:
             flush=True,
         )
         raise SystemExit(2)
-    spec = ServerSpec.from_dict(json.loads(str(raw)))
+    spec = ServerSpec.from_json(str(raw), f"Flower run config '{M.RUN_SPEC}'")
     FlowerServer(grid, spec, report_dir=report_dir(spec.work_dir, context.run_id)).run()
 
 

@@ -1,23 +1,78 @@
 """The ServerApp's run description (`ServerSpec`), sent as JSON in the Flower run config, and the part of it
-every client receives in each CONFIG record (`client_spec`)."""
+every client receives in each CONFIG record (`ClientSpec`). Each is parsed from its JSON once (`from_json`), where
+it arrives, and handed on typed: the local training settings as a LocalConfig, the hyperparameters as the
+algorithm's Params."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
 from pathlib import Path
+from typing import Any, ClassVar, Literal, TypeVar
 
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
+
+from fedccrl_core.algorithm_params import PARAMS
+from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.hparams import HParams
+from fedccrl_core.foundation.records import Record, parse_record
 from fedccrl_core.foundation.runkey import params_hash
 from fedccrl_flower.settings import FlowerSettings
 
+S = TypeVar("S", bound="_Spec")
+_FLOWER = FlowerSettings()  # params.yaml train.flower's defaults
 
-@dataclass
-class ServerSpec:
-    """Everything the ServerApp needs; travels as JSON in the run config (`spec`)."""
+
+class _Spec(Record):
+    """What both specs share: the algorithm, its local training settings and its hyperparameters."""
 
     algorithm: str
-    local: dict  # LocalConfig fields
-    hparams: dict
+    local: LocalConfig  # train.* and preprocess mean, std
+    hparams: SerializeAsAny[HParams]  # train.<algorithm>: the algorithm's Params
+
+    @field_validator("algorithm")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        if name not in PARAMS:
+            raise ValueError(f"one of {', '.join(PARAMS)}")
+        return name
+
+    @field_validator("hparams", mode="before")
+    @classmethod
+    def _the_algorithms_params(cls, v: object, info: ValidationInfo) -> HParams:
+        params = PARAMS.get(info.data.get("algorithm", ""))
+        if params is None:  # the algorithm itself is reported
+            return HParams()
+        return v if type(v) is params else params.model_validate(v)
+
+    @classmethod
+    def from_json(cls: type[S], text: str, where: str) -> S:
+        """The spec in `text` (from `where`: a run config, a message); ValueError naming `where` and the key."""
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e})") from None
+        return parse_record(cls, data, where, ValueError)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"))
+
+
+class ClientSpec(_Spec):
+    """The part of the ServerSpec a client needs (sent in every CONFIG record; no paths of the server)."""
+
+    backbone: str
+    num_classes: int
+    seed: int
+    held_out: str  # the held-out (target) domain
+    device: str
+    client_state: Literal["persistent", "stateless"]  # params.yaml train.client_state
+    state_key: str  # names the clients' saved state (ServerSpec.client_spec)
+
+
+class ServerSpec(_Spec):
+    """Everything the ServerApp needs; travels as JSON in the run config (`spec`)."""
+
     backbone: str
     num_classes: int
     seed: int
@@ -29,18 +84,18 @@ class ServerSpec:
     device: str = "auto"
     eval_batch_size: int = 256
     # params.yaml train.flower's waits (fedccrl_flower/settings.py declares each, with its default and meaning)
-    min_clients: int = FlowerSettings.model_fields["min_clients"].default
-    num_clients: int = FlowerSettings.model_fields["num_clients"].default  # 0: min_clients
-    wait_for_clients_s: float = FlowerSettings.model_fields["wait_for_clients_s"].default
-    query_timeout_s: float = FlowerSettings.model_fields["query_timeout_s"].default
-    train_timeout_s: float = FlowerSettings.model_fields["train_timeout_s"].default
-    timeout_factor: float = FlowerSettings.model_fields["timeout_factor"].default
-    timeout_floor_s: float = FlowerSettings.model_fields["timeout_floor_s"].default
+    min_clients: int = _FLOWER.min_clients
+    num_clients: int = _FLOWER.num_clients  # 0: min_clients
+    wait_for_clients_s: float = _FLOWER.wait_for_clients_s
+    query_timeout_s: float = _FLOWER.query_timeout_s
+    train_timeout_s: float = _FLOWER.train_timeout_s
+    timeout_factor: float = _FLOWER.timeout_factor
+    timeout_floor_s: float = _FLOWER.timeout_floor_s
     checkpoint: str = ""  # "" = <work_dir>/checkpoint.pt
-    client_state: str = "persistent"  # params.yaml train.client_state: persistent | stateless
-    run_info: dict = field(default_factory=dict)
+    client_state: Literal["persistent", "stateless"] = "persistent"  # params.yaml train.client_state
+    run_info: dict[str, Any] = Field(default_factory=dict)
 
-    FROM_SETTINGS = (
+    FROM_SETTINGS: ClassVar[tuple[str, ...]] = (
         "min_clients",
         "num_clients",
         "wait_for_clients_s",
@@ -52,31 +107,25 @@ class ServerSpec:
 
     @property
     def rounds(self) -> int:
-        return int(self.local["rounds"])
+        return self.local.rounds
 
-    @classmethod
-    def from_dict(cls, d: dict) -> ServerSpec:
-        known = set(cls.__dataclass_fields__)
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"server spec: unknown field(s) {unknown}")
-        return cls(**d)
-
-    def client_spec(self) -> dict:
-        """The part a client needs (sent in every CONFIG record; no paths of the server). `state_key` names the
-        clients' saved state: the params hash (fedccrl_core/foundation/runkey.py) of this part and the run info."""
-        core = {
-            "algorithm": self.algorithm,
-            "local": self.local,
-            "hparams": self.hparams,
-            "backbone": self.backbone,
-            "num_classes": self.num_classes,
-            "seed": self.seed,
-            "held_out": self.held_out,
-            "device": self.device,
-            "client_state": self.client_state,
-        }
-        return {**core, "state_key": params_hash({**core, "run_info": self.run_info})}
+    def client_spec(self) -> ClientSpec:
+        """The part a client needs. `state_key` names the clients' saved state: the params hash
+        (fedccrl_core/foundation/runkey.py) of this part and the run info."""
+        spec = ClientSpec(
+            algorithm=self.algorithm,
+            local=self.local,
+            hparams=self.hparams,
+            backbone=self.backbone,
+            num_classes=self.num_classes,
+            seed=self.seed,
+            held_out=self.held_out,
+            device=self.device,
+            client_state=self.client_state,
+            state_key="",
+        )
+        core = spec.model_dump(exclude={"state_key"})
+        return spec.model_copy(update={"state_key": params_hash({**core, "run_info": self.run_info})})
 
 
 def report_dir(work_dir: str | Path, run_id: int) -> Path:

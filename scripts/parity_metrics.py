@@ -54,7 +54,7 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
             base / "shards", base / "pools", params["preprocess"]["mean"], params["preprocess"]["std"], progress=False
         )
         manifest = load_manifest(base / "shards")
-        domains = list(manifest["domains"])
+        domains = list(manifest.domains)
         with open(out, "w") as f:
             for name in algs or sorted(ALGORITHMS):
                 p = {**params, "train": {**params["train"], "rounds": rounds, "local_epochs": 1, "device": "cpu"}}
@@ -73,7 +73,7 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
                 )
                 alg = build_algorithm(name, s.local, getattr(cfg.train, name).model_dump())
                 torch.manual_seed(0)
-                model = alg.build_model(s.backbone, len(manifest["classes"]), s.pretrained, alg.hp)
+                model = alg.build_model(s.backbone, len(manifest.classes), s.pretrained, alg.hp)
                 res = InProcessEngine(
                     alg,
                     model,

@@ -149,7 +149,7 @@ def one_run(
     upload: str,
 ) -> tuple[float, float | None, float, float | None]:
     """(target accuracy of the last round, the audit's TPR at FPR 1 %, epsilon spent, the audit's bound)."""
-    sources = [d for d in manifest["domains"] if d != held_out]
+    sources = [d for d in manifest.domains if d != held_out]
     clients = load_clients(data / "shards", data / "pools", sources, "cpu")
     tx, ty = load_domain_test(data / "shards", held_out)
     ps = PrivacySettings.from_mapping(privacy)  # train.privacy, validated once here (privacy None: off)
@@ -163,7 +163,7 @@ def one_run(
     )
     alg = build_algorithm(name, local, getattr(cfg.train, name).model_dump())
     torch.manual_seed(seed)
-    model = alg.build_model(settings.backbone, len(manifest["classes"]), settings.pretrained, alg.hp)
+    model = alg.build_model(settings.backbone, len(manifest.classes), settings.pretrained, alg.hp)
     res = InProcessEngine(
         alg, model, clients, ev, rounds=rounds, seed=seed, log=lambda m: None, client_fraction=cfg.train.client_fraction
     ).run()
@@ -188,7 +188,7 @@ def main(
     cfg = load_config(ROOT / "params.yaml")
     settings = run_settings(cfg)
     manifest = load_manifest(data / "shards")
-    sources = [d for d in manifest["domains"] if d != held_out]
+    sources = [d for d in manifest.domains if d != held_out]
     rounds, r = rounds or cfg.train.rounds, cfg.train.fedccrl.r
     upload = resolve_variant(cfg.train.fedccrl).upload
     print(f"seeds {','.join(map(str, seeds))}; DP noise from the OS: a DP cell is not bit-reproducible")

@@ -7,6 +7,7 @@ module-scoped workspace, a Case's setup) calls them directly. Not a test module:
 - `train_tiny(ws, tiny)`: one tiny fedavg run trained and evaluated by the stage CLIs; the session fixture `trained`.
 - `dvc_env(ws)`, `dvc_run(args, ws)`: a command in a scratch DVC workspace.
 - `tiny_onnx(path)`: a fedccrl-format ONNX file without torch. `temps(folder)`: the temporary files left there.
+- `bare_manifest()`: a shard manifest of the synthetic domains without clients (what planning a run reads).
 """
 
 from __future__ import annotations
@@ -24,6 +25,25 @@ REPO = Path(__file__).resolve().parents[1]
 DELETE = object()  # an override's value that deletes the key (a test of a missing key)
 ONE_ROUND = {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu"}  # the overrides of a training test
 TINY_IMAGES_PER_CLASS = 8  # the tiny dataset: synthetic, 4 domains x 6 classes x 8 images, 32 px, 2 clients a domain
+
+
+def bare_manifest():
+    from fedccrl_core.data.shards import FORMAT_VERSION, ShardManifest
+
+    return ShardManifest(
+        format_version=FORMAT_VERSION,
+        dataset="synthetic",
+        domains=["photo", "art", "cartoon", "sketch"],
+        classes=["a", "b"],
+        num_classes=2,
+        image_size=32,
+        layout="uint8 NHWC",
+        seed=0,
+        params={},
+        domain_sizes={},
+        clients=[],
+        skipped=[],
+    )
 
 
 # ------------------------------------------------------------------ params.yaml

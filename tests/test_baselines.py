@@ -30,7 +30,7 @@ from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import InProcessEngine
 from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.clients import ClientState
-from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.learning.model_file import ModelMeta, save_model
 
 BASELINES = ("fedsr", "fediir", "ga", "fedadg")
 SMALL = {"fedadg": {"rp_dim": 32, "disc_hidden": 32, "noise_dim": 8, "gen_hidden": 32, "e1": 1}, "fedsr": {"z_dim": 16}}
@@ -368,9 +368,9 @@ def test_model_file_round_trip(tmp_path, algorithm):
         "algorithm": algorithm,
         "hparams": SMALL.get(algorithm),
     }
-    save_model(tmp_path / "m.pt", model, meta)
+    save_model(tmp_path / "m.pt", model, ModelMeta(**meta))
     loaded, meta2 = load_model(tmp_path / "m.pt")
-    assert meta2["algorithm"] == algorithm and type(loaded.h) is type(model.h)
+    assert meta2.algorithm == algorithm and type(loaded.h) is type(model.h)
     state, state2 = model.state_dict(), loaded.state_dict()
     assert state.keys() == state2.keys() and all(torch.equal(state[k], state2[k]) for k in state)
     x = torch.randn(2, 3, 8, 8)

@@ -40,7 +40,7 @@ def _partition(raw, out, **kw):
     kw.setdefault("clients_per_domain", 2)
     kw.setdefault("val_fraction", 0.1)
     kw.setdefault("seed", 0)
-    return partition(raw, out, SPEC, SIZE, workers=1, progress=False, **kw)
+    return partition(raw, out, SPEC, SIZE, workers=1, progress=False, **kw).to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def shards(raw, tmp_path_factory) -> Path:
 
 def _assignment(shards_dir: Path) -> dict[str, str]:
     """relative path -> '<client>/<train|val>' for every stored sample."""
-    m = load_manifest(shards_dir)
+    m = load_manifest(shards_dir).to_dict()
     where = {}
     for c in m["clients"]:
         s = load_client(shards_dir, c["id"])
@@ -64,7 +64,7 @@ def _assignment(shards_dir: Path) -> dict[str, str]:
 
 
 def test_partition_is_disjoint_complete_and_stratified(raw, shards):
-    m = load_manifest(shards)
+    m = load_manifest(shards).to_dict()
     assert m["domains"] == list(synthetic.DOMAINS) and m["classes"] == sorted(synthetic.CLASSES)
     assert m["image_size"] == SIZE and "bilinear" in m["resize_policy"] and m["skipped"] == []
     assert [c["id"] for c in m["clients"]] == [f"{d}_c{k}" for d in synthetic.DOMAINS for k in range(3)]
@@ -200,7 +200,7 @@ def pools(shards, tmp_path_factory):
 
 def test_pool_values_equal_a_direct_computation(shards, pools):
     m = json.loads((pools / "manifest.json").read_text())
-    assert [c["id"] for c in m["clients"]] == [c["id"] for c in load_manifest(shards)["clients"]]
+    assert [c["id"] for c in m["clients"]] == [c["id"] for c in load_manifest(shards).to_dict()["clients"]]
     assert sorted(p.name for p in pools.iterdir()) == sorted([c["file"] for c in m["clients"]] + ["manifest.json"])
     for cid in ("photo_c0", "sketch_c2"):
         shard = load_client(shards, cid)

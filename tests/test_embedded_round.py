@@ -53,7 +53,7 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     cfg = validate_params(params, (algorithm,))  # validates CCST's group when CCST is the one trained
     settings = run_settings(cfg)
     manifest = load_manifest(base / "shards")
-    domains = list(manifest["domains"])
+    domains = list(manifest.domains)
     target, sources = domains[3], domains[:3]
     clients = load_clients(base / "shards", base / "pools", sources, "cpu")
     assert len(clients) == 3 * params["partition"]["clients_per_domain"]
@@ -69,7 +69,7 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     backbone, pretrained = settings.backbone, settings.pretrained
     assert backbone == "small_cnn"
     torch.manual_seed(0)
-    model = alg.build_model(backbone, len(manifest["classes"]), pretrained, alg.hp)
+    model = alg.build_model(backbone, len(manifest.classes), pretrained, alg.hp)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     res = InProcessEngine(alg, model, clients, ev, rounds=1, seed=0, log=lambda m: None).run()
 

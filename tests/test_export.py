@@ -24,7 +24,7 @@ from fedccrl_core.algorithms import load_model
 from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.foundation.errors import FedCCRLError
-from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_core.learning.models import build_model
 from fedccrl_pipeline import onnx_export
 from fedccrl_pipeline.export import command
@@ -66,7 +66,7 @@ def write_model(path: Path, shards: Path, **meta_over) -> Path:
         git_commit="c0ffee",
     )
     meta.update(meta_over)
-    save_model(path, model, meta)
+    save_model(path, model, ModelMeta(**meta))
     return path
 
 
@@ -135,7 +135,7 @@ def test_onnx_file_passes_the_checker_and_holds_the_metadata(exported):
         "backbone",
         "num_classes",
     ):
-        assert decoded[key] == meta[key], key
+        assert decoded[key] == getattr(meta, key), key
 
 
 def test_dynamic_batch_matches_pytorch(exported):
@@ -198,7 +198,9 @@ def test_bad_arguments_are_one_line_errors(shards, tmp_path):
 
 def test_metadata_needs_the_preprocessing():
     with pytest.raises(FedCCRLError, match="resize"):
-        metadata_props({"classes": ["a"], "num_classes": 1, "image_size": 32, "mean": [0, 0, 0], "std": [1, 1, 1]})
+        metadata_props(
+            ModelMeta(backbone="small_cnn", num_classes=1, classes=["a"], image_size=32, mean=[0, 0, 0], std=[1, 1, 1])
+        )
 
 
 # ------------------------------------------------------------------ MLflow
@@ -347,7 +349,7 @@ def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monk
 def test_mlflow_is_skipped_with_a_notice_for_an_unknown_run(exported, capsys):
     model_path, out, _ = exported
     _, meta = load_model(model_path)
-    log_to_mlflow(out / "model.onnx", {**meta, "mlflow_run_id": "0" * 32}, {}, None, None, None)
+    log_to_mlflow(out / "model.onnx", meta.model_copy(update={"mlflow_run_id": "0" * 32}), {}, None, None, None)
     assert "not in the tracking store" in capsys.readouterr().err
 
 
@@ -388,7 +390,7 @@ def _random_model(algorithm: str, seed: int):
         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
             m.running_mean.uniform_(-1, 1)
             m.running_var.uniform_(0.5, 2)
-    meta = dict(
+    meta = ModelMeta(
         backbone="small_cnn",
         num_classes=4,
         classes=list("abcd"),
@@ -499,7 +501,7 @@ def test_a_trace_holding_its_own_constants_is_not_reused():
 def test_mobilenet_v3_large_224_exports_as_one_checked_file(tmp_path):
     torch.manual_seed(0)
     model = build_model("mobilenet_v3_large", 7).eval()
-    meta = dict(
+    meta = ModelMeta(
         backbone="mobilenet_v3_large",
         num_classes=7,
         classes=[f"c{i}" for i in range(7)],
@@ -537,13 +539,13 @@ def test_serving_the_raw_held_out_folder_reproduces_the_shard_predictions(export
     x, y = load_domain_test(shards, HELD_OUT)
     with torch.no_grad():
         logits = model(normalized(x, meta))
-    cm = np.zeros((meta["num_classes"],) * 2, int)
+    cm = np.zeros((meta.num_classes,) * 2, int)
     np.add.at(cm, (y, logits.argmax(1).numpy()), 1)
     assert doc["confusion_matrix"] == cm.tolist()
     assert doc["accuracy"] == json.loads((out / "parity.json").read_text())["onnx_accuracy"]
 
 
-def normalized(x_u8: np.ndarray, meta: dict) -> torch.Tensor:
+def normalized(x_u8: np.ndarray, meta: ModelMeta) -> torch.Tensor:
     from fedccrl_core.learning.statistics import normalize_u8
 
-    return normalize_u8(torch.from_numpy(np.ascontiguousarray(x_u8)), meta["mean"], meta["std"])
+    return normalize_u8(torch.from_numpy(np.ascontiguousarray(x_u8)), meta.mean, meta.std)

@@ -30,7 +30,7 @@ from fedccrl_core.algorithms.fedalign import (
 from fedccrl_core.federation.engine import InProcessEngine
 from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
-from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_core.learning.statistics import channel_stats
 
 SMALL = {"disc_hidden": 16}
@@ -204,7 +204,7 @@ def test_model_has_discriminator_but_infers_with_g_h_only(tmp_path):
         "algorithm": "fedalign",
         "hparams": SMALL,
     }
-    save_model(tmp_path / "m.pt", model, meta)
+    save_model(tmp_path / "m.pt", model, ModelMeta(**meta))
     loaded, _ = load_model(tmp_path / "m.pt")  # rebuilt through FedAlign.build_model
     assert loaded.state_dict().keys() == model.state_dict().keys() and torch.equal(loaded(x), model(x))
 

@@ -355,9 +355,9 @@ def test_reference_variant_through_flower_equals_inprocess(data, monkeypatch, tm
     ref = run_inprocess(data, "fedccrl", 2)
     assert all(math.isfinite(r["loss"]) for r in ref.history)
     res = serve(loopback(data), make_spec(data, tmp_path / "w", "fedccrl"))
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
     monkeypatch.setitem(HPARAMS, "fedccrl", {})
     assert run_inprocess(data, "fedccrl", 1).history[0]["loss"] != ref.history[0]["loss"]
 

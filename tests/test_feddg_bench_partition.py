@@ -113,6 +113,7 @@ def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_targe
         num_clients=6,
         lam=0.5,
     )
+    manifest, m = m, m.to_dict()
     assert m["params"]["partition.lambda"] == 0.5 and m["params"]["partition.num_clients"] == 6
     assert [c["domain"] for c in m["clients"]] == ["mixed"] * 6
     sizes = [m["domain_sizes"][d] for d in m["domains"]]
@@ -121,7 +122,7 @@ def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_targe
     assert np.array_equal(got, want)
     for target in m["domains"]:
         seen = []
-        for cid in client_ids(m, target):
+        for cid in client_ids(manifest, target):
             s = load_client(tmp_path / "sh", cid, exclude_domain=target)
             paths = s.train_paths.tolist() + s.val_paths.tolist()
             assert paths and not any(p.startswith(target + "/") for p in paths)
@@ -211,8 +212,8 @@ def test_stage_with_label_skew_records_alpha_and_skews_clients(tiny, tmp_path):
 
     spec = registry.get_dataset("synthetic")
     kw = dict(val_fraction=0.1, seed=0, workers=1, progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
-    m = partition(tiny / "raw", tmp_path / "skew", spec, 16, dirichlet_alpha=0.1, **kw)
-    even = partition(tiny / "raw", tmp_path / "even", spec, 16, **kw)
+    m = partition(tiny / "raw", tmp_path / "skew", spec, 16, dirichlet_alpha=0.1, **kw).to_dict()
+    even = partition(tiny / "raw", tmp_path / "even", spec, 16, **kw).to_dict()
     assert m["params"]["partition.dirichlet_alpha"] == 0.1 and even["params"]["partition.dirichlet_alpha"] is None
     for a, b in zip(m["clients"], even["clients"]):
         assert a["domain_counts"] == b["domain_counts"]  # the lambda counts are untouched

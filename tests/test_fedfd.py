@@ -32,7 +32,7 @@ from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.engine import InProcessEngine
 from fedccrl_core.federation.loop import EvalSets
-from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_pipeline import onnx_export
 
 SMALL = {"batch_size": 8}
@@ -304,7 +304,7 @@ def test_model_file_round_trip(tmp_path):
             "algorithm": name,
             "hparams": cls(LocalConfig()).hp.model_dump(),
         }
-        save_model(tmp_path / f"{name}.pt", model, meta)
+        save_model(tmp_path / f"{name}.pt", model, ModelMeta(**meta))
         loaded, _ = load_model(tmp_path / f"{name}.pt")  # rebuilt through build_model with meta["hparams"]
         assert [type(m.adapter) for m in fd_layers(loaded)] == [type(m.adapter) for m in fd_layers(model)]
         x = torch.randn(2, 3, 8, 8)
@@ -327,7 +327,7 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
         "hparams": hp.model_dump(),
         "held_out_domain": "shifted",
     }
-    save_model(tmp_path / "m.pt", model, meta)
+    save_model(tmp_path / "m.pt", model, ModelMeta(**meta))
     loaded, meta = load_model(tmp_path / "m.pt")
     path = onnx_export.export_onnx(loaded, meta, tmp_path / "m.onnx")
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
@@ -336,11 +336,11 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     base = rng.integers(0, 256, (24, 16, 16, 3)).astype(np.float64)
     shifted = np.clip(0.35 * base + 140, 0, 255).astype(np.uint8)  # another domain: brighter, low contrast
     session = onnx_export.cpu_session(path)
-    res = onnx_export.parity(session, loaded, shifted, meta["mean"], meta["std"], batch_size=7)  # odd batches
+    res = onnx_export.parity(session, loaded, shifted, meta.mean, meta.std, batch_size=7)  # odd batches
     assert res["max_abs_logit_diff"] <= 1e-4 and res["top1_agreement"] == 1.0
     from fedccrl_core.learning.statistics import normalize_u8
 
-    x = normalize_u8(torch.from_numpy(shifted), meta["mean"], meta["std"])
+    x = normalize_u8(torch.from_numpy(shifted), meta.mean, meta.std)
     plain = FedFDA.build_model("small_cnn", 3, "none", hp.model_copy(update={"inference": "global"}))
     plain.load_state_dict(loaded.state_dict())
     with torch.no_grad():
@@ -399,7 +399,7 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tiny, tmp_path):
     save_model(
         tmp_path / "model.pt",
         model,
-        dict(
+        ModelMeta(
             backbone="small_cnn",
             num_classes=manifest["num_classes"],
             classes=manifest["classes"],

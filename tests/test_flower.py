@@ -198,33 +198,33 @@ def test_client_state_slots_survive_a_retrained_round(tmp_path):
     from fedccrl_core.learning.clients import ClientState
     from fedccrl_flower.client_app import load_client_state, save_client_state
 
-    spec = {"state_key": "k1"}
+    key = "k1"  # the run's state key (ClientSpec.state_key)
     ctx = Context(run_id=1, node_id=1, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(), run_config={})
-    st, base = load_client_state(ctx, spec, "a", 1)
+    st, base = load_client_state(ctx, key, "a", 1)
     assert st.optimizer is None and base is None
     for rnd in (1, 2):
-        st, base = load_client_state(ctx, spec, "a", rnd)
+        st, base = load_client_state(ctx, key, "a", rnd)
         save_client_state(
             ctx,
-            spec,
+            key,
             "a",
             rnd,
             ClientState({"r": torch.tensor(float(rnd))}, None, {"bank": {"mu": np.full(2, rnd, np.float32)}}),
             base,
         )
-    assert load_client_state(ctx, spec, "a", 3)[0].optimizer["r"].item() == 2.0
-    st, base = load_client_state(ctx, spec, "a", 2)  # round 2 again (a resumed ServerApp): from round 1
+    assert load_client_state(ctx, key, "a", 3)[0].optimizer["r"].item() == 2.0
+    st, base = load_client_state(ctx, key, "a", 2)  # round 2 again (a resumed ServerApp): from round 1
     assert st.optimizer["r"].item() == 1.0
     st.optimizer["r"].add_(100.0)  # optimizers update loaded tensors in place: the saved slot must not change
-    save_client_state(ctx, spec, "a", 2, st, base)
-    assert load_client_state(ctx, spec, "a", 2)[0].optimizer["r"].item() == 1.0
+    save_client_state(ctx, key, "a", 2, st, base)
+    assert load_client_state(ctx, key, "a", 2)[0].optimizer["r"].item() == 1.0
     fresh = Context(
         run_id=2, node_id=7, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(), run_config={}
     )  # a restarted SuperNode / a new run: the disk mirror
-    assert load_client_state(fresh, spec, "a", 3)[0].optimizer["r"].item() == 101.0  # the retrained round 2
-    assert np.array_equal(load_client_state(fresh, spec, "a", 2)[0].extra["bank"]["mu"], [1.0, 1.0])
+    assert load_client_state(fresh, key, "a", 3)[0].optimizer["r"].item() == 101.0  # the retrained round 2
+    assert np.array_equal(load_client_state(fresh, key, "a", 2)[0].extra["bank"]["mu"], [1.0, 1.0])
     assert sorted(p.suffix for p in tmp_path.rglob("*.*")) == [".npz"]  # one file per client, no pickle
-    assert load_client_state(fresh, {"state_key": "other"}, "a", 3)[0].optimizer is None
+    assert load_client_state(fresh, "other", "a", 3)[0].optimizer is None
 
 
 def test_launcher_rejects_impossible_min_clients_before_starting_processes(data, tmp_path):
@@ -367,9 +367,7 @@ def test_train_with_flower_takes_the_job_and_validated_settings(data, tmp_path, 
         SEED,
         64,
     )
-    assert (
-        spec.hparams == hp.model_dump() and spec.run_info == {"run_key": "k"} and spec.work_dir.endswith("run.flower")
-    )
+    assert spec.hparams == hp and spec.run_info == {"run_key": "k"} and spec.work_dir.endswith("run.flower")
 
 
 # ================================================================ loopback Grid: the round loop and its faults
@@ -411,13 +409,13 @@ def test_loopback_malformed_updates_are_refused_never_aggregated(data, tmp_path)
     grid.tamper = tamper
     logs = []
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1), log=logs.append)
-    rec = res["history"][0]
+    rec = res.history[0]
     assert rec["clients"] == 1 and rec["refused"] == 2
     assert {k.split("/")[1] for k in rec if k.startswith("train_acc/")} == {"photo_c0"}
-    reasons = {r["client"]: r["reason"] for r in res["extra"]["refused"]}
+    reasons = {r["client"]: r["reason"] for r in res.extra["refused"]}
     assert "shape" in reasons["art_c0"] and "NaN" in reasons["cartoon_c0"]
     assert any("REFUSED reply of art_c0" in line for line in logs)
-    for k, v in res["final_weights"].items():  # Eq. 2 over the one valid reply = that reply
+    for k, v in res.final_weights.items():  # Eq. 2 over the one valid reply = that reply
         assert np.array_equal(v.cpu().numpy(), honest["photo_c0"][k]), k
 
 
@@ -429,7 +427,7 @@ def test_loopback_dead_client_and_min_clients(data, tmp_path):
     grid = loopback(data)
     grid.dead = {102}  # photo_c0
     res = serve(grid, make_spec(data, tmp_path / "a", "fedavg", rounds=1, min_clients=2, query_timeout_s=5))
-    rec = res["history"][0]
+    rec = res.history[0]
     assert rec["clients"] == 2 and "train_acc/photo_c0" not in rec
     # a query that timed out used to be recorded as dropped=0; now the node, phase and reason are kept
     assert rec["dropped"] == 1 and rec["dropped_clients"] == [
@@ -472,7 +470,7 @@ def test_loopback_dropped_clients_say_why_and_reach_mlflow(data, tmp_path):
 
     grid.push_messages = push
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1))
-    rec = res["history"][0]
+    rec = res.history[0]
     why = {d["client"]: (d["node"], d["phase"], d["reason"]) for d in rec["dropped_clients"]}
     assert why == {"photo_c0": (102, "train", "error"), "cartoon_c0": (101, "train", "disconnected")}
     assert rec["dropped"] == 2 and rec["clients"] == 1 and "CUDA out of memory" in str(rec["dropped_clients"])
@@ -501,7 +499,7 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     grid.delay = delay
     spec = make_spec(data, tmp_path, "fedavg", rounds=2, min_clients=2, timeout_factor=3.0, timeout_floor_s=2.0)
     res = serve(grid, spec)
-    r1, r2 = res["history"]
+    r1, r2 = res.history
     assert (r1["train_timeout_s"], r1["query_timeout_s"]) == (spec.train_timeout_s, spec.query_timeout_s)
     assert r1["dropped"] == 0 and r1["clients"] == 3
     assert r2["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=grid.pull_s * 3)  # polled: within a few pulls
@@ -537,10 +535,10 @@ def test_loopback_resume_after_serverapp_crash(data, tmp_path):
     with pytest.raises(Crash):
         serve(grid, make_spec(data, tmp_path / "w2", "fedavg"))
     resumed = serve(loopback(data, state_dir=tmp_path / "s2"), make_spec(data, tmp_path / "w2", "fedavg"))
-    assert resumed["resumed_from"] == 1 and [r["round"] for r in resumed["history"]] == [1, 2]
-    assert_same_history(resumed["history"], whole["history"])
-    for k, v in whole["final_weights"].items():
-        assert torch.equal(resumed["final_weights"][k], v), k
+    assert resumed.resumed_from == 1 and [r["round"] for r in resumed.history] == [1, 2]
+    assert_same_history(resumed.history, whole.history)
+    for k, v in whole.final_weights.items():
+        assert torch.equal(resumed.final_weights[k], v), k
 
 
 SLOW_ON_CPU = {"ccst", "fedadg"}  # AdaIN style transfer / an adversarial generator: 20-45 s here
@@ -558,10 +556,10 @@ def test_loopback_every_algorithm_matches_inprocess_engine(algorithm, data, inpr
     (state in Context.state, payloads and server state as they are), equals the in-process engine."""
     ref = inprocess_fedccrl if algorithm == "fedccrl" else run_inprocess(data, algorithm, 2)
     res = serve(loopback(data), make_spec(data, tmp_path, algorithm))
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
-    assert all(r["clients"] == 3 and r["refused"] == 0 for r in res["history"])
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+    assert all(r["clients"] == 3 and r["refused"] == 0 for r in res.history)
 
 
 def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
@@ -572,9 +570,9 @@ def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
         loopback(data, state_dir=tmp_path / "state"),
         make_spec(data, tmp_path / "w", "fedavg", client_state="stateless"),
     )
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
     assert ref.history[1]["loss"] != persistent.history[1]["loss"]  # round 2 really started afresh
     assert not list((tmp_path / "state").rglob("*.npz"))  # nothing kept on the clients
 
@@ -593,10 +591,10 @@ def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path, 
     }
     ref = run_inprocess(data, "fedccrl", 2, privacy=priv)
     res = serve(loopback(data), make_spec(data, tmp_path, "fedccrl", privacy=priv))
-    assert_same_history(res["history"], ref.history)
-    assert [r[contract.DP_EPSILON] for r in res["history"]] == [r[contract.DP_EPSILON] for r in ref.history]
+    assert_same_history(res.history, ref.history)
+    assert [r[contract.DP_EPSILON] for r in res.history] == [r[contract.DP_EPSILON] for r in ref.history]
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
 
 
 # ================================================================ real processes: SuperLink + 3 SuperNodes on 127.0.0.1
@@ -925,12 +923,12 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
 
     shards, pools = mixed_data / "shards", mixed_data / "pools"
     manifest = load_manifest(shards)
-    assert all(c["domain"] == "mixed" for c in manifest["clients"])
-    sources = [d for d in manifest["domains"] if d != HELD_OUT]
+    assert all(c.domain == "mixed" for c in manifest.clients)
+    sources = [d for d in manifest.domains if d != HELD_OUT]
     clients = load_clients(shards, pools, sources, "cpu")
     ids = client_ids(manifest, HELD_OUT)
     assert [c.client_id for c in clients] == ids and len(ids) == 5
-    assert sum(len(c.train_y) for c in clients) < sum(c["n_train"] for c in manifest["clients"])  # rows dropped
+    assert sum(len(c.train_y) for c in clients) < sum(c.n_train for c in manifest.clients)  # rows dropped
     tx, ty = load_domain_test(shards, HELD_OUT)
     ev = EvalSets(
         torch.cat([c.val_x for c in clients]),
@@ -950,10 +948,10 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
     finally:
         torch.set_num_threads(threads)
     res = serve(loopback(mixed_data, clients=ids), make_spec(mixed_data, tmp_path, algorithm))
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
-    assert all(r["clients"] == 5 for r in res["history"])
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+    assert all(r["clients"] == 5 for r in res.history)
 
 
 def test_loopback_a_held_out_domain_client_is_refused_never_sampled(data, tmp_path):
@@ -962,12 +960,11 @@ def test_loopback_a_held_out_domain_client_is_refused_never_sampled(data, tmp_pa
     ref = run_inprocess(data, "fedavg", 2)
     grid = loopback(data, clients=[*SOURCES, "sketch_c0"])
     res = serve(grid, make_spec(data, tmp_path, "fedavg"))
-    assert_same_history(res["history"], ref.history)
+    assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
-        assert torch.equal(res["final_weights"][k].cpu(), v.cpu()), k
-    assert [r["refused"] for r in res["history"]] == [1, 1] and all(r["clients"] == 3 for r in res["history"])
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+    assert [r["refused"] for r in res.history] == [1, 1] and all(r["clients"] == 3 for r in res.history)
     assert all(
-        "sketch_c0 is not a source client of held-out sketch" in r["refused_clients"][0]["reason"]
-        for r in res["history"]
+        "sketch_c0 is not a source client of held-out sketch" in r["refused_clients"][0]["reason"] for r in res.history
     )
     assert not [m for m in grid.sent if m.metadata.message_type == M.TRAIN and m.metadata.dst_node_id == 103]

@@ -585,11 +585,11 @@ def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_
     warned = [ln for ln in err.splitlines() if ln.startswith("warning: partition:")]
     assert len(warned) == 1 and "domain 'tiny'" in warned[0] and "has 1 image(s) for 2 client(s)" in warned[0]
     assert "partition.clients_per_domain" in warned[0]
-    assert load_manifest(tmp_path / "shards")["warnings"] == [warned[0].removeprefix("warning: ")]
+    assert load_manifest(tmp_path / "shards").to_dict()["warnings"] == [warned[0].removeprefix("warning: ")]
 
     raw = _imagefolder(tmp_path / "raw2", {"art": 4, "photo": 4})  # 2 images per class per client: enough
     partition(raw, tmp_path / "shards2", spec, 8, clients_per_domain=2, val_fraction=0.0, seed=0, progress=False)
-    assert "warning" not in capsys.readouterr().err and "warnings" not in load_manifest(tmp_path / "shards2")
+    assert "warning" not in capsys.readouterr().err and "warnings" not in load_manifest(tmp_path / "shards2").to_dict()
 
 
 def test_e_a_dataset_wrapped_in_two_folders_is_found_and_a_wrong_layout_says_why(tmp_path):

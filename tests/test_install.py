@@ -147,8 +147,9 @@ SIZE = 32
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
-def _meta(**over) -> dict:
+def _meta(**over):
     from fedccrl_core.data.images import RESIZE_POLICY
+    from fedccrl_core.learning.model_file import ModelMeta
 
     meta = dict(
         backbone="small_cnn",
@@ -168,7 +169,7 @@ def _meta(**over) -> dict:
         params_hash="0123abcd",
         git_commit="f00dcafe",
     )
-    return {**meta, **over}
+    return ModelMeta(**meta, **over)
 
 
 @pytest.fixture(scope="module")

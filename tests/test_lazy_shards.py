@@ -34,7 +34,7 @@ def shards(raw, tmp_path_factory) -> Path:
 
 
 def decoded_pixels(shards: Path) -> int:
-    m = load_manifest(shards)
+    m = load_manifest(shards).to_dict()
     return sum((c["n_train"] + c["n_val"]) * m["image_size"] ** 2 * 3 for c in m["clients"])
 
 
@@ -52,11 +52,11 @@ def test_memory_mapped_shards_equal_the_loaded_ones(shards, raw, tmp_path):
         lam=0.5,
     )
     cases = [(shards, cid, None) for cid in client_ids(load_manifest(shards))]
-    held = load_manifest(fdb)["domains"][0]
+    held = load_manifest(fdb).to_dict()["domains"][0]
     cases += [(fdb, cid, ex) for cid in client_ids(load_manifest(fdb), held) for ex in (None, held)]
     for folder, cid, ex in cases:
         lazy, eager = load_client(folder, cid, ex, mmap=True), load_client(folder, cid, ex)
-        stored = next(c["n_train"] for c in load_manifest(folder)["clients"] if c["id"] == cid)
+        stored = next(c["n_train"] for c in load_manifest(folder).to_dict()["clients"] if c["id"] == cid)
         # memory-mapped unless the held-out domain's rows had to be dropped (then the kept rows are copied)
         assert isinstance(lazy.train_x, np.memmap) == (lazy.n_train == stored), (folder.name, cid, ex)
         assert not isinstance(eager.train_x, np.memmap)

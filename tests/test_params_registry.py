@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from fixtures import bare_manifest
 
 from fedccrl_core.algorithms import ALGORITHMS
 
@@ -190,7 +191,7 @@ def test_every_registry_default_is_params_yaml_value():
     assert (LocalConfig().mean, LocalConfig().std) == (IMAGENET_MEAN, IMAGENET_STD)
     assert tuple(data["preprocess"]["mean"]) == IMAGENET_MEAN and tuple(data["preprocess"]["std"]) == IMAGENET_STD
     for key in ServerSpec.FROM_SETTINGS:  # the Flower server's waits: FlowerSettings' defaults
-        assert ServerSpec.__dataclass_fields__[key].default == FlowerSettings.model_fields[key].default
+        assert ServerSpec.model_fields[key].default == FlowerSettings.model_fields[key].default
 
 
 def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path):
@@ -211,12 +212,7 @@ def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path)
     settings = run_settings(cfg)
     assert settings.local.lr == 0.001 and type(settings.local.lr) is float
     assert build_algorithm("fedavg", settings.local).local.lr == 0.001
-    manifest = {
-        "domains": ["photo", "art", "cartoon", "sketch"],
-        "classes": ["a", "b"],
-        "image_size": 32,
-        "clients": [],
-    }
+    manifest = bare_manifest()
     (job,) = plan_runs(
         settings,
         cfg.partition.model_dump(by_alias=True),

@@ -245,10 +245,15 @@ def test_batch_of_one_for_a_batchnorm_model(params, tiny, tmp_path, monkeypatch)
 )
 def test_a_client_without_a_batchnorm_batch(client, target, ok):
     """From the manifest's counts (a feddg_bench client counts only its samples outside the held-out domain)."""
+    from fixtures import bare_manifest
+
+    from fedccrl_core.data.shards import ClientEntry
     from fedccrl_pipeline.params import ParamError
     from fedccrl_pipeline.sweep import check_batches
 
-    manifest = {"clients": [{"id": "c9", "domain": "photo", "n_train": 50}, client]}
+    sizes = {"domain_index": 0, "k": 0, "file": "c.npz", "n_val": 0, "train_class_hist": [], "val_class_hist": []}
+    clients = [ClientEntry(**sizes, **c) for c in ({"id": "c9", "domain": "photo", "n_train": 50}, client)]
+    manifest = bare_manifest().model_copy(update={"clients": clients})
     if ok:
         check_batches(manifest, target, 32, "train.batch_size")
     else:
@@ -353,7 +358,7 @@ def test_held_out_index_and_name_reach_the_same_domain(tiny, tmp_path, monkeypat
     from fedccrl_pipeline.sweep import manifest_held_out
 
     manifest = load_manifest(tiny / "data" / "shards")
-    assert manifest["domains"] == list(get_dataset("synthetic").domains)
+    assert manifest.domains == list(get_dataset("synthetic").domains)
     assert manifest_held_out(manifest, [3, "photo"]) == ["sketch", "photo"]
     with pytest.raises(ValueError, match=r"train.held_out\[1\]'.*names domain sketch as 3 does"):
         manifest_held_out(manifest, [3, "sketch"])

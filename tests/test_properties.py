@@ -330,14 +330,25 @@ meta_values = st.recursive(
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
     max_leaves=6,
 )
+optional_meta = st.fixed_dictionaries(
+    {},
+    optional={
+        "dataset": st.text(max_size=8),
+        "domains": st.lists(st.text(max_size=5), max_size=4),
+        "held_out_index": st.integers(0, 9),
+        "seed": st.integers(-(2**31), 2**31),
+        "hparams": st.dictionaries(st.text(max_size=5), meta_values, max_size=3),
+        "round": st.integers(1, 500),
+    },
+)
 
 
 @settings(max_examples=10)
-@given(st.integers(2, 5), st.dictionaries(st.text(max_size=8), meta_values, max_size=4), st.integers(0, 2**16))
+@given(st.integers(2, 5), optional_meta, st.integers(0, 2**16))
 def test_model_file_reads_back_the_weights_and_meta_written(num_classes, extra_meta, seed):
     """save_model then load_model: every state entry (weights, BatchNorm statistics, counters) equal bit for bit,
-    meta equal to what was written."""
-    from fedccrl_core.learning.model_file import load_meta, load_model, save_model
+    meta equal to what was written (the optional fields present or absent as written)."""
+    from fedccrl_core.learning.model_file import ModelMeta, load_meta, load_model, save_model
     from fedccrl_core.learning.models import build_model
 
     model = build_model("small_cnn", num_classes, pretrained="none")
@@ -346,20 +357,21 @@ def test_model_file_reads_back_the_weights_and_meta_written(num_classes, extra_m
         for v in model.state_dict().values():
             v.copy_(torch.randn(v.shape, generator=gen) if v.is_floating_point() else torch.randint(0, 99, v.shape))
     want_state = {k: v.clone() for k, v in model.state_dict().items()}
-    meta = {
-        **extra_meta,
-        "backbone": "small_cnn",
-        "num_classes": num_classes,
-        "classes": [f"c{i}" for i in range(num_classes)],
-        "image_size": 32,
-        "mean": [0.5, 0.25, 0.125],
-        "std": [1.0, 2.0, 0.5],
-    }
+    meta = ModelMeta(
+        **copy.deepcopy(extra_meta),
+        backbone="small_cnn",
+        num_classes=num_classes,
+        classes=[f"c{i}" for i in range(num_classes)],
+        image_size=32,
+        mean=[0.5, 0.25, 0.125],
+        std=[1.0, 2.0, 0.5],
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "model.pt"
-        save_model(path, model, copy.deepcopy(meta))
+        save_model(path, model, meta)
         loaded, got_meta = load_model(path)
         assert got_meta == meta and load_meta(path) == meta
+        assert got_meta.to_dict() == meta.to_dict() and list(got_meta.to_dict()) == list(meta.to_dict())
     got_state = loaded.state_dict()
     assert got_state.keys() == want_state.keys()
     for k, v in want_state.items():

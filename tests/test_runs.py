@@ -13,7 +13,7 @@ import torch
 from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning import accuracy as evaluation
-from fedccrl_core.learning.model_file import save_model
+from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_core.learning.models import build_model
 from fedccrl_core.outcomes import runs
 
@@ -32,7 +32,7 @@ def _save(path: Path, shards: Path, weights_seed: int, rnd: int) -> None:
     save_model(
         path,
         model,
-        dict(
+        ModelMeta(
             backbone="small_cnn",
             num_classes=manifest["num_classes"],
             classes=manifest["classes"],

@@ -23,6 +23,7 @@ from click.testing import CliRunner
 from PIL import Image
 
 from fedccrl_core.data.images import RESIZE_POLICY, load_rgb, resize_u8
+from fedccrl_core.learning.model_file import ModelMeta
 from fedccrl_core.learning.models import build_model
 from fedccrl_core.learning.statistics import normalize_u8
 from fedccrl_pipeline.onnx_export import export_onnx
@@ -36,7 +37,7 @@ SIZE = 32
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
-def make_meta(**over) -> dict:
+def make_meta(**over) -> ModelMeta:
     meta = dict(
         backbone="small_cnn",
         num_classes=len(CLASSES),
@@ -56,7 +57,7 @@ def make_meta(**over) -> dict:
         git_commit="f00dcafe",
     )
     meta.update(over)
-    return meta
+    return ModelMeta(**meta)
 
 
 @pytest.fixture(scope="module")
@@ -121,7 +122,7 @@ def test_info_prints_the_metadata(exported):
     assert r.exit_code == 0, r.stderr
     doc = json.loads(r.stdout)
     meta = doc["metadata"]
-    for key, value in make_meta().items():
+    for key, value in make_meta().to_dict().items():
         assert meta[key] == value, key
     assert meta["fedccrl_format"] == 1
     assert doc["inputs"][0]["name"] == "images" and doc["inputs"][0]["shape"][1:] == [3, SIZE, SIZE]

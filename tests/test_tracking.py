@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from fixtures import ONE_ROUND
+from fixtures import ONE_ROUND, bare_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 NOT_A_DATABASE = b"this is not an SQLite database " * 64
@@ -136,12 +136,7 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
     assert params["train"]["lr"] == 0.001 and isinstance(params["train"]["lr"], float)
     settings = run_settings(cfg)
     assert settings.local.lr == 0.001  # training
-    manifest = {
-        "domains": ["photo", "art", "cartoon", "sketch"],
-        "classes": ["a", "b"],
-        "image_size": 32,
-        "clients": [],
-    }
+    manifest = bare_manifest()
     (job,) = plan_runs(
         settings,
         cfg.partition.model_dump(by_alias=True),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.checkpoints import RoundCheckpoints, RoundState
 from fedccrl_core.foundation.errors import UntrustedFileError
 from fedccrl_core.learning.model_file import FORMAT, load_model
 
@@ -30,6 +30,18 @@ class Payload:
 
     def __reduce__(self):
         return os.system, (f"touch {self.marker}",)
+
+
+EMPTY_ROUND = RoundState(
+    global_weights={},
+    best={},
+    best_round=0,
+    best_val=-1.0,
+    history=[],
+    run_info={},
+    server_state={},
+    engine="inprocess",
+)
 
 
 def crafted_model(path: Path, marker: Path) -> Path:
@@ -89,9 +101,9 @@ def test_a_crafted_client_state_is_refused_naming_its_file(tmp_path):
         "scheduler": None,
         "extra": {},
     }
-    cks.save(1, {"global": {}}, {"a": good, "b": {**good, "extra": {"x": Payload(marker)}}})
+    cks.save(1, EMPTY_ROUND, {"a": good, "b": {**good, "extra": {"x": Payload(marker)}}})
     again = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None)
-    assert again.load(lambda c: None)["round"] == 1
+    assert again.load(lambda c: None).round == 1
     assert torch.equal(again.load_client("a")["optimizer"]["state"][0]["exp_avg"], torch.arange(4.0))
     with pytest.raises(UntrustedFileError) as e:
         again.load_client("b")
@@ -212,7 +224,7 @@ def test_a_client_record_may_name_only_a_torch_dtype(tmp_path):
             return checkpoints._tensor_from, ("load", (1,), np.zeros(1, np.uint8))
 
     cks = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None)
-    cks.save(1, {"global": {}}, {"a": {"extra": {"x": Crafted()}}})
+    cks.save(1, EMPTY_ROUND, {"a": {"extra": {"x": Crafted()}}})
     again = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None)
     again.load(lambda c: None)
     with pytest.raises(UntrustedFileError, match="names 'load' as a tensor dtype"):

@@ -74,7 +74,7 @@ def bench_accuracy(
             hparams = build_algorithm(a, settings.local, params).hp  # a variant's switches checked before any training
             rows.append((label, a, hparams))
     manifest = load_manifest(shards)
-    domains = list(manifest["domains"])
+    domains = list(manifest.domains)
     targets, problems = resolve_held_out(domains, list(cfg.train.held_out), f"{shards}/manifest.json")
     if problems:
         raise ValueError("\n".join(problems))
@@ -98,7 +98,7 @@ def bench_accuracy(
             for seed in seeds:
                 alg = build_algorithm(alg_name, s.local, hparams)
                 torch.manual_seed(seed)
-                model = alg.build_model(s.backbone, len(manifest["classes"]), s.pretrained, alg.hp).to(device)
+                model = alg.build_model(s.backbone, len(manifest.classes), s.pretrained, alg.hp).to(device)
 
                 def progress(rec, label=label, target=target, seed=seed):
                     print(

@@ -75,11 +75,11 @@ def main(argv=None) -> None:
     s = run_settings(cfg)
     backbone, pretrained = (args.backbone, "none") if args.backbone else (s.backbone, s.pretrained)
     manifest = load_manifest(args.shards)
-    clients = load_clients(args.shards, args.pools, list(manifest["domains"]), "cpu")
+    clients = load_clients(args.shards, args.pools, list(manifest.domains), "cpu")
     fedomg = build_algorithm("fedomg", s.local, cfg.train.fedomg.model_dump())
     fedavg = build_algorithm("fedavg", s.local)
     torch.manual_seed(0)
-    model = fedomg.build_model(backbone, len(manifest["classes"]), pretrained, fedomg.hp)
+    model = fedomg.build_model(backbone, len(manifest.classes), pretrained, fedomg.hp)
     global_w = {k: v.detach().clone() for k, v in model.state_dict().items()}
     per_client = []
     for c in clients:  # one client-round each, from the same global weights (the shard read outside the clock)

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from fedccrl_core.foundation.errors import DataError
+from fedccrl_core.foundation.records import Record
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -39,6 +40,31 @@ MANIFEST = "manifest.json"
 REBUILD = "rebuild them with `fedccrl pools`, or rerun the partition stage"
 STALE = f"the pools are stale: {REBUILD}"
 _BATCH = 32
+
+
+class PoolEntry(Record):
+    """One client of the pools' manifest: its pool file and its number of rows (= its training samples)."""
+
+    id: str
+    domain: str
+    file: str
+    n: int
+
+
+class PoolManifest(Record):
+    """The pools' manifest.json, written by `build_pools`, read by `load_pool_manifest`."""
+
+    format_version: int
+    dataset: str
+    image_size: int
+    mean: list[float]
+    std: list[float]
+    eps: float
+    statistics: str
+    clients: list[PoolEntry]
+
+    def entry(self, client_id: str) -> PoolEntry | None:
+        return next((c for c in self.clients if c.id == client_id), None)
 
 
 def compute_statistics(images_u8: np.ndarray, mean, std, batch: int = _BATCH) -> tuple[np.ndarray, np.ndarray]:
@@ -75,7 +101,9 @@ def _check_mean_std(mean, std) -> tuple[list[float], list[float]]:
     return [float(a) for a in mean], [float(a) for a in std]
 
 
-def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean, std, progress: bool = True) -> dict:
+def build_pools(
+    shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean, std, progress: bool = True
+) -> PoolManifest:
     """The pools stage: statistics of every client's training samples, written atomically."""
     from fedccrl_core.data.shards import load_client, load_manifest
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
@@ -84,29 +112,29 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
     mean, std = _check_mean_std(mean, std)
     t0 = time.monotonic()
     shards = load_manifest(shards_dir)
-    entries = []
+    entries: list[PoolEntry] = []
     with atomic_dir(out_dir) as stage:
-        for c in shards["clients"]:
-            shard = load_client(shards_dir, c["id"])
+        for c in shards.clients:
+            shard = load_client(shards_dir, c.id)
             mu, sigma = compute_statistics(shard.train_x, mean, std)
-            fname = f"{c['id']}.npz"
+            fname = f"{c.id}.npz"
             np.savez(stage / fname, mu=mu, sigma=sigma)
-            entries.append({"id": c["id"], "domain": c["domain"], "file": fname, "n": int(mu.shape[0])})
+            entries.append(PoolEntry(id=c.id, domain=c.domain, file=fname, n=int(mu.shape[0])))
             if progress:
                 print(f"pools: wrote {fname} ({mu.shape[0]} samples)", file=sys.stderr, flush=True)
         eps = inspect.signature(channel_stats).parameters["eps"].default
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "dataset": shards["dataset"],
-            "image_size": shards["image_size"],
-            "mean": mean,
-            "std": std,
-            "eps": eps,
-            "statistics": "per-sample channel mean and std of (u8/255 - mean)/std (Eq. 6-7); "
+        manifest = PoolManifest(
+            format_version=FORMAT_VERSION,
+            dataset=shards.dataset,
+            image_size=shards.image_size,
+            mean=mean,
+            std=std,
+            eps=eps,
+            statistics="per-sample channel mean and std of (u8/255 - mean)/std (Eq. 6-7); "
             "rows align with the shard's train samples",
-            "clients": entries,
-        }
-        write_json(stage / MANIFEST, manifest, indent=2, ensure_ascii=False)
+            clients=entries,
+        )
+        write_json(stage / MANIFEST, manifest.to_dict(), indent=2, ensure_ascii=False)
     if progress:
         print(
             f"pools: {len(entries)} clients -> {out_dir} in {time.monotonic() - t0:.1f}s", file=sys.stderr, flush=True
@@ -114,16 +142,16 @@ def build_pools(shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean,
     return manifest
 
 
-def load_pool_manifest(pools_dir: str | os.PathLike) -> dict:
+def load_pool_manifest(pools_dir: str | os.PathLike) -> PoolManifest:
     from fedccrl_core.data.shards import read_manifest
 
-    return read_manifest(pools_dir, "pools", "pools", ("clients",), FORMAT_VERSION)
+    return read_manifest(pools_dir, "pools", "pools", PoolManifest, FORMAT_VERSION)
 
 
 def check_pools(pools_dir: str | os.PathLike, client_ids: list[str]) -> None:
     """Every client's pool file is listed and present (metadata only: what `train` checks before any work)."""
     pools_dir = Path(pools_dir)
-    listed = {c["id"]: c["file"] for c in load_pool_manifest(pools_dir)["clients"]}
+    listed = {c.id: c.file for c in load_pool_manifest(pools_dir).clients}
     unlisted = [c for c in client_ids if c not in listed]
     if unlisted:
         raise DataError(f"{pools_dir / MANIFEST}: no client(s) {unlisted} ({STALE})")
@@ -137,11 +165,10 @@ def check_pools(pools_dir: str | os.PathLike, client_ids: list[str]) -> None:
 def load_pool(pools_dir: str | os.PathLike, client_id: str) -> tuple[np.ndarray, np.ndarray]:
     """(mu, sigma) float32 [n_train, 3] of a client (errors name the pool file)."""
     pools_dir = Path(pools_dir)
-    m = load_pool_manifest(pools_dir)
-    entry = next((c for c in m["clients"] if c["id"] == client_id), None)
+    entry = load_pool_manifest(pools_dir).entry(client_id)
     if entry is None:
         raise DataError(f"{pools_dir / MANIFEST}: no client '{client_id}'")
-    path = pools_dir / entry["file"]
+    path = pools_dir / entry.file
     if not path.is_file():
         raise DataError(f"{path}: pool file missing (client {client_id})")
     try:
@@ -153,7 +180,7 @@ def load_pool(pools_dir: str | os.PathLike, client_id: str) -> tuple[np.ndarray,
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as e:
         raise DataError(f"{path}: corrupt pool file ({e.__class__.__name__}: {e})") from e
-    n = entry["n"]
+    n = entry.n
     for name, a in (("mu", mu), ("sigma", sigma)):
         if a.dtype != np.float32 or a.shape != (n, 3):
             raise DataError(f"{path}: {name} is {a.dtype} {tuple(a.shape)}, expected float32 ({n}, 3)")

@@ -34,11 +34,13 @@ import time
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 
 from fedccrl_core.data.images import RESIZE_POLICY, decode_images
 from fedccrl_core.foundation.errors import DataError
+from fedccrl_core.foundation.records import Record, parse_record
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -49,6 +51,55 @@ MIN_CLIENT_SAMPLES = 2
 # signal is one image. A domain whose smallest class has fewer than this many images per client is warned of.
 MIN_IMAGES_PER_CLASS_PER_CLIENT = 2
 _DIRICHLET_TRIES = 1000
+RESIZE_POLICY_BEFORE = "resize SxS bilinear"  # what shards written before `resize_policy` was recorded used
+
+
+class ClientEntry(Record):
+    """One client of the shard manifest: its shard file and sizes."""
+
+    id: str
+    domain: str  # MIXED for a feddg_bench client holding examples of several domains
+    domain_index: int  # -1 for a MIXED client
+    k: int
+    file: str
+    n_train: int
+    n_val: int
+    domain_counts: dict[str, int] | None = None  # feddg_bench only: examples per domain
+    train_domain_counts: dict[str, int] | None = None  # feddg_bench only: training rows per domain
+    train_class_hist: list[int]
+    val_class_hist: list[int]
+
+    def holds(self, domain: str) -> bool:
+        """Whether the client holds examples of `domain`."""
+        return domain in self.domain_counts if self.domain_counts is not None else self.domain == domain
+
+
+class SkippedImage(Record):
+    path: str  # relative to the raw root
+    reason: str
+
+
+class ShardManifest(Record):
+    """The shards' manifest.json, written by `partition`, read by `load_manifest`."""
+
+    format_version: int
+    dataset: str
+    domains: list[str]
+    classes: list[str]
+    num_classes: int
+    image_size: int
+    resize_policy: str | None = None  # absent in shards written before it was recorded
+    layout: str
+    seed: int
+    params: dict[str, Any]  # the params.yaml values the shards were made with (dotted keys)
+    domain_sizes: dict[str, int]
+    clients: list[ClientEntry]
+    skipped: list[SkippedImage]
+    warnings: list[str] | None = None  # absent when none: a run's key hashes the manifest
+
+    @property
+    def resize(self) -> str:
+        return self.resize_policy if self.resize_policy is not None else RESIZE_POLICY_BEFORE
 
 
 @dataclass
@@ -231,7 +282,7 @@ def partition(
     scheme: str = "per_domain",
     num_clients: int | None = None,
     lam: float | None = None,
-) -> dict:
+) -> ShardManifest:
     """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
     from fedccrl_core.data.validate import check_layout, scan_tree
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
@@ -251,7 +302,11 @@ def partition(
     tree = scan_tree(raw_dir)
     domains, classes = check_layout(spec, tree)
     cls_index = {c: i for i, c in enumerate(classes)}
-    clients, skipped, domain_sizes, decoded, warnings = [], [], {}, [], []
+    clients: list[ClientEntry] = []
+    skipped: list[SkippedImage] = []
+    domain_sizes: dict[str, int] = {}
+    decoded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+    warnings: list[str] = []
     with atomic_dir(out_dir) as stage:
         for di, domain in enumerate(domains):
             rels = [f"{domain}/{c}/{f}" for c in classes for f in tree.files[domain][c]]
@@ -268,7 +323,7 @@ def partition(
                 )
             ):
                 if arr is None:
-                    skipped.append({"path": rels[i], "reason": why})
+                    skipped.append(SkippedImage(path=rels[i], reason=why))
                 else:
                     xs[i] = arr
                     keep[i] = True
@@ -304,17 +359,17 @@ def partition(
                     val_paths=paths[va],
                 )
                 clients.append(
-                    {
-                        "id": cid,
-                        "domain": domain,
-                        "domain_index": di,
-                        "k": k,
-                        "file": fname,
-                        "n_train": int(tr.size),
-                        "n_val": int(va.size),
-                        "train_class_hist": _hist(y[tr], len(classes)),
-                        "val_class_hist": _hist(y[va], len(classes)),
-                    }
+                    ClientEntry(
+                        id=cid,
+                        domain=domain,
+                        domain_index=di,
+                        k=k,
+                        file=fname,
+                        n_train=int(tr.size),
+                        n_val=int(va.size),
+                        train_class_hist=_hist(y[tr], len(classes)),
+                        val_class_hist=_hist(y[va], len(classes)),
+                    )
                 )
                 if progress:
                     print(f"partition: wrote {fname} ({tr.size} train, {va.size} val)", file=sys.stderr, flush=True)
@@ -324,17 +379,17 @@ def partition(
             clients = _write_feddg_bench(
                 stage, decoded, domains, len(classes), num_clients, lam, val_fraction, seed, progress, dirichlet_alpha
             )
-        manifest = {
-            "format_version": FORMAT_VERSION,
-            "dataset": spec.name,
-            "domains": domains,
-            "classes": classes,
-            "num_classes": len(classes),
-            "image_size": image_size,
-            "resize_policy": RESIZE_POLICY,
-            "layout": "uint8 NHWC [n, S, S, 3]; labels int64; paths relative to the raw root",
-            "seed": seed,
-            "params": dict(
+        manifest = ShardManifest(
+            format_version=FORMAT_VERSION,
+            dataset=spec.name,
+            domains=domains,
+            classes=classes,
+            num_classes=len(classes),
+            image_size=image_size,
+            resize_policy=RESIZE_POLICY,
+            layout="uint8 NHWC [n, S, S, 3]; labels int64; paths relative to the raw root",
+            seed=seed,
+            params=dict(
                 params or {},
                 **{
                     "partition.clients_per_domain": clients_per_domain,
@@ -350,12 +405,12 @@ def partition(
                     "image_size (resolved)": image_size,
                 },
             ),
-            "domain_sizes": domain_sizes,
-            "clients": clients,
-            "skipped": skipped,
+            domain_sizes=domain_sizes,
+            clients=clients,
+            skipped=skipped,
             **({"warnings": warnings} if warnings else {}),  # absent when none: a run's key hashes the manifest
-        }
-        write_json(stage / MANIFEST, manifest, indent=2, ensure_ascii=False)
+        )
+        write_json(stage / MANIFEST, manifest.to_dict(), indent=2, ensure_ascii=False)
     if progress:
         print(
             f"partition: {len(clients)} clients, {sum(domain_sizes.values())} images ({len(skipped)} skipped) "
@@ -368,7 +423,7 @@ def partition(
 
 def _write_feddg_bench(
     stage: Path,
-    decoded: list,
+    decoded: list[tuple[np.ndarray, np.ndarray, np.ndarray]],
     domains: list[str],
     num_classes: int,
     num_clients: int,
@@ -377,7 +432,7 @@ def _write_feddg_bench(
     seed: int,
     progress: bool,
     dirichlet_alpha: float | None = None,
-) -> list[dict]:
+) -> list[ClientEntry]:
     """FedDG-Bench's lambda partition (fedccrl_core/data/feddg_bench.py) over ALL domains; clients `c<k>`
     (k zero-padded to the width of num_clients - 1).
 
@@ -395,7 +450,7 @@ def _write_feddg_bench(
     paths = np.concatenate([d[2] for d in decoded])
     dom = np.repeat(np.arange(len(decoded)), [d[1].size for d in decoded]).astype(np.int64)
     rng = np.random.default_rng(np.random.SeedSequence([seed]))
-    clients = []
+    clients: list[ClientEntry] = []
     for k, idx in enumerate(feddg_bench.assign(dom, len(domains), num_clients, lam, rng, y, dirichlet_alpha)):
         cid = f"c{k:0{len(str(num_clients - 1))}d}"  # zero-padded: sorts in client order
         tr, va = split_train_val(idx, y, val_fraction, rng)
@@ -418,42 +473,43 @@ def _write_feddg_bench(
         )
         present = sorted(set(dom[idx].tolist()))
         clients.append(
-            {
-                "id": cid,
-                "domain": domains[present[0]] if len(present) == 1 else MIXED,
-                "domain_index": present[0] if len(present) == 1 else -1,
-                "k": k,
-                "file": fname,
-                "n_train": int(tr.size),
-                "n_val": int(va.size),
-                "domain_counts": {domains[d]: int((dom[idx] == d).sum()) for d in present},
-                "train_domain_counts": {domains[d]: int((dom[tr] == d).sum()) for d in present},
-                "train_class_hist": _hist(y[tr], num_classes),
-                "val_class_hist": _hist(y[va], num_classes),
-            }
+            ClientEntry(
+                id=cid,
+                domain=domains[present[0]] if len(present) == 1 else MIXED,
+                domain_index=present[0] if len(present) == 1 else -1,
+                k=k,
+                file=fname,
+                n_train=int(tr.size),
+                n_val=int(va.size),
+                domain_counts={domains[d]: int((dom[idx] == d).sum()) for d in present},
+                train_domain_counts={domains[d]: int((dom[tr] == d).sum()) for d in present},
+                train_class_hist=_hist(y[tr], num_classes),
+                val_class_hist=_hist(y[va], num_classes),
+            )
         )
         if progress:
             print(
-                f"partition: wrote {fname} ({tr.size} train, {va.size} val; {clients[-1]['domain_counts']})",
+                f"partition: wrote {fname} ({tr.size} train, {va.size} val; {clients[-1].domain_counts})",
                 file=sys.stderr,
                 flush=True,
             )
     return clients
 
 
-def _has_rows_outside(entry: dict, skip: str | None, part: str = "train") -> bool:
-    counts = entry.get(f"{part}_domain_counts")
+def _has_rows_outside(entry: ClientEntry, skip: str | None) -> bool:
+    counts = entry.train_domain_counts
     if counts is None:
-        return entry["domain"] != skip
+        return entry.domain != skip
     return any(n > 0 for d, n in counts.items() if d != skip)
 
 
 # ---------------------------------------------------------------- loaders (used by training / evaluation)
-def read_manifest(
-    folder: str | os.PathLike, what: str, stage: str, fields: tuple[str, ...], version: int = FORMAT_VERSION
-) -> dict:
-    """The one reader of a stage's manifest.json (the shards', the pools' (pools.py)): present, JSON, the
-    `fields` there and the format version this code writes; DataError naming the file and the stage to rerun."""
+M = TypeVar("M", bound=Record)
+
+
+def read_manifest(folder: str | os.PathLike, what: str, stage: str, model: type[M], version: int = FORMAT_VERSION) -> M:
+    """The one reader of a stage's manifest.json (the shards', the pools' (pools.py)): present, JSON, of the
+    format version this code writes, and a `model`; DataError naming the file, the field and the stage to rerun."""
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path}: {what} manifest not found (run the {stage} stage)")
@@ -463,26 +519,25 @@ def read_manifest(
         raise DataError(f"{path}: corrupt manifest ({e})") from e
     if not isinstance(m, dict):
         raise DataError(f"{path}: corrupt manifest (not a JSON object)")
-    for key in ("format_version", *fields):
-        if key not in m:
-            raise DataError(f"{path}: manifest lacks the field '{key}'")
+    if "format_version" not in m:
+        raise DataError(f"{path}: manifest lacks the field 'format_version'")
     if m["format_version"] != version:
         raise DataError(
             f"{path}: {what} format_version {m['format_version']} is not {version}; rerun the {stage} stage"
         )
-    return m
+    return parse_record(model, m, str(path))
 
 
-def load_manifest(shards_dir: str | os.PathLike) -> dict:
-    return read_manifest(shards_dir, "shard", "partition", ("dataset", "domains", "classes", "image_size", "clients"))
+def load_manifest(shards_dir: str | os.PathLike) -> ShardManifest:
+    return read_manifest(shards_dir, "shard", "partition", ShardManifest)
 
 
-def _client_entry(manifest: dict, shards_dir: Path, cid: str) -> dict:
-    for c in manifest["clients"]:
-        if c["id"] == cid:
+def _client_entry(manifest: ShardManifest, shards_dir: Path, cid: str) -> ClientEntry:
+    for c in manifest.clients:
+        if c.id == cid:
             return c
     raise DataError(
-        f"{shards_dir / MANIFEST}: no client '{cid}' (clients: {', '.join(c['id'] for c in manifest['clients'])})"
+        f"{shards_dir / MANIFEST}: no client '{cid}' (clients: {', '.join(c.id for c in manifest.clients)})"
     )
 
 
@@ -511,9 +566,9 @@ def _member_memmap(path: Path, name: str) -> np.memmap | None:
     return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
 
 
-def _read_shard(path: Path, entry: dict, manifest: dict, mmap: bool = False) -> dict[str, np.ndarray]:
+def _read_shard(path: Path, entry: ClientEntry, manifest: ShardManifest, mmap: bool = False) -> dict[str, np.ndarray]:
     if not path.is_file():
-        raise DataError(f"{path}: shard file missing (client {entry['id']})")
+        raise DataError(f"{path}: shard file missing (client {entry.id})")
     try:
         with np.load(path, allow_pickle=False) as z:
             missing = [k for k in SHARD_KEYS if k not in z.files]
@@ -521,7 +576,7 @@ def _read_shard(path: Path, entry: dict, manifest: dict, mmap: bool = False) -> 
                 raise DataError(f"{path}: shard lacks key(s) {', '.join(missing)}")
             lazy = {"train_x": _member_memmap(path, "train_x")} if mmap else {}
             arrs: dict[str, np.ndarray] = {k: m if (m := lazy.get(k)) is not None else z[k] for k in SHARD_KEYS}
-            if "domain_counts" in entry:
+            if entry.domain_counts is not None:
                 if "train_domain" not in z.files or "val_domain" not in z.files:
                     raise DataError(f"{path}: a mixed-domain shard lacks train_domain/val_domain")
                 arrs["train_domain"], arrs["val_domain"] = z["train_domain"], z["val_domain"]
@@ -529,10 +584,9 @@ def _read_shard(path: Path, entry: dict, manifest: dict, mmap: bool = False) -> 
         raise
     except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as e:
         raise DataError(f"{path}: corrupt shard ({e.__class__.__name__}: {e})") from e
-    s, nc = manifest["image_size"], len(manifest["classes"])
-    for part in ("train", "val"):
+    s, nc = manifest.image_size, len(manifest.classes)
+    for part, n in (("train", entry.n_train), ("val", entry.n_val)):
         x, y, p = arrs[f"{part}_x"], arrs[f"{part}_y"], arrs[f"{part}_paths"]
-        n = entry[f"n_{part}"]
         if x.dtype != np.uint8 or x.shape != (n, s, s, 3):
             raise DataError(f"{path}: {part}_x is {x.dtype} {tuple(x.shape)}, expected uint8 {(n, s, s, 3)}")
         if y.dtype != np.int64 or y.shape != (n,):
@@ -557,10 +611,10 @@ def load_client(
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
     entry = _client_entry(manifest, shards_dir, client_id)
-    a = _read_shard(shards_dir / entry["file"], entry, manifest, mmap=mmap)
+    a = _read_shard(shards_dir / entry.file, entry, manifest, mmap=mmap)
     rows = None
     if exclude_domain is not None and "train_domain" in a:
-        skip = manifest["domains"].index(domain_name(manifest, exclude_domain))
+        skip = manifest.domains.index(domain_name(manifest, exclude_domain))
         rows = np.flatnonzero(a["train_domain"] != skip)
         keep_val = a["val_domain"] != skip
         for k in ("train_x", "train_y", "train_paths"):
@@ -570,7 +624,7 @@ def load_client(
             a[k] = a[k][keep_val]
     return ClientShard(
         client_id=client_id,
-        domain=entry["domain"],
+        domain=entry.domain,
         train_x=a["train_x"],
         train_y=a["train_y"],
         val_x=a["val_x"],
@@ -581,25 +635,25 @@ def load_client(
     )
 
 
-def domain_name(manifest: dict, domain: str | int) -> str:
+def domain_name(manifest: ShardManifest, domain: str | int) -> str:
     """A domain given by name or by held-out index (registry order) -> its name."""
-    doms = manifest["domains"]
+    doms = manifest.domains
     if isinstance(domain, (int, np.integer)) and not isinstance(domain, bool):
         if not 0 <= domain < len(doms):
             raise DataError(
-                f"held-out index {domain} is out of range: {manifest['dataset']} has domains "
+                f"held-out index {domain} is out of range: {manifest.dataset} has domains "
                 f"{', '.join(f'{i}={d}' for i, d in enumerate(doms))}"
             )
         return doms[int(domain)]
     if domain not in doms:
-        raise DataError(f"domain '{domain}' is not in {manifest['dataset']} (domains: {', '.join(doms)})")
+        raise DataError(f"domain '{domain}' is not in {manifest.dataset} (domains: {', '.join(doms)})")
     return str(domain)
 
 
-def client_ids(manifest: dict, exclude_domain: str | int | None = None) -> list[str]:
+def client_ids(manifest: ShardManifest, exclude_domain: str | int | None = None) -> list[str]:
     """Client ids in manifest order, without the clients of `exclude_domain` (the held-out domain)."""
     skip = domain_name(manifest, exclude_domain) if exclude_domain is not None else None
-    return [c["id"] for c in manifest["clients"] if _has_rows_outside(c, skip)]
+    return [c.id for c in manifest.clients if _has_rows_outside(c, skip)]
 
 
 def load_domain_test(shards_dir: str | os.PathLike, domain: str | int) -> tuple[np.ndarray, np.ndarray]:
@@ -608,11 +662,9 @@ def load_domain_test(shards_dir: str | os.PathLike, domain: str | int) -> tuple[
     manifest = load_manifest(shards_dir)
     name = domain_name(manifest, domain)
     xs, ys = [], []
-    di = manifest["domains"].index(name)
-    for entry in sorted(
-        (c for c in manifest["clients"] if name in c.get("domain_counts", {c["domain"]: 1})), key=lambda c: c["k"]
-    ):
-        a = _read_shard(shards_dir / entry["file"], entry, manifest)
+    di = manifest.domains.index(name)
+    for entry in sorted((c for c in manifest.clients if c.holds(name)), key=lambda c: c.k):
+        a = _read_shard(shards_dir / entry.file, entry, manifest)
         for part in ("train", "val"):
             keep = a[f"{part}_domain"] == di if f"{part}_domain" in a else slice(None)
             xs.append(a[f"{part}_x"][keep])

@@ -3,8 +3,8 @@ latest is corrupt, per-client state written incrementally into one file per roun
 run completes.
 
 Layout for a checkpoint path P (e.g. models/.../checkpoint.pt):
-  P                    the latest round: global and best weights, history, server state, run info, and
-                       `client_records` {client id: (round t, offset, length) of its newest state}
+  P                    the latest round (`RoundCheckpoint`): global and best weights, history, server state, run
+                       info, and `client_records` {client id: (round t, offset, length) of its newest state}
   P.prev               the round before, kept until P has been written and read back (a fallback if P is torn)
   P.corrupt            a latest checkpoint that could not be read (kept for inspection until completion)
   P.clients/r<t>.bin   the states (optimizer, LR schedule, `extra`) of the clients trained in round t,
@@ -33,12 +33,15 @@ import struct
 import warnings
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from pydantic import ConfigDict, Field
 
 from fedccrl_core.foundation.errors import UntrustedFileError
 from fedccrl_core.foundation.fsio import atomic_file, atomic_path
+from fedccrl_core.foundation.records import Record, parse_record
 from fedccrl_core.learning.model_file import torch_load
 
 ALIGN = 64  # every record and every tensor's bytes start at a multiple of this (aligned views on read)
@@ -47,6 +50,33 @@ _HEAD = struct.Struct("<QQ")  # pickle length, number of out-of-band buffers; th
 
 class CheckpointFallbackWarning(UserWarning):
     """The latest checkpoint was unreadable; the run resumes from the one before it."""
+
+
+class RoundState(Record):
+    """What the round loop (fedccrl_core/federation/loop.py) saves after a round, to resume after it."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, populate_by_name=True)
+
+    global_weights: dict[str, torch.Tensor] = Field(alias="global")
+    best: dict[str, torch.Tensor]  # the weights of the best-validation round so far
+    best_round: int
+    best_val: float
+    history: list[dict[str, Any]]  # the round records so far (fedccrl_core/foundation/contract.py)
+    run_info: dict[str, Any]  # what the run must match to resume from this checkpoint
+    server_state: dict[str, Any]  # Algorithm.server_state()
+    engine: str
+    privacy: list[list[Any]] | None = None  # train.privacy's accountant (its releases); absent when off
+    states: dict[str, dict[str, Any]] | None = None  # client states of the single-file format (before state files)
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(by_alias=True, exclude_unset=True)
+
+
+class RoundCheckpoint(RoundState):
+    """The checkpoint file P: the round's state, its round and the client records it names."""
+
+    round: int
+    client_records: dict[str, tuple[int, int, int]]  # client id -> (round t, offset, length) of its newest state
 
 
 # ---- one client's record: tensors as raw bytes, the rest pickled ----------------------------------
@@ -160,13 +190,18 @@ class RoundCheckpoints:
     def round_file(self, rnd: int) -> Path:
         return self.client_dir / f"r{rnd}.bin"
 
-    def _read(self, path: Path):
+    def _parse(self, path: Path) -> RoundCheckpoint:
+        """The checkpoint file at `path`, checked field by field (ValueError naming the file and the field)."""
         ck = torch_load(path, self.device)
         if not isinstance(ck, dict) or "round" not in ck:
             raise ValueError("not a round checkpoint")
         if "client_files" in ck:
             raise ValueError("a checkpoint of the one-file-per-client format (before round state files)")
-        recs = ck.get("client_records") or {}
+        return parse_record(RoundCheckpoint, ck, path.name, ValueError)
+
+    def _read(self, path: Path) -> RoundCheckpoint:
+        ck = self._parse(path)
+        recs = ck.client_records
         sizes = {
             r: self.round_file(r).stat().st_size if self.round_file(r).is_file() else -1
             for r in {rec[0] for rec in recs.values()}
@@ -176,7 +211,7 @@ class RoundCheckpoints:
             raise FileNotFoundError(f"client state record(s) missing: {missing[:3]}")
         return ck
 
-    def load(self, accept: Callable[[dict], str | None]) -> dict | None:
+    def load(self, accept: Callable[[RoundCheckpoint], str | None]) -> RoundCheckpoint | None:
         """The newest readable checkpoint that `accept` does not reject (it returns a reason), else None."""
         for path in (self.path, self.prev):
             if not path.is_file():
@@ -201,7 +236,7 @@ class RoundCheckpoints:
             if reason:
                 self.log(f"checkpoint {path} {reason}; starting from round 1")
                 return None
-            self.client_records = {c: tuple(r) for c, r in (ck.get("client_records") or {}).items()}
+            self.client_records = dict(ck.client_records)
             return ck
         return None
 
@@ -230,8 +265,7 @@ class RoundCheckpoints:
     def client_states(self) -> dict[str, dict | None]:
         """Every client state the latest checkpoint names (for inspection and tests; the engine loads
         only the sampled clients' states, with `load_client`)."""
-        ck = torch_load(self.path, self.device)
-        self.client_records = {c: tuple(r) for c, r in (ck.get("client_records") or {}).items()}
+        self.client_records = dict(self._parse(self.path).client_records)
         return {cid: self.load_client(cid) for cid in sorted(self.client_records)}
 
     # ---- writing ------------------------------------------------------------------------------
@@ -275,7 +309,7 @@ class RoundCheckpoints:
                     raw = self._raw(records[cid])
                     self._append(cid, lambda f, raw=raw: f.write(memoryview(raw)))
 
-    def save(self, rnd: int, main: dict, trained: dict[str, dict]) -> int:
+    def save(self, rnd: int, main: RoundState, trained: dict[str, dict]) -> int:
         """Write round `rnd`: the states of the clients in `trained` (besides those `write_client`
         wrote this round) into the round's file, closed with one fsync, then the checkpoint itself
         (read back before it replaces P; P becomes P.prev). Returns the bytes written this round."""
@@ -296,8 +330,9 @@ class RoundCheckpoints:
             self._abort_round()
         self._pending = {}
         # read back before it replaces anything; then P becomes P.prev and the new file P (fsio.atomic_file)
+        ck = RoundCheckpoint.model_validate({**main.to_dict(), "round": rnd, "client_records": records})
         with atomic_file(self.path, "wb", verify=self._read, previous=self.prev) as f:
-            torch.save({**main, "round": rnd, "client_records": records}, f)
+            torch.save(ck.to_dict(), f)
         written += self.path.stat().st_size
         self._prev_records, self.client_records = self.client_records, records
         self._delete_unreferenced({**self._named(self._prev_records), **self._named(records)})

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.loop import EvalSets, RoundLoop, RunResult
 from fedccrl_core.foundation import contract
@@ -77,10 +77,10 @@ class InProcessTransport:
         self._checkpoints: RoundCheckpoints | None = None
 
     # ---- client state -------------------------------------------------------------------------
-    def restore(self, checkpoints: RoundCheckpoints | None, ck: dict | None) -> None:
+    def restore(self, checkpoints: RoundCheckpoints | None, ck: RoundCheckpoint | None) -> None:
         self._checkpoints, self._states = checkpoints, {}
-        if ck is not None and "states" in ck:  # a checkpoint of the single-file format (before state files)
-            self._states = {k: ClientState.from_dict(v) for k, v in ck["states"].items()}
+        if ck is not None and ck.states is not None:  # a checkpoint of the single-file format (before state files)
+            self._states = {k: ClientState.from_dict(v) for k, v in ck.states.items()}
 
     def _state(self, cid: str) -> ClientState:
         if self.client_state == "stateless":

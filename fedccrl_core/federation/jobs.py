@@ -23,9 +23,11 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.data.shards import ShardManifest
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.hparams import HParams
 from fedccrl_core.foundation.numerics import numeric_platform
 from fedccrl_core.foundation.runkey import code_hash, params_hash
 
@@ -39,7 +41,7 @@ class RunSettings:
     dataset: str
     backbone: str  # resolved: never `auto`
     pretrained: str  # resolved: never `auto`
-    local: Any  # fedccrl_core.algorithms.LocalConfig (train.* + preprocess mean, std)
+    local: LocalConfig  # train.* + preprocess mean, std
     engine: str  # train.engine: inprocess | flower
     device: str  # train.device: auto | cpu | cuda
     client_fraction: float
@@ -57,7 +59,7 @@ class TrainJob:
     sources: list[str]
     algorithm: str
     seed: int
-    hparams: Any  # train.<algorithm>: the algorithm's frozen Params (Algorithm.validated)
+    hparams: HParams  # train.<algorithm>: the algorithm's frozen Params (Algorithm.validated)
     settings: RunSettings
     run_key: str  # hash of everything that determines the run: names its round checkpoint
     ckpt: Path
@@ -87,19 +89,19 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
     from fedccrl_core.learning.clients import ClientData
 
     clients = []
-    for entry in load_manifest(shards)["clients"]:
-        held_out = [d for d in entry.get("domain_counts", {entry["domain"]: 1}) if d not in domains]
-        if entry["domain"] != MIXED and entry["domain"] not in domains:
+    for entry in load_manifest(shards).clients:
+        held_out = [d for d in (entry.domain_counts or {entry.domain: 1}) if d not in domains]
+        if entry.domain != MIXED and entry.domain not in domains:
             continue
-        s = load_client(shards, entry["id"], exclude_domain=held_out[0] if held_out else None, mmap=True)
+        s = load_client(shards, entry.id, exclude_domain=held_out[0] if held_out else None, mmap=True)
         if not len(s.train_y):
             continue  # a mixed client holding only the held-out domain
-        mu, sigma = load_pool(pools, entry["id"])
+        mu, sigma = load_pool(pools, entry.id)
         if s.train_rows is not None:
             mu, sigma = mu[s.train_rows], sigma[s.train_rows]
         if len(mu) != len(s.train_y):
             raise ValueError(
-                f"{pools}/{entry['id']}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE})"
+                f"{pools}/{entry.id}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE})"
             )
         clients.append(
             ClientData.from_numpy(
@@ -112,24 +114,23 @@ def load_clients(shards: Path, pools: Path, domains: list[str], device):
 def plan_runs(
     settings: RunSettings,
     partition: dict,
-    manifest: dict,
+    manifest: ShardManifest,
     algorithm: str,
     seed: int,
     held_out: list,
     targets: list[str],
     out: Path,
     checkpoints: Path,
-    hparams,
+    hparams: HParams,
 ) -> list[TrainJob]:
     """One job per held-out entry (checked by pipeline/fedccrl_pipeline/sweep.py `check_train`; `targets` are their domain names),
     its run key (the hash of every setting of the run, the manifest and the training code) and its output
     folder out/d<entry>. `hparams`: the algorithm's Params; `partition`: params.yaml's partition group."""
-    domains = list(manifest["domains"])
+    domains = list(manifest.domains)
     s = settings
     jobs = []
-    local = s.local.model_dump()
-    if local["privacy"] is None:  # a run without DP keeps its run key (and checkpoint)
-        del local["privacy"]
+    # a run without DP keeps its run key (and checkpoint): no privacy key
+    local = s.local.model_dump(exclude={"privacy"} if s.local.privacy is None else None)
     for h, target in zip(held_out, targets):
         i = domains.index(target)
         run_params = {
@@ -148,9 +149,9 @@ def plan_runs(
             "held_out": domains[i],
             algorithm: hparams.model_dump(),
             "partition": partition,
-            "image_size": manifest["image_size"],
+            "image_size": manifest.image_size,
         }
-        run_key = params_hash({**run_params, "manifest": params_hash(manifest), "code": code_hash()})
+        run_key = params_hash({**run_params, "manifest": params_hash(manifest.to_dict()), "code": code_hash()})
         jobs.append(
             TrainJob(
                 index=i,
@@ -164,9 +165,9 @@ def plan_runs(
                 ckpt=checkpoints / contract.checkpoint_dir_name(algorithm, seed, h) / f"{run_key}.pt",
                 out=out / contract.domain_dir_name(h),
                 domains=domains,
-                classes=list(manifest["classes"]),
-                image_size=manifest["image_size"],
-                resize=manifest.get("resize_policy", "resize SxS bilinear"),
+                classes=list(manifest.classes),
+                image_size=manifest.image_size,
+                resize=manifest.resize,
             )
         )
     return jobs
@@ -187,7 +188,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_core.learning.clients import ClientData
-    from fedccrl_core.learning.model_file import save_model
+    from fedccrl_core.learning.model_file import ModelMeta, save_model
 
     s, target, out = job.settings, job.target, Path(job.out)
     device = resolve_device(s.device)
@@ -236,38 +237,40 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     finally:
         torch.set_num_threads(threads)
 
-    meta = {
-        "backbone": s.backbone,
-        "num_classes": len(job.classes),
-        "classes": job.classes,
-        "image_size": job.image_size,
-        "mean": list(s.local.mean),
-        "std": list(s.local.std),
-        "resize": job.resize,
-        "dataset": s.dataset,
-        "domains": job.domains,
-        "held_out_domain": target,
-        "held_out_index": job.index,
-        "algorithm": job.algorithm,
-        "seed": job.seed,
-        "hparams": alg.hp.model_dump(),
-        "params_hash": job.run_key,
-        "git_commit": job.commit,
-        "mlflow_run_id": job.mlflow_run_id,
-        "mlflow_experiment_id": job.mlflow_experiment_id,
-        "platform": numeric_platform(str(device)),
-    }
+    meta = ModelMeta(
+        backbone=s.backbone,
+        num_classes=len(job.classes),
+        classes=job.classes,
+        image_size=job.image_size,
+        mean=list(s.local.mean),
+        std=list(s.local.std),
+        resize=job.resize,
+        dataset=s.dataset,
+        domains=job.domains,
+        held_out_domain=target,
+        held_out_index=job.index,
+        algorithm=job.algorithm,
+        seed=job.seed,
+        hparams=alg.hp.model_dump(),
+        params_hash=job.run_key,
+        git_commit=job.commit,
+        mlflow_run_id=job.mlflow_run_id,
+        mlflow_experiment_id=job.mlflow_experiment_id,
+        platform=numeric_platform(str(device)),
+    )
     from fedccrl_core.foundation.fsio import atomic_dir
 
     with atomic_dir(
         out
     ) as tmp:  # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
         model.load_state_dict(result.final_weights)
-        save_model(tmp / contract.MODEL_FILE, model, {**meta, "round": s.local.rounds})
+        save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": s.local.rounds}))
         model.load_state_dict(result.best_weights)
-        save_model(tmp / contract.BEST_FILE, model, {**meta, "round": result.best_round})
+        save_model(tmp / contract.BEST_FILE, model, meta.model_copy(update={"round": result.best_round}))
         (tmp / contract.HISTORY_FILE).write_text(
-            json.dumps({"meta": meta, contract.BEST_ROUND: result.best_round, "rounds": result.history}, indent=1)
+            json.dumps(
+                {"meta": meta.to_dict(), contract.BEST_ROUND: result.best_round, "rounds": result.history}, indent=1
+            )
         )
         keys = [
             *contract.HISTORY_CSV_FIELDS,

@@ -30,7 +30,7 @@ import torch
 
 from fedccrl_core.algorithms.base import Aggregation, Algorithm, ListAggregation, Reply
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
-from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints, RoundState
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
 from fedccrl_core.learning.accuracy import accuracy, predict
@@ -165,7 +165,7 @@ class Transport(Protocol):
     def client_states(self) -> dict[str, dict]:
         """States of the clients trained this round that the server checkpoints (in-process only)."""
 
-    def restore(self, checkpoints: RoundCheckpoints | None, ck: dict | None) -> None:
+    def restore(self, checkpoints: RoundCheckpoints | None, ck: RoundCheckpoint | None) -> None:
         """Where the clients' states come from after a resume (in-process: the state files)."""
 
 
@@ -201,11 +201,11 @@ class RoundLoop:
         assert isinstance(self.alg, StatisticsExchange)  # the algorithms whose uploads are statistics
         return {cid: (n, self.alg.released_rows(n)) for cid, n in self.transport.known_n().items()}
 
-    def _accept(self, ck: dict) -> str | None:
-        if ck.get("run_info") != self.run_info:
+    def _accept(self, ck: RoundCheckpoint) -> str | None:
+        if ck.run_info != self.run_info:
             return "belongs to another configuration"
         own = self.model.state_dict()
-        g = ck.get("global") or {}
+        g = ck.global_weights
         if set(g) != set(own) or any(g[k].shape != own[k].shape for k in own):
             return "does not fit this model"
         return None
@@ -236,12 +236,12 @@ class RoundLoop:
         history, best_w, best_round, best_val, start = [], global_w, 0, -1.0, 1
         ck = self.checkpoints.load(self._accept) if self.checkpoints is not None else None
         if ck is not None:
-            global_w, best_w, best_round, best_val = ck["global"], ck["best"], ck["best_round"], ck["best_val"]
-            history, start = ck["history"], ck["round"] + 1
-            self.alg.load_server_state(ck.get("server_state") or {})
+            global_w, best_w, best_round, best_val = ck.global_weights, ck.best, ck.best_round, ck.best_val
+            history, start = ck.history, ck.round + 1
+            self.alg.load_server_state(ck.server_state)
             if self.privacy is not None:
-                self.privacy.load_state(ck.get("privacy"))
-            self.log(f"resuming from checkpoint after round {ck['round']}")
+                self.privacy.load_state(ck.privacy)
+            self.log(f"resuming from checkpoint after round {ck.round}")
         self.transport.restore(self.checkpoints, ck)
         w_bytes = nbytes(global_w)
         for rnd in range(start, self.rounds + 1):  # line 2
@@ -319,17 +319,17 @@ class RoundLoop:
             if self.checkpoints is not None:
                 self.checkpoints.save(
                     rnd,
-                    {
-                        "global": global_w,
-                        "best": best_w,
-                        "best_round": best_round,
-                        "best_val": best_val,
-                        "history": history,
-                        "run_info": self.run_info,
-                        "server_state": self.alg.server_state(),
-                        "engine": self.engine,
+                    RoundState(
+                        global_weights=global_w,
+                        best=best_w,
+                        best_round=best_round,
+                        best_val=best_val,
+                        history=history,
+                        run_info=self.run_info,
+                        server_state=self.alg.server_state(),
+                        engine=self.engine,
                         **({"privacy": self.privacy.state()} if self.privacy else {}),
-                    },
+                    ),
                     self.transport.client_states(),
                 )
         if self.checkpoints is not None:

@@ -2,8 +2,9 @@
 
 A model file is written by `save_model` with torch.save:
     {"format": "fedccrl-model/1", "state_dict": {...}, "meta": {...}}
-meta holds at least: backbone, num_classes, classes, image_size, mean, std, resize,
-dataset, domains, held_out_domain, algorithm, seed, round, params_hash, git_commit.
+meta is a `ModelMeta` (backbone, num_classes, classes, image_size, mean, std required; a training run also
+writes resize, dataset, domains, held_out_domain, algorithm, seed, round, params_hash, git_commit, ...), checked
+when the file is read (`load_meta`, `load_model`).
 
 Every torch file of the project (model files, round checkpoints, the Flower result) holds tensors and
 plain data only (dict, list, tuple, str, int, float, bool, None) and is read by `torch_load`, with
@@ -17,15 +18,48 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from fedccrl_core.foundation.errors import FedCCRLError, UntrustedFileError
+from fedccrl_core.foundation.errors import DataError, FedCCRLError, UntrustedFileError
 from fedccrl_core.foundation.fsio import atomic_file
+from fedccrl_core.foundation.records import Record, parse_record
 from fedccrl_core.learning.models import FedModel, build_model
 
 FORMAT = "fedccrl-model/1"
-REQUIRED_META = ("backbone", "num_classes", "classes", "image_size", "mean", "std")
+
+
+class ModelMeta(Record):
+    """A model file's meta (and a run's history.json `meta`, without `round`): what serving, export and
+    evaluation need to use the model, and where it came from (fedccrl_core/federation/jobs.py `run_one`)."""
+
+    backbone: str
+    num_classes: int
+    classes: list[str]
+    image_size: int
+    mean: list[float]  # the training normalization (params.yaml preprocess)
+    std: list[float]
+    resize: str | None = None  # the shards' resize policy
+    dataset: str | None = None
+    domains: list[str] | None = None
+    held_out_domain: str | None = None
+    held_out_index: int | None = None
+    algorithm: str | None = None
+    seed: int | None = None
+    hparams: dict[str, Any] | None = None  # train.<algorithm> as validated (Algorithm.Params.model_dump())
+    params_hash: str | None = None  # the run's key
+    git_commit: str | None = None
+    mlflow_run_id: str | None = None
+    mlflow_experiment_id: str | None = None
+    platform: str | None = None  # fedccrl_core/foundation/numerics.py numeric_platform
+    round: int | None = None  # the round whose weights the file holds
+
+    def require(self, path: str | Path, *names: str) -> None:
+        """DataError naming the file and the fields among `names` this meta lacks (a reader that needs them)."""
+        missing = [n for n in names if getattr(self, n) is None]
+        if missing:
+            raise DataError(f"{path}: the model meta lacks {', '.join(repr(n) for n in missing)}")
 
 
 def atomic_torch_save(obj, path: str | Path) -> None:
@@ -52,16 +86,13 @@ def torch_load(path: str | Path, map_location="cpu"):
         raise
 
 
-def save_model(path: str | Path, model: FedModel, meta: dict) -> None:
-    missing = [k for k in REQUIRED_META if k not in meta]
-    if missing:
-        raise ValueError(f"save_model: meta lacks {missing}")
+def save_model(path: str | Path, model: FedModel, meta: ModelMeta) -> None:
     state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    atomic_torch_save({"format": FORMAT, "state_dict": state, "meta": dict(meta)}, path)
+    atomic_torch_save({"format": FORMAT, "state_dict": state, "meta": meta.to_dict()}, path)
 
 
-def _load(path: str | Path, map_location="cpu") -> dict:
-    """A fedccrl model file's {"format", "state_dict", "meta"}; FedCCRLError naming the file otherwise."""
+def _load(path: str | Path, map_location="cpu") -> tuple[dict[str, torch.Tensor], ModelMeta]:
+    """A fedccrl model file's state dict and meta; FedCCRLError naming the file (and the meta's field) otherwise."""
     path = Path(path)
     if not path.is_file():
         raise FedCCRLError(f"{path}: model file not found")
@@ -73,27 +104,28 @@ def _load(path: str | Path, map_location="cpu") -> dict:
         raise FedCCRLError(f"{path}: not a readable fedccrl model file ({e.__class__.__name__})") from e
     if not isinstance(blob, dict) or blob.get("format") != FORMAT:
         raise FedCCRLError(f"{path}: not a fedccrl model file (expected format {FORMAT})")
-    return blob
+    if not isinstance(blob.get("state_dict"), dict):
+        raise FedCCRLError(f"{path}: not a fedccrl model file (no state_dict)")
+    return blob["state_dict"], parse_record(ModelMeta, blob.get("meta"), f"{path}: meta")
 
 
-def load_meta(path: str | Path) -> dict:
+def load_meta(path: str | Path) -> ModelMeta:
     """The meta of a model file (as load_model's), without building the model."""
-    return _load(path)["meta"]
+    return _load(path)[1]
 
 
-def load_model(path: str | Path, map_location: str = "cpu", builders: dict | None = None) -> tuple[FedModel, dict]:
+def load_model(path: str | Path, map_location: str = "cpu", builders: dict | None = None) -> tuple[FedModel, ModelMeta]:
     """Rebuild the FedModel (no pretrained download) and load its weights. Returns (model in eval mode, meta).
 
     `builders` maps an algorithm name to its `build_model` (an algorithm that adds modules knows its
     structure); `fedccrl_core.algorithms.load_model` passes the registry's. This module stays below the
     algorithms (docs/architecture.md, "Layers") and falls back to the plain f = g . h without them."""
-    blob = _load(path, map_location)
-    meta = blob["meta"]
-    builder = (builders or {}).get(meta.get("algorithm"))
+    state, meta = _load(path, map_location)
+    builder = (builders or {}).get(meta.algorithm)
     if builder is not None:
-        model = builder(meta["backbone"], int(meta["num_classes"]), "none", meta.get("hparams"))
+        model = builder(meta.backbone, meta.num_classes, "none", meta.hparams)
     else:
-        model = build_model(meta["backbone"], int(meta["num_classes"]), pretrained="none")
-    model.load_state_dict(blob["state_dict"])
+        model = build_model(meta.backbone, meta.num_classes, pretrained="none")
+    model.load_state_dict(state)
     model.eval()
     return model, meta

@@ -23,6 +23,7 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
     from fedccrl_core.data.shards import load_domain_test, load_manifest
     from fedccrl_core.learning.accuracy import predict
     from fedccrl_core.learning.confusion import confusion_matrix
+    from fedccrl_core.learning.model_file import ModelMeta
 
     hist_path = run / contract.HISTORY_FILE
     if not hist_path.is_file():
@@ -30,34 +31,36 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
     rounds = json.loads(hist_path.read_text())["rounds"]
     final, final_meta = load_model(run / contract.MODEL_FILE)
     best, meta = load_model(run / contract.BEST_FILE)
+    final_meta.require(run / contract.MODEL_FILE, "round")
+    meta.require(run / contract.BEST_FILE, "round", "held_out_domain", "dataset", "algorithm", "seed")
     same = _same_weights(best, final)  # the best round is the last: the same predictions
-    x, y = load_domain_test(shards, meta["held_out_domain"])
+    x, y = load_domain_test(shards, meta.held_out_domain)
     x_t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous().to(device)
     y_t = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
 
-    def scored(model, m) -> dict:
-        pred = predict(model.to(device), x_t, batch_size, m["mean"], m["std"])
-        cm = confusion_matrix(y, pred.cpu().numpy(), m["num_classes"])
+    def scored(model, m: ModelMeta) -> dict:
+        pred = predict(model.to(device), x_t, batch_size, m.mean, m.std)
+        cm = confusion_matrix(y, pred.cpu().numpy(), m.num_classes)
         per_class = (np.diag(cm).astype(np.float32) / np.maximum(cm.sum(1), 1).astype(np.float32)).tolist()
         return {
             contract.TARGET_ACC: float((pred == y_t).float().mean()),
-            contract.ROUND: int(m["round"]),
-            "per_class_acc": dict(zip(m["classes"], per_class)),
+            contract.ROUND: m.round,
+            "per_class_acc": dict(zip(m.classes, per_class)),
             "confusion": cm.tolist(),
         }
 
     result = {"final": scored(final, final_meta)}
-    result["best_val"] = {**result["final"], contract.ROUND: int(meta["round"])} if same else scored(best, meta)
+    result["best_val"] = {**result["final"], contract.ROUND: meta.round} if same else scored(best, meta)
     doc = {
-        "dataset": meta["dataset"],
-        "algorithm": meta["algorithm"],
-        "seed": meta["seed"],
-        "held_out_domain": meta["held_out_domain"],
-        "held_out_index": meta.get("held_out_index"),
-        "classes": meta["classes"],
-        "platform": meta.get("platform"),
+        "dataset": meta.dataset,
+        "algorithm": meta.algorithm,
+        "seed": meta.seed,
+        "held_out_domain": meta.held_out_domain,
+        "held_out_index": meta.held_out_index,
+        "classes": meta.classes,
+        "platform": meta.platform,
         "n_test": len(y),
-        "mlflow_run_id": meta.get("mlflow_run_id"),
+        "mlflow_run_id": meta.mlflow_run_id,
         contract.FINAL_TARGET_ACC: result["final"][contract.TARGET_ACC],
         contract.BEST_VAL_TARGET_ACC: result["best_val"][contract.TARGET_ACC],
         contract.BEST_ROUND: result["best_val"][contract.ROUND],
@@ -66,7 +69,7 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
         "bytes_up_per_round": sum(r[contract.BYTES_UP] for r in rounds) / len(rounds),
         "bytes_down_per_round": sum(r[contract.BYTES_DOWN] for r in rounds) / len(rounds),
         "per_round": [{k: r[k] for k in (contract.ROUND, contract.TARGET_ACC, contract.VAL_ACC)} for r in rounds],
-        "partition": {k: v for k, v in load_manifest(shards).get("params", {}).items() if k.startswith("partition.")},
+        "partition": {k: v for k, v in load_manifest(shards).params.items() if k.startswith("partition.")},
     }
     recorded = rounds[-1][contract.TARGET_ACC]
     if abs(recorded - doc[contract.FINAL_TARGET_ACC]) > 1e-6 and torch.device(device).type == "cpu":

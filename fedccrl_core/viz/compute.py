@@ -69,7 +69,7 @@ def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std
     from fedccrl_core.data.shards import load_client, load_manifest
 
     rng = np.random.default_rng(seed)
-    ids = [c["id"] for c in load_manifest(shards)["clients"]]
+    ids = [c.id for c in load_manifest(shards).clients]
     uploads = {}
     for cid in ids:
         mu, sigma = load_pool(pools, cid)

@@ -34,9 +34,9 @@ def load_audit_clients(shards: Path, pools: Path):
 
     manifest = load_manifest(shards)
     out = []
-    for entry in manifest["clients"]:
-        mu, sigma = load_pool(pools, entry["id"])
-        out.append(Client(entry["id"], entry["domain"], mu, sigma, int(manifest["image_size"]) ** 2))
+    for entry in manifest.clients:
+        mu, sigma = load_pool(pools, entry.id)
+        out.append(Client(entry.id, entry.domain, mu, sigma, manifest.image_size**2))
     return out
 
 

@@ -94,7 +94,9 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
     from fedccrl_pipeline.onnx_export import ONNX_FILE, PARITY_FILE, example_images
 
     meta = load_meta(run / contract.MODEL_FILE)
-    images, _ = load_domain_test(shards, meta["held_out_domain"])
+    meta.require(run / contract.MODEL_FILE, "held_out_domain")
+    assert meta.held_out_domain is not None  # require() raised otherwise
+    images, _ = load_domain_test(shards, meta.held_out_domain)
     result = json.loads((out / PARITY_FILE).read_text())
     log_to_mlflow(out / ONNX_FILE, meta, result, example_images(images), None, None)
 

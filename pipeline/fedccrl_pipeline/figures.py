@@ -41,9 +41,9 @@ class Figures:
         self.cfg = cfg
         self.shards, self.models, self.final_out = shards, models, out
         manifest = load_manifest(shards)
-        self.classes = list(manifest["classes"])
+        self.classes = list(manifest.classes)
         self.runs = _sweep_histories(self.cfg, models)
-        self.domains = [d for d in manifest["domains"] if any(r["meta"]["held_out_domain"] == d for r in self.runs)]
+        self.domains = [d for d in manifest.domains if any(r["meta"]["held_out_domain"] == d for r in self.runs)]
         self.written: list[Path] = []
 
     def __enter__(self):

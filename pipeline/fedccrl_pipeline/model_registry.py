@@ -10,6 +10,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fedccrl_core.learning.model_file import ModelMeta
 
 
 def sanitize(name: str) -> str:
@@ -71,9 +75,9 @@ def _package_folders(dest: Path) -> list[str]:
     return out
 
 
-def registered_model_name(meta: dict) -> str:
+def registered_model_name(meta: ModelMeta) -> str:
     """One registered model per (dataset, algorithm)."""
-    return f"fedccrl-{sanitize(meta.get('dataset', 'model'))}-{sanitize(meta.get('algorithm', 'model'))}"
+    return f"fedccrl-{sanitize(meta.dataset or 'model')}-{sanitize(meta.algorithm or 'model')}"
 
 
 def save_model(path, mlflow_model, onnx_file: str, **kwargs) -> None:
@@ -100,14 +104,14 @@ def save_model(path, mlflow_model, onnx_file: str, **kwargs) -> None:
 
 
 def log_to_mlflow(
-    onnx_path: Path, meta: dict, result: dict, example_u8, registered_model: str | None, alias: str | None
+    onnx_path: Path, meta: ModelMeta, result: dict, example_u8, registered_model: str | None, alias: str | None
 ) -> None:
     """Log the model (pyfunc on raw images + onnx flavour) and the parity metrics to the training run through
     its run id, never reopening it (its status and end time stay those of the training); register it as a new
     version of fedccrl-<dataset>-<algorithm> only when its weights' sha256 is new, and point the alias at the
     version holding these weights. Only called after the parity check passed, so an alias never moves to a
     model that failed it. Skipped with a notice when the run is unknown."""
-    run_id = meta.get("mlflow_run_id")
+    run_id = meta.mlflow_run_id
     if not run_id:
         print("notice: the model records no mlflow_run_id; skipping MLflow logging", file=sys.stderr)
         return
@@ -124,11 +128,12 @@ def log_to_mlflow(
     if trained_run(run_id, "export") is None:
         return
     name = registered_model or registered_model_name(meta)
-    alias = sanitize(alias or f"s{meta.get('seed', 0)}-heldout-{meta['held_out_domain']}")
+    alias = sanitize(alias or f"s{meta.seed or 0}-heldout-{meta.held_out_domain}")
+    values = meta.to_dict()
     tags = {
-        k: str(meta[k])
+        k: str(values[k])
         for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit")
-        if meta.get(k) is not None
+        if values.get(k) is not None
     }
     sha = weights_sha256(onnx_path)
     for mv in client.search_model_versions(f"name = '{name}'"):
@@ -169,7 +174,7 @@ def log_to_mlflow(
             python_model=pyfunc.ImageClassifier(),
             artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
             code_paths=code,
-            signature=pyfunc.signature(meta["classes"], example_u8),
+            signature=pyfunc.signature(meta.classes, example_u8),
             pip_requirements=serving_requirements(),
         )
     version = info.registered_model_version  # created with `tags` (Model.log tags the version it registers)

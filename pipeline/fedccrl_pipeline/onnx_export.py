@@ -7,13 +7,13 @@ It imports torch (the exporter and the parity reference), so it lives here and n
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
 from fedccrl_core import __version__
 from fedccrl_core.foundation.errors import FedCCRLError
+from fedccrl_core.learning.model_file import ModelMeta
 from fedccrl_serving.metadata import (
     FORMAT_KEY,
     FORMAT_VERSION,
@@ -36,40 +36,38 @@ class ParityError(FedCCRLError):
     """The ONNX model disagrees with the PyTorch model beyond the allowed tolerance."""
 
 
-def metadata_props(meta: Mapping) -> dict[str, str]:
-    """The checkpoint meta (fedccrl_core.learning.model_file) -> the string key/values stored in the ONNX file."""
-    missing = [k for k in REQUIRED_KEYS if meta.get(k) is None]
+def metadata_props(meta: ModelMeta) -> dict[str, str]:
+    """The model file's meta (fedccrl_core.learning.model_file) -> the string key/values stored in the ONNX file
+    (serving/fedccrl_serving/metadata.py names the meta fields each is written from)."""
+    values = meta.to_dict()
+    missing = [k for k in REQUIRED_KEYS if values.get(k) is None]
     if missing:
         raise FedCCRLError(f"model meta lacks {', '.join(missing)}: cannot write the serving preprocessing")
-    if len(meta["classes"]) != int(meta["num_classes"]):
-        raise FedCCRLError(f"model meta: {len(meta['classes'])} class names for num_classes={meta['num_classes']}")
+    if len(meta.classes) != meta.num_classes:
+        raise FedCCRLError(f"model meta: {len(meta.classes)} class names for num_classes={meta.num_classes}")
     import torch
 
     props = {FORMAT_KEY: str(FORMAT_VERSION), "fedccrl_version": __version__, "torch_version": torch.__version__}
     for key in JSON_KEYS:
-        if meta.get(key) is not None:
-            props[key] = json.dumps([_plain(v) for v in meta[key]])
+        if values.get(key) is not None:
+            props[key] = json.dumps(values[key])
     for key in INT_KEYS:
-        if meta.get(key) is not None:
-            props[key] = str(int(meta[key]))
+        if values.get(key) is not None:
+            props[key] = str(values[key])
     for key in TEXT_KEYS:
-        if meta.get(key) is not None:
-            props[key] = str(meta[key])
+        if values.get(key) is not None:
+            props[key] = str(values[key])
     return props
 
 
-def _plain(v):
-    return v.item() if hasattr(v, "item") else v
-
-
-def _architecture(model, meta: Mapping) -> tuple:
+def _architecture(model, meta: ModelMeta) -> tuple:
     """What fixes the exported graph of a model: its modules with their settings (the module tree as PyTorch prints
     it: types, kernel sizes, strides, eps, ...), every state entry's name, shape and dtype, and the input size. Two
     models of one architecture differ only in the values of their weights."""
     return (
         repr(model),
         tuple((k, tuple(v.shape), str(v.dtype)) for k, v in model.state_dict().items()),
-        int(meta["image_size"]),
+        meta.image_size,
     )
 
 
@@ -125,7 +123,7 @@ def _program_with_weights(traced, model, own_trace: bool):
     return program
 
 
-def export_onnx(model, meta: Mapping, dest: str | Path, example_batch: int = 2, traces: dict | None = None) -> Path:
+def export_onnx(model, meta: ModelMeta, dest: str | Path, example_batch: int = 2, traces: dict | None = None) -> Path:
     """Export `model` with torch's dynamo exporter to ONE self-contained .onnx at `dest`.
 
     The graph is traced unoptimized, the model's weights are put in as its initializers, and then optimized as
@@ -145,7 +143,7 @@ def export_onnx(model, meta: Mapping, dest: str | Path, example_batch: int = 2, 
     traced = traces.get(arch) if traces is not None else None
     program = _program_with_weights(traced, model, own_trace=False) if traced is not None else None
     if program is None:
-        traced = _trace(model, int(meta["image_size"]), example_batch)
+        traced = _trace(model, meta.image_size, example_batch)
         program = _program_with_weights(traced, model, own_trace=True)
         if traces is not None:
             traces[arch] = traced
@@ -155,8 +153,8 @@ def export_onnx(model, meta: Mapping, dest: str | Path, example_batch: int = 2, 
         entry = proto.metadata_props.add()
         entry.key, entry.value = key, value
     proto.doc_string = (
-        f"fedccrl {meta.get('algorithm', '?')} model ({meta.get('backbone', '?')}), "
-        f"held-out domain {meta.get('held_out_domain', '?')}; see metadata_props"
+        f"fedccrl {meta.algorithm or '?'} model ({meta.backbone}), "
+        f"held-out domain {meta.held_out_domain or '?'}; see metadata_props"
     )
     nbytes = proto.ByteSize()
     if nbytes >= MAX_ONNX_BYTES:
@@ -247,21 +245,22 @@ def export_checked(
     if model_path.is_dir():
         model_path = model_path / contract.MODEL_FILE
     model, meta = load_model(model_path)
-    x, y = load_domain_test(shards, meta["held_out_domain"])
-    if x.shape[1:] != (meta["image_size"], meta["image_size"], 3):
+    meta.require(model_path, "held_out_domain")
+    x, y = load_domain_test(shards, meta.held_out_domain)
+    if x.shape[1:] != (meta.image_size, meta.image_size, 3):
         raise ValueError(
             f"{shards}: held-out images are {x.shape[1:]}, the model expects "
-            f"{meta['image_size']}x{meta['image_size']}x3 (shards from another image size?)"
+            f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
         )
     with atomic_path(final_onnx) as tmp_onnx:  # renamed to model.onnx after parity.json is written
         export_onnx(model, meta, tmp_onnx, traces=traces)
         session = cpu_session(tmp_onnx)
-        result = parity(session, model, x, meta["mean"], meta["std"], labels=y, batch_size=batch_size)
+        result = parity(session, model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
         result.update(
-            min_agreement=min_agreement, held_out_domain=meta["held_out_domain"], onnx_bytes=tmp_onnx.stat().st_size
+            min_agreement=min_agreement, held_out_domain=meta.held_out_domain, onnx_bytes=tmp_onnx.stat().st_size
         )
         print(
-            f"parity on {result['n_images']} {meta['held_out_domain']} images: top-1 agreement "
+            f"parity on {result['n_images']} {meta.held_out_domain} images: top-1 agreement "
             f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}",
             file=sys.stderr,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+from fedccrl_core.data.shards import ShardManifest
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_pipeline.params import ParamsFile, resolve_held_out
 
@@ -16,18 +17,16 @@ def held_out_entry(text: str | int) -> int | str:
     return int(text) if re.fullmatch(r"[0-9]+", text) else text
 
 
-def manifest_held_out(manifest: dict, entries: list, key: str = "train.held_out") -> list[str]:
+def manifest_held_out(manifest: ShardManifest, entries: list, key: str = "train.held_out") -> list[str]:
     """Held-out entries -> the shards' domain names (pipeline/fedccrl_pipeline/params.py `resolve_held_out`, against the manifest:
     imagefolder's domains only the data knows); ParamError naming each bad entry."""
-    names, problems = resolve_held_out(
-        list(manifest["domains"]), entries, f"the shards ({manifest.get('dataset')})", key
-    )
+    names, problems = resolve_held_out(list(manifest.domains), entries, f"the shards ({manifest.dataset})", key)
     if problems:
         raise ParamError(*problems)
     return names
 
 
-def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> None:
+def check_batches(manifest: ShardManifest, target: str, batch_size: int, key: str) -> None:
     """Every source client must get a batch of >= 2 samples (BatchNorm, which every backbone has, cannot train on
     one; the local loop skips such batches, so the client would train nothing). From the manifest's counts only,
     before any shard is read."""
@@ -36,18 +35,18 @@ def check_batches(manifest: dict, target: str, batch_size: int, key: str) -> Non
             f"params.yaml: key '{key}': got {batch_size}; must be >= 2 for a BatchNorm model "
             "(a batch of 1 trains nothing)"
         )
-    for c in manifest["clients"]:
-        counts = c.get("train_domain_counts") or {c["domain"]: c["n_train"]}
+    for c in manifest.clients:
+        counts = c.train_domain_counts or {c.domain: c.n_train}
         n = sum(v for d, v in counts.items() if d != target)
         if 0 < n < 2:
             raise ParamError(
-                f"data/shards manifest: client {c['id']} has {n} training sample without the held-out "
+                f"data/shards manifest: client {c.id} has {n} training sample without the held-out "
                 f"domain {target}; BatchNorm needs a batch of at least 2 (fewer "
                 "partition.clients_per_domain or a lower partition.val_fraction)"
             )
 
 
-def check_train(cfg: ParamsFile, manifest: dict, algorithm: str, held_out: list) -> list[str]:
+def check_train(cfg: ParamsFile, manifest: ShardManifest, algorithm: str, held_out: list) -> list[str]:
     """Everything a train run is checked against before any shard is read and before MLflow: the held-out entries
     it trains (`--held-out` values: names or indices) and train.held_out against the manifest's domains, and every
     source client's BatchNorm batch under the batch size the algorithm trains with (FedBN's own 64 replaces

@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation.runkey import params_hash
 from fedccrl_pipeline.git_state import git_commit
 from fedccrl_pipeline.mlflow_store import store_errors, tracking_uri
 from fedccrl_pipeline.run_names import dvc_experiment_name, flatten
 from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
+
+if TYPE_CHECKING:
+    from fedccrl_core.data.shards import ShardManifest
 
 
 def mlflow_params(params: dict, job, device: str) -> dict:
@@ -44,7 +48,7 @@ class TrainTracking:
     first start), one ChildRun per held-out job, the round records as they arrive, and each run closed with its
     outcome. start(job) is run_jobs' `start`, on_message its `on_message` (fedccrl_core/federation/jobs.py)."""
 
-    def __init__(self, cfg, settings, algorithm: str, seed: int, manifest: dict, shards: Path, jobs: list):
+    def __init__(self, cfg, settings, algorithm: str, seed: int, manifest: ShardManifest, shards: Path, jobs: list):
         """cfg: the ParamsFile; settings: the jobs' RunSettings; jobs: TrainJobs (fedccrl_core/federation/jobs.py)."""
         from fedccrl_core.algorithms import ALGORITHMS
         from fedccrl_core.foundation.fastpath import resolve_device
@@ -129,9 +133,9 @@ class TrainTracking:
                 "name": f"{dataset}-shards",
                 "path": self.shards_manifest,
                 "profile": {
-                    "domains": manifest["domains"],
-                    "clients": len(manifest["clients"]),
-                    "image_size": manifest["image_size"],
+                    "domains": manifest.domains,
+                    "clients": len(manifest.clients),
+                    "image_size": manifest.image_size,
                     "held_out": job.target,
                 },
             },
