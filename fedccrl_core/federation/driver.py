@@ -1,7 +1,8 @@
 """One held-out training on the in-process engine, set up in one place: `HeldOutRun` describes it (the built
 algorithm and model, the source clients, the evaluation sets, the run's settings), `train` runs it and returns
-the engine's `RunResult`. The train stage (jobs.py `run_one`), the benchmarks, the scripts and the tests all
-train through `train`; `build_seeded_model` builds the model as every run does (the Flower ServerApp included).
+the engine's `RunResult`. The train stage (jobs.py `run_one`), the benchmarks, the scripts and the tests (but
+the engine's own) train through `train`; `build_seeded_model` builds the model as every run does (the Flower
+ServerApp included).
 
 A caller that needs the engine's parts replaced (the scale benchmark times each phase of a round, a test counts
 the uploads) passes `engine=`, a subclass of `InProcessEngine` that names its own parts (`transport_class`,
