@@ -48,6 +48,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
+from fedccrl_core.federation.driver import build_seeded_model
 from fedccrl_core.federation.loop import RoundLoop, nbytes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
@@ -289,8 +290,7 @@ class FlowerServer:
         s = self.spec
         self.sources = set(client_ids(load_manifest(s.shards), s.held_out))  # feddg_bench: the non-empty clients
         evalsets = load_evalsets(s.shards, s.held_out, s.eval_batch_size, self.device)
-        torch.manual_seed(s.seed)  # as pipeline/fedccrl_pipeline/train.py builds the model for the in-process engine
-        model = self.alg.build_model(s.backbone, s.num_classes, s.pretrained, self.alg.hp).to(self.device)
+        model = build_seeded_model(self.alg, s.backbone, s.num_classes, s.pretrained, s.seed, self.device)
         loop = RoundLoop(
             self.alg,
             model,

@@ -15,7 +15,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
@@ -23,10 +22,9 @@ from fedccrl_core.data.pools import build_pools
 from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
 from fedccrl_core.data.synthetic import generate
-from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
 from fedccrl_core.federation.jobs import load_clients
 from fedccrl_core.federation.loop import EvalSets
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.train import run_settings
 
@@ -64,27 +62,18 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
                 s = run_settings(cfg)
                 clients = load_clients(base / "shards", base / "pools", domains[:3], "cpu")
                 tx, ty = load_domain_test(base / "shards", domains[3])
-                ev = EvalSets(
-                    torch.cat([c.val_x for c in clients]),
-                    torch.cat([c.val_y for c in clients]),
-                    ClientData.from_numpy("t", domains[3], tx, ty, tx[:0], ty[:0], "cpu").train_x,
-                    torch.from_numpy(np.asarray(ty, dtype=np.int64)),
-                    256,
-                )
                 alg = build_algorithm(name, s.local, getattr(cfg.train, name).model_dump())
-                torch.manual_seed(0)
-                model = alg.build_model(s.backbone, len(manifest.classes), s.pretrained, alg.hp)
-                res = InProcessEngine(
+                run = HeldOutRun(
                     alg,
-                    model,
+                    build_seeded_model(alg, s.backbone, len(manifest.classes), s.pretrained, 0),
                     clients,
-                    ev,
+                    EvalSets.for_target(clients, tx, ty, 256, "cpu"),
                     rounds=rounds,
                     seed=0,
-                    log=lambda m: None,
                     client_fraction=fraction,
                     checkpoint_path=(base / "ck" / f"{name}.pt") if ckpt else None,
-                ).run()
+                )
+                res = train(run, log=lambda m: None)
                 h = hashlib.sha256()
                 for k in sorted(res.final_weights):
                     h.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())

@@ -24,12 +24,11 @@ import torch
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
 from fedccrl_core.federation.jobs import load_clients
 from fedccrl_core.federation.loop import EvalSets
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import atomic_file
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.privacy import accountant as A
 from fedccrl_core.privacy.audit import audit
 from fedccrl_core.privacy.settings import PrivacySettings
@@ -154,19 +153,17 @@ def one_run(
     tx, ty = load_domain_test(data / "shards", held_out)
     ps = PrivacySettings.from_mapping(privacy)  # train.privacy, validated once here (privacy None: off)
     local = settings.local.model_copy(update={"privacy": ps if privacy else None})
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]),
-        torch.cat([c.val_y for c in clients]),
-        ClientData.from_numpy("t", held_out, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
-        256,
-    )
     alg = build_algorithm(name, local, getattr(cfg.train, name).model_dump())
-    torch.manual_seed(seed)
-    model = alg.build_model(settings.backbone, len(manifest.classes), settings.pretrained, alg.hp)
-    res = InProcessEngine(
-        alg, model, clients, ev, rounds=rounds, seed=seed, log=lambda m: None, client_fraction=cfg.train.client_fraction
-    ).run()
+    run = HeldOutRun(
+        alg,
+        build_seeded_model(alg, settings.backbone, len(manifest.classes), settings.pretrained, seed),
+        clients,
+        EvalSets.for_target(clients, tx, ty, 256, "cpu"),
+        rounds=rounds,
+        seed=seed,
+        client_fraction=cfg.train.client_fraction,
+    )
+    res = train(run, log=lambda m: None)
     last = res.history[-1]
     tpr = bnd = None  # FedAvg releases no statistics
     if name == "fedccrl":

@@ -8,6 +8,9 @@ module-scoped workspace, a Case's setup) calls them directly. Not a test module:
 - `dvc_env(ws)`, `dvc_run(args, ws)`: a command in a scratch DVC workspace.
 - `tiny_onnx(path)`: a fedccrl-format ONNX file without torch. `temps(folder)`: the temporary files left there.
 - `bare_manifest()`: a shard manifest of the synthetic domains without clients (what planning a run reads).
+- `held_out_run(alg, model, clients, target, rounds, ...)`: one held-out training on in-memory clients, for the
+  training driver (fedccrl_core/federation/driver.py `train`): the one way a test sets up a run;
+  `evalsets_for(clients, target)`: its evaluation sets alone (the engine's own tests build the engine by hand).
 """
 
 from __future__ import annotations
@@ -228,3 +231,29 @@ def temps(folder: Path) -> list[str]:
     from fedccrl_core.foundation import fsio
 
     return sorted(p.name for p in folder.iterdir() if fsio.TEMP_RE.match(p.name))
+
+
+# ------------------------------------------------------------------ one held-out training on in-memory clients
+def evalsets_for(clients, target, batch_size: int = 64):
+    """The evaluation sets every run builds (EvalSets.for_target): the val splits of `clients` and `target`, the
+    held-out (images, labels): uint8 NHWC arrays as the shards hold them, or a toy client's NCHW uint8 tensors."""
+    import torch
+
+    from fedccrl_core.federation.loop import EvalSets
+
+    x, y = target
+    if isinstance(x, torch.Tensor):  # a toy client's split, NCHW, back to the shards' NHWC
+        x, y = x.permute(0, 2, 3, 1).numpy(), y.numpy()
+    return EvalSets.for_target(clients, x, y, batch_size, "cpu")
+
+
+def held_out_run(
+    alg, model, clients, target, rounds: int, *, seed: int = 0, batch_size: int = 64, val_clients=None, **settings
+):
+    """fedccrl_core/federation/driver.py's HeldOutRun of `alg` and `model` on `clients`, evaluated on the val splits
+    of `val_clients` (default: `clients`) and on `target` (`evalsets_for`). `settings`: HeldOutRun's other fields
+    (client_fraction, checkpoint_path, run_info, ...)."""
+    from fedccrl_core.federation.driver import HeldOutRun
+
+    evalsets = evalsets_for(clients if val_clients is None else val_clients, target, batch_size)
+    return HeldOutRun(alg, model, clients, evalsets, rounds, seed, **settings)

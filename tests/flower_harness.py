@@ -11,14 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from fixtures import write_params
+from fixtures import held_out_run, write_params
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_flower import messages as M
 
@@ -76,26 +74,17 @@ def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persi
         clients.append(
             ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, "cpu", mu, sigma)
         )
-    tx, ty = load_domain_test(data / "shards", HELD_OUT)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]),
-        torch.cat([c.val_y for c in clients]),
-        ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
-        256,
-    )
     local = LocalConfig(
         **{**LOCAL, "rounds": rounds, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"]), "privacy": privacy}
     )
     alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
-    torch.manual_seed(SEED)
-    model = alg.build_model("small_cnn", 6, "none", alg.hp)
+    model = build_seeded_model(alg, "small_cnn", 6, "none", SEED)
+    target = load_domain_test(data / "shards", HELD_OUT)
+    run = held_out_run(alg, model, clients, target, rounds, seed=SEED, batch_size=256, client_state=client_state)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the SuperNodes below (client_threads=1): CPU sums depend on the thread count
     try:
-        return InProcessEngine(
-            alg, model, clients, ev, rounds, SEED, log=lambda m: None, client_state=client_state
-        ).run()
+        return train(run, log=lambda m: None)
     finally:
         torch.set_num_threads(threads)
 

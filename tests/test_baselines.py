@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import held_out_run
 from torch import nn
 
 from fedccrl_core.algorithm_params.train import LocalConfig
@@ -27,8 +28,7 @@ from fedccrl_core.algorithms.fedsr import (
 )
 from fedccrl_core.algorithms.ga import GA, generalization_adjustment, step_size
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import train
 from fedccrl_core.learning.clients import ClientState
 from fedccrl_core.learning.model_file import ModelMeta, save_model
 
@@ -268,27 +268,21 @@ def test_fedadg_each_player_updates_only_its_modules():
 
 
 # ---- one engine run of each, checkpoint + resume -------------------------------------------------
-def _engine(toy_client, tmp_path, algorithm, rounds=2, ckpt_name="ck.pt", on_round=None):
+def _run(toy_client, tmp_path, algorithm, rounds=2, ckpt_name="ck.pt"):
     torch.manual_seed(0)
     clients = [toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 20 * i) for i in range(2) for k in range(2)]
     tx = toy_client("t", "t", 40, 99, 40)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
-    )
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
     alg = build_algorithm(algorithm, local, SMALL.get(algorithm))
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(
+    return held_out_run(
         alg,
         model,
         clients,
-        ev,
+        (tx.train_x, tx.train_y),
         rounds,
-        seed=0,
         checkpoint_path=tmp_path / ckpt_name,
-        on_round=on_round,
         run_info={"k": algorithm},
-        log=lambda m: None,
     )
 
 
@@ -306,17 +300,17 @@ class Killed(Exception):
 
 @pytest.mark.parametrize("algorithm", BASELINES)
 def test_engine_round_and_resume_keep_server_state(toy_client, tmp_path, algorithm):
-    full_engine = _engine(toy_client, tmp_path, algorithm, ckpt_name="full.pt")
-    full = full_engine.run()
+    full_run = _run(toy_client, tmp_path, algorithm, ckpt_name="full.pt")
+    full = train(full_run, log=lambda m: None)
     for key in TERMS[algorithm] + ("loss", "train_acc", "val_acc", "target_acc"):
         assert all(math.isfinite(rec[key]) for rec in full.history), key
     last = full.history[-1]
     if algorithm == "ga":  # round 2 reports the gap of round 1 and reweights away from n_i / N = 1/4 each
         assert "ga_gap" in last and "ga_gap" not in full.history[0]
-        a = full_engine.alg.server_state()["a"]
+        a = full_run.algorithm.server_state()["a"]
         assert sum(a.values()) == pytest.approx(1) and max(abs(v - 0.25) for v in a.values()) > 1e-6
     if algorithm == "fediir":  # g_bar is the server half's state: EMA of the clients' classifier gradients
-        g, g_bar = full_engine.model.g, full_engine.alg.server_state()["g_bar"]
+        g, g_bar = full_run.model.g, full_run.algorithm.server_state()["g_bar"]
         assert g_bar["weight"].shape == g.weight.shape and g_bar["bias"].abs().sum() > 0
     extra = RoundCheckpoints(tmp_path / "full.pt", "cpu").client_states()["d0_c0"]["extra"]
     if algorithm == "fedadg":  # G is aggregated; D and the D, G optimizers stay with the client
@@ -332,15 +326,16 @@ def test_engine_round_and_resume_keep_server_state(toy_client, tmp_path, algorit
             raise Killed
 
     with pytest.raises(Killed):  # only round 1 is checkpointed
-        _engine(toy_client, tmp_path, algorithm, ckpt_name="resume.pt", on_round=die_in_round_2).run()
-    resumed_engine = _engine(toy_client, tmp_path, algorithm, ckpt_name="resume.pt")
-    resumed = resumed_engine.run()
+        killed = _run(toy_client, tmp_path, algorithm, ckpt_name="resume.pt")
+        train(killed, on_round=die_in_round_2, log=lambda m: None)
+    resumed_run = _run(toy_client, tmp_path, algorithm, ckpt_name="resume.pt")
+    resumed = train(resumed_run, log=lambda m: None)
     assert resumed.resumed_from == 1
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)
     for k in full.final_weights:
         assert torch.equal(full.final_weights[k], resumed.final_weights[k]), k
-    s_full, s_res = full_engine.alg.server_state(), resumed_engine.alg.server_state()
+    s_full, s_res = full_run.algorithm.server_state(), resumed_run.algorithm.server_state()
     assert s_full.keys() == s_res.keys()
     for k in s_full:
         v1, v2 = s_full[k], s_res[k]

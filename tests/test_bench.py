@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from fixtures import held_out_run
 from torch import nn
 
 from fedccrl_benchmarks import plain
@@ -21,8 +22,8 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.augment.compose import fedccrl_augment
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.federation.concurrent import Interleaver, Task
-from fedccrl_core.federation.engine import InProcessEngine, concurrent_width
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import train
+from fedccrl_core.federation.engine import concurrent_width
 from fedccrl_core.foundation import fastpath
 from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.learning.models import FedModel, SmallCNN, build_model
@@ -60,10 +61,18 @@ def weights_equal(a: dict, b: dict) -> bool:
 def run_engine(concurrent, fast=True, rounds=2):
     clients = clients_of()
     alg = build_algorithm("fedccrl", LocalConfig(rounds=rounds, local_epochs=1, batch_size=5, fast=fast))
-    ev = EvalSets(clients[0].val_x, clients[0].val_y, clients[1].val_x, clients[1].val_y)
-    return InProcessEngine(
-        alg, dropout_model(), clients, ev, rounds, 0, log=lambda m: None, concurrent_clients=concurrent
-    ).run()
+    target = (clients[1].val_x, clients[1].val_y)
+    run = held_out_run(
+        alg,
+        dropout_model(),
+        clients,
+        target,
+        rounds,
+        val_clients=clients[:1],
+        batch_size=256,
+        concurrent_clients=concurrent,
+    )
+    return train(run, log=lambda m: None)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from fixtures import held_out_run
 from torch import nn
 
 from fedccrl_core.algorithm_params.train import LocalConfig
@@ -29,8 +30,8 @@ from fedccrl_core.augment.adain import (
     stylize,
     to_u8,
 )
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets, nbytes, sample_clients
+from fedccrl_core.federation.driver import train
+from fedccrl_core.federation.loop import nbytes, sample_clients
 from fedccrl_core.learning.models import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::fedccrl_core.augment.adain.RandomAdaINWeightsWarning")
@@ -278,32 +279,26 @@ def test_hparams_validated():
 
 
 # ---- through the in-process engine -----------------------------------------------------------
-def _engine(toy_client, tmp_path, nets, rounds=2, ckpt="ck.pt", on_round=None, fraction=1.0, **hp):
+def _run(toy_client, tmp_path, nets, rounds=2, ckpt="ck.pt", fraction=1.0, **hp):
     """LocalConfig.rounds is 2 whatever the engine runs, so a 1-round run is the first half of a 2-round run."""
     torch.manual_seed(0)
     clients = _clients(toy_client)
     tx = toy_client("t", "t", 16, 99, 60, size=S, n_val=N_VAL)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
-    )
     alg = _ccst(**hp)
     alg._nets = nets  # the same seeded random weights `adain_weights: random` builds, built once per module
-    return InProcessEngine(
+    return held_out_run(
         alg,
         build_model("small_cnn", 3),
         clients,
-        ev,
+        (tx.train_x, tx.train_y),
         rounds,
-        seed=0,
         client_fraction=fraction,
         checkpoint_path=tmp_path / ckpt,
-        on_round=on_round,
         run_info={"k": "ccst"},
-        log=lambda m: None,
     )
 
 
-def _check_bank_bytes_once(toy_client, eng, res, per_client):
+def _check_bank_bytes_once(toy_client, run, res, per_client):
     """Round 1: every client uploads its style S^{C_n} and receives B; afterwards weights only."""
     h, w, n_clients = res.history, nbytes(res.final_weights), 4
     assert h[0]["bytes_up"] == n_clients * w + n_clients * per_client
@@ -311,16 +306,18 @@ def _check_bank_bytes_once(toy_client, eng, res, per_client):
     assert all(r["bytes_up"] == r["bytes_down"] == n_clients * w for r in h[1:])
     for key in ("loss", "l_cls", "train_acc", "lr", "val_acc", "target_acc"):
         assert math.isfinite(h[-1][key]), key
-    assert sorted(eng.alg.served) == sorted(eng.alg.style_bank) == [c.client_id for c in _clients(toy_client)]
-    for d_x, d_y in eng.alg._datasets.values():
+    assert (
+        sorted(run.algorithm.served) == sorted(run.algorithm.style_bank) == [c.client_id for c in _clients(toy_client)]
+    )
+    for d_x, d_y in run.algorithm._datasets.values():
         assert d_x.shape[0] == d_y.shape[0] == 2 * N_TRAIN  # |D| = K d
-    assert all(not isinstance(m, AdaINNetworks) for m in eng.model.modules())  # Phi, Psi stay outside f
+    assert all(not isinstance(m, AdaINNetworks) for m in run.model.modules())  # Phi, Psi stay outside f
 
 
 def test_engine_single_style_sends_the_bank_once_per_client_under_sampling(toy_client, tmp_path, nets):
     """Half the clients per round: a client first sampled in round t > 1 gets B in round t, once."""
-    eng = _engine(toy_client, tmp_path, nets, rounds=3, fraction=0.5, style_type="single", J=2)
-    res = eng.run()
+    run = _run(toy_client, tmp_path, nets, rounds=3, fraction=0.5, style_type="single", J=2)
+    res = train(run, log=lambda m: None)
     style_bytes = 2 * STYLE_BYTES  # J = 2 single-image styles per client
     w, bank_bytes = nbytes(res.final_weights), 4 * style_bytes
     ids, served = sorted(c.client_id for c in _clients(toy_client)), set()
@@ -331,23 +328,24 @@ def test_engine_single_style_sends_the_bank_once_per_client_under_sampling(toy_c
         assert rec["bytes_down"] == len(sampled) * w + len(fresh) * bank_bytes, rnd
         assert rec["bytes_up"] == len(sampled) * w + (4 * style_bytes if rnd == 1 else 0), rnd  # all 4 upload
         assert math.isfinite(rec["loss"]) and math.isfinite(rec["target_acc"])
-    assert sorted(eng.alg.served) == sorted(served)
+    assert sorted(run.algorithm.served) == sorted(served)
     assert any(c not in sample_clients(ids, 0.5, 0, 1) for c in served)  # someone got B after round 1
 
 
 def test_engine_overall_style_bytes_and_resume(toy_client, tmp_path, nets):
-    full_eng = _engine(toy_client, tmp_path, nets, ckpt="full.pt")
-    full = full_eng.run()
+    full_run = _run(toy_client, tmp_path, nets, ckpt="full.pt")
+    full = train(full_run, log=lambda m: None)
     assert [r["round"] for r in full.history] == [1, 2]
-    _check_bank_bytes_once(toy_client, full_eng, full, STYLE_BYTES)
+    _check_bank_bytes_once(toy_client, full_run, full, STYLE_BYTES)
 
-    _engine(toy_client, tmp_path, nets, rounds=1, ckpt="resume.pt").run()  # stopped after round 1 (checkpointed)
-    eng = _engine(toy_client, tmp_path, nets, ckpt="resume.pt")
-    resumed = eng.run()
+    stopped = _run(toy_client, tmp_path, nets, rounds=1, ckpt="resume.pt")
+    train(stopped, log=lambda m: None)  # stopped after round 1 (checkpointed)
+    run = _run(toy_client, tmp_path, nets, ckpt="resume.pt")
+    resumed = train(run, log=lambda m: None)
     assert resumed.resumed_from == 1
     strip = lambda hist: [{k: v for k, v in r.items() if k != "seconds"} for r in hist]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)  # incl. round 2's bytes: nothing re-sent
     for k in full.final_weights:
         assert torch.equal(full.final_weights[k], resumed.final_weights[k]), k
-    for cid, (d_x, _) in full_eng.alg._datasets.items():
-        assert torch.equal(eng.alg._datasets[cid][0], d_x), cid
+    for cid, (d_x, _) in full_run.algorithm._datasets.items():
+        assert torch.equal(run.algorithm._datasets[cid][0], d_x), cid

@@ -12,16 +12,14 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
+from fixtures import held_out_run
 
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.federation.engine import InProcessEngine
+from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.federation.jobs import load_clients
-from fedccrl_core.federation.loop import EvalSets
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.train import run_settings
 
@@ -57,21 +55,13 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     target, sources = domains[3], domains[:3]
     clients = load_clients(base / "shards", base / "pools", sources, "cpu")
     assert len(clients) == 3 * params["partition"]["clients_per_domain"]
-    tx, ty = load_domain_test(base / "shards", target)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]),
-        torch.cat([c.val_y for c in clients]),
-        ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
-        256,
-    )
     alg = build_algorithm(algorithm, settings.local, getattr(cfg.train, algorithm).model_dump())
     backbone, pretrained = settings.backbone, settings.pretrained
     assert backbone == "small_cnn"
-    torch.manual_seed(0)
-    model = alg.build_model(backbone, len(manifest.classes), pretrained, alg.hp)
+    model = build_seeded_model(alg, backbone, len(manifest.classes), pretrained, 0)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = InProcessEngine(alg, model, clients, ev, rounds=1, seed=0, log=lambda m: None).run()
+    run = held_out_run(alg, model, clients, load_domain_test(base / "shards", target), 1, batch_size=256)
+    res = train(run, log=lambda m: None)
 
     (rec,) = res.history
     assert math.isfinite(rec["loss"]), rec

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import held_out_run
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, load_model
@@ -27,8 +28,7 @@ from fedccrl_core.algorithms.fedalign import (
     style_pool_distribution,
     style_sampling_probabilities,
 )
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import train
 from fedccrl_core.learning.losses import js_loss, representation_alignment_loss
 from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_core.learning.statistics import channel_stats
@@ -239,24 +239,14 @@ def test_engine_round(toy_client, tmp_path):
         for k in range(2)
     ]
     tx = toy_client("t", "t", 40, 99, 40, stats=True, stats_mean=40 / 40)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
-    )
     local = LocalConfig(rounds=1, local_epochs=1, batch_size=8, lr=1e-2)
     alg = build_algorithm("fedalign", local, SMALL)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    res = InProcessEngine(
-        alg,
-        model,
-        clients,
-        ev,
-        1,
-        seed=0,
-        checkpoint_path=tmp_path / "ck.pt",
-        run_info={"k": "fedalign"},
-        log=lambda m: None,
-    ).run()
+    run = held_out_run(
+        alg, model, clients, (tx.train_x, tx.train_y), 1, checkpoint_path=tmp_path / "ck.pt", run_info={"k": "fedalign"}
+    )
+    res = train(run, log=lambda m: None)
     rec = res.history[0]
     for key in ("loss", "l_cls", "l_sc", "l_rc", "l_js", "l_adv", "val_acc", "target_acc"):
         assert math.isfinite(rec[key]), key

@@ -8,6 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
+from fixtures import held_out_run
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
@@ -15,8 +16,7 @@ from fedccrl_core.algorithms.fedbn import FedBN
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.algorithms.silobn import SiloBN
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import train
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientState
 
@@ -26,30 +26,25 @@ SMALL_SGD = {"batch_size": 8, "lr": 0.05}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def make_engine(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
+def train_toy(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
     torch.manual_seed(0)
     clients = [
         toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i) for i in range(2) for k in range(2)
     ]
     tx = toy_client("t", "t", 40, 99, 60, 0.6)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
-    )
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
     alg = build_algorithm(algorithm, local, hparams)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(
+    run = held_out_run(
         alg,
         model,
         clients,
-        ev,
+        (tx.train_x, tx.train_y),
         rounds,
-        seed=0,
         checkpoint_path=tmp_path / ckpt_name,
-        on_round=on_round,
         run_info={"k": algorithm},
-        log=lambda m: None,
     )
+    return train(run, on_round=on_round, log=lambda m: None)
 
 
 def test_registered_and_frameworks():
@@ -131,7 +126,7 @@ def test_engine_rounds_and_resume_keep_client_bn(toy_client, tmp_path):
     class Killed(Exception):
         pass
 
-    full = make_engine(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="full.pt").run()
+    full = train_toy(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="full.pt")
     assert all(math.isfinite(r[k]) for r in full.history for k in ("loss", "l_cls", "val_acc", "target_acc"))
     extra = RoundCheckpoints(tmp_path / "full.pt", "cpu").client_states()  # one state file per client
     means = [extra[c]["extra"]["local_bn"]["h.features.1.running_mean"] for c in sorted(extra)]
@@ -142,8 +137,8 @@ def test_engine_rounds_and_resume_keep_client_bn(toy_client, tmp_path):
             raise Killed
 
     with pytest.raises(Killed):
-        make_engine(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt", on_round=die).run()
-    resumed = make_engine(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt").run()
+        train_toy(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt", on_round=die)
+    resumed = train_toy(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt")
     assert resumed.resumed_from == 1
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)
@@ -153,7 +148,7 @@ def test_engine_rounds_and_resume_keep_client_bn(toy_client, tmp_path):
 def test_engine_round_fedbn(toy_client, tmp_path):
     """Two FedBN rounds through the engine: every client ends with its own BN statistics and affine parameters
     (its state), and the global model's BN entries are their Eq. 2 average (n_i weighted), not any one client's."""
-    res = make_engine(toy_client, tmp_path, "fedbn", SMALL_SGD, rounds=2).run()
+    res = train_toy(toy_client, tmp_path, "fedbn", SMALL_SGD, rounds=2)
     assert all(math.isfinite(r["loss"]) for r in res.history)
     states = RoundCheckpoints(tmp_path / "ck.pt", "cpu").client_states()
     keys = set(local_bn_keys(FedBN.build_model("small_cnn", 3), "fedbn"))

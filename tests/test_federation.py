@@ -8,13 +8,14 @@ import math
 import numpy as np
 import pytest
 import torch
+from fixtures import evalsets_for
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.fedccrl import pool_without
 from fedccrl_core.data.pools import upload_size
 from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets, nbytes, sample_clients
+from fedccrl_core.federation.loop import nbytes, sample_clients
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.learning.models import build_model
@@ -102,9 +103,7 @@ def _engine(toy_client, tmp_path, algorithm="fedavg", rounds=3, ckpt_name="ck.pt
         toy_client(f"d{i}_c{k}", f"d{i}", 40, 10 * i + k, 20 * i, stats=True) for i in range(2) for k in range(2)
     ]
     tx = toy_client("t", "t", 48, 99, 40, stats=True)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
-    )
+    ev = evalsets_for(clients, (tx.train_x, tx.train_y))
     local = LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2)
     model = build_model("small_cnn", 3)
     return InProcessEngine(

@@ -12,6 +12,7 @@ import onnx
 import pytest
 import torch
 import torch.nn.functional as F
+from fixtures import held_out_run
 from torch import nn
 
 from fedccrl_core.algorithm_params.train import LocalConfig
@@ -30,37 +31,30 @@ from fedccrl_core.algorithms.fedfd import (
 from fedccrl_core.algorithms.fedfd_a import FedFDA, InstanceAdapter
 from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import train
 from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_pipeline import onnx_export
 
 SMALL = {"batch_size": 8}
 
 
-def make_engine(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt", on_round=None):
+def toy_run(toy_client, tmp_path, algorithm, hparams=None, rounds=2, ckpt_name="ck.pt"):
     """Four clients of two synthetic domains (different brightness and contrast), a shifted target."""
     torch.manual_seed(0)
     clients = [
         toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i) for i in range(2) for k in range(2)
     ]
     tx = toy_client("t", "t", 40, 99, 60, 0.6)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
-    )
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2), hparams)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(
+    return held_out_run(
         alg,
         model,
         clients,
-        ev,
+        (tx.train_x, tx.train_y),
         rounds,
-        seed=0,
         checkpoint_path=tmp_path / ckpt_name,
-        on_round=on_round,
         run_info={"k": algorithm},
-        log=lambda m: None,
     )
 
 
@@ -351,15 +345,15 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
 # ---- engine ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("algorithm", ["fedfd", "fedfd_a"])
 def test_engine_round(toy_client, tmp_path, algorithm):
-    engine = make_engine(toy_client, tmp_path, algorithm, SMALL, rounds=1)
-    res = engine.run()
+    run = toy_run(toy_client, tmp_path, algorithm, SMALL, rounds=1)
+    res = train(run, log=lambda m: None)
     rec = res.history[0]
     terms = ("l_ce", "l_cacl", "l_cafl") + (("l_adapter",) if algorithm == "fedfd_a" else ())
     assert all(math.isfinite(rec[k]) for k in (*terms, "loss", "val_acc", "target_acc")), rec
     states = RoundCheckpoints(tmp_path / "ck.pt", "cpu").client_states()
-    keys = set(local_bn_keys(engine.model, "silobn"))
+    keys = set(local_bn_keys(run.model, "silobn"))
     assert all(set(s["extra"]["local_bn"]) == keys for s in states.values())  # SiloBN framework
-    assert res.final_weights.keys() == engine.model.state_dict().keys()
+    assert res.final_weights.keys() == run.model.state_dict().keys()
     if algorithm == "fedfd_a":
         assert any(".adapter." in k for k in res.final_weights)  # the adapter is aggregated (Table 15)
 
@@ -368,15 +362,15 @@ def test_fedfd_a_resume_is_exact(toy_client, tmp_path):
     class Killed(Exception):
         pass
 
-    full = make_engine(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="full.pt").run()
+    full = train(toy_run(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="full.pt"), log=lambda m: None)
 
     def die(rec):
         if rec["round"] == 2:
             raise Killed
 
     with pytest.raises(Killed):
-        make_engine(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt", on_round=die).run()
-    resumed = make_engine(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt").run()
+        train(toy_run(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt"), on_round=die, log=lambda m: None)
+    resumed = train(toy_run(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt"), log=lambda m: None)
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)

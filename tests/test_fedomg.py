@@ -11,13 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures import held_out_run
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, fedomg
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG, matching_objective, search_coefficients
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -371,8 +371,8 @@ def test_differential_privacy_on_the_weights_is_refused():
 
 
 # ---- short training runs ------------------------------------------------------------------------------------------
-def make_engine(toy_client, algorithm, hparams=None, rounds=2, checkpoint=None, on_round=None):
-    """Four clients of two synthetic domains (brightness and contrast), a shifted target."""
+def train_toy(toy_client, algorithm, hparams=None, rounds=2, checkpoint=None, on_round=None):
+    """Four clients of two synthetic domains (brightness and contrast), a shifted target: the run's result."""
     torch.manual_seed(0)
     clients = [
         toy_client(f"d{i}_c{k}", f"d{i}", 32, 10 * i + k, 30 * i, 1.0 + 0.3 * i, stats=True)
@@ -380,37 +380,26 @@ def make_engine(toy_client, algorithm, hparams=None, rounds=2, checkpoint=None, 
         for k in range(2)
     ]
     tx = toy_client("t", "t", 40, 99, 60, 0.6)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]), torch.cat([c.val_y for c in clients]), tx.train_x, tx.train_y, 64
-    )
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=8, lr=1e-2), hparams)
     model = alg.build_model("small_cnn", 3, "none", alg.hp)
-    return InProcessEngine(
-        alg,
-        model,
-        clients,
-        ev,
-        rounds,
-        seed=0,
-        checkpoint_path=checkpoint,
-        on_round=on_round,
-        run_info={"k": algorithm},
-        log=lambda m: None,
+    run = held_out_run(
+        alg, model, clients, (tx.train_x, tx.train_y), rounds, checkpoint_path=checkpoint, run_info={"k": algorithm}
     )
+    return train(run, on_round=on_round, log=lambda m: None)
 
 
 @pytest.mark.parametrize("name,base", [("fedomg", "fedavg"), ("fedccrl_omg", "fedccrl")])
 def test_short_training_run(toy_client, name, base):
     """Two rounds in process: finite losses, accuracies in [0, 1]; the clients' first round is the base
     algorithm's (same losses), the server step then differs; with kappa 0, eta_g 1 the whole run is the base's."""
-    res = make_engine(toy_client, name).run()
-    ref = make_engine(toy_client, base).run()
+    res = train_toy(toy_client, name)
+    ref = train_toy(toy_client, base)
     assert [r["round"] for r in res.history] == [1, 2]
     for rec in res.history:
         assert math.isfinite(rec["loss"]) and 0 <= rec["val_acc"] <= 1 and 0 <= rec["target_acc"] <= 1
     assert res.history[0]["loss"] == ref.history[0]["loss"]  # same clients, same first round
     assert any(not torch.equal(v, ref.final_weights[k]) for k, v in res.final_weights.items())
-    same = make_engine(toy_client, name, {"kappa": 0.0, "global_lr": 1.0}).run()
+    same = train_toy(toy_client, name, {"kappa": 0.0, "global_lr": 1.0})
     for k, v in ref.final_weights.items():
         assert torch.equal(same.final_weights[k], v), k
 
@@ -426,10 +415,10 @@ def test_resume_is_exact(toy_client, tmp_path):
         if rec["round"] == 2:
             raise Killed
 
-    full = make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "full.pt").run()
+    full = train_toy(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "full.pt")
     with pytest.raises(Killed):
-        make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt", on_round=die).run()
-    resumed = make_engine(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt").run()
+        train_toy(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt", on_round=die)
+    resumed = train_toy(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt")
     strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
     assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)

@@ -33,6 +33,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from fixtures import held_out_run
 from flower_harness import (
     BIN,
     HELD_OUT,
@@ -53,10 +54,8 @@ from flower_harness import (
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.foundation import contract
-from fedccrl_core.learning.clients import ClientData
 from fedccrl_flower import messages as M
 
 
@@ -929,22 +928,14 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
     ids = client_ids(manifest, HELD_OUT)
     assert [c.client_id for c in clients] == ids and len(ids) == 5
     assert sum(len(c.train_y) for c in clients) < sum(c.n_train for c in manifest.clients)  # rows dropped
-    tx, ty = load_domain_test(shards, HELD_OUT)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]),
-        torch.cat([c.val_y for c in clients]),
-        ClientData.from_numpy("t", HELD_OUT, tx, ty, tx[:0], ty[:0], "cpu").train_x,
-        torch.from_numpy(np.asarray(ty, dtype=np.int64)),
-        256,
-    )
     local = LocalConfig(**{**LOCAL, "mean": tuple(LOCAL["mean"]), "std": tuple(LOCAL["std"])})
     alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
-    torch.manual_seed(SEED)
-    model = alg.build_model("small_cnn", 6, "none", alg.hp)
+    model = build_seeded_model(alg, "small_cnn", 6, "none", SEED)
+    run = held_out_run(alg, model, clients, load_domain_test(shards, HELD_OUT), 2, seed=SEED, batch_size=256)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        ref = InProcessEngine(alg, model, clients, ev, 2, SEED, log=lambda m: None).run()
+        ref = train(run, log=lambda m: None)
     finally:
         torch.set_num_threads(threads)
     res = serve(loopback(mixed_data, clients=ids), make_spec(mixed_data, tmp_path, algorithm))

@@ -8,13 +8,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures import held_out_run
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.data import registry
 from fedccrl_core.data.shards import client_ids, load_client, load_manifest, partition
-from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.learning.clients import ClientData
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -70,18 +70,11 @@ def test_shards_on_disk_within_one_and_a_half_times_the_decoded_pixels(shards):
     assert disk <= 1.5 * decoded_pixels(shards), (disk, decoded_pixels(shards))
 
 
-def lazy_engine(clients, fraction):
+def train_lazy(clients, fraction):
     alg = build_algorithm("fedavg", LocalConfig(rounds=3, local_epochs=1, batch_size=8))
-    torch.manual_seed(0)
-    model = alg.build_model("small_cnn", 6, "none", alg.hp)
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]),
-        torch.cat([c.val_y for c in clients]),
-        clients[0].val_x,
-        clients[0].val_y,
-        64,
-    )
-    return InProcessEngine(alg, model, clients, ev, 3, seed=0, client_fraction=fraction, log=lambda m: None)
+    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
+    run = held_out_run(alg, model, clients, (clients[0].val_x, clients[0].val_y), 3, client_fraction=fraction)
+    return train(run, log=lambda m: None)
 
 
 def test_lazy_clients_read_only_the_sampled_shards_and_train_identically(shards, monkeypatch):
@@ -94,7 +87,7 @@ def test_lazy_clients_read_only_the_sampled_shards_and_train_identically(shards,
             out.append(ClientData.from_numpy(cid, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, "cpu", lazy=lazy))
         return out
 
-    eager = lazy_engine(clients(False), 0.34).run()
+    eager = train_lazy(clients(False), 0.34)
     lazy_clients = clients(True)
     assert all(c.train_x is None and isinstance(c.train_source, np.memmap) for c in lazy_clients)
     read = []
@@ -106,7 +99,7 @@ def test_lazy_clients_read_only_the_sampled_shards_and_train_identically(shards,
         return real(self)
 
     monkeypatch.setattr(ClientData, "resident", resident)
-    lazy = lazy_engine(lazy_clients, 0.34).run()
+    lazy = train_lazy(lazy_clients, 0.34)
     sampled = [sorted(k[len("train_acc/") :] for k in r if k.startswith("train_acc/")) for r in lazy.history]
     assert read == [c for s in sampled for c in s]  # each sampled client's images, once a round, nobody else's
     assert len(set(read)) < len(ids)

@@ -13,10 +13,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from fixtures import held_out_run
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
+from fedccrl_core.federation.driver import build_seeded_model, train
+from fedccrl_core.federation.engine import InProcessEngine, InProcessTransport
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.privacy import accountant as A
@@ -205,43 +208,39 @@ def test_settings_refuse_bad_values_with_the_key():
 
 
 # ------------------------------------------------------------------ the round loop
-def _engine(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None):
-    from test_round_loop import evalsets, toy_clients
-
-    from fedccrl_core.federation.engine import InProcessEngine
+def _train(privacy, rounds=3, algorithm="fedccrl", fraction=1.0, log=None, engine=InProcessEngine):
+    from test_round_loop import toy_clients
 
     clients = toy_clients(4, 12)
     for c in clients:  # statistics rows for FedCCRL's upload
         x = c.train_x.float() / 255
         c.stats_mu, c.stats_sigma = x.mean((2, 3)).numpy(), x.std((2, 3)).numpy()
     alg = build_algorithm(algorithm, LocalConfig(rounds=rounds, local_epochs=1, batch_size=4, privacy=privacy))
-    torch.manual_seed(0)
-    model = alg.build_model("small_cnn", 6, "none", alg.hp)
-    return InProcessEngine(
-        alg, model, clients, evalsets(clients), rounds, seed=0, client_fraction=fraction, log=log or (lambda m: None)
-    )
+    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
+    run = held_out_run(alg, model, clients, (clients[0].train_x, clients[0].train_y), rounds, client_fraction=fraction)
+    return train(run, log=log or (lambda m: None), engine=engine)
 
 
 def test_round_loop_logs_epsilon_every_round_and_noises_both_channels(not_private):
     """Epsilon grows every round; no client metric and no update norm is released; the noise comes from the OS,
     so the same seed gives another run, unless the test-only noise_seed seeds it (then marked in every record)."""
     priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
-    res = _engine(priv, fraction=0.5).run()
+    res = _train(priv, fraction=0.5)
     eps = [r[contract.DP_EPSILON] for r in res.history]
     assert len(eps) == 3 and all(b > a > 0 for a, b in itertools.pairwise(eps))
     for r in res.history:
         assert contract.DP_EPSILON_STATISTICS in r and contract.DP_SEEDED_NOISE not in r
         assert not any(k.startswith((contract.TRAIN_ACC, contract.LOSS, "l_", "dp_update")) for k in r), sorted(r)
-    plain = _engine(None, fraction=0.5).run()
+    plain = _train(None, fraction=0.5)
     assert any(not torch.equal(v, plain.final_weights[k]) for k, v in res.final_weights.items())
-    again = _engine(priv, fraction=0.5).run()  # the same seed: other noise
+    again = _train(priv, fraction=0.5)  # the same seed: other noise
     assert any(not torch.equal(v, again.final_weights[k]) for k, v in res.final_weights.items())
     seeded = {**priv, "noise_seed": 5}
-    a, b = _engine(seeded, fraction=0.5).run(), _engine(seeded, fraction=0.5).run()
+    a, b = _train(seeded, fraction=0.5), _train(seeded, fraction=0.5)
     assert all(torch.equal(v, b.final_weights[k]) for k, v in a.final_weights.items())
     assert all(r[contract.DP_SEEDED_NOISE] == 1.0 for r in a.history)
     logs = []
-    _engine(seeded, rounds=1, log=logs.append)
+    _train(seeded, rounds=1, log=logs.append)
     assert any("NOT PRIVATE" in m for m in logs)
     assert "NOT PRIVATE" in PrivacySettings(enabled=True, noise_seed=5).noise_source()
     assert "not bit-reproducible" in PrivacySettings(enabled=True).noise_source()
@@ -298,8 +297,8 @@ def test_the_weights_noise_is_not_the_seeds():
     from fedccrl_core.foundation.seeding import torch_generator
 
     priv = {"enabled": True, "weights_clip": 0.5, "weights_noise_multiplier": 0.8}
-    noisy = _engine(priv, rounds=1, algorithm="fedavg").run().final_weights
-    clean = _engine({**priv, "weights_noise_multiplier": 1e-12}, rounds=1, algorithm="fedavg").run().final_weights
+    noisy = _train(priv, rounds=1, algorithm="fedavg").final_weights
+    clean = _train({**priv, "weights_noise_multiplier": 1e-12}, rounds=1, algorithm="fedavg").final_weights
     gen, std = torch_generator(0, "dp_weights", 1), 0.8 * 0.5 / 4  # z S / m
     draws = {
         k: torch.randn(v.shape, dtype=torch.float64, generator=gen) * std  # one per float entry, in order
@@ -344,12 +343,12 @@ def test_a_channel_released_without_its_mechanism_is_refused_naming_the_key():
     """FedCCRL with DP on the weights only would release its exact statistics rows while reporting an epsilon;
     any algorithm with DP off on the weights would release exact weights."""
     with pytest.raises(ValueError, match="train.privacy.statistics: fedccrl uploads statistics rows every round"):
-        _engine({"enabled": True, "statistics": False})
+        _train({"enabled": True, "statistics": False})
     with pytest.raises(ValueError, match="train.privacy.weights: fedccrl releases its weights every round"):
-        _engine({"enabled": True, "weights": False})
+        _train({"enabled": True, "weights": False})
     with pytest.raises(ValueError, match="train.privacy.weights: fedavg releases its weights"):
-        _engine({"enabled": True, "weights": False}, algorithm="fedavg")
-    _engine({"enabled": True, "statistics": True}, algorithm="fedavg")  # nothing to noise: accepted, not charged
+        _train({"enabled": True, "weights": False}, algorithm="fedavg")
+    _train({"enabled": True, "statistics": True}, algorithm="fedavg")  # nothing to noise: accepted, not charged
 
 
 def test_weights_only_dp_for_fedccrl_is_refused_when_params_yaml_is_read(tmp_path):
@@ -370,48 +369,42 @@ def test_weights_only_dp_for_fedccrl_is_refused_when_params_yaml_is_read(tmp_pat
     assert load_config(tmp_path / "params.yaml").train.privacy.on_weights
 
 
-class _Counting:
-    """Wraps a transport: counts the statistics uploads collected (their release) per round."""
-
-    def __init__(self, inner):
-        self.inner, self.collected = inner, []
-
-    def collect_uploads(self, rnd):
-        self.collected.append(rnd)
-        return self.inner.collect_uploads(rnd)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
-
-
 def test_max_epsilon_stops_before_any_release_of_the_round_that_would_pass_it():
     priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
-    full = _engine(priv, rounds=4).run()
+    full = _train(priv, rounds=4)
     eps = [r[contract.DP_EPSILON] for r in full.history]
     limit = (eps[1] + eps[2]) / 2  # round 3 would cross it
     logs = []
-    eng = _engine({**priv, "max_epsilon": limit}, rounds=4, log=logs.append)
-    eng.loop.transport = counting = _Counting(eng.loop.transport)
-    res = eng.run()
-    assert counting.collected == [1, 2]  # round 3's statistics never left the clients
+    collected = []
+
+    class Counting(InProcessTransport):  # counts the statistics uploads collected (their release) per round
+        def collect_uploads(self, rnd):
+            collected.append(rnd)
+            return super().collect_uploads(rnd)
+
+    class CountingEngine(InProcessEngine):
+        transport_class = Counting
+
+    res = _train({**priv, "max_epsilon": limit}, rounds=4, log=logs.append, engine=CountingEngine)
+    assert collected == [1, 2]  # round 3's statistics never left the clients
     assert len(res.history) == 2 and res.history[-1][contract.DP_EPSILON] <= limit
     stop = [m for m in logs if "privacy budget: round 3" in m]
     assert stop and "max_epsilon" in stop[0] and f"epsilon spent (the ledger): {eps[1]:.3f}" in stop[0]
     with pytest.raises(ValueError, match="no round completed"):
-        _engine({**priv, "max_epsilon": 1e-3}).run()
+        _train({**priv, "max_epsilon": 1e-3})
 
 
 def test_fedavg_is_not_charged_for_statistics_it_does_not_release():
     """FedAvg with statistics: true uploads no rows: its epsilon is the weights channel's alone, and a budget of
     exactly its R rounds lets it run all R."""
     priv = {"enabled": True, "statistics": True, "weights_noise_multiplier": 4.0}
-    full = _engine(priv, rounds=3, algorithm="fedavg").run()
+    full = _train(priv, rounds=3, algorithm="fedavg")
     last = full.history[-1]
     assert contract.DP_EPSILON_STATISTICS not in last
     s = PrivacySettings(**priv)
     weights_only = A.epsilon_of([A.weights_event(s, 4, 4)] * 3, s.delta)
     assert last[contract.DP_EPSILON] == pytest.approx(weights_only, rel=1e-12)
-    res = _engine({**priv, "max_epsilon": weights_only * (1 + 1e-9)}, rounds=3, algorithm="fedavg").run()
+    res = _train({**priv, "max_epsilon": weights_only * (1 + 1e-9)}, rounds=3, algorithm="fedavg")
     assert len(res.history) == 3
 
 
@@ -432,7 +425,7 @@ def test_algorithms_the_mechanisms_do_not_cover_declare_it_and_are_refused():
             refused.append(name)
     assert refused == ["ccst", "ga", "fediir", "fedomg", "fedccrl_omg"]
     with pytest.raises(ValueError, match="train.privacy.enabled: ga: GA weighs the clients by their generalization"):
-        _engine({"enabled": True, "statistics": False}, algorithm="ga")
+        _train({"enabled": True, "statistics": False}, algorithm="ga")
 
 
 def test_algorithms_without_a_mechanism_are_refused_at_validation(tmp_path):

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import warnings
 
+import numpy as np
 import pytest
 import torch
+from fixtures import evalsets_for
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
@@ -34,13 +36,19 @@ def toy_clients(n_clients: int, n_each: int, seed: int = 0) -> list[ClientData]:
 
 
 def evalsets(clients) -> EvalSets:
-    return EvalSets(
-        torch.cat([c.val_x for c in clients[:6]]),
-        torch.cat([c.val_y for c in clients[:6]]),
-        clients[0].train_x,
-        clients[0].train_y,
-        64,
-    )
+    return evalsets_for(clients[:6], (clients[0].train_x, clients[0].train_y))
+
+
+def test_evalsets_for_a_target_are_the_clients_val_splits_and_the_target_images_as_nchw():
+    clients = toy_clients(3, 5)
+    x = np.random.default_rng(0).integers(0, 256, (7, SIZE, SIZE, 3), dtype=np.uint8)  # NHWC, as the shards hold it
+    y = (np.arange(7) % 6).astype(np.int32)
+    ev = EvalSets.for_target(clients, x, y, 32, "cpu")
+    assert torch.equal(ev.val_x, torch.cat([c.val_x for c in clients]))
+    assert torch.equal(ev.val_y, torch.cat([c.val_y for c in clients]))
+    assert ev.target_x.dtype == torch.uint8 and ev.target_x.is_contiguous()
+    assert torch.equal(ev.target_x, torch.from_numpy(x).permute(0, 3, 1, 2))
+    assert ev.target_y.dtype == torch.int64 and ev.target_y.tolist() == y.tolist() and ev.batch_size == 32
 
 
 def engine(

@@ -43,17 +43,15 @@ def bench_accuracy(
     overrides: Sequence[str] = (),
     variants: list[str] | None = None,
 ) -> dict:
-    import numpy as np
     import torch
 
     from fedccrl_core.algorithm_params.fedccrl import VARIANTS
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.federation.engine import InProcessEngine
+    from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
     from fedccrl_core.federation.jobs import load_clients
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
-    from fedccrl_core.learning.clients import ClientData
     from fedccrl_pipeline.cross_checks import resolve_held_out
     from fedccrl_pipeline.train import check_algorithm, run_settings
 
@@ -88,17 +86,10 @@ def bench_accuracy(
         for target in targets:
             clients = load_clients(shards, pools, [d for d in domains if d != target], device)
             tx, ty = load_domain_test(shards, target)
-            ev = EvalSets(
-                torch.cat([c.val_x for c in clients]),
-                torch.cat([c.val_y for c in clients]),
-                ClientData.from_numpy("t", target, tx, ty, tx[:0], ty[:0], device).train_x,
-                torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device),
-                s.eval_batch_size,
-            )
+            ev = EvalSets.for_target(clients, tx, ty, s.eval_batch_size, device)
             for seed in seeds:
                 alg = build_algorithm(alg_name, s.local, hparams)
-                torch.manual_seed(seed)
-                model = alg.build_model(s.backbone, len(manifest.classes), s.pretrained, alg.hp).to(device)
+                model = build_seeded_model(alg, s.backbone, len(manifest.classes), s.pretrained, seed, device)
 
                 def progress(rec, label=label, target=target, seed=seed):
                     print(
@@ -109,7 +100,7 @@ def bench_accuracy(
                         flush=True,
                     )
 
-                res = InProcessEngine(
+                run = HeldOutRun(
                     alg,
                     model,
                     clients,
@@ -117,10 +108,9 @@ def bench_accuracy(
                     s.local.rounds,
                     seed,
                     s.client_fraction,
-                    on_round=progress,
-                    log=lambda m: None,
                     concurrent_clients=s.concurrent_clients,
-                ).run()
+                )
+                res = train(run, on_round=progress, log=lambda m: None)
                 acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1][contract.TARGET_ACC])
                 print(
                     f"bench: {label} {target} seed {seed}: {acc[label][target][-1]:.4f} "

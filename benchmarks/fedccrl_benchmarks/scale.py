@@ -46,7 +46,8 @@ def child(spec: dict) -> dict:
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.pools import compute_statistics
     from fedccrl_core.federation.checkpoints import RoundCheckpoints
-    from fedccrl_core.federation.engine import InProcessTransport
+    from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
+    from fedccrl_core.federation.engine import InProcessEngine, InProcessTransport
     from fedccrl_core.federation.loop import EvalSets, RoundLoop
     from fedccrl_core.learning.clients import ClientData
 
@@ -67,17 +68,9 @@ def child(spec: dict) -> dict:
                 f"c{i:03d}", f"d{domain[idx[0]]}", x[idx], y[idx], x[idx[:1]], y[idx[:1]], "cpu", mu[idx], sigma[idx]
             )
         )
-    tx = torch.from_numpy(x[:256]).permute(0, 3, 1, 2).contiguous()
-    ev = EvalSets(
-        torch.cat([c.val_x for c in clients]),
-        torch.cat([c.val_y for c in clients]),
-        tx,
-        torch.from_numpy(y[:256].astype(np.int64)),
-        256,
-    )
+    ev = EvalSets.for_target(clients, x[:256], y[:256], 256, "cpu")
     alg = build_algorithm(spec["algorithm"], local)
-    torch.manual_seed(0)
-    model = alg.build_model("small_cnn", 6, "none", alg.hp)
+    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
     del x, mu, sigma
     rss_start = _rss_mib()
     phases: dict[str, float] = {}
@@ -90,7 +83,7 @@ def child(spec: dict) -> dict:
         finally:
             phases[name] = phases.get(name, 0.0) + time.perf_counter() - t0
 
-    # InProcessEngine's parts, each timing its phase of the round in an override of its own method
+    # InProcessEngine's parts, each timing its phase of the round in an override of its own method (driver.py)
     class Transport(InProcessTransport):
         def collect_uploads(self, rnd):
             with timed("uploads"):
@@ -100,28 +93,37 @@ def child(spec: dict) -> dict:
             with timed("train"):
                 return super().train(*args)
 
+    written = {"bytes": 0}  # the checkpoint bytes of the last round
+
     class Checkpoints(RoundCheckpoints):
         def save(self, *args):
             with timed("checkpoint"):
-                return super().save(*args)
+                written["bytes"] = super().save(*args)
+            return written["bytes"]
 
     class Loop(RoundLoop):
         def evaluate(self):
             with timed("evaluate"):
                 return super().evaluate()
 
-    def quiet(message):
-        return None
+    class Engine(InProcessEngine):
+        transport_class, checkpoints_class, loop_class = Transport, Checkpoints, Loop
 
     with tempfile.TemporaryDirectory(prefix="fedccrl-bench-scale-") as tmp:
-        rounds, state = spec["rounds"], spec["client_state"]
-        transport = Transport(alg, model, clients, 0, "auto", state, quiet, rounds)
-        checkpoints = Checkpoints(Path(tmp) / "ck.pt", next(model.parameters()).device, quiet)
-        loop = Loop(alg, model, transport, ev, rounds, 0, 1.0, checkpoints, log=quiet, engine="inprocess")
+        run = HeldOutRun(
+            alg,
+            model,
+            clients,
+            ev,
+            spec["rounds"],
+            0,
+            checkpoint_path=Path(tmp) / "ck.pt",
+            client_state=spec["client_state"],
+        )
         t0, c0 = time.perf_counter(), time.process_time()
-        res = loop.run()
+        res = train(run, log=lambda m: None, engine=Engine)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
-        ckpt_bytes = checkpoints.bytes_written
+        ckpt_bytes = written["bytes"]
     h = res.history
     return {
         "seconds_per_round": seconds / len(h),

@@ -242,19 +242,11 @@ class FastPath:
         from fedccrl_core.augment.augmix_pil import probe_augmix_impl
         from fedccrl_core.federation.engine import concurrent_width
         from fedccrl_core.federation.loop import EvalSets
-        from fedccrl_core.learning.clients import ClientData
 
         self.cfg, self.data, self.device = cfg, data, device
         self.clients = fast_clients(data, device)
         tx, ty = data.target
-        self.target = ClientData.from_numpy("target", "sketch", tx, ty, tx[:0], ty[:0], device)
-        self.evalsets = EvalSets(
-            torch.cat([c.val_x for c in self.clients]),
-            torch.cat([c.val_y for c in self.clients]),
-            self.target.train_x,
-            self.target.train_y,
-            cfg.eval_batch_size,
-        )
+        self.evalsets = EvalSets.for_target(self.clients, tx, ty, cfg.eval_batch_size, device)
         # its AugMix implementation: the faster of the two on this device at this size (augment/augmix_pil.py)
         self.augmix_impl, self.augmix_probe_s = probe_augmix_impl(device, cfg.size, cfg.batch_size)
         self.hparams = {"augmix_impl": self.augmix_impl}
@@ -327,34 +319,33 @@ class FastPath:
     def round_seconds(self) -> tuple[list[float], BusySampler]:
         """Seconds of each of cfg.rounds rounds of the engine, and the GPU's busy share over them."""
         from fedccrl_core.algorithms.fedccrl import FedCCRL
-        from fedccrl_core.federation.engine import InProcessEngine
+        from fedccrl_core.federation.driver import HeldOutRun, train
 
         alg = FedCCRL(_local(self.cfg, self.cfg.epochs, True), self.hparams)
         self.model = _model(self.cfg, self.data.num_classes, self.device)
+        run = HeldOutRun(
+            alg,
+            self.model,
+            self.clients,
+            self.evalsets,
+            self.cfg.rounds,
+            self.cfg.seed,
+            concurrent_clients=self.cfg.concurrent_clients,
+        )
 
         def run_rounds(on_round):
-            InProcessEngine(
-                alg,
-                self.model,
-                self.clients,
-                self.evalsets,
-                self.cfg.rounds,
-                self.cfg.seed,
-                log=lambda m: None,
-                on_round=on_round,
-                concurrent_clients=self.cfg.concurrent_clients,
-            ).run()
+            train(run, on_round=on_round, log=lambda m: None)
 
         return _round_times(run_rounds, self.device, self.cfg.rounds)
 
     def eval_seconds(self) -> float:
         from fedccrl_core.learning.accuracy import accuracy
 
-        t = self.target
-        accuracy(self.model, t.train_x, t.train_y, self.cfg.eval_batch_size, fast=True)  # warm
+        ev = self.evalsets
+        accuracy(self.model, ev.target_x, ev.target_y, ev.batch_size, fast=True)  # warm
         sync(self.device)
         t0 = time.perf_counter()
-        accuracy(self.model, t.train_x, t.train_y, self.cfg.eval_batch_size, fast=True)
+        accuracy(self.model, ev.target_x, ev.target_y, ev.batch_size, fast=True)
         return time.perf_counter() - t0
 
 

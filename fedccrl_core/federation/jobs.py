@@ -179,15 +179,13 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     torch thread, whatever the machine's core count, so its numbers are the same on every machine and with
     any number of workers (parallelism comes from training several held-out domains at once). The MLflow ids
     the outputs record are the job's (TrainJob.record_ids, by the caller before the job runs)."""
-    import numpy as np
     import torch
 
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.federation.engine import InProcessEngine
+    from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
-    from fedccrl_core.learning.clients import ClientData
     from fedccrl_core.learning.model_file import ModelMeta, save_model
 
     s, target, out = job.settings, job.target, Path(job.out)
@@ -202,24 +200,17 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         if len(clients) < 2:
             raise ValueError(f"{shards}: need at least 2 source clients, found {len(clients)}")
         tx, ty = load_domain_test(shards, target)
-        evalsets = EvalSets(
-            torch.cat([c.val_x for c in clients]),
-            torch.cat([c.val_y for c in clients]),
-            ClientData.from_numpy("target", target, tx, ty, tx[:0], ty[:0], device).train_x,
-            torch.from_numpy(np.asarray(ty, dtype=np.int64)).to(device),
-            s.eval_batch_size,
-        )
+        evalsets = EvalSets.for_target(clients, tx, ty, s.eval_batch_size, device)
         del tx, ty  # the NCHW copy in evalsets is the one copy of the target domain kept for training
         alg = build_algorithm(job.algorithm, s.local, job.hparams)
-        torch.manual_seed(job.seed)
-        model = alg.build_model(s.backbone, len(job.classes), s.pretrained, alg.hp).to(device)
+        model = build_seeded_model(alg, s.backbone, len(job.classes), s.pretrained, job.seed, device)
         on_round = lambda rec: report("round", rec)  # noqa: E731
         if s.engine == "flower":  # same algorithm, seeds and record dicts over Flower: job.flower_train is
             # fedccrl_flower.run.train_with_flower, set by the caller (the library does not import the transport)
             assert job.flower_train is not None, "engine flower: the caller sets job.flower_train"
             result = job.flower_train(job, shards=shards, pools=pools, on_round=on_round, log=log)
         else:
-            result = InProcessEngine(
+            run = HeldOutRun(
                 alg,
                 model,
                 clients,
@@ -228,12 +219,11 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
                 job.seed,
                 s.client_fraction,
                 job.ckpt,
-                on_round=on_round,
-                run_info={"run_key": job.run_key},
-                log=log,
                 concurrent_clients=s.concurrent_clients,
                 client_state=s.client_state,
-            ).run()
+                run_info={"run_key": job.run_key},
+            )
+            result = train(run, on_round, log)
     finally:
         torch.set_num_threads(threads)
 

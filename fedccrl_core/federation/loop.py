@@ -34,6 +34,7 @@ from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoint
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
 from fedccrl_core.learning.accuracy import accuracy, predict
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.privacy.dp import DPFedAvgAggregation
 from fedccrl_core.privacy.noise import private_rng
 from fedccrl_core.privacy.settings import BudgetExhausted
@@ -121,6 +122,20 @@ class EvalSets:
     target_x: torch.Tensor
     target_y: torch.Tensor
     batch_size: int = 256
+
+    @classmethod
+    def for_target(cls, clients, target_x: np.ndarray, target_y, batch_size: int, device) -> EvalSets:
+        """The evaluation sets of a held-out run: the concatenation of the clients' val splits (in their order),
+        and the target's images (uint8 NHWC, as data/shards.py `load_domain_test` returns them) as NCHW uint8
+        on `device`, its labels as int64 on `device`."""
+        target = ClientData.from_numpy("target", "target", target_x, target_y, target_x[:0], target_y[:0], device)
+        return cls(
+            torch.cat([c.val_x for c in clients]),
+            torch.cat([c.val_y for c in clients]),
+            target.train_x,
+            target.train_y,
+            batch_size,
+        )
 
 
 @dataclass
