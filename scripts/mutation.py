@@ -70,6 +70,35 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.learning.aggregation.xǁWeightedSumǁadd__mutmut_8": "_ref keeps only each entry's dtype and the keys "
     "of the first state: torch.empty(1) in place of torch.empty(0) carries the same",
     "fedccrl_core.data.pools.x_unbiased_sigma__mutmut_14": "numpy's astype(None) is float64, the dtype it replaces",
+    "fedccrl_core.data.pools.x_compute_statistics__mutmut_20": "batches starting at every row overlap and rewrite "
+    "each row with the same statistics: slower, the same result",
+    "fedccrl_core.data.pools.x_sample_statistics__mutmut_1": "the default rounding's name: any value but 'floor' is "
+    "ceil in upload_size",
+    "fedccrl_core.data.pools.x_sample_statistics__mutmut_2": "the default rounding's name: any value but 'floor' is "
+    "ceil in upload_size",
+    "fedccrl_core.data.pools.x_sample_statistics__mutmut_13": "replace=None is falsy: numpy draws without replacement",
+    "fedccrl_core.data.pools.x_upload_size__mutmut_1": "the default rounding's name: any value but 'floor' is ceil",
+    "fedccrl_core.data.pools.x_upload_size__mutmut_2": "the default rounding's name: any value but 'floor' is ceil",
+    "fedccrl_core.learning.losses.x_js_loss__mutmut_10": "no upper clamp: Y_bar, a mean of probabilities, is <= 1",
+    "fedccrl_core.learning.losses.x_js_loss__mutmut_12": "no upper clamp: Y_bar, a mean of probabilities, is <= 1",
+    "fedccrl_core.learning.losses.x_js_loss__mutmut_21": "upper clamp 2: Y_bar, a mean of probabilities, is <= 1",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_14": "F.normalize's default dim is 1",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_18": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_25": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_self_positive_loss__mutmut_6": "F.normalize's default dim is 1",
+    "fedccrl_core.learning.losses.x_supcon_self_positive_loss__mutmut_10": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_self_positive_loss__mutmut_17": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_40": "the A(i) mask made on the CPU: equivalent on a "
+    "CPU-only machine; on CUDA tests/test_losses.py's CUDA test fails on the mixed devices",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_43": "the A(i) mask made on the CPU: equivalent on a "
+    "CPU-only machine; on CUDA tests/test_losses.py's CUDA test fails on the mixed devices",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_50": "log-denominator subtracted per positive p instead of "
+    "per anchor i: P is symmetric (p in P(i) iff i in P(p)), so the sum and the mean over anchors are unchanged",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_60": "log-denominator subtracted per positive p instead of "
+    "per anchor i: P is symmetric (p in P(i) iff i in P(p)), so the sum and the mean over anchors are unchanged",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_58": "float('-INF') is float('-inf')",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_100": "positives come in pairs (p in P(i) iff i in P(p)): "
+    "the count of anchors with one is 0 (then the sum is 0) or >= 2",
 }
 
 STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", None: "not checked"}

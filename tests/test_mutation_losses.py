@@ -4,6 +4,7 @@ kill `make mutation`'s mutants of fedccrl_core/learning/losses.py that tests/tes
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -214,3 +215,12 @@ def test_the_losses_are_float32_from_half_inputs():
     assert supcon_self_positive_loss(h[0], h[1], y, y).dtype == torch.float32
     assert js_loss(*h[3:]).dtype == torch.float32
     assert three_view_ce(*h[3:], y).dtype == torch.float32
+
+
+def test_the_losses_name_their_softmax_dimension():
+    """No deprecated implicit-dimension softmax (torch warns and may pick another axis for other ranks)."""
+    z, z1, z2, l0, l1, l2, y = data(seed=10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        js_loss(l0, l1, l2)
+        fedccrl_loss(l0, l1, l2, z, z1, z2, y)

@@ -5,6 +5,7 @@ of fedccrl_core/data/pools.py."""
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
@@ -172,3 +173,10 @@ def test_per_channel_lands_on_the_device_of_its_model():
     """The constant is moved to like's device (the meta device stands for an accelerator on a CPU-only machine)."""
     t = per_channel([1.0, 2.0, 3.0], torch.empty(1, device="meta", dtype=torch.float16))
     assert t.device.type == "meta" and t.dtype == torch.float16 and t.shape == (1, 3, 1, 1)
+
+
+@pytest.mark.parametrize(("n", "r"), [(10_000_000, 0.07), (10_000_000, 0.17), (123_457, 0.3)])
+def test_upload_size_is_exact_for_large_clients(n, r):
+    """ceil(r n) in exact rational arithmetic (r as written in params.yaml): at n = 1e7 the float product of r and n
+    is off by about 1e-10, which the 9-decimal rounding absorbs."""
+    assert upload_size(n, r) == math.ceil(Fraction(str(r)) * n)
