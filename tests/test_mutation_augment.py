@@ -163,13 +163,13 @@ def test_ccdt_is_alg2_with_its_draws(pool_draw, n_pool):
     x = torch.randn(3, 2, 3, 4, generator=g)
     pool_mu = torch.randn(n_pool, 2, 1, 1, generator=g)
     pool_sigma = torch.rand(n_pool, 2, generator=g) + 0.5
-    got = ccdt(x, pool_mu, pool_sigma, alpha=0.3, generator=torch.Generator().manual_seed(7), pool_draw=pool_draw)
+    got = ccdt(x, pool_mu, pool_sigma, alpha=3.0, generator=torch.Generator().manual_seed(7), pool_draw=pool_draw)
     d = torch.Generator().manual_seed(7)
     if pool_draw == "reference" and n_pool >= 3:
         idx = torch.randperm(n_pool, generator=d)[:3]
     else:
         idx = torch.randint(n_pool, (3,), generator=d)
-    lam = sample_beta(0.3, 0.3, (3,), generator=d)
+    lam = sample_beta(3.0, 3.0, (3,), generator=d)  # lambda away from 0 and 1: both styles show
     mu_p, sigma_p = pool_mu.reshape(n_pool, 2)[idx].numpy(), pool_sigma[idx].numpy()
     want = mixstyle_loop(x.numpy(), mu_p, sigma_p, lam.double().numpy())
     assert got.dtype == x.dtype and got.shape == x.shape
@@ -179,17 +179,44 @@ def test_ccdt_is_alg2_with_its_draws(pool_draw, n_pool):
 def test_ccdt_uses_the_unbiased_variance_and_eps_it_is_given():
     g = torch.Generator().manual_seed(2)
     x = torch.randn(2, 1, 2, 2, generator=g, dtype=torch.float64)
-    pool_mu, pool_sigma = torch.zeros(1, 1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64)
-    got = ccdt(x, pool_mu, pool_sigma, generator=torch.Generator().manual_seed(0), unbiased=True, eps=0.5)
+    pool_mu, pool_sigma = torch.full((1, 1), 3.0, dtype=torch.float64), torch.full((1, 1), 2.0, dtype=torch.float64)
+    got = ccdt(x, pool_mu, pool_sigma, alpha=4.0, generator=torch.Generator().manual_seed(0), unbiased=True, eps=0.5)
     d = torch.Generator().manual_seed(0)
     torch.randint(1, (2,), generator=d)
-    lam = sample_beta(0.1, 0.1, (2,), generator=d).double().numpy()  # alpha = 0.1 by default
+    lam = sample_beta(4.0, 4.0, (2,), generator=d).double().numpy()
+    assert ((lam > 0.1) & (lam < 0.9)).all()
     v = x.numpy()
     for i in range(2):
         mu = v[i, 0].mean()
-        sigma = math.sqrt(((v[i, 0] - mu) ** 2).sum() / 3 + 0.5)
-        want = (lam[i] * 1.0 + (1 - lam[i]) * sigma) * (v[i, 0] - mu) / sigma + (1 - lam[i]) * mu
+        sigma = math.sqrt(((v[i, 0] - mu) ** 2).sum() / 3 + 0.5)  # HW - 1 = 3, eps = 0.5
+        want = (lam[i] * 2.0 + (1 - lam[i]) * sigma) * (v[i, 0] - mu) / sigma + lam[i] * 3.0 + (1 - lam[i]) * mu
         np.testing.assert_allclose(got[i, 0].numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_ccdt_default_alpha_is_0_1():
+    x = torch.randn(64, 1, 2, 2, generator=torch.Generator().manual_seed(3))
+    pool_mu, pool_sigma = torch.randn(5, 1), torch.rand(5, 1) + 0.5
+    default = ccdt(x, pool_mu, pool_sigma, generator=torch.Generator().manual_seed(1))
+    np.testing.assert_array_equal(
+        default.numpy(), ccdt(x, pool_mu, pool_sigma, 0.1, torch.Generator().manual_seed(1)).numpy()
+    )
+    assert not torch.equal(default, ccdt(x, pool_mu, pool_sigma, 0.2, torch.Generator().manual_seed(1)))
+
+
+def test_mixstyle_returns_the_dtype_of_x():
+    """Pool rows and lambda in float64, x in float32: every term is cast to x's dtype, so the result is float32."""
+    x = torch.randn(2, 2, 3, 3, generator=torch.Generator().manual_seed(0))
+    mu_p, sigma_p = torch.zeros(2, 2, dtype=torch.float64), torch.ones(2, 2, dtype=torch.float64)
+    lam = torch.tensor([0.3, 0.6], dtype=torch.float64)
+    assert mixstyle(x, mu_p, sigma_p, lam).dtype == torch.float32
+    assert mixstyle(x, mu_p.float(), sigma_p, lam.float()).dtype == torch.float32
+    assert mixstyle(x, mu_p.float(), sigma_p.float(), lam).dtype == torch.float32
+    assert mixstyle(x, mu_p, sigma_p.float(), lam.float()).dtype == torch.float32
+
+
+def test_dirichlet_normalizes_the_last_dimension_of_any_shape():
+    w = sample_dirichlet(0.5, (2, 3, 4), generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    np.testing.assert_allclose(w.sum(-1).numpy(), np.ones((2, 3)), rtol=1e-12)
 
 
 def test_ccdt_refusals_name_the_shapes():
