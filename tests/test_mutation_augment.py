@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import importlib
 import math
+import warnings
 
 import numpy as np
 import pytest
 import torch
 
 from fedccrl_core.augment.augmix import (
+    BRIGHTNESS,
     IDENTITY,
     OPS,
     AugMixPlan,
@@ -344,3 +346,78 @@ def test_augmix_draws_its_plan_from_the_generator():
     np.testing.assert_array_equal(got.numpy(), _augmix_with(x, plan).numpy())
     with pytest.raises(ValueError, match=r"augmix expects a \[B, C, H, W\] batch, got shape \(3, 8, 7\)"):
         augmix(x[0])
+
+
+def test_augmix_and_plan_defaults_are_beta_1_severity_3():
+    x = torch.rand(4, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    np.testing.assert_array_equal(
+        augmix(x, generator=torch.Generator().manual_seed(3)).numpy(),
+        augmix(x, 1.0, 3, torch.Generator().manual_seed(3)).numpy(),
+    )
+    a = sample_augmix_plan(6, 8, 8, generator=torch.Generator().manual_seed(4))
+    b = sample_augmix_plan(6, 8, 8, 1.0, 3, torch.Generator().manual_seed(4))
+    for f in ("op", "magnitude", "weight", "m"):
+        np.testing.assert_array_equal(getattr(a, f).numpy(), getattr(b, f).numpy())
+
+
+def levels_image(values: list[int]) -> torch.Tensor:
+    """One 1 x 3 x 1 x len image whose every channel holds the 8-bit levels `values` (as k / 255)."""
+    return (torch.tensor(values, dtype=torch.float32) / 255.0).expand(1, 3, 1, len(values)).clone()
+
+
+def test_solarize_inverts_the_levels_at_or_above_the_threshold():
+    ks = [0, 1, 127, 128, 129, 200, 255]
+    out = _apply_step(levels_image(ks), torch.tensor([OPS.index("solarize")]), torch.tensor([128.0]))
+    want = [(255 - k if k >= 128 else k) / 255.0 for k in ks]
+    np.testing.assert_allclose(out[0, 0, 0].numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_lut_ops_quantize_values_outside_0_1_to_the_8_bit_range():
+    """8 bits kept (the identity table): the result is the 8-bit image, 0 below 0 and 1 above 1."""
+    y = torch.tensor([-0.3, 0.0, 0.5, 1.0, 1.4]).expand(1, 3, 1, 5).clone()
+    out = _apply_step(y, torch.tensor([OPS.index("posterize")]), torch.tensor([8.0]))
+    np.testing.assert_allclose(out[0, 1, 0].numpy(), [0.0, 0.0, 128 / 255, 1.0, 1.0], rtol=1e-6, atol=1e-7)
+
+
+def test_one_step_keeps_a_float64_image_float64():
+    y = torch.rand(2, 3, 6, 6, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    ops = torch.tensor([OPS.index("posterize"), OPS.index("rotate")])
+    out = _apply_step(y.clone(), ops, torch.tensor([3.0, 20.0]))
+    assert out.dtype == torch.float64
+    ref = _apply_step(y.float().clone(), ops, torch.tensor([3.0, 20.0]))
+    np.testing.assert_allclose(out.numpy(), ref.double().numpy(), atol=1e-5)
+
+
+def test_the_affine_ops_name_their_grid_convention():
+    """No deprecated default of grid_sample (align_corners given): torch warns when it is left out."""
+    y = torch.rand(2, 3, 6, 6, generator=torch.Generator().manual_seed(6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _apply_step(y, torch.tensor([OPS.index("rotate"), OPS.index("shear_x")]), torch.tensor([10.0, 0.2]))
+
+
+def test_a_brightness_step_scales_by_1_plus_its_magnitude():
+    """The reference code's color ops (all_ops): brightness blends with black, f y clamped to [0, 1]."""
+    y = torch.rand(2, 3, 4, 4, generator=torch.Generator().manual_seed(7))
+    op = torch.tensor([BRIGHTNESS, BRIGHTNESS])
+    out = _apply_step(y.clone(), op, torch.tensor([0.5, -0.25]), all_ops=True)
+    want = np.stack([np.clip(1.5 * y[0].numpy(), 0, 1), np.clip(0.75 * y[1].numpy(), 0, 1)])
+    np.testing.assert_allclose(out.numpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_augmix_with_passes_all_ops_to_every_step_and_clamps_and_keeps_the_dtype():
+    """Line 13 for a plan of one brightness chain (all_ops), m = 0.5: 0.5 x + 0.5 clamp(1.5 x), then [0, 1];
+    an input outside [0, 1] (MixStyle's output can be) is clamped; a float64 input stays float64."""
+    x = torch.tensor([-0.4, 0.2, 0.6, 1.3], dtype=torch.float64).expand(1, 3, 3, 4).clone()  # 3 x 3 at least: sharpness
+    op = torch.full((3, 1, 3), IDENTITY)
+    op[0, 0, 0] = BRIGHTNESS
+    magnitude = torch.zeros(3, 1, 3)
+    magnitude[0, 0, 0] = 0.5
+    plan = AugMixPlan(op, magnitude, torch.tensor([[1.0, 0.0, 0.0]]), torch.tensor([0.5]))
+    out = _augmix_with(x, plan, all_ops=True)
+    assert out.dtype == torch.float64
+    v = x[0, 0, 0].numpy()
+    want = np.clip(0.5 * v + 0.5 * np.clip(1.5 * v, 0, 1), 0, 1)
+    np.testing.assert_allclose(out[0, 0, 0].numpy(), want, rtol=1e-6, atol=1e-7)
+    plain = _augmix_with(x, AugMixPlan(torch.full((3, 1, 3), IDENTITY), torch.zeros(3, 1, 3), plan.weight, plan.m))
+    np.testing.assert_allclose(plain[0, 0, 0].numpy(), np.clip(v, 0, 1), rtol=1e-6, atol=1e-7)

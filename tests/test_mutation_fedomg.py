@@ -183,3 +183,31 @@ def test_opposite_updates_give_a_zero_gamma_g_and_no_matching_term():
     out, agg = step(theta, replies, {"kappa": 0.5, "global_lr": 1.0})
     assert agg.last["c"] == 0.0
     assert out["w"].tolist() == [0.0, 0.0, 0.0]
+
+
+def test_search_of_small_updates_is_not_uniform():
+    """Updates of norm ~1e-3 (s^2 < 1): the search still runs on G / s^2."""
+    rng = np.random.default_rng(5)
+    rows = rng.normal(0, 1e-3, (3, 12)) * np.array([[1.0], [3.0], [0.5]])
+    gram, p = gram_of(rows), np.array([0.2, 0.3, 0.5])
+    got = search_coefficients(torch.tensor(gram), torch.tensor(p), 0.5, 25.0, 20, 0.5)
+    np.testing.assert_allclose(got.numpy(), search_loop(gram, p, 0.5, 25.0, 20, 0.5), rtol=1e-9, atol=1e-12)
+    assert float((got - 1 / 3).abs().max()) > 1e-3
+
+
+def test_search_leaves_a_zero_gamma_g_without_dividing_by_it():
+    """g_2 = -g_1, p = (0.8, 0.2): g_FL != 0 but Gamma_g = 0 at the uniform start; kappa < 1 lets F go below 0."""
+    row = np.array([1.0, -2.0, 0.5])
+    gram, p = gram_of(np.stack([row, -row])), np.array([0.8, 0.2])
+    got = search_coefficients(torch.tensor(gram), torch.tensor(p), 0.5, 10.0, 5, 0.5)
+    want = search_loop(gram, p, 0.5, 10.0, 5, 0.5)
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-9, atol=1e-12)
+    assert abs(want[0] - 0.5) > 1e-3 and not torch.isnan(got).any()
+
+
+def test_kappa_0_runs_no_search():
+    g = torch.Generator().manual_seed(6)
+    theta = {"w": torch.randn(4, generator=g)}
+    replies = [Reply(f"c{u}", {"w": theta["w"] + torch.randn(4, generator=g)}, 3) for u in range(2)]
+    _, agg = step(theta, replies, {"kappa": 0.0})
+    assert agg.last["gamma"] is None and agg.last["c"] == 0.0
