@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 # FedCCRL's Table 1 (CCST needs downloaded AdaIN weights, see docs/algorithms/baselines.md) and the other seed papers' methods
 TABLE_ALGORITHMS := fedavg,fedprox,fedadg,ga,fedsr,fediir,fedccrl,fedbn,silobn,fedfd,fedfd_a,fedalign
 
-.PHONY: lock repro lint typecheck test test-all chaos bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv \
+.PHONY: lock repro lint typecheck test test-all chaos mutation mutation-summary bench bench-accuracy bench-table1 pacs-cpu figures-docs docs docs-serve clean-venv \
         tracking-server tracking-server-stop tracking-server-status
 
 # constraints.txt pins every package to the exact version it was tested with (make lock writes it)
@@ -44,6 +44,16 @@ test-all: lint  ## the full tier (what CI runs): also the README blocks, DVC pip
 
 chaos: $(STAMP)  ## the fault suite: one row per fault (orphans, temp files left, data lost, metrics identical)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/chaos.py
+
+# mutmut over the modules of the papers' equations (pyproject.toml [tool.mutmut], scope in scripts/mutation.py), one
+# module at a time on one worker with the fast tests that call each mutated function; not in CI (too slow: see
+# docs/contributing.md, "Mutation testing"). mutmut keeps its copy and its results in mutants/ (git-ignored).
+mutation: $(STAMP)  ## mutation testing of Eq. 2, 6-17, Alg. 2-3, DP and the accountant; prints the per-module table
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/mutation.py run
+	$(BIN)/python scripts/mutation.py summary
+
+mutation-summary: $(STAMP)  ## the per-module table of the last `make mutation` (mutants/), and the unexplained survivors
+	$(BIN)/python scripts/mutation.py summary --survivors
 
 bench: $(STAMP)  ## fast engine path vs the plain baseline on generated data (CPU sizes; GPU: see README)
 	PATH="$(CURDIR)/$(BIN):$$PATH" fedccrl-bench speed --size 32 --threads 1

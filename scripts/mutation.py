@@ -1,0 +1,335 @@
+"""`make mutation`: mutmut over the modules that implement the papers' equations, one module at a time, and the
+per-module table of docs/contributing.md ("Mutation testing") from mutmut's results.
+
+  python scripts/mutation.py run [MODULE ...]   mutmut run --max-children 1 on each module's scope (all by default),
+                                                timed; the times go to mutants/mutation-times.json
+  python scripts/mutation.py summary [--survivors]   the table from mutants/**/*.py.meta (mutmut's own results), the
+                                                equivalent mutants with their reasons, and every survivor not
+                                                explained (exit code 1 when there is one)
+
+The scope (SCOPE) is the list of functions each module's row counts: a module's mutants outside it are neither run
+nor counted. The tests each mutant runs are the ones mutmut saw call the mutated function, among the fast tests of
+pyproject.toml [tool.mutmut] pytest_add_cli_args_test_selection.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MUTANTS = ROOT / "mutants"
+TIMES = MUTANTS / "mutation-times.json"
+
+# module -> the functions mutated and counted (mutmut's mangled names: x_<function>, xǁ<Class>ǁ<method>); "*" = all
+SCOPE: dict[str, tuple[str, ...]] = {
+    # Eq. 6-7 (channel_stats) and the normalization every statistic is taken after
+    "fedccrl_core.learning.statistics": ("*",),
+    # Eq. 2
+    "fedccrl_core.learning.aggregation": ("*",),
+    # Eq. 9-16
+    "fedccrl_core.learning.losses": ("*",),
+    # Eq. 6-8: the pools' statistics and the upload (the file I/O of the pools stage is left out)
+    "fedccrl_core.data.pools": ("x_compute_statistics", "x_upload_size", "x_sample_statistics", "x_unbiased_sigma"),
+    # Alg. 2 and its Beta/Gamma/Dirichlet draws (also Alg. 3's)
+    "fedccrl_core.augment.ccdt": ("*",),
+    # Alg. 3: the per-sample draws, the op parameters, one chain step's routing and ops, the mixing (lines 4-13)
+    "fedccrl_core.augment.augmix": (
+        "x_op_magnitude",
+        "x_sample_augmix_plan",
+        "x__is_any",
+        "x__lut_ops",
+        "x__posterize_lut",
+        "x__solarize_lut",
+        "x__geometric_ops",
+        "x__apply_family",
+        "x__apply_step",
+        "x__augmix_with",
+        "x_augmix",
+    ),
+    # FedOMG's server step, Eq. 15-17
+    "fedccrl_core.algorithms.fedomg": ("*",),
+    # DP clipping and noise
+    "fedccrl_core.privacy.dp": ("*",),
+    # the RDP accountant
+    "fedccrl_core.privacy.accountant": ("*",),
+}
+
+# Device placement: None (or the argument dropped) puts a tensor on the CPU, where the run's tensors are; only an
+# accelerator tells (tests/test_augment.py's and tests/test_losses.py's CUDA tests, skipped without one). Counted apart.
+DEVICE = "device: the CPU default in place of x's device"
+RECAST = "the pool rows' dtype: mixstyle casts mu_p and sigma_p to x's dtype itself"
+COMPACT = (
+    "the compact and the whole-batch paths of _apply_family give the same images (each op acts on each image alone)"
+)
+NO_COLOR = "all_ops on by default: no Alg. 3 op id is a color op, so the color family selects no image"
+
+# Surviving mutants that change nothing observable, each with its one-line reason (mutmut show NAME prints the diff).
+EQUIVALENT: dict[str, str] = {
+    "fedccrl_core.algorithms.fedomg.x_column_blocks__mutmut_7": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_column_blocks__mutmut_11": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_column_blocks__mutmut_16": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_combine__mutmut_4": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_combine__mutmut_7": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_combine__mutmut_9": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_combine__mutmut_11": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_combine__mutmut_13": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_gram_matrix__mutmut_5": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_gram_matrix__mutmut_9": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_gram_matrix__mutmut_10": DEVICE,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁflatten__mutmut_3": DEVICE,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁflatten__mutmut_5": DEVICE,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_88": DEVICE,
+    "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁresult__mutmut_28": DEVICE,
+    "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁresult__mutmut_30": DEVICE,
+    "fedccrl_core.algorithms.fedomg.x_column_blocks__mutmut_2": "every row of D has the same length P",
+    "fedccrl_core.algorithms.fedomg.x_combine__mutmut_8": "every row of D has the same length P",
+    "fedccrl_core.algorithms.fedomg.x_is_matched__mutmut_5": "the last dotted component is the same whatever the number of splits",
+    "fedccrl_core.algorithms.fedomg.x_is_matched__mutmut_8": "the last dotted component is the same whatever the number of splits",
+    "fedccrl_core.algorithms.fedomg.x_search_coefficients__mutmut_32": "the loop leaves at step == steps before a further step",
+    "fedccrl_core.algorithms.fedomg.x_search_coefficients__mutmut_65": "a constant added to every component of dF/dGamma is removed by the softmax Jacobian",
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_89": "theta in its own dtype: subtracted from the float64 fl, it is promoted to float64",
+    "fedccrl_core.privacy.accountant.x_epsilon_of__mutmut_3": "RdpAccountant(None) takes the default orders, as the call without orders",
+    "fedccrl_core.privacy.accountant.x_epsilon_of__mutmut_22": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
+    "fedccrl_core.privacy.accountant.x_epsilon_of__mutmut_27": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
+    "fedccrl_core.privacy.accountant.x_worst_client__mutmut_10": "at an equal ratio k/n the larger n has the larger k: -k orders the ties as -n does",
+    "fedccrl_core.privacy.accountant.xǁRunPrivacyǁ_add__mutmut_2": "the ledger's round is a label: epsilon reads the events only, and state() keeps the round",
+    "fedccrl_core.privacy.dp.x_clip_update__mutmut_19": "the scale of a zero update: any scale leaves it zero",
+    "fedccrl_core.privacy.dp.x_noisy_moments__mutmut_5": "channels as the float width / 2 of an even width: the same sensitivity",
+    "fedccrl_core.augment.augmix.x__is_any__mutmut_2": DEVICE,
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_20": DEVICE,
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_23": DEVICE,
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_35": DEVICE,
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_38": DEVICE,
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_48": DEVICE,
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_51": DEVICE,
+    "fedccrl_core.augment.augmix.x_augmix__mutmut_15": DEVICE,
+    "fedccrl_core.augment.augmix.x_augmix__mutmut_22": DEVICE,
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_14": DEVICE,
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_16": DEVICE,
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_74": DEVICE,
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_76": DEVICE,
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_80": DEVICE,
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_82": DEVICE,
+    "fedccrl_core.augment.augmix.x__apply_family__mutmut_6": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_2": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_3": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_4": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_11": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_24": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_37": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_43": COMPACT,
+    "fedccrl_core.augment.augmix.x__apply_step__mutmut_1": NO_COLOR,
+    "fedccrl_core.augment.augmix.x__augmix_with__mutmut_1": NO_COLOR,
+    "fedccrl_core.augment.augmix.x__augmix_with__mutmut_45": "the plan's weights are float32 as drawn, and the result is cast to x's dtype",
+    "fedccrl_core.augment.augmix.x__augmix_with__mutmut_67": "the plan's m is float32 as drawn, and the result is cast to x's dtype",
+    "fedccrl_core.augment.augmix.x__geometric_ops__mutmut_25": "grid_sample's default mode is bilinear",
+    "fedccrl_core.augment.augmix.x__geometric_ops__mutmut_26": "grid_sample's default padding_mode is zeros",
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_44": "the 256 levels broadcast over the batch either way: the same tables",
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_21": "torch's default dtype is float32, the one given",
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_24": "torch's default dtype is float32, the one given",
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_36": "torch's default dtype is float32, the one given",
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_39": "torch's default dtype is float32, the one given",
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_49": "the levels 0..255 as int64: every table is computed in float from them, exactly",
+    "fedccrl_core.augment.augmix.x__lut_ops__mutmut_52": "the levels 0..255 as int64: every table is computed in float from them, exactly",
+    "fedccrl_core.augment.augmix.x_op_magnitude__mutmut_58": "rows 0 and 1 of the table (autocontrast, equalize) are both zero",
+    "fedccrl_core.augment.augmix.x_op_magnitude__mutmut_61": "op 0 (autocontrast) has magnitude 0 anyway",
+    "fedccrl_core.augment.augmix.x_op_magnitude__mutmut_62": "op 0 (autocontrast) has magnitude 0 anyway",
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_43": "randint's low defaults to 0",
+    "fedccrl_core.augment.augmix.x_sample_augmix_plan__mutmut_67": "<= 0.5 for < 0.5: a uniform equal to 0.5 has probability 2^-24",
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_23": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_25": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_34": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_36": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_56": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_61": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_67": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_72": DEVICE,
+    "fedccrl_core.augment.ccdt.x_pool_rows__mutmut_10": DEVICE,
+    "fedccrl_core.augment.ccdt.x_pool_rows__mutmut_13": DEVICE,
+    "fedccrl_core.augment.ccdt.x_pool_rows__mutmut_23": DEVICE,
+    "fedccrl_core.augment.ccdt.x_pool_rows__mutmut_27": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_beta__mutmut_6": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_beta__mutmut_9": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_dirichlet__mutmut_5": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_dirichlet__mutmut_10": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_32": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_36": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_41": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_45": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_106": DEVICE,
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_110": DEVICE,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_24": RECAST,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_26": RECAST,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_35": RECAST,
+    "fedccrl_core.augment.ccdt.x_ccdt__mutmut_37": RECAST,
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_59": "t >= 0 for t > 0: at t = 0, v = 0 and d log(tiny) "
+    "makes the second test false, so the same proposals are accepted",
+    "fedccrl_core.augment.ccdt.x_sample_log_gamma__mutmut_62": "<= for < in the acceptance test: log u equal to the "
+    "bound has probability 0",
+    "fedccrl_core.augment.ccdt.x_sample_dirichlet__mutmut_21": "float('-INF') is float('-inf')",
+    "fedccrl_core.learning.aggregation.xǁWeightedSumǁ__init____mutmut_17": "_ref = None at first: result() refuses "
+    "a sum of no client (count == 0) before it reads _ref, and add() sets _ref on the first client",
+    "fedccrl_core.learning.aggregation.xǁWeightedSumǁadd__mutmut_8": "_ref keeps only each entry's dtype and the keys "
+    "of the first state: torch.empty(1) in place of torch.empty(0) carries the same",
+    "fedccrl_core.data.pools.x_unbiased_sigma__mutmut_14": "numpy's astype(None) is float64, the dtype it replaces",
+    "fedccrl_core.data.pools.x_compute_statistics__mutmut_20": "batches starting at every row overlap and rewrite "
+    "each row with the same statistics: slower, the same result",
+    "fedccrl_core.data.pools.x_sample_statistics__mutmut_1": "the default rounding's name: any value but 'floor' is "
+    "ceil in upload_size",
+    "fedccrl_core.data.pools.x_sample_statistics__mutmut_2": "the default rounding's name: any value but 'floor' is "
+    "ceil in upload_size",
+    "fedccrl_core.data.pools.x_sample_statistics__mutmut_13": "replace=None is falsy: numpy draws without replacement",
+    "fedccrl_core.data.pools.x_upload_size__mutmut_1": "the default rounding's name: any value but 'floor' is ceil",
+    "fedccrl_core.data.pools.x_upload_size__mutmut_2": "the default rounding's name: any value but 'floor' is ceil",
+    "fedccrl_core.learning.losses.x_js_loss__mutmut_10": "no upper clamp: Y_bar, a mean of probabilities, is <= 1",
+    "fedccrl_core.learning.losses.x_js_loss__mutmut_12": "no upper clamp: Y_bar, a mean of probabilities, is <= 1",
+    "fedccrl_core.learning.losses.x_js_loss__mutmut_21": "upper clamp 2: Y_bar, a mean of probabilities, is <= 1",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_14": "F.normalize's default dim is 1",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_18": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_25": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_self_positive_loss__mutmut_6": "F.normalize's default dim is 1",
+    "fedccrl_core.learning.losses.x_supcon_self_positive_loss__mutmut_10": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_self_positive_loss__mutmut_17": "torch.cat's default dim is 0",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_40": DEVICE,
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_43": DEVICE,
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_50": "log-denominator subtracted per positive p instead of "
+    "per anchor i: P is symmetric (p in P(i) iff i in P(p)), so the sum and the mean over anchors are unchanged",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_60": "log-denominator subtracted per positive p instead of "
+    "per anchor i: P is symmetric (p in P(i) iff i in P(p)), so the sum and the mean over anchors are unchanged",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_58": "float('-INF') is float('-inf')",
+    "fedccrl_core.learning.losses.x_supcon_loss__mutmut_100": "positives come in pairs (p in P(i) iff i in P(p)): "
+    "the count of anchors with one is 0 (then the sum is 0) or >= 2",
+}
+
+STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests", None: "not checked"}
+STATUS.update(dict.fromkeys((24, -24, 36, 152, 255), "timeout"))
+STATUS.update(dict.fromkeys((-9, -11), "segfault"))
+
+
+def function_of(mutant: str) -> tuple[str, str]:
+    """'fedccrl_core.learning.losses.x_js_loss__mutmut_3' -> ('fedccrl_core.learning.losses', 'x_js_loss')."""
+    module, _, func = re.sub(r"__mutmut_\d+$", "", mutant).rpartition(".")
+    return module, func
+
+
+def in_scope(mutant: str) -> bool:
+    module, func = function_of(mutant)
+    return any(fnmatch.fnmatchcase(func, p) for p in SCOPE.get(module, ()))
+
+
+def patterns(module: str) -> list[str]:
+    return [f"{module}.{p}__mutmut_*" for p in SCOPE[module]]
+
+
+def results() -> dict[str, int | None]:
+    """{mutant: exit code} over every module of SCOPE, from mutmut's .meta files."""
+    out: dict[str, int | None] = {}
+    for module in SCOPE:
+        meta = MUTANTS / (module.replace(".", "/") + ".py.meta")
+        if meta.exists():
+            out.update(json.loads(meta.read_text())["exit_code_by_key"])
+    return {k: v for k, v in out.items() if in_scope(k)}
+
+
+def run(modules: list[str]) -> int:
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # one core per mutant, and fork-safe torch
+    for module in modules:
+        start = time.monotonic()
+        rc = subprocess.call(
+            [str(Path(sys.executable).parent / "mutmut"), "run", "--max-children", "1", *patterns(module)],
+            cwd=ROOT,
+            env=env,
+        )
+        times[module] = round(time.monotonic() - start, 1)
+        TIMES.write_text(json.dumps(times, indent=1))
+        print(f"{module}: mutmut exited {rc} after {times[module]:.0f} s", flush=True)
+        if rc != 0:
+            return rc
+    return 0
+
+
+def summary(show_survivors: bool, diffs: bool = False) -> int:
+    codes = results()
+    times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
+    rows, total = [], Counter()
+    unexplained = []
+    for module in SCOPE:
+        c = Counter()
+        for name, code in codes.items():
+            if function_of(name)[0] != module:
+                continue
+            status = STATUS.get(code, "suspicious")
+            if status == "survived" and name in EQUIVALENT:
+                status = "device-only" if EQUIVALENT[name] == DEVICE else "equivalent"
+            elif status not in ("killed", "timeout"):
+                unexplained.append((name, status))
+            c["made"] += 1
+            c[status] += 1
+        total.update(c)
+        rows.append((module, c, times.get(module)))
+    print(
+        "| module | made | killed | equivalent | device-only | timeouts | survived | not run | "
+        "killed or equivalent | time (s) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for module, c, t in [*rows, ("all", total, sum(times.get(m, 0) for m in SCOPE) or None)]:
+        explained = c["killed"] + c["equivalent"] + c["device-only"] + c["timeout"]
+        other = c["made"] - explained - c["survived"]
+        share = explained / c["made"] if c["made"] else 0.0
+        print(
+            f"| {module} | {c['made']} | {c['killed']} | {c['equivalent']} | {c['device-only']} | {c['timeout']} | "
+            f"{c['survived']} | {other} | {share:.1%} | {'' if t is None else f'{t:.0f}'} |"
+        )
+    print()
+    print("Equivalent mutants (a timeout counts as killed: the mutant never finishes the tests):")
+    for name in sorted(EQUIVALENT):
+        if codes.get(name) == 0:
+            print(f"- `{name}`: {EQUIVALENT[name]}")
+    stale = sorted(n for n in EQUIVALENT if n in codes and codes[n] not in (0, None))
+    if stale:
+        print(f"\n{len(stale)} mutants listed as equivalent are killed now (remove them from EQUIVALENT): {stale}")
+    if unexplained:
+        print(f"\n{len(unexplained)} mutants neither killed nor shown equivalent")
+        if show_survivors:
+            for name, status in sorted(unexplained):
+                print(f"  {status}: {name}")
+                if diffs and status == "survived":
+                    shown = subprocess.run(
+                        [str(Path(sys.executable).parent / "mutmut"), "show", name],
+                        cwd=ROOT,
+                        capture_output=True,
+                        text=True,
+                    ).stdout
+                    print("".join(f"      {line}\n" for line in shown.splitlines() if line[:2] in ("- ", "+ ")))
+    return 1 if unexplained else 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p_run = sub.add_parser("run")
+    p_run.add_argument("modules", nargs="*", help=f"some of: {', '.join(SCOPE)}")
+    p_sum = sub.add_parser("summary")
+    p_sum.add_argument("--survivors", action="store_true", help="list each mutant neither killed nor equivalent")
+    p_sum.add_argument("--diffs", action="store_true", help="with --survivors: each survivor's changed lines")
+    args = parser.parse_args()
+    if args.command == "run":
+        unknown = set(args.modules) - set(SCOPE)
+        if unknown:
+            parser.error(f"not in SCOPE: {sorted(unknown)}")
+        return run(args.modules or list(SCOPE))
+    return summary(args.survivors, args.diffs)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
