@@ -70,6 +70,9 @@ RECAST = "the pool rows' dtype: mixstyle casts mu_p and sigma_p to x's dtype its
 COMPACT = (
     "the compact and the whole-batch paths of _apply_family give the same images (each op acts on each image alone)"
 )
+PROMOTED = (
+    "one operand left in its own float dtype: the other is float64, and torch promotes it exactly to float64 first"
+)
 NO_COLOR = "all_ops on by default: no Alg. 3 op id is a color op, so the color family selects no image"
 
 # Surviving mutants that change nothing observable, each with its one-line reason (mutmut show NAME prints the diff).
@@ -87,7 +90,8 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.algorithms.fedomg.x_gram_matrix__mutmut_10": DEVICE,
     "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁflatten__mutmut_3": DEVICE,
     "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁflatten__mutmut_5": DEVICE,
-    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_88": DEVICE,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_90": DEVICE,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_92": DEVICE,
     "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁresult__mutmut_28": DEVICE,
     "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁresult__mutmut_30": DEVICE,
     "fedccrl_core.algorithms.fedomg.x_column_blocks__mutmut_2": "every row of D has the same length P",
@@ -96,10 +100,17 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.algorithms.fedomg.x_is_matched__mutmut_8": "the last dotted component is the same whatever the number of splits",
     "fedccrl_core.algorithms.fedomg.x_search_coefficients__mutmut_32": "the loop leaves at step == steps before a further step",
     "fedccrl_core.algorithms.fedomg.x_search_coefficients__mutmut_65": "a constant added to every component of dF/dGamma is removed by the softmax Jacobian",
-    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_89": "theta in its own dtype: subtracted from the float64 fl, it is promoted to float64",
-    "fedccrl_core.privacy.accountant.x_epsilon_of__mutmut_3": "RdpAccountant(None) takes the default orders, as the call without orders",
-    "fedccrl_core.privacy.accountant.x_epsilon_of__mutmut_22": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
-    "fedccrl_core.privacy.accountant.x_epsilon_of__mutmut_27": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_91": PROMOTED,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_93": PROMOTED,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_83": PROMOTED,
+    "fedccrl_core.algorithms.fedomg.x_search_coefficients__mutmut_52": "f <= best_f keeps the later of two visited "
+    "iterates whose F are equal floats: both are the least F found, so either is Eq. 15's Gamma*",
+    "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁadd__mutmut_8": PROMOTED,
+    "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁadd__mutmut_9": PROMOTED,
+    "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁresult__mutmut_19": PROMOTED,
+    "fedccrl_core.privacy.accountant.x__composed_epsilon__mutmut_3": "RdpAccountant(None) takes the default orders, as the call without orders",
+    "fedccrl_core.privacy.accountant.x__composed_epsilon__mutmut_22": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
+    "fedccrl_core.privacy.accountant.x__composed_epsilon__mutmut_27": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
     "fedccrl_core.privacy.accountant.x_worst_client__mutmut_10": "at an equal ratio k/n the larger n has the larger k: -k orders the ties as -n does",
     "fedccrl_core.privacy.accountant.xǁRunPrivacyǁ_add__mutmut_2": "the ledger's round is a label: epsilon reads the events only, and state() keeps the round",
     "fedccrl_core.privacy.dp.x_clip_update__mutmut_19": "the scale of a zero update: any scale leaves it zero",

@@ -211,3 +211,54 @@ def test_kappa_0_runs_no_search():
     replies = [Reply(f"c{u}", {"w": theta["w"] + torch.randn(4, generator=g)}, 3) for u in range(2)]
     _, agg = step(theta, replies, {"kappa": 0.0})
     assert agg.last["gamma"] is None and agg.last["c"] == 0.0
+
+
+def test_kappa_0_and_eta_1_is_eq2_term_by_term_with_the_total_known():
+    """kappa = 0, eta_g = 1 adds exact zeros to Eq. 2's result, and with N known before the first reply every term is
+    n_u / N * theta_u (aggregation.WeightedSum): float64 weights show the order of the rounding."""
+    rng = np.random.default_rng(8)
+    theta = {"w": torch.tensor(rng.normal(size=64))}
+    ns = (3, 7, 11)
+    replies = [Reply(f"c{u}", {"w": torch.tensor(rng.normal(size=64))}, n) for u, n in enumerate(ns)]
+    big_n = float(sum(ns))
+    want = np.zeros(64)
+    for r in replies:
+        want = want + r.weights["w"].numpy() * (r.n / big_n)
+    late = np.zeros(64)  # the other order: n_u theta_u summed, then / N
+    for r in replies:
+        late = late + r.weights["w"].numpy() * float(r.n)
+    assert not np.array_equal(late * (1.0 / big_n), want)  # the case tells the two roundings apart
+    alg = build_algorithm("fedomg", LocalConfig(), {"kappa": 0.0, "global_lr": 1.0})
+    assert np.array_equal(alg.aggregate(theta, replies)["w"].numpy(), want)
+    agg = alg.aggregation(theta, big_n)
+    for r in replies:
+        agg.add(r)
+    assert np.array_equal(agg.result()["w"].numpy(), want)
+
+
+def test_updates_are_rows_in_the_replies_precision():
+    """Global weights in float64, replies in float32: theta is cast to the replies' dtype first, so Delta_u is
+    theta_u - float32(theta) in float32 (exact by Sterbenz), and the result is in the replies' dtype."""
+    theta = {
+        "w": torch.tensor([1 / 3, 2 / 3, -0.1], dtype=torch.float64),
+        "b": torch.tensor([0.7], dtype=torch.float64),
+    }
+    replies = [
+        Reply("a", {"w": torch.tensor([0.5, 0.6, -0.2]), "b": torch.tensor([0.75])}, 2),
+        Reply("b", {"w": torch.tensor([0.25, 0.7, -0.05]), "b": torch.tensor([0.5])}, 3),
+    ]
+    alg = build_algorithm("fedomg", LocalConfig(), {"kappa": 0.5})
+    agg = alg.aggregation(theta, 5.0)
+    for r in replies:
+        agg.add(r)
+    theta32 = np.concatenate([theta["w"].numpy().astype(np.float32), theta["b"].numpy().astype(np.float32)])
+    assert agg.theta.dtype == torch.float32 and np.array_equal(agg.theta.numpy(), theta32)
+    for r, row in zip(replies, agg.rows):
+        want = np.concatenate([r.weights["w"].numpy(), r.weights["b"].numpy()]) - theta32  # float32 - float32
+        assert row.dtype == torch.float32 and np.array_equal(row.numpy(), want)
+    exact = np.concatenate([r.weights["w"].numpy(), r.weights["b"].numpy()]).astype(np.float64) - np.concatenate(
+        [theta["w"].numpy(), theta["b"].numpy()]
+    )
+    assert not np.array_equal(exact.astype(np.float32), agg.rows[0].numpy())  # the case tells the two apart
+    out = agg.result()
+    assert agg.last["c"] > 0 and out["w"].dtype == torch.float32 and out["b"].dtype == torch.float32

@@ -161,6 +161,14 @@ def test_clip_update_scales_by_min_1_s_over_the_norm(scale):
     assert clipped_norm == pytest.approx(min(norm, 2.0), rel=1e-9)
 
 
+def test_clip_update_clips_an_update_of_norm_below_1():
+    """S < ||update|| <= 1: the update is still scaled to norm S."""
+    update = {"w": torch.tensor([0.3, 0.4], dtype=torch.float64)}  # norm 0.5
+    clipped, norm = clip_update(update, 0.2)
+    assert norm == pytest.approx(0.5, rel=1e-15)
+    np.testing.assert_allclose(clipped["w"].numpy(), [0.3 * 0.4, 0.4 * 0.4], rtol=1e-15)
+
+
 def test_clip_update_of_a_zero_update_is_zero():
     clipped, norm = clip_update({"w": torch.zeros(3)}, 1.0)
     assert norm == 0.0 and clipped["w"].tolist() == [0.0, 0.0, 0.0]
@@ -210,6 +218,27 @@ def test_dp_fedavg_is_global_plus_mean_of_clipped_updates_plus_noise_draw_for_dr
         np.testing.assert_allclose(out[k].double().numpy(), want.astype(g0.numpy().dtype), rtol=1e-6, atol=1e-12)
 
 
+def test_dp_fedavg_sums_the_clipped_updates_in_float64():
+    """One update of 1 then 200 of 1e-9: a float32 sum loses every small one (1 + 1e-9 == 1 in float32), the
+    float64 sum of the stated algorithm keeps them."""
+    m, z, clip = 201, 0.01, 10.0  # clip above every norm: no update is scaled
+    glob = {"w": torch.zeros(3, dtype=torch.float64)}
+    agg = DPFedAvgAggregation(
+        glob, m, settings(weights_clip=clip, weights_noise_multiplier=z), np.random.default_rng(4)
+    )
+    steps = [1.0] + [1e-9] * (m - 1)
+    for i, d in enumerate(steps):
+        agg.add(Reply(f"c{i}", {"w": torch.full((3,), d, dtype=torch.float64)}, 1))
+    total64, total32 = 0.0, np.float32(0.0)
+    for d in steps:
+        total64 += d
+        total32 = np.float32(total32 + np.float32(d))
+    assert abs(float(total32) - total64) > 1e-7  # the case tells float32 from float64
+    noise = np.random.default_rng(4).standard_normal(3) * (z * clip / m)
+    want = 0.0 + total64 / m + noise
+    np.testing.assert_allclose(agg.result()["w"].numpy(), want, rtol=0, atol=1e-15)
+
+
 def test_dp_fedavg_floors_a_noised_running_variance():
     glob = {"bn.running_var": torch.full((50,), 1e-5, dtype=torch.float64)}
     agg = DPFedAvgAggregation(
@@ -227,7 +256,11 @@ def test_dp_fedavg_refusals():
     agg = DPFedAvgAggregation(glob, 1, settings(), np.random.default_rng(0))
     with pytest.raises(ValueError, match="^DP-FedAvg: no client update to aggregate$"):
         agg.result()
-    with pytest.raises(ValueError, match=r"client c7 uploads more than weights \(\['g'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^DP-FedAvg: client c7 uploads more than weights \(\['g'\]\); "
+        r"train\.privacy\.weights covers the weights only$",
+    ):
         agg.add(Reply("c7", glob, 1, upload={"g": torch.zeros(1)}))
 
 
@@ -283,6 +316,19 @@ def test_epsilon_of_equals_the_events_composed_one_by_one():
     assert A.epsilon_of(gauss, 1e-5) == pytest.approx(epsilon_loop(gauss, 1e-5), rel=1e-9)
     assert A.epsilon_of(gauss, 1e-5, [2.0, 4.0]) > A.epsilon_of(gauss, 1e-5)  # fewer orders, a looser bound
     assert A.epsilon_of([], 1e-5) == 0.0
+
+
+def test_epsilon_of_takes_the_unsampled_bound_where_it_is_smaller():
+    """9 of 10 sampled: the sampled Gaussian's bound (Thm. 27) is looser than the Gaussian's own, and a sampled event
+    is bounded by both: epsilon is the smaller composition, on the orders given."""
+    orders = [2.0, 4.0, 8.0]
+    e = A.sampled_gaussian(10, 9, 1.0)
+    g = dp_accounting.GaussianDpEvent(1.0)
+    other = A.sampled_gaussian(5, 5, 3.0)  # an unsampled event is kept as it is
+    sampled, unsampled = epsilon_loop([e, other, e], 1e-5, orders), epsilon_loop([g, other, g], 1e-5, orders)
+    assert unsampled < sampled
+    assert A.epsilon_of([e, other, e], 1e-5, orders) == pytest.approx(unsampled, rel=1e-9)
+    assert epsilon_loop([g, other, g], 1e-5) < unsampled  # the default orders give another value
 
 
 def test_ledger_composes_by_channel_and_answers_would_exceed():
@@ -361,3 +407,27 @@ def test_the_budget_stops_before_the_round_that_would_pass_it(uploads):
         "above train.privacy.max_epsilon = .*; stopping before it. epsilon spent \\(the ledger\\): ",
     ):
         run.before_weights(3, 4, 4)
+
+
+def test_before_round_charges_the_announced_sizes_not_their_upper_bound():
+    """max_epsilon between the announced round's epsilon and its upper bound (every row, every client): the
+    announced round passes, the upper bound would not."""
+    delta = 1e-5
+    s = settings(stats_noise_multiplier=1.0, weights_noise_multiplier=2.0, delta=delta)
+    gauss = dp_accounting.GaussianDpEvent(1.0)  # z = 1 on both channels (the weights' z / 2)
+    # statistics: 1 row of 100 announced; weights: every client (unsampled)
+    announced = epsilon_loop([A.sampled_gaussian(100, 1, 1.0), gauss], delta)
+    upper = epsilon_loop([gauss, gauss], delta)
+    assert announced < upper
+    run = A.RunPrivacy(settings(**{**s.model_dump(), "max_epsilon": (announced + upper) / 2}))
+    run.before_round(1, {"a": (100, 1)}, 4, 4)
+    with pytest.raises(BudgetExhausted):
+        run.before_round(1, {}, 4, 4)
+    # weights: 1 client of 100 sampled, no statistics channel
+    announced = epsilon_loop([A.sampled_gaussian(100, 1, 1.0)], delta)
+    upper = epsilon_loop([gauss], delta)
+    assert announced < upper
+    run = A.RunPrivacy(settings(**{**s.model_dump(), "max_epsilon": (announced + upper) / 2}), uploads=False)
+    run.before_round(1, {}, 100, 1)
+    with pytest.raises(BudgetExhausted):
+        run.before_round(1, {}, 0, 0)
