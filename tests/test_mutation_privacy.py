@@ -375,7 +375,7 @@ def test_run_privacy_round_by_round():
     assert resumed.state() == [] and resumed.record()[contract.DP_EPSILON] == 0.0
 
 
-def test_run_privacy_without_uploads_and_seeded():
+def test_run_privacy_without_uploads_and_seeded(not_private):
     s = settings(noise_seed=3, weights_noise_multiplier=2.0)
     run = A.RunPrivacy(s, uploads=False)
     assert run.round_events({"a": (10, 1)}, 4, 2) == [A.weights_event(s, 4, 2)]
