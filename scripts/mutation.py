@@ -103,6 +103,9 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_91": PROMOTED,
     "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_93": PROMOTED,
     "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_83": PROMOTED,
+    "fedccrl_core.algorithms.fedomg.xǁMatchingGradientAggregationǁresult__mutmut_68": "with Gamma* searched and "
+    "c = 0 the extra term is combine(rows, 0) = +-0, and a zero added leaves Eq. 17's value (never -0.0: Eq. 2's sum "
+    "starts from +0.0) as it is",
     "fedccrl_core.algorithms.fedomg.x_search_coefficients__mutmut_52": "f <= best_f keeps the later of two visited "
     "iterates whose F are equal floats: both are the least F found, so either is Eq. 15's Gamma*",
     "fedccrl_core.privacy.dp.xǁDPFedAvgAggregationǁadd__mutmut_8": PROMOTED,

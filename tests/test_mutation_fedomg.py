@@ -262,3 +262,16 @@ def test_updates_are_rows_in_the_replies_precision():
     assert not np.array_equal(exact.astype(np.float32), agg.rows[0].numpy())  # the case tells the two apart
     out = agg.result()
     assert agg.last["c"] > 0 and out["w"].dtype == torch.float32 and out["b"].dtype == torch.float32
+
+
+def test_one_client_with_kappa_1_adds_the_matching_term_with_c_exactly_1():
+    """U = 1: Gamma* = (1), Gamma*_g = g_FL, so Eq. 16's c = kappa ||g_FL|| / ||g_FL|| = 1 at kappa = 1, and Eq. 17
+    moves theta by eta_g (Delta + c Delta) = 2 eta_g Delta."""
+    rng = np.random.default_rng(12)
+    theta = {"w": torch.tensor(rng.normal(size=5))}
+    delta = rng.normal(size=5)
+    replies = [Reply("a", {"w": theta["w"] + torch.tensor(delta)}, 4)]
+    out, agg = step(theta, replies, {"kappa": 1.0, "global_lr": 0.5})
+    assert agg.last["c"] == 1.0 and agg.last["gamma"].tolist() == [1.0]
+    want = theta["w"].numpy() + 0.5 * (delta + 1.0 * delta)
+    np.testing.assert_allclose(out["w"].numpy(), want, rtol=1e-12, atol=1e-12)
