@@ -275,3 +275,14 @@ def test_one_client_with_kappa_1_adds_the_matching_term_with_c_exactly_1():
     assert agg.last["c"] == 1.0 and agg.last["gamma"].tolist() == [1.0]
     want = theta["w"].numpy() + 0.5 * (delta + 1.0 * delta)
     np.testing.assert_allclose(out["w"].numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_search_refuses_an_objective_that_is_never_finite():
+    """A Gram matrix with finite norms but a NaN inner product: F is NaN at every iterate, so no visited iterate has
+    the lowest F and the search says so."""
+    gram = torch.tensor([[1.0, math.nan], [math.nan, 1.0]], dtype=torch.float64)
+    p = torch.tensor([0.5, 0.5], dtype=torch.float64)
+    with pytest.raises(
+        AssertionError, match=r"^FedOMG: the coefficient search met no finite objective \(a non-finite update\?\)$"
+    ):
+        search_coefficients(gram, p, 0.5, 25.0, 3, 0.5)
