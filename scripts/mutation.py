@@ -140,7 +140,6 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_11": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_24": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_37": COMPACT,
-    "fedccrl_core.augment.augmix.x__apply_step__mutmut_43": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_1": NO_COLOR,
     "fedccrl_core.augment.augmix.x__augmix_with__mutmut_1": NO_COLOR,
     "fedccrl_core.augment.augmix.x__augmix_with__mutmut_45": "the plan's weights are float32 as drawn, and the result is cast to x's dtype",
