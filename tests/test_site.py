@@ -133,6 +133,33 @@ def test_site_and_partition_write_the_same_shard_bytes(raw, tmp_path):
     assert (out / entry.file).read_bytes() == (central / entry.file).read_bytes()
 
 
+def test_a_site_holding_a_whole_registry_domain_writes_the_central_files(tmp_path):
+    """A registry dataset: the site's domain index and the partition stage's Generator are known, so a site holding
+    a whole domain (one image truncated) writes, as client `<domain>_c0`, the central stages' shard and statistics
+    files at clients_per_domain 1, byte for byte."""
+    from fedccrl_core.data.synthetic import generate
+
+    spec = registry.get_dataset("synthetic")
+    raw = tmp_path / "raw"
+    generate(raw, seed=0, images_per_class=3, progress=False)
+    bad = raw / "cartoon" / "star" / "0001.png"
+    bad.write_bytes(bad.read_bytes()[:80])
+    central = tmp_path / "central"
+    partition(
+        raw, central / "shards", spec, 16, clients_per_domain=1, val_fraction=0.3, seed=5, workers=1, progress=False
+    )
+    build_pools(central / "shards", central / "pools", MEAN, STD, progress=False)
+    fed = _fed(dataset="synthetic", classes=sorted(spec.classes or []), image_size=16, val_fraction=0.3, seed=5)
+    m = prepare_site(raw / "cartoon", tmp_path / "site", fed, spec, "cartoon", "cartoon_c0", "c.txt", 1, False)
+    cm = load_manifest(central / "shards")
+    assert m.clients == [c for c in cm.clients if c.domain == "cartoon"]
+    assert (m.domains, m.skipped) == (cm.domains, [k for k in cm.skipped if k.path.startswith("cartoon/")])
+    assert m.clients[0].n_val > 0 and len(m.skipped) == 1
+    for part in ("shards", "pools"):
+        site_file, central_file = tmp_path / "site" / part / "cartoon_c0.npz", central / part / "cartoon_c0.npz"
+        assert site_file.read_bytes() == central_file.read_bytes(), part
+
+
 def test_the_supernode_reads_a_site_folder(raw, tmp_path):
     """What a SuperNode started with `shards=<site>/shards pools=<site>/pools` reads: its client, its statistics."""
     site = tmp_path / "site"

@@ -252,9 +252,17 @@ def _hist(y: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(y, minlength=num_classes).astype(int).tolist()
 
 
-def small_domain_warning(domain: str, y: np.ndarray, classes: list[str], clients: int) -> str | None:
+def small_domain_warning(
+    domain: str,
+    y: np.ndarray,
+    classes: list[str],
+    clients: int,
+    who: str = "partition",
+    remedy: str = "Add images, or lower partition.clients_per_domain",
+) -> str | None:
     """A warning naming `domain` when one of its classes has fewer than MIN_IMAGES_PER_CLASS_PER_CLIENT
-    readable images per client that shares it (e.g. one image per class), else None."""
+    readable images per client that shares it (e.g. one image per class), else None. `who` and `remedy`: the
+    command that warns and what its user can do (a site cannot lower the number of clients)."""
     need = MIN_IMAGES_PER_CLASS_PER_CLIENT * clients
     counts = np.bincount(y, minlength=len(classes))
     small = [i for i, n in enumerate(counts) if n < need]
@@ -262,10 +270,10 @@ def small_domain_warning(domain: str, y: np.ndarray, classes: list[str], clients
         return None
     worst = min(small, key=lambda i: (counts[i], i))
     return (
-        f"partition: domain '{domain}' is too small to train on: class '{classes[worst]}' has {counts[worst]} "
+        f"{who}: domain '{domain}' is too small to train on: class '{classes[worst]}' has {counts[worst]} "
         f"image(s) for {clients} client(s) (fewer than {MIN_IMAGES_PER_CLASS_PER_CLIENT} per client; "
         f"{len(small)} of {len(classes)} classes are this small), so its clients see almost nothing of "
-        f"the class. Add images, or lower partition.clients_per_domain"
+        f"the class. {remedy}"
     )
 
 

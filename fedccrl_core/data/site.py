@@ -11,17 +11,22 @@ formats, restricted to that one site:
 
 Decoding is `shards.decode_labelled` (the partition stage's decoder: RESIZE_POLICY at the federation's image
 size, unreadable files skipped and listed under `skipped`). The train/val split is the per_domain scheme's
-(`shards.client_splits`) for one client: stratified by class at `partition.val_fraction`, with a numpy Generator
-seeded by SeedSequence([partition.seed, crc32(client id)]), so two sites of one federation draw differently.
-Stored paths read `<domain>/<class>/<file>`, as the partition stage's (relative to a raw root).
+(`shards.client_splits`) for one client: stratified by class at `partition.val_fraction`, with the partition
+stage's numpy Generator, SeedSequence([partition.seed, domain index]). Stored paths read `<domain>/<class>/<file>`,
+as the partition stage's (relative to a raw root). So a site that holds a whole domain of a registry dataset, with
+client id `<domain>_c0`, writes the very shard and statistics files the central stages write at
+`partition.clients_per_domain: 1` (tests/test_site.py).
 
 The federation's settings come from the operator's params.yaml (`preprocess.image_size`, `preprocess.mean/std`,
 `partition.val_fraction`, `partition.seed`, `dataset.name`) and its class list from a small text file the operator
 publishes: class names in order, one a line (label i = line i). The site names its domain and client id.
 
-What differs from the central manifest (the contract's one change): a site does not know the other domains, so
-`domains` lists only the site's domain, its client's `domain_index` is 0 (an index into that list) and
-`domain_sizes` has one entry; `params` holds `site.client_id`, which marks the folder as a site's. A class of the
+What differs from the central manifest (the contract's one change): `domains` is the registry's domain list for a
+registry dataset (PACS, OfficeHome, ...), but only the site's own domain for `imagefolder`, whose other domains a
+site cannot know (its client's `domain_index` is then 0, an index into that list, and its Generator is seeded with
+domain index 0); `domain_sizes` has the site's entry only; `params` holds `site.client_id`, which marks the folder
+as a site's. So a SuperNode on a site folder is started with `client-id=<id>`, not `partition-id=<k>` (which
+looks the held-out domain up among the manifest's domains). A class of the
 list that the site lacks is allowed, with a warning naming it (recorded under `warnings`): the model keeps every
 class's output, and the client's `train_class_hist` shows 0 for it.
 
@@ -41,7 +46,6 @@ import os
 import re
 import sys
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -217,7 +221,9 @@ def _warnings(domain: str, y: np.ndarray, classes: list[str], images: Path) -> l
         if i not in present
     ]
     if present:
-        small = shards_mod.small_domain_warning(domain, np.searchsorted(present, y), [classes[i] for i in present], 1)
+        small = shards_mod.small_domain_warning(
+            domain, np.searchsorted(present, y), [classes[i] for i in present], 1, "site", "Add images"
+        )
         if small:
             out.append(small)
     return out
@@ -254,17 +260,21 @@ def prepare_site(
     warnings = _warnings(domain, y, fed.classes, images)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
-    rng = np.random.default_rng(np.random.SeedSequence([fed.seed, zlib.crc32(client_id.encode())]))
+    domains = list(spec.domains) if spec.domains else [domain]  # check_federation: a registry domain
+    di = domains.index(domain)
+    rng = np.random.default_rng(np.random.SeedSequence([fed.seed, di]))  # the partition stage's, per domain
     ((tr, va),) = shards_mod.client_splits(y, 1, fed.val_fraction, rng)
     if tr.size == 0:
         raise DataError(f"--images {images}: {y.size} readable image(s) leave no training sample")
     with atomic_dir(out) as stage:
         (stage / SHARDS).mkdir()
-        entry = shards_mod.write_client(stage / SHARDS, client_id, domain, 0, 0, xs, y, paths, tr, va, len(fed.classes))
+        entry = shards_mod.write_client(
+            stage / SHARDS, client_id, domain, di, 0, xs, y, paths, tr, va, len(fed.classes)
+        )
         manifest = shards_mod.ShardManifest(
             format_version=shards_mod.FORMAT_VERSION,
             dataset=fed.dataset,
-            domains=[domain],
+            domains=domains,
             classes=fed.classes,
             num_classes=len(fed.classes),
             image_size=fed.image_size,
