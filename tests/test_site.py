@@ -339,3 +339,16 @@ def test_the_command_refuses_an_output_inside_the_images(raw, tmp_path, params):
     res = CliRunner().invoke(main, [*map(str, args)])
     assert res.exit_code == 2 and "the same folder, or one inside the other" in res.output
     assert not (raw / "photo" / "site").exists()
+
+
+def test_site_classes_prints_the_registrys_class_file(tmp_path, params):
+    from fedccrl_pipeline.cli import main
+
+    res = CliRunner().invoke(main, ["site", "classes", "--params", str(params({"dataset.name": "synthetic"}))])
+    assert res.exit_code == 0, res.output
+    path = tmp_path / "classes.txt"
+    path.write_text(res.output)
+    assert read_class_list(path) == sorted(registry.get_dataset("synthetic").classes or [])
+    p = params({"dataset.name": "imagefolder"}, to=tmp_path / "if")
+    res = CliRunner().invoke(main, ["site", "classes", "--params", str(p)])
+    assert res.exit_code == 2 and f"error: {p}: dataset.name imagefolder discovers its classes" in res.output

@@ -8,6 +8,10 @@ then runs with `--node-config "client-id=ID shards=SITE/shards pools=SITE/pools 
 read from the operator's params.yaml, the class order from the class file the operator publishes (see
 fedccrl_core/data/site.py for the split, the checks and the folder layout). Not a pipeline stage: no dvc.yaml
 stage runs it.
+
+    fedccrl site classes [--params params.yaml] > classes.txt
+
+prints the class file the operator publishes: a registry dataset's classes (dataset.name), in label order.
 """
 
 from __future__ import annotations
@@ -59,3 +63,24 @@ def command() -> None:
 def prepare(images: str, domain: str, client_id: str, classes: str, out: str, params_path: str) -> None:
     """Decode the site's images once, split them train/val, write SITE/shards and SITE/pools."""
     run_stage(_run, images, domain, client_id, classes, out, params_path)
+
+
+def _classes(params_path: str) -> None:
+    cfg = load_config(params_path)
+    from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.foundation.errors import DataError
+
+    spec = get_dataset(cfg.dataset.name)
+    if spec.classes is None:
+        raise DataError(
+            f"{params_path}: dataset.name {spec.name} discovers its classes from the images: write the class file "
+            "yourself, class names in label order (sorted, as the partition stage orders them), one a line"
+        )
+    click.echo("\n".join(sorted(spec.classes)))
+
+
+@command.command()
+@click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
+def classes(params_path: str) -> None:
+    """Print the federation's class file (a registry dataset's classes, in label order), for the operator."""
+    run_stage(_classes, params_path)
