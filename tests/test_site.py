@@ -171,6 +171,16 @@ def test_the_supernode_reads_a_site_folder(raw, tmp_path):
     mu, sigma = load_pool(site / "pools", "museum")
     assert s.train_x.shape == (s.n_train, SIZE, SIZE, 3) and mu.shape == sigma.shape == (s.n_train, 3)
     assert sorted(p.name for p in site.iterdir()) == ["pools", "shards"]
+    # the SuperNode's own loader, with the node config a site passes (fedccrl_flower/client_app.py)
+    import torch
+    from flwr.common import Context, RecordDict
+
+    from fedccrl_flower.client_app import load_client_data
+
+    node = {"client-id": "museum", "shards": str(site / "shards"), "pools": str(site / "pools")}
+    data = load_client_data(Context(1, 1, node, RecordDict(), {}), "museum", torch.device("cpu"), "photo")
+    assert (data.client_id, data.domain, len(data.train_y), len(data.val_y)) == ("museum", "art", s.n_train, s.n_val)
+    np.testing.assert_array_equal(np.asarray(data.stats_mu), mu)
 
 
 def test_rerun_with_the_same_settings_replaces_the_site_folder(raw, tmp_path):
