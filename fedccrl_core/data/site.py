@@ -26,9 +26,10 @@ registry dataset (PACS, OfficeHome, ...), but only the site's own domain for `im
 site cannot know (its client's `domain_index` is then 0, an index into that list, and its Generator is seeded with
 domain index 0); `domain_sizes` has the site's entry only; `params` holds `site.client_id`, which marks the folder
 as a site's. So a SuperNode on a site folder is started with `client-id=<id>`, not `partition-id=<k>` (which
-looks the held-out domain up among the manifest's domains). A class of the
-list that the site lacks is allowed, with a warning naming it (recorded under `warnings`): the model keeps every
-class's output, and the client's `train_class_hist` shows 0 for it.
+looks the held-out domain up among the manifest's domains). A class of the list that the site lacks is allowed,
+with a warning naming it (recorded under `warnings`): the model keeps every class's output, and the client's
+`train_class_hist` shows 0 for it. An evaluation-only site (the held-out domain) prepares its folder the same way:
+its test set is its train + val (`shards.load_domain_test`).
 
 Checked before any image is decoded, each error naming the file or folder: the class file (present, UTF-8, no
 empty line, no duplicate, no stray whitespace, no `/`; the registry's classes for a registry dataset), a class
@@ -125,16 +126,16 @@ def check_federation(fed: Federation, spec: DatasetSpec, domain: str, client_id:
         )
 
 
-def _site_settings(m: shards_mod.ShardManifest) -> dict[str, object]:
-    c = m.clients[0]
+def _settings(dataset, classes, image_size, val_fraction, seed, domain, client_id) -> dict[str, object]:
+    """What a site folder was prepared with, as the keys its errors name."""
     return {
-        "dataset.name": m.dataset,
-        "classes": m.classes,
-        "preprocess.image_size": m.image_size,
-        "partition.val_fraction": m.params.get("partition.val_fraction"),
-        "partition.seed": m.params.get("partition.seed"),
-        "--domain": c.domain,
-        "--client-id": c.id,
+        "dataset.name": dataset,
+        "classes": classes,
+        "preprocess.image_size": image_size,
+        "partition.val_fraction": val_fraction,
+        "partition.seed": seed,
+        "--domain": domain,
+        "--client-id": client_id,
     }
 
 
@@ -158,16 +159,17 @@ def check_existing(out: Path, fed: Federation, domain: str, client_id: str) -> N
     m = shards_mod.load_manifest(out / SHARDS)
     if SITE_KEY not in m.params or len(m.clients) != 1:
         raise DataError(f"{path}: these are a partition stage's shards, not a site's; choose another --out")
-    want = {
-        "dataset.name": fed.dataset,
-        "classes": fed.classes,
-        "preprocess.image_size": fed.image_size,
-        "partition.val_fraction": fed.val_fraction,
-        "partition.seed": fed.seed,
-        "--domain": domain,
-        "--client-id": client_id,
-    }
-    have = _site_settings(m)
+    want = _settings(fed.dataset, fed.classes, fed.image_size, fed.val_fraction, fed.seed, domain, client_id)
+    c = m.clients[0]
+    have = _settings(
+        m.dataset,
+        m.classes,
+        m.image_size,
+        m.params.get("partition.val_fraction"),
+        m.params.get("partition.seed"),
+        c.domain,
+        c.id,
+    )
     pm_path = out / POOLS / pools_mod.MANIFEST
     if pm_path.is_file():
         pm = pools_mod.load_pool_manifest(out / POOLS)
