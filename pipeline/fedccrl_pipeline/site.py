@@ -59,7 +59,14 @@ def command() -> None:
 @click.option("--client-id", required=True, help="the site's client id (its SuperNode's client-id)")
 @click.option("--classes", required=True, type=click.Path(dir_okay=False), help="the federation's class file")
 @click.option("--out", required=True, type=click.Path(file_okay=False), help="site folder to (re)create")
-@click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
+@click.option(
+    "--params",
+    "params_path",
+    default="params.yaml",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="the operator's params.yaml: the federation's image size, mean/std, val_fraction and seed",
+)
 def prepare(images: str, domain: str, client_id: str, classes: str, out: str, params_path: str) -> None:
     """Decode the site's images once, split them train/val, write SITE/shards and SITE/pools."""
     run_stage(_run, images, domain, client_id, classes, out, params_path)
