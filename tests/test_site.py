@@ -362,3 +362,25 @@ def test_site_classes_prints_the_registrys_class_file(tmp_path, params):
     p = params({"dataset.name": "imagefolder"}, to=tmp_path / "if")
     res = CliRunner().invoke(main, ["site", "classes", "--params", str(p)])
     assert res.exit_code == 2 and f"error: {p}: dataset.name imagefolder discovers its classes" in res.output
+
+
+def test_a_domain_or_client_id_the_federation_cannot_have_is_refused(tmp_path):
+    spec = registry.get_dataset("synthetic")
+    fed = _fed(dataset="synthetic", classes=sorted(spec.classes or []))
+    with pytest.raises(DataError, match=r"--domain 'photos' is not a domain of synthetic \(domains: photo, art"):
+        prepare_site(tmp_path, tmp_path / "site", fed, spec, "photos", "a", "c.txt", progress=False)
+    with pytest.raises(DataError, match=r"--client-id '../a': letters, digits"):
+        prepare_site(tmp_path, tmp_path / "site", fed, spec, "photo", "../a", "c.txt", progress=False)
+    _nothing_written(tmp_path, tmp_path / "site")
+
+
+def test_the_command_refuses_a_central_partition_scheme(raw, tmp_path, params):
+    from fedccrl_pipeline.cli import main
+
+    p = params({"dataset.name": "imagefolder", "partition.scheme": "reference"})
+    (tmp_path / "classes.txt").write_text("\n".join(CLASSES) + "\n")
+    args = ["site", "prepare", "--images", raw / "photo", "--domain", "photo", "--client-id", "a"]
+    args += ["--classes", tmp_path / "classes.txt", "--params", p, "--out", tmp_path / "site"]
+    res = CliRunner().invoke(main, [*map(str, args)])
+    assert res.exit_code == 2 and f"error: {p}: partition.scheme is 'reference'" in res.output
+    _nothing_written(tmp_path, tmp_path / "site")
