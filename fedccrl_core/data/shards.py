@@ -15,7 +15,9 @@ Randomness: numpy Generator seeded by SeedSequence([partition.seed, domain index
 split does not depend on the other domains.
 
 Images are decoded ONCE here (`images.load_rgb` + `images.resize_u8`, RESIZE_POLICY) at the
-resolved `preprocess.image_size`; unreadable files are skipped and listed in the manifest.
+resolved `preprocess.image_size`; unreadable files are skipped and listed in the manifest. `decode_labelled` and
+`write_client` are the one decoder and writer of a client's shard: a site that prepares its own data (site.py)
+uses them too.
 Storage: one uncompressed `<client_id>.npz` per client holding train_x uint8 [n, S, S, 3] (NHWC),
 train_y int64 [n], train_paths str [n] (relative to the raw root), and the same for val_*; plus
 `manifest.json`. A held-out domain's test set is the union of its clients' train + val
