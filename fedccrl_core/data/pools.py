@@ -88,7 +88,7 @@ def compute_statistics(images_u8: np.ndarray, mean, std, batch: int = _BATCH) ->
     return mu, sigma
 
 
-def _check_mean_std(mean, std) -> tuple[list[float], list[float]]:
+def check_mean_std(mean, std) -> tuple[list[float], list[float]]:
     for key, v in (("preprocess.mean", mean), ("preprocess.std", std)):
         if (
             not isinstance(v, (list, tuple))
@@ -109,7 +109,7 @@ def build_pools(
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
     from fedccrl_core.learning.statistics import channel_stats
 
-    mean, std = _check_mean_std(mean, std)
+    mean, std = check_mean_std(mean, std)
     t0 = time.monotonic()
     shards = load_manifest(shards_dir)
     entries: list[PoolEntry] = []

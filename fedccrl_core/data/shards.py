@@ -15,7 +15,9 @@ Randomness: numpy Generator seeded by SeedSequence([partition.seed, domain index
 split does not depend on the other domains.
 
 Images are decoded ONCE here (`images.load_rgb` + `images.resize_u8`, RESIZE_POLICY) at the
-resolved `preprocess.image_size`; unreadable files are skipped and listed in the manifest.
+resolved `preprocess.image_size`; unreadable files are skipped and listed in the manifest. `decode_labelled` and
+`write_client` are the one decoder and writer of a client's shard: a site that prepares its own data (site.py)
+uses them too.
 Storage: one uncompressed `<client_id>.npz` per client holding train_x uint8 [n, S, S, 3] (NHWC),
 train_y int64 [n], train_paths str [n] (relative to the raw root), and the same for val_*; plus
 `manifest.json`. A held-out domain's test set is the union of its clients' train + val
@@ -32,6 +34,7 @@ import struct
 import sys
 import time
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,6 +54,7 @@ MIN_CLIENT_SAMPLES = 2
 # signal is one image. A domain whose smallest class has fewer than this many images per client is warned of.
 MIN_IMAGES_PER_CLASS_PER_CLIENT = 2
 _DIRICHLET_TRIES = 1000
+LAYOUT = "uint8 NHWC [n, S, S, 3]; labels int64; paths relative to the raw root"
 RESIZE_POLICY_BEFORE = "resize SxS bilinear"  # what shards written before `resize_policy` was recorded used
 
 
@@ -128,7 +132,7 @@ def client_id(domain: str, k: int) -> str:
 
 
 # ---------------------------------------------------------------- splitting (pure functions on labels)
-def _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed) -> None:
+def check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed) -> None:
     if isinstance(clients_per_domain, bool) or not isinstance(clients_per_domain, int) or clients_per_domain < 1:
         raise DataError(f"params.yaml: partition.clients_per_domain must be an int >= 1, got {clients_per_domain!r}")
     if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
@@ -250,9 +254,17 @@ def _hist(y: np.ndarray, num_classes: int) -> list[int]:
     return np.bincount(y, minlength=num_classes).astype(int).tolist()
 
 
-def small_domain_warning(domain: str, y: np.ndarray, classes: list[str], clients: int) -> str | None:
+def small_domain_warning(
+    domain: str,
+    y: np.ndarray,
+    classes: list[str],
+    clients: int,
+    who: str = "partition",
+    remedy: str = "Add images, or lower partition.clients_per_domain",
+) -> str | None:
     """A warning naming `domain` when one of its classes has fewer than MIN_IMAGES_PER_CLASS_PER_CLIENT
-    readable images per client that shares it (e.g. one image per class), else None."""
+    readable images per client that shares it (e.g. one image per class), else None. `who` and `remedy`: the
+    command that warns and what its user can do (a site cannot lower the number of clients)."""
     need = MIN_IMAGES_PER_CLASS_PER_CLIENT * clients
     counts = np.bincount(y, minlength=len(classes))
     small = [i for i, n in enumerate(counts) if n < need]
@@ -260,10 +272,78 @@ def small_domain_warning(domain: str, y: np.ndarray, classes: list[str], clients
         return None
     worst = min(small, key=lambda i: (counts[i], i))
     return (
-        f"partition: domain '{domain}' is too small to train on: class '{classes[worst]}' has {counts[worst]} "
+        f"{who}: domain '{domain}' is too small to train on: class '{classes[worst]}' has {counts[worst]} "
         f"image(s) for {clients} client(s) (fewer than {MIN_IMAGES_PER_CLASS_PER_CLIENT} per client; "
         f"{len(small)} of {len(classes)} classes are this small), so its clients see almost nothing of "
-        f"the class. Add images, or lower partition.clients_per_domain"
+        f"the class. {remedy}"
+    )
+
+
+# ---------------------------------------------------------------- decoding and writing one client (partition, site)
+def decode_labelled(
+    files: Sequence[str | os.PathLike],
+    rels: list[str],
+    ys: list[int],
+    image_size: int,
+    workers: int | None,
+    progress: bool,
+    label: str,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[SkippedImage]]:
+    """Decode `files` once at `image_size` (`images.decode_images`, RESIZE_POLICY): (x uint8 [n, S, S, 3], y int64
+    [n], paths str [n] (`rels`, the names the shard records), the unreadable files as SkippedImage), readable files
+    only, in order. The one decoder of the partition stage and of a site (fedccrl_core/data/site.py)."""
+    xs = np.empty((len(rels), image_size, image_size, 3), dtype=np.uint8)
+    keep = np.zeros(len(rels), dtype=bool)
+    skipped: list[SkippedImage] = []
+    for i, (arr, why) in enumerate(
+        decode_images(list(files), image_size, workers=workers, progress=progress, label=label)
+    ):
+        if arr is None:
+            skipped.append(SkippedImage(path=rels[i], reason=why))
+        else:
+            xs[i] = arr
+            keep[i] = True
+    xs = xs[keep]
+    y = np.asarray(ys, dtype=np.int64)[keep]
+    paths = np.asarray(rels, dtype=str)[keep] if keep.any() else np.empty(0, dtype="<U1")
+    return xs, y, paths, skipped
+
+
+def write_client(
+    folder: Path,
+    cid: str,
+    domain: str,
+    domain_index: int,
+    k: int,
+    xs: np.ndarray,
+    y: np.ndarray,
+    paths: np.ndarray,
+    tr: np.ndarray,
+    va: np.ndarray,
+    num_classes: int,
+) -> ClientEntry:
+    """Write `<cid>.npz` (rows `tr` of xs/y/paths as train, `va` as val) into `folder`; its manifest entry. The one
+    writer of a single-domain client's shard (the partition stage's per_domain and reference schemes, a site)."""
+    fname = f"{cid}.npz"
+    np.savez(
+        folder / fname,
+        train_x=xs[tr],
+        train_y=y[tr],
+        train_paths=paths[tr],
+        val_x=xs[va],
+        val_y=y[va],
+        val_paths=paths[va],
+    )
+    return ClientEntry(
+        id=cid,
+        domain=domain,
+        domain_index=domain_index,
+        k=k,
+        file=fname,
+        n_train=int(tr.size),
+        n_val=int(va.size),
+        train_class_hist=_hist(y[tr], num_classes),
+        val_class_hist=_hist(y[va], num_classes),
     )
 
 
@@ -287,7 +367,7 @@ def partition(
     from fedccrl_core.data.validate import check_layout, scan_tree
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
 
-    _check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
+    check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
     if scheme not in SCHEMES:
         raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
     if scheme == "feddg_bench":
@@ -311,25 +391,10 @@ def partition(
         for di, domain in enumerate(domains):
             rels = [f"{domain}/{c}/{f}" for c in classes for f in tree.files[domain][c]]
             ys = [cls_index[c] for c in classes for _ in tree.files[domain][c]]
-            xs = np.empty((len(rels), image_size, image_size, 3), dtype=np.uint8)
-            keep = np.zeros(len(rels), dtype=bool)
-            for i, (arr, why) in enumerate(
-                decode_images(
-                    [raw_dir / r for r in rels],
-                    image_size,
-                    workers=workers,
-                    progress=progress,
-                    label=f"partition {domain}",
-                )
-            ):
-                if arr is None:
-                    skipped.append(SkippedImage(path=rels[i], reason=why))
-                else:
-                    xs[i] = arr
-                    keep[i] = True
-            xs = xs[keep]
-            y = np.asarray(ys, dtype=np.int64)[keep]
-            paths = np.asarray(rels, dtype=str)[keep] if keep.any() else np.empty(0, dtype="<U1")
+            xs, y, paths, bad = decode_labelled(
+                [raw_dir / r for r in rels], rels, ys, image_size, workers, progress, f"partition {domain}"
+            )
+            skipped += bad
             domain_sizes[domain] = int(y.size)
             warn = small_domain_warning(domain, y, classes, 1 if scheme == "feddg_bench" else clients_per_domain)
             if warn:
@@ -348,31 +413,13 @@ def partition(
                         f"partition: client {cid} got no training samples "
                         f"({domain} has {y.size} readable images for {clients_per_domain} clients)"
                     )
-                fname = f"{cid}.npz"
-                np.savez(
-                    stage / fname,
-                    train_x=xs[tr],
-                    train_y=y[tr],
-                    train_paths=paths[tr],
-                    val_x=xs[va],
-                    val_y=y[va],
-                    val_paths=paths[va],
-                )
-                clients.append(
-                    ClientEntry(
-                        id=cid,
-                        domain=domain,
-                        domain_index=di,
-                        k=k,
-                        file=fname,
-                        n_train=int(tr.size),
-                        n_val=int(va.size),
-                        train_class_hist=_hist(y[tr], len(classes)),
-                        val_class_hist=_hist(y[va], len(classes)),
-                    )
-                )
+                clients.append(write_client(stage, cid, domain, di, k, xs, y, paths, tr, va, len(classes)))
                 if progress:
-                    print(f"partition: wrote {fname} ({tr.size} train, {va.size} val)", file=sys.stderr, flush=True)
+                    print(
+                        f"partition: wrote {clients[-1].file} ({tr.size} train, {va.size} val)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             del xs
         if scheme == "feddg_bench":
             assert num_clients is not None and lam is not None  # refused up front otherwise
@@ -387,7 +434,7 @@ def partition(
             num_classes=len(classes),
             image_size=image_size,
             resize_policy=RESIZE_POLICY,
-            layout="uint8 NHWC [n, S, S, 3]; labels int64; paths relative to the raw root",
+            layout=LAYOUT,
             seed=seed,
             params=dict(
                 params or {},

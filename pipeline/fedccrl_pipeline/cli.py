@@ -24,6 +24,8 @@ STAGES = {
     "export": "fedccrl_pipeline.export",
     "audit": "fedccrl_pipeline.audit",
 }
+# commands that are not pipeline stages (no dvc.yaml stage runs them): name -> module, as above
+COMMANDS = {**STAGES, "site": "fedccrl_pipeline.site"}
 
 
 class _LazyGroup(click.Group):
@@ -33,15 +35,15 @@ class _LazyGroup(click.Group):
     (tests/test_layers.py)."""
 
     def list_commands(self, ctx):
-        return list(STAGES)
+        return list(COMMANDS)
 
     def get_command(self, ctx, name):
-        if name not in STAGES:
+        if name not in COMMANDS:
             return None
         try:
-            return importlib.import_module(STAGES[name]).command
+            return importlib.import_module(COMMANDS[name]).command
         except ModuleNotFoundError as e:
-            if e.name == STAGES[name]:
+            if e.name == COMMANDS[name]:
                 return None
             raise
 
