@@ -1,0 +1,247 @@
+"""train.privacy's ledger on every path (fedccrl_core/privacy/accountant.py RunPrivacy, federation/loop.py): a round
+interrupted after a release and resumed is charged for every release that happened (the ledger file beside the round
+checkpoint), max_epsilon's pre-round check charges a client whose size is not known as the worst case, a run stopped
+after a release logs the epsilon it spent, a duplicated Flower client id is refused and both of its uploads charged,
+and a finished DP run leaves no client state in its files.
+
+Each epsilon is checked against an independent one: dp_accounting's RDP accountant composing the events of the
+releases the test itself counted (not the ledger's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dp_accounting
+import pytest
+import torch
+from dp_accounting.rdp import rdp_privacy_accountant as rdp
+from fixtures import held_out_run
+from test_round_loop import toy_clients
+
+from fedccrl_core.algorithm_params.train import LocalConfig
+from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.federation.checkpoints import RoundCheckpoints
+from fedccrl_core.federation.driver import build_seeded_model, train
+from fedccrl_core.federation.engine import InProcessEngine, InProcessTransport
+from fedccrl_core.foundation import contract
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+PRIV = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
+DELTA = 1e-5  # train.privacy.delta's default
+N_EACH = 12  # training images per toy client
+
+
+class Crash(RuntimeError):
+    pass
+
+
+def independent_epsilon(stats: list[dict[str, tuple[int, int]]], weights: list[tuple[int, int]], priv=PRIV) -> float:
+    """epsilon at DELTA of the releases counted: each statistics release {client: (n_i, k_i)} is the sampled Gaussian
+    (without replacement, replace-one) of its client with the largest k_i / n_i; each weights release (N, m) that of
+    the sampled clients, noise z / 2 (sensitivity 2 S / m against a std of z S / m)."""
+    events: list[dp_accounting.DpEvent] = []
+    for sizes in stats:
+        n, k = max(sizes.values(), key=lambda nk: nk[1] / nk[0])
+        g = dp_accounting.GaussianDpEvent(priv["stats_noise_multiplier"])
+        events.append(g if k == n else dp_accounting.SampledWithoutReplacementDpEvent(n, k, g))
+    for clients, sampled in weights:
+        g = dp_accounting.GaussianDpEvent(priv["weights_noise_multiplier"] / 2)
+        events.append(g if sampled == clients else dp_accounting.SampledWithoutReplacementDpEvent(clients, sampled, g))
+    acc = rdp.RdpAccountant(neighboring_relation=dp_accounting.NeighboringRelation.REPLACE_ONE)
+    for e in events:
+        acc.compose(e)
+    return float(acc.get_epsilon(DELTA))
+
+
+def counting_engine(released: dict, crash_round: int = 0, late: tuple[str, int] | None = None, claimed_n: int = 0):
+    """An InProcessEngine whose transport counts every release as it happens: released["statistics"] gets the
+    {client: (n_i, k_i)} of each collect_uploads, released["weights"] the (N, m) of each round whose clients
+    trained (the loop aggregates and releases right after). crash_round: training that round raises Crash (after
+    its statistics left the clients). late: (client, round): the transport does not know that client's size before that
+    round (it missed the previous query).
+    claimed_n: the size known_n announces for every client (a client that announced another size before)."""
+
+    class Counting(InProcessTransport):
+        def collect_uploads(self, rnd):
+            ups = super().collect_uploads(rnd)
+            released["statistics"].append(
+                {cid: (len(self.clients[cid].train_y), len(u["mu"])) for cid, u in ups.items() if u is not None}
+            )
+            return ups
+
+        def known_n(self):
+            known = super().known_n()
+            if claimed_n:
+                known = dict.fromkeys(known, claimed_n)
+            if late is not None and len(released["statistics"]) + 1 == late[1]:
+                known[late[0]] = None
+            return known
+
+        def train(self, rnd, sampled, global_w, payloads, fold):
+            if rnd == crash_round:
+                raise Crash(f"interrupted in round {rnd}, after its statistics upload")
+            out = super().train(rnd, sampled, global_w, payloads, fold)
+            released["weights"].append((len(self.ids), len(sampled)))
+            return out
+
+    class Engine(InProcessEngine):
+        transport_class = Counting
+
+    return Engine
+
+
+def run(tmp: Path | None, priv=PRIV, rounds=3, engine=InProcessEngine, on_round=None, log=None, fraction=0.5):
+    """FedCCRL on 4 toy clients of N_EACH images (k_i = 2 rows each round), checkpointed at <tmp>/ck.pt."""
+    clients = toy_clients(4, N_EACH)
+    for c in clients:  # the statistics rows FedCCRL uploads
+        x = c.train_x.float() / 255
+        c.stats_mu, c.stats_sigma = x.mean((2, 3)).numpy(), x.std((2, 3)).numpy()
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=rounds, local_epochs=1, batch_size=4, privacy=priv))
+    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
+    r = held_out_run(
+        alg,
+        model,
+        clients,
+        (clients[0].train_x, clients[0].train_y),
+        rounds,
+        client_fraction=fraction,
+        checkpoint_path=None if tmp is None else tmp / "ck.pt",
+        run_info={"test": "ledger"},
+    )
+    return train(r, on_round, log or (lambda m: None), engine=engine)
+
+
+def ledger_releases(tmp: Path) -> list:
+    return json.loads((tmp / "ck.pt.ledger.json").read_text())["releases"]
+
+
+def test_a_round_interrupted_after_its_statistics_release_is_charged_again_on_resume(tmp_path):
+    released: dict[str, list] = {"statistics": [], "weights": []}
+    with pytest.raises(Crash):
+        run(tmp_path, engine=counting_engine(released, crash_round=2))
+    assert len(released["statistics"]) == 2 and len(released["weights"]) == 1  # round 2's statistics went out
+    ck = torch.load(tmp_path / "ck.pt", weights_only=True)
+    assert ck["round"] == 1 and len(ck["privacy"]) == 2  # the checkpoint covers round 1 alone
+    assert len(ledger_releases(tmp_path)) == 3  # the ledger file holds round 2's statistics too
+    logs: list[str] = []
+    res = run(tmp_path, engine=counting_engine(released), log=logs.append)
+    assert res.resumed_from == 1
+    assert len(released["statistics"]) == 4 and len(released["weights"]) == 3  # round 2's statistics released twice
+    want = independent_epsilon(released["statistics"], released["weights"])
+    assert res.history[-1][contract.DP_EPSILON] == pytest.approx(want, rel=1e-9)
+    assert len(ledger_releases(tmp_path)) == 7
+    # what the checkpoint alone would have counted is less: the test tells the two apart
+    lost = independent_epsilon(released["statistics"][1:], released["weights"])
+    assert lost < want * (1 - 1e-3)
+    assert any("1 release(s) that no round checkpoint covers" in m for m in logs)
+
+
+def test_the_ledger_file_is_refused_when_it_does_not_extend_the_checkpoint(tmp_path):
+    released: dict[str, list] = {"statistics": [], "weights": []}
+    run(tmp_path, rounds=1, engine=counting_engine(released))
+    path = tmp_path / "ck.pt.ledger.json"
+    d = json.loads(path.read_text())
+    d["releases"][0][3] += 1  # another sample size than the checkpoint's first release
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"ck\.pt\.ledger\.json: the privacy ledger's releases do not extend"):
+        run(tmp_path, rounds=2)
+    d["releases"][0] = ["statistics", 1, 12]
+    path.write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"ck\.pt\.ledger\.json: releases\[0\] = \['statistics', 1, 12\] is not"):
+        run(tmp_path, rounds=2)
+
+
+def test_max_epsilon_charges_a_client_whose_size_is_not_known_as_the_worst_case():
+    """Round 2 within the budget with every size known; the same budget stops the run before round 2's first release
+    when one client's size is not known (it missed the previous query): it is charged as releasing every row."""
+    released: dict[str, list] = {"statistics": [], "weights": []}
+    full = run(None, engine=counting_engine(released), rounds=2)
+    exact = independent_epsilon(released["statistics"], released["weights"])
+    assert full.history[-1][contract.DP_EPSILON] == pytest.approx(exact, rel=1e-9)
+    limit = {**PRIV, "max_epsilon": exact * 1.001}
+    assert len(run(None, limit, rounds=2).history) == 2  # every size known: round 2 fits
+    released = {"statistics": [], "weights": []}
+    logs: list[str] = []
+    res = run(None, limit, rounds=2, engine=counting_engine(released, late=("c003", 2)), log=logs.append)
+    assert len(res.history) == 1 and len(released["statistics"]) == 1  # round 2's statistics never left
+    worst = independent_epsilon([*released["statistics"], {"c003": (1, 1)}], [*released["weights"], (4, 2)])
+    stop = next(m for m in logs if "privacy budget: round 2" in m)
+    assert f"would bring epsilon to {worst:.3f}" in stop
+
+
+def test_a_run_stopped_after_a_release_logs_the_epsilon_it_spent():
+    """The sizes the clients announced before the round (known_n) are larger than those their uploads state: the
+    pre-round check passes, the statistics go out, and the weights would pass max_epsilon. The run stops there, and
+    the last dp_epsilon on_round receives (MLflow's) is the epsilon spent, that statistics release included."""
+    released: dict[str, list] = {"statistics": [], "weights": []}
+    run(None, engine=counting_engine(released), rounds=1)
+    stats, weights = released["statistics"] * 2, released["weights"] * 2  # two rounds as they release
+    announced = independent_epsilon([stats[0], {"c000": (1000, 100)}], weights)  # round 2 as announced: k/n 0.1
+    assert announced < independent_epsilon(stats, weights)  # the uploads' k/n is 2/12
+    limit = {**PRIV, "max_epsilon": (announced + independent_epsilon(stats, weights)) / 2}
+    released = {"statistics": [], "weights": []}
+    records: list[dict] = []
+    res = run(None, limit, rounds=3, engine=counting_engine(released, claimed_n=1000), on_round=records.append)
+    assert len(res.history) == 1 and len(released["statistics"]) == 2 and len(released["weights"]) == 1
+    spent = independent_epsilon(released["statistics"], released["weights"])
+    assert spent > res.history[-1][contract.DP_EPSILON] * (1 + 1e-3)  # round 2's statistics: no round record
+    last = records[-1]
+    assert last[contract.ROUND] == 2 and last[contract.DP_STOPPED] == 1.0
+    assert last[contract.DP_EPSILON] == pytest.approx(spent, rel=1e-9)
+    assert contract.TARGET_ACC not in last and records[:-1] == res.history
+
+
+def _snippets_of_client_states(written: list[dict]) -> list[bytes]:
+    """64 bytes from the middle of each optimizer moment the clients' states held (none zero)."""
+    out = []
+    for state in written:
+        for slot in state["optimizer"]["state"].values():
+            for key in ("exp_avg", "exp_avg_sq"):
+                raw = slot[key].detach().cpu().contiguous().numpy().tobytes()
+                mid = len(raw) // 2
+                if len(raw) >= 256 and any(raw[mid : mid + 64]):
+                    out.append(raw[mid : mid + 64])
+    return out
+
+
+def _files_holding(folder: Path, snippets: list[bytes]) -> list[str]:
+    found = []
+    for f in sorted(p for p in folder.rglob("*") if p.is_file()):
+        data = f.read_bytes()
+        if any(s in data for s in snippets):
+            found.append(str(f.relative_to(folder)))
+    return found
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_a_finished_dp_run_leaves_no_client_state_in_its_files(tmp_path, private):
+    """Every file the run left (the checkpoint folder) is read through for the bytes of the clients' Adam moments
+    (captured as they were written): under DP none holds them and only the checkpoint and the ledger are left; the
+    run still resumes (it is complete). Without DP the state files stay, as before (persistent clients)."""
+    written: list[dict] = []
+
+    class Capturing(RoundCheckpoints):
+        def write_client(self, cid, rnd, state):
+            written.append(state)
+            super().write_client(cid, rnd, state)
+
+    class Engine(InProcessEngine):
+        checkpoints_class = Capturing
+
+    priv = PRIV if private else None
+    res = run(tmp_path, priv, rounds=3, engine=Engine)
+    snippets = _snippets_of_client_states(written)
+    assert len(snippets) > 10
+    left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
+    if private:
+        assert left == ["ck.pt", "ck.pt.ledger.json"], left
+        assert _files_holding(tmp_path, snippets) == []
+        ck = torch.load(tmp_path / "ck.pt", weights_only=True)
+        assert ck["client_records"] == {} and "states" not in ck
+        again = run(tmp_path, priv, rounds=3)
+        assert again.resumed_from == 3 and again.history == res.history
+    else:
+        assert any(name.startswith("ck.pt.clients/") for name in left)
+        assert _files_holding(tmp_path, snippets)  # the check finds them where they are
