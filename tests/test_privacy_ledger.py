@@ -245,3 +245,134 @@ def test_a_finished_dp_run_leaves_no_client_state_in_its_files(tmp_path, private
     else:
         assert any(name.startswith("ck.pt.clients/") for name in left)
         assert _files_holding(tmp_path, snippets)  # the check finds them where they are
+
+
+# ---------------------------------------------------------------- over Flower (the loopback Grid of tests/flower_harness.py)
+FLOWER_PRIV = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
+
+
+def _count_queries(grid, released: list, tag: str) -> None:
+    """Every QUERY reply with an upload, as the client sent it: released gets (tag, round, client, node, n_i, k_i)."""
+    from fedccrl_flower import messages as M
+    from fedccrl_flower.replies import read_query_reply
+
+    before = grid.tamper
+
+    def tamper(node, reply):
+        if before is not None:
+            reply = before(node, reply)
+        if reply.has_content() and M.WEIGHTS not in reply.content and M.UPLOAD in reply.content:
+            cid, n, upload = read_query_reply(reply)
+            released.append((tag, int(reply.metadata.group_id), cid, node, n, len(upload["mu"])))
+        return reply
+
+    grid.tamper = tamper
+
+
+def _statistics_events(released: list) -> list[dict[str, tuple[int, int]]]:
+    """The statistics releases of the counted query replies: per query (tag, round), the j-th upload of each client
+    is the j-th release (a client that answered twice released twice)."""
+    out = []
+    for q in sorted({(t, r) for t, r, *_ in released}):
+        per: dict[str, list] = {}
+        for t, r, cid, _node, n, k in released:
+            if (t, r) == q:
+                per.setdefault(cid, []).append((n, k))
+        for j in range(max(len(v) for v in per.values())):
+            out.append({cid: v[j] for cid, v in per.items() if len(v) > j})
+    return out
+
+
+@pytest.mark.full("FedCCRL under DP over the loopback Grid, one round of two clients: ~10 s on the CPU")
+def test_flower_max_epsilon_charges_a_client_that_joins_late_as_the_worst_case(data, tmp_path):
+    """photo_c0 misses round 1's query and joins in round 2. Its size is not known before round 2, so max_epsilon's
+    check charges it as releasing every row (Gaussian, unsampled): a budget the known clients' sizes would fit stops
+    the run before round 2's query, and no statistics of round 2 leave any client."""
+    from flower_harness import loopback, make_spec, serve
+
+    from fedccrl_core.data.shards import load_client
+    from fedccrl_flower import messages as M
+
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=2, privacy=FLOWER_PRIV))
+    sizes = {}
+    for cid in ("art_c0", "cartoon_c0"):
+        n = len(load_client(data / "shards", cid).train_y)
+        sizes[cid] = (n, alg.released_rows(n))
+    known_fits = independent_epsilon([sizes, sizes], [(2, 2), (3, 3)], FLOWER_PRIV)
+    worst = independent_epsilon([sizes, {"photo_c0": (1, 1)}], [(2, 2), (3, 3)], FLOWER_PRIV)
+    assert worst > known_fits * 1.01
+    grid = loopback(data)
+    grid.dead = {102}  # photo_c0: no answer to round 1's query
+
+    def revive(node, reply):
+        if reply.has_content() and M.WEIGHTS in reply.content:
+            grid.dead.clear()  # answers from round 2 on
+        return reply
+
+    grid.tamper = revive
+    released: list = []
+    _count_queries(grid, released, "run")
+    logs: list[str] = []
+    priv = {**FLOWER_PRIV, "max_epsilon": known_fits * 1.001}
+    spec = make_spec(data, tmp_path, "fedccrl", rounds=2, privacy=priv, min_clients=2, query_timeout_s=5)
+    res = serve(grid, spec, log=logs.append)
+    assert len(res.history) == 1 and {r[2] for r in released} == {"art_c0", "cartoon_c0"}
+    assert not [m for m in grid.sent if m.metadata.message_type == M.QUERY and m.metadata.group_id == "2"]
+    stop = next(m for m in logs if "privacy budget: round 2" in m)
+    assert f"would bring epsilon to {worst:.3f}" in stop
+
+
+@pytest.mark.full("FedCCRL under DP over the loopback Grid, three ServerApp runs, two rounds in all: ~25 s on the CPU")
+def test_flower_resume_after_a_release_with_a_late_client_and_a_duplicated_id(data, tmp_path):
+    """Run 1: photo_c0 misses round 1's query and joins in round 2; the ServerApp dies in round 2 after the
+    statistics upload. Run 2 (a resume): art_c0 answers from a second SuperNode too: the run is refused, naming the
+    client and both nodes, before any upload is used, and both uploads are charged. Run 3 resumes and completes. The
+    ledger's epsilon equals an independent accountant's over every statistics upload the clients sent and every
+    aggregate released."""
+    from flower_harness import loopback, make_spec, serve
+
+    from fedccrl_flower import messages as M
+    from fedccrl_flower.server_app import DuplicateClient
+
+    spec = make_spec(data, tmp_path, "fedccrl", rounds=2, privacy=FLOWER_PRIV, min_clients=2, query_timeout_s=5)
+    released: list = []
+    grid = loopback(data)
+    grid.dead = {102}
+    trained = []
+
+    def crash(node, reply):
+        if reply.has_content() and M.WEIGHTS in reply.content:
+            grid.dead.clear()
+            trained.append(int(reply.metadata.group_id))
+            if trained[-1] == 2:
+                raise Crash("the ServerApp dies in round 2, after its statistics upload")
+        return reply
+
+    grid.tamper = crash
+    _count_queries(grid, released, "1")
+    with pytest.raises(Crash):
+        serve(grid, spec)
+    assert sorted({(r[1], r[2]) for r in released}) == [
+        (1, "art_c0"),
+        (1, "cartoon_c0"),
+        (2, "art_c0"),
+        (2, "cartoon_c0"),
+        (2, "photo_c0"),
+    ]
+    grid = loopback(data, clients=["art_c0", "cartoon_c0", "photo_c0", "art_c0"])  # node 103: art_c0 again
+    _count_queries(grid, released, "2")
+    with pytest.raises(
+        DuplicateClient, match=r"round 2: client art_c0 answered the query from two SuperNodes, nodes 100 and 103"
+    ):
+        serve(grid, spec)
+    assert not [m for m in grid.sent if m.metadata.message_type == M.TRAIN]  # nothing used
+    assert len([r for r in released if r[0] == "2" and r[2] == "art_c0"]) == 2
+    grid = loopback(data)
+    _count_queries(grid, released, "3")
+    res = serve(grid, spec)
+    assert res.resumed_from == 1 and [r[contract.ROUND] for r in res.history] == [1, 2]
+    weights = [(2, 2), (3, 3)]  # the aggregates released: round 1 of 2 clients, round 2 of 3 (client_fraction 1)
+    want = independent_epsilon(_statistics_events(released), weights, FLOWER_PRIV)
+    assert res.history[-1][contract.DP_EPSILON] == pytest.approx(want, rel=1e-9)
+    assert len(json.loads((tmp_path / "checkpoint.pt.ledger.json").read_text())["releases"]) == 7
+    assert [r["clients"] for r in res.history] == [2, 3]
