@@ -55,6 +55,52 @@ def independent_epsilon(stats: list[dict[str, tuple[int, int]]], weights: list[t
     return float(acc.get_epsilon(DELTA))
 
 
+def test_every_release_is_kept_as_it_is_charged_and_loading_keeps_nothing():
+    """RunPrivacy.keep gets the whole ledger at each release (statistics, weights), in order; loading a state (a
+    resume) is no release; released_in names the rounds that released."""
+    from fedccrl_core.privacy import accountant as A
+    from fedccrl_core.privacy.settings import PrivacySettings
+
+    run = A.RunPrivacy(PrivacySettings(**PRIV))
+    kept: list[list] = []
+    run.keep = kept.append
+    run.statistics(1, {"a": (12, 2), "b": (10, 2)})
+    run.weights(1, 4, 2)
+    run.statistics(2, {})  # nothing uploaded: no release
+    assert kept == [[["statistics", 1, 10, 2, 2.0]], [["statistics", 1, 10, 2, 2.0], ["weights", 1, 4, 2, 2.0]]]
+    assert run.released_in(1) and not run.released_in(2) and not run.released_in(0)
+    run.load_state([["weights", 3, 4, 2, 2.0]])
+    assert len(kept) == 2 and run.released_in(3) and not run.released_in(1)
+
+
+def test_the_ledger_file_is_read_for_its_run_only_and_refused_when_malformed(tmp_path):
+    from fedccrl_core.privacy import accountant as A
+    from fedccrl_core.privacy.ledger_file import read_ledger, resume
+    from fedccrl_core.privacy.settings import PrivacySettings
+
+    path = tmp_path / "ck.pt.ledger.json"
+    run = A.RunPrivacy(PrivacySettings(**PRIV))
+    assert resume(run, None, path, {"run": 1}) == 0 and read_ledger(path, {"run": 1}) == []
+    run.weights(1, 4, 2)
+    assert read_ledger(path, {"run": 1}) == [["weights", 1, 4, 2, 2.0]]
+    assert read_ledger(path, {"run": 2}) is None  # another configuration's: not this run's releases
+    again = A.RunPrivacy(PrivacySettings(**PRIV))
+    assert resume(again, None, path, {"run": 1}) == 1 and again.state() == run.state()  # no checkpoint: still charged
+    other = A.RunPrivacy(PrivacySettings(**PRIV))
+    assert resume(other, None, path, {"run": 2}) == 0 and read_ledger(path, {"run": 2}) == []  # replaced
+    for text, why in [
+        ("[", "not JSON"),
+        ("{}", "no 'fedccrl_privacy_ledger': 1"),
+        ('{"fedccrl_privacy_ledger": 1, "owner": null, "releases": {}}', "key 'releases' must be a list"),
+        ('{"fedccrl_privacy_ledger": 1, "owner": null, "releases": [["weights", 1, 4, 5, 1.0]]}', "releases.0. ="),
+        ('{"fedccrl_privacy_ledger": 1, "owner": null, "releases": [["weights", 1, 4, 2, true]]}', "releases.0. ="),
+        ('{"fedccrl_privacy_ledger": 1, "owner": null, "releases": [["model", 1, 4, 2, 1.0]]}', "releases.0. ="),
+    ]:
+        path.write_text(text)
+        with pytest.raises(ValueError, match=rf"ck\.pt\.ledger\.json: .*{why}"):
+            read_ledger(path, None)
+
+
 def counting_engine(released: dict, crash_round: int = 0, late: tuple[str, int] | None = None, claimed_n: int = 0):
     """An InProcessEngine whose transport counts every release as it happens: released["statistics"] gets the
     {client: (n_i, k_i)} of each collect_uploads, released["weights"] the (N, m) of each round whose clients
@@ -92,7 +138,7 @@ def counting_engine(released: dict, crash_round: int = 0, late: tuple[str, int] 
     return Engine
 
 
-def run(tmp: Path | None, priv=PRIV, rounds=3, engine=InProcessEngine, on_round=None, log=None, fraction=0.5):
+def run(tmp: Path | None, priv=PRIV, rounds=2, engine=InProcessEngine, on_round=None, log=None, fraction=1.0):
     """FedCCRL on 4 toy clients of N_EACH images (k_i = 2 rows each round), checkpointed at <tmp>/ck.pt."""
     clients = toy_clients(4, N_EACH)
     for c in clients:  # the statistics rows FedCCRL uploads
@@ -120,18 +166,18 @@ def ledger_releases(tmp: Path) -> list:
 def test_a_round_interrupted_after_its_statistics_release_is_charged_again_on_resume(tmp_path):
     released: dict[str, list] = {"statistics": [], "weights": []}
     with pytest.raises(Crash):
-        run(tmp_path, engine=counting_engine(released, crash_round=2))
+        run(tmp_path, rounds=2, engine=counting_engine(released, crash_round=2))
     assert len(released["statistics"]) == 2 and len(released["weights"]) == 1  # round 2's statistics went out
     ck = torch.load(tmp_path / "ck.pt", weights_only=True)
     assert ck["round"] == 1 and len(ck["privacy"]) == 2  # the checkpoint covers round 1 alone
     assert len(ledger_releases(tmp_path)) == 3  # the ledger file holds round 2's statistics too
     logs: list[str] = []
-    res = run(tmp_path, engine=counting_engine(released), log=logs.append)
+    res = run(tmp_path, rounds=2, engine=counting_engine(released), log=logs.append)
     assert res.resumed_from == 1
-    assert len(released["statistics"]) == 4 and len(released["weights"]) == 3  # round 2's statistics released twice
+    assert len(released["statistics"]) == 3 and len(released["weights"]) == 2  # round 2's statistics released twice
     want = independent_epsilon(released["statistics"], released["weights"])
     assert res.history[-1][contract.DP_EPSILON] == pytest.approx(want, rel=1e-9)
-    assert len(ledger_releases(tmp_path)) == 7
+    assert len(ledger_releases(tmp_path)) == 5
     # what the checkpoint alone would have counted is less: the test tells the two apart
     lost = independent_epsilon(released["statistics"][1:], released["weights"])
     assert lost < want * (1 - 1e-3)
@@ -139,34 +185,30 @@ def test_a_round_interrupted_after_its_statistics_release_is_charged_again_on_re
 
 
 def test_the_ledger_file_is_refused_when_it_does_not_extend_the_checkpoint(tmp_path):
-    released: dict[str, list] = {"statistics": [], "weights": []}
-    run(tmp_path, rounds=1, engine=counting_engine(released))
+    run(tmp_path, rounds=1)
     path = tmp_path / "ck.pt.ledger.json"
     d = json.loads(path.read_text())
     d["releases"][0][3] += 1  # another sample size than the checkpoint's first release
     path.write_text(json.dumps(d))
     with pytest.raises(ValueError, match=r"ck\.pt\.ledger\.json: the privacy ledger's releases do not extend"):
         run(tmp_path, rounds=2)
-    d["releases"][0] = ["statistics", 1, 12]
-    path.write_text(json.dumps(d))
-    with pytest.raises(ValueError, match=r"ck\.pt\.ledger\.json: releases\[0\] = \['statistics', 1, 12\] is not"):
-        run(tmp_path, rounds=2)
+
+
+# every toy client: n_i = N_EACH, k_i = ceil(0.1 n_i) = 2 (Eq. 8, train.fedccrl.r and upload's defaults)
+TOY_SIZES = {f"c{i:03d}": (N_EACH, 2) for i in range(4)}
 
 
 def test_max_epsilon_charges_a_client_whose_size_is_not_known_as_the_worst_case():
     """Round 2 within the budget with every size known; the same budget stops the run before round 2's first release
     when one client's size is not known (it missed the previous query): it is charged as releasing every row."""
-    released: dict[str, list] = {"statistics": [], "weights": []}
-    full = run(None, engine=counting_engine(released), rounds=2)
-    exact = independent_epsilon(released["statistics"], released["weights"])
-    assert full.history[-1][contract.DP_EPSILON] == pytest.approx(exact, rel=1e-9)
+    exact = independent_epsilon([TOY_SIZES, TOY_SIZES], [(4, 4), (4, 4)])
     limit = {**PRIV, "max_epsilon": exact * 1.001}
     assert len(run(None, limit, rounds=2).history) == 2  # every size known: round 2 fits
-    released = {"statistics": [], "weights": []}
+    released: dict[str, list] = {"statistics": [], "weights": []}
     logs: list[str] = []
     res = run(None, limit, rounds=2, engine=counting_engine(released, late=("c003", 2)), log=logs.append)
-    assert len(res.history) == 1 and len(released["statistics"]) == 1  # round 2's statistics never left
-    worst = independent_epsilon([*released["statistics"], {"c003": (1, 1)}], [*released["weights"], (4, 2)])
+    assert len(res.history) == 1 and released["statistics"] == [TOY_SIZES]  # round 2's statistics never left
+    worst = independent_epsilon([TOY_SIZES, {"c003": (1, 1)}], [(4, 4), (4, 4)])
     stop = next(m for m in logs if "privacy budget: round 2" in m)
     assert f"would bring epsilon to {worst:.3f}" in stop
 
@@ -175,16 +217,15 @@ def test_a_run_stopped_after_a_release_logs_the_epsilon_it_spent():
     """The sizes the clients announced before the round (known_n) are larger than those their uploads state: the
     pre-round check passes, the statistics go out, and the weights would pass max_epsilon. The run stops there, and
     the last dp_epsilon on_round receives (MLflow's) is the epsilon spent, that statistics release included."""
+    weights = [(4, 4), (4, 4)]
+    announced = independent_epsilon([TOY_SIZES, {"c000": (1000, 100)}], weights)  # round 2 as announced: k/n 0.1
+    actual = independent_epsilon([TOY_SIZES, TOY_SIZES], weights)  # as released: k/n 2/12
+    limit = {**PRIV, "max_epsilon": (announced + actual) / 2}
     released: dict[str, list] = {"statistics": [], "weights": []}
-    run(None, engine=counting_engine(released), rounds=1)
-    stats, weights = released["statistics"] * 2, released["weights"] * 2  # two rounds as they release
-    announced = independent_epsilon([stats[0], {"c000": (1000, 100)}], weights)  # round 2 as announced: k/n 0.1
-    assert announced < independent_epsilon(stats, weights)  # the uploads' k/n is 2/12
-    limit = {**PRIV, "max_epsilon": (announced + independent_epsilon(stats, weights)) / 2}
-    released = {"statistics": [], "weights": []}
     records: list[dict] = []
-    res = run(None, limit, rounds=3, engine=counting_engine(released, claimed_n=1000), on_round=records.append)
-    assert len(res.history) == 1 and len(released["statistics"]) == 2 and len(released["weights"]) == 1
+    engine = counting_engine(released, claimed_n=1000)
+    res = run(None, limit, rounds=3, engine=engine, on_round=records.append)
+    assert len(res.history) == 1 and released["statistics"] == [TOY_SIZES] * 2 and released["weights"] == [(4, 4)]
     spent = independent_epsilon(released["statistics"], released["weights"])
     assert spent > res.history[-1][contract.DP_EPSILON] * (1 + 1e-3)  # round 2's statistics: no round record
     last = records[-1]
@@ -231,7 +272,7 @@ def test_a_finished_dp_run_leaves_no_client_state_in_its_files(tmp_path, private
         checkpoints_class = Capturing
 
     priv = PRIV if private else None
-    res = run(tmp_path, priv, rounds=3, engine=Engine)
+    res = run(tmp_path, priv, rounds=2, engine=Engine)
     snippets = _snippets_of_client_states(written)
     assert len(snippets) > 10
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
@@ -240,8 +281,8 @@ def test_a_finished_dp_run_leaves_no_client_state_in_its_files(tmp_path, private
         assert _files_holding(tmp_path, snippets) == []
         ck = torch.load(tmp_path / "ck.pt", weights_only=True)
         assert ck["client_records"] == {} and "states" not in ck
-        again = run(tmp_path, priv, rounds=3)
-        assert again.resumed_from == 3 and again.history == res.history
+        again = run(tmp_path, priv, rounds=2)
+        assert again.resumed_from == 2 and again.history == res.history
     else:
         assert any(name.startswith("ck.pt.clients/") for name in left)
         assert _files_holding(tmp_path, snippets)  # the check finds them where they are

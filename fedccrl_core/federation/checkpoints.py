@@ -9,7 +9,7 @@ Layout for a checkpoint path P (e.g. models/.../checkpoint.pt):
   P.corrupt            a latest checkpoint that could not be read (kept for inspection until completion)
   P.clients/r<t>.bin   the states (optimizer, LR schedule, `extra`) of the clients trained in round t,
                        one record per client, appended as each client finishes training
-  P.ledger.json        train.privacy's ledger (privacy/accountant.py RunPrivacy.resume): every release charged so
+  P.ledger.json        train.privacy's ledger (privacy/ledger_file.py): every release charged so
                        far, replaced at each release, so it can be ahead of P; plain numbers, kept after the run
 
 A round writes P and one state file holding the clients it trained, nothing else: the bytes a round writes follow the clients it trained, not the number of clients, and a round costs

@@ -387,7 +387,9 @@ class RoundLoop:
         interrupted after a release): those are charged, and the round, run again, is charged again."""
         assert self.privacy is not None
         path = self.checkpoints.ledger if self.checkpoints is not None else None
-        ahead = self.privacy.resume(ck.privacy if ck is not None else None, path, self.run_info)
+        from fedccrl_core.privacy.ledger_file import resume  # dp_accounting, imported only when on
+
+        ahead = resume(self.privacy, ck.privacy if ck is not None else None, path, self.run_info)
         if ahead:
             self.log(
                 f"train.privacy: the ledger {path} holds {ahead} release(s) that no round checkpoint covers (a round "

@@ -19,17 +19,13 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
 import dp_accounting
 from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
 from fedccrl_core.foundation import contract
-from fedccrl_core.foundation.fsio import write_json
 from fedccrl_core.privacy.settings import BudgetExhausted, PrivacySettings
 
 REPLACE_ONE = dp_accounting.NeighboringRelation.REPLACE_ONE
@@ -129,8 +125,8 @@ class RunPrivacy:
     record()              the round record's fields: epsilon so far, each channel alone, and 1 in
                           dp_seeded_noise when noise_seed seeded the noise (not private).
     The ledger is plain numbers (state() / load_state()): a resumed run goes on with the epsilon it had spent.
-    resume(checkpointed, path, owner) also keeps it in a file (`read_ledger`), replaced atomically at every release
-    as it is charged, so a release that no round checkpoint covers (a round interrupted after it) is still counted.
+    keep(state()) is called at every release as it is charged (privacy/ledger_file.py writes the ledger file), so a
+    release that no round checkpoint covers (a round interrupted after it) is still counted on resume.
     """
 
     def __init__(self, settings: PrivacySettings, uploads: bool = True):
@@ -138,44 +134,21 @@ class RunPrivacy:
         self.uploads = uploads  # the algorithm uploads statistics rows: the statistics channel releases
         self.ledger = Ledger(settings)
         self._plain: list[tuple[str, int, int, int, float]] = []
-        self._file: Path | None = None  # the ledger file (resume), written at every release
-        self._owner: Any = None
+        self.keep: Callable[[list], None] | None = None  # given state() at every release (the ledger file)
 
-    def _add(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
+    def _record(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
         self.ledger.record(channel, rnd, sampled_gaussian(population, sample, z))
         self._plain.append((channel, rnd, population, sample, z))
-        self._write()
 
-    def _write(self) -> None:
-        if self._file is not None:  # complete or absent (fsio): the release is on disk before the run goes on
-            write_json(self._file, {LEDGER_FORMAT_KEY: LEDGER_FORMAT, "owner": self._owner, "releases": self.state()})
+    def _add(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
+        """A release, charged: recorded, then kept (on disk) before the run goes on."""
+        self._record(channel, rnd, population, sample, z)
+        if self.keep is not None:
+            self.keep(self.state())
 
     def released_in(self, rnd: int) -> bool:
         """Whether round `rnd` released anything so far (its record, if it has one, covers it)."""
-        return any(r == rnd for _, r, *_ in self._plain)
-
-    def resume(self, checkpointed: list | None, path: str | Path | None, owner: Any) -> int:
-        """Start or resume the run's ledger: the releases of the round checkpoint (`checkpointed`), or those of the
-        ledger file at `path` when it holds more (a round interrupted after a release and before its checkpoint:
-        those releases happened, so they stay charged, and the round, run again, is charged again). From now on the
-        file is replaced at every release. `owner` (the run's run_info) tells this run's file from another's, which
-        is replaced. Returns how many releases the file held beyond the checkpoint."""
-        self.load_state(checkpointed)
-        self._file, self._owner = (None if path is None else Path(path)), json.loads(json.dumps(owner))
-        if self._file is None:
-            return 0
-        base, kept = self.state(), read_ledger(self._file, self._owner)
-        if kept is not None:
-            shorter, longer = sorted((base, kept), key=len)
-            if longer[: len(shorter)] != shorter:
-                raise ValueError(
-                    f"{self._file}: the privacy ledger's releases do not extend those of the round checkpoint beside "
-                    f"it ({len(kept)} against {len(base)}): the two belong to different runs; move one away"
-                )
-            if len(kept) > len(base):
-                self.load_state(kept)
-        self._write()
-        return len(self.state()) - len(base)
+        return rnd in {r for _, r, *_ in self._plain}
 
     def _check(self, rnd: int, what: str, events: list[dp_accounting.DpEvent]) -> None:
         eps = self.ledger.would_exceed(events)
@@ -235,47 +208,5 @@ class RunPrivacy:
 
     def load_state(self, state: list | None) -> None:
         self.ledger, self._plain = Ledger(self.s), []
-        file, self._file = self._file, None  # loading is not a release: nothing written
-        try:
-            for channel, rnd, population, sample, z in state or []:
-                self._add(str(channel), int(rnd), int(population), int(sample), float(z))
-        finally:
-            self._file = file
-
-
-LEDGER_FORMAT_KEY, LEDGER_FORMAT = "fedccrl_privacy_ledger", 1
-
-
-def read_ledger(path: Path, owner: Any) -> list | None:
-    """The releases [[channel, round, population, sample, z], ...] of the ledger file at `path` that RunPrivacy wrote
-    for `owner`; None when there is no file or it is another run's. A file that is not a ledger is refused, naming it
-    and what is wrong (plain JSON: nothing in it is run)."""
-    if not path.is_file():
-        return None
-    try:
-        d = json.loads(path.read_text())
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: not a privacy ledger (not JSON: {e})") from None
-    if not isinstance(d, dict) or d.get(LEDGER_FORMAT_KEY) != LEDGER_FORMAT:
-        raise ValueError(f"{path}: not a privacy ledger (no '{LEDGER_FORMAT_KEY}': {LEDGER_FORMAT})")
-    if d.get("owner") != owner:
-        return None
-    rel = d.get("releases")
-    if not isinstance(rel, list):
-        raise ValueError(f"{path}: key 'releases' must be a list")
-    for i, r in enumerate(rel):
-        ok = (
-            isinstance(r, list)
-            and len(r) == 5
-            and r[0] in (STATISTICS, WEIGHTS)
-            and all(isinstance(v, int) and not isinstance(v, bool) for v in r[1:4])
-            and isinstance(r[4], (int, float))
-            and 0 < r[3] <= r[2]
-            and r[4] > 0
-        )
-        if not ok:
-            raise ValueError(
-                f"{path}: releases[{i}] = {r!r} is not [channel ('{STATISTICS}' | '{WEIGHTS}'), round, population, "
-                "sample (0 < sample <= population), noise multiplier (> 0)]"
-            )
-    return rel
+        for channel, rnd, population, sample, z in state or []:  # releases of the past: not kept again
+            self._record(str(channel), int(rnd), int(population), int(sample), float(z))
