@@ -417,3 +417,4 @@ def test_flower_resume_after_a_release_with_a_late_client_and_a_duplicated_id(da
     assert res.history[-1][contract.DP_EPSILON] == pytest.approx(want, rel=1e-9)
     assert len(json.loads((tmp_path / "checkpoint.pt.ledger.json").read_text())["releases"]) == 7
     assert [r["clients"] for r in res.history] == [2, 3]
+    assert not (tmp_path / "checkpoint.pt.clients").exists()  # the clients' states stay on the SuperNodes
