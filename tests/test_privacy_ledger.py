@@ -213,25 +213,47 @@ def test_max_epsilon_charges_a_client_whose_size_is_not_known_as_the_worst_case(
     assert f"would bring epsilon to {worst:.3f}" in stop
 
 
-def test_a_run_stopped_after_a_release_logs_the_epsilon_it_spent():
+def stopped_after_a_release():
     """The sizes the clients announced before the round (known_n) are larger than those their uploads state: the
-    pre-round check passes, the statistics go out, and the weights would pass max_epsilon. The run stops there, and
-    the last dp_epsilon on_round receives (MLflow's) is the epsilon spent, that statistics release included."""
+    pre-round check of round 2 passes, its statistics go out, and its weights would pass max_epsilon, so the run stops
+    there. Returns (result, the records on_round received, the epsilon of the releases counted)."""
     weights = [(4, 4), (4, 4)]
     announced = independent_epsilon([TOY_SIZES, {"c000": (1000, 100)}], weights)  # round 2 as announced: k/n 0.1
     actual = independent_epsilon([TOY_SIZES, TOY_SIZES], weights)  # as released: k/n 2/12
     limit = {**PRIV, "max_epsilon": (announced + actual) / 2}
     released: dict[str, list] = {"statistics": [], "weights": []}
     records: list[dict] = []
-    engine = counting_engine(released, claimed_n=1000)
-    res = run(None, limit, rounds=3, engine=engine, on_round=records.append)
+    res = run(None, limit, rounds=3, engine=counting_engine(released, claimed_n=1000), on_round=records.append)
     assert len(res.history) == 1 and released["statistics"] == [TOY_SIZES] * 2 and released["weights"] == [(4, 4)]
-    spent = independent_epsilon(released["statistics"], released["weights"])
+    return res, records, independent_epsilon(released["statistics"], released["weights"])
+
+
+def test_a_run_stopped_after_a_release_logs_the_epsilon_it_spent():
+    """The last dp_epsilon on_round receives is the epsilon spent, the stopped round's statistics included."""
+    res, records, spent = stopped_after_a_release()
     assert spent > res.history[-1][contract.DP_EPSILON] * (1 + 1e-3)  # round 2's statistics: no round record
     last = records[-1]
     assert last[contract.ROUND] == 2 and last[contract.DP_STOPPED] == 1.0
     assert last[contract.DP_EPSILON] == pytest.approx(spent, rel=1e-9)
     assert contract.TARGET_ACC not in last and records[:-1] == res.history
+
+
+@pytest.mark.full("a DP run and a fresh MLflow store: 15-30 s on the shared CPU")
+def test_the_epsilon_spent_is_mlflows_last_dp_epsilon():
+    """The records of a run stopped after a release, logged as the train stage logs them (TrainTracking: on_round ->
+    ChildRun.log_round): the child run's dp_epsilon in MLflow is the epsilon spent."""
+    from mlflow.tracking import MlflowClient
+
+    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
+
+    res, records, spent = stopped_after_a_release()
+    child = ChildRun("ledger", parent_run_id("ledger", "k", {}), "r", {}, {})  # conftest: this test's own store
+    for rec in records:
+        child.log_round(rec)
+    child.finish()
+    metrics = MlflowClient().get_run(child.run_id).data.metrics  # the latest value of each
+    assert metrics[contract.DP_EPSILON] == pytest.approx(spent, rel=1e-9) and metrics[contract.DP_STOPPED] == 1.0
+    assert metrics[contract.TARGET_ACC] == res.history[-1][contract.TARGET_ACC]
 
 
 def _snippets_of_client_states(written: list[dict]) -> list[bytes]:
