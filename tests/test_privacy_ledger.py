@@ -303,6 +303,8 @@ def test_a_finished_dp_run_leaves_no_client_state_in_its_files(tmp_path, private
         assert _files_holding(tmp_path, snippets) == []
         ck = torch.load(tmp_path / "ck.pt", weights_only=True)
         assert ck["client_records"] == {} and "states" not in ck
+        released_or_the_servers = {"global", "best", "best_round", "best_val", "history", "run_info", "server_state"}
+        assert set(ck) == released_or_the_servers | {"engine", "privacy", "round", "client_records"}, sorted(ck)
         again = run(tmp_path, priv, rounds=2)
         assert again.resumed_from == 2 and again.history == res.history
     else:
