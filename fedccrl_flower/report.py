@@ -1,6 +1,7 @@
 """What a ServerApp run writes to its report folder, <work_dir>/run-<run id>/ (fedccrl_core/foundation/contract.py):
-rounds.jsonl (one record per finished round, read by the launcher), status.json (running | completed | failed |
-stopped, with the error), server.log and result.pt (`FlowerResult`, read by the launcher with `read_result`)."""
+rounds.jsonl (one record per finished round, and under train.privacy the epsilon record of a round stopped after a
+release; read by the launcher), status.json (running | completed | failed | stopped, with the error), server.log and
+result.pt (`FlowerResult`, read by the launcher with `read_result`)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ The round loop itself is fedccrl_core/federation/loop.py (RoundLoop), the one th
   1. QUERY every connected SuperNode; each answers with its client id, n_i and its upload (lines 3-6;
      FedCCRL: F_i as an ArrayRecord). Uploads are checked (replies.py) and must share one signature (keys,
      dtypes, row shapes); a misfit is refused, and so is a client that is not a source of this run
-     (`shards.client_ids`), so only those clients are sampled.
+     (`shards.client_ids`), so only those clients are sampled. One client id answering from two nodes stops the run
+     (`DuplicateClient`, naming both) before any upload is used; under train.privacy both uploads are charged.
   2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client:
      global weights + its payload (FedCCRL: F_pool minus F_i).
   3. check every reply against the global weights (replies.py) - a malformed reply is logged and refused,
@@ -49,7 +50,7 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.driver import build_seeded_model
-from fedccrl_core.federation.loop import RoundLoop, nbytes
+from fedccrl_core.federation.loop import ReleasedThenRefused, RoundLoop, nbytes, released_sizes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
@@ -61,8 +62,15 @@ from fedccrl_flower.spec import ServerSpec, report_dir
 from fedccrl_flower.transport import RoundFailure, answered, error_reason, exchange, wait_for_nodes
 
 app = ServerApp()
+
+
 if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
     die_with_parent()  # it ends with the process that started it (fedccrl_core/foundation/procs.py), never orphaned
+
+
+class DuplicateClient(RoundFailure, ReleasedThenRefused):
+    """One client id answered a query from two SuperNodes: refused before its uploads are used; both were
+    released (each noised on its own node), so the round loop charges both (train.privacy)."""
 
 
 class FlowerServer:
@@ -131,6 +139,7 @@ class FlowerServer:
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
         node_of: dict[str, int] = {}
         uploads, n_of, sigs = {}, {}, {}
+        twice: list[tuple[str, int, int, dict]] = []  # (client, first node, second node, {client: (n_i, k_i)})
         for node in sorted(replies):
             r = replies[node]
             who = f"node {node}" + (f" ({self.client_of_node[node]})" if node in self.client_of_node else "")
@@ -150,13 +159,22 @@ class FlowerServer:
                     f"(it holds no training rows outside it)",
                 )
                 continue
-            if cid in node_of:
-                self.log(
-                    f"round {rnd}: client {cid} answered from nodes {node_of[cid]} and {node}; using {node_of[cid]}"
-                )
+            if cid in node_of:  # refused below, before any upload is used
+                twice.append((cid, node_of[cid], node, released_sizes({cid: upload}, {cid: n})))
                 continue
             self.client_of_node[node] = cid
             uploads[cid], node_of[cid], n_of[cid], sigs[cid] = upload, node, n, M.upload_signature(upload)
+        if twice:
+            raise DuplicateClient(
+                f"round {rnd}: "
+                + "; ".join(
+                    f"client {cid} answered the query from two SuperNodes, nodes {a} and {b}" for cid, a, b, _ in twice
+                )
+                + f": one client id is one SuperNode (each would release its own noised upload every round); the run "
+                f"stops before any upload is used. Give each SuperNode its own client id (node config "
+                f"'{M.NODE_CLIENT_ID}')",
+                [released_sizes(uploads, n_of), *(sizes for *_, sizes in twice)],
+            )
         consensus = M.consensus_signature(sigs)
         for cid in sorted(uploads):
             if sigs[cid] is not None and sigs[cid] != consensus:
@@ -243,8 +261,13 @@ class FlowerServer:
         return {cid: self._n_of[cid] for cid in sampled}
 
     def known_n(self) -> dict:
-        """The sizes announced in the last query (none before round 1's): train.privacy's budget check."""
-        return dict(getattr(self, "_n_of", None) or {})
+        """train.privacy's budget check: every source client, with the size it announced in the last query, None
+        when it did not answer it (before round 1, a client that joins late: charged as the worst case)."""
+        n_of = dict(getattr(self, "_n_of", None) or {})
+        return {cid: n_of.get(cid) for cid in sorted(self.sources)} if self.sources is not None else n_of
+
+    def least_clients(self) -> int:
+        return self.spec.min_clients
 
     def train(self, rnd: int, sampled: list[str], global_w: dict, payloads: dict, fold) -> list[Reply]:
         """Lines 8-22 over TRAIN messages; a round with fewer valid replies than min_clients fails."""

@@ -9,6 +9,8 @@ Layout for a checkpoint path P (e.g. models/.../checkpoint.pt):
   P.corrupt            a latest checkpoint that could not be read (kept for inspection until completion)
   P.clients/r<t>.bin   the states (optimizer, LR schedule, `extra`) of the clients trained in round t,
                        one record per client, appended as each client finishes training
+  P.ledger.json        train.privacy's ledger (privacy/ledger_file.py): every release charged so
+                       far, replaced at each release, so it can be ahead of P; plain numbers, kept after the run
 
 A round writes P and one state file holding the clients it trained, nothing else: the bytes a round writes follow the clients it trained, not the number of clients, and a round costs
 one file and one fsync however many clients it trains (one file per client cost an fsync each). A
@@ -16,7 +18,8 @@ record is raw tensor bytes behind a small pickle (`write_record`), so reading on
 only its own bytes. A state file is deleted once neither P nor P.prev names it; a round file whose
 named records fill less than half of it has them copied (bytes as they are) into the round being
 written, so the files on disk stay under about twice the live states. `prune()` (run completed)
-deletes P.prev and every state file P does not name.
+deletes P.prev and every state file P does not name. `drop_client_states()` (a train.privacy run ended) deletes them
+all and rewrites P naming none: what the clients never released does not outlive the run.
 
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
@@ -177,6 +180,7 @@ class RoundCheckpoints:
         self.prev = self.path.with_name(self.path.name + ".prev")
         self.client_dir = self.path.with_name(self.path.name + ".clients")
         self.corrupt = self.path.with_name(self.path.name + ".corrupt")
+        self.ledger = self.path.with_name(self.path.name + ".ledger.json")
         self.device, self.log = device, log
         self.client_records: dict[str, tuple[int, int, int]] = {}  # of the latest checkpoint written or loaded
         self._prev_records: dict[str, tuple[int, int, int]] = {}
@@ -345,6 +349,27 @@ class RoundCheckpoints:
         self.corrupt.unlink(missing_ok=True)
         self._prev_records = {}
         self._delete_unreferenced(self._named(self.client_records))
+
+    def drop_client_states(self) -> None:
+        """The run ended under train.privacy: the clients' states (optimizer moments, `extra`: never released,
+        neither clipped nor noised) leave the files the operator keeps. P is rewritten naming no client record
+        (read back before it replaces P), then P.prev, P.corrupt and every file of P.clients go, the folder too. A
+        rerun resumes from P, its clients starting afresh."""
+        self._abort_round()
+        if self.path.is_file():
+            d = self._parse(self.path).to_dict()
+            if d["client_records"] or d.get("states"):
+                d.pop("states", None)
+                ck = RoundCheckpoint.model_validate({**d, "client_records": {}})
+                with atomic_file(self.path, "wb", verify=self._read) as f:
+                    torch.save(ck.to_dict(), f)
+        self.client_records, self._prev_records = {}, {}
+        self.prev.unlink(missing_ok=True)
+        self.corrupt.unlink(missing_ok=True)
+        if self.client_dir.is_dir():
+            for f in self.client_dir.iterdir():
+                f.unlink(missing_ok=True)
+            self.client_dir.rmdir()
 
     def _named(self, records: dict) -> dict[str, None]:
         return {self.round_file(r[0]).name: None for r in records.values()}

@@ -7,7 +7,8 @@ Client state (Adam moments and LR schedule, FedBN/SiloBN's local BN layers in `e
   persistent  (default; the reference FedCCRL code keeps one optimizer per client across rounds)
               a client's state is loaded only when it is sampled: from memory, or, once a checkpoint
               holds it, from its record in a round's state file (federation/checkpoints.py); after
-              training it is appended to this round's state file and leaves memory;
+              training it is appended to this round's state file and leaves memory; under train.privacy the
+              state files go when the run ends (RoundCheckpoints.drop_client_states: they were never released);
   stateless   a fresh optimizer and schedule every round (cross-device FL, FedDG-Bench); nothing
               per client is kept or checkpointed.
 
@@ -113,6 +114,9 @@ class InProcessTransport:
 
     def known_n(self):
         return self.announced_n(self.ids)
+
+    def least_clients(self) -> int:
+        return len(self.ids)  # every client answers in-process
 
     def train(self, rnd, sampled, global_w, payloads, fold):
         replies = []

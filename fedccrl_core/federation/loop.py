@@ -88,11 +88,30 @@ def privacy_of(alg: Algorithm):
     return RunPrivacy(s, uploads)
 
 
+def released_rows(uploads: dict) -> dict[str, int]:
+    """{client: k_i}: the rows each statistics upload in `uploads` released."""
+    return {cid: len(u["mu"]) for cid, u in uploads.items() if isinstance(u, dict) and "mu" in u}
+
+
+def released_sizes(uploads: dict, n_of: dict) -> dict[str, tuple[int, int]]:
+    """{client: (n_i, k_i)}: the rows each statistics upload released out of the client's n_i (`n_of`: announced)."""
+    return {cid: (int(n_of[cid]), k) for cid, k in released_rows(uploads).items()}
+
+
 def upload_sizes(uploads: dict, transport) -> dict[str, tuple[int, int]]:
-    """{client: (n_i, k_i)}: the rows each statistics upload released out of the client's n_i."""
-    rows = {cid: len(u["mu"]) for cid, u in uploads.items() if isinstance(u, dict) and "mu" in u}
-    n = transport.announced_n(sorted(rows)) if rows else {}
-    return {cid: (int(n[cid]), k) for cid, k in rows.items()}
+    """released_sizes with the n_i the transport announced."""
+    rows = released_rows(uploads)
+    return released_sizes(uploads, transport.announced_n(sorted(rows)) if rows else {})
+
+
+class ReleasedThenRefused(RuntimeError):
+    """A transport refuses a round after uploads already left the clients (Flower: one client id answering from two
+    SuperNodes, each upload noised on its own). `released`: the statistics releases that happened, each
+    {client: (n_i, k_i)} as upload_sizes gives them; the round loop charges every one (train.privacy) and stops."""
+
+    def __init__(self, message: str, released: list[dict[str, tuple[int, int]]]):
+        super().__init__(message)
+        self.released = released
 
 
 def sampled_count(clients: int, fraction: float) -> int:
@@ -164,9 +183,12 @@ class Transport(Protocol):
     def announced_n(self, sampled: list[str]) -> dict[str, int]:
         """n_i of each sampled client as its reply will state it (Algorithm.sample_count)."""
 
-    def known_n(self) -> dict[str, int]:
-        """n_i of every client whose size is known before the round's uploads (in-process: all; Flower: those
-        that answered the previous round's query, none before round 1)."""
+    def known_n(self) -> dict[str, int | None]:
+        """Every client that may upload in the coming round, with its n_i when known before the round's uploads,
+        else None (in-process: all known; Flower: every source client, known if it answered the previous query)."""
+
+    def least_clients(self) -> int:
+        """The fewest answering clients with which a round goes on (in-process: all; Flower: min_clients)."""
 
     def train(
         self, rnd: int, sampled: list[str], global_w: dict, payloads: dict, fold: Callable[[Reply], None]
@@ -208,13 +230,24 @@ class RoundLoop:
         if self.privacy is not None:
             self.log(f"train.privacy: noise from {self.privacy.s.noise_source()}")
 
-    def planned_sizes(self) -> dict[str, tuple[int, int]]:
-        """{client: (n_i, k_i)} the statistics uploads of the coming round will have, from the sizes the clients
-        announced (Transport.known_n); {} when the algorithm uploads no statistics."""
-        if not self.privacy.uploads:
-            return {}
-        assert isinstance(self.alg, StatisticsExchange)  # the algorithms whose uploads are statistics
-        return {cid: (n, self.alg.released_rows(n)) for cid, n in self.transport.known_n().items()}
+    def planned_round(self) -> tuple[dict[str, tuple[int, int]], int, int]:
+        """RunPrivacy.before_round's (sizes, N, m) for the coming round, its worst case over who may answer
+        (Transport.known_n, least_clients). sizes: {client: (n_i, k_i)} of the statistics uploads from the sizes the
+        clients announced; a client whose size is not known yet (it joins late) as (1, 1), every row released (the
+        largest sampling ratio: Gaussian(z_s) unsampled); {} when the algorithm uploads no statistics. (N, m): the
+        number of answering clients between least_clients and all of them whose sample m = sampled_count(N) has
+        the largest ratio m / N (a sampled Gaussian's RDP grows with it)."""
+        known = self.transport.known_n()
+        sizes: dict[str, tuple[int, int]] = {}
+        if self.privacy.uploads:
+            assert isinstance(self.alg, StatisticsExchange)  # the algorithms whose uploads are statistics
+            sizes = {cid: (1, 1) if n is None else (n, self.alg.released_rows(n)) for cid, n in known.items()}
+        if not known:
+            return sizes, 0, 0
+        least = max(1, min(self.transport.least_clients(), len(known)))
+        pairs = [(c, sampled_count(c, self.client_fraction)) for c in range(least, len(known) + 1)]
+        clients, sampled = max(pairs, key=lambda cm: (cm[1] / cm[0], cm[0]))
+        return sizes, clients, sampled
 
     def _accept(self, ck: RoundCheckpoint) -> str | None:
         if ck.run_info != self.run_info:
@@ -254,23 +287,17 @@ class RoundLoop:
             global_w, best_w, best_round, best_val = ck.global_weights, ck.best, ck.best_round, ck.best_val
             history, start = ck.history, ck.round + 1
             self.alg.load_server_state(ck.server_state)
-            if self.privacy is not None:
-                self.privacy.load_state(ck.privacy)
             self.log(f"resuming from checkpoint after round {ck.round}")
+        if self.privacy is not None:
+            self._resume_ledger(ck)
         self.transport.restore(self.checkpoints, ck)
         w_bytes = nbytes(global_w)
         for rnd in range(start, self.rounds + 1):  # line 2
             t0 = time.perf_counter()
             try:
                 if self.privacy is not None:  # both of the round's events, before its first release
-                    known = self.transport.known_n()
-                    self.privacy.before_round(
-                        rnd,
-                        self.planned_sizes(),
-                        len(known),
-                        sampled_count(len(known), self.client_fraction) if known else 0,
-                    )
-                uploads = self.transport.collect_uploads(rnd)  # lines 3-6
+                    self.privacy.before_round(rnd, *self.planned_round())
+                uploads = self._collect_uploads(rnd, history)  # lines 3-6
                 private = self.privacy is not None
                 sampled = sample_clients(
                     list(uploads),
@@ -284,6 +311,7 @@ class RoundLoop:
                     self.privacy.before_weights(rnd, len(uploads), len(sampled))
             except BudgetExhausted as stop:
                 self.log(str(stop))
+                self._report_spent(rnd, history)
                 if not history:
                     raise ValueError(f"{stop}: no round completed") from None
                 break
@@ -349,4 +377,48 @@ class RoundLoop:
                 )
         if self.checkpoints is not None:
             self.checkpoints.prune()
+            if self.privacy is not None:  # nothing unreleased stays where the operator keeps the run's files
+                self.checkpoints.drop_client_states()
         return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1)
+
+    # ---- train.privacy's ledger ---------------------------------------------------------------
+    def _resume_ledger(self, ck: RoundCheckpoint | None) -> None:
+        """The ledger goes on from the checkpoint's releases, or from the ledger file's when it holds more (a round
+        interrupted after a release): those are charged, and the round, run again, is charged again."""
+        assert self.privacy is not None
+        path = self.checkpoints.ledger if self.checkpoints is not None else None
+        from fedccrl_core.privacy.ledger_file import resume  # dp_accounting, imported only when on
+
+        ahead = resume(self.privacy, ck.privacy if ck is not None else None, path, self.run_info)
+        if ahead:
+            self.log(
+                f"train.privacy: the ledger {path} holds {ahead} release(s) that no round checkpoint covers (a round "
+                f"interrupted after them): charged; epsilon spent {self.privacy.ledger.epsilon():.3f}"
+            )
+
+    def _collect_uploads(self, rnd: int, history: list[dict]) -> dict[str, Any]:
+        """transport.collect_uploads; a round the transport refuses after uploads left the clients has them charged
+        (each release its own event) and reported before the run stops."""
+        try:
+            return self.transport.collect_uploads(rnd)
+        except ReleasedThenRefused as refused:
+            if self.privacy is not None:
+                for sizes in refused.released:
+                    self.privacy.statistics(rnd, sizes)
+                self._report_spent(rnd, history)
+            raise
+
+    def _report_spent(self, rnd: int, history: list[dict]) -> None:
+        """The run stops in round `rnd`: when that round released something that no round record covers, a record of
+        the epsilon spent alone ({round, dp_epsilon..., dp_stopped: 1}) goes to on_round (MLflow), so the last
+        dp_epsilon logged is what was spent. It is not a round of the history (no model, no accuracy)."""
+        if self.privacy is None or not self.privacy.released_in(rnd):
+            return
+        if history and history[-1][contract.ROUND] == rnd:
+            return
+        rec = {contract.ROUND: rnd, **self.privacy.record(), contract.DP_STOPPED: 1.0}
+        self.log(
+            f"train.privacy: round {rnd} stopped after a release; epsilon spent {rec[contract.DP_EPSILON]:.3f} "
+            "(logged as that round's dp_epsilon)"
+        )
+        self.on_round(rec)

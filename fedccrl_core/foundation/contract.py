@@ -69,6 +69,7 @@ DP_EPSILON = "dp_epsilon"  # train.privacy: epsilon at its delta so far, both ch
 DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
 DP_EPSILON_WEIGHTS = "dp_epsilon/weights"  # the weights channel alone
 DP_SEEDED_NOISE = "dp_seeded_noise"  # 1 when train.privacy.noise_seed seeds the noise: NOT private
+DP_STOPPED = "dp_stopped"  # 1 on the record of a round stopped after a release: its epsilon fields alone
 HISTORY_CSV_FIELDS = (ROUND, TARGET_ACC, VAL_ACC, LOSS, TRAIN_ACC, LR, SECONDS, BYTES_UP, BYTES_DOWN)
 
 

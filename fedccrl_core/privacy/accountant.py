@@ -19,7 +19,7 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import dp_accounting
@@ -125,6 +125,8 @@ class RunPrivacy:
     record()              the round record's fields: epsilon so far, each channel alone, and 1 in
                           dp_seeded_noise when noise_seed seeded the noise (not private).
     The ledger is plain numbers (state() / load_state()): a resumed run goes on with the epsilon it had spent.
+    keep(state()) is called at every release as it is charged (privacy/ledger_file.py writes the ledger file), so a
+    release that no round checkpoint covers (a round interrupted after it) is still counted on resume.
     """
 
     def __init__(self, settings: PrivacySettings, uploads: bool = True):
@@ -132,10 +134,21 @@ class RunPrivacy:
         self.uploads = uploads  # the algorithm uploads statistics rows: the statistics channel releases
         self.ledger = Ledger(settings)
         self._plain: list[tuple[str, int, int, int, float]] = []
+        self.keep: Callable[[list], None] | None = None  # given state() at every release (the ledger file)
 
-    def _add(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
+    def _record(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
         self.ledger.record(channel, rnd, sampled_gaussian(population, sample, z))
         self._plain.append((channel, rnd, population, sample, z))
+
+    def _add(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
+        """A release, charged: recorded, then kept (on disk) before the run goes on."""
+        self._record(channel, rnd, population, sample, z)
+        if self.keep is not None:
+            self.keep(self.state())
+
+    def released_in(self, rnd: int) -> bool:
+        """Whether round `rnd` released anything so far (its record, if it has one, covers it)."""
+        return rnd in {r for _, r, *_ in self._plain}
 
     def _check(self, rnd: int, what: str, events: list[dp_accounting.DpEvent]) -> None:
         eps = self.ledger.would_exceed(events)
@@ -195,5 +208,5 @@ class RunPrivacy:
 
     def load_state(self, state: list | None) -> None:
         self.ledger, self._plain = Ledger(self.s), []
-        for channel, rnd, population, sample, z in state or []:
-            self._add(str(channel), int(rnd), int(population), int(sample), float(z))
+        for channel, rnd, population, sample, z in state or []:  # releases of the past: not kept again
+            self._record(str(channel), int(rnd), int(population), int(sample), float(z))
