@@ -349,4 +349,9 @@ class RoundLoop:
                 )
         if self.checkpoints is not None:
             self.checkpoints.prune()
-        return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1)
+        extra = {}
+        if self.privacy is not None:  # what the ledger charged, for the sweep's per-image epsilon
+            from fedccrl_core.privacy.sweep_epsilon import ledger_releases  # dp_accounting: only when on
+
+            extra[contract.PRIVACY_RELEASES] = ledger_releases(self.privacy.ledger.releases)
+        return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1, extra=extra)
