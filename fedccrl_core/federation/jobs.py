@@ -184,7 +184,7 @@ def without_epsilon(rec: dict, seeded: bool) -> dict:
 
 
 def privacy_summary(privacy, sources: list[str], extra: dict) -> dict:
-    """history.json's `privacy` (contract.HISTORY_PRIVACY) of a DP run: how its noise was drawn, the mark of a
+    """history.json's `dp` (contract.HISTORY_PRIVACY) of a DP run: how its noise was drawn, the mark of a
     seeded run, the domains whose training images it trained on, and the releases its ledger charged
     (privacy/sweep_epsilon.py encode_releases), which the sweep's per-image epsilon composes."""
     from fedccrl_core.privacy.sweep_epsilon import encode_releases

@@ -353,5 +353,5 @@ class RoundLoop:
         if self.privacy is not None:  # what the ledger charged, for the sweep's per-image epsilon
             from fedccrl_core.privacy.sweep_epsilon import ledger_releases  # dp_accounting: only when on
 
-            extra[contract.PRIVACY_RELEASES] = ledger_releases(self.privacy.ledger.releases)
+            extra[contract.PRIVACY_RELEASES] = ledger_releases(self.privacy.state())
         return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1, extra=extra)

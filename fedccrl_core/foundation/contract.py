@@ -70,7 +70,7 @@ DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
 DP_EPSILON_WEIGHTS = "dp_epsilon/weights"  # the weights channel alone
 DP_SEEDED_NOISE = "dp_seeded_noise"  # 1 when train.privacy.noise_seed seeds the noise: NOT private
 DP_EPSILON_KEYS = (DP_EPSILON, DP_EPSILON_STATISTICS, DP_EPSILON_WEIGHTS)  # what a seeded run does not report
-HISTORY_PRIVACY = "privacy"  # history.json of a DP run: noise, mark, trained_domains, releases (federation/jobs.py)
+HISTORY_PRIVACY = "dp"  # history.json of a DP run: noise, mark, trained_domains, releases (federation/jobs.py)
 PRIVACY_RELEASES = "privacy_releases"  # RunResult.extra: the ledger's releases (privacy/sweep_epsilon.py Release)
 HISTORY_CSV_FIELDS = (ROUND, TARGET_ACC, VAL_ACC, LOSS, TRAIN_ACC, LR, SECONDS, BYTES_UP, BYTES_DOWN)
 

@@ -27,8 +27,6 @@ import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-import dp_accounting
-
 from fedccrl_core.privacy.accountant import STATISTICS, WEIGHTS, epsilon_of, sampled_gaussian, worst_client
 from fedccrl_core.privacy.settings import PrivacySettings
 
@@ -45,21 +43,10 @@ class SweepRun:
     releases: tuple[Release, ...]
 
 
-def release_of(channel: str, event: dp_accounting.DpEvent) -> Release:
-    """A ledger's event (accountant.py `sampled_gaussian`) as plain numbers."""
-    if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent):
-        inner = event.event
-        population, sample = int(event.source_dataset_size), int(event.sample_size)
-    else:
-        inner, population, sample = event, 1, 1  # the Gaussian itself: the whole population sampled
-    if not isinstance(inner, dp_accounting.GaussianDpEvent):
-        raise ValueError(f"privacy accounting: a {type(inner).__name__} is not a release of this project's ledger")
-    return (channel, population, sample, float(inner.noise_multiplier))
-
-
-def ledger_releases(releases: Iterable[tuple[str, int, dp_accounting.DpEvent]]) -> list[Release]:
-    """accountant.py Ledger.releases ((channel, round, event), in order) -> releases, in the same order."""
-    return [release_of(channel, event) for channel, _, event in releases]
+def ledger_releases(state: Iterable[Sequence]) -> list[Release]:
+    """accountant.py RunPrivacy.state() (its plain numbers: [channel, round, population, sample, z] per release, in
+    order) -> releases, in the same order."""
+    return [(str(channel), int(p), int(k), float(z)) for channel, _, p, k, z in state]
 
 
 def planned_releases(

@@ -4,7 +4,7 @@ run, and the value over the runs finished so far, logged to the sweep's parent r
 
 The sweep is dvc.yaml's matrix: every (algorithm, seed) of train.algorithms x train.seeds trains every domain of
 train.held_out, all on the same clients (plus the --algorithm, --seed, --held-out of the stage, when they lie
-outside it). A finished child run carries what its ledger charged (history.json `privacy`, contract.HISTORY_PRIVACY)
+outside it). A finished child run carries what its ledger charged (history.json `dp`, contract.HISTORY_PRIVACY)
 as two tags, so any train process of the sweep can compose them from the store."""
 
 from __future__ import annotations
