@@ -103,6 +103,27 @@ def test_seeded_runs_report_no_epsilon_and_are_marked(not_private):
     assert parse_metadata(props, "model.onnx").as_dict()["privacy"] == NOT_PRIVATE_MARK
 
 
+def test_the_sweep_budget_does_not_change_a_runs_key(params, tmp_path):
+    """train.privacy.max_sweep_epsilon is checked before the sweep trains and changes nothing a run trains: a DP
+    run keeps its key (and round checkpoint) whatever it is, while a per-run setting (max_epsilon) changes it."""
+    from fixtures import bare_manifest
+
+    from fedccrl_core.federation.jobs import plan_runs
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.train import run_settings
+
+    def key(new_keys=None, **over):
+        cfg = load_config(params({"train.privacy.enabled": True, **over}, new_keys=new_keys))
+        part = cfg.partition.model_dump(by_alias=True)
+        args = (bare_manifest(), "fedavg", 0, [3], ["sketch"], tmp_path / "m", tmp_path / "ck", cfg.train.fedavg)
+        (job,) = plan_runs(run_settings(cfg), part, *args)
+        return job.run_key
+
+    plain = key()
+    assert key({"train.privacy.max_sweep_epsilon": 50.0}) == plain
+    assert key(**{"train.privacy.max_epsilon": 50.0}) != plain
+
+
 def _train_cli(tiny: Path, ws: Path, monkeypatch, algorithm: str, held_out: list[str], out: str = "models/m"):
     from click.testing import CliRunner
 
