@@ -335,7 +335,7 @@ class FlowerServer:
             best_weights=res.best_weights,
             best_round=res.best_round,
             resumed_from=res.resumed_from,
-            extra={"refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
+            extra={**res.extra, "refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
         )
         self.report.result(result)
         return result

@@ -17,6 +17,7 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 import sys
@@ -129,8 +130,9 @@ def plan_runs(
     domains = list(manifest.domains)
     s = settings
     jobs = []
-    # a run without DP keeps its run key (and checkpoint): no privacy key
-    local = s.local.model_dump(exclude={"privacy"} if s.local.privacy is None else None)
+    # a run without DP keeps its run key (and checkpoint): no privacy key; the sweep's budget is checked before
+    # the sweep trains (pipeline/fedccrl_pipeline/sweep_privacy.py) and does not change what a run trains
+    local = s.local.model_dump(exclude={"privacy"} if s.local.privacy is None else {"privacy": {"max_sweep_epsilon"}})
     for h, target in zip(held_out, targets):
         i = domains.index(target)
         run_params = {
@@ -173,6 +175,31 @@ def plan_runs(
     return jobs
 
 
+def without_epsilon(rec: dict, seeded: bool) -> dict:
+    """A round record as a run reports it: a seeded run's (train.privacy.noise_seed: not private) has no epsilon,
+    which does not apply to noise that anyone with the params file removes; it keeps dp_seeded_noise = 1."""
+    if not seeded:
+        return rec
+    return {k: v for k, v in rec.items() if k not in contract.DP_EPSILON_KEYS}
+
+
+def privacy_summary(privacy, sources: list[str], extra: dict) -> dict:
+    """history.json's `dp` (contract.HISTORY_PRIVACY) of a DP run: how its noise was drawn, the mark of a
+    seeded run, the domains whose training images it trained on, and the releases its ledger charged
+    (privacy/sweep_epsilon.py encode_releases), which the sweep's per-image epsilon composes."""
+    from fedccrl_core.privacy.sweep_epsilon import encode_releases
+
+    out = {
+        "noise": privacy.noise_source(),
+        "delta": privacy.delta,
+        "trained_domains": list(sources),
+        "releases": encode_releases(extra.get(contract.PRIVACY_RELEASES, [])),
+    }
+    if privacy.not_private_mark():
+        out["mark"] = privacy.not_private_mark()
+    return out
+
+
 def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     """Train one held-out domain (in this process or in a worker) and write job.out at once at the end.
     report(kind, payload) receives every round record ("round") as it appears. On the CPU the run uses one
@@ -189,6 +216,9 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     from fedccrl_core.learning.model_file import ModelMeta, save_model
 
     s, target, out = job.settings, job.target, Path(job.out)
+    privacy = s.local.privacy
+    mark = privacy.not_private_mark() if privacy is not None else None
+    not_applicable = functools.partial(without_epsilon, seeded=mark is not None)
     device = resolve_device(s.device)
     threads = torch.get_num_threads()
     if device.type == "cpu":
@@ -204,7 +234,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         del tx, ty  # the NCHW copy in evalsets is the one copy of the target domain kept for training
         alg = build_algorithm(job.algorithm, s.local, job.hparams)
         model = build_seeded_model(alg, s.backbone, len(job.classes), s.pretrained, job.seed, device)
-        on_round = lambda rec: report("round", rec)  # noqa: E731
+        on_round = lambda rec: report("round", not_applicable(rec))  # noqa: E731
         if s.engine == "flower":  # same algorithm, seeds and record dicts over Flower: job.flower_train is
             # fedccrl_flower.run.train_with_flower, set by the caller (the library does not import the transport)
             assert job.flower_train is not None, "engine flower: the caller sets job.flower_train"
@@ -248,6 +278,9 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         mlflow_experiment_id=job.mlflow_experiment_id,
         platform=numeric_platform(str(device)),
     )
+    if mark:  # a seeded run's model files and history say so; other runs' meta has no privacy key
+        meta = meta.model_copy(update={"privacy": mark})
+    history = [not_applicable(rec) for rec in result.history]
     from fedccrl_core.foundation.fsio import atomic_dir
 
     with atomic_dir(
@@ -257,11 +290,10 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": s.local.rounds}))
         model.load_state_dict(result.best_weights)
         save_model(tmp / contract.BEST_FILE, model, meta.model_copy(update={"round": result.best_round}))
-        (tmp / contract.HISTORY_FILE).write_text(
-            json.dumps(
-                {"meta": meta.to_dict(), contract.BEST_ROUND: result.best_round, "rounds": result.history}, indent=1
-            )
-        )
+        doc = {"meta": meta.to_dict(), contract.BEST_ROUND: result.best_round, "rounds": history}
+        if privacy is not None and privacy.enabled:
+            doc[contract.HISTORY_PRIVACY] = privacy_summary(privacy, job.sources, result.extra)
+        (tmp / contract.HISTORY_FILE).write_text(json.dumps(doc, indent=1))
         keys = [
             *contract.HISTORY_CSV_FIELDS,
             *sorted({k for r in result.history for k in r if contract.is_loss_term(k)}),
@@ -269,12 +301,12 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         with open(tmp / contract.HISTORY_CSV, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
             w.writeheader()
-            w.writerows(result.history)
-    final = result.history[-1]
+            w.writerows(history)
+    final = history[-1]
     log(f"done: final target acc {final[contract.TARGET_ACC]:.4f}; best-val round {result.best_round} -> {out}")
     return {
         contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-        contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
+        contract.BEST_VAL_TARGET_ACC: history[result.best_round - 1][contract.TARGET_ACC],
         contract.BEST_ROUND: result.best_round,
     }
 

@@ -379,7 +379,12 @@ class RoundLoop:
             self.checkpoints.prune()
             if self.privacy is not None:  # nothing unreleased stays where the operator keeps the run's files
                 self.checkpoints.drop_client_states()
-        return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1)
+        extra = {}
+        if self.privacy is not None:  # what the ledger charged, for the sweep's per-image epsilon
+            from fedccrl_core.privacy.sweep_epsilon import ledger_releases  # dp_accounting: only when on
+
+            extra[contract.PRIVACY_RELEASES] = ledger_releases(self.privacy.state())
+        return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1, extra=extra)
 
     # ---- train.privacy's ledger ---------------------------------------------------------------
     def _resume_ledger(self, ck: RoundCheckpoint | None) -> None:

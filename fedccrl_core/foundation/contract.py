@@ -14,7 +14,7 @@ from pathlib import Path
 # ---- run layout: <root>/<algorithm>/s<seed>/d<held-out entry> -----------------------------------------
 MODEL_FILE = "model.pt"  # the global model after the last round
 BEST_FILE = "best.pt"  # the global model of the round with the best source-validation accuracy
-HISTORY_FILE = "history.json"  # {"meta", "best_round", "rounds": [round record, ...]}
+HISTORY_FILE = "history.json"  # {"meta", "best_round", "rounds": [round record, ...]} (+ HISTORY_PRIVACY under DP)
 HISTORY_CSV = "history.csv"  # the same rounds, HISTORY_CSV_FIELDS plus the loss terms
 RESULT_SUFFIX = ".json"  # results/runs/<algorithm>/s<seed>/d<entry>.json (evaluate stage)
 
@@ -70,6 +70,9 @@ DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
 DP_EPSILON_WEIGHTS = "dp_epsilon/weights"  # the weights channel alone
 DP_SEEDED_NOISE = "dp_seeded_noise"  # 1 when train.privacy.noise_seed seeds the noise: NOT private
 DP_STOPPED = "dp_stopped"  # 1 on the record of a round stopped after a release: its epsilon fields alone
+DP_EPSILON_KEYS = (DP_EPSILON, DP_EPSILON_STATISTICS, DP_EPSILON_WEIGHTS)  # what a seeded run does not report
+HISTORY_PRIVACY = "dp"  # history.json of a DP run: noise, mark, trained_domains, releases (federation/jobs.py)
+PRIVACY_RELEASES = "privacy_releases"  # RunResult.extra: the ledger's releases (privacy/sweep_epsilon.py Release)
 HISTORY_CSV_FIELDS = (ROUND, TARGET_ACC, VAL_ACC, LOSS, TRAIN_ACC, LR, SECONDS, BYTES_UP, BYTES_DOWN)
 
 

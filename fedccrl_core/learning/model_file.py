@@ -54,6 +54,7 @@ class ModelMeta(Record):
     mlflow_experiment_id: str | None = None
     platform: str | None = None  # fedccrl_core/foundation/numerics.py numeric_platform
     round: int | None = None  # the round whose weights the file holds
+    privacy: str | None = None  # settings.py NOT_PRIVATE_MARK when train.privacy.noise_seed seeded the noise
 
     def require(self, path: str | Path, *names: str) -> None:
         """DataError naming the file and the fields among `names` this meta lacks (a reader that needs them)."""

@@ -23,6 +23,8 @@ Range = Annotated[list[float], Field(min_length=2, max_length=2)]
 # train.privacy.noise_seed is refused unless this variable is 1: a seeded run says, where it is started, that it is not
 # private
 NOT_PRIVATE_VARIABLE = "FEDCCRL_NOT_PRIVATE"
+# a seeded run's mark, where it reports epsilon and in every file it leaves: its epsilon does not apply
+NOT_PRIVATE_MARK = "not private (noise_seed)"
 
 
 class PrivacySettings(Declared):
@@ -44,6 +46,13 @@ class PrivacySettings(Declared):
     delta: float = Field(1e-5, gt=0, lt=1, description="the delta at which epsilon is reported and bounded")
     max_epsilon: float = Field(
         0.0, ge=0, description="stop before a release that would make epsilon exceed it; 0 = no limit"
+    )
+    max_sweep_epsilon: float = Field(
+        0.0,
+        ge=0,
+        description="refuse, before the sweep trains anything, a sweep (train.held_out x train.algorithms x "
+        "train.seeds on the same clients) whose per-image epsilon, composed over every run that trains on the "
+        "image's domain, would exceed it (privacy/sweep_epsilon.py); 0 = no limit",
     )
     stats_release: Literal["rows", "moments"] = Field(
         "rows",
@@ -121,6 +130,11 @@ class PrivacySettings(Declared):
         if self.seeded:
             return f"seeded by train.privacy.noise_seed = {self.noise_seed}: NOT PRIVATE (tests only)"
         return "OS entropy: private, not bit-reproducible"
+
+    def not_private_mark(self) -> str | None:
+        """What marks a seeded run (MLflow tag and param, history.json, model meta, ONNX metadata): None for a
+        run that is private or has no DP at all."""
+        return NOT_PRIVATE_MARK if self.seeded else None
 
     @property
     def on_statistics(self) -> bool:

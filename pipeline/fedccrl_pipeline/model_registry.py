@@ -132,7 +132,7 @@ def log_to_mlflow(
     values = meta.to_dict()
     tags = {
         k: str(values[k])
-        for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit")
+        for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit", "privacy")
         if values.get(k) is not None
     }
     sha = weights_sha256(onnx_path)

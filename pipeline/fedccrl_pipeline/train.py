@@ -20,6 +20,7 @@ from fedccrl_core.federation.jobs import LOG
 from fedccrl_pipeline.params import ParamError, ParamsFile, read_yaml, validate_params
 from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.sweep import check_train, held_out_entry
+from fedccrl_pipeline.sweep_privacy import check_sweep_budget
 
 
 def check_algorithm(name: str, option: str = "--algorithm") -> None:
@@ -83,6 +84,8 @@ def train(
     manifest = load_manifest(shards)  # metadata only: the held-out domains and the clients' sizes
     targets = check_train(cfg, manifest, algorithm, held_out)  # before any shard is read, before MLflow
     check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
+    # the sweep's epsilon per image, planned: checked against train.privacy.max_sweep_epsilon before MLflow
+    planned_epsilon = check_sweep_budget(cfg, manifest, algorithm, seed, targets)
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))  # typed already: FedCCRL's variant read
     jobs = plan_runs(
         settings,
@@ -102,7 +105,7 @@ def train(
         for job in jobs:  # train.flower as validated with the whole file, never validated again
             job.flower_train = functools.partial(train_with_flower, settings=cfg.train.flower)
     n_workers = worker_count(workers, settings, len(jobs))
-    tracking = TrainTracking(cfg, settings, algorithm, seed, manifest, shards, jobs)
+    tracking = TrainTracking(cfg, settings, algorithm, seed, manifest, shards, jobs, planned_epsilon)
     LOG(f"train {algorithm} seed {seed}: held-out {[j.target for j in jobs]}, {n_workers} at a time")
     try:
         run_jobs(jobs, n_workers, shards, pools, tracking.start, tracking.on_message)

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation.runkey import params_hash
 from fedccrl_pipeline.git_state import git_commit
-from fedccrl_pipeline.mlflow_store import store_errors, tracking_uri
+from fedccrl_pipeline.mlflow_store import mlflow_module, store_errors, tracking_uri
 from fedccrl_pipeline.run_names import dvc_experiment_name, flatten
+from fedccrl_pipeline.sweep_privacy import PRIVACY_TAG
 from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 
 if TYPE_CHECKING:
@@ -48,8 +50,20 @@ class TrainTracking:
     first start), one ChildRun per held-out job, the round records as they arrive, and each run closed with its
     outcome. start(job) is run_jobs' `start`, on_message its `on_message` (fedccrl_core/federation/jobs.py)."""
 
-    def __init__(self, cfg, settings, algorithm: str, seed: int, manifest: ShardManifest, shards: Path, jobs: list):
-        """cfg: the ParamsFile; settings: the jobs' RunSettings; jobs: TrainJobs (fedccrl_core/federation/jobs.py)."""
+    def __init__(
+        self,
+        cfg,
+        settings,
+        algorithm: str,
+        seed: int,
+        manifest: ShardManifest,
+        shards: Path,
+        jobs: list,
+        planned_epsilon: dict[str, float] | None = None,
+    ):
+        """cfg: the ParamsFile; settings: the jobs' RunSettings; jobs: TrainJobs (fedccrl_core/federation/jobs.py);
+        planned_epsilon: the sweep's planned epsilon per image (sweep_privacy.py check_sweep_budget), None without
+        DP or with a seeded noise."""
         from fedccrl_core.algorithms import ALGORITHMS
         from fedccrl_core.foundation.fastpath import resolve_device
 
@@ -81,6 +95,11 @@ class TrainTracking:
         self.uri = tracking_uri()
         privacy = cfg.train.privacy  # a DP run says how its noise was drawn: not bit-reproducible, or not private
         self.privacy_tags = {"fedccrl.privacy_noise": privacy.noise_source()} if privacy.enabled else {}
+        mark = privacy.not_private_mark()  # a seeded run: epsilon not applicable, the parent and the child marked
+        self.parent_tags = {PRIVACY_TAG: mark} if mark else {}
+        self.privacy_tags.update(self.parent_tags)
+        self.delta, self.planned_epsilon = privacy.delta, planned_epsilon
+        self.sweep_key = params_hash(self.sweep_params)
 
     def start(self, job) -> dict:
         with store_errors(self.uri):  # a store or server that fails: one line naming it (TrackingStoreError)
@@ -89,12 +108,12 @@ class TrainTracking:
     def on_message(self, kind: str, index: int, payload) -> None:
         from fedccrl_core.foundation import contract
 
-        history = None
+        doc = None
         if kind == "done":  # the run's own file, read outside the store's errors
             job = next(j for j in self.jobs if j.index == index)
-            history = json.loads((Path(job.out) / contract.HISTORY_FILE).read_text())["rounds"]
+            doc = json.loads((Path(job.out) / contract.HISTORY_FILE).read_text())
         with store_errors(self.uri):
-            self._on_message(kind, index, payload, history)
+            self._on_message(kind, index, payload, doc)
 
     def _start(self, job) -> dict:
         from fedccrl_core.foundation.fsio import write_text
@@ -107,9 +126,10 @@ class TrainTracking:
         # continue the recorded run when its checkpoint is there, and also when its process was killed before the
         # first checkpoint (the run is still RUNNING): one run per training, never a RUNNING one left behind
         resume_id = recorded if recorded and (resumable or run_status(recorded) == "RUNNING") else None
-        sweep_key = params_hash(self.sweep_params)
+        sweep_key = self.sweep_key
         if self.parent is None:
             self.parent = parent_run_id(self.experiment, sweep_key, self.sweep_params)
+            self._mark_parent()
         run = ChildRun(
             self.experiment,
             self.parent,
@@ -146,14 +166,41 @@ class TrainTracking:
         self.runs[job.index] = run
         return {"commit": self.commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
 
-    def _on_message(self, kind: str, index: int, payload, history: list | None) -> None:
+    def _mark_parent(self) -> None:
+        """The parent of a seeded sweep is marked not private; a DP sweep's parent gets its planned epsilon per
+        image (every process of the sweep computes the same)."""
+        from fedccrl_pipeline.sweep_privacy import SWEEP_PLANNED, epsilon_metrics
+
+        assert self.parent is not None
+        client = mlflow_module().MlflowClient()
+        for k, v in self.parent_tags.items():
+            client.set_tag(self.parent, k, v)
+        if self.planned_epsilon:
+            log_parent_metrics(client, self.parent, epsilon_metrics(SWEEP_PLANNED, self.planned_epsilon), 0)
+
+    def _report_sweep(self, experiment_id: str) -> None:
+        """The sweep's epsilon per image over its finished child runs (their charged releases), logged to the
+        parent at step = the number of runs composed: the latest step is the most complete."""
+        from fedccrl_core.privacy.sweep_epsilon import per_image_epsilon
+        from fedccrl_pipeline.sweep_privacy import SWEEP_EPSILON, SWEEP_RUNS, epsilon_metrics, finished_runs
+
+        assert self.parent is not None
+        client = mlflow_module().MlflowClient()
+        runs = finished_runs(client, experiment_id, self.sweep_key)
+        if runs:
+            metrics = {**epsilon_metrics(SWEEP_EPSILON, per_image_epsilon(runs, self.delta)), SWEEP_RUNS: len(runs)}
+            log_parent_metrics(client, self.parent, metrics, len(runs))
+
+    def _on_message(self, kind: str, index: int, payload, doc: dict | None) -> None:
+        from fedccrl_pipeline.sweep_privacy import child_tags
+
         run = self.runs[index]
         if kind == "round":
             run.log_round(payload)
         elif kind == "done":
             job = next(j for j in self.jobs if j.index == index)
-            assert history is not None  # on_message reads it for "done"
-            late = run.backfill(history)  # every round in MLflow, also after a kill or a lost store
+            assert doc is not None  # on_message reads it for "done"
+            late = run.backfill(doc["rounds"])  # every round in MLflow, also after a kill or a lost store
             if late:
                 print(
                     f"[{self.algorithm} {job.target}] MLflow: round(s) {late} logged now (the run that trained "
@@ -162,8 +209,20 @@ class TrainTracking:
                     flush=True,
                 )
             run.log_metrics(payload)
+            tags = child_tags(doc)
+            for k, v in tags.items():
+                run.client.set_tag(run.run_id, k, v)
             run.finish()
+            if tags and self.planned_epsilon is not None:  # a DP run (not seeded) finished: the sweep's epsilon
+                self._report_sweep(run.experiment_id)
 
     def finish_all(self, status: str) -> None:
         for run in self.runs.values():
             run.finish(status)
+
+
+def log_parent_metrics(client, run_id: str, metrics: dict[str, float], step: int) -> None:
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client.log_batch(run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])

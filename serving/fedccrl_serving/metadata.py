@@ -38,6 +38,7 @@ TEXT_KEYS = (
     "git_commit",
     "mlflow_run_id",
     "mlflow_experiment_id",
+    "privacy",  # "not private (noise_seed)" on a model whose DP noise was seeded (fedccrl_core/privacy/settings.py)
 )
 REQUIRED_KEYS = ("classes", "num_classes", "image_size", "mean", "std", "resize")
 

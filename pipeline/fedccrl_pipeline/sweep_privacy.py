@@ -1,0 +1,132 @@
+"""A sweep's epsilon per image (fedccrl_core/privacy/sweep_epsilon.py) where the pipeline needs it: the plan of the
+whole sweep checked against train.privacy.max_sweep_epsilon before `fedccrl train` reads a shard or opens an MLflow
+run, and the value over the runs finished so far, logged to the sweep's parent run each time a child finishes.
+
+The sweep is dvc.yaml's matrix: every (algorithm, seed) of train.algorithms x train.seeds trains every domain of
+train.held_out, all on the same clients (plus the --algorithm, --seed, --held-out of the stage, when they lie
+outside it). A finished child run carries what its ledger charged (history.json `dp`, contract.HISTORY_PRIVACY)
+as two tags, so any train process of the sweep can compose them from the store."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING
+
+from fedccrl_core.foundation.errors import ParamError
+
+if TYPE_CHECKING:
+    from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.privacy.sweep_epsilon import SweepRun
+    from fedccrl_pipeline.params import ParamsFile
+
+KEY = "train.privacy.max_sweep_epsilon"
+RELEASES_TAG = "fedccrl.dp_releases"  # a finished child: the releases its ledger charged (encode_releases)
+DOMAINS_TAG = "fedccrl.dp_trained_domains"  # a finished child: the domains whose training images it trained on
+PRIVACY_TAG = "fedccrl.privacy"  # a seeded run and its parent: settings.py NOT_PRIVATE_MARK
+SWEEP_EPSILON = "dp_epsilon_sweep_per_image"  # the parent: the worst domain's; /<domain> each domain's
+SWEEP_PLANNED = "dp_epsilon_sweep_planned"  # the parent: the same over the plan (every run, every round)
+SWEEP_RUNS = "dp_sweep_runs"  # the parent: how many finished runs the value composes
+
+
+def planned_sweep(cfg: ParamsFile, manifest: ShardManifest, algorithm: str, seed: int, targets: list[str]):
+    """Every run of the sweep (module docstring) as a SweepRun whose releases are those it charges when it trains
+    every round (sweep_epsilon.py planned_releases), with the sizes the clients will announce (the manifest's)."""
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.algorithms.fedccrl import StatisticsExchange
+    from fedccrl_core.data.shards import client_ids
+    from fedccrl_core.federation.loop import sampled_count
+    from fedccrl_core.privacy.sweep_epsilon import SweepRun, planned_releases
+    from fedccrl_pipeline.params import resolve_held_out
+
+    t, s = cfg.train, cfg.train.privacy
+    domains = list(manifest.domains)
+    held_out, _ = resolve_held_out(domains, list(t.held_out), f"the shards ({manifest.dataset})")
+    runs = []
+    for name in dict.fromkeys([*t.algorithms, algorithm]):
+        alg = build_algorithm(name, cfg.local, getattr(t, name))
+        uploads = getattr(alg.Params, "uploads_statistics", False)
+        assert not uploads or isinstance(alg, StatisticsExchange)  # the algorithms whose uploads are statistics
+        for target in dict.fromkeys([*held_out, *targets]):
+            clients = {c.id: c for c in manifest.clients}
+            sizes = {}
+            for cid in client_ids(manifest, target):
+                c = clients[cid]
+                n = sum(v for d, v in (c.train_domain_counts or {c.domain: c.n_train}).items() if d != target)
+                sizes[cid] = (n, alg.released_rows(n) if isinstance(alg, StatisticsExchange) else n)
+            releases = planned_releases(
+                s, uploads, sizes, len(sizes), sampled_count(len(sizes), t.client_fraction), cfg.local.rounds
+            )
+            sources = tuple(d for d in domains if d != target)
+            for sd in dict.fromkeys([*t.seeds, seed]):
+                runs.append(SweepRun(f"{name} s{sd} held-out {target}", sources, tuple(releases)))
+    return runs
+
+
+def check_sweep_budget(
+    cfg: ParamsFile, manifest: ShardManifest, algorithm: str, seed: int, targets: list[str]
+) -> dict[str, float] | None:
+    """The sweep's planned epsilon per image, {domain: epsilon} (None without DP, or with a seeded noise, where
+    epsilon does not apply). ParamError naming train.privacy.max_sweep_epsilon when it is set and a domain's
+    planned epsilon exceeds it: before the stage reads a shard or opens an MLflow run."""
+    s = cfg.train.privacy
+    if not s.enabled or s.seeded:
+        return None
+    from fedccrl_core.privacy.sweep_epsilon import per_image_epsilon
+
+    runs = planned_sweep(cfg, manifest, algorithm, seed, targets)
+    eps = per_image_epsilon(runs, s.delta)
+    if s.max_sweep_epsilon:
+        over = {d: e for d, e in eps.items() if e > s.max_sweep_epsilon}
+        if over:
+            worst = max(over, key=lambda d: over[d])
+            count = sum(worst in r.trained_domains for r in runs)
+            raise ParamError(
+                f"params.yaml: key '{KEY}': got {s.max_sweep_epsilon:g}; an image of domain {worst} would reach "
+                f"epsilon {over[worst]:.3f} at delta {s.delta:g} over the sweep ({count} of its {len(runs)} runs "
+                f"train on it: train.held_out x train.algorithms x train.seeds on the same clients; "
+                f"{', '.join(f'{d} {e:.3f}' for d, e in over.items())} above it). Raise {KEY}, raise the noise "
+                "multipliers, or train fewer runs"
+            )
+    return eps
+
+
+def child_tags(history_doc: dict) -> dict[str, str]:
+    """The tags a finished child run of a DP sweep carries (from its history.json): its releases and trained
+    domains, or the not-private mark of a seeded run (whose releases do not count: its epsilon does not apply)."""
+    from fedccrl_core.foundation import contract
+
+    p = history_doc.get(contract.HISTORY_PRIVACY)
+    if not p:
+        return {}
+    if p.get("mark"):
+        return {PRIVACY_TAG: p["mark"]}
+    return {RELEASES_TAG: p["releases"], DOMAINS_TAG: json.dumps(p["trained_domains"])}
+
+
+def finished_runs(client, experiment_id: str, sweep_key: str) -> list[SweepRun]:
+    """The sweep's finished child runs that carry their releases, as SweepRuns."""
+    from fedccrl_core.privacy.sweep_epsilon import SweepRun, decode_releases
+
+    query = f"tags.`fedccrl.sweep` = '{sweep_key}' and tags.`fedccrl.role` = 'child' and attributes.status = 'FINISHED'"
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=query, max_results=1000, page_token=token)
+        for r in page:
+            tags = r.data.tags
+            if RELEASES_TAG in tags and DOMAINS_TAG in tags:
+                where = f"MLflow run {r.info.run_id} tag {RELEASES_TAG}"
+                runs.append(
+                    SweepRun(
+                        r.info.run_name or r.info.run_id,
+                        tuple(json.loads(tags[DOMAINS_TAG])),
+                        tuple(decode_releases(tags[RELEASES_TAG], where)),
+                    )
+                )
+        token = page.token
+        if not token:
+            return runs
+
+
+def epsilon_metrics(name: str, eps: dict[str, float]) -> dict[str, float]:
+    """{name: the worst domain's epsilon, name/<domain>: each domain's}."""
+    return {name: max(eps.values()), **{f"{name}/{d}": e for d, e in eps.items()}} if eps else {}
