@@ -159,13 +159,31 @@ def test_tpr_at_fpr_reads_the_roc():
     assert tpr_at_fpr(np.array([3.0, 2.0, 0.5]), np.linspace(0, 1, 100), 0.01) == pytest.approx(2 / 3)
 
 
-def test_audit_stage_writes_table_plot_and_json(tmp_path, not_private):
+def test_audit_stage_writes_table_plot_and_json(tmp_path):
+    """The command's table names the verdict and the numbers it rests on; the plot is a PNG; the record is JSON."""
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy.audit import canary_scores, make_canaries, one_run_audit
     from fedccrl_pipeline.audit import plot, table
 
-    res = audit(clients(60), 0.2, 2, seed=0, privacy=PrivacySettings(enabled=True, noise_seed=0))
+    c = make_canaries({"a": 100, "b": 100}, 3, PrivacySettings(), numpy_rng(0, "t"))
+    held = {cid: c.rows_of(cid)[:50].astype(np.float64) for cid in ("a", "b")}  # exact rows: broken
+    scores = canary_scores(c.plus, c.minus, c.client, held)
+    res = one_run_audit(c, scores, 60, 2.0, 1e-5)
+    res.update(
+        rounds=1,
+        clients=2,
+        r=0.5,
+        upload="ceil",
+        seed=0,
+        guess_share=0.75,
+        noise="OS entropy",
+        privacy={"enabled": True},
+        scores=list(scores),
+        coins=[bool(x) for x in c.coin],
+    )
     lines = table(res)
-    assert lines[0].startswith("| round |") and len([x for x in lines if x.startswith("| 2 |")]) == 2
-    assert any("NOT PRIVATE" in x for x in lines)
+    assert lines[2].startswith("| 1 | 200 | 60 | 60 | 1.000 [") and "**DP violated**" in lines[2]
+    assert lines[-1].startswith("FAILURE")
     plot(res, tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
     json.dumps(res)  # plain numbers only

@@ -82,8 +82,25 @@ def plot(result: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def engine_audit(cfg, shards: Path, pools: Path) -> dict:
-    """The canary audit of the statistics the in-process engine uploads (the module's docstring)."""
+def load_audit_clients(shards: Path, pools: Path):
+    """Every client's statistics (the pools) and domain (the shards' manifest), for the membership measurement of
+    fedccrl_core/privacy/audit.py `audit` (scripts/privacy_audit.py)."""
+    from fedccrl_core.data.pools import load_pool
+    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.privacy.audit import Client
+
+    manifest = load_manifest(shards)
+    out = []
+    for entry in manifest.clients:
+        mu, sigma = load_pool(pools, entry.id)
+        out.append(Client(entry.id, entry.domain, mu, sigma, manifest.image_size**2))
+    return out
+
+
+def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privacy=None) -> dict:
+    """The canary audit of the statistics the in-process engine uploads (the module's docstring), at `seed`
+    (default train.seeds[0]: the canaries, their coins and, without DP, Eq. 8's draws) and `privacy` (default
+    train.privacy)."""
     import numpy as np
 
     from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
@@ -97,8 +114,10 @@ def engine_audit(cfg, shards: Path, pools: Path) -> dict:
 
     hp = FedCCRL.validated(cfg.train.fedccrl)  # FedCCRL's variant read (its upload rounding)
     assert isinstance(hp, FedCCRLParams)
-    alg = FedCCRL(cfg.local, hp)
-    seed, rounds, s = cfg.train.seeds[0], cfg.train.rounds, cfg.train.privacy
+    seed = cfg.train.seeds[0] if seed is None else seed
+    s = cfg.train.privacy if privacy is None else privacy
+    alg = FedCCRL(cfg.local.model_copy(update={"privacy": s if s.enabled else None}), hp)
+    rounds = cfg.train.rounds
     clients = load_clients(shards, pools, list(load_manifest(shards).domains), "cpu")
     channels = clients[0].stats_mu.shape[1]
     canaries = make_canaries({c.client_id: c.n_train for c in clients}, channels, s, numpy_rng(seed, "audit-canaries"))
