@@ -366,6 +366,51 @@ def test_capture_records_the_engines_uploads_and_the_loops_epsilon():
     assert not (dp.rows["c0"][:, None, :] == held[None]).all(axis=2).any()
 
 
+@pytest.mark.full("two real DP training runs (small_cnn, 3 rounds), about 20 s")
+@pytest.mark.parametrize("noise_removed", [False, True])
+def test_a_training_run_records_its_uploads_and_the_audit_reads_them(monkeypatch, noise_removed):
+    """A real DP training run (toy clients, small_cnn, 3 rounds, z_s = 5: the statistics eps about 0.3) on
+    CapturingEngine, every statistics row a canary slot: the captured uploads are what the round loop charged
+    (its logged statistics eps is the accountant's over the captured sizes), and the canary audit of them at that
+    eps is consistent, or, with the noise removed inside the mechanism, refutes it."""
+    from fixtures import held_out_run
+    from test_round_loop import toy_clients
+
+    import fedccrl_core.privacy.dp as dp
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.federation.capture import CapturingEngine, statistics_rows
+    from fedccrl_core.federation.driver import build_seeded_model
+    from fedccrl_core.foundation import contract
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy import accountant as A
+    from fedccrl_core.privacy.audit import canary_scores, make_canaries, one_run_audit, planned_guesses
+
+    if noise_removed:
+        monkeypatch.setattr(dp, "stats_noise_std", lambda s, channels: 0.0)
+    on = PrivacySettings(enabled=True, stats_noise_multiplier=5.0)
+    clients = toy_clients(4, 24)
+    c = make_canaries({x.client_id: x.n_train for x in clients}, 3, on, numpy_rng(0, "canaries"))
+    for x in clients:
+        held = c.rows_of(x.client_id)
+        x.stats_mu, x.stats_sigma = held[:, :3], held[:, 3:]
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=3, local_epochs=1, batch_size=8, privacy=on), {"r": 0.2})
+    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
+    run = held_out_run(alg, model, clients, (clients[0].train_x, clients[0].train_y), 3)
+    engine = CapturingEngine(
+        run.algorithm, run.model, run.clients, run.evalsets, run.rounds, run.seed, log=lambda m: None
+    )
+    history = engine.run().history
+    captured = engine.transport.captured
+    assert sorted(captured) == [1, 2, 3]
+    sizes = {cid: (24, len(u["mu"])) for cid, u in captured[3].items()}
+    eps = history[-1][contract.DP_EPSILON_STATISTICS]
+    assert eps == pytest.approx(A.epsilon_of([A.statistics_event(on, sizes)] * 3, on.delta)) and eps < 0.5
+    scores = canary_scores(c.plus, c.minus, c.client, statistics_rows(captured))
+    res = one_run_audit(c, scores, planned_guesses(sizes, 3), eps, on.delta)
+    assert res["violated"] is noise_removed and (res["correct"] == res["guesses"]) is noise_removed
+
+
 @pytest.mark.full("three runs of fedccrl audit on the default data (10 rounds each), about 15 s with the data")
 @pytest.mark.parametrize("fault", ["none", "noise_removed", "upload_broken"])
 def test_audit_command_exits_1_when_the_engine_releases_more_than_epsilon_allows(

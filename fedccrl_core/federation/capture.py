@@ -51,6 +51,16 @@ class CapturingEngine(InProcessEngine):
     transport_class = CapturingTransport
 
 
+def statistics_rows(captured: dict[int, dict]) -> dict[str, np.ndarray]:
+    """{client id: its statistics rows (mu then sigma, float64) of every captured round, stacked}."""
+    rows: dict[str, list[np.ndarray]] = {}
+    for rnd in sorted(captured):
+        for cid, u in captured[rnd].items():
+            if isinstance(u, dict) and "mu" in u:
+                rows.setdefault(cid, []).append(np.concatenate([u["mu"], u["sigma"]], axis=1).astype(np.float64))
+    return {cid: np.concatenate(v) for cid, v in rows.items()}
+
+
 class _UploadsOnly(torch.nn.Module):
     """The model slot of a transport that runs the uploads phase only: the transport reads the model's device (the
     CPU); the uploads never touch the model."""
@@ -83,11 +93,6 @@ def capture_statistics(alg: Algorithm, clients: list[ClientData], seed: int, rou
         sizes = upload_sizes(transport.collect_uploads(rnd), transport)
         if privacy is not None:
             privacy.statistics(rnd, sizes)
-    rows: dict[str, list[np.ndarray]] = {}
-    for ups in transport.captured.values():
-        for cid, u in ups.items():
-            if isinstance(u, dict) and "mu" in u:
-                rows.setdefault(cid, []).append(np.concatenate([u["mu"], u["sigma"]], axis=1).astype(np.float64))
     if privacy is not None and privacy.uploads:
         from fedccrl_core.privacy.accountant import STATISTICS
 
@@ -95,7 +100,7 @@ def capture_statistics(alg: Algorithm, clients: list[ClientData], seed: int, rou
     else:
         eps = math.inf
     return StatisticsCapture(
-        {cid: np.concatenate(v) for cid, v in rows.items()},
+        statistics_rows(transport.captured),
         sizes,
         eps,
         transport.captured,
