@@ -270,6 +270,10 @@ def test_one_run_p_value_is_the_binomial_tail_plus_the_delta_term():
     lb = epsilon_lower_bound(864, 426, 426, 1e-5)
     assert 4.64 < lb < 6.0 and one_run_p_value(864, 426, 426, lb, 1e-5) == pytest.approx(0.05, abs=1e-4)
     assert epsilon_lower_bound(864, 426, 213, 1e-5) == 0.0  # a coin's accuracy refutes nothing
+    # docs/privacy.md's contrast: 288 non-members, no false positive, FPR_hi 0.0127: e^eps FPR_hi >= 1 from 4.36
+    fpr_hi = clopper_pearson(0, 288)[1]
+    assert fpr_hi == pytest.approx(0.0127, abs=5e-5) and -math.log(fpr_hi) == pytest.approx(4.36, abs=0.005)
+    assert bound(4.37, fpr_hi, 1e-5) == 1.0 and bound(4.35, fpr_hi, 1e-5) < 1.0
     assert one_run_p_value(10, 5, 5, float("inf"), 1e-5) == 1.0
     with pytest.raises(ValueError, match="correct"):
         one_run_p_value(10, 5, 6, 1.0, 0.0)
