@@ -109,6 +109,7 @@ def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privac
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.federation.capture import capture_statistics
     from fedccrl_core.federation.jobs import load_clients
+    from fedccrl_core.federation.loop import privacy_of
     from fedccrl_core.foundation.seeding import numpy_rng
     from fedccrl_core.privacy.audit import GUESS_SHARE, canary_scores, make_canaries, one_run_audit, planned_guesses
 
@@ -117,6 +118,7 @@ def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privac
     seed = cfg.train.seeds[0] if seed is None else seed
     s = cfg.train.privacy if privacy is None else privacy
     alg = FedCCRL(cfg.local.model_copy(update={"privacy": s if s.enabled else None}), hp)
+    privacy_of(alg)  # a setting the round loop refuses is refused here too, before any data is read
     rounds = cfg.train.rounds
     clients = load_clients(shards, pools, list(load_manifest(shards).domains), "cpu")
     channels = clients[0].stats_mu.shape[1]
