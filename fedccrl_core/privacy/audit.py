@@ -1,5 +1,12 @@
-"""What FedCCRL's statistics upload reveals (Eq. 8 and the paragraph after it), measured: membership attacks,
-attribution of rows to their origin, and how both accumulate over the rounds. Floor 1: numpy, scipy, scikit-learn.
+"""What FedCCRL's statistics upload reveals (Eq. 8 and the paragraph after it), in two parts. Floor 1: numpy,
+scipy, scikit-learn.
+
+`fedccrl audit`'s test of the DP claim, at the end of this module: the one-run canary audit (Steinke, Nasr,
+Jagielski 2023) of uploads the engine released (fedccrl_core/federation/capture.py captures them): canaries,
+scores, guesses, the p-value at the run's eps and the eps refuted.
+
+The membership measurement of real images (`audit`, scripts/privacy_audit.py): membership attacks, attribution
+of rows to their origin, and how both accumulate over the rounds, on a replay of the engine's draw (`release`).
 
 The attacker is the honest-but-curious server, or a client that receives F_pool (Alg. 1 line 7). It holds a
 candidate image and computes its (mu, sigma) by Eq. 6-7 (6 numbers). Members: the target client's training images.
@@ -20,7 +27,9 @@ FPR are reported with Clopper-Pearson 95 % intervals (Carlini et al., S&P 2022: 
 With train.privacy.statistics on, the release's epsilon (the statistics channel alone, after t rounds, the
 accountant of privacy/accountant.py on the clients' sizes) bounds any test: TPR <= e^eps FPR + delta. A TPR whose
 interval lies wholly above e^eps times the upper end of the FPR's interval, plus delta, is a failure of the DP
-claim (`violated`).
+claim (`violated`). The FPR's interval limits it: with the default data's 288 non-members its upper end is at
+least 0.0127, so the bound is 1 from eps 4.36 on, and this part cannot fail the default run (eps 4.64); the
+canary audit can.
 
 The released rows are drawn as the engines draw them: Eq. 8's ceil(r n_i) rows without replacement
 (train.fedccrl.upload: floor_unbiased, floor(r n_i) rows with the unbiased std), from numpy_rng(seed, "upload",
@@ -337,7 +346,7 @@ def audit(
 # slots, each holding one of two rows chosen by an independent fair coin S_i; the auditor sees only the release,
 # guesses S_i on the r slots it is most confident about, and counts the correct guesses v. If the release is
 # (eps, delta)-DP with respect to each slot, v is dominated by Binomial(r, e^eps / (1 + e^eps)) up to a delta term
-# (their Thm. 3.1 and Prop. 5.2, the p-value of their Algorithm 2), which any finite eps keeps below 1: the test
+# (their main theorem, Thm. 3.1, and its (eps, delta) version), which any finite eps keeps below 1: the test
 # can fail at the run's eps whatever the number of non-members. One slot flipping its coin replaces one row by
 # another: the REPLACE_ONE relation of privacy/accountant.py, so the eps audited is the accountant's own.
 
@@ -414,9 +423,9 @@ def guess(scores: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """P[v or more of r guesses correct] if the release is (eps, delta)-DP for each of the m slots: Steinke et al.
-    2023, Prop. 5.2 (their Algorithm 2): P[Bin(r, p) >= v] + 2 m delta max_{1<=i<=v} P[v > Bin(r, p) >= v - i] / i,
-    p = e^eps / (1 + e^eps)."""
+    """P[v or more of r guesses correct] if the release is (eps, delta)-DP for each of the m slots (Steinke et al.
+    2023, the (eps, delta) version of their Thm. 3.1):
+        P[Bin(r, p) >= v] + 2 m delta max_{1<=i<=v} P[v > Bin(r, p) >= v - i] / i,   p = e^eps / (1 + e^eps)."""
     from scipy.stats import binom
 
     if not 0 <= v <= r <= m:
