@@ -1,5 +1,12 @@
-"""The membership-audit tables of docs/privacy.md: `fedccrl audit` (fedccrl_core/privacy/audit.py) on the default data (the
-shards and pools of `dvc repro`), every client, params.yaml's train.rounds, train.fedccrl.r and upload, without DP
+"""The audit tables of docs/privacy.md, on the default data (the shards and pools of `dvc repro`).
+
+First, `fedccrl audit`'s one-run canary audit of the engine's uploads (pipeline/fedccrl_pipeline/audit.py
+`engine_audit`), without DP and with train.privacy at its defaults, per seed (the seed draws the canaries, their
+coins and, without DP, Eq. 8's samples; with DP the sample and the noise come from the OS): guesses, correct ones,
+the statistics channel's epsilon, the p-value there, the epsilon refuted.
+
+Then the membership measurement of real images (fedccrl_core/privacy/audit.py `audit`, a replay of the engine's
+draw), every client, params.yaml's train.rounds, train.fedccrl.r and upload, every client, params.yaml's train.rounds, train.fedccrl.r and upload, without DP
 and with train.privacy at its defaults (enabled, z_s = 1), over several seeds (the seed draws Eq. 8's samples
 without DP and splits members and non-members into reference, calibration and evaluation sets; with DP the sample
 and the noise come from the OS). Prints, per setting and round, mean ± std over the seeds of: the released share,
@@ -21,7 +28,7 @@ import numpy as np
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.privacy.audit import audit, release
 from fedccrl_core.privacy.settings import PrivacySettings
-from fedccrl_pipeline.audit import load_audit_clients
+from fedccrl_pipeline.audit import engine_audit, load_audit_clients
 from fedccrl_pipeline.params import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -53,6 +60,20 @@ def main(data: Path, seeds: tuple[int, ...]) -> None:
     r, rounds = cfg.train.fedccrl.r, cfg.train.rounds
     upload = resolve_variant(cfg.train.fedccrl).upload
     settings = (("off", PrivacySettings()), ("defaults (z_s = 1)", PrivacySettings(enabled=True)))
+    print(
+        "| DP | seed | slots | guesses | correct | epsilon (statistics) | p-value at epsilon | epsilon refuted | verdict |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    for label, privacy in settings:
+        for seed in seeds:
+            a = engine_audit(cfg, data / "shards", data / "pools", seed, privacy)
+            verdict = "DP violated" if a["violated"] else ("no DP claim" if a["privacy"] is None else "consistent")
+            print(
+                f"| {label} | {seed} | {a['slots']} | {a['guesses']} | {a['correct']} | "
+                f"{ms([a['epsilon_statistics']], '.2f').split(' ')[0]} | {a['p_value']:.3g} | "
+                f"{a['epsilon_lower_bound']:.2f} | {verdict} |"
+            )
+    print()
     print(
         f"{len(clients)} clients of {', '.join(str(len(c.mu)) for c in clients)} images, r = {r}, upload "
         f"{upload}, {rounds} rounds, seeds {','.join(map(str, seeds))}; DP noise from the OS"

@@ -1,7 +1,15 @@
-"""`fedccrl audit` (fedccrl_core/privacy/audit.py, pipeline/fedccrl_pipeline/audit.py): the membership attacks on the released statistics
-find what was released when nothing protects it; the likelihood-ratio attack, which knows the mechanism, finds
-more than the nearest row under noise; at the default DP settings the TPR stays within what epsilon allows, and a
-mechanism that does not add the noise it claims is flagged."""
+"""The audit of the statistics upload (fedccrl_core/privacy/audit.py, fedccrl_core/federation/capture.py,
+pipeline/fedccrl_pipeline/audit.py).
+
+`fedccrl audit`, the one-run canary audit of what the engine uploads: its p-value and epsilon lower bound (Steinke
+et al. 2023), its decision on exact and on noised releases, the capture of the engine's uploads with the round
+loop's accounting, and the command: exit 0 on the default DP run, exit 1 with the noise removed or the upload
+broken (full tier).
+
+The membership measurement of real images on a replay of the engine's draw (`audit`, scripts/privacy_audit.py):
+the attacks find what was released when nothing protects it; the likelihood-ratio attack, which knows the
+mechanism, finds more than the nearest row under noise; at the default DP settings the TPR stays within what
+epsilon allows."""
 
 from __future__ import annotations
 
@@ -151,13 +159,31 @@ def test_tpr_at_fpr_reads_the_roc():
     assert tpr_at_fpr(np.array([3.0, 2.0, 0.5]), np.linspace(0, 1, 100), 0.01) == pytest.approx(2 / 3)
 
 
-def test_audit_stage_writes_table_plot_and_json(tmp_path, not_private):
+def test_audit_stage_writes_table_plot_and_json(tmp_path):
+    """The command's table names the verdict and the numbers it rests on; the plot is a PNG; the record is JSON."""
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy.audit import canary_scores, make_canaries, one_run_audit
     from fedccrl_pipeline.audit import plot, table
 
-    res = audit(clients(60), 0.2, 2, seed=0, privacy=PrivacySettings(enabled=True, noise_seed=0))
+    c = make_canaries({"a": 100, "b": 100}, 3, PrivacySettings(), numpy_rng(0, "t"))
+    held = {cid: c.rows_of(cid)[:50].astype(np.float64) for cid in ("a", "b")}  # exact rows: broken
+    scores = canary_scores(c.plus, c.minus, c.client, held)
+    res = one_run_audit(c, scores, 60, 2.0, 1e-5)
+    res.update(
+        rounds=1,
+        clients=2,
+        r=0.5,
+        upload="ceil",
+        seed=0,
+        guess_share=0.75,
+        noise="OS entropy",
+        privacy={"enabled": True},
+        scores=list(scores),
+        coins=[bool(x) for x in c.coin],
+    )
     lines = table(res)
-    assert lines[0].startswith("| round |") and len([x for x in lines if x.startswith("| 2 |")]) == 2
-    assert any("NOT PRIVATE" in x for x in lines)
+    assert lines[2].startswith("| 1 | 200 | 60 | 60 | 1.000 [") and "**DP violated**" in lines[2]
+    assert lines[-1].startswith("FAILURE")
     plot(res, tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
     json.dumps(res)  # plain numbers only
@@ -226,19 +252,196 @@ def _dp_params(tmp_path, privacy: dict):
     return tmp_path / "params.yaml"
 
 
-@pytest.mark.parametrize("broken", [False, True])
-def test_audit_command_exits_1_when_the_tpr_lies_above_the_bound(default_data, tmp_path, monkeypatch, broken):
-    """`fedccrl audit` with train.privacy on (z_s = 5): the table names the noise source and the command succeeds;
-    with the noise skipped (a broken mechanism), the outputs are still written, the failure is printed and the
-    exit status is 1."""
+# ---------------------------------------------------------------- the one-run canary audit (`fedccrl audit`)
+def test_one_run_p_value_is_the_binomial_tail_plus_the_delta_term():
+    """delta = 0: P[Bin(r, e^eps / (1 + e^eps)) >= v] (r = v: p^r in closed form); delta > 0 adds
+    2 m delta max_i P[v > Bin >= v - i] / i; the p-value grows with eps; the lower bound is where it crosses 0.05."""
+    from scipy.stats import binom
+
+    from fedccrl_core.privacy.audit import epsilon_lower_bound, one_run_p_value
+
+    p = 1 / (1 + math.exp(-2.0))
+    assert one_run_p_value(500, 100, 100, 2.0, 0.0) == pytest.approx(p**100)
+    assert one_run_p_value(500, 100, 80, 2.0, 0.0) == pytest.approx(binom.sf(79, 100, p))
+    extra = max(sum(binom.pmf(80 - j, 100, p) for j in range(1, i + 1)) / i for i in range(1, 81))
+    assert one_run_p_value(500, 100, 80, 2.0, 1e-4) == pytest.approx(binom.sf(79, 100, p) + 2 * 500 * 1e-4 * extra)
+    ps = [one_run_p_value(864, 426, 426, e, 1e-5) for e in (3.0, 4.0, 4.64, 6.0)]
+    assert ps == sorted(ps) and ps[2] < 0.05 < ps[3]  # 426 of 426 refute the default run's 4.64, not 6
+    # docs/privacy.md's p-value with the noise removed, at the default run's eps 4.644097 (the accountant's)
+    assert one_run_p_value(864, 426, 426, 4.644097, 1e-5) == pytest.approx(0.0196, abs=5e-5)
+    lb = epsilon_lower_bound(864, 426, 426, 1e-5)
+    assert 4.64 < lb < 6.0 and one_run_p_value(864, 426, 426, lb, 1e-5) == pytest.approx(0.05, abs=1e-4)
+    assert epsilon_lower_bound(864, 426, 213, 1e-5) == 0.0  # a coin's accuracy refutes nothing
+    # docs/privacy.md's contrast: 288 non-members, no false positive, FPR_hi 0.0127: e^eps FPR_hi >= 1 from 4.36
+    fpr_hi = clopper_pearson(0, 288)[1]
+    assert fpr_hi == pytest.approx(0.0127, abs=5e-5) and -math.log(fpr_hi) == pytest.approx(4.36, abs=0.005)
+    assert bound(4.37, fpr_hi, 1e-5) == 1.0 and bound(4.35, fpr_hi, 1e-5) < 1.0
+    assert one_run_p_value(10, 5, 5, float("inf"), 1e-5) == 1.0
+    with pytest.raises(ValueError, match="correct"):
+        one_run_p_value(10, 5, 6, 1.0, 0.0)
+
+
+def test_canaries_lie_inside_the_box_mirrored_with_fair_coins():
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy.audit import make_canaries
+
+    s = PrivacySettings()
+    c = make_canaries({"a": 300, "b": 200}, 3, s, numpy_rng(0, "t"))
+    lo = np.r_[[s.stats_mu_range[0]] * 3, [s.stats_sigma_range[0]] * 3]
+    hi = np.r_[[s.stats_mu_range[1]] * 3, [s.stats_sigma_range[1]] * 3]
+    for rows in (c.plus, c.minus):
+        assert rows.shape == (500, 6) and (rows > lo).all() and (rows < hi).all()
+    assert np.allclose(c.plus + c.minus, lo + hi, atol=1e-5)  # mirror images through the box's centre
+    assert 200 < c.coin.sum() < 300 and len(c.rows_of("b")) == 200
+    assert np.array_equal(c.rows_of("a"), np.where(c.coin[:300, None], c.plus[:300], c.minus[:300]))
+
+
+def _released(c, share: float, noise: float, rng) -> dict:
+    """Each client's held rows, a share of them released, with Gaussian noise of std `noise`."""
+    out = {}
+    for cid in np.unique(c.client):
+        held = c.rows_of(cid).astype(np.float64)
+        pick = rng.random(len(held)) < share
+        out[str(cid)] = held[pick] + rng.normal(0, noise, held[pick].shape)
+    return out
+
+
+@pytest.mark.parametrize("noise, violated", [(0.0, True), (8.9, False)])
+def test_the_decision_fails_exact_rows_and_passes_noised_ones(noise, violated):
+    """The decision logic on a release built here: 864 slots, 65 % released over the run (the default's
+    1 - 0.9^10), guesses planned as for r = 0.1 and 10 rounds, against the default run's eps 4.64. Exact rows:
+    every guess right, the DP claim refuted (exit 1). Noise of the default std (z_s D = 8.9 per coordinate): the
+    guesses are a coin's, consistent."""
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy.audit import canary_scores, make_canaries, one_run_audit, planned_guesses
+
+    rng = np.random.default_rng(5)
+    c = make_canaries({f"c{i}": 108 for i in range(8)}, 3, PrivacySettings(), numpy_rng(1, "t"))
+    r = planned_guesses({f"c{i}": (108, 11) for i in range(8)}, 10)
+    assert r == math.floor(0.75 * 864 * (1 - (1 - 11 / 108) ** 10))
+    scores = canary_scores(c.plus, c.minus, c.client, _released(c, 0.65, noise, rng))
+    res = one_run_audit(c, scores, r, 4.644, 1e-5)
+    assert res["violated"] is violated and res["guesses"] == r
+    assert res["precision_bound"] == pytest.approx(1 / (1 + math.exp(-4.644))) and res["precision_bound"] < 1
+    if violated:
+        assert res["correct"] == r and res["p_value"] < 0.05 and res["epsilon_lower_bound"] > 4.644
+    else:
+        assert res["precision_lo"] < 0.5 < res["precision_hi"] and res["p_value"] > 0.5
+    nothing = one_run_audit(c, scores, r, float("inf"), 1e-5)  # no DP claim: nothing to refute
+    assert not nothing["violated"] and nothing["epsilon_lower_bound"] == res["epsilon_lower_bound"]
+
+
+def _tiny_clients(n=40):
+    from fedccrl_core.learning.clients import ClientData
+
+    rng = np.random.default_rng(0)
+    out = []
+    for i in range(3):
+        x = rng.integers(0, 255, (n, 8, 8, 3), dtype=np.uint8)
+        y = rng.integers(0, 2, n)
+        mu = rng.normal(0, 0.5, (n, 3)).astype(np.float32)
+        sigma = np.abs(rng.normal(0.6, 0.2, (n, 3))).astype(np.float32)
+        out.append(ClientData.from_numpy(f"c{i}", "d", x, y, x[:2], y[:2], "cpu", mu, sigma))
+    return out
+
+
+def test_capture_records_the_engines_uploads_and_the_loops_epsilon():
+    """capture_statistics runs the engine's uploads phase: without DP its rows are those FedCCRL.client_upload
+    sends from the run seed's generator (the same draws, replayed here); with DP its epsilon is the accountant's
+    over the uploads' sizes, and the uploads are noised (no row equals a held one)."""
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.algorithms.fedccrl import FedCCRL
+    from fedccrl_core.data.pools import sample_statistics
+    from fedccrl_core.federation.capture import capture_statistics
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy import accountant as A
+
+    clients = _tiny_clients()
+    cap = capture_statistics(FedCCRL(LocalConfig(), {"r": 0.1}), clients, 7, 3)
+    assert math.isinf(cap.epsilon) and sorted(cap.per_round) == [1, 2, 3] and cap.sizes["c0"] == (40, 4)
+    for c in clients:
+        want = [
+            np.concatenate(sample_statistics(c.stats_mu, c.stats_sigma, 0.1, numpy_rng(7, "upload", t, c.client_id)), 1)
+            for t in (1, 2, 3)
+        ]
+        assert np.array_equal(cap.rows[c.client_id], np.concatenate(want).astype(np.float64))
+    on = PrivacySettings(enabled=True)
+    dp = capture_statistics(FedCCRL(LocalConfig(privacy=on), {"r": 0.1}), clients, 7, 3)
+    assert dp.epsilon == pytest.approx(A.epsilon_of([A.statistics_event(on, dp.sizes)] * 3, on.delta))
+    held = np.concatenate([clients[0].stats_mu, clients[0].stats_sigma], 1).astype(np.float64)
+    assert not (dp.rows["c0"][:, None, :] == held[None]).all(axis=2).any()
+
+
+@pytest.mark.full("two real DP training runs (small_cnn, 3 rounds), about 20 s")
+@pytest.mark.parametrize("noise_removed", [False, True])
+def test_a_training_run_records_its_uploads_and_the_audit_reads_them(monkeypatch, noise_removed):
+    """A real DP training run (toy clients, small_cnn, 3 rounds, z_s = 5: the statistics eps about 0.3) on
+    CapturingEngine, every statistics row a canary slot: the captured uploads are what the round loop charged
+    (its logged statistics eps is the accountant's over the captured sizes), and the canary audit of them at that
+    eps is consistent, or, with the noise removed inside the mechanism, refutes it."""
+    from fixtures import held_out_run
+    from test_round_loop import toy_clients
+
+    import fedccrl_core.privacy.dp as dp
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.federation.capture import CapturingEngine, statistics_rows
+    from fedccrl_core.federation.driver import build_seeded_model
+    from fedccrl_core.foundation import contract
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy import accountant as A
+    from fedccrl_core.privacy.audit import canary_scores, make_canaries, one_run_audit, planned_guesses
+
+    if noise_removed:
+        monkeypatch.setattr(dp, "stats_noise_std", lambda s, channels: 0.0)
+    on = PrivacySettings(enabled=True, stats_noise_multiplier=5.0)
+    clients = toy_clients(4, 24)
+    c = make_canaries({x.client_id: x.n_train for x in clients}, 3, on, numpy_rng(0, "canaries"))
+    for x in clients:
+        held = c.rows_of(x.client_id)
+        x.stats_mu, x.stats_sigma = held[:, :3], held[:, 3:]
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=3, local_epochs=1, batch_size=8, privacy=on), {"r": 0.2})
+    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
+    run = held_out_run(alg, model, clients, (clients[0].train_x, clients[0].train_y), 3)
+    engine = CapturingEngine(
+        run.algorithm, run.model, run.clients, run.evalsets, run.rounds, run.seed, log=lambda m: None
+    )
+    history = engine.run().history
+    captured = engine.transport.captured
+    assert sorted(captured) == [1, 2, 3]
+    sizes = {cid: (24, len(u["mu"])) for cid, u in captured[3].items()}
+    eps = history[-1][contract.DP_EPSILON_STATISTICS]
+    assert eps == pytest.approx(A.epsilon_of([A.statistics_event(on, sizes)] * 3, on.delta)) and eps < 0.5
+    scores = canary_scores(c.plus, c.minus, c.client, statistics_rows(captured))
+    res = one_run_audit(c, scores, planned_guesses(sizes, 3), eps, on.delta)
+    assert res["violated"] is noise_removed and (res["correct"] == res["guesses"]) is noise_removed
+
+
+@pytest.mark.full("three runs of fedccrl audit on the default data (10 rounds each), about 15 s with the data")
+@pytest.mark.parametrize("fault", ["none", "noise_removed", "upload_broken"])
+def test_audit_command_exits_1_when_the_engine_releases_more_than_epsilon_allows(
+    default_data, tmp_path, monkeypatch, fault
+):
+    """`fedccrl audit` on the default DP run (train.privacy at its defaults, 10 rounds, eps 4.64) exits 0. With the
+    statistics noise removed inside the mechanism (privacy/dp.py, noise std 0), or with the engine's upload
+    broken so that FedCCRL sends its exact rows, the audit sees it in what the engine uploaded: the outputs are
+    written, the failure is printed, the exit status is 1."""
     from click.testing import CliRunner
 
-    import fedccrl_core.privacy.audit as audit_module
+    import fedccrl_core.privacy.dp as dp
+    from fedccrl_core.algorithms.fedccrl import StatisticsExchange
     from fedccrl_pipeline.audit import command
 
-    if broken:
-        monkeypatch.setattr(audit_module, "privatize", lambda mu, sigma, s, rng: (mu, sigma))
-    params = _dp_params(tmp_path, {"enabled": True, "stats_noise_multiplier": 5.0})
+    if fault == "noise_removed":
+        monkeypatch.setattr(dp, "stats_noise_std", lambda s, channels: 0.0)
+    elif fault == "upload_broken":
+        monkeypatch.setattr(StatisticsExchange, "released", lambda self, upload, rng: upload)
+    params = _dp_params(tmp_path, {"enabled": True})
+    import yaml
+
+    d = yaml.safe_load(params.read_text())
+    d["train"]["rounds"] = 10
+    params.write_text(yaml.safe_dump(d, sort_keys=False))
     out = tmp_path / "audit.json"
     res = CliRunner().invoke(
         command,
@@ -258,7 +461,10 @@ def test_audit_command_exits_1_when_the_tpr_lies_above_the_bound(default_data, t
         ],
     )
     text = res.output + (res.stderr or "")
-    assert out.exists() and "OS entropy: private, not bit-reproducible" in (tmp_path / "a.md").read_text()
-    assert json.loads(out.read_text())["violated"] is broken
+    broken = fault != "none"
+    got = json.loads(out.read_text())
+    assert "OS entropy: private, not bit-reproducible" in (tmp_path / "a.md").read_text()
+    assert got["epsilon_statistics"] == pytest.approx(4.644, abs=0.01) and got["slots"] == 864
+    assert got["violated"] is broken and (got["correct"] == got["guesses"]) is broken
     assert res.exit_code == (1 if broken else 0), text
     assert ("the DP claim fails" in text) is broken

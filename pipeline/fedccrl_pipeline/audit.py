@@ -1,21 +1,25 @@
-"""`fedccrl audit`: what FedCCRL's statistics upload reveals, measured (fedccrl_core/privacy/audit.py).
+"""`fedccrl audit`: does the statistics upload the engine actually sends keep the DP claim? A one-run canary audit
+(Steinke, Nasr, Jagielski, NeurIPS 2023; fedccrl_core/privacy/audit.py `one_run_audit`) of what the in-process
+engine uploaded (fedccrl_core/federation/capture.py `capture_statistics`).
 
-Reads the clients' statistics (pools stage) and their domains (the shards' manifest), replays the uploads of
-train.rounds rounds at train.seeds[0] with train.fedccrl.r and train.fedccrl.upload (and train.privacy when on),
-and writes
-  --out    results/audit.json  one record per round (released share, the statistics channel's epsilon, and per
-                               attack, nearest-row and likelihood-ratio, TPR and FPR at FPR 0.1 % and 1 % on the
-                               evaluation split with Clopper-Pearson intervals, the bound e^eps FPR + delta, AUC)
-                               and the attribution of round 1's rows to their domain and client, against chance
+Reads params.yaml (the whole file, before any data), the shards and the pools. Every training row of every client
+becomes a canary slot: it holds one of two canary rows chosen by a fair coin per slot (the sizes stay the run's).
+The engine's own uploads phase (InProcessTransport.collect_uploads: FedCCRL's `client_upload`, Eq. 8, with
+train.privacy's clip and noise when on) runs train.rounds rounds at train.seeds[0], and what it uploaded is
+captured and accounted by the round loop's ledger. The auditor sees only those uploads, guesses the coin of the r
+slots it is surest of, and counts its correct guesses. It writes
+  --out    results/audit.json  slots, guesses, correct, precision with its Clopper-Pearson interval, the precision
+                               (eps, delta)-DP allows (e^eps / (1 + e^eps)), the p-value at the statistics channel's
+                               eps, the eps the guesses refute, and `violated`
   --table  results/audit.md    the same as a table
-  --plot   results/audit.png   membership TPR and the released share over the rounds
-`--mlflow-run ID` also logs them to that MLflow run (metrics per round as steps, the files as artifacts).
-With train.privacy on, a TPR whose interval lies above the bound is a failure of the DP claim: the outputs are
-written, the failure is printed, and the command exits with status 1.
+  --plot   results/audit.png   the guesses' scores by coin
+`--mlflow-run ID` also logs them to that MLflow run. With train.privacy on, a p-value below 0.05 at the run's eps
+is a failure of the DP claim: the outputs are written, the failure is printed, and the command exits with status 1.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -27,7 +31,60 @@ from fedccrl_core.foundation.fsio import atomic_file, write_text
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
+def _num(x: float, fmt: str = ".3f") -> str:
+    return "∞" if not math.isfinite(x) else format(x, fmt)
+
+
+def table(result: dict) -> list[str]:
+    a = result
+    lines = [
+        "| rounds | slots m | guesses r | correct v | precision v / r [95 % CI] | DP allows e^eps / (1 + e^eps) | "
+        "epsilon (statistics) | p-value at epsilon | epsilon refuted (95 %) | verdict |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {a['rounds']} | {a['slots']} | {a['guesses']} | {a['correct']} | {a['precision']:.3f} "
+        f"[{a['precision_lo']:.3f}, {a['precision_hi']:.3f}] | {a['precision_bound']:.4f} | "
+        f"{_num(a['epsilon_statistics'], '.2f')} | {a['p_value']:.3g} | {_num(a['epsilon_lower_bound'], '.2f')} | "
+        + ("**DP violated**" if a["violated"] else ("no DP claim" if a["privacy"] is None else "consistent"))
+        + " |",
+        "",
+        f"Canary slots: every training row of the {a['clients']} clients; each holds one of two rows by a fair coin. "
+        f"The engine's uploads of {a['rounds']} rounds (r = {a['r']}, upload {a['upload']}, seed {a['seed']}, noise: "
+        f"{a['noise']}) were captured; the auditor guessed the coin of the {a['guesses']} slots whose nearest "
+        "released rows favour one canary most (r fixed before the release: "
+        f"{a['guess_share']} of the slots expected to be released). One-run audit (Steinke et al. 2023), "
+        f"level {a['alpha']}, delta {a['delta']:g}.",
+        "privacy: " + ("off" if not a["privacy"] else json.dumps(a["privacy"], sort_keys=True)),
+    ]
+    if a["violated"]:
+        lines.append("FAILURE: the guesses are more accurate than the statistics channel's epsilon allows")
+    return lines
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    s = np.asarray(result["scores"])
+    coin = np.asarray(result["coins"], bool)
+    fig, ax = plt.subplots(figsize=(5.5, 3.4))
+    bins = [float(x) for x in np.linspace(-30, 30, 61)]  # scores clipped to +-30 (an exact row: about +-15)
+    ax.hist(np.clip(s[coin], -30, 30), bins=bins, alpha=0.6, label="coin: plus")
+    ax.hist(np.clip(s[~coin], -30, 30), bins=bins, alpha=0.6, label="coin: minus")
+    ax.set_xlabel("log(d_minus / d_plus)")
+    ax.set_ylabel("slots")
+    ax.set_title(f"{result['correct']} of {result['guesses']} guesses correct")
+    ax.legend(fontsize=8)
+    with atomic_file(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
+    plt.close(fig)
+
+
 def load_audit_clients(shards: Path, pools: Path):
+    """Every client's statistics (the pools) and domain (the shards' manifest), for the membership measurement of
+    fedccrl_core/privacy/audit.py `audit` (scripts/privacy_audit.py)."""
     from fedccrl_core.data.pools import load_pool
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.privacy.audit import Client
@@ -40,78 +97,63 @@ def load_audit_clients(shards: Path, pools: Path):
     return out
 
 
-def _rate(rec: dict, attack: str, what: str, f: float) -> str:
-    """'0.012 [0.003, 0.030]': a rate on the evaluation split with its Clopper-Pearson interval."""
-    k = f"{attack}/{what}"
-    return f"{rec[f'{k}@{f:g}']:.3f} [{rec[f'{k}_lo@{f:g}']:.3f}, {rec[f'{k}_hi@{f:g}']:.3f}]"
+def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privacy=None) -> dict:
+    """The canary audit of the statistics the in-process engine uploads (the module's docstring), at `seed`
+    (default train.seeds[0]: the canaries, their coins and, without DP, Eq. 8's draws) and `privacy` (default
+    train.privacy)."""
+    import numpy as np
 
+    from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
+    from fedccrl_core.algorithms.fedccrl import FedCCRL
+    from fedccrl_core.data.pools import unbiased_sigma
+    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.federation.capture import capture_statistics
+    from fedccrl_core.federation.jobs import load_clients
+    from fedccrl_core.federation.loop import privacy_of
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy.audit import GUESS_SHARE, canary_scores, make_canaries, one_run_audit, planned_guesses
 
-def table(result: dict) -> list[str]:
-    from fedccrl_core.privacy.audit import ATTACKS
+    hp = FedCCRL.validated(cfg.train.fedccrl)  # FedCCRL's variant read (its upload rounding)
+    assert isinstance(hp, FedCCRLParams)
+    seed = cfg.train.seeds[0] if seed is None else seed
+    s = cfg.train.privacy if privacy is None else privacy
+    alg = FedCCRL(cfg.local.model_copy(update={"privacy": s if s.enabled else None}), hp)
+    privacy_of(alg)  # a setting the round loop refuses is refused here too, before any data is read
+    rounds = cfg.train.rounds
+    clients = load_clients(shards, pools, list(load_manifest(shards).domains), "cpu")
+    channels = clients[0].stats_mu.shape[1]
+    canaries = make_canaries({c.client_id: c.n_train for c in clients}, channels, s, numpy_rng(seed, "audit-canaries"))
+    placed = []
+    for c in clients:
+        held = canaries.rows_of(c.client_id)
+        placed.append(dataclasses.replace(c, stats_mu=held[:, :channels], stats_sigma=held[:, channels:]))
+    hw = {c.client_id: c.image_hw[0] * c.image_hw[1] for c in clients}
 
-    att = result["attribution"]
-    lines = [
-        "| round | released share | 1 - (1 - r)^t | epsilon (statistics) | attack | TPR @ FPR 0.1 % | "
-        "TPR @ FPR 1 % [95 % CI] | FPR [95 % CI] | bound e^eps FPR + delta | AUC |",
-        "|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|",
-    ]
-    for rec in result["rounds"]:
-        eps = rec["epsilon_statistics"]
-        for attack in (a for a in ATTACKS if f"{a}/auc" in rec):
-            over = " **above: DP violated**" if rec[f"{attack}/violated@0.01"] else ""
-            lines.append(
-                f"| {rec['round']} | {rec['released_share']:.3f} | {rec['expected_share']:.3f} | "
-                f"{'∞' if not math.isfinite(eps) else format(eps, '.2f')} | {attack} | "
-                f"{rec[f'{attack}/tpr@0.001']:.3f} | {_rate(rec, attack, 'tpr', 0.01)} | "
-                f"{_rate(rec, attack, 'fpr', 0.01)} | {rec[f'{attack}/bound@0.01']:.3f}{over} | "
-                f"{rec[f'{attack}/auc']:.3f} |"
-            )
-    last = result["rounds"][-1]
-    lines += [
-        "",
-        f"Attribution of round 1's {att['rows']} released rows (5-NN, 5-fold): domain "
-        f"{att['domain_accuracy']:.3f} (chance {att['domain_chance']:.3f}), client "
-        f"{att['client_accuracy']:.3f} (chance {att['client_chance']:.3f}).",
-        f"Evaluation split: {last['members']} members, {last['non_members']} non-members; thresholds from a "
-        "separate calibration split. The bound uses the upper end of the FPR's interval.",
-        f"r = {result['r']}, upload {result['upload']}, seed {result['seed']}, noise: {result['noise']}, "
-        "privacy: " + ("off" if not result["privacy"] else json.dumps(result["privacy"], sort_keys=True)),
-    ]
-    if result["violated"]:
-        lines.append("FAILURE: a membership TPR lies above what the release's epsilon allows")
-    return lines
+    def as_uploaded(rows: np.ndarray) -> np.ndarray:  # the sigma FedCCRL's upload sends (floor_unbiased: unbiased)
+        out = rows.astype(np.float64)
+        if hp.upload != "ceil":
+            for cid, pixels in hw.items():
+                at = canaries.client == cid
+                out[at, channels:] = unbiased_sigma(rows[at, channels:], pixels)
+        return out
 
-
-def plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from fedccrl_core.privacy.audit import ATTACKS
-
-    recs = result["rounds"]
-    rounds = [r["round"] for r in recs]
-    fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    ax.plot(rounds, [r["released_share"] for r in recs], "k-", label="released share")
-    ax.plot(rounds, [r["expected_share"] for r in recs], "k:", label="1 - (1 - r)^t")
-    for attack, style in zip(ATTACKS, ("o-", "s--")):
-        if f"{attack}/auc" in recs[0]:
-            ax.plot(rounds, [r[f"{attack}/tpr@0.01"] for r in recs], style, label=f"TPR @ FPR 1 % ({attack})")
-    if math.isfinite(recs[0]["epsilon_statistics"]):
-        ax.plot(
-            rounds,
-            [r["lr/bound@0.01" if "lr/bound@0.01" in r else "nearest/bound@0.01"] for r in recs],
-            "r-.",
-            label="bound e^eps FPR + delta",
-        )
-    ax.set_xlabel("round")
-    ax.set_ylim(0, 1.02)
-    ax.set_title("membership from the released statistics")
-    ax.legend(fontsize=8)
-    with atomic_file(path, "wb") as f:
-        fig.savefig(f, format="png", dpi=110, bbox_inches="tight", metadata={"Software": None})
-    plt.close(fig)
+    r = planned_guesses({c.client_id: (c.n_train, alg.released_rows(c.n_train)) for c in placed}, rounds)
+    cap = capture_statistics(alg, placed, seed, rounds)
+    scores = canary_scores(as_uploaded(canaries.plus), as_uploaded(canaries.minus), canaries.client, cap.rows)
+    result = one_run_audit(canaries, scores, r, cap.epsilon, s.delta)
+    result.update(
+        rounds=rounds,
+        clients=len(clients),
+        r=hp.r,
+        upload=hp.upload,
+        seed=seed,
+        guess_share=GUESS_SHARE,
+        noise=s.noise_source() if s.enabled else "off",
+        privacy=s.model_dump() if s.enabled else None,
+        scores=[float(x) for x in scores],
+        coins=[bool(x) for x in canaries.coin],
+    )
+    return result
 
 
 def run_audit(
@@ -126,20 +168,9 @@ def run_audit(
     from fedccrl_pipeline.params import load_config
 
     cfg = load_config(params_path)  # the whole file, before any data is read
-    from fedccrl_core.algorithm_params.fedccrl import resolve_variant
-    from fedccrl_core.privacy.audit import audit
-
-    upload = resolve_variant(cfg.train.fedccrl).upload
-    result = audit(
-        load_audit_clients(shards, pools),
-        cfg.train.fedccrl.r,
-        cfg.train.rounds,
-        cfg.train.seeds[0],
-        cfg.train.privacy,
-        upload,
-    )
-    write_text(out, json.dumps(result, indent=1))
+    result = engine_audit(cfg, shards, pools)
     lines = table(result)
+    write_text(out, json.dumps(result, indent=1))
     write_text(table_out, "\n".join(lines) + "\n")
     plot(result, plot_out)
     print("\n".join(lines), file=sys.stderr)
@@ -148,17 +179,16 @@ def run_audit(
 
         client = mlflow_module().MlflowClient()
         client.set_tag(mlflow_run, "audit.noise", result["noise"])
-        for rec in result["rounds"]:
-            for k, v in rec.items():
-                if k != "round" and math.isfinite(float(v)):
-                    client.log_metric(mlflow_run, f"audit/{k}".replace("@", "_at_fpr_"), float(v), step=rec["round"])
-        for k, v in result["attribution"].items():
-            client.log_metric(mlflow_run, f"audit/attribution_{k}", v)
+        for k, v in result.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+                client.log_metric(mlflow_run, f"audit/{k}", float(v))
+        client.log_metric(mlflow_run, "audit/violated", float(result["violated"]))
         for f in (out, table_out, plot_out):
             client.log_artifact(mlflow_run, str(f), artifact_path="audit")
     if result["violated"]:
         click.echo(
-            f"error: the membership audit's TPR lies above e^eps FPR + delta: the DP claim fails (see {table_out})",
+            f"error: the canary audit's guesses are more accurate than epsilon {result['epsilon_statistics']:.3f} "
+            f"allows (p-value {result['p_value']:.3g}): the DP claim fails (see {table_out})",
             err=True,
         )
         sys.exit(1)
@@ -178,5 +208,5 @@ def run_audit(
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 @click.option("--mlflow-run", default=None, help="an MLflow run id to log the audit to")
 def command(shards, pools, out, table_out, plot_out, params_path, mlflow_run):
-    """Membership (TPR at FPR 0.1 % / 1 %, AUC), attribution and accumulation over rounds of the statistics."""
+    """One-run canary audit of the statistics the engine uploads: exits 1 when they beat the DP claim."""
     run_stage(run_audit, shards, pools, out, table_out, plot_out, params_path, mlflow_run)
