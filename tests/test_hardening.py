@@ -728,6 +728,23 @@ def _dotted(node: ast.AST, names: dict[str, str]) -> str | None:
     return None
 
 
+# Module attributes a library documents as its settings, to be assigned by its users.
+PUBLIC_SETTINGS = {
+    "torch.backends.cudnn.benchmark": "cuDNN autotuning (fedccrl_core/foundation/fastpath.py)",
+}
+
+
+def _imported_module(node: ast.AST, names: dict[str, str]) -> str | None:
+    """The dotted module name `node` stands for when it is a name an import bound, or an attribute chain on one
+    (`fastpath`, `augmix`, `torch.backends.cudnn`); None for any other object (a local, `self`, a call's result)."""
+    base = node
+    while isinstance(base, ast.Attribute):
+        base = base.value
+    if isinstance(base, ast.Name) and base.id in names:
+        return _dotted(node, names)
+    return None
+
+
 def _own(node: ast.AST) -> bool:
     """`self` or `cls`: an object's own attributes are its own business."""
     return isinstance(node, ast.Name) and node.id in ("self", "cls")
@@ -826,6 +843,9 @@ def process_tricks(source: str, methods: set[str] = frozenset()) -> list[str]:
                 for t in ast.walk(target):
                     if isinstance(t, ast.Attribute):
                         replaced(t.value, t.attr, node.value, line)
+                        module = _imported_module(t.value, names) if isinstance(t.ctx, ast.Store) else None
+                        if module and f"{module}.{t.attr}" not in PUBLIC_SETTINGS:
+                            found.append(f"{line}: assigns the attribute {t.attr} of the module {module}")
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             if _private(node.attr) and not _own(node.value):
                 found.append(f"{line}: reads the private attribute {ast.unparse(node)}")
@@ -889,6 +909,9 @@ def test_no_process_tricks_in_product_code():
         "import types\nflavor = types.SimpleNamespace(__name__='mlflow.pyfunc', save_model=print)",
         "import types\nfake = types.ModuleType('mlflow.pyfunc')",
         "with mlflow_clock():\n    pass",
+        "from fedccrl_core.foundation import fastpath\nfastpath.enabled = print",
+        "def go():\n    from fedccrl_core.augment import augmix\n\n    augmix.COMPACT_DEVICES = ()",
+        "import fedccrl_core.augment.augmix\nfedccrl_core.augment.augmix.COMPACT_DEVICES += ('cuda',)",
     ],
 )
 def test_the_process_trick_checker_sees_each_banned_form(snippet):
@@ -902,6 +925,8 @@ import functools
 import multiprocessing as mp
 import subprocess
 import types
+
+import torch
 
 from fedccrl_core.foundation.procs import _private_helper
 
@@ -927,6 +952,7 @@ def build(parent, name, module, state):
     mp.get_context("spawn")
     subprocess.Popen(["x"], start_new_session=True)
     job.flower_train = functools.partial(print, 1)  # a field that holds a callable: no method of a class
+    torch.backends.cudnn.benchmark = True  # a library's documented setting (PUBLIC_SETTINGS)
 """
     assert process_tricks(snippet, {"train"}) == []
 

@@ -85,6 +85,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core.foundation import fastpath
+
 from .ccdt import sample_beta, sample_dirichlet
 
 # The AugMix operation set O (Hendrycks et al. 2020), in the reference code's order.
@@ -299,7 +301,7 @@ def _geometric_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -
 
 
 # Device types where a family runs on its selected images only (`_apply_family`): reading the selection is a host
-# sync on an accelerator, free on the CPU.
+# sync on an accelerator, free on the CPU. Inside fastpath.cuda_code_path() no device compacts.
 COMPACT_DEVICES: tuple[str, ...] = ("cpu",)
 
 
@@ -354,7 +356,7 @@ def _apply_step(
     compact defaults to True on the CPU only (see ``_apply_family``); y may be overwritten.
     all_ops: op ids may also be the four COLOR_OPS (the reference code's torchvision AugMix)."""
     if compact is None:
-        compact = y.device.type in COMPACT_DEVICES
+        compact = y.device.type in COMPACT_DEVICES and not fastpath.runs_cuda_code(y.device)
     y = _apply_family(y, op, magnitude, LUT_OPS, _lut_ops, compact)
     y = _apply_family(y, op, magnitude, GEOMETRIC_OPS, _geometric_ops, compact)
     if all_ops:
