@@ -18,11 +18,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, TypeVar, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 M = TypeVar("M", bound=BaseModel)  # the model `validate` checks data against, and returns an instance of
+
+
+def _sha256_hex(v: str) -> str:
+    s = v.strip().lower()
+    if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+        raise ValueError("must be 64 hex digits (a sha256)")
+    return s
+
+
+Sha256 = Annotated[str, AfterValidator(_sha256_hex)]  # a sha256 in hex, read lower-case
 
 
 class Declared(BaseModel):
