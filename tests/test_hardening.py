@@ -659,20 +659,29 @@ def test_f_a_new_mlflow_store_is_created_whole(tmp_path, monkeypatch):
 def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
     """A worker checkpoints a round before the parent has logged it: kill -9 between the two, and the
     resumed run lacked that round in MLflow. At completion it logs what it lacks, and only that."""
+    from fedccrl_core.federation.history import RoundRecord
     from fedccrl_pipeline.tracking import ChildRun, parent_run_id
+
+    def rec(rnd: int, acc: float) -> RoundRecord:
+        fields = dict(val_acc=acc, val_pred_classes=2, seconds=1.0, bytes_up=1, bytes_down=1)
+        return RoundRecord(round=rnd, target_acc=acc, **fields)
 
     parent = parent_run_id("bf", "k", {})
     first = ChildRun("bf", parent, "r", {}, {})
-    first.log_round({"round": 2, "target_acc": 0.5})  # round 1 never reached MLflow
+    first.log_round(rec(2, 0.5).to_dict())  # round 1 never reached MLflow
     resumed = ChildRun("bf", parent, "r", {}, {}, resume_run_id=first.run_id)
-    history = [{"round": 1, "target_acc": 0.25}, {"round": 2, "target_acc": 0.5}, {"round": 3, "target_acc": 0.75}]
-    resumed.log_round(history[2])
+    history = [
+        rec(1, 0.25),
+        rec(2, 0.5),
+        rec(3, 0.75),
+    ]  # history.json's, as fedccrl_core/federation/history.py reads it
+    resumed.log_round(history[2].to_dict())
     assert resumed.backfill(history) == [1]
     steps = sorted((m.step, m.value) for m in resumed.client.get_metric_history(first.run_id, "target_acc"))
     assert steps == [(1, 0.25), (2, 0.5), (3, 0.75)]
     fresh = ChildRun("bf", parent, "f", {}, {})
-    for rec in history:
-        fresh.log_round(rec)
+    for r in history:
+        fresh.log_round(r.to_dict())
     assert fresh.backfill(history) == []
 
 

@@ -16,8 +16,6 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-import csv
-import json
 import os
 import sys
 from collections.abc import Callable
@@ -184,6 +182,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
+    from fedccrl_core.federation.history import write_history
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_core.learning.model_file import ModelMeta, save_model
@@ -257,25 +256,13 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": s.local.rounds}))
         model.load_state_dict(result.best_weights)
         save_model(tmp / contract.BEST_FILE, model, meta.model_copy(update={"round": result.best_round}))
-        (tmp / contract.HISTORY_FILE).write_text(
-            json.dumps(
-                {"meta": meta.to_dict(), contract.BEST_ROUND: result.best_round, "rounds": result.history}, indent=1
-            )
-        )
-        keys = [
-            *contract.HISTORY_CSV_FIELDS,
-            *sorted({k for r in result.history for k in r if contract.is_loss_term(k)}),
-        ]
-        with open(tmp / contract.HISTORY_CSV, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(result.history)
-    final = result.history[-1]
-    log(f"done: final target acc {final[contract.TARGET_ACC]:.4f}; best-val round {result.best_round} -> {out}")
+        history = write_history(tmp, meta, result.best_round, result.history)
+    final = history.rounds[-1]
+    log(f"done: final target acc {final.target_acc:.4f}; best-val round {history.best_round} -> {out}")
     return {
-        contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-        contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
-        contract.BEST_ROUND: result.best_round,
+        contract.FINAL_TARGET_ACC: final.target_acc,
+        contract.BEST_VAL_TARGET_ACC: history.at(history.best_round).target_acc,
+        contract.BEST_ROUND: history.best_round,
     }
 
 

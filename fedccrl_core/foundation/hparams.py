@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -116,6 +116,9 @@ def _walk(data: Any, loc: tuple, model: type[BaseModel] | None = None) -> tuple[
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
+            path.append(part)
+            sub = next(iter(get_args(sub)), None) if get_origin(sub) is list else None  # list[M]: an item is an M
+            continue
         elif isinstance(node, dict) and part in fields:
             node, found = None, False  # a declared key the data lacks
         else:

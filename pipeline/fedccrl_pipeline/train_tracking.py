@@ -16,6 +16,7 @@ from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 
 if TYPE_CHECKING:
     from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.federation.history import RoundRecord
 
 
 def mlflow_params(params: dict, job, device: str) -> dict:
@@ -87,12 +88,12 @@ class TrainTracking:
             return self._start(job)
 
     def on_message(self, kind: str, index: int, payload) -> None:
-        from fedccrl_core.foundation import contract
+        from fedccrl_core.federation.history import load_history
 
         history = None
         if kind == "done":  # the run's own file, read outside the store's errors
             job = next(j for j in self.jobs if j.index == index)
-            history = json.loads((Path(job.out) / contract.HISTORY_FILE).read_text())["rounds"]
+            history = load_history(Path(job.out)).rounds
         with store_errors(self.uri):
             self._on_message(kind, index, payload, history)
 
@@ -146,7 +147,7 @@ class TrainTracking:
         self.runs[job.index] = run
         return {"commit": self.commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
 
-    def _on_message(self, kind: str, index: int, payload, history: list | None) -> None:
+    def _on_message(self, kind: str, index: int, payload, history: list[RoundRecord] | None) -> None:
         run = self.runs[index]
         if kind == "round":
             run.log_round(payload)
