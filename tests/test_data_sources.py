@@ -314,6 +314,4 @@ def test_split_file_layout_minidomainnet_style(tmp_path):
 def test_bad_source_params(tmp_path):
     with pytest.raises(DataError, match="neither 'registry', an http"):
         run(tmp_path, tmp_path / "nowhere.zip")
-    with pytest.raises(DataError, match="'registry' has no download for 'imagefolder'"):
-        run(tmp_path, "registry", spec=registry.get_dataset("imagefolder"))
     assert_nothing_left(tmp_path)

@@ -79,7 +79,32 @@ def test_a_bound_the_library_trusts_is_the_schemas(key, value):
 
 def test_a_sha256_is_read_lower_case():
     data = copy.deepcopy(PARAMS)
+    set_key(data, "dataset.source", "https://example.org/pacs.zip")  # a source a sha256 applies to
     set_key(data, "dataset.sha256", " " + "AB" * 32 + " ")
     assert validate_params(data).dataset.sha256 == "ab" * 32
     set_key(data, "dataset.sha256", {"pacs.zip": "CD" * 32})
     assert validate_params(data).dataset.sha256 == {"pacs.zip": "cd" * 32}
+
+
+@pytest.mark.parametrize(
+    "overrides,needle",
+    [
+        # once checked by data/sources.py when the download stage ran
+        (
+            {"dataset.sha256": "ab" * 32},
+            "key 'dataset.sha256': got '" + "ab" * 32 + "'; does not apply to the generated",
+        ),
+        ({"dataset.name": "imagefolder", "train.held_out": [0]}, "key 'dataset.source': got 'registry'; the registry"),
+    ],
+)
+def test_what_the_registry_has_is_checked_with_the_file(overrides, needle):
+    assert needle in refused(overrides)
+
+
+def test_a_registered_download_takes_its_sha256():
+    data = copy.deepcopy(PARAMS)
+    set_key(data, "dataset.name", "pacs")
+    set_key(data, "train.held_out", [0])
+    set_key(data, "model.pretrained", "none")
+    set_key(data, "dataset.sha256", "ab" * 32)
+    assert validate_params(data).dataset.sha256 == "ab" * 32

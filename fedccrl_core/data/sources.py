@@ -191,12 +191,7 @@ def prepare_raw(
             src_rec: dict = {"param": source}
             extracted: Path | None = None
             folder: Path | None = None
-            if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:
-                if sha256 is not None:
-                    raise DataError(
-                        f"params.yaml: dataset.sha256 does not apply to the generated dataset "
-                        f"'{spec.name}'; set it to null"
-                    )
+            if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:  # sha256 null: the schema's
                 n = synthetic.generate(stage, seed=seed, progress=progress)
                 src_rec.update(
                     kind="generated",
@@ -206,12 +201,7 @@ def prepare_raw(
                     images=n,
                 )
             else:
-                if source == "registry":
-                    if not spec.sources:
-                        raise DataError(
-                            f"params.yaml: dataset.source 'registry' has no download for "
-                            f"'{spec.name}'; set dataset.source to a URL, an archive or a folder"
-                        )
+                if source == "registry":  # a dataset with a download: the schema's (pipeline cross_checks.py)
                     names = [s.filename for s in spec.sources]
                     params_sha = _expected_shas(sha256, len(names), names)
                     urls = [(registry_url(s), s.filename, p or s.sha256) for s, p in zip(spec.sources, params_sha)]
