@@ -204,6 +204,18 @@ class _HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def test_the_cuda_code_path_switches_every_device_and_only_inside():
+    """fastpath.cuda_code_path(): the CUDA fast path's branches on the CPU (the dispatch bench's --code-path cuda),
+    and the CPU's own again when it ends, also through an error."""
+    assert not fastpath.enabled(True, "cpu") and fastpath.compacts("cpu") and not fastpath.static_batches(True, "cpu")
+    with pytest.raises(RuntimeError), fastpath.cuda_code_path():
+        assert fastpath.enabled(True, "cpu") and fastpath.static_batches(True, "cpu")
+        assert not fastpath.enabled(False, "cpu") and not fastpath.compacts("cpu")
+        raise RuntimeError
+    assert not fastpath.enabled(True, "cpu") and fastpath.compacts("cpu")
+    assert not fastpath.compacts("meta")  # an accelerator never compacts
+
+
 @pytest.mark.parametrize("alg_name", ["fedavg", "fedccrl"])
 def test_the_local_step_reads_nothing_back_from_the_device(alg_name):
     """Every step of a client-round, the padded one included, on the accelerator's code path

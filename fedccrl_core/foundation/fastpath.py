@@ -52,7 +52,7 @@ _cuda_code_everywhere = False  # set only inside `cuda_code_path()`
 @contextlib.contextmanager
 def cuda_code_path() -> Iterator[None]:
     """Inside it, every device runs the code the CUDA fast path runs: `enabled` and `static_batches` answer as on
-    CUDA, and AugMix skips the CPU's compaction (`runs_cuda_code`). For a bench that counts, on the CPU, the operators
+    CUDA, and AugMix skips the CPU's compaction (`compacts`). For a bench that counts, on the CPU, the operators
     and host syncs of the accelerator's code (`fedccrl-bench dispatch --code-path cuda`); training never enters it."""
     global _cuda_code_everywhere
     before = _cuda_code_everywhere
@@ -66,6 +66,13 @@ def cuda_code_path() -> Iterator[None]:
 def runs_cuda_code(device: torch.device | str) -> bool:
     """Whether code on `device` takes the CUDA fast path's branches: a CUDA device, or any inside `cuda_code_path`."""
     return _cuda_code_everywhere or torch.device(device).type == "cuda"
+
+
+def compacts(device: torch.device | str) -> bool:
+    """Whether AugMix runs an operation family on its selected images only (augment/augmix.py `_apply_family`):
+    on the CPU, where reading the selection is free; not on an accelerator, where it is a host sync, nor inside
+    `cuda_code_path`."""
+    return torch.device(device).type == "cpu" and not _cuda_code_everywhere
 
 
 def enabled(fast: bool, device: torch.device | str) -> bool:
