@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-# Step 1: the hyperparameters (in a real algorithm: fedccrl_core/algorithm_params/toy.py, no torch), naming the class
+# Step 1: the hyperparameters (in a real algorithm: a module of fedccrl_core/algorithm_params, no torch), naming the class
 class ToyParams(HParams):
     """train.toy."""
 
@@ -39,7 +39,7 @@ class ToyParams(HParams):
     scale: float = hp(1.0, "the weight of the cross-entropy (Eq. 1 times scale): a test's choice", gt=0)
 
 
-# Step 1: the algorithm (in a real one: fedccrl_core/algorithms/toy.py), naming its Params
+# Step 1: the algorithm (in a real one: a module of fedccrl_core/algorithms), naming its Params
 class Toy(Algorithm):
     name = "toy"
     Params = ToyParams
