@@ -4,9 +4,9 @@ A line `<!-- module-docstring: fedccrl_core.algorithms.fedfd -->` in a page beco
 written (a plain-text block: the docstrings lay out their equations line by line), read without importing it; the
 line `<!-- fedccrl-variant-switches -->` becomes FedCCRL's table of variant switches, from their declarations.
 
-The hyperparameters page is made from the algorithms' declarations (`Params` in each module of
-fedccrl_core/algorithms), so the tables cannot drift from the code: `python scripts/mkdocs_hooks.py` prints the
-same text.
+The hyperparameters page is made from the registry of algorithms (fedccrl_core/algorithm_params/__init__.py's
+PARAMS, each algorithm's `Params`), so the tables cannot drift from the code and a new algorithm's table needs no
+edit here: `python scripts/mkdocs_hooks.py` prints the same text.
 """
 
 from __future__ import annotations
@@ -31,10 +31,10 @@ def module_docstring(dotted: str) -> str:
 
 
 def hyperparameters_markdown() -> str:
-    from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.algorithm_params import PARAMS
     from fedccrl_core.foundation.hparams import markdown
 
-    return markdown({name: cls.Params for name, cls in ALGORITHMS.items()})
+    return markdown(dict(PARAMS))
 
 
 def on_files(files, config):

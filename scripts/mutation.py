@@ -136,7 +136,6 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.augment.augmix.x__apply_family__mutmut_6": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_2": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_3": COMPACT,
-    "fedccrl_core.augment.augmix.x__apply_step__mutmut_4": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_11": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_24": COMPACT,
     "fedccrl_core.augment.augmix.x__apply_step__mutmut_37": COMPACT,

@@ -11,6 +11,8 @@ module-scoped workspace, a Case's setup) calls them directly. Not a test module:
 - `held_out_run(alg, model, clients, target, rounds, ...)`: one held-out training on in-memory clients, for the
   training driver (fedccrl_core/federation/driver.py `train`): the one way a test sets up a run;
   `evalsets_for(clients, target)`: its evaluation sets alone (the engine's own tests build the engine by hand).
+- `params_group_problems(name, params_cls, train_groups)`: how params.yaml's train.<name> differs from the
+  algorithm's declaration (tests/test_params_registry.py, tests/test_add_an_algorithm.py).
 """
 
 from __future__ import annotations
@@ -257,3 +259,20 @@ def held_out_run(
 
     evalsets = evalsets_for(clients if val_clients is None else val_clients, target, batch_size)
     return HeldOutRun(alg, model, clients, evalsets, rounds, seed, **settings)
+
+
+def params_group_problems(name: str, params_cls, train_groups: dict) -> list[str]:
+    """How params.yaml's `train.<name>` group (in `train_groups`, params.yaml's `train` mapping) differs from the
+    algorithm's declaration `params_cls`: it must exist (dvc.yaml's train.${item.algorithm} resolves it) and hold
+    exactly the declared keys with their declared defaults. [] when it matches."""
+    if name not in train_groups:
+        return [f"params.yaml has no train.{name} group (DVC runs listing {name} would fail)"]
+    group = train_groups[name] or {}
+    declared = params_cls().model_dump()
+    if set(group) != set(declared):
+        return [f"train.{name}: params.yaml keys {sorted(group)} != declared {sorted(declared)}"]
+    return [
+        f"train.{name}.{key}: params.yaml {group[key]!r} != declared default {value!r}"
+        for key, value in declared.items()
+        if group[key] != value
+    ]

@@ -118,8 +118,6 @@ def test_concurrent_width():
             raise NotImplementedError
 
     assert concurrent_width(4, cpu, 6, OwnLoop(LocalConfig())) == 1  # no step generator to interleave
-    with pytest.raises(ValueError, match="concurrent_clients"):
-        concurrent_width(0, cpu, 6, alg)
 
 
 def test_every_algorithm_trains_through_the_one_local_loop():

@@ -33,10 +33,18 @@ FLOWER_APP = "fedccrl_flower/app/pyproject.toml"  # `flwr run` of the train stag
 MODULES = {module_name(p): p for folder in OWN for p in (ROOT / folder).rglob("*.py")}
 
 
+def registered_algorithm_modules() -> set[str]:
+    """The modules fedccrl_core/algorithms/__init__.py imports by name: each registered Params' `algorithm`."""
+    from fedccrl_core.algorithm_params import PARAMS
+
+    return {params.algorithm.partition(":")[0] for params in PARAMS.values()}
+
+
 def imports_of(module: str) -> set[str]:
-    """The project modules one module imports (every import statement, function-level ones included)."""
+    """The project modules one module imports (every import statement, function-level ones included, and the
+    algorithm modules the registry imports by name)."""
     path = MODULES[module]
-    out = set()
+    out = registered_algorithm_modules() if module == "fedccrl_core.algorithms" else set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -152,6 +160,7 @@ def test_closure_follows_lazy_and_relative_imports():
     assert "fedccrl_core.data.shards" in closure({"fedccrl_pipeline.evaluate"})  # imported inside evaluate()
     assert {"fedccrl_core", "fedccrl_core.data"} <= closure({"fedccrl_core.data.shards"})  # parent packages
     assert "fedccrl_core.algorithms.base" in closure({"fedccrl_core.algorithms"})  # from .base import ...
+    assert "fedccrl_core.algorithms.fedsr" in closure({"fedccrl_core.algorithms"})  # by name, from PARAMS
     assert "fedccrl_pipeline.onnx_export" not in closure({"fedccrl_pipeline.report"})  # report does not export
     assert "fedccrl_core.algorithm_params" in closure({"fedccrl_pipeline.params"})  # the hyperparameters, without torch
     assert "fedccrl_core.algorithms" not in closure({"fedccrl_pipeline.params"})

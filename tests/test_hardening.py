@@ -659,20 +659,29 @@ def test_f_a_new_mlflow_store_is_created_whole(tmp_path, monkeypatch):
 def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
     """A worker checkpoints a round before the parent has logged it: kill -9 between the two, and the
     resumed run lacked that round in MLflow. At completion it logs what it lacks, and only that."""
+    from fedccrl_core.federation.history import RoundRecord
     from fedccrl_pipeline.tracking import ChildRun, parent_run_id
+
+    def rec(rnd: int, acc: float) -> RoundRecord:
+        fields = dict(val_acc=acc, val_pred_classes=2, seconds=1.0, bytes_up=1, bytes_down=1)
+        return RoundRecord(round=rnd, target_acc=acc, **fields)
 
     parent = parent_run_id("bf", "k", {})
     first = ChildRun("bf", parent, "r", {}, {})
-    first.log_round({"round": 2, "target_acc": 0.5})  # round 1 never reached MLflow
+    first.log_round(rec(2, 0.5).to_dict())  # round 1 never reached MLflow
     resumed = ChildRun("bf", parent, "r", {}, {}, resume_run_id=first.run_id)
-    history = [{"round": 1, "target_acc": 0.25}, {"round": 2, "target_acc": 0.5}, {"round": 3, "target_acc": 0.75}]
-    resumed.log_round(history[2])
+    history = [
+        rec(1, 0.25),
+        rec(2, 0.5),
+        rec(3, 0.75),
+    ]  # history.json's, as fedccrl_core/federation/history.py reads it
+    resumed.log_round(history[2].to_dict())
     assert resumed.backfill(history) == [1]
     steps = sorted((m.step, m.value) for m in resumed.client.get_metric_history(first.run_id, "target_acc"))
     assert steps == [(1, 0.25), (2, 0.5), (3, 0.75)]
     fresh = ChildRun("bf", parent, "f", {}, {})
-    for rec in history:
-        fresh.log_round(rec)
+    for r in history:
+        fresh.log_round(r.to_dict())
     assert fresh.backfill(history) == []
 
 
@@ -725,6 +734,23 @@ def _dotted(node: ast.AST, names: dict[str, str]) -> str | None:
     if isinstance(node, ast.Attribute):
         base = _dotted(node.value, names)
         return f"{base}.{node.attr}" if base else None
+    return None
+
+
+# Module attributes a library documents as its settings, to be assigned by its users.
+PUBLIC_SETTINGS = {
+    "torch.backends.cudnn.benchmark": "cuDNN autotuning (fedccrl_core/foundation/fastpath.py)",
+}
+
+
+def _imported_module(node: ast.AST, names: dict[str, str]) -> str | None:
+    """The dotted module name `node` stands for when it is a name an import bound, or an attribute chain on one
+    (`fastpath`, `augmix`, `torch.backends.cudnn`); None for any other object (a local, `self`, a call's result)."""
+    base = node
+    while isinstance(base, ast.Attribute):
+        base = base.value
+    if isinstance(base, ast.Name) and base.id in names:
+        return _dotted(node, names)
     return None
 
 
@@ -826,6 +852,9 @@ def process_tricks(source: str, methods: set[str] = frozenset()) -> list[str]:
                 for t in ast.walk(target):
                     if isinstance(t, ast.Attribute):
                         replaced(t.value, t.attr, node.value, line)
+                        module = _imported_module(t.value, names) if isinstance(t.ctx, ast.Store) else None
+                        if module and f"{module}.{t.attr}" not in PUBLIC_SETTINGS:
+                            found.append(f"{line}: assigns the attribute {t.attr} of the module {module}")
         elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
             if _private(node.attr) and not _own(node.value):
                 found.append(f"{line}: reads the private attribute {ast.unparse(node)}")
@@ -889,6 +918,9 @@ def test_no_process_tricks_in_product_code():
         "import types\nflavor = types.SimpleNamespace(__name__='mlflow.pyfunc', save_model=print)",
         "import types\nfake = types.ModuleType('mlflow.pyfunc')",
         "with mlflow_clock():\n    pass",
+        "from fedccrl_core.foundation import fastpath\nfastpath.enabled = print",
+        "def go():\n    from fedccrl_core.augment import augmix\n\n    augmix.COMPACT_DEVICES = ()",
+        "import fedccrl_core.augment.augmix\nfedccrl_core.augment.augmix.COMPACT_DEVICES += ('cuda',)",
     ],
 )
 def test_the_process_trick_checker_sees_each_banned_form(snippet):
@@ -902,6 +934,8 @@ import functools
 import multiprocessing as mp
 import subprocess
 import types
+
+import torch
 
 from fedccrl_core.foundation.procs import _private_helper
 
@@ -927,6 +961,7 @@ def build(parent, name, module, state):
     mp.get_context("spawn")
     subprocess.Popen(["x"], start_new_session=True)
     job.flower_train = functools.partial(print, 1)  # a field that holds a callable: no method of a class
+    torch.backends.cudnn.benchmark = True  # a library's documented setting (PUBLIC_SETTINGS)
 """
     assert process_tricks(snippet, {"train"}) == []
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures import bare_manifest
+from fixtures import bare_manifest, params_group_problems
 
 from fedccrl_core.algorithms import ALGORITHMS
 
@@ -17,13 +17,7 @@ PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
 def test_params_group_matches_declaration(name):
-    groups = PARAMS["train"]
-    assert name in groups, f"params.yaml has no train.{name} group (DVC runs listing {name} would fail)"
-    group = groups[name] or {}
-    declared = ALGORITHMS[name].Params().model_dump()
-    assert set(group) == set(declared), f"train.{name}: params.yaml keys {sorted(group)} != declared {sorted(declared)}"
-    for key, value in declared.items():
-        assert group[key] == value, f"train.{name}.{key}: params.yaml {group[key]!r} != declared default {value!r}"
+    assert params_group_problems(name, ALGORITHMS[name].Params, PARAMS["train"]) == []
 
 
 @pytest.mark.full("dvc's own resolution of params.yaml")

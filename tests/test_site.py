@@ -322,7 +322,7 @@ def test_an_existing_output_folder_that_is_not_a_site_is_refused(raw, tmp_path, 
 def test_the_command_prepares_a_site_and_names_a_bad_input(raw, tmp_path, params):
     from fedccrl_pipeline.cli import main
 
-    p = params({"dataset.name": "imagefolder", "preprocess.image_size": SIZE})
+    p = params({"dataset.source": "data/site-images", "dataset.name": "imagefolder", "preprocess.image_size": SIZE})
     (tmp_path / "classes.txt").write_text("\n".join(CLASSES) + "\n")
     args = ["site", "prepare", "--images", raw / "photo", "--domain", "photo", "--client-id", "photo_c0"]
     args += ["--classes", tmp_path / "classes.txt", "--params", p]
@@ -342,7 +342,7 @@ def test_the_command_prepares_a_site_and_names_a_bad_input(raw, tmp_path, params
 def test_the_command_refuses_an_output_inside_the_images(raw, tmp_path, params):
     from fedccrl_pipeline.cli import main
 
-    p = params({"dataset.name": "imagefolder", "preprocess.image_size": SIZE})
+    p = params({"dataset.source": "data/site-images", "dataset.name": "imagefolder", "preprocess.image_size": SIZE})
     (tmp_path / "classes.txt").write_text("\n".join(CLASSES) + "\n")
     args = ["site", "prepare", "--images", raw / "photo", "--domain", "photo", "--client-id", "a"]
     args += ["--classes", tmp_path / "classes.txt", "--params", p, "--out", raw / "photo" / "site"]
@@ -359,7 +359,7 @@ def test_site_classes_prints_the_registrys_class_file(tmp_path, params):
     path = tmp_path / "classes.txt"
     path.write_text(res.output)
     assert read_class_list(path) == sorted(registry.get_dataset("synthetic").classes or [])
-    p = params({"dataset.name": "imagefolder"}, to=tmp_path / "if")
+    p = params({"dataset.source": "data/site-images", "dataset.name": "imagefolder"}, to=tmp_path / "if")
     res = CliRunner().invoke(main, ["site", "classes", "--params", str(p)])
     assert res.exit_code == 2 and f"error: {p}: dataset.name imagefolder discovers its classes" in res.output
 
@@ -377,7 +377,7 @@ def test_a_domain_or_client_id_the_federation_cannot_have_is_refused(tmp_path):
 def test_the_command_refuses_a_central_partition_scheme(raw, tmp_path, params):
     from fedccrl_pipeline.cli import main
 
-    p = params({"dataset.name": "imagefolder", "partition.scheme": "reference"})
+    p = params({"dataset.source": "data/site-images", "dataset.name": "imagefolder", "partition.scheme": "reference"})
     (tmp_path / "classes.txt").write_text("\n".join(CLASSES) + "\n")
     args = ["site", "prepare", "--images", raw / "photo", "--domain", "photo", "--client-id", "a"]
     args += ["--classes", tmp_path / "classes.txt", "--params", p, "--out", tmp_path / "site"]

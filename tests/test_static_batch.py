@@ -15,7 +15,6 @@ from torch.overrides import TorchFunctionMode
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.algorithms.base import cross_entropy_step
-from fedccrl_core.augment import augmix
 from fedccrl_core.foundation import fastpath
 from fedccrl_core.learning.accuracy import predict
 from fedccrl_core.learning.clients import ClientData, ClientState
@@ -205,33 +204,45 @@ class _HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
+def test_the_cuda_code_path_switches_every_device_and_only_inside():
+    """fastpath.cuda_code_path(): the CUDA fast path's branches on the CPU (the dispatch bench's --code-path cuda),
+    and the CPU's own again when it ends, also through an error."""
+    assert not fastpath.enabled(True, "cpu") and fastpath.compacts("cpu") and not fastpath.static_batches(True, "cpu")
+    with pytest.raises(RuntimeError), fastpath.cuda_code_path():
+        assert fastpath.enabled(True, "cpu") and fastpath.static_batches(True, "cpu")
+        assert not fastpath.enabled(False, "cpu") and not fastpath.compacts("cpu")
+        raise RuntimeError
+    assert not fastpath.enabled(True, "cpu") and fastpath.compacts("cpu")
+    assert not fastpath.compacts("meta")  # an accelerator never compacts
+
+
 @pytest.mark.parametrize("alg_name", ["fedavg", "fedccrl"])
-def test_the_local_step_reads_nothing_back_from_the_device(alg_name, monkeypatch):
-    """Every step of a client-round, the padded one included, on the accelerator's code path (static shapes on,
-    AugMix without the CPU's compaction): fedccrl_core asks the device for no value until the round's metrics."""
-    monkeypatch.setattr(fastpath, "static_batches", lambda fast, device: True)
-    monkeypatch.setattr(augmix, "COMPACT_DEVICES", ())
-    alg = build_algorithm(alg_name, LocalConfig(rounds=1, local_epochs=1, batch_size=8))
-    model = build_model("small_cnn", 4)
-    clients = [_client(20, seed=0), _client(20, seed=1)]
-    payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients})
-    steps = alg.local_train_steps(
-        model,
-        clients[0],
-        ClientState(),
-        {k: v.clone() for k, v in model.state_dict().items()},
-        payload[clients[0].client_id],
-        torch.Generator().manual_seed(0),
-        np.random.default_rng(0),
-    )
-    next(steps)  # the first step moves the pool to the device and builds the constants
-    reads = _HostReads()
-    with reads:
-        next(steps)
-        next(steps)  # the padded last batch
-    assert reads.calls == []
-    with pytest.raises(StopIteration):
-        next(steps)
+def test_the_local_step_reads_nothing_back_from_the_device(alg_name):
+    """Every step of a client-round, the padded one included, on the accelerator's code path
+    (fastpath.cuda_code_path: static shapes on, AugMix without the CPU's compaction, bf16 autocast, fused Adam):
+    fedccrl_core asks the device for no value until the round's metrics."""
+    with fastpath.cuda_code_path():
+        alg = build_algorithm(alg_name, LocalConfig(rounds=1, local_epochs=1, batch_size=8))
+        model = build_model("small_cnn", 4)
+        clients = [_client(20, seed=0), _client(20, seed=1)]
+        payload = alg.server_payloads({c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients})
+        steps = alg.local_train_steps(
+            model,
+            clients[0],
+            ClientState(),
+            {k: v.clone() for k, v in model.state_dict().items()},
+            payload[clients[0].client_id],
+            torch.Generator().manual_seed(0),
+            np.random.default_rng(0),
+        )
+        next(steps)  # the first step moves the pool to the device and builds the constants
+        reads = _HostReads()
+        with reads:
+            next(steps)
+            next(steps)  # the padded last batch
+        assert reads.calls == []
+        with pytest.raises(StopIteration):
+            next(steps)
 
 
 def test_the_host_read_check_sees_a_read():

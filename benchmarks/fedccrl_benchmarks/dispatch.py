@@ -21,6 +21,7 @@ operators a GPU step dispatches where no GPU is. Its times are the CPU's, not a 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import platform
 import sys
@@ -93,26 +94,23 @@ def _steps(cfg: DispatchConfig, alg_name: str, device: torch.device):
     )
 
 
-def _cuda_code_path() -> None:
-    """This child process runs the CUDA fast path's code on its device (module docstring)."""
-    from fedccrl_core.augment import augmix
-    from fedccrl_core.foundation import fastpath
-
-    fastpath.enabled = lambda fast, device: bool(fast)
-    augmix.COMPACT_DEVICES = ()
-
-
 def child(cfg: DispatchConfig, alg_name: str) -> dict:
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
+    from fedccrl_core.foundation import fastpath
     from fedccrl_core.foundation.fastpath import resolve_device
 
     device = resolve_device(cfg.device, "--device")
+    # the CUDA fast path's code on this device (module docstring)
+    on_cuda_code = cfg.code_path == "cuda" and device.type != "cuda"
+    with fastpath.cuda_code_path() if on_cuda_code else contextlib.nullcontext():
+        return _measure(cfg, alg_name, device)
+
+
+def _measure(cfg: DispatchConfig, alg_name: str, device: torch.device) -> dict:
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    if cfg.code_path == "cuda" and device.type != "cuda":
-        _cuda_code_path()
     steps = _steps(cfg, alg_name, device)
     for _ in range(cfg.warmup):
         next(steps)

@@ -1,10 +1,12 @@
-"""Every algorithm's hyperparameters (`train.<algorithm>` of params.yaml), by algorithm name, without torch.
+"""The registry of algorithms: PARAMS, algorithm name -> its hyperparameters (`train.<algorithm>` of params.yaml),
+without torch. It is the one list of algorithms (docs/contributing.md, "Add an algorithm").
 
-One module per algorithm holds its pydantic `Params` (fields with the paper equations they come from); `train`
-holds the settings every algorithm shares (TrainSettings, LocalConfig). The algorithms (fedccrl_core/algorithms/)
-train with these declarations; params.yaml's validation (pipeline/fedccrl_pipeline/params.py) reads them from here, so a stage that
-trains nothing validates the whole file without importing torch. fedccrl_core/algorithms/__init__.py checks that
-its ALGORITHMS lists the same names, in the same order, with the same `Params`.
+One module per algorithm holds its pydantic `Params` (fields with the paper equations they come from), which names
+its algorithm class (`HParams.algorithm`, "module:Class"); `train` holds the settings every algorithm shares
+(TrainSettings, LocalConfig). params.yaml's validation (pipeline/fedccrl_pipeline/params.py) reads the
+declarations from here, so a stage that trains nothing validates the whole file without importing torch;
+fedccrl_core/algorithms/__init__.py derives ALGORITHMS (name -> class) from it, and the docs' hyperparameter
+tables are generated from it (scripts/mkdocs_hooks.py).
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
@@ -23,10 +25,10 @@ from fedccrl_core.algorithm_params.fedomg import FedCCRLOMGParams, FedOMGParams
 from fedccrl_core.algorithm_params.fedprox import FedProxParams
 from fedccrl_core.algorithm_params.fedsr import FedSRParams
 from fedccrl_core.algorithm_params.ga import GAParams
-from fedccrl_core.algorithm_params.local_bn import LocalBNParams
+from fedccrl_core.algorithm_params.local_bn import FedBNParams, SiloBNParams
 from fedccrl_core.foundation.hparams import HParams
 
-# algorithm name -> its train.<name> declaration, in the registry's order (FedBN and SiloBN share LocalBNParams)
+# algorithm name -> its train.<name> declaration, in the order the docs and `--algorithm` listings show
 PARAMS: dict[str, type[HParams]] = {
     "fedccrl": FedCCRLParams,
     "fedavg": FedAvgParams,
@@ -37,8 +39,8 @@ PARAMS: dict[str, type[HParams]] = {
     "fedsr": FedSRParams,
     "fediir": FedIIRParams,
     "fedalign": FedAlignParams,
-    "fedbn": LocalBNParams,
-    "silobn": LocalBNParams,
+    "fedbn": FedBNParams,
+    "silobn": SiloBNParams,
     "fedfd": FDParams,
     "fedfd_a": FedFDAParams,
     "fedomg": FedOMGParams,

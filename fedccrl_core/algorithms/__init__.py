@@ -1,53 +1,41 @@
-"""Algorithm registry: name -> class. Every algorithm is listed here explicitly (no import side effects).
+"""Algorithm registry: name -> class, derived from the one list of algorithms, fedccrl_core/algorithm_params/
+__init__.py's PARAMS: each algorithm's `Params` names its class ("module:Class", `HParams.algorithm`), imported
+here explicitly (no import side effects), and checked to be an Algorithm of that name whose `Params` is that class.
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+import importlib
+
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.base import Algorithm
-from fedccrl_core.algorithms.ccst import CCST
-from fedccrl_core.algorithms.fedadg import FedADG
-from fedccrl_core.algorithms.fedalign import FedAlign
-from fedccrl_core.algorithms.fedavg import FedAvg
-from fedccrl_core.algorithms.fedbn import FedBN
-from fedccrl_core.algorithms.fedccrl import FedCCRL
-from fedccrl_core.algorithms.fedfd import FedFD
-from fedccrl_core.algorithms.fedfd_a import FedFDA
-from fedccrl_core.algorithms.fediir import FedIIR
-from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG
-from fedccrl_core.algorithms.fedprox import FedProx
-from fedccrl_core.algorithms.fedsr import FedSR
-from fedccrl_core.algorithms.ga import GA
-from fedccrl_core.algorithms.silobn import SiloBN
 from fedccrl_core.foundation.hparams import HParams
 
-ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls
-    for cls in (
-        FedCCRL,
-        FedAvg,
-        FedProx,
-        CCST,
-        FedADG,
-        GA,
-        FedSR,
-        FedIIR,
-        FedAlign,
-        FedBN,
-        SiloBN,
-        FedFD,
-        FedFDA,
-        FedOMG,
-        FedCCRLOMG,
-    )
-}
-if {n: cls.Params for n, cls in ALGORITHMS.items()} != PARAMS or list(ALGORITHMS) != list(PARAMS):
-    raise ImportError(
-        "fedccrl_core.algorithm_params.PARAMS (params.yaml's validation) must list the algorithms of "
-        "ALGORITHMS, in its order, each with its class's Params"
-    )
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The class of the registered algorithm `name`: the one its Params names. ValueError for a name PARAMS lacks;
+    ImportError for a Params whose `algorithm` is not an Algorithm named `name` with these Params."""
+    if name not in PARAMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(PARAMS)}")
+    params = PARAMS[name]
+    where = f"{params.__module__}.{params.__qualname__}.algorithm = {params.algorithm!r}"
+    module, _, qualname = params.algorithm.partition(":")
+    if not module or not qualname:
+        raise ImportError(f"{where}: name the algorithm class as 'module:Class'")
+    cls = getattr(importlib.import_module(module), qualname, None)
+    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
+        raise ImportError(f"{where}: not an Algorithm class")
+    if cls.name != name or cls.Params is not params:
+        raise ImportError(
+            f"{where}: {cls.__qualname__} has name {cls.name!r} and Params {cls.Params.__qualname__}; registered as "
+            f"{name!r} with {params.__qualname__}"
+        )
+    return cls
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {name: algorithm_class(name) for name in PARAMS}
 
 
 def load_model(path, map_location: str = "cpu"):
@@ -58,11 +46,8 @@ def load_model(path, map_location: str = "cpu"):
 
 
 def build_algorithm(name: str, local: LocalConfig, hparams: HParams | dict | None = None) -> Algorithm:
-    if name not in ALGORITHMS:
-        raise ValueError(
-            f"params.yaml: train.algorithms has unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}"
-        )
-    return ALGORITHMS[name](local, hparams)
+    """The registered algorithm `name` (train.algorithms, `--algorithm`, a Flower spec's) with these settings."""
+    return algorithm_class(name)(local, hparams)
 
 
-__all__ = ["ALGORITHMS", "build_algorithm", "load_model"]
+__all__ = ["ALGORITHMS", "algorithm_class", "build_algorithm", "load_model"]

@@ -13,9 +13,11 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from fedccrl_core.algorithm_params.local_bn import FedBNParams
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
 
 
 class FedBN(LocalBNAlgorithm):
     name = "fedbn"
+    Params = FedBNParams
     framework = "fedbn"

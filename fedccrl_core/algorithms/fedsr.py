@@ -28,6 +28,8 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -72,13 +74,11 @@ def reparameterize(mu: torch.Tensor, sigma: torch.Tensor, generator: torch.Gener
     return mu + sigma * eps
 
 
-def l2r(z: torch.Tensor, form: str = "norm") -> torch.Tensor:
+def l2r(z: torch.Tensor, form: Literal["norm", "squared"] = "norm") -> torch.Tensor:
     """l_L2R: mean over the batch of ||z||_2 (official code) or of ||z||_2^2 (paper)."""
     if form == "squared":
         return z.pow(2).sum(1).mean()
-    if form == "norm":
-        return z.norm(dim=1).mean()
-    raise ValueError(f"params.yaml: train.fedsr.l2r must be squared or norm, got {form!r}")
+    return z.norm(dim=1).mean()
 
 
 def gaussian_kl(mu1, sigma1, mu2, sigma2) -> torch.Tensor:

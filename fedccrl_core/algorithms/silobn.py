@@ -14,9 +14,11 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from fedccrl_core.algorithm_params.local_bn import SiloBNParams
 from fedccrl_core.algorithms.local_bn import LocalBNAlgorithm
 
 
 class SiloBN(LocalBNAlgorithm):
     name = "silobn"
+    Params = SiloBNParams
     framework = "silobn"

@@ -85,6 +85,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from fedccrl_core.foundation import fastpath
+
 from .ccdt import sample_beta, sample_dirichlet
 
 # The AugMix operation set O (Hendrycks et al. 2020), in the reference code's order.
@@ -298,11 +300,6 @@ def _geometric_ops(y: torch.Tensor, op: torch.Tensor, magnitude: torch.Tensor) -
     return F.grid_sample(y, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
 
 
-# Device types where a family runs on its selected images only (`_apply_family`): reading the selection is a host
-# sync on an accelerator, free on the CPU.
-COMPACT_DEVICES: tuple[str, ...] = ("cpu",)
-
-
 def _apply_family(y, op, magnitude, family_ops, family_fn, compact: bool) -> torch.Tensor:
     """Replace the images whose op is in ``family_ops`` by ``family_fn``'s result, others kept.
 
@@ -354,7 +351,7 @@ def _apply_step(
     compact defaults to True on the CPU only (see ``_apply_family``); y may be overwritten.
     all_ops: op ids may also be the four COLOR_OPS (the reference code's torchvision AugMix)."""
     if compact is None:
-        compact = y.device.type in COMPACT_DEVICES
+        compact = fastpath.compacts(y.device)
     y = _apply_family(y, op, magnitude, LUT_OPS, _lut_ops, compact)
     y = _apply_family(y, op, magnitude, GEOMETRIC_OPS, _geometric_ops, compact)
     if all_ops:

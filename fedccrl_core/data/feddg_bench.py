@@ -43,20 +43,18 @@ import numpy as np
 from fedccrl_core.foundation.errors import DataError
 
 
-def _check(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
+def _sizes(domain_sizes) -> np.ndarray:
+    """The domain sizes n_d as an array, refused unless non-negative with some data (they come from the raw images;
+    C = partition.num_clients >= 1 and lambda in [0, 1] are params.yaml's schema's)."""
     n = np.asarray(domain_sizes, dtype=np.int64)
     if n.ndim != 1 or n.size == 0 or (n < 0).any() or n.sum() == 0:
         raise DataError(f"partition: domain sizes must be non-negative with some data, got {list(n)}")
-    if isinstance(num_clients, bool) or not isinstance(num_clients, (int, np.integer)) or num_clients < 1:
-        raise DataError(f"params.yaml: partition.num_clients must be an int >= 1, got {num_clients!r}")
-    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or not 0 <= lam <= 1:
-        raise DataError(f"params.yaml: partition.lambda must be a number in [0, 1], got {lam!r}")
     return n
 
 
 def main_domains(domain_sizes, num_clients: int) -> np.ndarray:
     """d(c) for each client c (C >= number of non-empty domains): one main client per domain, then argmax n_d/m_d."""
-    n = _check(domain_sizes, num_clients, 0.0)
+    n = _sizes(domain_sizes)
     if num_clients < int((n > 0).sum()):
         raise DataError(f"partition: {num_clients} clients < {int((n > 0).sum())} domains has no main domains")
     m = (n > 0).astype(np.int64)
@@ -68,7 +66,7 @@ def main_domains(domain_sizes, num_clients: int) -> np.ndarray:
 
 def expected_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
     """The real-valued counts [C, D] of the formula in the module docstring (before rounding)."""
-    n = _check(domain_sizes, num_clients, lam).astype(float)
+    n = _sizes(domain_sizes).astype(float)
     C, D = num_clients, n.size
     if C >= int((n > 0).sum()):
         d_of = main_domains(domain_sizes, C)
@@ -85,7 +83,7 @@ def expected_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
 
 def client_counts(domain_sizes, num_clients: int, lam: float) -> np.ndarray:
     """Integer counts [C, D]: floors of `expected_counts`, each domain's remainder to the largest fractions."""
-    n = _check(domain_sizes, num_clients, lam)
+    n = _sizes(domain_sizes)
     real = expected_counts(n, num_clients, lam)
     counts = np.floor(real + 1e-9).astype(np.int64)  # 1e-9: 2.9999999 from float error is 3
     for d in range(n.size):

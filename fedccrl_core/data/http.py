@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from fedccrl_core.data.checksums import CHUNK, check_sha256_format, fmt_mb
+from fedccrl_core.data.checksums import CHUNK, fmt_mb
 from fedccrl_core.foundation.errors import ChecksumError, DataError
 from fedccrl_core.foundation.progress import progress as counter
 
@@ -124,7 +124,7 @@ def download_url(
     """
     dest = Path(dest)
     label = label or dest.name
-    want = check_sha256_format(sha256, "dataset.sha256") if sha256 else None
+    want = sha256 or None  # lower-case hex: params.yaml's schema (dataset.sha256) or the registry's
     deadline = _Deadline(url, deadline_s)
     attempt = 0
     try:

@@ -27,6 +27,7 @@ import os
 import sys
 import time
 import zipfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -88,28 +89,20 @@ def compute_statistics(images_u8: np.ndarray, mean, std, batch: int = _BATCH) ->
     return mu, sigma
 
 
-def check_mean_std(mean, std) -> tuple[list[float], list[float]]:
-    for key, v in (("preprocess.mean", mean), ("preprocess.std", std)):
-        if (
-            not isinstance(v, (list, tuple))
-            or len(v) != 3
-            or not all(isinstance(a, (int, float)) and not isinstance(a, bool) for a in v)
-        ):
-            raise DataError(f"params.yaml: {key} must be a list of 3 numbers, got {v!r}")
-    if any(s <= 0 for s in std):
-        raise DataError(f"params.yaml: preprocess.std must be > 0, got {std!r}")
-    return [float(a) for a in mean], [float(a) for a in std]
-
-
 def build_pools(
-    shards_dir: str | os.PathLike, out_dir: str | os.PathLike, mean, std, progress: bool = True
+    shards_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    mean: Sequence[float],
+    std: Sequence[float],
+    progress: bool = True,
 ) -> PoolManifest:
-    """The pools stage: statistics of every client's training samples, written atomically."""
+    """The pools stage: statistics of every client's training samples, written atomically. `mean` and `std`:
+    params.yaml's preprocess.mean and preprocess.std (three each, std > 0: its schema's)."""
     from fedccrl_core.data.shards import load_client, load_manifest
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
     from fedccrl_core.learning.statistics import channel_stats
 
-    mean, std = check_mean_std(mean, std)
+    mean, std = [float(a) for a in mean], [float(a) for a in std]
     t0 = time.monotonic()
     shards = load_manifest(shards_dir)
     entries: list[PoolEntry] = []
@@ -189,9 +182,8 @@ def load_pool(pools_dir: str | os.PathLike, client_id: str) -> tuple[np.ndarray,
 
 def upload_size(n: int, r: float, rounding: str = "ceil") -> int:
     """ceil(r * n_i) of Eq. 8, robust to float error (0.07 * 100 = 7.000000000000001 -> 7, not 8);
-    rounding="floor": the reference code's int(n_i * r), float error included (int(100 * 0.29) = 28)."""
-    if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 < r <= 1:
-        raise DataError(f"params.yaml: train.fedccrl.r must be in (0, 1], got {r!r}")
+    rounding="floor": the reference code's int(n_i * r), float error included (int(100 * 0.29) = 28). r in (0, 1]:
+    params.yaml's schema (train.fedccrl.r); the floor's zero rows depend on the data, so they are refused here."""
     if rounding == "floor":
         k = int(n * r)
         if k == 0:

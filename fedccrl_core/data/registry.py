@@ -36,8 +36,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fedccrl_core.foundation.errors import DataError
-
 # layout kinds: how a source's extracted tree maps onto <domain>/<class>/<image>
 LAYOUT_FOLDERS = "folders"  # <root>/<domain>/<class>/<image>
 LAYOUT_SPLIT_FILES = "split_files"  # Dassl miniDomainNet: <root>/splits_mini/<domain>_{train,test}.txt
@@ -323,51 +321,26 @@ def dataset_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
-def get_dataset(name: object) -> DatasetSpec:
-    """The registry entry for `name`; DataError naming `dataset.name` for an unknown name."""
-    if not isinstance(name, str) or name not in REGISTRY:
-        raise DataError(
-            f"params.yaml: dataset.name {name!r} is not a registered dataset; choose one of {', '.join(REGISTRY)}"
-        )
+def get_dataset(name: str) -> DatasetSpec:
+    """The registry entry for `name` (params.yaml dataset.name: its schema allows the registry's names only)."""
     return REGISTRY[name]
 
 
-def resolve_image_size(value, dataset: str | DatasetSpec) -> int:
-    """preprocess.image_size: `auto` -> the registry default; else a positive int (>= 8)."""
+# The three `auto` settings of params.yaml, resolved from the registry. The values are the schema's
+# (pipeline/fedccrl_pipeline/params.py: image_size 'auto' or an int >= 8, a backbone name, a non-empty pretrained).
+def resolve_image_size(value: int | str, dataset: str | DatasetSpec) -> int:
+    """preprocess.image_size: `auto` -> the registry default; else the int itself."""
     spec = dataset if isinstance(dataset, DatasetSpec) else get_dataset(dataset)
-    if value == AUTO:
-        return spec.image_size
-    if isinstance(value, bool) or not isinstance(value, int) or value < 8:
-        raise DataError(f"params.yaml: preprocess.image_size must be 'auto' or an int >= 8, got {value!r}")
-    return value
+    return spec.image_size if value == AUTO else int(value)
 
 
-def resolve_backbone(value, dataset: str | DatasetSpec) -> str:
+def resolve_backbone(value: str, dataset: str | DatasetSpec) -> str:
     """model.backbone: `auto` -> the registry default (synthetic: small_cnn, others: mobilenet_v3_large)."""
     spec = dataset if isinstance(dataset, DatasetSpec) else get_dataset(dataset)
-    if value == AUTO:
-        return spec.backbone
-    if not isinstance(value, str) or not value:
-        raise DataError(f"params.yaml: model.backbone must be 'auto' or a backbone name, got {value!r}")
-    return value
+    return spec.backbone if value == AUTO else value
 
 
-def resolve_pretrained(value, dataset: str | DatasetSpec) -> str:
+def resolve_pretrained(value: str, dataset: str | DatasetSpec) -> str:
     """model.pretrained: `auto` -> the registry default (synthetic: none, others: imagenet)."""
     spec = dataset if isinstance(dataset, DatasetSpec) else get_dataset(dataset)
-    if value == AUTO:
-        return spec.pretrained
-    if not isinstance(value, str) or not value:
-        raise DataError(f"params.yaml: model.pretrained must be 'auto', 'imagenet', 'none' or a path, got {value!r}")
-    return value
-
-
-def resolve_auto(params: dict) -> dict:
-    """The three `auto` settings resolved from a params dict: {image_size, backbone, pretrained}."""
-    name = (params.get("dataset") or {}).get("name")
-    spec = get_dataset(name)
-    return {
-        "image_size": resolve_image_size((params.get("preprocess") or {}).get("image_size", AUTO), spec),
-        "backbone": resolve_backbone((params.get("model") or {}).get("backbone", AUTO), spec),
-        "pretrained": resolve_pretrained((params.get("model") or {}).get("pretrained", AUTO), spec),
-    }
+    return spec.pretrained if value == AUTO else value

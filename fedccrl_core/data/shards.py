@@ -37,7 +37,7 @@ import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args
 
 import numpy as np
 
@@ -132,19 +132,6 @@ def client_id(domain: str, k: int) -> str:
 
 
 # ---------------------------------------------------------------- splitting (pure functions on labels)
-def check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed) -> None:
-    if isinstance(clients_per_domain, bool) or not isinstance(clients_per_domain, int) or clients_per_domain < 1:
-        raise DataError(f"params.yaml: partition.clients_per_domain must be an int >= 1, got {clients_per_domain!r}")
-    if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 <= val_fraction < 1:
-        raise DataError(f"params.yaml: partition.val_fraction must be in [0, 1), got {val_fraction!r}")
-    if dirichlet_alpha is not None and (
-        isinstance(dirichlet_alpha, bool) or not isinstance(dirichlet_alpha, (int, float)) or dirichlet_alpha <= 0
-    ):
-        raise DataError(f"params.yaml: partition.dirichlet_alpha must be null or a number > 0, got {dirichlet_alpha!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise DataError(f"params.yaml: partition.seed must be an int, got {seed!r}")
-
-
 def assign_clients(
     labels: np.ndarray, num_clients: int, rng: np.random.Generator, dirichlet_alpha: float | None = None
 ) -> list[np.ndarray]:
@@ -213,7 +200,8 @@ def split_train_val(
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))
 
 
-SCHEMES = ("per_domain", "reference", "feddg_bench")
+Scheme = Literal["per_domain", "reference", "feddg_bench"]  # params.yaml partition.scheme
+SCHEMES: tuple[str, ...] = get_args(Scheme)
 MIXED = "mixed"  # the `domain` of a feddg_bench client holding examples of several domains
 
 
@@ -223,7 +211,7 @@ def client_splits(
     val_fraction: float,
     rng: np.random.Generator,
     dirichlet_alpha: float | None = None,
-    scheme: str = "per_domain",
+    scheme: Literal["per_domain", "reference"] = "per_domain",
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train, val) indices of each of a domain's clients.
 
@@ -234,11 +222,6 @@ def client_splits(
       near-equal random parts, one per client, so the union of the clients' val splits (the source
       validation set) is the pooled per-domain validation of the reference.
     """
-    if scheme == "per_domain":
-        return [
-            split_train_val(idx, labels, val_fraction, rng)
-            for idx in assign_clients(labels, num_clients, rng, dirichlet_alpha)
-        ]
     if scheme == "reference":
         perm = rng.permutation(len(labels))
         n_val = round(val_fraction * len(labels))
@@ -246,7 +229,10 @@ def client_splits(
         tr_parts = [train[i] for i in assign_clients(labels[train], num_clients, rng, dirichlet_alpha)]
         va_parts = np.array_split(val, num_clients)
         return [(t, np.sort(v)) for t, v in zip(tr_parts, va_parts)]
-    raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
+    return [
+        split_train_val(idx, labels, val_fraction, rng)
+        for idx in assign_clients(labels, num_clients, rng, dirichlet_alpha)
+    ]
 
 
 # ---------------------------------------------------------------- the partition stage
@@ -359,24 +345,16 @@ def partition(
     params: dict | None = None,
     workers: int | None = None,
     progress: bool = True,
-    scheme: str = "per_domain",
+    scheme: Scheme = "per_domain",
     num_clients: int | None = None,
     lam: float | None = None,
 ) -> ShardManifest:
-    """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically."""
+    """Decode raw_dir once, split every domain into K clients, write shards + manifest atomically. The settings are
+    params.yaml's, validated by its schema (pipeline/fedccrl_pipeline/params.py): `num_clients` and `lam` are set
+    when `scheme` is feddg_bench."""
     from fedccrl_core.data.validate import check_layout, scan_tree
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
 
-    check_split_params(clients_per_domain, val_fraction, dirichlet_alpha, seed)
-    if scheme not in SCHEMES:
-        raise DataError(f"params.yaml: partition.scheme must be one of {', '.join(SCHEMES)}, got {scheme!r}")
-    if scheme == "feddg_bench":
-        from fedccrl_core.data import feddg_bench
-
-        # checks num_clients and lambda up front: None is refused here, naming its key
-        feddg_bench.client_counts([1], num_clients, lam)  # type: ignore[arg-type]  # unchecked values on purpose
-    if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 8:
-        raise DataError(f"params.yaml: preprocess.image_size must resolve to an int >= 8, got {image_size!r}")
     t0 = time.monotonic()
     raw_dir = Path(raw_dir)
     tree = scan_tree(raw_dir)

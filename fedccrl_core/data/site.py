@@ -248,10 +248,7 @@ def prepare_site(
     images, out = Path(images), Path(out)
     t0 = time.monotonic()
     check_federation(fed, spec, domain, client_id, classes_file)
-    shards_mod.check_split_params(1, fed.val_fraction, None, fed.seed)
-    if isinstance(fed.image_size, bool) or not isinstance(fed.image_size, int) or fed.image_size < 8:
-        raise DataError(f"{fed.source}: preprocess.image_size must resolve to an int >= 8, got {fed.image_size!r}")
-    mean, std = pools_mod.check_mean_std(fed.mean, fed.std)
+    mean, std = [float(a) for a in fed.mean], [float(a) for a in fed.std]  # validated by params.yaml's schema
     check_existing(out, fed, domain, client_id)
     files, rels, ys = scan_site(images, fed.classes, classes_file, domain)
     xs, y, paths, skipped = shards_mod.decode_labelled(

@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 from fedccrl_core.data.archives import safe_extract
-from fedccrl_core.data.checksums import check_sha256_format, sha256_file
+from fedccrl_core.data.checksums import sha256_file
 from fedccrl_core.data.http import DEADLINE_S, download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
 from fedccrl_core.foundation.errors import ChecksumError, DataError
@@ -66,8 +66,9 @@ def _is_url(s: str) -> bool:
     return s.startswith(("http://", "https://"))
 
 
-def _expected_shas(sha256, n: int, names: list[str]) -> list[str | None]:
-    """dataset.sha256: null, one hex string (one archive), or {archive file name: hex} (several)."""
+def _expected_shas(sha256: str | dict[str, str] | None, n: int, names: list[str]) -> list[str | None]:
+    """dataset.sha256: null, one hex string (one archive), or {archive file name: hex} (several); the hex is the
+    schema's (foundation/hparams.py Sha256), how many and which archives the source's."""
     if sha256 is None:
         return [None] * n
     if isinstance(sha256, str):
@@ -76,15 +77,13 @@ def _expected_shas(sha256, n: int, names: list[str]) -> list[str | None]:
                 f"params.yaml: dataset.sha256 is one hash but the source has {n} archives "
                 f"({', '.join(names)}); give a mapping {{file name: sha256}}"
             )
-        return [check_sha256_format(sha256, "dataset.sha256")]
-    if isinstance(sha256, dict):
-        unknown = sorted(set(sha256) - set(names))
-        if unknown:
-            raise DataError(
-                f"params.yaml: dataset.sha256 names unknown archive '{unknown[0]}' (archives: {', '.join(names)})"
-            )
-        return [check_sha256_format(sha256[nm], f"dataset.sha256.{nm}") if sha256.get(nm) else None for nm in names]
-    raise DataError(f"params.yaml: dataset.sha256 must be null, a hex string or a mapping, got {sha256!r}")
+        return [sha256]
+    unknown = sorted(set(sha256) - set(names))
+    if unknown:
+        raise DataError(
+            f"params.yaml: dataset.sha256 names unknown archive '{unknown[0]}' (archives: {', '.join(names)})"
+        )
+    return [sha256.get(nm) for nm in names]
 
 
 def _warn(msg: str, warnings: list[str]) -> None:
@@ -165,7 +164,7 @@ def prepare_raw(
     out: str | os.PathLike,
     report_path: str | os.PathLike | None,
     *,
-    sha256=None,
+    sha256: str | dict[str, str] | None = None,
     seed: int = 0,
     timeout_s: float = 60,
     retries: int = 3,
@@ -182,8 +181,6 @@ def prepare_raw(
     """
     from fedccrl_core.data import registry, synthetic, validate
 
-    if not isinstance(source, str) or not source:
-        raise DataError(f"params.yaml: dataset.source must be 'registry', a URL or a path, got {source!r}")
     t0 = time.monotonic()
     out = Path(out)
     warnings: list[str] = []
@@ -194,12 +191,7 @@ def prepare_raw(
             src_rec: dict = {"param": source}
             extracted: Path | None = None
             folder: Path | None = None
-            if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:
-                if sha256 is not None:
-                    raise DataError(
-                        f"params.yaml: dataset.sha256 does not apply to the generated dataset "
-                        f"'{spec.name}'; set it to null"
-                    )
+            if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:  # sha256 null: the schema's
                 n = synthetic.generate(stage, seed=seed, progress=progress)
                 src_rec.update(
                     kind="generated",
@@ -209,12 +201,7 @@ def prepare_raw(
                     images=n,
                 )
             else:
-                if source == "registry":
-                    if not spec.sources:
-                        raise DataError(
-                            f"params.yaml: dataset.source 'registry' has no download for "
-                            f"'{spec.name}'; set dataset.source to a URL, an archive or a folder"
-                        )
+                if source == "registry":  # a dataset with a download: the schema's (pipeline cross_checks.py)
                     names = [s.filename for s in spec.sources]
                     params_sha = _expected_shas(sha256, len(names), names)
                     urls = [(registry_url(s), s.filename, p or s.sha256) for s, p in zip(spec.sources, params_sha)]

@@ -16,14 +16,13 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-import csv
 import functools
-import json
 import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.data.shards import ShardManifest
@@ -31,6 +30,9 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.hparams import HParams
 from fedccrl_core.foundation.numerics import numeric_platform
 from fedccrl_core.foundation.runkey import code_hash, params_hash
+
+if TYPE_CHECKING:  # torch, imported by the worker that trains
+    from fedccrl_core.federation.history import RunPrivacySummary
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -183,21 +185,21 @@ def without_epsilon(rec: dict, seeded: bool) -> dict:
     return {k: v for k, v in rec.items() if k not in contract.DP_EPSILON_KEYS}
 
 
-def privacy_summary(privacy, sources: list[str], extra: dict) -> dict:
+def privacy_summary(privacy, sources: list[str], extra: dict) -> RunPrivacySummary:
     """history.json's `dp` (contract.HISTORY_PRIVACY) of a DP run: how its noise was drawn, the mark of a
     seeded run, the domains whose training images it trained on, and the releases its ledger charged
     (privacy/sweep_epsilon.py encode_releases), which the sweep's per-image epsilon composes."""
+    from fedccrl_core.federation.history import RunPrivacySummary
     from fedccrl_core.privacy.sweep_epsilon import encode_releases
 
-    out = {
-        "noise": privacy.noise_source(),
-        "delta": privacy.delta,
-        "trained_domains": list(sources),
-        "releases": encode_releases(extra.get(contract.PRIVACY_RELEASES, [])),
-    }
-    if privacy.not_private_mark():
-        out["mark"] = privacy.not_private_mark()
-    return out
+    mark = privacy.not_private_mark()
+    return RunPrivacySummary(
+        noise=privacy.noise_source(),
+        delta=privacy.delta,
+        trained_domains=list(sources),
+        releases=encode_releases(extra.get(contract.PRIVACY_RELEASES, [])),
+        **({"mark": mark} if mark else {}),
+    )
 
 
 def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
@@ -211,6 +213,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
+    from fedccrl_core.federation.history import write_history
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_core.learning.model_file import ModelMeta, save_model
@@ -280,34 +283,23 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     )
     if mark:  # a seeded run's model files and history say so; other runs' meta has no privacy key
         meta = meta.model_copy(update={"privacy": mark})
-    history = [not_applicable(rec) for rec in result.history]
+    rounds = [not_applicable(rec) for rec in result.history]
+    summary = privacy_summary(privacy, job.sources, result.extra) if privacy is not None and privacy.enabled else None
     from fedccrl_core.foundation.fsio import atomic_dir
 
-    with atomic_dir(
-        out
-    ) as tmp:  # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
+    # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
+    with atomic_dir(out) as tmp:
         model.load_state_dict(result.final_weights)
         save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": s.local.rounds}))
         model.load_state_dict(result.best_weights)
         save_model(tmp / contract.BEST_FILE, model, meta.model_copy(update={"round": result.best_round}))
-        doc = {"meta": meta.to_dict(), contract.BEST_ROUND: result.best_round, "rounds": history}
-        if privacy is not None and privacy.enabled:
-            doc[contract.HISTORY_PRIVACY] = privacy_summary(privacy, job.sources, result.extra)
-        (tmp / contract.HISTORY_FILE).write_text(json.dumps(doc, indent=1))
-        keys = [
-            *contract.HISTORY_CSV_FIELDS,
-            *sorted({k for r in result.history for k in r if contract.is_loss_term(k)}),
-        ]
-        with open(tmp / contract.HISTORY_CSV, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-            w.writeheader()
-            w.writerows(history)
-    final = history[-1]
-    log(f"done: final target acc {final[contract.TARGET_ACC]:.4f}; best-val round {result.best_round} -> {out}")
+        history = write_history(tmp, meta, result.best_round, rounds, summary)
+    final = history.rounds[-1]
+    log(f"done: final target acc {final.target_acc:.4f}; best-val round {history.best_round} -> {out}")
     return {
-        contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-        contract.BEST_VAL_TARGET_ACC: history[result.best_round - 1][contract.TARGET_ACC],
-        contract.BEST_ROUND: result.best_round,
+        contract.FINAL_TARGET_ACC: final.target_acc,
+        contract.BEST_VAL_TARGET_ACC: history.at(history.best_round).target_acc,
+        contract.BEST_ROUND: history.best_round,
     }
 
 

@@ -115,9 +115,7 @@ class ReleasedThenRefused(RuntimeError):
 
 
 def sampled_count(clients: int, fraction: float) -> int:
-    """m, the clients sampled out of N each round."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"params.yaml: train.client_fraction must be in (0, 1], got {fraction}")
+    """m, the clients sampled out of N each round; `fraction` in (0, 1] (params.yaml's schema bounds it)."""
     return max(1, round(fraction * clients))
 
 

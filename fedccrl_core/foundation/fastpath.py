@@ -29,6 +29,7 @@ Floor 0 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import torch
 
@@ -45,10 +46,39 @@ def resolve_device(name: str, key: str = "params.yaml: train.device") -> torch.d
     return torch.device(name)
 
 
+_cuda_code_everywhere = False  # set only inside `cuda_code_path()`
+
+
+@contextlib.contextmanager
+def cuda_code_path() -> Iterator[None]:
+    """Inside it, every device runs the code the CUDA fast path runs: `enabled` and `static_batches` answer as on
+    CUDA, and AugMix skips the CPU's compaction (`compacts`). For a bench that counts, on the CPU, the operators
+    and host syncs of the accelerator's code (`fedccrl-bench dispatch --code-path cuda`); training never enters it."""
+    global _cuda_code_everywhere
+    before = _cuda_code_everywhere
+    _cuda_code_everywhere = True
+    try:
+        yield
+    finally:
+        _cuda_code_everywhere = before
+
+
+def runs_cuda_code(device: torch.device | str) -> bool:
+    """Whether code on `device` takes the CUDA fast path's branches: a CUDA device, or any inside `cuda_code_path`."""
+    return _cuda_code_everywhere or torch.device(device).type == "cuda"
+
+
+def compacts(device: torch.device | str) -> bool:
+    """Whether AugMix runs an operation family on its selected images only (augment/augmix.py `_apply_family`):
+    on the CPU, where reading the selection is free; not on an accelerator, where it is a host sync, nor inside
+    `cuda_code_path`."""
+    return torch.device(device).type == "cpu" and not _cuda_code_everywhere
+
+
 def enabled(fast: bool, device: torch.device | str) -> bool:
     """Whether the CUDA-only switches (bf16 autocast, cuDNN autotuning) apply: `train.fast` on and a
     CUDA device. channels_last follows `train.fast` alone (`prepare_model(model, fast)`)."""
-    return bool(fast) and torch.device(device).type == "cuda"
+    return bool(fast) and runs_cuda_code(device)
 
 
 def static_batches(fast: bool, device: torch.device | str) -> bool:

@@ -18,11 +18,21 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any, ClassVar, TypeVar, get_args
+from typing import Annotated, Any, ClassVar, TypeVar, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 M = TypeVar("M", bound=BaseModel)  # the model `validate` checks data against, and returns an instance of
+
+
+def _sha256_hex(v: str) -> str:
+    s = v.strip().lower()
+    if len(s) != 64 or any(c not in "0123456789abcdef" for c in s):
+        raise ValueError("must be 64 hex digits (a sha256)")
+    return s
+
+
+Sha256 = Annotated[str, AfterValidator(_sha256_hex)]  # a sha256 in hex, read lower-case
 
 
 class Declared(BaseModel):
@@ -41,6 +51,11 @@ class HParams(Declared):
     # statistics rows are clipped and noised). Declared here, without torch, so that params.yaml's validation refuses
     # the combination before any run starts; the round loop checks the algorithm against it (federation/loop.py).
     dp_refusal: ClassVar[str] = ""
+
+    # The algorithm these hyperparameters configure, as "module:Class" (an Algorithm whose `Params` is this class):
+    # named here, without importing it, so that fedccrl_core/algorithm_params/__init__.py's PARAMS is the one list of
+    # algorithms, torch-free for params.yaml's validation; fedccrl_core/algorithms/__init__.py imports the classes.
+    algorithm: ClassVar[str] = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -101,6 +116,9 @@ def _walk(data: Any, loc: tuple, model: type[BaseModel] | None = None) -> tuple[
             node = node[part]
         elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
             node = node[part]
+            path.append(part)
+            sub = next(iter(get_args(sub)), None) if get_origin(sub) is list else None  # list[M]: an item is an M
+            continue
         elif isinstance(node, dict) and part in fields:
             node, found = None, False  # a declared key the data lacks
         else:

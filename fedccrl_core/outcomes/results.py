@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import statistics
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation import contract
+
+if TYPE_CHECKING:
+    from fedccrl_core.federation.history import RunHistory
 
 # FedCCRL's Table 1 row order, then the other seed papers' methods (FedFD-A's Table 1 frameworks, FedAlign)
 PAPER_ORDER = (
@@ -182,37 +186,22 @@ def summary_of(metrics: dict, domains: list[str]) -> dict:
     }
 
 
-# ---- the figures stage: evaluated runs with their training histories ----------------------------------
-def load_runs_with_history(models: Path, runs_dir: Path) -> list[dict]:
-    """The runs the evaluate stage reported (the current sweep), with their training histories: runs_dir
-    mirrors the models layout (contract.result_file)."""
-    out = []
-    for res in sorted(Path(runs_dir).rglob(f"*{contract.RESULT_SUFFIX}")):
-        hist = contract.run_of_result(models, runs_dir, res) / contract.HISTORY_FILE
-        doc = json.loads(hist.read_text())
-        out.append(
-            {"dir": hist.parent, "meta": doc["meta"], "rounds": doc["rounds"], "result": json.loads(res.read_text())}
-        )
-    if not out:
-        raise FileNotFoundError(f"{runs_dir}: no evaluated runs (run the evaluate stage first)")
-    return out
-
-
-def round_series(runs: list[dict]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+# ---- the figures stage: the training histories ---------------------------------------------------------
+def round_series(runs: list[RunHistory]) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """{metric: {algorithm: [(round, mean over seeds)]}} for target and validation accuracy, the loss and every
     loss term, over runs of one held-out domain."""
     import numpy as np
 
     metrics = [contract.TARGET_ACC, contract.VAL_ACC, contract.LOSS]
-    metrics += sorted({k for r in runs for k in r["rounds"][0] if contract.is_loss_term(k)})
+    metrics += sorted({k for r in runs for k in r.rounds[0].loss_terms()})
     series: dict = {m: {} for m in metrics}
-    for alg in sorted({r["meta"]["algorithm"] for r in runs}):
-        rs = [r for r in runs if r["meta"]["algorithm"] == alg]
+    for alg in sorted({str(r.meta.algorithm) for r in runs}):
+        rs = [r for r in runs if str(r.meta.algorithm) == alg]
         for m in metrics:
             pts = []
-            for i, rec in enumerate(rs[0]["rounds"]):
-                vals = [r["rounds"][i][m] for r in rs if i < len(r["rounds"]) and r["rounds"][i].get(m) is not None]
+            for i, rec in enumerate(rs[0].rounds):
+                vals = [v for r in rs if i < len(r.rounds) and (v := r.rounds[i].metric(m)) is not None]
                 if vals:
-                    pts.append((rec[contract.ROUND], float(np.mean(vals))))
+                    pts.append((rec.round, float(np.mean(vals))))
             series[m][alg] = pts
     return series

@@ -5,7 +5,6 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -21,14 +20,12 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test, load_manifest
+    from fedccrl_core.federation.history import load_history
     from fedccrl_core.learning.accuracy import predict
     from fedccrl_core.learning.confusion import confusion_matrix
     from fedccrl_core.learning.model_file import ModelMeta
 
-    hist_path = run / contract.HISTORY_FILE
-    if not hist_path.is_file():
-        raise FileNotFoundError(f"{hist_path}: missing (was the train stage interrupted?)")
-    rounds = json.loads(hist_path.read_text())["rounds"]
+    rounds = load_history(run).rounds
     final, final_meta = load_model(run / contract.MODEL_FILE)
     best, meta = load_model(run / contract.BEST_FILE)
     final_meta.require(run / contract.MODEL_FILE, "round")
@@ -64,14 +61,16 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> dict:
         contract.FINAL_TARGET_ACC: result["final"][contract.TARGET_ACC],
         contract.BEST_VAL_TARGET_ACC: result["best_val"][contract.TARGET_ACC],
         contract.BEST_ROUND: result["best_val"][contract.ROUND],
-        "final_val_acc": rounds[-1][contract.VAL_ACC],
+        "final_val_acc": rounds[-1].val_acc,
         "detail": result,
-        "bytes_up_per_round": sum(r[contract.BYTES_UP] for r in rounds) / len(rounds),
-        "bytes_down_per_round": sum(r[contract.BYTES_DOWN] for r in rounds) / len(rounds),
-        "per_round": [{k: r[k] for k in (contract.ROUND, contract.TARGET_ACC, contract.VAL_ACC)} for r in rounds],
+        "bytes_up_per_round": sum(r.bytes_up for r in rounds) / len(rounds),
+        "bytes_down_per_round": sum(r.bytes_down for r in rounds) / len(rounds),
+        "per_round": [
+            {contract.ROUND: r.round, contract.TARGET_ACC: r.target_acc, contract.VAL_ACC: r.val_acc} for r in rounds
+        ],
         "partition": {k: v for k, v in load_manifest(shards).params.items() if k.startswith("partition.")},
     }
-    recorded = rounds[-1][contract.TARGET_ACC]
+    recorded = rounds[-1].target_acc
     if abs(recorded - doc[contract.FINAL_TARGET_ACC]) > 1e-6 and torch.device(device).type == "cpu":
         print(
             f"warning: re-evaluated final accuracy {doc[contract.FINAL_TARGET_ACC]:.4f} differs from the one "

@@ -1,13 +1,13 @@
 """params.yaml's checks that involve more than one key (pipeline/fedccrl_pipeline/params.py runs them after the typed validation):
 held-out entries against a dataset's domains (the one held-out check: the train stage runs it again against the
-manifest, for imagefolder), the backbone against `pretrained`, and what an algorithm to be trained needs of its
-own group. One line per problem."""
+manifest, for imagefolder), dataset.source 'registry' and dataset.sha256 against what the registry has, the
+backbone against `pretrained`, and what an algorithm to be trained needs of its own group. One line per problem."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from fedccrl_core.data.registry import AUTO, REGISTRY
+from fedccrl_core.data.registry import AUTO, LAYOUT_GENERATED, REGISTRY
 
 if TYPE_CHECKING:
     from fedccrl_pipeline.params import ParamsFile
@@ -65,6 +65,21 @@ def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = ()) -> list[
     --algorithm) needs of its own group. One line each."""
     out = []
     spec = REGISTRY[cfg.dataset.name]
+    if cfg.dataset.source == "registry":  # what the registry has to give (fedccrl_core/data/sources.py)
+        if spec.layout == LAYOUT_GENERATED and cfg.dataset.sha256 is not None:
+            out.append(
+                _line("dataset.sha256", cfg.dataset.sha256, f"does not apply to the generated dataset {spec.name!r}")
+                + ": set it to null"
+            )
+        elif spec.layout != LAYOUT_GENERATED and not spec.sources:
+            out.append(
+                _line(
+                    "dataset.source",
+                    "registry",
+                    f"the registry has no download for {spec.name!r}: set dataset.source to a URL, an archive or a "
+                    "folder",
+                )
+            )
     if spec.domains:  # imagefolder discovers its domains: checked against the manifest by the train stage
         out += resolve_held_out(list(spec.domains), cfg.train.held_out, spec.name)[1]
     backbone = spec.backbone if cfg.model.backbone == AUTO else cfg.model.backbone

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_pipeline.params import load_config
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
+
+if TYPE_CHECKING:
+    from fedccrl_core.federation.history import SavedRun
 
 
 def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
@@ -43,7 +47,7 @@ class Figures:
         manifest = load_manifest(shards)
         self.classes = list(manifest.classes)
         self.runs = _sweep_histories(self.cfg, models)
-        self.domains = [d for d in manifest.domains if any(r["meta"]["held_out_domain"] == d for r in self.runs)]
+        self.domains = [d for d in manifest.domains if any(r.meta.held_out_domain == d for r in self.runs)]
         self.written: list[Path] = []
 
     def __enter__(self):
@@ -62,14 +66,14 @@ class Figures:
     def _draw(self, kind: str, *args) -> None:
         self.written.append(_draw(kind, *args))
 
-    def _first_seeds(self, dom: str) -> dict:
+    def _first_seeds(self, dom: str) -> dict[str, SavedRun]:
         """{algorithm: run of its first seed} on held-out `dom`, FedCCRL first, then FedAvg."""
-        by_alg: dict[str, dict] = {}
+        by_alg: dict[str, SavedRun] = {}
         for r in sorted(
-            (r for r in self.runs if r["meta"]["held_out_domain"] == dom),
-            key=lambda r: (r["meta"]["algorithm"], r["meta"]["seed"]),
+            (r for r in self.runs if r.meta.held_out_domain == dom),
+            key=lambda r: (str(r.meta.algorithm), int(r.meta.seed or 0)),
         ):
-            by_alg.setdefault(r["meta"]["algorithm"], r)
+            by_alg.setdefault(str(r.meta.algorithm), r)
         return {a: by_alg[a] for a in sorted(by_alg, key=lambda a: (a != "fedccrl", a != "fedavg", a))}
 
     def curves(self) -> None:
@@ -77,7 +81,7 @@ class Figures:
         from fedccrl_core.outcomes.results import round_series
 
         for dom in self.domains:
-            dom_runs = [r for r in self.runs if r["meta"]["held_out_domain"] == dom]
+            dom_runs = [r.history for r in self.runs if r.meta.held_out_domain == dom]
             self._draw("round_curves", dom, round_series(dom_runs), self.out / f"curves_{dom}.png")
 
     def model_figures(self, pools: Path) -> None:
@@ -99,7 +103,7 @@ class Figures:
             pick = np.random.default_rng(fp.seed).permutation(len(y))[: fp.tsne_points]  # across all classes
             cam_pick = pick[: fp.gradcam_images]
             feats, cam_maps = model_features(
-                {a: r["dir"] / contract.MODEL_FILE for a, r in self._first_seeds(dom).items()},
+                {a: r.dir / contract.MODEL_FILE for a, r in self._first_seeds(dom).items()},
                 x,
                 y,
                 pick,
@@ -116,15 +120,17 @@ class Figures:
     def confusions(self, runs_dir: Path) -> None:
         """The confusion matrix of the first seed of each algorithm on each held-out domain: the evaluation
         results of the evaluate step (runs_dir, the same runs)."""
+        import json
+
         import numpy as np
 
-        from fedccrl_core.outcomes.results import load_runs_with_history
-
-        key = lambda m: (m["algorithm"], m["seed"], m["held_out_domain"])  # noqa: E731
-        results = {key(r["meta"]): r["result"] for r in load_runs_with_history(self.models, runs_dir)}
         for dom in self.domains:
             for alg, r in self._first_seeds(dom).items():
-                cm = np.array(results[key(r["meta"])]["detail"]["final"]["confusion"])
+                evaluated = contract.result_file(runs_dir, self.models, r.dir)
+                if not evaluated.is_file():
+                    raise FileNotFoundError(f"{evaluated}: no evaluation of {r.dir} (run the evaluate stage first)")
+                result = json.loads(evaluated.read_text())  # the evaluate stage's file (outcomes/runs.py)
+                cm = np.array(result["detail"]["final"]["confusion"])
                 self._draw("confusion", dom, alg, cm, self.classes, self.out / f"confusion_{alg}_{dom}.png")
 
     def log(self) -> list[Path]:
@@ -134,18 +140,13 @@ class Figures:
         return written
 
 
-def _sweep_histories(cfg, models: Path) -> list[dict]:
-    """The training history of every run of the current sweep ({"dir", "meta", "rounds"}), in the order of the
-    evaluate step's results (fedccrl_core.outcomes.results.load_runs_with_history)."""
-    import json
-
+def _sweep_histories(cfg, models: Path) -> list[SavedRun]:
+    """Every run of the current sweep with its training history, in the order of the evaluate step's results."""
+    from fedccrl_core.federation.history import SavedRun, load_history
     from fedccrl_pipeline.evaluate import trained_runs
 
-    runs = []
-    for d in sorted(trained_runs(cfg, models), key=lambda d: contract.result_file(Path("r"), models, d)):
-        doc = json.loads((d / contract.HISTORY_FILE).read_text())
-        runs.append({"dir": d, "meta": doc["meta"], "rounds": doc["rounds"]})
-    return runs
+    ordered = sorted(trained_runs(cfg, models), key=lambda d: contract.result_file(Path("r"), models, d))
+    return [SavedRun(d, load_history(d)) for d in ordered]
 
 
 def _draw(kind: str, *args) -> Path:
@@ -162,10 +163,10 @@ def _draw(kind: str, *args) -> Path:
     return getattr(fig, kind)(*args)
 
 
-def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
+def _log_to_mlflow(runs: list[SavedRun], written: list[Path]) -> None:
     from fedccrl_pipeline.mlflow_store import mlflow_module, trained_run
 
-    run_ids = [r["meta"].get("mlflow_run_id") for r in runs if r["meta"].get("mlflow_run_id")]
+    run_ids = [r.meta.mlflow_run_id for r in runs if r.meta.mlflow_run_id]
     if not run_ids:
         return
     run = trained_run(run_ids[0], "figures")
@@ -177,8 +178,8 @@ def _log_to_mlflow(runs: list[dict], written: list[Path]) -> None:
         if parent:
             client.log_artifact(parent, str(p), artifact_path="figures")
     for r in runs:
-        rid, meta = r["meta"].get("mlflow_run_id"), r["meta"]
-        png = [p for p in written if p.name == f"confusion_{meta['algorithm']}_{meta['held_out_domain']}.png"]
+        rid, meta = r.meta.mlflow_run_id, r.meta
+        png = [p for p in written if p.name == f"confusion_{meta.algorithm}_{meta.held_out_domain}.png"]
         if rid and png:
             client.log_artifact(rid, str(png[0]), artifact_path="figures")
 

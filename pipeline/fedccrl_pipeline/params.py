@@ -33,7 +33,7 @@ from fedccrl_core.data.shards import SCHEMES
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.backbone_names import BACKBONES
 from fedccrl_core.foundation.errors import ParamError
-from fedccrl_core.foundation.hparams import Declared, validate
+from fedccrl_core.foundation.hparams import Declared, Sha256, validate
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
 from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
@@ -56,7 +56,7 @@ def _unique(v: list) -> list:
 class DatasetParams(Declared):
     name: _one_of(REGISTRY)  # type: ignore[valid-type]  # a Literal built at import
     source: str = Field("registry", min_length=1)
-    sha256: str | dict[str, str] | None = None
+    sha256: Sha256 | dict[str, Sha256] | None = None
     seed: int = 0
 
 

@@ -16,6 +16,7 @@ from fedccrl_core.foundation.errors import ParamError
 
 if TYPE_CHECKING:
     from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.federation.history import RunPrivacySummary
     from fedccrl_core.privacy.sweep_epsilon import SweepRun
     from fedccrl_pipeline.params import ParamsFile
 
@@ -90,17 +91,14 @@ def check_sweep_budget(
     return eps
 
 
-def child_tags(history_doc: dict) -> dict[str, str]:
-    """The tags a finished child run of a DP sweep carries (from its history.json): its releases and trained
+def child_tags(p: RunPrivacySummary | None) -> dict[str, str]:
+    """The tags a finished child run of a DP sweep carries (from its history.json's `dp`): its releases and trained
     domains, or the not-private mark of a seeded run (whose releases do not count: its epsilon does not apply)."""
-    from fedccrl_core.foundation import contract
-
-    p = history_doc.get(contract.HISTORY_PRIVACY)
-    if not p:
+    if p is None:
         return {}
-    if p.get("mark"):
-        return {PRIVACY_TAG: p["mark"]}
-    return {RELEASES_TAG: p["releases"], DOMAINS_TAG: json.dumps(p["trained_domains"])}
+    if p.mark:
+        return {PRIVACY_TAG: p.mark}
+    return {RELEASES_TAG: p.releases, DOMAINS_TAG: json.dumps(p.trained_domains)}
 
 
 def finished_runs(client, experiment_id: str, sweep_key: str) -> list[SweepRun]:

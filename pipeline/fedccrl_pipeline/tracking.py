@@ -8,12 +8,16 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedccrl_core.data.checksums import sha256_file
 from fedccrl_pipeline.git_state import git_commit
 from fedccrl_pipeline.mlflow_store import find_run, mlflow_module, set_experiment
 from fedccrl_pipeline.orphan_runs import OWNER_TAG, close_orphans, owner
 from fedccrl_pipeline.run_names import dvc_experiment_name, flatten, sweep_run_name
+
+if TYPE_CHECKING:
+    from fedccrl_core.federation.history import RoundRecord
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 
@@ -145,7 +149,7 @@ class ChildRun:
         now = int(time.time() * 1000)
         self.client.log_batch(self.run_id, metrics=[Metric(k, float(v), now, step) for k, v in metrics.items()])
 
-    def backfill(self, history: list[dict]) -> list[int]:
+    def backfill(self, history: list[RoundRecord]) -> list[int]:
         """Log every round of the finished training's history that this run lacks, and return their numbers.
         A resumed run can lack rounds: its process was killed after a round's checkpoint but before the round
         reached MLflow (a worker checkpoints while the parent logs), or its store was deleted (a fresh run, see above)."""
@@ -154,12 +158,14 @@ class ChildRun:
         have = set(self.logged_rounds)
         if self.resumed:
             have |= {int(m.step) for m in self.client.get_metric_history(self.run_id, contract.TARGET_ACC)}
-        missing = [rec for rec in history if int(rec[contract.ROUND]) not in have]
+        missing = [rec for rec in history if rec.round not in have]
         for rec in missing:
-            self.log_round(rec)
-        return [int(rec[contract.ROUND]) for rec in missing]
+            self.log_round(rec.to_dict())
+        return [rec.round for rec in missing]
 
     def log_round(self, rec: dict) -> None:
+        """One round's record as the engine sends it live (the loop's `on_round`, a worker's message): MLflow's
+        metrics and tags at its step."""
         from fedccrl_core.foundation import contract
 
         rnd = int(rec[contract.ROUND])

@@ -18,6 +18,7 @@ from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 
 if TYPE_CHECKING:
     from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.federation.history import RunHistory
 
 
 def mlflow_params(params: dict, job, device: str) -> dict:
@@ -106,12 +107,12 @@ class TrainTracking:
             return self._start(job)
 
     def on_message(self, kind: str, index: int, payload) -> None:
-        from fedccrl_core.foundation import contract
+        from fedccrl_core.federation.history import load_history
 
         doc = None
         if kind == "done":  # the run's own file, read outside the store's errors
             job = next(j for j in self.jobs if j.index == index)
-            doc = json.loads((Path(job.out) / contract.HISTORY_FILE).read_text())
+            doc = load_history(Path(job.out))
         with store_errors(self.uri):
             self._on_message(kind, index, payload, doc)
 
@@ -191,7 +192,7 @@ class TrainTracking:
             metrics = {**epsilon_metrics(SWEEP_EPSILON, per_image_epsilon(runs, self.delta)), SWEEP_RUNS: len(runs)}
             log_parent_metrics(client, self.parent, metrics, len(runs))
 
-    def _on_message(self, kind: str, index: int, payload, doc: dict | None) -> None:
+    def _on_message(self, kind: str, index: int, payload, doc: RunHistory | None) -> None:
         from fedccrl_pipeline.sweep_privacy import child_tags
 
         run = self.runs[index]
@@ -200,7 +201,7 @@ class TrainTracking:
         elif kind == "done":
             job = next(j for j in self.jobs if j.index == index)
             assert doc is not None  # on_message reads it for "done"
-            late = run.backfill(doc["rounds"])  # every round in MLflow, also after a kill or a lost store
+            late = run.backfill(doc.rounds)  # every round in MLflow, also after a kill or a lost store
             if late:
                 print(
                     f"[{self.algorithm} {job.target}] MLflow: round(s) {late} logged now (the run that trained "
@@ -209,7 +210,7 @@ class TrainTracking:
                     flush=True,
                 )
             run.log_metrics(payload)
-            tags = child_tags(doc)
+            tags = child_tags(doc.dp)
             for k, v in tags.items():
                 run.client.set_tag(run.run_id, k, v)
             run.finish()

@@ -1,0 +1,138 @@
+"""A trained run's round history: history.json ({"meta", "best_round", "rounds"}) and history.csv, written by the
+train stage (`write_history`, from fedccrl_core/federation/jobs.py `run_one`), read back typed (`load_history`) by
+the evaluate, figures and train stages' tracking: validated once where the file is read, and handed on as a
+`RunHistory`, so that no reader looks a round's field up by its name.
+
+A round record (RoundLoop's, federation/loop.py) has the fields every round has (ROUND ... BYTES_DOWN, in the order
+the loop writes them, fedccrl_core/foundation/contract.py) and the metrics of the run: the objective LOSS and the
+loss terms "l_*" (Eq. 2's n_i-weighted means over the clients), TRAIN_ACC and each client's, LR, train.privacy's
+epsilons, and an engine's own (the Flower engine's bytes on the wire, dropped and refused clients). Those vary with
+the algorithm and the engine; they are kept as read, in order, and a number among them is read by its name through
+`RoundRecord.metric`.
+
+Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ConfigDict, Field, model_validator
+
+from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.errors import DataError
+from fedccrl_core.foundation.records import Record, parse_record
+from fedccrl_core.learning.model_file import ModelMeta
+
+
+class RoundRecord(Record):
+    """One round of a run (contract.py's round record)."""
+
+    model_config = ConfigDict(extra="allow")  # the run's metrics (module docstring), checked below
+
+    round: int
+    val_acc: float
+    target_acc: float
+    val_pred_classes: int
+    seconds: float
+    bytes_up: int
+    bytes_down: int
+
+    @model_validator(mode="after")
+    def _metrics_are_data(self) -> RoundRecord:
+        for key, value in (self.model_extra or {}).items():
+            if not isinstance(value, (int, float, str, list, dict, type(None))):
+                raise ValueError(f"round {self.round}: {key!r} is a {type(value).__name__}, not JSON data")
+        return self
+
+    def metric(self, name: str) -> float | None:
+        """The number named `name` (a contract.py field, a loss term), None where the round has none."""
+        value = getattr(self, name) if name in type(self).model_fields else (self.model_extra or {}).get(name)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    def loss_terms(self) -> list[str]:
+        """The loss terms the algorithm's train step reported this round (contract.is_loss_term)."""
+        return [k for k in self.model_extra or {} if contract.is_loss_term(k)]
+
+
+class RunPrivacySummary(Record):
+    """history.json's `dp` (contract.HISTORY_PRIVACY) of a DP run: how its noise was drawn, the mark of a seeded
+    run (privacy/settings.py NOT_PRIVATE_MARK), the domains whose training images it trained on, and the releases
+    its ledger charged (privacy/sweep_epsilon.py encode_releases), which the sweep's per-image epsilon composes."""
+
+    noise: str
+    delta: float
+    trained_domains: list[str]
+    releases: str
+    mark: str | None = None
+
+
+class RunHistory(Record):
+    """history.json: the run's meta (a model file's, without `round`), the round of the best source-validation
+    accuracy, every round, and under train.privacy its privacy summary (`dp`, absent without DP)."""
+
+    meta: ModelMeta
+    best_round: int = Field(ge=1)
+    rounds: list[RoundRecord] = Field(min_length=1)
+    dp: RunPrivacySummary | None = None
+
+    @model_validator(mode="after")
+    def _best_round_is_a_round(self) -> RunHistory:
+        if not any(r.round == self.best_round for r in self.rounds):
+            raise ValueError(f"best_round {self.best_round} is none of the rounds recorded")
+        return self
+
+    def at(self, rnd: int) -> RoundRecord:
+        """The record of round `rnd`."""
+        return next(r for r in self.rounds if r.round == rnd)
+
+
+def write_history(
+    folder: Path,
+    meta: ModelMeta,
+    best_round: int,
+    rounds: list[dict[str, Any]],
+    privacy: RunPrivacySummary | None = None,
+) -> RunHistory:
+    """history.json and history.csv of a run into `folder` (the run's folder while it is written); the history,
+    typed: a record the readers would refuse is refused here, before the run's folder is put in place."""
+    doc: dict[str, Any] = {"meta": meta, "best_round": best_round, "rounds": rounds}
+    if privacy is not None:
+        doc[contract.HISTORY_PRIVACY] = privacy
+    history = parse_record(RunHistory, doc, f"{folder / contract.HISTORY_FILE}")
+    (folder / contract.HISTORY_FILE).write_text(json.dumps(history.to_dict(), indent=1))
+    keys = [*contract.HISTORY_CSV_FIELDS, *sorted({k for r in history.rounds for k in r.loss_terms()})]
+    with open(folder / contract.HISTORY_CSV, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(r.to_dict() for r in history.rounds)
+    return history
+
+
+@dataclass(frozen=True)
+class SavedRun:
+    """A trained run's folder (its model files) and its history, read by `load_history`."""
+
+    dir: Path
+    history: RunHistory
+
+    @property
+    def meta(self) -> ModelMeta:
+        return self.history.meta
+
+
+def load_history(run: Path) -> RunHistory:
+    """The history.json of the run folder `run`, typed; DataError naming the file and the key otherwise."""
+    path = Path(run) / contract.HISTORY_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: missing (was the train stage interrupted?)")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path}: not JSON ({e})") from None
+    history = parse_record(RunHistory, data, str(path))
+    history.meta.require(path, "algorithm", "seed", "held_out_domain")  # what the readers group the runs by
+    return history
