@@ -186,7 +186,7 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
-    from fedccrl_core.learning.model_file import ModelMeta, save_model
+    from fedccrl_core.learning.model_file import ModelMeta
 
     s, target, out = job.settings, job.target, Path(job.out)
     device = resolve_device(s.device)
@@ -248,13 +248,27 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         mlflow_experiment_id=job.mlflow_experiment_id,
         platform=numeric_platform(str(device)),
     )
+    write_run_folder(out, model, meta, result, s.local.rounds)
+    final = result.history[-1]
+    log(f"done: final target acc {final[contract.TARGET_ACC]:.4f}; best-val round {result.best_round} -> {out}")
+    return {
+        contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
+        contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
+        contract.BEST_ROUND: result.best_round,
+    }
+
+
+def write_run_folder(out: Path, model, meta, result, rounds: int, extra: dict | None = None) -> None:
+    """A trained run's folder, complete or absent (fsio.atomic_dir): MODEL_FILE (the final round's weights),
+    BEST_FILE (the val-selected round's), HISTORY_FILE and HISTORY_CSV, plus `extra` ({file name: JSON document})."""
     from fedccrl_core.foundation.fsio import atomic_dir
+    from fedccrl_core.learning.model_file import save_model
 
     with atomic_dir(
         out
     ) as tmp:  # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
         model.load_state_dict(result.final_weights)
-        save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": s.local.rounds}))
+        save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": rounds}))
         model.load_state_dict(result.best_weights)
         save_model(tmp / contract.BEST_FILE, model, meta.model_copy(update={"round": result.best_round}))
         (tmp / contract.HISTORY_FILE).write_text(
@@ -270,13 +284,8 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
             w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
             w.writeheader()
             w.writerows(result.history)
-    final = result.history[-1]
-    log(f"done: final target acc {final[contract.TARGET_ACC]:.4f}; best-val round {result.best_round} -> {out}")
-    return {
-        contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-        contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
-        contract.BEST_ROUND: result.best_round,
-    }
+        for name, doc in (extra or {}).items():
+            (tmp / name).write_text(json.dumps(doc, indent=1) + "\n")
 
 
 def worker_count(setting: str, settings: RunSettings, n_jobs: int) -> int:
