@@ -32,6 +32,7 @@ from fedccrl_flower.federation import LOG, Federation, LocalFederation
 from fedccrl_flower.processes import FlowerRunError
 from fedccrl_flower.report import read_result
 from fedccrl_flower.settings import FlowerSettings
+from fedccrl_flower.sites import federation_sites
 from fedccrl_flower.spec import ServerSpec, report_dir
 
 
@@ -95,15 +96,6 @@ def wait_for_result(
             fed.stop_run(run_id)
             raise FlowerRunError(f"Flower run {run_id} did not finish within {timeout:.0f}s")
         time.sleep(poll_s)
-
-
-def federation_sites(shards: str | Path, held_out: str) -> tuple[list[str], list[str]]:
-    """(source clients, evaluation-only sites) of a run that holds out `held_out`, from a shard manifest (the
-    research rehearsal's central partition): ServerSpec.sources and .evaluators."""
-    from fedccrl_core.data.shards import client_ids, evaluation_sites, load_manifest
-
-    manifest = load_manifest(shards)
-    return client_ids(manifest, held_out), evaluation_sites(manifest, held_out)
 
 
 def run_flower(

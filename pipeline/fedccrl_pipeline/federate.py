@@ -67,7 +67,8 @@ def federate(
         device=settings.device,
         eval_batch_size=int(settings.eval_batch_size),
         client_state=settings.client_state,
-        **flower.model_dump(include=set(ServerSpec.FROM_SETTINGS)),
+        **flower.model_dump(include=set(ServerSpec.FROM_SETTINGS) - {"num_clients"}),
+        num_clients=flower.num_clients or len(sources) + len(evaluators),  # 0: every site of the run
     )
     probe = ServerSpec(**core, work_dir="")  # the run's key: everything but where it writes
     run_key = params_hash({**probe.model_dump(mode="json", exclude={"work_dir"}), "federation": fed_file.to_dict()})
@@ -77,7 +78,6 @@ def federate(
         work_dir=str(work),
         checkpoint=str(work / "checkpoint.pt"),
         run_info={"run_key": run_key},
-        num_clients=flower.num_clients or len(sources) + len(evaluators),
     )
     with Federation(work / "federation", superlink, root_certificates) as fed:
         run_id = fed.submit(spec)
