@@ -216,3 +216,78 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path)
     got = [json.loads(line)["label"] for line in out.output.splitlines() if line.startswith("{")]
     want = _predict(model, torch.from_numpy(x[:4]).permute(0, 3, 1, 2).contiguous())
     assert got == [meta["classes"][int(k)] for k in want]
+
+
+# ---------------------------------------------------------------- the operator's federation file
+def _federation(tmp_path: Path, **over) -> Path:
+    doc = {
+        "dataset": "embedded",
+        "domains": ["art", "cartoon", "photo", "sketch"],
+        "classes": list("abcdef"),
+        "image_size": 32,
+        "resize_policy": "resize SxS bilinear",
+        "sites": [{"id": f"{d}_c0", "domain": d} for d in ("art", "cartoon", "photo", "sketch")],
+        **over,
+    }
+    path = tmp_path / "federation.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_federation_file_names_sources_and_evaluation_sites(data, tmp_path):
+    from fedccrl_flower.sites import federation_of, federation_sites, read_federation
+
+    fed = read_federation(_federation(tmp_path))
+    assert fed.held_out("3") == fed.held_out("sketch") == "sketch"
+    assert fed.sources("sketch") == SOURCES and fed.evaluators("sketch") == EVALUATORS
+    central = federation_of(shards_mod.load_manifest(data / "shards"))
+    assert sorted(central.sources("sketch")) == sorted(federation_sites(data / "shards", "sketch")[0])
+    assert central.evaluators("sketch") == federation_sites(data / "shards", "sketch")[1] == EVALUATORS
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"sites": [{"id": "a", "domain": "mars"}]}, "domain 'mars' is not one of"),
+        ({"sites": [{"id": "a", "domain": "art"}, {"id": "a", "domain": "photo"}]}, "appears twice"),
+        ({"image_size": "32"}, "image_size"),
+        ({"sites": [{"id": "a"}]}, r"key 'sites\[0\]"),  # the site without its domain
+    ],
+)
+def test_a_bad_federation_file_is_refused_naming_the_file_and_key(tmp_path, over, match):
+    from fedccrl_flower.sites import read_federation
+
+    path = _federation(tmp_path, **over)
+    with pytest.raises(shards_mod.DataError, match=match) as e:
+        read_federation(path)
+    assert str(path) in str(e.value)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(shards_mod.DataError, match="broken.json: not JSON"):
+        read_federation(tmp_path / "broken.json")
+    with pytest.raises(shards_mod.DataError, match="absent.json: federation file not found"):
+        read_federation(tmp_path / "absent.json")
+
+
+def test_federate_refuses_bad_input_before_starting_anything(tmp_path):
+    """`fedccrl federate` with an unknown held-out domain, or too few sources for train.flower.min_clients: one
+    error line naming the file, exit code 2, and no run folder, work folder or Flower home left behind."""
+    import subprocess
+    import sys
+
+    from fixtures import write_params
+
+    write_params(tmp_path, {"train.flower.min_clients": 3})
+    fed = _federation(tmp_path, sites=[{"id": "art_c0", "domain": "art"}, {"id": "sketch_c0", "domain": "sketch"}])
+    out = tmp_path / "run"
+    base = [str(Path(sys.executable).parent / "fedccrl"), "federate", "--federation", str(fed), "--params"]
+    base += [str(tmp_path / "params.yaml"), "--algorithm", "fedavg", "--seed", "0", "--superlink", "127.0.0.1:1"]
+    base += ["--out", str(out)]
+
+    def federate(*args):
+        return subprocess.run([*base, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    r = federate("--held-out", "mars")
+    assert r.returncode == 2 and f"error: {fed}: --held-out: held-out domain 'mars' is not one of" in r.stderr
+    r = federate("--held-out", "sketch")
+    assert r.returncode == 2 and "min_clients is 3 but held-out sketch leaves 1 source clients" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["federation.json", "params.yaml"]

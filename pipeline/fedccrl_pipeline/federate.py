@@ -47,7 +47,7 @@ def federate(
     try:
         target = fed_file.held_out(held_out)
     except ValueError as e:
-        raise click.BadParameter(f"{federation}: {e}", param_hint="--held-out") from None
+        raise ValueError(f"{federation}: --held-out: {e}") from None
     settings, flower = run_settings(cfg), cfg.train.flower
     sources, evaluators = fed_file.sources(target), fed_file.evaluators(target)
     flower.require_clients(len(sources), target)
