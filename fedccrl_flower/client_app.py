@@ -1,9 +1,11 @@
 """The ClientApp: one fedccrl_core client behind Flower's Message API.
 
 A SuperNode holds one client's shard and never sends images: only its upload (FedCCRL: F_i, Eq. 8),
-its local weights, n_i and float metrics. Which client it is comes from the node config:
-`client-id=<id>` (deployment), or `partition-id=<k>`, the k-th source client of the manifest
-(Flower's simulation sets partition-id). The shard and pool folders come from the node config
+its local weights, n_i, float metrics and its evaluation counts (evalsets.py). Its shard folder may hold
+only its own site's files (a manifest listing only its client): nothing here reads another client's.
+A site that holds only the run's held-out domain answers QUERY with n = 0 and evaluates only. Which client it is comes from the node config:
+`client-id=<id>` (deployment), or `partition-id=<k>`, the k-th site of the manifest: its source clients,
+then its evaluation-only sites (Flower's simulation sets partition-id). The shard and pool folders come from the node config
 (`shards=... pools=...`) or, in simulation, from the run config.
 
 Per-client state (ClientState: optimizer, LR schedule, `extra`, e.g. FedBN's local BN layers) lives
@@ -79,11 +81,12 @@ def resolve_client_id(context: Context, spec: ClientSpec) -> str:
     pid = context.node_config.get(M.NODE_PARTITION_ID)
     if pid is None:
         raise ValueError(f"SuperNode node config needs '{M.NODE_CLIENT_ID}=<id>' or '{M.NODE_PARTITION_ID}=<k>'")
-    from fedccrl_core.data.shards import client_ids, load_manifest
+    from fedccrl_core.data.shards import client_ids, evaluation_sites, load_manifest
 
-    ids = client_ids(load_manifest(_shards_dir(context)), spec.held_out)
+    manifest = load_manifest(_shards_dir(context))
+    ids = client_ids(manifest, spec.held_out) + evaluation_sites(manifest, spec.held_out)
     if not 0 <= int(pid) < len(ids):
-        raise ValueError(f"{M.NODE_PARTITION_ID}={pid} is out of range: {len(ids)} source clients {ids}")
+        raise ValueError(f"{M.NODE_PARTITION_ID}={pid} is out of range: {len(ids)} sites {ids}")
     return ids[int(pid)]
 
 
@@ -124,6 +127,34 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
         _CACHE[key] = ClientData.from_numpy(
             s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device, mu, sigma
         )
+    return _CACHE[key]
+
+
+def is_source(context: Context, cid: str, held_out: str) -> bool:
+    """Whether this site trains in a run that holds out `held_out` (it holds rows of another domain); a site that
+    holds only the held-out domain evaluates only (evalsets.py)."""
+    from fedccrl_core.data.shards import client_ids, load_manifest
+
+    return cid in client_ids(load_manifest(_shards_dir(context)), held_out)
+
+
+def load_eval_data(context: Context, cid: str, device: torch.device, held_out: str):
+    """(val_x, val_y, target_x, target_y) of this site for a run that holds out `held_out`: its val split outside
+    the held-out domain when it is a source (the in-process engine's EvalSets rows), and its rows of the held-out
+    domain, train + val (its share of `load_domain_test`)."""
+    from fedccrl_core.data.shards import load_client_domain
+
+    shards = _shards_dir(context)
+    key = ("eval", shards, cid, held_out, str(device))
+    if key not in _CACHE:
+        tx, ty = load_client_domain(shards, cid, held_out)
+        target = ClientData.from_numpy("target", "target", tx, ty, tx[:0], ty[:0], device)
+        if is_source(context, cid, held_out):
+            d = load_client_data(context, cid, device, held_out)
+            val_x, val_y = d.val_x, d.val_y
+        else:
+            val_x, val_y = target.train_x[:0], target.train_y[:0]
+        _CACHE[key] = (val_x, val_y, target.train_x, target.train_y)
     return _CACHE[key]
 
 
@@ -217,6 +248,9 @@ def handle_query(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
+    if not is_source(context, cid, spec.held_out):  # an evaluation-only site: n = 0, no upload
+        _say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
+        return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
     data = load_client_data(context, cid, device, spec.held_out)
     alg, _ = build_client_algorithm(spec, device)
     skip = json.loads(str(msg.content[M.CONFIG].get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
@@ -267,6 +301,27 @@ def handle_train(msg: Message, context: Context) -> Message:
     return Message(content, reply_to=msg)
 
 
+def handle_evaluate(msg: Message, context: Context) -> Message:
+    """The aggregated global weights on this site's own images: counts, never images (evalsets.py)."""
+    from fedccrl_flower.evalsets import site_counts
+
+    t0 = time.perf_counter()
+    spec, rnd, _ = read_config(msg)
+    device = _device(context, spec)
+    cid = resolve_client_id(context, spec)
+    val_x, val_y, target_x, target_y = load_eval_data(context, cid, device, spec.held_out)
+    alg, _ = build_client_algorithm(spec, device)
+    key = ("eval-model", spec.to_json(), str(device))
+    if key not in _CACHE:  # a model of its own: the training model keeps its state between messages
+        _CACHE[key] = alg.build_model(spec.backbone, spec.num_classes, "none", alg.hp).to(device)
+    model = _CACHE[key]
+    received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "global weights")
+    model.load_state_dict(M.validate_weights(received, model.state_dict(), "global weights"))
+    counts = site_counts(model, val_x, val_y, target_x, target_y, spec.num_classes, spec.eval_batch_size, alg.local)
+    _say(f"client {cid} round {rnd}: evaluated {len(val_y)} val and {len(target_y)} held-out images", t0)
+    return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid}), M.EVAL: counts.to_record()}), reply_to=msg)
+
+
 @app.query()
 def _query(msg: Message, context: Context) -> Message:
     return handle_query(msg, context)
@@ -275,3 +330,8 @@ def _query(msg: Message, context: Context) -> Message:
 @app.train()
 def _train(msg: Message, context: Context) -> Message:
     return handle_train(msg, context)
+
+
+@app.evaluate()
+def _evaluate(msg: Message, context: Context) -> Message:
+    return handle_evaluate(msg, context)

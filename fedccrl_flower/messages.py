@@ -2,13 +2,16 @@
 
 Message types (Flower's): QUERY asks a client for its upload (Algorithm 1 lines 3-6; FedCCRL's F_i,
 Eq. 8), TRAIN sends it the global weights and its payload (line 7; FedCCRL's F_pool minus F_i)
-and returns its local weights, n_i and metrics (lines 8-22).
+and returns its local weights, n_i and metrics (lines 8-22), EVALUATE sends a site the aggregated
+weights (after line 23) and returns its evaluation counts (evalsets.py).
 
 Record keys (RecordDict content):
     QUERY  server -> client   CONFIG (ConfigRecord)
            client -> server   INFO (ConfigRecord: client id, n_i), UPLOAD (ArrayRecord, absent if None)
     TRAIN  server -> client   CONFIG, WEIGHTS (ArrayRecord), PAYLOAD (ArrayRecord, absent if None)
            client -> server   INFO, WEIGHTS, METRICS (MetricRecord)
+    EVALUATE server -> client CONFIG, WEIGHTS
+           client -> server   INFO, EVAL (ConfigRecord: the counts below)
 
 Every array that arrives is checked before use (`record_to_arrays`, `validate_weights`,
 `validate_upload`): declared vs. decoded dtype/shape, the expected keys/shapes/dtypes, and
@@ -31,16 +34,24 @@ from fedccrl_core.foundation import contract
 # ---- message types ----------------------------------------------------------------------------
 QUERY = MessageType.QUERY
 TRAIN = MessageType.TRAIN
+EVALUATE = MessageType.EVALUATE
 
 # ---- record keys inside Message.content ---------------------------------------------------------
 CONFIG, INFO, UPLOAD = contract.MSG_CONFIG, contract.MSG_INFO, contract.MSG_UPLOAD
 PAYLOAD, WEIGHTS, METRICS = contract.MSG_PAYLOAD, contract.MSG_WEIGHTS, contract.MSG_METRICS
+EVAL = contract.MSG_EVAL
 
 # ---- fields of the CONFIG / INFO ConfigRecords ---------------------------------------------------
 F_SPEC = "spec"  # JSON of the client-side spec (algorithm, LocalConfig, hparams, model, seed, ...)
 F_ROUND = "round"
 F_CLIENT_ID = "client-id"  # in TRAIN config: the client the server addresses; in INFO: who answers
-F_N = "n"  # n_i (Eq. 2)
+F_N = "n"  # n_i (Eq. 2); 0 in a QUERY reply: an evaluation-only site (it holds only the held-out domain)
+# in an EVAL record (per class k of the federation's class list: a list of num_classes ints)
+F_VAL_LABELS = "val-labels"  # the site's val images of class k (source validation)
+F_VAL_CORRECT = "val-correct"  # of them, predicted correctly by the global model
+F_VAL_PREDICTED = "val-predicted"  # val images the global model predicts as k
+F_TARGET_N = "target-n"  # the site's images of the held-out domain (an int)
+F_TARGET_CORRECT = "target-correct"  # of them, predicted correctly (an int)
 F_SKIP_UPLOAD = "skip-upload"  # in QUERY config: client ids whose upload the server does not need (JSON list)
 
 # ---- keys of Context.state on a SuperNode (ClientState, never sent) ------------------------------

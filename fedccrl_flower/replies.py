@@ -21,10 +21,10 @@ BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malfo
 
 
 def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
-    """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6)."""
+    """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6); n_i = 0 from an evaluation-only site."""
     info = M.record(r.content, M.INFO, ConfigRecord)
     cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])  # type: ignore[arg-type]  # a list or bytes: TypeError, a BAD_REPLY
-    if n < 1:
+    if n < 0:  # 0: an evaluation-only site (the server checks that it is one)
         raise M.MalformedUpdate(f"n_i = {n}")
     upload = (
         M.record_to_arrays(M.record(r.content, M.UPLOAD, ArrayRecord), f"upload of {cid}")

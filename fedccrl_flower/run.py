@@ -6,7 +6,7 @@ each SuperNode's own folders):
 
 - simulation: a SuperLink started with `--simulation`, then `flwr run <APP_DIR> <connection> --federation-config
   "num-supernodes=N ..."`; Flower's Ray backend runs the ClientApps, node k gets partition-id=k (-> the k-th
-  source client of the manifest).
+  site of the run: its source clients, then its evaluation-only sites).
 - deployment: a SuperLink and one SuperNode per source client as separate processes (`--insecure` on 127.0.0.1;
   node config client-id/shards/pools/state-dir), then `flwr run`. With `superlink: host:port` the launcher starts
   nothing and submits to that SuperLink (TLS with `root_certificates`); the ServerApp then runs on the
@@ -32,6 +32,7 @@ from fedccrl_flower.federation import LOG, Federation, LocalFederation
 from fedccrl_flower.processes import FlowerRunError
 from fedccrl_flower.report import read_result
 from fedccrl_flower.settings import FlowerSettings
+from fedccrl_flower.sites import federation_sites
 from fedccrl_flower.spec import ServerSpec, report_dir
 
 
@@ -97,22 +98,20 @@ def wait_for_result(
         time.sleep(poll_s)
 
 
-def source_clients(shards: str | Path, held_out: str) -> list[str]:
-    from fedccrl_core.data.shards import client_ids, load_manifest
-
-    return client_ids(load_manifest(shards), held_out)
-
-
-def run_flower(settings: FlowerSettings, spec: ServerSpec, pools: str | Path, on_round=None, log=LOG) -> RunResult:
-    """Run one training on the Flower engine (settings.mode) and return the in-process engine's RunResult."""
+def run_flower(
+    settings: FlowerSettings, spec: ServerSpec, shards: str | Path, pools: str | Path, on_round=None, log=LOG
+) -> RunResult:
+    """Run one training on the Flower engine (settings.mode) and return the in-process engine's RunResult. `shards`
+    and `pools` are the folders the local SuperNodes read (one machine: the central partition); the ServerApp
+    reads neither."""
     work = Path(spec.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
-    ids = source_clients(spec.shards, spec.held_out)
+    ids = [*spec.sources, *spec.evaluators]  # every site: sources train, evaluators evaluate the held-out domain
     settings.model_copy(update={"min_clients": max(settings.min_clients, spec.min_clients)}).require_clients(
-        len(ids), spec.held_out
+        len(spec.sources), spec.held_out
     )
     spec = spec.model_copy(update={"num_clients": spec.num_clients or settings.num_clients or len(ids)})
-    shards, pools = str(Path(spec.shards).resolve()), str(Path(pools).resolve())
+    shards, pools = str(Path(shards).resolve()), str(Path(pools).resolve())
     state_dir = str(work / "client-state")
     if settings.mode == "simulation":
         fed_cfg = (
@@ -154,6 +153,7 @@ def train_with_flower(
     (<checkpoint>.flower/)."""
     s = job.settings
     checkpoint = Path(job.ckpt).resolve()
+    sources, evaluators = federation_sites(shards, job.target)
     spec = ServerSpec(
         algorithm=job.algorithm,
         local=s.local,
@@ -162,7 +162,8 @@ def train_with_flower(
         num_classes=len(job.classes),
         seed=int(job.seed),
         held_out=job.target,
-        shards=str(Path(shards).resolve()),
+        sources=sources,
+        evaluators=evaluators,
         work_dir=str(checkpoint.with_suffix(".flower")),
         pretrained=s.pretrained,
         client_fraction=float(s.client_fraction),
@@ -173,7 +174,7 @@ def train_with_flower(
         run_info={"run_key": job.run_key},
         client_state=s.client_state,
     )
-    return run_flower(settings, spec, pools, on_round=on_round, log=log)
+    return run_flower(settings, spec, shards, pools, on_round=on_round, log=log)
 
 
-__all__ = ["run_flower", "source_clients", "train_with_flower", "wait_for_result"]
+__all__ = ["federation_sites", "run_flower", "train_with_flower", "wait_for_result"]

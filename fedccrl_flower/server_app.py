@@ -6,18 +6,20 @@ The round loop itself is fedccrl_core/federation/loop.py (RoundLoop), the one th
   1. QUERY every connected SuperNode; each answers with its client id, n_i and its upload (lines 3-6;
      FedCCRL: F_i as an ArrayRecord). Uploads are checked (replies.py) and must share one signature (keys,
      dtypes, row shapes); a misfit is refused, and so is a client that is not a source of this run
-     (`shards.client_ids`), so only those clients are sampled. One client id answering from two nodes stops the run
-     (`DuplicateClient`, naming both) before any upload is used; under train.privacy both uploads are charged.
+     (`spec.sources`), so only those clients are sampled. A site of `spec.evaluators` answers n = 0: it
+     evaluates only. One client id answering from two nodes stops the run (`DuplicateClient`, naming both) before
+     any upload is used; under train.privacy both uploads are charged.
   2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client:
      global weights + its payload (FedCCRL: F_pool minus F_i).
   3. check every reply against the global weights (replies.py) - a malformed reply is logged and refused,
      never aggregated - then `alg.aggregate` (line 23, Eq. 2) over the valid replies in client-id order.
-  4. (RoundLoop: evaluate, the record, checkpoint) the record gets this transport's fields: wire bytes
-     (`wire_bytes_up/down`, Flower's serialized messages; `bytes_up/down` count the arrays, as in-process),
-     clients, refused and dropped counts, and per-client upload/payload sizes.
-
-Evaluation is central (evalsets.py): the server reads the held-out domain's shard and the source clients' val
-splits from `spec.shards`, so val/target accuracy are the in-process engine's.
+  4. (RoundLoop: evaluate) an EVALUATE message with the aggregated weights to every site that answered the
+     round's QUERY; each returns counts on its own images, which evalsets.py pools (Σ correct / Σ n: the
+     in-process engine's central numbers). The server reads no data file.
+  5. (RoundLoop: the record, checkpoint) the record gets this transport's fields: wire bytes
+     (`wire_bytes_up/down`, Flower's serialized QUERY/TRAIN messages, `eval_wire_bytes_up/down` the EVALUATE
+     ones; `bytes_up/down` count the arrays, as in-process), clients, refused and dropped counts, per-client
+     upload/payload sizes, and what the evaluation covered (`val_n`, `target_n`, `eval_sites`).
 
 Faults: a SuperNode that does not answer within the phase's timeout, or that Flower reports gone, is dropped
 (replies.Ledger: client id, node id, phase, reason `timeout` | `disconnected` | `error`, detail, in the round's
@@ -55,7 +57,7 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_flower import messages as M
-from fedccrl_flower.evalsets import load_evalsets
+from fedccrl_flower.evalsets import pool, read_eval_reply
 from fedccrl_flower.replies import BAD_REPLY, Ledger, matching_train_uploads, read_query_reply, read_train_reply
 from fedccrl_flower.report import FlowerResult, RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
@@ -96,7 +98,10 @@ class FlowerServer:
         self.ledger = Ledger(self.log)
         self.slowest: dict[str, float] = {}  # phase -> the slowest complete exchange so far (s)
         self._timeouts: dict[str, float] = {}  # phase -> the timeout its last exchange used
-        self.sources: set[str] | None = None  # the run's source clients (shards.client_ids), set by _run
+        self.sources = set(spec.sources)  # the run's source clients
+        self.evaluators = set(spec.evaluators)  # sites that hold only the held-out domain
+        self._eval_node_of: dict[str, int] = {}  # evaluation-only site -> its node, from the round's QUERY
+        self._e_up = self._e_down = 0
 
     # ---- messaging ----------------------------------------------------------------------------
     def _config(self, rnd: int, cid: str | None = None) -> ConfigRecord:
@@ -109,8 +114,8 @@ class FlowerServer:
         """How long a phase ("query" | "train") waits for its replies: the spec's fixed timeout until an
         exchange of that phase got every reply, then max(floor, factor x the slowest such exchange so far)."""
         s = self.spec
-        if phase not in self.slowest:
-            return s.query_timeout_s if phase == "query" else s.train_timeout_s
+        if phase not in self.slowest:  # an evaluation is a forward pass: it waits as a query does
+            return s.query_timeout_s if phase in ("query", "evaluate") else s.train_timeout_s
         return max(s.timeout_floor_s, s.timeout_factor * self.slowest[phase])
 
     def _exchange(self, rnd: int, msgs: list[Message], phase: str):
@@ -140,6 +145,7 @@ class FlowerServer:
         node_of: dict[str, int] = {}
         uploads, n_of, sigs = {}, {}, {}
         twice: list[tuple[str, int, int, dict]] = []  # (client, first node, second node, {client: (n_i, k_i)})
+        self._eval_node_of = {}
         for node in sorted(replies):
             r = replies[node]
             who = f"node {node}" + (f" ({self.client_of_node[node]})" if node in self.client_of_node else "")
@@ -151,7 +157,16 @@ class FlowerServer:
             except BAD_REPLY as e:
                 self.ledger.refuse(rnd, who, f"malformed query reply: {e}")
                 continue
-            if self.sources is not None and cid not in self.sources:  # e.g. a held-out domain's client
+            if n == 0:  # an evaluation-only site
+                if cid not in self.evaluators:
+                    self.ledger.refuse(
+                        rnd, who, f"client {cid} announces no training rows but is not an evaluation site"
+                    )
+                elif cid not in self._eval_node_of:
+                    self.client_of_node[node] = cid
+                    self._eval_node_of[cid] = node
+                continue
+            if cid not in self.sources:  # e.g. a held-out domain's client that claims training rows
                 self.ledger.refuse(
                     rnd,
                     who,
@@ -241,6 +256,44 @@ class FlowerServer:
         finally:
             self.report.close()
 
+    # ---- the Evaluator of the round loop: evaluation on the sites (evalsets.py) ----------------
+    def evaluate(self, rnd: int, global_w: dict):
+        """EVALUATE to every site that answered this round's QUERY (every connected source site, sampled or
+        not, and every evaluation-only site) and was not dropped since; their counts pooled. A site without a valid reply is dropped
+        from this round's evaluation, not from the run."""
+        weights_rec = M.arrays_to_record(global_w)
+        gone = {d["client"] for d in self.ledger.dropped if d["round"] == rnd}  # dropped while training
+        sites = {c: n for c, n in {**self._node_of, **self._eval_node_of}.items() if c not in gone}
+        msgs = [
+            Message(
+                RecordDict({M.CONFIG: self._config(rnd, cid), M.WEIGHTS: weights_rec}),
+                dst_node_id=sites[cid],
+                message_type=M.EVALUATE,
+                group_id=str(rnd),
+            )
+            for cid in sorted(sites)
+        ]
+        self._e_down = sum(M.content_nbytes(m.content) for m in msgs)
+        replies, missing = self._exchange(rnd, msgs, "evaluate")
+        self._e_up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
+        cid_of = {node: cid for cid, node in sites.items()}
+        for node in sorted(missing):
+            self.ledger.drop(rnd, cid_of[node], node, "evaluate", *missing[node])
+        counts = {}
+        for node, r in sorted(replies.items()):
+            cid = cid_of[node]
+            if r.has_error():
+                self.ledger.drop(rnd, cid, node, "evaluate", *error_reason(r))
+                continue
+            try:
+                counts[cid] = read_eval_reply(r, cid, self.spec.num_classes)
+            except BAD_REPLY as e:
+                self.ledger.refuse(rnd, cid, str(e))
+        ev = pool(counts)
+        if not ev.record["target_n"]:
+            self.log(f"round {rnd}: no site holding {self.spec.held_out} evaluated: target accuracy is NaN")
+        return ev
+
     # ---- the Transport of the round loop (fedccrl_core/federation/loop.py) -------------------
     def collect_uploads(self, rnd: int) -> dict:
         """Lines 3-6 over QUERY messages; a round with fewer than min_clients answers fails."""
@@ -291,6 +344,8 @@ class FlowerServer:
         rec = {
             "wire_bytes_up": self._q_up + self._t_up,
             "wire_bytes_down": self._q_down + self._t_down,
+            "eval_wire_bytes_up": self._e_up,
+            "eval_wire_bytes_down": self._e_down,
             "clients": len(self._replies),
             **self.ledger.record(rnd),
             "query_timeout_s": self._timeouts.get("query"),
@@ -308,17 +363,13 @@ class FlowerServer:
         self._start = ck.round + 1 if ck is not None else 1
 
     def _run(self) -> FlowerResult:
-        from fedccrl_core.data.shards import client_ids, load_manifest
-
         s = self.spec
-        self.sources = set(client_ids(load_manifest(s.shards), s.held_out))  # feddg_bench: the non-empty clients
-        evalsets = load_evalsets(s.shards, s.held_out, s.eval_batch_size, self.device)
         model = build_seeded_model(self.alg, s.backbone, s.num_classes, s.pretrained, s.seed, self.device)
         loop = RoundLoop(
             self.alg,
             model,
             self,
-            evalsets,
+            self,  # evaluation on the sites (evaluate above)
             s.rounds,
             s.seed,
             s.client_fraction,

@@ -67,6 +67,7 @@ class ClientSpec(_Spec):
     held_out: str  # the held-out (target) domain
     device: str
     client_state: Literal["persistent", "stateless"]  # params.yaml train.client_state
+    eval_batch_size: int  # a site's evaluation batches (evalsets.py)
     state_key: str  # names the clients' saved state (ServerSpec.client_spec)
 
 
@@ -77,7 +78,8 @@ class ServerSpec(_Spec):
     num_classes: int
     seed: int
     held_out: str  # the held-out (target) domain
-    shards: str  # server-side copy of the shards, for evaluation
+    sources: list[str] = Field(min_length=1)  # the run's source clients (sites that train), in manifest order
+    evaluators: list[str] = Field(default_factory=list)  # sites holding only the held-out domain: evaluate only
     work_dir: str
     pretrained: str = "none"
     client_fraction: float = 1.0
@@ -122,6 +124,7 @@ class ServerSpec(_Spec):
             held_out=self.held_out,
             device=self.device,
             client_state=self.client_state,
+            eval_batch_size=self.eval_batch_size,
             state_key="",
         )
         core = spec.model_dump(exclude={"state_key"})

@@ -195,7 +195,8 @@ def _server_spec() -> ServerSpec:
         num_classes=6,
         seed=0,
         held_out="sketch",
-        shards="/data/shards",
+        sources=["art_c0", "cartoon_c0", "photo_c0"],
+        evaluators=["sketch_c0"],
         work_dir="/work",
         run_info={"run_key": "k"},
     )

@@ -102,9 +102,9 @@ def child(spec: dict) -> dict:
             return written["bytes"]
 
     class Loop(RoundLoop):
-        def evaluate(self):
+        def evaluate(self, rnd, global_w):
             with timed("evaluate"):
-                return super().evaluate()
+                return super().evaluate(rnd, global_w)
 
     class Engine(InProcessEngine):
         transport_class, checkpoints_class, loop_class = Transport, Checkpoints, Loop

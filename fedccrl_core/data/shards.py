@@ -681,19 +681,48 @@ def client_ids(manifest: ShardManifest, exclude_domain: str | int | None = None)
     return [c.id for c in manifest.clients if _has_rows_outside(c, skip)]
 
 
+def evaluation_sites(manifest: ShardManifest, held_out: str | int) -> list[str]:
+    """Client ids in manifest order of the clients that hold only the held-out domain: in a Flower federation,
+    the sites that evaluate the global model on it and never train (fedccrl_flower/evalsets.py)."""
+    sources = set(client_ids(manifest, held_out))
+    name = domain_name(manifest, held_out)
+    return [c.id for c in manifest.clients if c.id not in sources and c.holds(name)]
+
+
 def load_domain_test(shards_dir: str | os.PathLike, domain: str | int) -> tuple[np.ndarray, np.ndarray]:
     """A held-out domain's test set: all its clients' train + val, (uint8 NHWC, int64 labels)."""
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
     name = domain_name(manifest, domain)
-    xs, ys = [], []
-    di = manifest.domains.index(name)
-    for entry in sorted((c for c in manifest.clients if c.holds(name)), key=lambda c: c.k):
-        a = _read_shard(shards_dir / entry.file, entry, manifest)
-        for part in ("train", "val"):
-            keep = a[f"{part}_domain"] == di if f"{part}_domain" in a else slice(None)
-            xs.append(a[f"{part}_x"][keep])
-            ys.append(a[f"{part}_y"][keep])
-    if not xs:
+    parts = [
+        _domain_rows(shards_dir, manifest, entry, name)
+        for entry in sorted((c for c in manifest.clients if c.holds(name)), key=lambda c: c.k)
+    ]
+    if not parts:
         raise DataError(f"{shards_dir / MANIFEST}: no clients for domain '{name}'")
+    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+
+
+def load_client_domain(
+    shards_dir: str | os.PathLike, client_id: str, domain: str | int
+) -> tuple[np.ndarray, np.ndarray]:
+    """One client's share of `load_domain_test`: its rows of `domain` (train + val; none when it holds none)."""
+    shards_dir = Path(shards_dir)
+    manifest = load_manifest(shards_dir)
+    entry = _client_entry(manifest, shards_dir, client_id)
+    name = domain_name(manifest, domain)
+    if not entry.holds(name):
+        s = manifest.image_size
+        return np.zeros((0, s, s, 3), np.uint8), np.zeros(0, np.int64)
+    return _domain_rows(shards_dir, manifest, entry, name)
+
+
+def _domain_rows(shards_dir: Path, manifest: ShardManifest, entry: ClientEntry, name: str):
+    a = _read_shard(shards_dir / entry.file, entry, manifest)
+    di = manifest.domains.index(name)
+    xs, ys = [], []
+    for part in ("train", "val"):
+        keep = a[f"{part}_domain"] == di if f"{part}_domain" in a else slice(None)
+        xs.append(a[f"{part}_x"][keep])
+        ys.append(a[f"{part}_y"][keep])
     return np.concatenate(xs), np.concatenate(ys)

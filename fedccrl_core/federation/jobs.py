@@ -17,6 +17,7 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from fedccrl_core.foundation.numerics import numeric_platform
 from fedccrl_core.foundation.runkey import code_hash, params_hash
 
 if TYPE_CHECKING:  # torch, imported by the worker that trains
-    from fedccrl_core.federation.history import RunPrivacySummary
+    from fedccrl_core.federation.history import RunHistory, RunPrivacySummary
 
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
@@ -213,10 +214,9 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
-    from fedccrl_core.federation.history import write_history
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
-    from fedccrl_core.learning.model_file import ModelMeta, save_model
+    from fedccrl_core.learning.model_file import ModelMeta
 
     s, target, out = job.settings, job.target, Path(job.out)
     privacy = s.local.privacy
@@ -283,17 +283,10 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
     )
     if mark:  # a seeded run's model files and history say so; other runs' meta has no privacy key
         meta = meta.model_copy(update={"privacy": mark})
-    rounds = [not_applicable(rec) for rec in result.history]
     summary = privacy_summary(privacy, job.sources, result.extra) if privacy is not None and privacy.enabled else None
-    from fedccrl_core.foundation.fsio import atomic_dir
-
-    # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
-    with atomic_dir(out) as tmp:
-        model.load_state_dict(result.final_weights)
-        save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": s.local.rounds}))
-        model.load_state_dict(result.best_weights)
-        save_model(tmp / contract.BEST_FILE, model, meta.model_copy(update={"round": result.best_round}))
-        history = write_history(tmp, meta, result.best_round, rounds, summary)
+    history = write_run_folder(
+        out, model, meta, result, s.local.rounds, [not_applicable(rec) for rec in result.history], summary
+    )
     final = history.rounds[-1]
     log(f"done: final target acc {final.target_acc:.4f}; best-val round {history.best_round} -> {out}")
     return {
@@ -301,6 +294,35 @@ def run_one(job: TrainJob, shards: Path, pools: Path, report) -> dict:
         contract.BEST_VAL_TARGET_ACC: history.at(history.best_round).target_acc,
         contract.BEST_ROUND: history.best_round,
     }
+
+
+def write_run_folder(
+    out: Path,
+    model,
+    meta,
+    result,
+    rounds: int,
+    records: list[dict] | None = None,
+    privacy: RunPrivacySummary | None = None,
+    extra: dict | None = None,
+) -> RunHistory:
+    """A trained run's folder, complete or absent (fsio.atomic_dir): MODEL_FILE (the final round's weights),
+    BEST_FILE (the val-selected round's), HISTORY_FILE and HISTORY_CSV (`records`, default the result's round
+    records, and the run's privacy summary), plus `extra` ({file name: JSON document}). Returns the history, typed."""
+    from fedccrl_core.federation.history import write_history
+    from fedccrl_core.foundation.fsio import atomic_dir
+    from fedccrl_core.learning.model_file import save_model
+
+    # fedccrl_core.foundation.fsio: .<out>.tmp-<pid>-<token>, renamed into place when complete
+    with atomic_dir(out) as tmp:
+        model.load_state_dict(result.final_weights)
+        save_model(tmp / contract.MODEL_FILE, model, meta.model_copy(update={"round": rounds}))
+        model.load_state_dict(result.best_weights)
+        save_model(tmp / contract.BEST_FILE, model, meta.model_copy(update={"round": result.best_round}))
+        history = write_history(tmp, meta, result.best_round, result.history if records is None else records, privacy)
+        for name, doc in (extra or {}).items():
+            (tmp / name).write_text(json.dumps(doc, indent=1) + "\n")
+    return history
 
 
 def worker_count(setting: str, settings: RunSettings, n_jobs: int) -> int:

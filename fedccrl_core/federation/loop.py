@@ -156,6 +156,26 @@ class EvalSets:
 
 
 @dataclass
+class Evaluation:
+    """One round's evaluation of the global model: what the round record gets, and what the collapse warning
+    reads (`val_labels`: distinct true classes of the validation images, `val_n`: their number)."""
+
+    val_acc: float
+    target_acc: float
+    val_pred_classes: int
+    val_labels: int
+    val_n: int
+    record: dict = field(default_factory=dict)  # an evaluator's own fields (federated: who evaluated, counts)
+
+
+class Evaluator(Protocol):
+    """Evaluation somewhere else than in `EvalSets` on this machine (Flower: on the sites, fedccrl_flower/evalsets.py)."""
+
+    def evaluate(self, rnd: int, global_w: dict) -> Evaluation:
+        """The global weights `global_w` of round `rnd`, evaluated."""
+
+
+@dataclass
 class RunResult:
     history: list[dict]
     final_weights: dict
@@ -210,7 +230,7 @@ class RoundLoop:
         algorithm: Algorithm,
         model: torch.nn.Module,
         transport: Transport,
-        evalsets: EvalSets,
+        evalsets: EvalSets | Evaluator,
         rounds: int,
         seed: int,
         client_fraction: float = 1.0,
@@ -256,24 +276,27 @@ class RoundLoop:
             return "does not fit this model"
         return None
 
-    def evaluate(self) -> tuple[float, float, int]:
-        """(source-validation accuracy, target accuracy, number of distinct classes predicted on validation)."""
+    def evaluate(self, rnd: int, global_w: dict) -> Evaluation:
+        """Source-validation and target accuracy of the global model (loaded in self.model): here, on `EvalSets`,
+        or by an `Evaluator` (federated: Σ correct / Σ n of the sites' counts, the same number)."""
         ev, local = self.evalsets, self.alg.local
+        if not isinstance(ev, EvalSets):
+            return ev.evaluate(rnd, global_w)
         if len(ev.val_y):
             pred = predict(self.model, ev.val_x, ev.batch_size, local.mean, local.std, local.fast)
             val, val_classes = float((pred == ev.val_y).float().mean()), int(torch.unique(pred).numel())
         else:
             val, val_classes = float("nan"), 0
         tgt = accuracy(self.model, ev.target_x, ev.target_y, ev.batch_size, local.mean, local.std, fast=local.fast)
-        return val, tgt, val_classes
+        return Evaluation(val, tgt, val_classes, int(torch.unique(ev.val_y).numel()), len(ev.val_y))
 
-    def _warn_if_collapsed(self, rnd: int, val_classes: int) -> None:
+    def _warn_if_collapsed(self, rnd: int, ev: Evaluation) -> None:
         """A global model that predicts one class for every validation image has collapsed (seen on PACS from
         scratch): say so, instead of reporting a class share as accuracy in silence."""
-        if val_classes == 1 and int(torch.unique(self.evalsets.val_y).numel()) > 1:
+        if ev.val_pred_classes == 1 and ev.val_labels > 1:
             self.log(
                 f"warning: round {rnd}: the global model predicts a single class for all "
-                f"{len(self.evalsets.val_y)} validation images (collapsed); its accuracy is that class's share"
+                f"{ev.val_n} validation images (collapsed); its accuracy is that class's share"
             )
 
     def run(self) -> RunResult:
@@ -326,8 +349,9 @@ class RoundLoop:
             if self.privacy is not None:
                 self.privacy.weights(rnd, len(uploads), len(sampled))
             self.model.load_state_dict(global_w)
-            val_acc, tgt_acc, val_classes = self.evaluate()
-            self._warn_if_collapsed(rnd, val_classes)
+            ev = self.evaluate(rnd, global_w)
+            val_acc, tgt_acc = ev.val_acc, ev.target_acc
+            self._warn_if_collapsed(rnd, ev)
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
@@ -335,7 +359,7 @@ class RoundLoop:
                 contract.ROUND: rnd,
                 contract.VAL_ACC: val_acc,
                 contract.TARGET_ACC: tgt_acc,
-                contract.VAL_PRED_CLASSES: val_classes,
+                contract.VAL_PRED_CLASSES: ev.val_pred_classes,
                 contract.SECONDS: time.perf_counter() - t0,
                 contract.BYTES_UP: len(replies) * w_bytes
                 + sum(nbytes(u) for u in uploads.values())
@@ -348,6 +372,7 @@ class RoundLoop:
                 if contract.TRAIN_ACC in r.metrics:
                     rec[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
             rec.update(self.transport.round_record(rnd))
+            rec.update(ev.record)
             if self.privacy is not None:
                 rec.update(self.privacy.record())
             history.append(rec)

@@ -119,6 +119,7 @@ MSG_UPLOAD = "fedccrl.upload"
 MSG_PAYLOAD = "fedccrl.payload"
 MSG_WEIGHTS = "fedccrl.weights"
 MSG_METRICS = "fedccrl.metrics"
+MSG_EVAL = "fedccrl.eval"
 
 # ---- a Flower run's report folder <work_dir>/run-<run id>/ (written by the ServerApp, read by the launcher) --
 FLOWER_ROUNDS_FILE = "rounds.jsonl"  # one round record per line, as each round finishes

@@ -40,3 +40,26 @@ def accuracy(model, x_u8, y, batch_size=256, mean=IMAGENET_MEAN, std=IMAGENET_ST
     if len(y) == 0:
         return float("nan")
     return float((predict(model, x_u8, batch_size, mean, std, fast) == y).float().mean())
+
+
+def pooled_accuracy(correct: int, n: int) -> float:
+    """Σ correct / Σ n of evaluation counts (federated evaluation: each site counts on its own images) as the
+    float32 mean `accuracy` takes over the pooled images: the count of 0/1 values is exact in float32 below 2^24
+    and the one float32 division is correctly rounded, so the two agree bit for bit (tests/test_site_eval.py)."""
+    if n == 0:
+        return float("nan")
+    if not 0 <= correct <= n < 2**24:
+        raise ValueError(f"evaluation counts: {correct} correct of {n} images")
+    return float(torch.tensor(correct, dtype=torch.float32) / torch.tensor(n, dtype=torch.float32))
+
+
+@torch.no_grad()
+def class_counts(
+    model, x_u8, y, num_classes: int, batch_size=256, mean=IMAGENET_MEAN, std=IMAGENET_STD, fast: bool = False
+) -> tuple[list[int], list[int]]:
+    """Per class k: (images of class k predicted correctly, images predicted as k) on (x_u8, y); with y's own
+    class histogram these are what a site returns for evaluation (fedccrl_flower/evalsets.py)."""
+    pred = predict(model, x_u8, batch_size, mean, std, fast)
+    right = torch.bincount(y[pred == y], minlength=num_classes)
+    predicted = torch.bincount(pred, minlength=num_classes)
+    return [int(v) for v in right.tolist()], [int(v) for v in predicted.tolist()]

@@ -23,6 +23,7 @@ STAGES = {
     "figures": "fedccrl_pipeline.figures",
     "export": "fedccrl_pipeline.export",
     "audit": "fedccrl_pipeline.audit",
+    "federate": "fedccrl_pipeline.federate",  # the operator's run over a deployment (docs/flower.md), not a dvc.yaml stage
 }
 # commands that are not pipeline stages (no dvc.yaml stage runs them): name -> module, as above
 COMMANDS = {**STAGES, "site": "fedccrl_pipeline.site"}

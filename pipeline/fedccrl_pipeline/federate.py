@@ -1,0 +1,157 @@
+"""`fedccrl federate`: the operator's training of one (algorithm, seed, held-out domain) over a Flower deployment
+whose sites hold their own data. It reads no data file: the sites come from the federation file
+(fedccrl_flower/sites.py), the training settings from params.yaml, n_i and every accuracy from the sites' replies
+(the ServerApp evaluates on the sites: fedccrl_flower/evalsets.py). It submits the run to the SuperLink at
+`--superlink` (TLS with `--root-certificates`; the ServerApp then runs on the SuperLink's host and writes its work
+folder `--work` there: the launcher must share that filesystem), waits for it, and writes <out>/ as the train stage
+writes a run folder: model.pt (final round), best.pt (the val-selected round), history.json and history.csv, plus
+result.json (what `fedccrl evaluate` reports: the final and val-selected target accuracy, here as the evaluation
+sites measured them, and the round). <out> appears complete or not at all."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from fedccrl_pipeline.stage_runtime import run_stage
+
+RESULT_FILE = "result.json"
+
+
+def federate(
+    federation: Path,
+    params_path: Path,
+    algorithm: str,
+    seed: int,
+    held_out: str,
+    superlink: str,
+    root_certificates: str,
+    out: Path,
+    work: Path,
+    timeout_s: float,
+) -> dict:
+    from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+    from fedccrl_core.federation.jobs import write_run_folder
+    from fedccrl_core.foundation import contract
+    from fedccrl_core.foundation.runkey import params_hash
+    from fedccrl_core.learning.model_file import ModelMeta
+    from fedccrl_flower.federation import Federation
+    from fedccrl_flower.run import wait_for_result
+    from fedccrl_flower.sites import read_federation
+    from fedccrl_flower.spec import ServerSpec
+    from fedccrl_pipeline.train import load_train_config, run_settings
+
+    cfg = load_train_config(params_path, algorithm)  # the whole file first, before anything starts
+    fed_file = read_federation(federation)
+    try:
+        target = fed_file.held_out(held_out)
+    except ValueError as e:
+        raise ValueError(f"{federation}: --held-out: {e}") from None
+    settings, flower = run_settings(cfg), cfg.train.flower
+    sources, evaluators = fed_file.sources(target), fed_file.evaluators(target)
+    flower.require_clients(len(sources), target)
+    hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))
+    core = dict(
+        algorithm=algorithm,
+        local=settings.local,
+        hparams=hparams,
+        backbone=settings.backbone,
+        num_classes=len(fed_file.classes),
+        seed=seed,
+        held_out=target,
+        sources=sources,
+        evaluators=evaluators,
+        pretrained=settings.pretrained,
+        client_fraction=float(settings.client_fraction),
+        device=settings.device,
+        eval_batch_size=int(settings.eval_batch_size),
+        client_state=settings.client_state,
+        **flower.model_dump(include=set(ServerSpec.FROM_SETTINGS) - {"num_clients"}),
+        num_clients=flower.num_clients or len(sources) + len(evaluators),  # 0: every site of the run
+    )
+    probe = ServerSpec(**core, work_dir="")  # the run's key: everything but where it writes
+    run_key = params_hash({**probe.model_dump(mode="json", exclude={"work_dir"}), "federation": fed_file.to_dict()})
+    work = work.resolve()
+    spec = ServerSpec(
+        **core,
+        work_dir=str(work),
+        checkpoint=str(work / "checkpoint.pt"),
+        run_info={"run_key": run_key},
+    )
+    with Federation(work / "federation", superlink, root_certificates) as fed:
+        run_id = fed.submit(spec)
+        click.echo(f"flower deployment: run {run_id} on SuperLink {superlink}", err=True)
+        result = wait_for_result(fed, run_id, work, timeout=timeout_s)
+    alg = build_algorithm(algorithm, settings.local, hparams)
+    model = alg.build_model(settings.backbone, len(fed_file.classes), "none", alg.hp)
+    meta = ModelMeta(
+        backbone=settings.backbone,
+        num_classes=len(fed_file.classes),
+        classes=fed_file.classes,
+        image_size=fed_file.image_size,
+        mean=list(settings.local.mean),
+        std=list(settings.local.std),
+        resize=fed_file.resize_policy,
+        dataset=fed_file.dataset,
+        domains=fed_file.domains,
+        held_out_domain=target,
+        held_out_index=fed_file.domains.index(target),
+        algorithm=algorithm,
+        seed=seed,
+        hparams=alg.hp.model_dump(),
+        params_hash=run_key,
+    )
+    final = result.history[-1]
+    result.final_weights = {k: v.cpu() for k, v in result.final_weights.items()}
+    result.best_weights = {k: v.cpu() for k, v in result.best_weights.items()}
+    doc = {
+        "algorithm": algorithm,
+        "seed": seed,
+        "held_out_domain": target,
+        contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
+        contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
+        contract.BEST_ROUND: result.best_round,
+        "evaluated_on": "the federation's evaluation sites (held-out domain) and source sites (validation)",
+    }
+    write_run_folder(out, model, meta, result, settings.local.rounds, extra={RESULT_FILE: doc})
+    click.echo(
+        f"{algorithm} s{seed} {target}: final {doc[contract.FINAL_TARGET_ACC]:.4f} best-val "
+        f"{doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {result.best_round}) -> {out}",
+        err=True,
+    )
+    return doc
+
+
+@click.command("federate")
+@click.option("--federation", type=click.Path(path_type=Path), required=True, help="the federation file (JSON)")
+@click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
+@click.option("--algorithm", required=True)
+@click.option("--seed", type=int, required=True)
+@click.option("--held-out", required=True, help="the held-out domain: its name or its index in the federation file")
+@click.option("--superlink", required=True, help="host:port of the SuperLink's control API (flwr run)")
+@click.option("--root-certificates", default="", help='the SuperLink\'s CA certificate (TLS); "" = --insecure')
+@click.option("--out", type=click.Path(path_type=Path), required=True, help="the run folder to write")
+@click.option(
+    "--work",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the ServerApp's work folder (checkpoint, report; default <out>.flower)",
+)
+@click.option("--timeout-s", type=float, default=0.0, help="whole run (0 = no limit)")
+def command(federation, params_path, algorithm, seed, held_out, superlink, root_certificates, out, work, timeout_s):
+    """Train over a Flower deployment whose sites hold their own data; this machine reads no data file."""
+    work = work or out.with_name(out.name + ".flower")
+    run_stage(
+        federate,
+        federation,
+        params_path,
+        algorithm,
+        seed,
+        held_out,
+        superlink,
+        root_certificates,
+        out,
+        work,
+        timeout_s,
+    )

@@ -1,0 +1,293 @@
+"""Evaluation where the data is (fedccrl_flower/evalsets.py): the counts a site returns, their pooling into the
+central evaluation's numbers, and a Flower deployment in which every SuperNode's folder holds only its own site's
+files, the held-out domain sits only with an evaluation-only site and the SuperLink's folder holds no data file."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flower_harness import EVALUATORS, SOURCES, LoopbackGrid, assert_same_history, make_spec, run_inprocess
+
+from fedccrl_core.data import pools as pools_mod
+from fedccrl_core.data import shards as shards_mod
+from fedccrl_core.learning.accuracy import class_counts, pooled_accuracy
+
+
+def site_folder(data: Path, cid: str, dest: Path) -> Path:
+    """One site's folder as the central stages would write it for that site alone: shards/manifest.json listing
+    only `cid` + shards/<cid>.npz, and pools/manifest.json listing only `cid` + pools/<cid>.npz."""
+    for stage in ("shards", "pools"):
+        src, out = data / stage, dest / stage
+        out.mkdir(parents=True)
+        manifest = json.loads((src / shards_mod.MANIFEST).read_text())
+        manifest["clients"] = [c for c in manifest["clients"] if c["id"] == cid]
+        assert len(manifest["clients"]) == 1, (stage, cid)
+        (out / shards_mod.MANIFEST).write_text(json.dumps(manifest, indent=2))
+        shutil.copy2(src / manifest["clients"][0]["file"], out / manifest["clients"][0]["file"])
+    return dest
+
+
+# ---------------------------------------------------------------- unit: the counts and their pooling
+def test_pooled_accuracy_is_the_float32_mean_bit_for_bit():
+    """Σ correct / Σ n as the central evaluation's float32 mean of 0/1 values, for every count up to 600 images
+    and a few large ones: the federated and the central val accuracy are the same float."""
+    for n in [*range(1, 601), 9973, 65536, 2**24 - 1]:
+        cs = range(n + 1) if n <= 600 else [0, 1, n // 3, n // 2, n - 1, n]
+        for c in cs:
+            hits = torch.zeros(n, dtype=torch.bool)
+            hits[:c] = True
+            assert pooled_accuracy(c, n) == float(hits.float().mean()), (c, n)
+    assert np.isnan(pooled_accuracy(0, 0))
+    with pytest.raises(ValueError, match="3 correct of 2"):
+        pooled_accuracy(3, 2)
+
+
+def test_class_counts_add_up_to_the_accuracy():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 4 * 4, 5))
+    x = torch.randint(0, 256, (37, 3, 4, 4), dtype=torch.uint8)
+    y = torch.randint(0, 5, (37,))
+    right, predicted = class_counts(model, x, y, 5, batch_size=8)
+    pred = _predict(model, x)
+    assert right == [int(((pred == y) & (y == k)).sum()) for k in range(5)]
+    assert predicted == [int((pred == k).sum()) for k in range(5)] and sum(predicted) == 37
+    assert pooled_accuracy(sum(right), 37) == float((pred == y).float().mean())
+
+
+def _predict(model, x):
+    from fedccrl_core.learning.accuracy import predict
+
+    return predict(model, x, 8)
+
+
+def test_a_sites_share_of_the_held_out_domain_is_its_rows_of_load_domain_test(data, tmp_path):
+    """load_client_domain (what an evaluation site reads) over the clients of the held-out domain concatenates to
+    load_domain_test (what the central evaluation reads), and a site's restricted folder gives its own rows."""
+    x, y = shards_mod.load_domain_test(data / "shards", "sketch")
+    parts = [shards_mod.load_client_domain(data / "shards", cid, "sketch") for cid in EVALUATORS]
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), x)
+    assert np.array_equal(np.concatenate([p[1] for p in parts]), y)
+    site = site_folder(data, "sketch_c0", tmp_path / "sketch")
+    sx, sy = shards_mod.load_client_domain(site / "shards", "sketch_c0", "sketch")
+    assert np.array_equal(sx, x) and np.array_equal(sy, y)
+    ax, _ = shards_mod.load_client_domain(site / "shards", "sketch_c0", "art")
+    assert ax.shape[0] == 0
+    with pytest.raises(shards_mod.DataError, match="no client 'art_c0'"):
+        shards_mod.load_client(site / "shards", "art_c0")
+    manifest = shards_mod.load_manifest(data / "shards")
+    assert shards_mod.evaluation_sites(manifest, "sketch") == EVALUATORS
+    assert sorted(shards_mod.client_ids(manifest, "sketch")) == SOURCES
+    assert pools_mod.load_pool(site_folder(data, "art_c0", tmp_path / "art") / "pools", "art_c0")[0].shape[0] == (
+        shards_mod.load_client(data / "shards", "art_c0").n_train
+    )
+
+
+def test_a_malformed_evaluation_reply_is_refused():
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from fedccrl_flower import messages as M
+    from fedccrl_flower.evalsets import SiteCounts, pool, read_eval_reply
+
+    LoopbackGrid({})  # Flower's task identity, which a Message needs, as a Grid has it
+
+    def reply(cid="art_c0", **over):
+        rec = SiteCounts([2, 3], [1, 3], [3, 2], 4, 2).to_record()
+        for k, v in over.items():
+            rec[k] = v
+        return Message(
+            RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid}), M.EVAL: rec}),
+            dst_node_id=1,
+            message_type=M.EVALUATE,
+        )
+
+    good = read_eval_reply(reply(), "art_c0", 2)
+    assert good == SiteCounts([2, 3], [1, 3], [3, 2], 4, 2)
+    for over, match in [
+        ({M.F_VAL_CORRECT: [3, 3]}, "do not add up"),
+        ({M.F_VAL_PREDICTED: [3, 3]}, "do not add up"),
+        ({M.F_TARGET_CORRECT: 5}, "do not add up"),
+        ({M.F_VAL_LABELS: [2, 3, 0]}, "one per class"),
+        ({M.F_VAL_LABELS: [2, -3]}, "other than counts"),
+        ({M.F_TARGET_N: 1.5}, "other than counts"),
+    ]:
+        with pytest.raises(M.MalformedUpdate, match=match):
+            read_eval_reply(reply(**over), "art_c0", 2)
+    with pytest.raises(M.MalformedUpdate, match="answers as photo_c0"):
+        read_eval_reply(reply("photo_c0"), "art_c0", 2)
+    ev = pool({"a": good, "b": SiteCounts([0, 1], [0, 0], [1, 0], 0, 0)})
+    assert (ev.val_n, ev.val_pred_classes, ev.val_labels) == (6, 2, 2)
+    assert ev.val_acc == pooled_accuracy(4, 6) and ev.target_acc == pooled_accuracy(2, 4)
+    assert ev.record == {"val_n": 6, "target_n": 4, "eval_sites": 2}
+
+
+# ---------------------------------------------------------------- a deployment of site folders
+@pytest.mark.full("a Flower deployment of real processes: a SuperLink and 4 SuperNodes, 2 rounds of FedAvg, ~60 s")
+@pytest.mark.timeout(1200)
+def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path):
+    """Three source sites and one evaluation-only site (the held-out sketch), each SuperNode in its own folder that
+    holds only its site's files; the SuperLink and the ServerApp work in an operator folder that holds no data file.
+    Final and val-selected accuracies equal the in-process engine's on the central partition, bit for bit (one
+    torch thread on both sides), and `fedccrl-serve` serves the exported final model."""
+    from click.testing import CliRunner
+
+    from fedccrl_core.learning.model_file import ModelMeta
+    from fedccrl_core.learning.models import build_model
+    from fedccrl_flower import messages as M
+    from fedccrl_flower.federation import LocalFederation
+    from fedccrl_flower.run import wait_for_result
+    from fedccrl_pipeline.onnx_export import export_onnx
+    from fedccrl_serving.cli import main as serve_main
+
+    ref = run_inprocess(data, "fedavg", 2)
+    operator = tmp_path / "operator"
+    sites = {cid: site_folder(data, cid, tmp_path / f"site-{cid}") for cid in [*SOURCES, *EVALUATORS]}
+    with LocalFederation(operator / "federation") as fed:
+        for cid, folder in sites.items():
+            cfg = {
+                M.NODE_CLIENT_ID: cid,
+                M.NODE_SHARDS: str(folder / "shards"),
+                M.NODE_POOLS: str(folder / "pools"),
+                M.NODE_STATE_DIR: str(folder / "state"),
+            }
+            fed.add_supernode(cid, cfg, threads=1, wait=False, cwd=folder)
+        fed.wait_supernodes()
+        work = operator / "work"
+        t0 = time.perf_counter()
+        run_id = fed.submit(make_spec(data, work, "fedavg", num_clients=4, min_clients=3))
+        res = wait_for_result(fed, run_id, work, timeout=900)
+        print(f"deployment of site folders, 2 rounds FedAvg, 4 SuperNodes: {time.perf_counter() - t0:.1f}s")
+        logs = {cid: p.log_path.read_text() for cid, p in fed.supernodes.items()}
+    assert_same_history(res.history, ref.history)
+    assert res.best_round == ref.best_round
+    for k, v in ref.final_weights.items():
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+        assert torch.equal(res.best_weights[k].cpu(), ref.best_weights[k].cpu()), k
+    for rec, r in zip(res.history, ref.history):
+        assert rec["val_acc"] == r["val_acc"] and rec["target_acc"] == r["target_acc"]  # exact
+        assert rec["val_pred_classes"] == r["val_pred_classes"]
+        assert rec["eval_sites"] == 4 and rec["clients"] == 3 and rec["refused"] == rec["dropped"] == 0
+        assert rec["target_n"] == len(shards_mod.load_domain_test(data / "shards", "sketch")[1])
+    assert "Receiving: train message" not in logs["sketch_c0"] and logs["sketch_c0"].count("evaluate message") >= 2
+    data_files = {p.name for p in tmp_path.glob("site-*/*/*.npz")}
+    assert not [p for p in operator.rglob("*") if p.name in data_files or p.name == shards_mod.MANIFEST]
+
+    # the operator exports the deployment's final model and serves it
+    meta = json.loads((data / "shards" / shards_mod.MANIFEST).read_text())
+    model = build_model("small_cnn", 6)
+    model.load_state_dict({k: v.cpu() for k, v in res.final_weights.items()})
+    onnx = operator / "model.onnx"
+    export_onnx(
+        model.eval(),
+        ModelMeta(
+            backbone="small_cnn",
+            num_classes=6,
+            classes=meta["classes"],
+            image_size=meta["image_size"],
+            mean=[0.485, 0.456, 0.406],
+            std=[0.229, 0.224, 0.225],
+            resize=meta["resize_policy"],
+            dataset=meta["dataset"],
+            domains=meta["domains"],
+            held_out_domain="sketch",
+            held_out_index=meta["domains"].index("sketch"),
+            algorithm="fedavg",
+            seed=0,
+            round=2,
+            params_hash="0" * 8,
+            git_commit="0" * 8,
+        ),
+        onnx,
+    )
+    from PIL import Image
+
+    x, _ = shards_mod.load_domain_test(sites["sketch_c0"] / "shards", "sketch")
+    paths = []
+    for i in range(4):
+        paths.append(tmp_path / f"img{i}.png")
+        Image.fromarray(x[i]).save(paths[-1])
+    out = CliRunner().invoke(serve_main, ["predict", str(onnx), *map(str, paths), "--quiet"])
+    assert out.exit_code == 0, out.output
+    got = [json.loads(line)["label"] for line in out.output.splitlines() if line.startswith("{")]
+    want = _predict(model, torch.from_numpy(x[:4]).permute(0, 3, 1, 2).contiguous())
+    assert got == [meta["classes"][int(k)] for k in want]
+
+
+# ---------------------------------------------------------------- the operator's federation file
+def _federation(tmp_path: Path, **over) -> Path:
+    doc = {
+        "dataset": "embedded",
+        "domains": ["art", "cartoon", "photo", "sketch"],
+        "classes": list("abcdef"),
+        "image_size": 32,
+        "resize_policy": "resize SxS bilinear",
+        "sites": [{"id": f"{d}_c0", "domain": d} for d in ("art", "cartoon", "photo", "sketch")],
+        **over,
+    }
+    path = tmp_path / "federation.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_the_federation_file_names_sources_and_evaluation_sites(data, tmp_path):
+    from fedccrl_flower.sites import federation_of, federation_sites, read_federation
+
+    fed = read_federation(_federation(tmp_path))
+    assert fed.held_out("3") == fed.held_out("sketch") == "sketch"
+    assert fed.sources("sketch") == SOURCES and fed.evaluators("sketch") == EVALUATORS
+    central = federation_of(shards_mod.load_manifest(data / "shards"))
+    assert sorted(central.sources("sketch")) == sorted(federation_sites(data / "shards", "sketch")[0])
+    assert central.evaluators("sketch") == federation_sites(data / "shards", "sketch")[1] == EVALUATORS
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"sites": [{"id": "a", "domain": "mars"}]}, "domain 'mars' is not one of"),
+        ({"sites": [{"id": "a", "domain": "art"}, {"id": "a", "domain": "photo"}]}, "appears twice"),
+        ({"image_size": "32"}, "image_size"),
+        ({"sites": [{"id": "a"}]}, r"key 'sites\[0\]"),  # the site without its domain
+    ],
+)
+def test_a_bad_federation_file_is_refused_naming_the_file_and_key(tmp_path, over, match):
+    from fedccrl_flower.sites import read_federation
+
+    path = _federation(tmp_path, **over)
+    with pytest.raises(shards_mod.DataError, match=match) as e:
+        read_federation(path)
+    assert str(path) in str(e.value)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(shards_mod.DataError, match="broken.json: not JSON"):
+        read_federation(tmp_path / "broken.json")
+    with pytest.raises(shards_mod.DataError, match="absent.json: federation file not found"):
+        read_federation(tmp_path / "absent.json")
+
+
+def test_federate_refuses_bad_input_before_starting_anything(tmp_path):
+    """`fedccrl federate` with an unknown held-out domain, or too few sources for train.flower.min_clients: one
+    error line naming the file, exit code 2, and no run folder, work folder or Flower home left behind."""
+    import subprocess
+    import sys
+
+    from fixtures import write_params
+
+    write_params(tmp_path, {"train.flower.min_clients": 3})
+    fed = _federation(tmp_path, sites=[{"id": "art_c0", "domain": "art"}, {"id": "sketch_c0", "domain": "sketch"}])
+    out = tmp_path / "run"
+    base = [str(Path(sys.executable).parent / "fedccrl"), "federate", "--federation", str(fed), "--params"]
+    base += [str(tmp_path / "params.yaml"), "--algorithm", "fedavg", "--seed", "0", "--superlink", "127.0.0.1:1"]
+    base += ["--out", str(out)]
+
+    def federate(*args):
+        return subprocess.run([*base, *args], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+
+    r = federate("--held-out", "mars")
+    assert r.returncode == 2 and f"error: {fed}: --held-out: held-out domain 'mars' is not one of" in r.stderr
+    r = federate("--held-out", "sketch")
+    assert r.returncode == 2 and "min_clients is 3 but held-out sketch leaves 1 source clients" in r.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["federation.json", "params.yaml"]
