@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from fedccrl_core.data.images import RESIZE_POLICY
+from fedccrl_core.federation.history import write_history
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning import accuracy as evaluation
 from fedccrl_core.learning.model_file import ModelMeta, save_model
@@ -25,30 +26,30 @@ def shards(tiny) -> Path:
     return tiny / "data" / "shards"  # the session's tiny dataset (conftest.py), read-only
 
 
-def _save(path: Path, shards: Path, weights_seed: int, rnd: int) -> None:
+def _meta(shards: Path) -> ModelMeta:
+    """The run's meta, without `round` (what history.json holds)."""
     manifest = json.loads((shards / "manifest.json").read_text())
-    torch.manual_seed(weights_seed)
-    model = build_model("small_cnn", manifest["num_classes"])
-    save_model(
-        path,
-        model,
-        ModelMeta(
-            backbone="small_cnn",
-            num_classes=manifest["num_classes"],
-            classes=manifest["classes"],
-            image_size=32,
-            mean=[0.485, 0.456, 0.406],
-            std=[0.229, 0.224, 0.225],
-            resize=RESIZE_POLICY,
-            dataset="synthetic",
-            domains=manifest["domains"],
-            held_out_domain=HELD_OUT,
-            held_out_index=3,
-            algorithm="fedavg",
-            seed=0,
-            round=rnd,
-        ),
+    return ModelMeta(
+        backbone="small_cnn",
+        num_classes=manifest["num_classes"],
+        classes=manifest["classes"],
+        image_size=32,
+        mean=[0.485, 0.456, 0.406],
+        std=[0.229, 0.224, 0.225],
+        resize=RESIZE_POLICY,
+        dataset="synthetic",
+        domains=manifest["domains"],
+        held_out_domain=HELD_OUT,
+        held_out_index=3,
+        algorithm="fedavg",
+        seed=0,
     )
+
+
+def _save(path: Path, shards: Path, weights_seed: int, rnd: int) -> None:
+    meta = _meta(shards)
+    torch.manual_seed(weights_seed)
+    save_model(path, build_model("small_cnn", meta.num_classes), meta.model_copy(update={"round": rnd}))
 
 
 def _run(tmp_path: Path, shards: Path, best_seed: int, best_round: int) -> Path:
@@ -61,12 +62,14 @@ def _run(tmp_path: Path, shards: Path, best_seed: int, best_round: int) -> Path:
             contract.ROUND: r,
             contract.TARGET_ACC: 0.0,
             contract.VAL_ACC: 0.5,
+            contract.VAL_PRED_CLASSES: 2,
+            contract.SECONDS: 1.0,
             contract.BYTES_UP: 10,
             contract.BYTES_DOWN: 20,
         }
         for r in (1, 2, 3)
     ]
-    (run / contract.HISTORY_FILE).write_text(json.dumps({"meta": {}, "best_round": best_round, "rounds": rounds}))
+    write_history(run, _meta(shards), best_round, rounds)
     return run
 
 

@@ -4,8 +4,11 @@ files, the held-out domain sits only with an evaluation-only site and the SuperL
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,6 +20,8 @@ from flower_harness import EVALUATORS, SOURCES, LoopbackGrid, assert_same_histor
 from fedccrl_core.data import pools as pools_mod
 from fedccrl_core.data import shards as shards_mod
 from fedccrl_core.learning.accuracy import class_counts, pooled_accuracy
+
+BIN = Path(sys.executable).parent
 
 
 def site_folder(data: Path, cid: str, dest: Path) -> Path:
@@ -31,6 +36,23 @@ def site_folder(data: Path, cid: str, dest: Path) -> Path:
         (out / shards_mod.MANIFEST).write_text(json.dumps(manifest, indent=2))
         shutil.copy2(src / manifest["clients"][0]["file"], out / manifest["clients"][0]["file"])
     return dest
+
+
+def site_command(data: Path, cid: str, dest: Path) -> Path:
+    """One site's folder as the site makes it: its domain's images copied into the site's folder, the operator's
+    class file, then `fedccrl site prepare` (the command a site runs) with the federation's params.yaml."""
+    params, domain = data.parent / "params.yaml", cid.rsplit("_c", 1)[0]
+    shutil.copytree(data / "raw" / domain, dest / "images")
+    run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=dest)
+    classes = run([str(BIN / "fedccrl"), "site", "classes", "--params", str(params)])
+    assert classes.returncode == 0, classes.stderr
+    (dest / "classes.txt").write_text(classes.stdout)
+    args = ["--images", "images", "--domain", domain, "--client-id", cid, "--classes", "classes.txt"]
+    p = run([str(BIN / "fedccrl"), "site", "prepare", *args, "--params", str(params), "--out", "prepared"])
+    assert p.returncode == 0, p.stderr[-3000:]
+    for part in ("shards", "pools"):  # what the SuperNode reads; the central partition's files, byte for byte
+        assert (dest / "prepared" / part / f"{cid}.npz").read_bytes() == (data / part / f"{cid}.npz").read_bytes()
+    return dest / "prepared"
 
 
 # ---------------------------------------------------------------- unit: the counts and their pooling
@@ -146,7 +168,14 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path)
 
     ref = run_inprocess(data, "fedavg", 2)
     operator = tmp_path / "operator"
-    sites = {cid: site_folder(data, cid, tmp_path / f"site-{cid}") for cid in [*SOURCES, *EVALUATORS]}
+    # two sites prepare their folders from their own images with the site command (a whole registry domain as
+    # client <domain>_c0: the central files, tests/test_site.py); the others get their client of the central
+    # partition copied; the evaluation-only site is one of the former
+    made = {"photo_c0", "sketch_c0"}
+    sites = {
+        cid: site_folder(data, cid, tmp_path / f"site-{cid}") for cid in [*SOURCES, *EVALUATORS] if cid not in made
+    }
+    sites.update({cid: site_command(data, cid, tmp_path / f"site-{cid}") for cid in sorted(made)})
     with LocalFederation(operator / "federation") as fed:
         for cid, folder in sites.items():
             cfg = {
@@ -174,7 +203,7 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path)
         assert rec["eval_sites"] == 4 and rec["clients"] == 3 and rec["refused"] == rec["dropped"] == 0
         assert rec["target_n"] == len(shards_mod.load_domain_test(data / "shards", "sketch")[1])
     assert "Receiving: train message" not in logs["sketch_c0"] and logs["sketch_c0"].count("evaluate message") >= 2
-    data_files = {p.name for p in tmp_path.glob("site-*/*/*.npz")}
+    data_files = {p.name for p in tmp_path.glob("site-*/**/*.npz")}
     assert not [p for p in operator.rglob("*") if p.name in data_files or p.name == shards_mod.MANIFEST]
 
     # the operator exports the deployment's final model and serves it
