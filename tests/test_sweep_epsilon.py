@@ -145,7 +145,7 @@ def _runs(ws: Path):
     return client, (client.search_runs(exps) if exps else [])
 
 
-@pytest.mark.parametrize("algorithm", ["ccst", "ga", "fediir", "fedomg", "fedccrl_omg"])
+@pytest.mark.parametrize("algorithm", ["ccst", "ga"])  # an upload, an aggregation; every one: test_privacy.py
 def test_algorithms_without_a_mechanism_are_refused_before_mlflow(algorithm, params, tmp_path, monkeypatch):
     """Under train.privacy, `fedccrl train` of an algorithm whose releases have no mechanism stops at validation,
     naming train.privacy.enabled (the key to change) and the algorithm, before any MLflow run exists."""
