@@ -3,6 +3,11 @@
 Reports the final-round target accuracy and the target accuracy of the global model at the round
 with the best source-validation accuracy (DomainBed's training-domain validation), each
 re-computed here from the saved models, plus per-class accuracy and the confusion matrix.
+
+With `--deploy` (deploy/dvc.yaml, the operator's pipeline) the runs are a deployment's (`fedccrl federate`, the
+deploy file's deploy.algorithms x seeds x held_out): their accuracies are the ones the sites measured, read from
+each run's history, and `--shards`, when given, is the operator's own test folder of the held-out domain(s), where
+the per-class accuracy and the confusion matrix are computed (fedccrl_core/outcomes/runs.py).
 """
 
 from __future__ import annotations
@@ -14,8 +19,9 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.fsio import atomic_dir, write_text
-from fedccrl_pipeline.params import load_config, run_dirs
+from fedccrl_pipeline.params import deployed_run_dirs, load_config, load_deploy, run_dirs
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
@@ -35,20 +41,41 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=No
     return doc
 
 
-def evaluate_all(shards: Path, models: Path, out: Path, params_path: Path) -> list[dict]:
+def evaluate_deployed(test_shards: Path | None, model_dir: Path, out: Path, cfg) -> dict:
+    """One run of a deployment (fedccrl_core.outcomes.runs.deployed_run_result) -> out (JSON)."""
+    from fedccrl_core.foundation.fastpath import resolve_device
+    from fedccrl_core.outcomes.runs import deployed_run_result
+
+    doc = deployed_run_result(model_dir, test_shards, cfg.evaluate.batch_size, resolve_device(cfg.train.device))
+    write_text(out, json.dumps(doc, indent=1))
+    print(
+        f"{doc['algorithm']} s{doc['seed']} {doc['held_out_domain']}: final {doc[contract.FINAL_TARGET_ACC]:.4f} "
+        f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]}), measured by the sites",
+        file=sys.stderr,
+    )
+    return doc
+
+
+def evaluate_all(
+    shards: Path | None, models: Path, out: Path, params_path: Path, deploy_path: Path | None = None
+) -> list[dict]:
     """Every trained run under models/<algorithm>/s<seed>/d<held_out> -> out/<algorithm>/s<seed>/d<held_out>.json,
     written into a temp folder renamed into place at the end."""
+    if deploy_path is None and shards is None:
+        raise ParamError("--shards: required (the held-out domains' images), unless --deploy names a deployment")
     folders_apart({"shards": shards, "models": models}, {"out": out})
     cfg = load_config(params_path)
-    wanted = trained_runs(cfg, models)
+    wanted = trained_runs(cfg, models, deploy_path)
     with atomic_dir(out) as tmp:
+        if deploy_path is not None or shards is None:
+            return [evaluate_deployed(shards, d, contract.result_file(tmp, models, d), cfg) for d in wanted]
         return [evaluate(shards, d, contract.result_file(tmp, models, d), params_path, cfg) for d in wanted]
 
 
-def trained_runs(cfg, models: Path) -> list[Path]:
-    """The run folders of the current sweep (stale folders of older sweeps are skipped); FileNotFoundError naming
-    the first ones that the train stages have not finished."""
-    wanted = run_dirs(cfg, models)
+def trained_runs(cfg, models: Path, deploy_path: Path | None = None) -> list[Path]:
+    """The run folders of the current sweep (stale folders of older sweeps are skipped), or of the deployment that
+    the deploy file `deploy_path` names; FileNotFoundError naming the first ones that are not finished."""
+    wanted = run_dirs(cfg, models) if deploy_path is None else deployed_run_dirs(load_deploy(deploy_path), models)
     missing = [str(d) for d in wanted if not (d / contract.HISTORY_FILE).is_file()]
     if missing:
         raise FileNotFoundError(f"trained runs missing (run the train stages first): {', '.join(missing[:4])}")
@@ -56,7 +83,12 @@ def trained_runs(cfg, models: Path) -> list[Path]:
 
 
 @click.command("evaluate")
-@click.option("--shards", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--shards",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the held-out domains' images (a shard folder); with --deploy, optional: the operator's test folder",
+)
 @click.option(
     "--models",
     type=click.Path(path_type=Path),
@@ -65,6 +97,13 @@ def trained_runs(cfg, models: Path) -> list[Path]:
 )
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="results folder, one JSON per run")
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-def command(shards, models, out, params_path):
+@click.option(
+    "--deploy",
+    "deploy_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="a deployment's params file (deploy/params.yaml): its runs, with the accuracies the sites measured",
+)
+def command(shards, models, out, params_path, deploy_path):
     """Evaluate every trained run on its held-out domain (one process for all runs)."""
-    run_stage(evaluate_all, shards, models, out, params_path)
+    run_stage(evaluate_all, shards, models, out, params_path, deploy_path)

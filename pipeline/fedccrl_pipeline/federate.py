@@ -30,18 +30,23 @@ def federate(
     out: Path,
     work: Path,
     timeout_s: float,
+    deploy_path: Path | None = None,
 ) -> dict:
     from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
     from fedccrl_core.federation.jobs import write_run_folder
     from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.runkey import params_hash
     from fedccrl_core.learning.model_file import ModelMeta
+    from fedccrl_core.outcomes.runs import BY_THE_SITES
     from fedccrl_flower.federation import Federation
     from fedccrl_flower.run import wait_for_result
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
+    from fedccrl_pipeline.params import load_deploy
     from fedccrl_pipeline.train import load_train_config, run_settings
 
+    if deploy_path is not None:  # the operator's pipeline (deploy/dvc.yaml): its deploy file, whole, first
+        load_deploy(deploy_path)
     cfg = load_train_config(params_path, algorithm)  # the whole file first, before anything starts
     fed_file = read_federation(federation)
     try:
@@ -112,7 +117,7 @@ def federate(
         contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
         contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
         contract.BEST_ROUND: result.best_round,
-        "evaluated_on": "the federation's evaluation sites (held-out domain) and source sites (validation)",
+        "evaluated_on": BY_THE_SITES,
     }
     write_run_folder(out, model, meta, result, settings.local.rounds, extra={RESULT_FILE: doc})
     click.echo(
@@ -139,7 +144,16 @@ def federate(
     help="the ServerApp's work folder (checkpoint, report; default <out>.flower)",
 )
 @click.option("--timeout-s", type=float, default=0.0, help="whole run (0 = no limit)")
-def command(federation, params_path, algorithm, seed, held_out, superlink, root_certificates, out, work, timeout_s):
+@click.option(
+    "--deploy",
+    "deploy_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the deployment's params file (deploy/params.yaml), validated first",
+)
+def command(
+    federation, params_path, algorithm, seed, held_out, superlink, root_certificates, out, work, timeout_s, deploy_path
+):
     """Train over a Flower deployment whose sites hold their own data; this machine reads no data file."""
     work = work or out.with_name(out.name + ".flower")
     run_stage(
@@ -154,4 +168,5 @@ def command(federation, params_path, algorithm, seed, held_out, superlink, root_
         out,
         work,
         timeout_s,
+        deploy_path,
     )

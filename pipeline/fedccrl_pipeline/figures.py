@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import click
 
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.errors import ParamError
 from fedccrl_pipeline.params import load_config
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
@@ -22,32 +23,51 @@ if TYPE_CHECKING:
     from fedccrl_core.federation.history import SavedRun
 
 
-def figures(shards: Path, pools: Path, models: Path, runs_dir: Path, out: Path, params_path: Path) -> list[Path]:
-    """Every figure, into `out` (written whole at the end), then logged to MLflow."""
+def figures(
+    shards: Path | None,
+    pools: Path | None,
+    models: Path,
+    runs_dir: Path,
+    out: Path,
+    params_path: Path,
+    deploy_path: Path | None = None,
+) -> list[Path]:
+    """Every figure, into `out` (written whole at the end), then logged to MLflow. A deployment's runs
+    (`deploy_path`, the operator's pipeline) get what the operator's machine can draw: the curves, and with
+    `shards` (its own test folder of the held-out domains) Fig. 5 and 7 and the confusion matrices; Fig. 3 shows
+    the source sites' images and is not drawn."""
+    if deploy_path is None and (shards is None or pools is None):
+        raise ParamError("--shards and --pools: required (the sweep's data), unless --deploy names a deployment")
     folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
     cfg = load_config(params_path)  # the whole file, before anything is read
-    with Figures(shards, models, out, cfg) as figs:
+    with Figures(shards, models, out, cfg, deploy_path) as figs:
         figs.curves()
-        figs.model_figures(pools)
-        figs.confusions(runs_dir)
+        if pools is not None and deploy_path is None:
+            figs.augmentation_preview(pools)
+        if shards is not None:
+            figs.held_out_figures()
+            figs.confusions(runs_dir)
     return figs.log()
 
 
 class Figures:
     """The figures of one sweep, drawn into a temporary folder that replaces `out` when the `with` block ends
-    without an error: the curves from the training histories, Fig. 3, 5 and 7 from the models, the confusion
-    matrices from the evaluation results."""
+    without an error: the curves from the training histories, Fig. 3 from the shards and pools, Fig. 5 and 7 from
+    the models on the held-out images, the confusion matrices from the evaluation results."""
 
-    def __init__(self, shards: Path, models: Path, out: Path, cfg):
-        """cfg: the ParamsFile, validated before anything is read or written."""
+    def __init__(self, shards: Path | None, models: Path, out: Path, cfg, deploy_path: Path | None = None):
+        """cfg: the ParamsFile, validated before anything is read or written; deploy_path: a deployment's
+        params file, whose runs these are (else the sweep's)."""
         from fedccrl_core.data.shards import load_manifest
 
         self.cfg = cfg
         self.shards, self.models, self.final_out = shards, models, out
-        manifest = load_manifest(shards)
-        self.classes = list(manifest.classes)
-        self.runs = _sweep_histories(self.cfg, models)
-        self.domains = [d for d in manifest.domains if any(r.meta.held_out_domain == d for r in self.runs)]
+        self.runs = _sweep_histories(self.cfg, models, deploy_path)
+        meta = self.runs[0].meta
+        order = list(load_manifest(shards).domains) if shards is not None else list(meta.domains or [])
+        self.classes = list(load_manifest(shards).classes) if shards is not None else list(meta.classes or [])
+        held_out = {r.meta.held_out_domain for r in self.runs}
+        self.domains = [d for d in order if d in held_out] + sorted(str(d) for d in held_out - set(order))
         self.written: list[Path] = []
 
     def __enter__(self):
@@ -84,20 +104,29 @@ class Figures:
             dom_runs = [r.history for r in self.runs if r.meta.held_out_domain == dom]
             self._draw("round_curves", dom, round_series(dom_runs), self.out / f"curves_{dom}.png")
 
-    def model_figures(self, pools: Path) -> None:
-        """FedCCRL Fig. 3 (every client: its originals, CCDT with the pool of the other clients, then DIFP), and
-        Fig. 5 and 7 (first seed of each algorithm, a fixed seeded sample of held-out images)."""
+    def augmentation_preview(self, pools: Path) -> None:
+        """FedCCRL Fig. 3: every client, its originals, CCDT with the pool of the other clients, then DIFP."""
+        from fedccrl_core.algorithm_params.fedccrl import resolve_variant
+        from fedccrl_core.viz.compute import preview_rows  # torch
+
+        assert self.shards is not None
+        fp, cfg = self.cfg.figures, self.cfg
+        fcfg = resolve_variant(cfg.train.fedccrl)  # the variant's readings
+        rows = preview_rows(
+            self.shards, pools, fcfg, fp.seed, fp.preview_images, cfg.preprocess.mean, cfg.preprocess.std
+        )
+        self._draw("augmentation_preview", rows, self.out / "augmentation_preview.png")
+
+    def held_out_figures(self) -> None:
+        """FedCCRL Fig. 5 and 7 (first seed of each algorithm, a fixed seeded sample of held-out images)."""
         import numpy as np
 
-        from fedccrl_core.algorithm_params.fedccrl import resolve_variant
         from fedccrl_core.data.shards import load_domain_test
-        from fedccrl_core.viz.compute import model_features, preview_rows  # torch
+        from fedccrl_core.viz.compute import model_features  # torch
 
+        assert self.shards is not None
         fp, cfg = self.cfg.figures, self.cfg
         mean, std = cfg.preprocess.mean, cfg.preprocess.std
-        fcfg = resolve_variant(cfg.train.fedccrl)  # the variant's readings
-        rows = preview_rows(self.shards, pools, fcfg, fp.seed, fp.preview_images, mean, std)
-        self._draw("augmentation_preview", rows, self.out / "augmentation_preview.png")
         for dom in self.domains:
             x, y = load_domain_test(self.shards, dom)
             pick = np.random.default_rng(fp.seed).permutation(len(y))[: fp.tsne_points]  # across all classes
@@ -130,7 +159,11 @@ class Figures:
                 if not evaluated.is_file():
                     raise FileNotFoundError(f"{evaluated}: no evaluation of {r.dir} (run the evaluate stage first)")
                 result = json.loads(evaluated.read_text())  # the evaluate stage's file (outcomes/runs.py)
-                cm = np.array(result["detail"]["final"]["confusion"])
+                final = result["detail"]["final"]
+                if "confusion" not in final:  # a deployment's run evaluated by its sites alone: counts, no matrix
+                    print(f"figures: {evaluated} has no confusion matrix (the sites' counts only)", file=sys.stderr)
+                    continue
+                cm = np.array(final["confusion"])
                 self._draw("confusion", dom, alg, cm, self.classes, self.out / f"confusion_{alg}_{dom}.png")
 
     def log(self) -> list[Path]:
@@ -140,12 +173,13 @@ class Figures:
         return written
 
 
-def _sweep_histories(cfg, models: Path) -> list[SavedRun]:
-    """Every run of the current sweep with its training history, in the order of the evaluate step's results."""
+def _sweep_histories(cfg, models: Path, deploy_path: Path | None = None) -> list[SavedRun]:
+    """Every run of the current sweep (or deployment) with its training history, in the order of the evaluate
+    step's results."""
     from fedccrl_core.federation.history import SavedRun, load_history
     from fedccrl_pipeline.evaluate import trained_runs
 
-    ordered = sorted(trained_runs(cfg, models), key=lambda d: contract.result_file(Path("r"), models, d))
+    ordered = sorted(trained_runs(cfg, models, deploy_path), key=lambda d: contract.result_file(Path("r"), models, d))
     return [SavedRun(d, load_history(d)) for d in ordered]
 
 
@@ -185,12 +219,24 @@ def _log_to_mlflow(runs: list[SavedRun], written: list[Path]) -> None:
 
 
 @click.command("figures")
-@click.option("--shards", type=click.Path(path_type=Path), required=True)
-@click.option("--pools", type=click.Path(path_type=Path), required=True)
+@click.option(
+    "--shards",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the sweep's shards; with --deploy, optional: the operator's test folder of the held-out domains",
+)
+@click.option("--pools", type=click.Path(path_type=Path), default=None, help="the sweep's pools (not with --deploy)")
 @click.option("--models", type=click.Path(path_type=Path), required=True)
 @click.option("--runs", "runs_dir", type=click.Path(path_type=Path), required=True)
 @click.option("--out", type=click.Path(path_type=Path), required=True)
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
-def command(shards, pools, models, runs_dir, out, params_path):
+@click.option(
+    "--deploy",
+    "deploy_path",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="a deployment's params file (deploy/params.yaml): draw its runs",
+)
+def command(shards, pools, models, runs_dir, out, params_path, deploy_path):
     """Augmentation preview, per-round curves, t-SNE, Grad-CAM and confusion matrices as PNGs."""
-    run_stage(figures, shards, pools, models, runs_dir, out, params_path)
+    run_stage(figures, shards, pools, models, runs_dir, out, params_path, deploy_path)

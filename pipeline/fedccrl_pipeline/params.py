@@ -38,7 +38,18 @@ from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
 from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
 
-__all__ = ["ParamError", "ParamsFile", "check_config", "load_config", "resolve_held_out", "run_dirs", "validate_params"]
+__all__ = [
+    "DeployFile",
+    "ParamError",
+    "ParamsFile",
+    "check_config",
+    "deployed_run_dirs",
+    "load_config",
+    "load_deploy",
+    "resolve_held_out",
+    "run_dirs",
+    "validate_params",
+]
 
 
 def _one_of(values) -> Any:
@@ -203,6 +214,26 @@ class ParamsFile(Declared):
         return self.model_dump(by_alias=True, exclude_unset=True)
 
 
+class DeployParams(Declared):
+    """deploy.* of the operator's pipeline (deploy/params.yaml, deploy/dvc.yaml): where the SuperLink is and which
+    runs to train over it. The training settings are the research params file's."""
+
+    superlink: str = Field(pattern=r"^[^\s:]+:[0-9]{1,5}$", description="host:port of the SuperLink's control API")
+    root_certificates: str = Field(description='the SuperLink\'s CA certificate (TLS); "" = --insecure (loopback)')
+    algorithms: Annotated[list[_one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
+    seeds: Annotated[list[int], Field(min_length=1)]
+    held_out: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]  # domain names
+
+    @field_validator("held_out", "algorithms", "seeds")
+    @classmethod
+    def _no_repeats(cls, v):
+        return _unique(v)
+
+
+class DeployFile(Declared):
+    deploy: DeployParams
+
+
 # ---- loading -------------------------------------------------------------------------------------------------
 def read_yaml(path: str | Path = "params.yaml") -> dict:
     path = Path(path)
@@ -249,6 +280,16 @@ def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsF
 
 def load_config(path: str | Path = "params.yaml") -> ParamsFile:
     return validate_params(read_yaml(path))
+
+
+def load_deploy(path: str | Path) -> DeployParams:
+    """deploy/params.yaml's deploy group, typed; ParamError naming the file and each key otherwise."""
+    return validate(DeployFile, read_yaml(path), file=str(path)).deploy
+
+
+def deployed_run_dirs(deploy: DeployParams, root: Path) -> list[Path]:
+    """Every run of a deployment, in deploy/dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held-out domain>."""
+    return [contract.run_dir(root, a, s, h) for a in deploy.algorithms for s in deploy.seeds for h in deploy.held_out]
 
 
 def run_dirs(cfg: ParamsFile, root: Path) -> list[Path]:

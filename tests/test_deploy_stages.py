@@ -1,0 +1,141 @@
+"""The operator's pipeline after `fedccrl federate` (deploy/dvc.yaml): `fedccrl evaluate --deploy`, `fedccrl report`
+and `fedccrl figures --deploy` on a deployment's run folders, with and without the operator's test folder. The run
+folders here are written as `fedccrl federate` writes them (random weights, a history whose rounds carry the sites'
+counts), so no federation runs: tests/test_site_eval.py and the docs/flower.md walkthrough run one."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from fixtures import write_params
+
+from fedccrl_core.data.images import RESIZE_POLICY
+from fedccrl_core.federation.history import write_history
+from fedccrl_core.foundation import contract
+from fedccrl_core.learning.model_file import ModelMeta, save_model
+from fedccrl_core.learning.models import build_model
+from fedccrl_core.outcomes.runs import BY_THE_SITES
+from fedccrl_pipeline.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+HELD_OUT = "sketch"
+SITES_TARGET = [0.25, 0.75, 0.5]  # the sites' pooled target accuracy per round (round 2 is the val-selected one)
+SITES_N = 17  # the sites' count of held-out images
+
+
+@pytest.fixture
+def ws(tmp_path, tiny) -> Path:
+    """An operator's folder: params.yaml (the research settings), deploy.yaml, models/ of one deployed run."""
+    write_params(tmp_path, {"figures.tsne_points": 12, "figures.gradcam_images": 2})
+    (tmp_path / "deploy.yaml").write_text(
+        "deploy:\n  superlink: 127.0.0.1:29093\n  root_certificates: ''\n  algorithms: [fedavg]\n  seeds: [0]\n"
+        f"  held_out: [{HELD_OUT}]\n"
+    )
+    manifest = json.loads((tiny / "data" / "shards" / "manifest.json").read_text())
+    meta = ModelMeta(
+        backbone="small_cnn",
+        num_classes=manifest["num_classes"],
+        classes=manifest["classes"],
+        image_size=32,
+        mean=[0.485, 0.456, 0.406],
+        std=[0.229, 0.224, 0.225],
+        resize=RESIZE_POLICY,
+        dataset="synthetic",
+        domains=manifest["domains"],
+        held_out_domain=HELD_OUT,
+        held_out_index=3,
+        algorithm="fedavg",
+        seed=0,
+    )
+    run = contract.run_dir(tmp_path / "models", "fedavg", 0, HELD_OUT)
+    run.mkdir(parents=True)
+    for name, seed, rnd in ((contract.MODEL_FILE, 1, 3), (contract.BEST_FILE, 2, 2)):
+        torch.manual_seed(seed)
+        save_model(run / name, build_model("small_cnn", meta.num_classes), meta.model_copy(update={"round": rnd}))
+    rounds = [
+        {
+            contract.ROUND: r,
+            contract.TARGET_ACC: acc,
+            contract.VAL_ACC: [0.4, 0.9, 0.6][r - 1],
+            contract.VAL_PRED_CLASSES: 2,
+            contract.SECONDS: 1.0,
+            contract.BYTES_UP: 10,
+            contract.BYTES_DOWN: 20,
+            "val_n": 40,
+            "target_n": SITES_N,
+            "eval_sites": 4,
+        }
+        for r, acc in enumerate(SITES_TARGET, start=1)
+    ]
+    write_history(run, meta, 2, rounds)
+    return tmp_path
+
+
+def _cli(ws: Path, *args) -> tuple[int, str]:
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(ws)
+        mp.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{ws / 'mlflow.db'}")
+        res = CliRunner().invoke(main, [*map(str, args), "--params", "params.yaml"])
+    return res.exit_code, res.output
+
+
+def _result(ws: Path) -> dict:
+    return json.loads((ws / "results" / "fedavg" / "s0" / f"d{HELD_OUT}.json").read_text())
+
+
+def test_evaluate_of_a_deployment_reports_the_sites_accuracies(ws):
+    code, out = _cli(ws, "evaluate", "--deploy", "deploy.yaml", "--models", "models", "--out", "results")
+    assert code == 0, out
+    doc = _result(ws)
+    assert doc[contract.FINAL_TARGET_ACC] == SITES_TARGET[-1]
+    assert doc[contract.BEST_VAL_TARGET_ACC] == SITES_TARGET[1] and doc[contract.BEST_ROUND] == 2
+    assert doc["n_test"] == SITES_N and doc["evaluated_on"] == BY_THE_SITES
+    assert "confusion" not in doc["detail"]["final"] and "detail_n_test" not in doc
+    assert [p[contract.TARGET_ACC] for p in doc["per_round"]] == SITES_TARGET
+
+    code, out = _cli(ws, "report", "--runs", "results", "--metrics", "m.json", "--table", "t.md", "--curves", "c.csv")
+    assert code == 0, out
+    assert "| fedavg | 50.00 |" in (ws / "t.md").read_text()  # the sites' final accuracy, in percent
+
+
+def test_evaluate_of_a_deployment_scores_the_operators_test_folder(ws, tiny):
+    shards = tiny / "data" / "shards"
+    args = ["evaluate", "--deploy", "deploy.yaml", "--models", "models", "--shards", shards, "--out", "results"]
+    code, out = _cli(ws, *args)
+    assert code == 0, out
+    doc = _result(ws)
+    assert doc[contract.FINAL_TARGET_ACC] == SITES_TARGET[-1]  # the table's numbers stay the sites'
+    cm = doc["detail"]["final"]["confusion"]
+    assert doc["detail_n_test"] == sum(map(sum, cm)) > 0 and doc["detail_on"] == str(shards)
+    assert doc["detail"]["best_val"][contract.ROUND] == 2 and "confusion" in doc["detail"]["best_val"]
+
+
+@pytest.mark.parametrize("with_test_folder", [False, True], ids=["sites-only", "test-folder"])
+def test_figures_of_a_deployment_draw_what_the_operator_holds(ws, tiny, with_test_folder):
+    shards = ["--shards", tiny / "data" / "shards"] if with_test_folder else []
+    ev = ["evaluate", "--deploy", "deploy.yaml", "--models", "models", *shards, "--out", "results"]
+    assert _cli(ws, *ev)[0] == 0
+    fig = ["figures", "--deploy", "deploy.yaml", "--models", "models", *shards, "--runs", "results", "--out", "plots"]
+    code, out = _cli(ws, *fig)
+    assert code == 0, out
+    drawn = sorted(p.name for p in (ws / "plots").iterdir())
+    held_out = [f"confusion_fedavg_{HELD_OUT}.png", f"gradcam_{HELD_OUT}.png", f"tsne_{HELD_OUT}.png"]
+    assert drawn == sorted([f"curves_{HELD_OUT}.png", *(held_out if with_test_folder else [])])
+
+
+def test_a_bad_deploy_file_is_refused_naming_the_key_before_any_work(ws):
+    (ws / "deploy.yaml").write_text((ws / "deploy.yaml").read_text().replace("seeds: [0]", "seeds: [0]\n  sedes: 1"))
+    code, out = _cli(ws, "evaluate", "--deploy", "deploy.yaml", "--models", "models", "--out", "results")
+    assert code == 2 and "deploy.yaml: key 'deploy.sedes': unknown key" in out, out
+    assert not (ws / "results").exists()
+
+
+def test_evaluate_without_shards_needs_a_deployment(ws):
+    code, out = _cli(ws, "evaluate", "--models", "models", "--out", "results")
+    assert code == 2 and "--shards: required" in out, out
+    assert not (ws / "results").exists()
