@@ -100,6 +100,32 @@ def _shards_dir(context: Context) -> str:
     return shards
 
 
+def check_site_data(context: Context, spec: ClientSpec) -> None:
+    """This site's shard folder holds the federation's class list (in label order) and image size, which the
+    spec carries (fedccrl site prepare writes them from the operator's class file and params.yaml); ValueError
+    naming the site's manifest and the value otherwise, before any of its images is used (the reply is an error,
+    and the server drops the site from the round with this reason)."""
+    from fedccrl_core.data.shards import load_manifest
+
+    shards = _shards_dir(context)
+    key = ("checked", shards, tuple(spec.classes), spec.image_size)
+    if key in _CACHE:
+        return
+    manifest = load_manifest(shards)
+    where = f"{shards}/manifest.json"
+    if spec.classes and list(manifest.classes) != list(spec.classes):
+        raise ValueError(
+            f"{where}: classes {list(manifest.classes)} are not the federation's {list(spec.classes)} (in label "
+            "order): prepare the site with the federation's class file (fedccrl site prepare --classes)"
+        )
+    if spec.image_size and manifest.image_size != spec.image_size:
+        raise ValueError(
+            f"{where}: image_size {manifest.image_size} is not the federation's {spec.image_size}: prepare the "
+            "site with the federation's params.yaml (fedccrl site prepare --params)"
+        )
+    _CACHE[key] = True
+
+
 def load_client_data(context: Context, cid: str, device: torch.device, held_out: str) -> ClientData:
     """This client's data for a run that holds out `held_out`: a mixed-domain (feddg_bench) client drops that
     domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/fedccrl_pipeline/train.py)."""
@@ -248,6 +274,7 @@ def handle_query(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
+    check_site_data(context, spec)
     if not is_source(context, cid, spec.held_out):  # an evaluation-only site: n = 0, no upload
         _say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
@@ -268,6 +295,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     spec, rnd, cfg = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
+    check_site_data(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
     data = load_client_data(context, cid, device, spec.held_out)
@@ -309,6 +337,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
+    check_site_data(context, spec)
     val_x, val_y, target_x, target_y = load_eval_data(context, cid, device, spec.held_out)
     alg, _ = build_client_algorithm(spec, device)
     key = ("eval-model", spec.to_json(), str(device))

@@ -173,6 +173,8 @@ def train_with_flower(
         checkpoint=str(checkpoint),
         run_info={"run_key": job.run_key},
         client_state=s.client_state,
+        classes=list(job.classes),
+        image_size=int(job.image_size),
     )
     return run_flower(settings, spec, shards, pools, on_round=on_round, log=log)
 

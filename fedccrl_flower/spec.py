@@ -69,6 +69,8 @@ class ClientSpec(_Spec):
     client_state: Literal["persistent", "stateless"]  # params.yaml train.client_state
     eval_batch_size: int  # a site's evaluation batches (evalsets.py)
     state_key: str  # names the clients' saved state (ServerSpec.client_spec)
+    classes: list[str] = Field(default_factory=list)  # the federation's, which a site's data must have ([]: any)
+    image_size: int = Field(0, ge=0)  # the federation's, which a site's data must have (0: any)
 
 
 class ServerSpec(_Spec):
@@ -96,6 +98,8 @@ class ServerSpec(_Spec):
     checkpoint: str = ""  # "" = <work_dir>/checkpoint.pt
     client_state: Literal["persistent", "stateless"] = "persistent"  # params.yaml train.client_state
     run_info: dict[str, Any] = Field(default_factory=dict)
+    classes: list[str] = Field(default_factory=list)  # the federation's class list, in label order ([]: unchecked)
+    image_size: int = Field(0, ge=0)  # the federation's image size (0: unchecked); each site checks its data
 
     FROM_SETTINGS: ClassVar[tuple[str, ...]] = (
         "min_clients",
@@ -126,6 +130,8 @@ class ServerSpec(_Spec):
             client_state=self.client_state,
             eval_batch_size=self.eval_batch_size,
             state_key="",
+            classes=self.classes,
+            image_size=self.image_size,
         )
         core = spec.model_dump(exclude={"state_key"})
         return spec.model_copy(update={"state_key": params_hash({**core, "run_info": self.run_info})})

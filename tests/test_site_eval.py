@@ -320,3 +320,46 @@ def test_federate_refuses_bad_input_before_starting_anything(tmp_path):
     r = federate("--held-out", "sketch")
     assert r.returncode == 2 and "min_clients is 3 but held-out sketch leaves 1 source clients" in r.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["federation.json", "params.yaml"]
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        (lambda m: {**m, "classes": m["classes"][::-1]}, "are not the federation's"),
+        (lambda m: {**m, "image_size": m["image_size"] * 2}, "image_size 64 is not the federation's 32"),
+    ],
+    ids=["class-order", "image-size"],
+)
+def test_a_site_whose_data_is_not_the_federations_is_dropped_naming_its_manifest(data, tmp_path, change, match):
+    """A site prepared with another class list (or order) or image size than the spec's (the federation's): its
+    reply is an error naming its own manifest, before its images are used; the round goes on with the others."""
+    from flower_harness import serve
+
+    from fedccrl_flower import messages as M
+
+    odd = site_folder(data, "photo_c0", tmp_path / "photo")
+    manifest = json.loads((odd / "shards" / shards_mod.MANIFEST).read_text())
+    (odd / "shards" / shards_mod.MANIFEST).write_text(json.dumps(change(manifest)))
+    configs = {
+        100 + i: {
+            M.NODE_CLIENT_ID: cid,
+            M.NODE_SHARDS: str((odd if cid == "photo_c0" else data) / "shards"),
+            M.NODE_POOLS: str((odd if cid == "photo_c0" else data) / "pools"),
+        }
+        for i, cid in enumerate(SOURCES)
+    }
+    spec = make_spec(
+        data,
+        tmp_path / "work",
+        "fedavg",
+        rounds=1,
+        min_clients=2,
+        evaluators=[],
+        classes=manifest["classes"],
+        image_size=manifest["image_size"],
+    )
+    rec = serve(LoopbackGrid(configs), spec).history[0]
+    (dropped,) = rec["dropped_clients"]
+    assert rec["clients"] == 2 and dropped["phase"] == "query"
+    assert dropped["reason"] == "error" and match in dropped["detail"], dropped
+    assert f"{odd / 'shards'}/manifest.json" in dropped["detail"]

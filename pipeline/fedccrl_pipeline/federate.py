@@ -33,7 +33,7 @@ def federate(
     deploy_path: Path | None = None,
 ) -> dict:
     from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
-    from fedccrl_core.federation.jobs import write_run_folder
+    from fedccrl_core.federation.jobs import privacy_summary, without_epsilon, write_run_folder
     from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.runkey import params_hash
     from fedccrl_core.learning.model_file import ModelMeta
@@ -74,6 +74,8 @@ def federate(
         client_state=settings.client_state,
         **flower.model_dump(include=set(ServerSpec.FROM_SETTINGS) - {"num_clients"}),
         num_clients=flower.num_clients or len(sources) + len(evaluators),  # 0: every site of the run
+        classes=list(fed_file.classes),
+        image_size=fed_file.image_size,
     )
     probe = ServerSpec(**core, work_dir="")  # the run's key: everything but where it writes
     run_key = params_hash({**probe.model_dump(mode="json", exclude={"work_dir"}), "federation": fed_file.to_dict()})
@@ -107,7 +109,14 @@ def federate(
         hparams=alg.hp.model_dump(),
         params_hash=run_key,
     )
-    final = result.history[-1]
+    privacy = settings.local.privacy  # as the train stage writes a DP run (federation/jobs.py run_one)
+    mark = privacy.not_private_mark() if privacy is not None else None
+    if mark:  # a seeded run's model files and history say so
+        meta = meta.model_copy(update={"privacy": mark})
+    trained = [d for d in fed_file.domains if d != target and any(s.domain == d for s in fed_file.sites)]
+    summary = privacy_summary(privacy, trained, result.extra) if privacy is not None and privacy.enabled else None
+    records = [without_epsilon(rec, seeded=mark is not None) for rec in result.history]
+    final = records[-1]
     result.final_weights = {k: v.cpu() for k, v in result.final_weights.items()}
     result.best_weights = {k: v.cpu() for k, v in result.best_weights.items()}
     doc = {
@@ -115,11 +124,11 @@ def federate(
         "seed": seed,
         "held_out_domain": target,
         contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-        contract.BEST_VAL_TARGET_ACC: result.history[result.best_round - 1][contract.TARGET_ACC],
+        contract.BEST_VAL_TARGET_ACC: records[result.best_round - 1][contract.TARGET_ACC],
         contract.BEST_ROUND: result.best_round,
         "evaluated_on": BY_THE_SITES,
     }
-    write_run_folder(out, model, meta, result, settings.local.rounds, extra={RESULT_FILE: doc})
+    write_run_folder(out, model, meta, result, settings.local.rounds, records, summary, extra={RESULT_FILE: doc})
     click.echo(
         f"{algorithm} s{seed} {target}: final {doc[contract.FINAL_TARGET_ACC]:.4f} best-val "
         f"{doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {result.best_round}) -> {out}",
