@@ -139,3 +139,41 @@ def test_evaluate_without_shards_needs_a_deployment(ws):
     code, out = _cli(ws, "evaluate", "--models", "models", "--out", "results")
     assert code == 2 and "--shards: required" in out, out
     assert not (ws / "results").exists()
+
+
+def test_each_deployment_run_is_an_mlflow_child_of_the_deployments_parent(tmp_path):
+    """`fedccrl federate`'s MLflow side: one parent per federation file and training settings, one child per
+    (algorithm, seed, held-out domain) with its params, tags and every round's record."""
+    import mlflow
+
+    from fedccrl_flower.sites import read_federation
+    from fedccrl_pipeline.federate import deployment_run
+    from fedccrl_pipeline.params import load_config
+
+    cfg = load_config(write_params(tmp_path))
+    fed = tmp_path / "federation.json"
+    doc = {
+        "dataset": "embedded",
+        "domains": ["art", "cartoon", "photo", "sketch"],
+        "classes": list("abcdef"),
+        "image_size": 32,
+        "resize_policy": "resize SxS bilinear",
+        "sites": [{"id": f"{d}_c0", "domain": d} for d in ("art", "cartoon", "photo", "sketch")],
+    }
+    fed.write_text(json.dumps(doc))
+    runs = []
+    for seed in (0, 1):
+        run = deployment_run(cfg, read_federation(fed), "fedavg", seed, HELD_OUT, {"mu": 0.0}, f"key{seed}")
+        for rnd, acc in enumerate(SITES_TARGET, start=1):
+            run.log_round({contract.ROUND: rnd, contract.TARGET_ACC: acc, contract.VAL_ACC: 0.5, "target_n": SITES_N})
+        run.finish()
+        runs.append(mlflow.MlflowClient().get_run(run.run_id))
+    assert runs[0].data.tags["mlflow.parentRunId"] == runs[1].data.tags["mlflow.parentRunId"]
+    parent = mlflow.MlflowClient().get_run(runs[0].data.tags["mlflow.parentRunId"])
+    assert parent.data.tags["fedccrl.role"] == "parent" and "federation.sites" in parent.data.params
+    child = runs[1]
+    assert mlflow.MlflowClient().get_experiment(child.info.experiment_id).name == "fedccrl-embedded-deploy"
+    assert child.data.params["train.seed"] == "1" and child.data.params["train.held_out"] == HELD_OUT
+    assert child.data.tags["fedccrl.run_key"] == "key1" and child.info.status == "FINISHED"
+    history = mlflow.MlflowClient().get_metric_history(child.info.run_id, contract.TARGET_ACC)
+    assert [(m.step, m.value) for m in history] == list(enumerate(SITES_TARGET, start=1))

@@ -621,49 +621,6 @@ def _records(work: Path, run_id: int) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
 
 
-@pytest.mark.full(
-    "a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)"
-)
-@pytest.mark.timeout(1800)
-def test_deployment_end_to_end_matches_inprocess(deployment, data, inprocess_fedccrl, tmp_path):
-    """A deployment: a SuperLink and 3 SuperNodes as processes (--insecure on 127.0.0.1), the
-    SuperNodes from the installed wheel in a folder with no checkout (`deployment`), 2 rounds of
-    FedCCRL; MLflow gets the in-process engine's record per round; the statistics pools travel in
-    the messages; the numbers equal the in-process engine's (one torch thread on both sides)."""
-    from fedccrl_flower.run import wait_for_result
-    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
-
-    fed, _ = deployment
-    run = ChildRun("flower-test", parent_run_id("flower-test", "k", {}), "deployment", {}, {})
-    t0 = time.perf_counter()
-    work = tmp_path / "work"
-    run_id = fed.submit(make_spec(data, work, num_clients=3, min_clients=3, evaluators=[]))
-    res = wait_for_result(fed, run_id, work, on_round=run.log_round, timeout=600)
-    seconds = time.perf_counter() - t0
-    run.finish()
-    print(f"deployment, 2 rounds FedCCRL, 3 SuperNodes from the wheel: {seconds:.1f}s")
-    # no site holds the held-out domain here (tests/test_site_eval.py has one): no target accuracy
-    assert_same_history(res.history, inprocess_fedccrl.history, tol=0.0, skip=("target_acc",))
-    assert all(math.isnan(r["target_acc"]) and r["eval_sites"] == 3 for r in res.history)
-    for k, v in inprocess_fedccrl.final_weights.items():
-        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
-    k_i = math.ceil(0.1 * 216)  # Eq. 8: ceil(r n_i) statistics of (mu, sigma), 3 channels, float32
-    for rec, ref in zip(res.history, inprocess_fedccrl.history):
-        assert rec["clients"] == 3 and rec["refused"] == 0
-        for cid in SOURCES:
-            assert rec[f"upload_bytes/{cid}"] == k_i * 3 * 2 * 4  # what the server received from cid
-            assert rec[f"payload_bytes/{cid}"] == 2 * k_i * 3 * 2 * 4  # F_pool minus F_i, sent to cid
-        assert rec["bytes_up"] == ref["bytes_up"] and rec["bytes_down"] == ref["bytes_down"]  # the same count
-        assert rec["wire_bytes_up"] > rec["bytes_up"] and rec["wire_bytes_down"] > rec["bytes_down"]
-    import mlflow
-
-    hist = mlflow.MlflowClient().get_metric_history(run.run_id, "val_acc")
-    assert [(m.step, m.value) for m in hist] == [(r["round"], pytest.approx(r["val_acc"])) for r in res.history]
-    assert not list(fed.workdir.glob("*.fab")) and not list(work.glob("*.fab"))  # the FAB is built in memory
-    logs = [p.log_path.read_text() for p in fed.supernodes.values()]
-    assert all(log.count("Receiving: train message") >= 2 for log in logs)  # every wheel SuperNode trained both rounds
-
-
 def add_wheel_supernode(fed, data: Path, cid: str, root: Path, full_venv: Path, wait: bool = True):
     """A SuperNode of the installed wheel's venv (tests/wheel_envs.py), in <root>/site-<cid>: no checkout there."""
     site = root / f"site-{cid}"

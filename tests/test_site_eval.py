@@ -149,13 +149,20 @@ def test_a_malformed_evaluation_reply_is_refused():
 
 
 # ---------------------------------------------------------------- a deployment of site folders
-@pytest.mark.full("a Flower deployment of real processes: a SuperLink and 4 SuperNodes, 2 rounds of FedAvg, ~60 s")
+@pytest.mark.full(
+    "a Flower deployment of real processes: a SuperLink and 4 SuperNodes from the wheel, 2 rounds of FedCCRL, ~90 s"
+)
 @pytest.mark.timeout(1200)
-def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path):
-    """Three source sites and one evaluation-only site (the held-out sketch), each SuperNode in its own folder that
-    holds only its site's files; the SuperLink and the ServerApp work in an operator folder that holds no data file.
-    Final and val-selected accuracies equal the in-process engine's on the central partition, bit for bit (one
-    torch thread on both sides), and `fedccrl-serve` serves the exported final model."""
+def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv, tmp_path):
+    """Three source sites and one evaluation-only site (the held-out sketch), each SuperNode from the installed wheel
+    (no checkout, no PYTHONPATH) in its own folder that holds only its site's files; the SuperLink and the ServerApp
+    work in an operator folder that holds no data file. 2 rounds of FedCCRL, whose statistics pools travel in the
+    messages: final and val-selected accuracies and weights equal the in-process engine's on the central partition,
+    bit for bit (one torch thread on both sides); MLflow gets each round's record; `fedccrl-serve` serves the
+    exported final model."""
+    import math
+
+    import mlflow
     from click.testing import CliRunner
 
     from fedccrl_core.learning.model_file import ModelMeta
@@ -164,9 +171,10 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path)
     from fedccrl_flower.federation import LocalFederation
     from fedccrl_flower.run import wait_for_result
     from fedccrl_pipeline.onnx_export import export_onnx
+    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
     from fedccrl_serving.cli import main as serve_main
 
-    ref = run_inprocess(data, "fedavg", 2)
+    ref = run_inprocess(data, "fedccrl", 2)
     operator = tmp_path / "operator"
     # two sites prepare their folders from their own images with the site command (a whole registry domain as
     # client <domain>_c0: the central files, tests/test_site.py); the others get their client of the central
@@ -176,6 +184,7 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path)
         cid: site_folder(data, cid, tmp_path / f"site-{cid}") for cid in [*SOURCES, *EVALUATORS] if cid not in made
     }
     sites.update({cid: site_command(data, cid, tmp_path / f"site-{cid}") for cid in sorted(made)})
+    run = ChildRun("flower-test", parent_run_id("flower-test", "k", {}), "deployment", {}, {})
     with LocalFederation(operator / "federation") as fed:
         for cid, folder in sites.items():
             cfg = {
@@ -184,24 +193,44 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path)
                 M.NODE_POOLS: str(folder / "pools"),
                 M.NODE_STATE_DIR: str(folder / "state"),
             }
-            fed.add_supernode(cid, cfg, threads=1, wait=False, cwd=folder)
+            fed.add_supernode(cid, cfg, threads=1, wait=False, bin_dir=full_venv / "bin", cwd=folder)
         fed.wait_supernodes()
         work = operator / "work"
         t0 = time.perf_counter()
-        run_id = fed.submit(make_spec(data, work, "fedavg", num_clients=4, min_clients=3))
-        res = wait_for_result(fed, run_id, work, timeout=900)
-        print(f"deployment of site folders, 2 rounds FedAvg, 4 SuperNodes: {time.perf_counter() - t0:.1f}s")
+        manifest = shards_mod.load_manifest(data / "shards")
+        spec = make_spec(
+            data,
+            work,
+            "fedccrl",
+            num_clients=4,
+            min_clients=3,
+            classes=manifest.classes,
+            image_size=manifest.image_size,
+        )
+        res = wait_for_result(fed, fed.submit(spec), work, on_round=run.log_round, timeout=900)
+        print(f"deployment of site folders, 2 rounds FedCCRL, 4 SuperNodes: {time.perf_counter() - t0:.1f}s")
+        run.finish()
         logs = {cid: p.log_path.read_text() for cid, p in fed.supernodes.items()}
+        assert not list(fed.workdir.glob("*.fab")) and not list(work.glob("*.fab"))  # the FAB is built in memory
     assert_same_history(res.history, ref.history)
     assert res.best_round == ref.best_round
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
         assert torch.equal(res.best_weights[k].cpu(), ref.best_weights[k].cpu()), k
+    k_i = math.ceil(0.1 * 216)  # Eq. 8: ceil(r n_i) statistics of (mu, sigma), 3 channels, float32
     for rec, r in zip(res.history, ref.history):
         assert rec["val_acc"] == r["val_acc"] and rec["target_acc"] == r["target_acc"]  # exact
         assert rec["val_pred_classes"] == r["val_pred_classes"]
         assert rec["eval_sites"] == 4 and rec["clients"] == 3 and rec["refused"] == rec["dropped"] == 0
         assert rec["target_n"] == len(shards_mod.load_domain_test(data / "shards", "sketch")[1])
+        for cid in SOURCES:
+            assert rec[f"upload_bytes/{cid}"] == k_i * 3 * 2 * 4  # what the server received from cid
+            assert rec[f"payload_bytes/{cid}"] == 2 * k_i * 3 * 2 * 4  # F_pool minus F_i, sent to cid
+        assert rec["bytes_up"] == r["bytes_up"] and rec["bytes_down"] == r["bytes_down"]  # the same count
+        assert rec["wire_bytes_up"] > rec["bytes_up"] and rec["wire_bytes_down"] > rec["bytes_down"]
+    hist = mlflow.MlflowClient().get_metric_history(run.run_id, "val_acc")
+    assert [(m.step, m.value) for m in hist] == [(r["round"], pytest.approx(r["val_acc"])) for r in res.history]
+    assert all(logs[cid].count("Receiving: train message") >= 2 for cid in SOURCES)  # every source trained twice
     assert "Receiving: train message" not in logs["sketch_c0"] and logs["sketch_c0"].count("evaluate message") >= 2
     data_files = {p.name for p in tmp_path.glob("site-*/**/*.npz")}
     assert not [p for p in operator.rglob("*") if p.name in data_files or p.name == shards_mod.MANIFEST]
@@ -225,7 +254,7 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, tmp_path)
             domains=meta["domains"],
             held_out_domain="sketch",
             held_out_index=meta["domains"].index("sketch"),
-            algorithm="fedavg",
+            algorithm="fedccrl",
             seed=0,
             round=2,
             params_hash="0" * 8,

@@ -10,6 +10,7 @@ sites measured them, and the round). <out> appears complete or not at all."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import click
@@ -86,55 +87,114 @@ def federate(
         checkpoint=str(work / "checkpoint.pt"),
         run_info={"run_key": run_key},
     )
-    with Federation(work / "federation", superlink, root_certificates) as fed:
-        run_id = fed.submit(spec)
-        click.echo(f"flower deployment: run {run_id} on SuperLink {superlink}", err=True)
-        result = wait_for_result(fed, run_id, work, timeout=timeout_s)
-    alg = build_algorithm(algorithm, settings.local, hparams)
-    model = alg.build_model(settings.backbone, len(fed_file.classes), "none", alg.hp)
-    meta = ModelMeta(
-        backbone=settings.backbone,
-        num_classes=len(fed_file.classes),
-        classes=fed_file.classes,
-        image_size=fed_file.image_size,
-        mean=list(settings.local.mean),
-        std=list(settings.local.std),
-        resize=fed_file.resize_policy,
-        dataset=fed_file.dataset,
-        domains=fed_file.domains,
-        held_out_domain=target,
-        held_out_index=fed_file.domains.index(target),
-        algorithm=algorithm,
-        seed=seed,
-        hparams=alg.hp.model_dump(),
-        params_hash=run_key,
-    )
     privacy = settings.local.privacy  # as the train stage writes a DP run (federation/jobs.py run_one)
     mark = privacy.not_private_mark() if privacy is not None else None
-    if mark:  # a seeded run's model files and history say so
-        meta = meta.model_copy(update={"privacy": mark})
-    trained = [d for d in fed_file.domains if d != target and any(s.domain == d for s in fed_file.sites)]
-    summary = privacy_summary(privacy, trained, result.extra) if privacy is not None and privacy.enabled else None
-    records = [without_epsilon(rec, seeded=mark is not None) for rec in result.history]
-    final = records[-1]
-    result.final_weights = {k: v.cpu() for k, v in result.final_weights.items()}
-    result.best_weights = {k: v.cpu() for k, v in result.best_weights.items()}
-    doc = {
-        "algorithm": algorithm,
-        "seed": seed,
-        "held_out_domain": target,
-        contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-        contract.BEST_VAL_TARGET_ACC: records[result.best_round - 1][contract.TARGET_ACC],
-        contract.BEST_ROUND: result.best_round,
-        "evaluated_on": BY_THE_SITES,
-    }
-    write_run_folder(out, model, meta, result, settings.local.rounds, records, summary, extra={RESULT_FILE: doc})
+    as_reported = functools.partial(without_epsilon, seeded=mark is not None)
+    run = deployment_run(cfg, fed_file, algorithm, seed, target, hparams.model_dump(), run_key)
+    try:
+        with Federation(work / "federation", superlink, root_certificates) as fed:
+            run_id = fed.submit(spec)
+            click.echo(f"flower deployment: run {run_id} on SuperLink {superlink}", err=True)
+            result = wait_for_result(
+                fed, run_id, work, on_round=lambda rec: run.log_round(as_reported(rec)), timeout=timeout_s
+            )
+        alg = build_algorithm(algorithm, settings.local, hparams)
+        model = alg.build_model(settings.backbone, len(fed_file.classes), "none", alg.hp)
+        meta = ModelMeta(
+            backbone=settings.backbone,
+            num_classes=len(fed_file.classes),
+            classes=fed_file.classes,
+            image_size=fed_file.image_size,
+            mean=list(settings.local.mean),
+            std=list(settings.local.std),
+            resize=fed_file.resize_policy,
+            dataset=fed_file.dataset,
+            domains=fed_file.domains,
+            held_out_domain=target,
+            held_out_index=fed_file.domains.index(target),
+            algorithm=algorithm,
+            seed=seed,
+            hparams=alg.hp.model_dump(),
+            params_hash=run_key,
+            mlflow_run_id=run.run_id,
+            mlflow_experiment_id=run.experiment_id,
+        )
+        if mark:  # a seeded run's model files and history say so
+            meta = meta.model_copy(update={"privacy": mark})
+        trained = [d for d in fed_file.domains if d != target and any(s.domain == d for s in fed_file.sites)]
+        summary = privacy_summary(privacy, trained, result.extra) if privacy is not None and privacy.enabled else None
+        records = [as_reported(rec) for rec in result.history]
+        final = records[-1]
+        result.final_weights = {k: v.cpu() for k, v in result.final_weights.items()}
+        result.best_weights = {k: v.cpu() for k, v in result.best_weights.items()}
+        doc = {
+            "algorithm": algorithm,
+            "seed": seed,
+            "held_out_domain": target,
+            contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
+            contract.BEST_VAL_TARGET_ACC: records[result.best_round - 1][contract.TARGET_ACC],
+            contract.BEST_ROUND: result.best_round,
+            "evaluated_on": BY_THE_SITES,
+        }
+        write_run_folder(out, model, meta, result, settings.local.rounds, records, summary, extra={RESULT_FILE: doc})
+    except BaseException:  # the run folder is not written: the MLflow run says so
+        run.finish("FAILED")
+        raise
+    run.finish()
     click.echo(
         f"{algorithm} s{seed} {target}: final {doc[contract.FINAL_TARGET_ACC]:.4f} best-val "
         f"{doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {result.best_round}) -> {out}",
         err=True,
     )
     return doc
+
+
+def deployment_run(cfg, fed_file, algorithm: str, seed: int, held_out: str, hparams: dict, run_key: str):
+    """The MLflow child run of one deployment run (every round as the ServerApp records it), under the
+    deployment's parent run: experiment fedccrl-<dataset>-deploy, one parent per federation file and training
+    settings (what the runs of deploy/dvc.yaml's matrix share)."""
+    from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.foundation.runkey import params_hash
+    from fedccrl_pipeline.git_state import git_commit
+    from fedccrl_pipeline.mlflow_store import store_errors, tracking_uri
+    from fedccrl_pipeline.sweep_privacy import PRIVACY_TAG
+    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
+
+    params = cfg.as_written()
+    shared = {k: v for k, v in params["train"].items() if k not in ("held_out", "algorithms", "seeds", *ALGORITHMS)}
+    sweep = {
+        "federation": fed_file.to_dict(),
+        "model": params.get("model", {}),
+        "preprocess": params.get("preprocess", {}),
+        "train": shared,
+    }
+    sweep_key, experiment, commit = params_hash(sweep), f"fedccrl-{fed_file.dataset}-deploy", git_commit()
+    privacy = cfg.train.privacy
+    mark = privacy.not_private_mark()
+    tags = {
+        "git_commit": commit,
+        "fedccrl.role": "child",
+        "fedccrl.sweep": sweep_key,
+        "fedccrl.engine": "flower deployment",
+        "fedccrl.run_key": run_key,
+        "held_out": held_out,
+        "algorithm": algorithm,
+        "seed": str(seed),
+        **({"fedccrl.privacy_noise": privacy.noise_source()} if privacy.enabled else {}),
+        **({PRIVACY_TAG: mark} if mark else {}),
+    }
+    child = {
+        **{k: v for k, v in sweep.items() if k != "federation"},
+        "federation": {
+            "sites": len(fed_file.sites),
+            "classes": len(fed_file.classes),
+            "image_size": fed_file.image_size,
+        },
+        "train": {**shared, "algorithm": algorithm, "seed": seed, "held_out": held_out, algorithm: hparams},
+    }
+    with store_errors(tracking_uri()):  # a store that fails: one line naming it, before the run starts
+        parent = parent_run_id(experiment, sweep_key, sweep)
+        return ChildRun(experiment, parent, f"{algorithm}-{fed_file.dataset}-s{seed}-{held_out}", child, tags)
 
 
 @click.command("federate")
