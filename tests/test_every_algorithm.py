@@ -29,11 +29,13 @@ BIN = Path(sys.executable).parent
 HELD_OUT = 3  # sketch, by index: one held-out domain keeps each run to three source domains
 TINY = {"rounds": 1, "local_epochs": 1, "seeds": [0], "held_out": [HELD_OUT]}
 NO_DOWNLOAD = {"ccst": {"adain_weights": "random"}}  # seeded random AdaIN networks (tests only)
+FEW_FIGURE_POINTS = {"tsne_points": 40, "gradcam_images": 2, "preview_images": 2}  # every figure, fewer images
 
 
 def tiny_params(algorithms: list[str]) -> dict:
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
     params["train"].update(TINY, algorithms=algorithms)
+    params["figures"].update(FEW_FIGURE_POINTS)
     for name, over in NO_DOWNLOAD.items():
         params["train"][name] = {**(params["train"].get(name) or {}), **over}
     return params

@@ -32,10 +32,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-import yaml
 from fixtures import held_out_run
 from flower_harness import (
-    BIN,
     HELD_OUT,
     HPARAMS,
     LOCAL,
@@ -817,60 +815,6 @@ def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path
     assert_same_history(res.history, inprocess_fedccrl.history, tol=0.0)  # Ray gives each actor one thread
     for k, v in inprocess_fedccrl.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
-
-
-@pytest.mark.full(
-    "a Flower deployment or simulation of real processes (the loopback tests cover the Message API in-process)"
-)
-@pytest.mark.timeout(900)
-def test_train_stage_with_flower_engine(data, tmp_path):
-    """`fedccrl train` with `train.engine: flower` (deployment): the stage's outputs and MLflow child run."""
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    params["partition"]["clients_per_domain"] = 1
-    params["train"].update(
-        {
-            "engine": "flower",
-            "rounds": 1,
-            "local_epochs": 1,
-            "flower": {"mode": "deployment", "min_clients": 3, "client_threads": 1},
-        }
-    )
-    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}:{os.environ['PATH']}",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}",
-    }
-    p = subprocess.run(
-        [
-            str(BIN / "fedccrl"),
-            "train",
-            "--shards",
-            str(data / "shards"),
-            "--pools",
-            str(data / "pools"),
-            "--algorithm",
-            "fedavg",
-            "--seed",
-            "0",
-            "--held-out",
-            "3",
-            "--out",
-            "out",
-            "--checkpoints",
-            "ck",
-        ],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert p.returncode == 0, p.stderr[-4000:]
-    hist = json.loads((tmp_path / "out" / "d3" / "history.json").read_text())
-    assert [r["round"] for r in hist["rounds"]] == [1] and hist["rounds"][0]["clients"] == 3
-    assert (tmp_path / "out" / "d3" / "model.pt").is_file() and (tmp_path / "out" / "d3" / "best.pt").is_file()
-    assert "flower deployment: run" in p.stderr
 
 
 # ================================================================ FedDG-Bench's mixed-domain clients on both engines

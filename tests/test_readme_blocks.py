@@ -164,8 +164,15 @@ SUBSTITUTIONS = [
     ),
     (
         r"(dvc exp run -S train\.engine=flower -S train\.flower\.mode=deployment) ",
-        r"\1 -S partition.clients_per_domain=1 ",
-        "six SuperNodes (2 clients per source domain): three run the same deployment",
+        r"\1 -S partition.clients_per_domain=1 -S 'train.algorithms=[fedccrl]' ",
+        "six SuperNodes (2 clients per source domain): three run the same deployment; the train stage of each "
+        "algorithm starts its own federation: FedCCRL's (every message kind, its statistics on the wire) runs it",
+    ),
+    (
+        r"^make bench(?=\s+#)",
+        "make -n bench",
+        "the block's next line runs the same bench (fedccrl-bench speed at 32 px, one thread) at the sizes of the "
+        "table below: `make -n` checks the target's command, the line below runs it",
     ),
 ]
 

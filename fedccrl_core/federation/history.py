@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field, model_validator
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.foundation.records import Record, parse_record
-from fedccrl_core.learning.model_file import ModelMeta
+from fedccrl_core.learning.model_meta import ModelMeta
 
 
 class RoundRecord(Record):

@@ -18,49 +18,16 @@ from __future__ import annotations
 
 import pickle
 from pathlib import Path
-from typing import Any
 
 import torch
 
-from fedccrl_core.foundation.errors import DataError, FedCCRLError, UntrustedFileError
+from fedccrl_core.foundation.errors import FedCCRLError, UntrustedFileError
 from fedccrl_core.foundation.fsio import atomic_file
-from fedccrl_core.foundation.records import Record, parse_record
+from fedccrl_core.foundation.records import parse_record
+from fedccrl_core.learning.model_meta import ModelMeta
 from fedccrl_core.learning.models import FedModel, build_model
 
 FORMAT = "fedccrl-model/1"
-
-
-class ModelMeta(Record):
-    """A model file's meta (and a run's history.json `meta`, without `round`): what serving, export and
-    evaluation need to use the model, and where it came from (fedccrl_core/federation/jobs.py `run_one`)."""
-
-    backbone: str
-    num_classes: int
-    classes: list[str]
-    image_size: int
-    mean: list[float]  # the training normalization (params.yaml preprocess)
-    std: list[float]
-    resize: str | None = None  # the shards' resize policy
-    dataset: str | None = None
-    domains: list[str] | None = None
-    held_out_domain: str | None = None
-    held_out_index: int | None = None
-    algorithm: str | None = None
-    seed: int | None = None
-    hparams: dict[str, Any] | None = None  # train.<algorithm> as validated (Algorithm.Params.model_dump())
-    params_hash: str | None = None  # the run's key
-    git_commit: str | None = None
-    mlflow_run_id: str | None = None
-    mlflow_experiment_id: str | None = None
-    platform: str | None = None  # fedccrl_core/foundation/numerics.py numeric_platform
-    round: int | None = None  # the round whose weights the file holds
-    privacy: str | None = None  # settings.py NOT_PRIVATE_MARK when train.privacy.noise_seed seeded the noise
-
-    def require(self, path: str | Path, *names: str) -> None:
-        """DataError naming the file and the fields among `names` this meta lacks (a reader that needs them)."""
-        missing = [n for n in names if getattr(self, n) is None]
-        if missing:
-            raise DataError(f"{path}: the model meta lacks {', '.join(repr(n) for n in missing)}")
 
 
 def atomic_torch_save(obj, path: str | Path) -> None:
