@@ -40,7 +40,7 @@ test: lint    ## the fast tier (minutes): the checks above, then every test not 
 	PATH="$(CURDIR)/$(BIN):$$PATH" pytest
 
 test-all: lint  ## the full tier (what CI runs): also the README blocks, DVC pipelines and queues, Flower, benches
-	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m ""
+	PATH="$(CURDIR)/$(BIN):$$PATH" pytest -m "" $(TEST_ALL_ARGS)
 
 chaos: $(STAMP)  ## the fault suite: one row per fault (orphans, temp files left, data lost, metrics identical)
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/chaos.py

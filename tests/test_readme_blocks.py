@@ -107,8 +107,7 @@ SUBSTITUTIONS = [
     (
         r"(-S 'train\.fedccrl\.\w+=)([^,'\s]+),[^'\s]+'",
         r"\1\2'",
-        "Figure 6's lambda1 x lambda2 grid: its first values run the same command; the block's Figure 4 grid "
-        "keeps two values, so its queue still holds a sweep",
+        "Figure 6's lambda1 x lambda2 grid: its first values run the same command",
     ),
     (
         r"'partition\.lambda=1,0\.1,0'",
@@ -122,9 +121,10 @@ SUBSTITUTIONS = [
         "FedDG-Bench's client counts at lambda 0: one runs the same command",
     ),
     (
-        r"(-S '[\w.]+=)([^,'\s]+),([^,'\s]+)(,[^'\s]+)+'",
-        r"\1\2,\3'",
-        "a sweep grid: its first two values run the same sweep",
+        r"'partition\.clients_per_domain=1,2,3,4'",
+        "'partition.clients_per_domain=2,1'",
+        "Figure 4's client counts: a two-value sweep still, whose first value is the committed one (its stages come "
+        "from DVC's run cache) and whose second (a new partition, its pools and both algorithms) runs the command",
     ),
     (r"for c in ccdt difp l_ra l_js;", "for c in l_js;", "Table 2's four switches: one runs the same loop"),
     (
