@@ -302,8 +302,8 @@ def test_every_substitution_matches_a_block():
 
 
 def test_sweep_grid_substitution_keeps_a_sweep():
-    grid = "-S 'partition.lambda=1,0.5,0' -S 'train.algorithms=[fedccrl]'"
-    assert ci_code(grid) == "-S 'partition.lambda=1,0.5' -S 'train.algorithms=[fedccrl]'"
+    grid = "-S 'partition.clients_per_domain=1,2,3,4' -S 'train.algorithms=[fedccrl,fedavg]'"
+    assert ci_code(grid) == "-S 'partition.clients_per_domain=2,1' -S 'train.algorithms=[fedccrl,fedavg]'"
     grid = "-S 'train.fedccrl.lambda1=0,0.01,0.1,1' -S 'train.fedccrl.lambda2=0,0.01,0.1,1'"
     assert ci_code(grid) == "-S 'train.fedccrl.lambda1=0' -S 'train.fedccrl.lambda2=0'"
 
