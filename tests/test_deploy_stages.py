@@ -177,3 +177,81 @@ def test_each_deployment_run_is_an_mlflow_child_of_the_deployments_parent(tmp_pa
     assert child.data.tags["fedccrl.run_key"] == "key1" and child.info.status == "FINISHED"
     history = mlflow.MlflowClient().get_metric_history(child.info.run_id, contract.TARGET_ACC)
     assert [(m.step, m.value) for m in history] == list(enumerate(SITES_TARGET, start=1))
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["os-noise", "seeded-noise"])
+def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_path, monkeypatch, seeded):
+    """`fedccrl federate` under train.privacy, with the loopback Grid standing in for the SuperLink (the spec it
+    submits is served there): history.json's `dp` names the domains trained on and the releases charged; a run whose
+    noise is seeded (not private) is marked in its model meta and history and reports no epsilon, in its records and
+    in MLflow."""
+    import mlflow
+    from flower_harness import loopback, serve
+
+    import fedccrl_flower.federation as federation_mod
+    import fedccrl_flower.run as run_mod
+    from fedccrl_core.federation.history import load_history
+    from fedccrl_core.federation.loop import RunResult
+    from fedccrl_core.learning.model_file import load_meta
+    from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
+    from fedccrl_pipeline.federate import federate
+
+    privacy = {"train.privacy.enabled": True, "train.privacy.weights_clip": 0.5}
+    if seeded:
+        monkeypatch.setenv(NOT_PRIVATE_VARIABLE, "1")
+    params = write_params(
+        tmp_path,
+        {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu", **privacy},
+        new_keys={"train.privacy.noise_seed": 3} if seeded else None,
+    )
+    manifest = json.loads((data / "shards" / "manifest.json").read_text())
+    fed_file = tmp_path / "federation.json"
+    fields = ("dataset", "domains", "classes", "image_size", "resize_policy")
+    sites = [{"id": c["id"], "domain": c["domain"]} for c in manifest["clients"]]
+    fed_file.write_text(json.dumps({**{k: manifest[k] for k in fields}, "sites": sites}))
+    submitted = []
+
+    class LoopbackLink:  # the Federation of fedccrl_flower/federation.py, its SuperLink the loopback Grid
+        def __init__(self, *args):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, spec):
+            submitted.append(spec)
+            return 1
+
+    def served(fed, run_id, work, on_round=None, timeout=0.0):  # wait_for_result: the records, then the result
+        (spec,) = submitted
+        res = serve(loopback(data, clients=[*spec.sources, *spec.evaluators]), spec)
+        for rec in res.history:
+            on_round(rec)
+        return RunResult(res.history, res.final_weights, res.best_weights, res.best_round, extra=res.extra)
+
+    monkeypatch.setattr(federation_mod, "Federation", LoopbackLink)
+    monkeypatch.setattr(run_mod, "wait_for_result", served)
+    out = tmp_path / "models" / "fedavg" / "s0" / f"d{HELD_OUT}"
+    federate(fed_file, params, "fedavg", 0, HELD_OUT, "127.0.0.1:1", "", out, tmp_path / "work", 0.0)
+
+    history = load_history(out)
+    assert history.dp is not None and history.dp.trained_domains == [
+        "photo",
+        "art",
+        "cartoon",
+    ]  # the federation file's order
+    assert history.dp.releases  # the ledger's releases, which the sweep's epsilon composes
+    (rec,) = history.rounds
+    meta = load_meta(out / contract.MODEL_FILE)
+    child = mlflow.MlflowClient().get_run(str(history.meta.mlflow_run_id))
+    if seeded:
+        assert history.dp.mark and meta.privacy == history.dp.mark and history.meta.privacy == history.dp.mark
+        assert rec.metric(contract.DP_EPSILON) is None and contract.DP_EPSILON not in child.data.metrics
+    else:
+        assert history.dp.mark is None and meta.privacy is None
+        assert rec.metric(contract.DP_EPSILON) == child.data.metrics[contract.DP_EPSILON] > 0
+    assert json.loads((out / "result.json").read_text())["evaluated_on"] == BY_THE_SITES
+    assert child.info.status == "FINISHED" and (rec.metric("target_n") or 0) > 0  # sketch's evaluation site
