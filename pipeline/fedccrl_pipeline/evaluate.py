@@ -32,13 +32,7 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=No
 
     cfg = cfg or load_config(params_path)
     doc = evaluate_run(shards, model_dir, cfg.evaluate.batch_size, resolve_device(cfg.train.device))
-    write_text(out, json.dumps(doc, indent=1))
-    print(
-        f"{doc['algorithm']} s{doc['seed']} {doc['held_out_domain']}: final {doc[contract.FINAL_TARGET_ACC]:.4f} "
-        f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]})",
-        file=sys.stderr,
-    )
-    return doc
+    return _written(doc, out, "")
 
 
 def evaluate_deployed(test_shards: Path | None, model_dir: Path, out: Path, cfg) -> dict:
@@ -47,10 +41,15 @@ def evaluate_deployed(test_shards: Path | None, model_dir: Path, out: Path, cfg)
     from fedccrl_core.outcomes.runs import deployed_run_result
 
     doc = deployed_run_result(model_dir, test_shards, cfg.evaluate.batch_size, resolve_device(cfg.train.device))
+    return _written(doc, out, ", measured by the sites")
+
+
+def _written(doc: dict, out: Path, how: str) -> dict:
+    """A run's result written to `out`, and its line on stderr."""
     write_text(out, json.dumps(doc, indent=1))
     print(
         f"{doc['algorithm']} s{doc['seed']} {doc['held_out_domain']}: final {doc[contract.FINAL_TARGET_ACC]:.4f} "
-        f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]}), measured by the sites",
+        f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]}){how}",
         file=sys.stderr,
     )
     return doc
