@@ -95,8 +95,12 @@ def env_for(ws: Path, db: Path, hook: str = "", fault_dir: Path | None = None, t
     env = dict(os.environ)
     env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
     env.pop("PYTHONPATH", None)  # the installed packages
-    if hook:  # the fault-injection hook folder: Python imports its sitecustomize.py at start-up
-        env["PYTHONPATH"] = str(HOOKS)
+    if hook:  # the fault-injection hook, copied out of the repository: Python imports its sitecustomize.py at start-up
+        assert fault_dir is not None, "a hook writes into its fault folder"
+        hooks = fault_dir / "hooks"
+        hooks.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(HOOKS / "sitecustomize.py", hooks / "sitecustomize.py")
+        env["PYTHONPATH"] = str(hooks)
     env["MLFLOW_TRACKING_URI"] = f"sqlite:///{db}"
     env["DVC_NO_ANALYTICS"] = "1"
     env["OMP_NUM_THREADS"] = "1"
