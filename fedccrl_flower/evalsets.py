@@ -26,11 +26,11 @@ import torch
 from flwr.app import ConfigRecord, Message
 
 from fedccrl_core.federation.loop import Evaluation
+from fedccrl_core.foundation import contract
 from fedccrl_core.learning.accuracy import class_counts, pooled_accuracy
 from fedccrl_flower import messages as M
 
-# round-record fields of a federated evaluation (the in-process engine's records do not have them)
-VAL_N, TARGET_N, EVAL_SITES = "val_n", "target_n", "eval_sites"
+VAL_N, TARGET_N, EVAL_SITES = contract.VAL_N, contract.TARGET_N, contract.EVAL_SITES  # the round record's fields
 
 
 @dataclass(frozen=True)

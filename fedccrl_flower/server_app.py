@@ -290,7 +290,7 @@ class FlowerServer:
             except BAD_REPLY as e:
                 self.ledger.refuse(rnd, cid, str(e))
         ev = pool(counts)
-        if not ev.record["target_n"]:
+        if not ev.record[contract.TARGET_N]:
             self.log(f"round {rnd}: no site holding {self.spec.held_out} evaluated: target accuracy is NaN")
         return ev
 

@@ -64,6 +64,9 @@ BYTES_UP = "bytes_up"
 BYTES_DOWN = "bytes_down"
 LOSS = "loss"  # the local objective, weighted mean over the clients (Eq. 2's n_i)
 TRAIN_ACC = "train_acc"
+# a federated evaluation's (fedccrl_flower/evalsets.py; the in-process engine's records do not have them): the val
+# and held-out images the sites' counts cover, and how many sites answered
+VAL_N, TARGET_N, EVAL_SITES = "val_n", "target_n", "eval_sites"
 LR = "lr"
 DP_EPSILON = "dp_epsilon"  # train.privacy: epsilon at its delta so far, both channels composed
 DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone

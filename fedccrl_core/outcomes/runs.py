@@ -55,7 +55,7 @@ def deployed_run_result(run: Path, test_shards: Path | None, batch_size: int, de
         "final": {contract.TARGET_ACC: final.target_acc, contract.ROUND: final.round},
         "best_val": {contract.TARGET_ACC: best.target_acc, contract.ROUND: best.round},
     }
-    n_sites = final.metric("target_n")
+    n_sites = final.metric(contract.TARGET_N)
     doc = _result_doc(history, sites, int(n_sites) if n_sites is not None else None)
     doc["evaluated_on"] = BY_THE_SITES
     doc["partition"] = {}  # each site split its own images (fedccrl site prepare): no central partition

@@ -63,9 +63,9 @@ class Figures:
         self.cfg = cfg
         self.shards, self.models, self.final_out = shards, models, out
         self.runs = _sweep_histories(self.cfg, models, deploy_path)
-        meta = self.runs[0].meta
-        order = list(load_manifest(shards).domains) if shards is not None else list(meta.domains or [])
-        self.classes = list(load_manifest(shards).classes) if shards is not None else list(meta.classes or [])
+        # the shards' domains and classes, or, without shards (a deployment), the ones its models were trained with
+        named = load_manifest(shards) if shards is not None else self.runs[0].meta
+        order, self.classes = list(named.domains or []), list(named.classes or [])
         held_out = {r.meta.held_out_domain for r in self.runs}
         self.domains = [d for d in order if d in held_out] + sorted(str(d) for d in held_out - set(order))
         self.written: list[Path] = []
