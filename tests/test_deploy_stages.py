@@ -139,6 +139,9 @@ def test_evaluate_without_shards_needs_a_deployment(ws):
     code, out = _cli(ws, "evaluate", "--models", "models", "--out", "results")
     assert code == 2 and "--shards: required" in out, out
     assert not (ws / "results").exists()
+    code, out = _cli(ws, "figures", "--models", "models", "--runs", "results", "--out", "plots")
+    assert code == 2 and "--shards and --pools: required" in out, out
+    assert not (ws / "plots").exists()
 
 
 def test_each_deployment_run_is_an_mlflow_child_of_the_deployments_parent(tmp_path):
