@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from pydantic import ConfigDict
 
+from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import write_text
 from fedccrl_core.foundation.records import Record, parse_record
@@ -25,7 +26,7 @@ class FlowerResult(Record):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    history: list[dict[str, Any]]  # the round records (fedccrl_core/foundation/contract.py)
+    history: list[RoundRecord]  # the round records (fedccrl_core/federation/round_record.py)
     final_weights: dict[str, torch.Tensor]
     best_weights: dict[str, torch.Tensor]
     best_round: int
@@ -58,9 +59,9 @@ class RunReport:
     def result(self, result: FlowerResult) -> None:
         atomic_torch_save(result.to_dict(), self.folder / contract.FLOWER_RESULT_FILE)
 
-    def append_record(self, rec: dict) -> None:
+    def append_record(self, rec: RoundRecord | SpentRecord) -> None:
         with open(self.folder / contract.FLOWER_ROUNDS_FILE, "a") as f:
-            f.write(json.dumps(rec) + "\n")
+            f.write(json.dumps(rec.to_dict()) + "\n")
             f.flush()
             os.fsync(f.fileno())
 

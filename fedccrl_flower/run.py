@@ -26,13 +26,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedccrl_core.federation.loop import RunResult
+from fedccrl_core.federation.round_record import RoundRecord, SpentRecord, parse_round
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 from fedccrl_flower.federation import LOG, Federation, LocalFederation
 from fedccrl_flower.processes import FlowerRunError
 from fedccrl_flower.report import read_result
 from fedccrl_flower.settings import FlowerSettings
-from fedccrl_flower.sites import federation_sites
+from fedccrl_flower.sites import FederationFile, federation_sites
 from fedccrl_flower.spec import ServerSpec, report_dir
 
 
@@ -40,7 +41,7 @@ def wait_for_result(
     fed: Federation,
     run_id: int,
     work_dir: Path,
-    on_round: Callable[[dict], None] | None = None,
+    on_round: Callable[[RoundRecord | SpentRecord], None] | None = None,
     timeout: float = 0.0,
     poll_s: float = 0.5,
     status_every_s: float = 15.0,
@@ -58,8 +59,8 @@ def wait_for_result(
         text = path.read_text()
         lines = text.splitlines()
         complete = lines if text.endswith("\n") else lines[:-1]
-        for line in complete[seen:]:
-            on_round(json.loads(line))
+        for i, line in enumerate(complete[seen:], start=seen + 1):
+            on_round(parse_round(json.loads(line), f"{path} line {i}"))
         seen = len(complete)
 
     while True:
@@ -125,10 +126,7 @@ def run_flower(
             log(f"flower simulation: run {run_id}, {len(ids)} simulated SuperNodes")
             return wait_for_result(fed, run_id, work, on_round, settings.run_timeout_s)
     if settings.superlink:
-        with Federation(work / "federation", settings.superlink, settings.root_certificates, log=log) as fed:
-            run_id = fed.submit(spec)
-            log(f"flower deployment: run {run_id} on SuperLink {settings.superlink}")
-            return wait_for_result(fed, run_id, work, on_round, settings.run_timeout_s)
+        return on_superlink(spec, settings.superlink, settings.root_certificates, settings.run_timeout_s, on_round, log)
     threads = settings.client_threads or max(1, (os.cpu_count() or 1) // len(ids))
     with LocalFederation(work / "federation", log=log) as fed:
         for cid in ids:
@@ -144,17 +142,25 @@ def run_flower(
         return wait_for_result(fed, run_id, work, on_round, settings.run_timeout_s)
 
 
-def train_with_flower(
-    job, settings: FlowerSettings, *, shards: str | Path, pools: str | Path, on_round=None, log=LOG
+def on_superlink(
+    spec: ServerSpec, superlink: str, root_certificates: str, timeout_s: float, on_round=None, log=LOG
 ) -> RunResult:
-    """pipeline/fedccrl_pipeline/train.py's `train.engine: flower`: one TrainJob (fedccrl_core/federation/jobs.py) over Flower
-    with `settings` (params.yaml `train.flower`, validated once by the caller) -> RunResult. The ServerApp
-    checkpoints where the in-process engine would (`job.ckpt`); its work folder sits beside it
-    (<checkpoint>.flower/)."""
+    """Submit `spec` to the SuperLink at `superlink` (TLS with `root_certificates`, "" = --insecure) and follow the
+    run to its result; the ServerApp runs on the SuperLink's host and writes its work folder there."""
+    work = Path(spec.work_dir)
+    with Federation(work / "federation", superlink, root_certificates, log=log) as fed:
+        run_id = fed.submit(spec)
+        log(f"flower deployment: run {run_id} on SuperLink {superlink}")
+        return wait_for_result(fed, run_id, work, on_round, timeout_s)
+
+
+def server_spec(job, settings: FlowerSettings, sources: list[str], evaluators: list[str], work_dir: Path) -> ServerSpec:
+    """The ServerApp's spec of one planned run (fedccrl_core/federation/plan.py TrainJob) over Flower with `settings`
+    (params.yaml train.flower): its sites, `sources` training and `evaluators` evaluating the held-out domain (every
+    site of the run takes part unless train.flower.num_clients says otherwise), its round checkpoint (job.ckpt)
+    and its work folder `work_dir`."""
     s = job.settings
-    checkpoint = Path(job.ckpt).resolve()
-    sources, evaluators = federation_sites(shards, job.target)
-    spec = ServerSpec(
+    return ServerSpec(
         algorithm=job.algorithm,
         local=s.local,
         hparams=job.hparams,
@@ -164,19 +170,54 @@ def train_with_flower(
         held_out=job.target,
         sources=sources,
         evaluators=evaluators,
-        work_dir=str(checkpoint.with_suffix(".flower")),
+        work_dir=str(Path(work_dir).resolve()),
         pretrained=s.pretrained,
         client_fraction=float(s.client_fraction),
         device=s.device,
         eval_batch_size=int(s.eval_batch_size),
-        **settings.model_dump(include=set(ServerSpec.FROM_SETTINGS)),
-        checkpoint=str(checkpoint),
+        **settings.model_dump(include=set(ServerSpec.FROM_SETTINGS) - {"num_clients"}),
+        num_clients=settings.num_clients or len(sources) + len(evaluators),  # 0: every site of the run
+        checkpoint=str(Path(job.ckpt).resolve()),
         run_info={"run_key": job.run_key},
         client_state=s.client_state,
         classes=list(job.classes),
         image_size=int(job.image_size),
     )
+
+
+def train_with_flower(
+    job, settings: FlowerSettings, *, shards: str | Path, pools: str | Path, on_round=None, log=LOG
+) -> RunResult:
+    """pipeline/fedccrl_pipeline/train.py's `train.engine: flower`: one TrainJob (fedccrl_core/federation/plan.py)
+    over Flower with `settings` (params.yaml `train.flower`, validated once by the caller) -> RunResult, its sites
+    the clients of the central partition in `shards`. The ServerApp checkpoints where the in-process engine would
+    (`job.ckpt`); its work folder sits beside it (<checkpoint>.flower/)."""
+    sources, evaluators = federation_sites(shards, job.target)
+    spec = server_spec(job, settings, sources, evaluators, Path(job.ckpt).resolve().with_suffix(".flower"))
     return run_flower(settings, spec, shards, pools, on_round=on_round, log=log)
 
 
-__all__ = ["federation_sites", "run_flower", "train_with_flower", "wait_for_result"]
+def train_deployed(
+    job,
+    settings: FlowerSettings,
+    *,
+    federation: FederationFile,
+    superlink: str,
+    root_certificates: str,
+    timeout_s: float,
+    shards=None,
+    pools=None,
+    on_round=None,
+    log=LOG,
+) -> RunResult:
+    """`fedccrl federate`: one TrainJob (fedccrl_core/federation/plan.py plan_deployed) trained by the sites of the
+    federation file over the SuperLink at `superlink`; this machine reads no data file (`shards`, `pools`: None).
+    The ServerApp's work folder is the job's checkpoint's folder."""
+    assert shards is None and pools is None, "a deployment's sites hold the data"
+    sources, evaluators = federation.sources(job.target), federation.evaluators(job.target)
+    settings.require_clients(len(sources), job.target)
+    spec = server_spec(job, settings, sources, evaluators, Path(job.ckpt).resolve().parent)
+    return on_superlink(spec, superlink, root_certificates, timeout_s, on_round, log)
+
+
+__all__ = ["federation_sites", "run_flower", "server_spec", "train_deployed", "train_with_flower", "wait_for_result"]

@@ -242,7 +242,7 @@ class FlowerServer:
         try:
             self.report.status("running")
             result = self._run()
-            self.report.status("completed", round=result.history[-1][contract.ROUND] if result.history else 0)
+            self.report.status("completed", round=result.history[-1].round if result.history else 0)
             return result
         except (SystemExit, KeyboardInterrupt) as e:  # `flwr stop` / a signal
             self.log(f"stopped ({e.__class__.__name__})")

@@ -26,7 +26,7 @@ from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
 from fedccrl_core.federation.jobs import load_clients
 from fedccrl_core.federation.loop import EvalSets
 from fedccrl_pipeline.params import read_yaml, validate_params
-from fedccrl_pipeline.train import run_settings
+from fedccrl_pipeline.training import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -78,7 +78,11 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
                 for k in sorted(res.final_weights):
                     h.update(k.encode() + res.final_weights[k].detach().cpu().contiguous().numpy().tobytes())
                 hist = [
-                    {k: (repr(v) if isinstance(v, float) else v) for k, v in r.items() if k != "seconds"}
+                    {
+                        k: (repr(v) if isinstance(v, float) else v)
+                        for k, v in sorted(r.to_dict().items())
+                        if k != "seconds"
+                    }
                     for r in res.history
                 ]
                 h2 = hashlib.sha256()  # without FedIIR's former grad_g.* buffers (g_bar moved to the server half)

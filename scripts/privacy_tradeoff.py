@@ -27,14 +27,13 @@ from fedccrl_core.data.shards import load_domain_test, load_manifest
 from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
 from fedccrl_core.federation.jobs import load_clients
 from fedccrl_core.federation.loop import EvalSets
-from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.privacy import accountant as A
 from fedccrl_core.privacy.audit import audit
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_pipeline.audit import load_audit_clients
 from fedccrl_pipeline.params import load_config
-from fedccrl_pipeline.train import run_settings
+from fedccrl_pipeline.training import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 EPSILONS = (float("inf"), 8.0, 4.0, 1.0)
@@ -170,7 +169,8 @@ def one_run(
         rec = audit(audit_clients, cfg.train.fedccrl.r, rounds, seed, ps, upload)["rounds"][-1]
         attack = "lr" if "lr/auc" in rec else "nearest"
         tpr, bnd = rec[f"{attack}/tpr@0.01"], rec[f"{attack}/bound@0.01"]
-    return last[contract.TARGET_ACC], tpr, last.get(contract.DP_EPSILON, float("inf")), bnd
+    eps = last.dp_epsilon
+    return last.target_acc, tpr, float("inf") if eps is None else eps, bnd
 
 
 def main(

@@ -15,7 +15,7 @@ from pathlib import Path
 from fedccrl_core.data.shards import load_manifest
 from fedccrl_core.privacy.sweep_epsilon import per_image_epsilon
 from fedccrl_pipeline.params import parse_yaml, read_yaml, set_key, validate_params
-from fedccrl_pipeline.sweep_privacy import planned_sweep
+from fedccrl_pipeline.sweep_privacy import manifest_plan, planned_sweep
 
 
 def table(shards: Path, params: Path, overrides: list[str], example: bool = True) -> str:
@@ -28,7 +28,7 @@ def table(shards: Path, params: Path, overrides: list[str], example: bool = True
     if not s.enabled:
         sys.exit("error: train.privacy.enabled is false: no epsilon (add -S train.privacy.enabled=true)")
     manifest = load_manifest(shards)
-    runs = planned_sweep(cfg, manifest, t.algorithms[0], t.seeds[0], [])
+    runs = planned_sweep(cfg, manifest_plan(cfg, manifest), t.algorithms[0], t.seeds[0], [])
     sweep = per_image_epsilon(runs, s.delta)
     out = [
         f"{len(runs)} runs: held-out {', '.join(map(str, t.held_out))} x {', '.join(t.algorithms)} x seeds "

@@ -224,15 +224,17 @@ def serve(grid, spec, log=None):
         torch.set_num_threads(threads)
 
 
-def assert_same_history(a: list[dict], b: list[dict], tol=0.0, skip=()):
-    """`skip`: keys not compared (a deployment without the held-out domain's site has no target accuracy)."""
-    assert [r["round"] for r in a] == [r["round"] for r in b]
+def assert_same_history(a: list, b: list, tol=0.0, skip=()):
+    """Two runs' round records (RoundRecord) agree. `skip`: fields not compared (a deployment without the held-out
+    domain's site has no target accuracy)."""
+    assert [r.round for r in a] == [r.round for r in b]
     for ra, rb in zip(a, b):
         for k in ("val_acc", "target_acc", "loss", "train_acc", "l_cls", "l_ra", "l_js"):
             if k in skip:
                 continue
-            if k in ra or k in rb:
-                assert abs(ra[k] - rb[k]) <= tol, (ra["round"], k, ra[k], rb[k])
+            va, vb = ra.metric(k), rb.metric(k)
+            if va is not None or vb is not None:
+                assert va is not None and vb is not None and abs(va - vb) <= tol, (ra.round, k, va, vb)
 
 
 def build_data(ws: Path, partition: dict | None = None) -> Path:

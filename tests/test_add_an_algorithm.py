@@ -119,8 +119,8 @@ def test_the_driver_trains_it_one_round(registered):
     """The toy's step is what trains: at scale 1 its round is FedAvg's, bit for bit; at another scale its loss is
     not."""
     fedavg, toy, scaled = _train_one_round("fedavg"), _train_one_round("toy"), _train_one_round("toy", {"scale": 3.0})
-    assert len(toy.history) == 1 and toy.history[0]["round"] == 1
-    untimed = [{k: v for k, v in r.items() if k != "seconds"} for r in (toy.history[0], fedavg.history[0])]
+    assert len(toy.history) == 1 and toy.history[0].metric("round") == 1
+    untimed = [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in (toy.history[0], fedavg.history[0])]
     assert untimed[0] == untimed[1]
     assert all(torch.equal(toy.final_weights[k], v) for k, v in fedavg.final_weights.items())
-    assert scaled.history[0]["loss"] != pytest.approx(toy.history[0]["loss"])
+    assert scaled.history[0].metric("loss") != pytest.approx(toy.history[0].metric("loss"))

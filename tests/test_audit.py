@@ -410,7 +410,7 @@ def test_a_training_run_records_its_uploads_and_the_audit_reads_them(monkeypatch
     captured = engine.transport.captured
     assert sorted(captured) == [1, 2, 3]
     sizes = {cid: (24, len(u["mu"])) for cid, u in captured[3].items()}
-    eps = history[-1][contract.DP_EPSILON_STATISTICS]
+    eps = history[-1].metric(contract.DP_EPSILON_STATISTICS)
     assert eps == pytest.approx(A.epsilon_of([A.statistics_event(on, sizes)] * 3, on.delta)) and eps < 0.5
     scores = canary_scores(c.plus, c.minus, c.client, statistics_rows(captured))
     res = one_run_audit(c, scores, planned_guesses(sizes, 3), eps, on.delta)

@@ -301,10 +301,10 @@ def test_engine_round_and_resume_keep_server_state(toy_client, tmp_path, algorit
     full_run = _run(toy_client, tmp_path, algorithm, ckpt_name="full.pt")
     full = train(full_run, log=lambda m: None)
     for key in TERMS[algorithm] + ("loss", "train_acc", "val_acc", "target_acc"):
-        assert all(math.isfinite(rec[key]) for rec in full.history), key
+        assert all(math.isfinite(rec.to_dict()[key]) for rec in full.history), key
     last = full.history[-1]
     if algorithm == "ga":  # round 2 reports the gap of round 1 and reweights away from n_i / N = 1/4 each
-        assert "ga_gap" in last and "ga_gap" not in full.history[0]
+        assert "ga_gap" in last.to_dict() and "ga_gap" not in full.history[0].to_dict()
         a = full_run.algorithm.server_state()["a"]
         assert sum(a.values()) == pytest.approx(1) and max(abs(v - 0.25) for v in a.values()) > 1e-6
     if algorithm == "fediir":  # g_bar is the server half's state: EMA of the clients' classifier gradients
@@ -315,12 +315,14 @@ def test_engine_round_and_resume_keep_server_state(toy_client, tmp_path, algorit
         assert any(k.startswith("generator.") for k in full.final_weights)
         assert not any(k.startswith("discriminator") for k in full.final_weights)
         assert {"discriminator", "opt_d", "opt_g"} <= set(extra)
-        assert full.history[0]["lr"] == pytest.approx(0.005)  # cosine over rounds x (E0 + E1) = 4 epochs, after 2
+        assert full.history[0].metric("lr") == pytest.approx(
+            0.005
+        )  # cosine over rounds x (E0 + E1) = 4 epochs, after 2
     if algorithm == "ga":
         assert "ga_loss_local" in extra
 
     def die_in_round_2(rec):
-        if rec["round"] == 2:
+        if rec.metric("round") == 2:
             raise Killed
 
     with pytest.raises(Killed):  # only round 1 is checkpointed
@@ -329,7 +331,7 @@ def test_engine_round_and_resume_keep_server_state(toy_client, tmp_path, algorit
     resumed_run = _run(toy_client, tmp_path, algorithm, ckpt_name="resume.pt")
     resumed = train(resumed_run, log=lambda m: None)
     assert resumed.resumed_from == 1
-    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)
     for k in full.final_weights:
         assert torch.equal(full.final_weights[k], resumed.final_weights[k]), k

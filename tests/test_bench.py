@@ -83,7 +83,7 @@ def test_interleaved_clients_equal_sequential_bit_for_bit():
     each with its own model copy and global-RNG state, give the sequential engine's exact result."""
     seq, inter = run_engine(1), run_engine(3)
     assert weights_equal(seq.final_weights, inter.final_weights)
-    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(seq.history) == strip(inter.history)
     assert weights_equal(seq.final_weights, run_engine(2).final_weights)  # a wave of 2, then 1
 

@@ -301,11 +301,11 @@ def _run(toy_client, tmp_path, nets, rounds=2, ckpt="ck.pt", fraction=1.0, **hp)
 def _check_bank_bytes_once(toy_client, run, res, per_client):
     """Round 1: every client uploads its style S^{C_n} and receives B; afterwards weights only."""
     h, w, n_clients = res.history, nbytes(res.final_weights), 4
-    assert h[0]["bytes_up"] == n_clients * w + n_clients * per_client
-    assert h[0]["bytes_down"] == n_clients * w + n_clients * (n_clients * per_client)
-    assert all(r["bytes_up"] == r["bytes_down"] == n_clients * w for r in h[1:])
+    assert h[0].to_dict()["bytes_up"] == n_clients * w + n_clients * per_client
+    assert h[0].to_dict()["bytes_down"] == n_clients * w + n_clients * (n_clients * per_client)
+    assert all(r.metric("bytes_up") == r.metric("bytes_down") == n_clients * w for r in h[1:])
     for key in ("loss", "l_cls", "train_acc", "lr", "val_acc", "target_acc"):
-        assert math.isfinite(h[-1][key]), key
+        assert math.isfinite(h[-1].to_dict()[key]), key
     assert (
         sorted(run.algorithm.served) == sorted(run.algorithm.style_bank) == [c.client_id for c in _clients(toy_client)]
     )
@@ -325,9 +325,9 @@ def test_engine_single_style_sends_the_bank_once_per_client_under_sampling(toy_c
         sampled = sample_clients(ids, 0.5, 0, rnd)
         fresh = [c for c in sampled if c not in served]
         served.update(sampled)
-        assert rec["bytes_down"] == len(sampled) * w + len(fresh) * bank_bytes, rnd
-        assert rec["bytes_up"] == len(sampled) * w + (4 * style_bytes if rnd == 1 else 0), rnd  # all 4 upload
-        assert math.isfinite(rec["loss"]) and math.isfinite(rec["target_acc"])
+        assert rec.metric("bytes_down") == len(sampled) * w + len(fresh) * bank_bytes, rnd
+        assert rec.metric("bytes_up") == len(sampled) * w + (4 * style_bytes if rnd == 1 else 0), rnd  # all 4 upload
+        assert math.isfinite(rec.metric("loss")) and math.isfinite(rec.metric("target_acc"))
     assert sorted(run.algorithm.served) == sorted(served)
     assert any(c not in sample_clients(ids, 0.5, 0, 1) for c in served)  # someone got B after round 1
 
@@ -335,7 +335,7 @@ def test_engine_single_style_sends_the_bank_once_per_client_under_sampling(toy_c
 def test_engine_overall_style_bytes_and_resume(toy_client, tmp_path, nets):
     full_run = _run(toy_client, tmp_path, nets, ckpt="full.pt")
     full = train(full_run, log=lambda m: None)
-    assert [r["round"] for r in full.history] == [1, 2]
+    assert [r.metric("round") for r in full.history] == [1, 2]
     _check_bank_bytes_once(toy_client, full_run, full, STYLE_BYTES)
 
     stopped = _run(toy_client, tmp_path, nets, rounds=1, ckpt="resume.pt")
@@ -343,7 +343,7 @@ def test_engine_overall_style_bytes_and_resume(toy_client, tmp_path, nets):
     run = _run(toy_client, tmp_path, nets, ckpt="resume.pt")
     resumed = train(run, log=lambda m: None)
     assert resumed.resumed_from == 1
-    strip = lambda hist: [{k: v for k, v in r.items() if k != "seconds"} for r in hist]  # noqa: E731
+    strip = lambda hist: [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in hist]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)  # incl. round 2's bytes: nothing re-sent
     for k in full.final_weights:
         assert torch.equal(full.final_weights[k], resumed.final_weights[k]), k

@@ -145,13 +145,17 @@ def test_evaluate_without_shards_needs_a_deployment(ws):
 
 
 def test_each_deployment_run_is_an_mlflow_child_of_the_deployments_parent(tmp_path):
-    """`fedccrl federate`'s MLflow side: one parent per federation file and training settings, one child per
-    (algorithm, seed, held-out domain) with its params, tags and every round's record."""
+    """`fedccrl federate`'s MLflow side is the train stage's (TrainTracking) with the deployment's data: one parent
+    per federation file and training settings, one child per (algorithm, seed, held-out domain) with its params,
+    tags (its run key among them) and every round's record."""
     import mlflow
 
+    from fedccrl_core.federation.plan import DeployedData, plan_deployed
+    from fedccrl_core.federation.round_record import RoundRecord
     from fedccrl_flower.sites import read_federation
-    from fedccrl_pipeline.federate import deployment_run
     from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.train_tracking import TrainTracking, deployed_data
+    from fedccrl_pipeline.training import run_settings
 
     cfg = load_config(write_params(tmp_path))
     fed = tmp_path / "federation.json"
@@ -164,22 +168,62 @@ def test_each_deployment_run_is_an_mlflow_child_of_the_deployments_parent(tmp_pa
         "sites": [{"id": f"{d}_c0", "domain": d} for d in ("art", "cartoon", "photo", "sketch")],
     }
     fed.write_text(json.dumps(doc))
+    fed_file = read_federation(fed)
+    data = DeployedData("embedded", doc["domains"], doc["classes"], 32, doc["resize_policy"], doc["domains"], doc)
     runs = []
     for seed in (0, 1):
-        run = deployment_run(cfg, read_federation(fed), "fedavg", seed, HELD_OUT, {"mu": 0.0}, f"key{seed}")
+        job = plan_deployed(
+            run_settings(cfg),
+            data,
+            {},
+            "fedavg",
+            seed,
+            HELD_OUT,
+            tmp_path / f"out{seed}",
+            tmp_path / f"w{seed}",
+            cfg.train.fedavg,
+        )
+        tracking = TrainTracking(cfg, job.settings, "fedavg", seed, deployed_data(fed_file, fed), [job])
+        ids = tracking.start(job)
         for rnd, acc in enumerate(SITES_TARGET, start=1):
-            run.log_round({contract.ROUND: rnd, contract.TARGET_ACC: acc, contract.VAL_ACC: 0.5, "target_n": SITES_N})
-        run.finish()
-        runs.append(mlflow.MlflowClient().get_run(run.run_id))
-    assert runs[0].data.tags["mlflow.parentRunId"] == runs[1].data.tags["mlflow.parentRunId"]
-    parent = mlflow.MlflowClient().get_run(runs[0].data.tags["mlflow.parentRunId"])
+            rec = {contract.ROUND: rnd, contract.VAL_ACC: 0.5, contract.TARGET_ACC: acc, "val_pred_classes": 6}
+            rec |= {"seconds": 1.0, "bytes_up": 1, "bytes_down": 1, "target_n": SITES_N}
+            tracking.on_message("round", job.index, RoundRecord.model_validate(rec))
+        tracking.finish_all("FINISHED")
+        runs.append((mlflow.MlflowClient().get_run(ids["mlflow_run_id"]), job))
+    (first, _), (child, job) = runs
+    assert first.data.tags["mlflow.parentRunId"] == child.data.tags["mlflow.parentRunId"]
+    parent = mlflow.MlflowClient().get_run(child.data.tags["mlflow.parentRunId"])
     assert parent.data.tags["fedccrl.role"] == "parent" and "federation.sites" in parent.data.params
-    child = runs[1]
     assert mlflow.MlflowClient().get_experiment(child.info.experiment_id).name == "fedccrl-embedded-deploy"
     assert child.data.params["train.seed"] == "1" and child.data.params["train.held_out"] == HELD_OUT
-    assert child.data.tags["fedccrl.run_key"] == "key1" and child.info.status == "FINISHED"
+    assert child.data.params["federation.sites"] == "4" and "partition.scheme" not in child.data.params
+    assert child.data.tags["fedccrl.run_key"] == job.run_key and child.info.status == "FINISHED"
+    assert child.data.tags["fedccrl.engine"] == "flower deployment"
     history = mlflow.MlflowClient().get_metric_history(child.info.run_id, contract.TARGET_ACC)
     assert [(m.step, m.value) for m in history] == list(enumerate(SITES_TARGET, start=1))
+
+
+def test_a_deployed_runs_key_changes_with_the_code_and_the_federation(tmp_path, monkeypatch):
+    """A deployment's run key hashes its settings, the federation file and the training code, as the train stage's
+    does: a checkpoint is never resumed by other code."""
+    import fedccrl_core.federation.plan as plan_mod
+    from fedccrl_core.federation.plan import DeployedData, plan_deployed
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.training import run_settings
+
+    cfg = load_config(write_params(tmp_path))
+    domains = ["art", "cartoon", "photo", "sketch"]
+
+    def key(description):
+        data = DeployedData("embedded", domains, list("ab"), 32, "r", domains, description)
+        args = ("fedavg", 0, HELD_OUT, tmp_path / "o", tmp_path / "w", cfg.train.fedavg)
+        return plan_deployed(run_settings(cfg), data, {}, *args).run_key
+
+    before = key({"sites": 4})
+    assert key({"sites": 4}) == before and key({"sites": 3}) != before
+    monkeypatch.setattr(plan_mod, "code_hash", lambda: "other code")
+    assert key({"sites": 4}) != before
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["os-noise", "seeded-noise"])
@@ -191,13 +235,14 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     import mlflow
     from flower_harness import loopback, serve
 
-    import fedccrl_flower.federation as federation_mod
     import fedccrl_flower.run as run_mod
     from fedccrl_core.federation.history import load_history
     from fedccrl_core.federation.loop import RunResult
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
     from fedccrl_pipeline.federate import federate
+    from fedccrl_pipeline.params import ParamError
+    from fedccrl_pipeline.sweep_privacy import SWEEP_EPSILON, SWEEP_PLANNED
 
     privacy = {"train.privacy.enabled": True, "train.privacy.weights_clip": 0.5}
     if seeded:
@@ -215,7 +260,7 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     submitted = []
 
     class LoopbackLink:  # the Federation of fedccrl_flower/federation.py, its SuperLink the loopback Grid
-        def __init__(self, *args):
+        def __init__(self, *args, **kwargs):
             pass
 
         def __enter__(self):
@@ -235,7 +280,7 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
             on_round(rec)
         return RunResult(res.history, res.final_weights, res.best_weights, res.best_round, extra=res.extra)
 
-    monkeypatch.setattr(federation_mod, "Federation", LoopbackLink)
+    monkeypatch.setattr(run_mod, "Federation", LoopbackLink)
     monkeypatch.setattr(run_mod, "wait_for_result", served)
     out = tmp_path / "models" / "fedavg" / "s0" / f"d{HELD_OUT}"
     federate(fed_file, params, "fedavg", 0, HELD_OUT, "127.0.0.1:1", "", out, tmp_path / "work", 0.0)
@@ -256,5 +301,21 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     else:
         assert history.dp.mark is None and meta.privacy is None
         assert rec.metric(contract.DP_EPSILON) == child.data.metrics[contract.DP_EPSILON] > 0
-    assert json.loads((out / "result.json").read_text())["evaluated_on"] == BY_THE_SITES
+        parent = mlflow.MlflowClient().get_run(child.data.tags["mlflow.parentRunId"]).data.metrics
+        assert parent[SWEEP_EPSILON] >= rec.metric(contract.DP_EPSILON)  # the sweep's per image, this run's releases
+        assert parent[SWEEP_PLANNED] >= parent[SWEEP_EPSILON]  # planned over the sites' worst case
+        budget = write_params(
+            tmp_path / "budget",
+            {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu", **privacy},
+            new_keys={"train.privacy.max_sweep_epsilon": 1.0},
+        )
+        runs_before = len(mlflow.search_runs(search_all_experiments=True))
+        with pytest.raises(ParamError, match="train.privacy.max_sweep_epsilon"):
+            federate(
+                fed_file, budget, "fedavg", 0, HELD_OUT, "127.0.0.1:1", "", out.with_name("d9"), tmp_path / "w9", 0.0
+            )
+        assert not out.with_name("d9").exists() and len(submitted) == 1  # refused before a run was submitted
+        assert len(mlflow.search_runs(search_all_experiments=True)) == runs_before
+    assert not (out / "result.json").exists()  # the run folder is the train stage's: nothing more
+    assert meta.git_commit and meta.platform and meta.params_hash == child.data.tags["fedccrl.run_key"]
     assert child.info.status == "FINISHED" and (rec.metric("target_n") or 0) > 0  # sketch's evaluation site

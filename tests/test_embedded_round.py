@@ -21,7 +21,7 @@ from fedccrl_core.data.shards import load_domain_test, load_manifest
 from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.federation.jobs import load_clients
 from fedccrl_pipeline.params import read_yaml, validate_params
-from fedccrl_pipeline.train import run_settings
+from fedccrl_pipeline.training import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,15 +64,18 @@ def test_one_round_on_embedded_default(embedded, algorithm):
     res = train(run, log=lambda m: None)
 
     (rec,) = res.history
-    assert math.isfinite(rec["loss"]), rec
-    assert 0.0 <= rec["val_acc"] <= 1.0 and 0.0 <= rec["target_acc"] <= 1.0
-    assert len([k for k in rec if k.startswith("train_acc/")]) == len(clients)
+    assert math.isfinite(rec.to_dict()["loss"]), rec
+    assert 0.0 <= rec.to_dict()["val_acc"] <= 1.0 and 0.0 <= rec.to_dict()["target_acc"] <= 1.0
+    assert len([k for k in rec.to_dict() if k.startswith("train_acc/")]) == len(clients)
     # every client sent its weights up and got them down: at least the parameter bytes each way
     n_param_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert rec["bytes_up"] >= len(clients) * n_param_bytes and rec["bytes_down"] >= len(clients) * n_param_bytes
+    assert (
+        rec.to_dict()["bytes_up"] >= len(clients) * n_param_bytes
+        and rec.to_dict()["bytes_down"] >= len(clients) * n_param_bytes
+    )
     if algorithm in ("fedccrl", "fedalign", "ccst"):  # these exchange statistics besides weights
         w_bytes = sum(v.numel() * v.element_size() for v in res.final_weights.values())
-        assert rec["bytes_up"] > len(clients) * w_bytes
+        assert rec.to_dict()["bytes_up"] > len(clients) * w_bytes
     changed = [
         k
         for k, v in res.final_weights.items()

@@ -249,10 +249,10 @@ def test_engine_round(toy_client, tmp_path):
     res = train(run, log=lambda m: None)
     rec = res.history[0]
     for key in ("loss", "l_cls", "l_sc", "l_rc", "l_js", "l_adv", "val_acc", "target_acc"):
-        assert math.isfinite(rec[key]), key
+        assert math.isfinite(rec.to_dict()[key]), key
     w = res.final_weights
     assert not torch.equal(w["g.weight"], before["g.weight"])
     assert not torch.equal(w["discriminator.net.0.weight"], before["discriminator.net.0.weight"])
     k_i = math.ceil(0.1 * 24)  # statistics upload: ceil(r n_i) rows of (mu, sigma), 3 channels, float32
     w_bytes = sum(v.numel() * v.element_size() for v in before.values())
-    assert rec["bytes_up"] == 4 * w_bytes + 4 * 2 * k_i * 3 * 4
+    assert rec.to_dict()["bytes_up"] == 4 * w_bytes + 4 * 2 * k_i * 3 * 4

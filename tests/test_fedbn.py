@@ -127,20 +127,20 @@ def test_engine_rounds_and_resume_keep_client_bn(toy_client, tmp_path):
         pass
 
     full = train_toy(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="full.pt")
-    assert all(math.isfinite(r[k]) for r in full.history for k in ("loss", "l_cls", "val_acc", "target_acc"))
+    assert all(math.isfinite(r.to_dict()[k]) for r in full.history for k in ("loss", "l_cls", "val_acc", "target_acc"))
     extra = RoundCheckpoints(tmp_path / "full.pt", "cpu").client_states()  # one state file per client
     means = [extra[c]["extra"]["local_bn"]["h.features.1.running_mean"] for c in sorted(extra)]
     assert len(means) == 4 and not torch.allclose(means[0], means[2])  # per-client statistics
 
     def die(rec):
-        if rec["round"] == 2:
+        if rec.to_dict()["round"] == 2:
             raise Killed
 
     with pytest.raises(Killed):
         train_toy(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt", on_round=die)
     resumed = train_toy(toy_client, tmp_path, "silobn", SMALL_SGD, ckpt_name="resume.pt")
     assert resumed.resumed_from == 1
-    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
 
@@ -149,7 +149,7 @@ def test_engine_round_fedbn(toy_client, tmp_path):
     """Two FedBN rounds through the engine: every client ends with its own BN statistics and affine parameters
     (its state), and the global model's BN entries are their Eq. 2 average (n_i weighted), not any one client's."""
     res = train_toy(toy_client, tmp_path, "fedbn", SMALL_SGD, rounds=2)
-    assert all(math.isfinite(r["loss"]) for r in res.history)
+    assert all(math.isfinite(r.to_dict()["loss"]) for r in res.history)
     states = RoundCheckpoints(tmp_path / "ck.pt", "cpu").client_states()
     keys = set(local_bn_keys(FedBN.build_model("small_cnn", 3), "fedbn"))
     local = [states[c]["extra"]["local_bn"] for c in sorted(states)]

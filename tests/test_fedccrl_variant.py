@@ -353,13 +353,13 @@ def test_reference_variant_through_flower_equals_inprocess(data, monkeypatch, tm
     Grid (every message over Flower's wire objects) gives the in-process engine's numbers bit for bit."""
     monkeypatch.setitem(HPARAMS, "fedccrl", {"variant": "reference"})
     ref = run_inprocess(data, "fedccrl", 2)
-    assert all(math.isfinite(r["loss"]) for r in ref.history)
+    assert all(math.isfinite(r.to_dict()["loss"]) for r in ref.history)
     res = serve(loopback(data), make_spec(data, tmp_path / "w", "fedccrl"))
     assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
     monkeypatch.setitem(HPARAMS, "fedccrl", {})
-    assert run_inprocess(data, "fedccrl", 1).history[0]["loss"] != ref.history[0]["loss"]
+    assert run_inprocess(data, "fedccrl", 1).history[0].to_dict()["loss"] != ref.history[0].to_dict()["loss"]
 
 
 @pytest.mark.full("the variant through dvc exp run")

@@ -122,33 +122,36 @@ def _engine(toy_client, tmp_path, algorithm="fedavg", rounds=3, ckpt_name="ck.pt
 def test_engine_lowers_loss_and_records_rounds(toy_client, tmp_path, algorithm):
     seen = []
     res = _engine(toy_client, tmp_path, algorithm, rounds=3, on_round=seen.append).run()
-    assert [r["round"] for r in res.history] == [1, 2, 3] == [r["round"] for r in seen]
-    assert res.history[-1]["loss"] < res.history[0]["loss"]
+    assert [r.to_dict()["round"] for r in res.history] == [1, 2, 3] == [r.to_dict()["round"] for r in seen]
+    assert res.history[-1].to_dict()["loss"] < res.history[0].to_dict()["loss"]
     for key in ("val_acc", "target_acc", "train_acc", "lr", "seconds", "bytes_up", "bytes_down", "l_cls"):
-        assert key in res.history[0]
+        assert key in res.history[0].to_dict()
     if algorithm == "fedprox":
-        assert res.history[-1]["l_prox"] > 0
+        assert res.history[-1].to_dict()["l_prox"] > 0
     if algorithm == "fedccrl":  # Eq. 15 terms, and the statistics pools travel both ways (Eq. 8, line 7)
-        assert res.history[-1]["l_ra"] > 0 and res.history[-1]["l_js"] >= 0
-        assert res.history[0]["bytes_up"] > 4 * nbytes(res.final_weights)
+        assert res.history[-1].to_dict()["l_ra"] > 0 and res.history[-1].to_dict()["l_js"] >= 0
+        assert res.history[0].to_dict()["bytes_up"] > 4 * nbytes(res.final_weights)
     # cosine schedule over rounds x epochs, stepped per epoch: lr after epoch t = 0.005 (1 + cos(pi t / 3))
-    assert res.history[0]["lr"] == pytest.approx(0.005 * (1 + math.cos(math.pi / 3)))
+    assert res.history[0].to_dict()["lr"] == pytest.approx(0.005 * (1 + math.cos(math.pi / 3)))
     w_bytes = nbytes(res.final_weights)
     if algorithm != "fedccrl":
-        assert res.history[0]["bytes_up"] == 4 * w_bytes and res.history[0]["bytes_down"] == 4 * w_bytes
+        assert (
+            res.history[0].to_dict()["bytes_up"] == 4 * w_bytes
+            and res.history[0].to_dict()["bytes_down"] == 4 * w_bytes
+        )
 
 
 def test_engine_is_deterministic_and_resumes_identically(toy_client, tmp_path):
     full = _engine(toy_client, tmp_path, rounds=3, ckpt_name="full.pt").run()
     again = _engine(toy_client, tmp_path / "x", rounds=3, ckpt_name="again.pt").run()
-    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in h]  # noqa: E731
     assert strip(full.history) == strip(again.history)
 
     class Killed(Exception):
         pass
 
     def die_after_2(rec):
-        if rec["round"] == 2:
+        if rec.to_dict()["round"] == 2:
             raise Killed
 
     with pytest.raises(Killed):  # killed during round 2's logging: only round 1 is checkpointed
@@ -178,12 +181,14 @@ def test_a_collapsed_global_model_is_reported(toy_client, tmp_path):
         eng.model.g.weight.zero_()
         eng.model.g.bias.copy_(torch.tensor([0.0, 100.0, 0.0]))  # always class 1
     rec = eng.run().history[-1]
-    assert rec["val_pred_classes"] == 1
+    assert rec.to_dict()["val_pred_classes"] == 1
     assert any("collapsed" in m for m in logs), logs
     n1 = int((eng.loop.evalsets.val_y == 1).sum())
-    assert rec["val_acc"] == pytest.approx(n1 / len(eng.loop.evalsets.val_y))  # a class share, as the warning says
+    assert rec.to_dict()["val_acc"] == pytest.approx(
+        n1 / len(eng.loop.evalsets.val_y)
+    )  # a class share, as the warning says
 
     logs.clear()
     healthy = _engine(toy_client, tmp_path, rounds=1, ckpt_name="healthy.pt")
     healthy.loop.log = logs.append
-    assert healthy.run().history[-1]["val_pred_classes"] > 1 and not any("collapsed" in m for m in logs)
+    assert healthy.run().history[-1].to_dict()["val_pred_classes"] > 1 and not any("collapsed" in m for m in logs)

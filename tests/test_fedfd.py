@@ -349,7 +349,7 @@ def test_engine_round(toy_client, tmp_path, algorithm):
     res = train(run, log=lambda m: None)
     rec = res.history[0]
     terms = ("l_ce", "l_cacl", "l_cafl") + (("l_adapter",) if algorithm == "fedfd_a" else ())
-    assert all(math.isfinite(rec[k]) for k in (*terms, "loss", "val_acc", "target_acc")), rec
+    assert all(math.isfinite(rec.to_dict()[k]) for k in (*terms, "loss", "val_acc", "target_acc")), rec
     states = RoundCheckpoints(tmp_path / "ck.pt", "cpu").client_states()
     keys = set(local_bn_keys(run.model, "silobn"))
     assert all(set(s["extra"]["local_bn"]) == keys for s in states.values())  # SiloBN framework
@@ -365,13 +365,13 @@ def test_fedfd_a_resume_is_exact(toy_client, tmp_path):
     full = train(toy_run(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="full.pt"), log=lambda m: None)
 
     def die(rec):
-        if rec["round"] == 2:
+        if rec.to_dict()["round"] == 2:
             raise Killed
 
     with pytest.raises(Killed):
         train(toy_run(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt"), on_round=die, log=lambda m: None)
     resumed = train(toy_run(toy_client, tmp_path, "fedfd_a", SMALL, ckpt_name="r.pt"), log=lambda m: None)
-    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in h]  # noqa: E731
     assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
 

@@ -394,10 +394,12 @@ def test_short_training_run(toy_client, name, base):
     algorithm's (same losses), the server step then differs; with kappa 0, eta_g 1 the whole run is the base's."""
     res = train_toy(toy_client, name)
     ref = train_toy(toy_client, base)
-    assert [r["round"] for r in res.history] == [1, 2]
+    assert [r.metric("round") for r in res.history] == [1, 2]
     for rec in res.history:
-        assert math.isfinite(rec["loss"]) and 0 <= rec["val_acc"] <= 1 and 0 <= rec["target_acc"] <= 1
-    assert res.history[0]["loss"] == ref.history[0]["loss"]  # same clients, same first round
+        assert (
+            math.isfinite(rec.metric("loss")) and 0 <= rec.metric("val_acc") <= 1 and 0 <= rec.metric("target_acc") <= 1
+        )
+    assert res.history[0].metric("loss") == ref.history[0].metric("loss")  # same clients, same first round
     assert any(not torch.equal(v, ref.final_weights[k]) for k, v in res.final_weights.items())
     same = train_toy(toy_client, name, {"kappa": 0.0, "global_lr": 1.0})
     for k, v in ref.final_weights.items():
@@ -412,14 +414,14 @@ def test_resume_is_exact(toy_client, tmp_path):
         pass
 
     def die(rec):
-        if rec["round"] == 2:
+        if rec.metric("round") == 2:
             raise Killed
 
     full = train_toy(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "full.pt")
     with pytest.raises(Killed):
         train_toy(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt", on_round=die)
     resumed = train_toy(toy_client, "fedomg", rounds=3, checkpoint=tmp_path / "r.pt")
-    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    strip = lambda h: [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in h]  # noqa: E731
     assert resumed.resumed_from == 1 and strip(resumed.history) == strip(full.history)
     assert all(torch.equal(full.final_weights[k], resumed.final_weights[k]) for k in full.final_weights)
 

@@ -310,7 +310,7 @@ def test_a_guarded_child_whose_parent_is_not_the_expected_one_runs_nothing(tmp_p
 def test_train_with_flower_takes_the_job_and_validated_settings(data, tmp_path, monkeypatch):
     """train_with_flower(job, settings): the ServerSpec comes from the typed TrainJob and the caller's FlowerSettings,
     which is not validated again."""
-    from fedccrl_core.federation.jobs import RunSettings, TrainJob
+    from fedccrl_core.federation.plan import RunSettings, TrainJob
     from fedccrl_flower import run
     from fedccrl_flower.settings import FlowerSettings
 
@@ -410,8 +410,8 @@ def test_loopback_malformed_updates_are_refused_never_aggregated(data, tmp_path)
     logs = []
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1), log=logs.append)
     rec = res.history[0]
-    assert rec["clients"] == 1 and rec["refused"] == 2
-    assert {k.split("/")[1] for k in rec if k.startswith("train_acc/")} == {"photo_c0"}
+    assert rec.metric("clients") == 1 and rec.metric("refused") == 2
+    assert {k.split("/")[1] for k in rec.to_dict() if k.startswith("train_acc/")} == {"photo_c0"}
     reasons = {r["client"]: r["reason"] for r in res.extra["refused"]}
     assert "shape" in reasons["art_c0"] and "NaN" in reasons["cartoon_c0"]
     assert any("REFUSED reply of art_c0" in line for line in logs)
@@ -428,9 +428,9 @@ def test_loopback_dead_client_and_min_clients(data, tmp_path):
     grid.dead = {102}  # photo_c0
     res = serve(grid, make_spec(data, tmp_path / "a", "fedavg", rounds=1, min_clients=2, query_timeout_s=5))
     rec = res.history[0]
-    assert rec["clients"] == 2 and "train_acc/photo_c0" not in rec
+    assert rec.metric("clients") == 2 and "train_acc/photo_c0" not in rec.to_dict()
     # a query that timed out used to be recorded as dropped=0; now the node, phase and reason are kept
-    assert rec["dropped"] == 1 and rec["dropped_clients"] == [
+    assert rec.metric("dropped") == 1 and rec.to_dict()["dropped_clients"] == [
         {"client": None, "node": 102, "phase": "query", "reason": "timeout", "detail": "no query reply within 5.0s"}
     ]
     grid = loopback(data)
@@ -471,14 +471,18 @@ def test_loopback_dropped_clients_say_why_and_reach_mlflow(data, tmp_path):
     grid.push_messages = push
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=1))
     rec = res.history[0]
-    why = {d["client"]: (d["node"], d["phase"], d["reason"]) for d in rec["dropped_clients"]}
+    why = {d["client"]: (d["node"], d["phase"], d["reason"]) for d in rec.to_dict()["dropped_clients"]}
     assert why == {"photo_c0": (102, "train", "error"), "cartoon_c0": (101, "train", "disconnected")}
-    assert rec["dropped"] == 2 and rec["clients"] == 1 and "CUDA out of memory" in str(rec["dropped_clients"])
+    assert (
+        rec.metric("dropped") == 2
+        and rec.metric("clients") == 1
+        and "CUDA out of memory" in str(rec.to_dict()["dropped_clients"])
+    )
     run = ChildRun("flower-test", parent_run_id("flower-test", "k", {}), "drops", {}, {})
     run.log_round(rec)
     got = run.client.get_run(run.run_id).data
     assert got.metrics["dropped"] == 2 and got.metrics["dropped/photo_c0"] == 1 and "dropped/art_c0" not in got.metrics
-    assert json.loads(got.tags["fedccrl.dropped.round_1"]) == rec["dropped_clients"]
+    assert json.loads(got.tags["fedccrl.dropped.round_1"]) == rec.to_dict()["dropped_clients"]
 
 
 def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
@@ -500,11 +504,16 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     spec = make_spec(data, tmp_path, "fedavg", rounds=2, min_clients=2, timeout_factor=3.0, timeout_floor_s=2.0)
     res = serve(grid, spec)
     r1, r2 = res.history
-    assert (r1["train_timeout_s"], r1["query_timeout_s"]) == (spec.train_timeout_s, spec.query_timeout_s)
-    assert r1["dropped"] == 0 and r1["clients"] == 3
-    assert r2["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=grid.pull_s * 3)  # polled: within a few pulls
-    assert r2["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=grid.pull_s * 3)
-    assert r2["clients"] == 2 and [(d["client"], d["reason"]) for d in r2["dropped_clients"]] == [
+    assert (r1.to_dict()["train_timeout_s"], r1.to_dict()["query_timeout_s"]) == (
+        spec.train_timeout_s,
+        spec.query_timeout_s,
+    )
+    assert r1.to_dict()["dropped"] == 0 and r1.to_dict()["clients"] == 3
+    assert r2.to_dict()["train_timeout_s"] == pytest.approx(
+        3.0 * 8.0, abs=grid.pull_s * 3
+    )  # polled: within a few pulls
+    assert r2.to_dict()["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=grid.pull_s * 3)
+    assert r2.to_dict()["clients"] == 2 and [(d["client"], d["reason"]) for d in r2.to_dict()["dropped_clients"]] == [
         ("photo_c0", "timeout")
     ]
     server = FlowerServer.__new__(FlowerServer)  # the rule itself: the floor wins over a fast phase
@@ -535,7 +544,7 @@ def test_loopback_resume_after_serverapp_crash(data, tmp_path):
     with pytest.raises(Crash):
         serve(grid, make_spec(data, tmp_path / "w2", "fedavg"))
     resumed = serve(loopback(data, state_dir=tmp_path / "s2"), make_spec(data, tmp_path / "w2", "fedavg"))
-    assert resumed.resumed_from == 1 and [r["round"] for r in resumed.history] == [1, 2]
+    assert resumed.resumed_from == 1 and [r.metric("round") for r in resumed.history] == [1, 2]
     assert_same_history(resumed.history, whole.history)
     for k, v in whole.final_weights.items():
         assert torch.equal(resumed.final_weights[k], v), k
@@ -559,7 +568,7 @@ def test_loopback_every_algorithm_matches_inprocess_engine(algorithm, data, inpr
     assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
-    assert all(r["clients"] == 3 and r["refused"] == 0 for r in res.history)
+    assert all(r.metric("clients") == 3 and r.metric("refused") == 0 for r in res.history)
 
 
 def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
@@ -573,7 +582,7 @@ def test_loopback_stateless_clients_match_inprocess_engine(data, tmp_path):
     assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
-    assert ref.history[1]["loss"] != persistent.history[1]["loss"]  # round 2 really started afresh
+    assert ref.history[1].metric("loss") != persistent.history[1].metric("loss")  # round 2 really started afresh
     assert not list((tmp_path / "state").rglob("*.npz"))  # nothing kept on the clients
 
 
@@ -592,7 +601,7 @@ def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path, 
     ref = run_inprocess(data, "fedccrl", 2, privacy=priv)
     res = serve(loopback(data), make_spec(data, tmp_path, "fedccrl", privacy=priv))
     assert_same_history(res.history, ref.history)
-    assert [r[contract.DP_EPSILON] for r in res.history] == [r[contract.DP_EPSILON] for r in ref.history]
+    assert [r.metric(contract.DP_EPSILON) for r in res.history] == [r.metric(contract.DP_EPSILON) for r in ref.history]
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
 
@@ -662,8 +671,8 @@ def test_one_supernode_from_the_installed_wheel_completes_a_round(data, full_ven
         run_id = fed.submit(make_spec(data, work, "fedavg", rounds=1, num_clients=1, min_clients=1, evaluators=[]))
         res = wait_for_result(fed, run_id, work, timeout=600)
         log = node.log_path.read_text()
-    assert [r["round"] for r in res.history] == [1] and res.history[0]["clients"] == 1
-    assert "train_acc/art_c0" in res.history[0] and "Receiving: train message" in log
+    assert [r.metric("round") for r in res.history] == [1] and res.history[0].metric("clients") == 1
+    assert "train_acc/art_c0" in res.history[0].to_dict() and "Receiving: train message" in log
     assert (node.args[0]).startswith(str(full_venv))
 
 
@@ -716,7 +725,7 @@ def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
     )
     res = wait_for_result(fed, run_id, work, timeout=300)
     rec = res.history[0]
-    assert rec["clients"] == 2 and rec["refused"] == 1 and "train_acc/art_c0" not in rec
+    assert rec.metric("clients") == 2 and rec.metric("refused") == 1 and "train_acc/art_c0" not in rec.to_dict()
     (refusal,) = res.extra["refused"]
     assert refusal["client"] == "art_c0" and "shape" in refusal["reason"]
     assert "REFUSED reply of art_c0" in (work / f"run-{run_id}" / "server.log").read_text()
@@ -778,17 +787,17 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
     finally:
         _signal_all(others, signal.SIGCONT)
     first = _records(work, run_id)
-    assert [r["clients"] for r in first[:2]] == [3, 2] and first[1]["dropped"] == 1
+    assert [r.metric("clients") for r in first[:2]] == [3, 2] and first[1].metric("dropped") == 1
     assert "train_acc/photo_c0" in first[0] and "train_acc/photo_c0" not in first[1]
 
     res = wait_for_result(fed, fed.submit(spec), work, timeout=300)
-    assert res.resumed_from == 2 and [r["round"] for r in res.history] == [1, 2, 3]
+    assert res.resumed_from == 2 and [r.metric("round") for r in res.history] == [1, 2, 3]
     # the restarted node trained round 3 with the other two; the killed node's old registration may still be listed
     # until the SuperLink's heartbeat expires it, and is then recorded as dropped (0 or 1: a matter of timing)
     assert (
-        res.history[2]["clients"] == 3
-        and res.history[2]["dropped"] in (0, 1)
-        and "train_acc/photo_c0" in res.history[2]
+        res.history[2].metric("clients") == 3
+        and res.history[2].metric("dropped") in (0, 1)
+        and "train_acc/photo_c0" in res.history[2].to_dict()
     )
     assert fed.supernodes["photo_c0"].log_path.read_text().count("Receiving: train message") >= 1
 
@@ -811,7 +820,7 @@ def test_simulation_flwr_run_matches_inprocess(data, inprocess_fedccrl, tmp_path
         data / "pools",
     )
     print(f"simulation, 2 rounds FedCCRL, 3 simulated SuperNodes: {time.perf_counter() - t0:.1f}s")
-    assert [r["clients"] for r in res.history] == [3, 3]
+    assert [r.metric("clients") for r in res.history] == [3, 3]
     assert_same_history(res.history, inprocess_fedccrl.history, tol=0.0)  # Ray gives each actor one thread
     for k, v in inprocess_fedccrl.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
@@ -863,7 +872,7 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
     assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
-    assert all(r["clients"] == 5 for r in res.history)
+    assert all(r.metric("clients") == 5 for r in res.history)
 
 
 def test_loopback_the_held_out_domains_site_evaluates_only_never_sampled(data, tmp_path):
@@ -876,16 +885,20 @@ def test_loopback_the_held_out_domains_site_evaluates_only_never_sampled(data, t
     assert_same_history(res.history, ref.history)
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
-    assert [r["refused"] for r in res.history] == [0, 0] and all(r["clients"] == 3 for r in res.history)
-    assert all(r["eval_sites"] == 4 and r["target_n"] > 0 for r in res.history)
+    assert [r.metric("refused") for r in res.history] == [0, 0] and all(r.metric("clients") == 3 for r in res.history)
+    assert all(r.metric("eval_sites") == 4 and r.metric("target_n") > 0 for r in res.history)
     assert not [m for m in grid.sent if m.metadata.message_type == M.TRAIN and m.metadata.dst_node_id == 103]
     assert len([m for m in grid.sent if m.metadata.message_type == M.EVALUATE and m.metadata.dst_node_id == 103]) == 2
     # the same site, not named an evaluation site: refused, and with no one holding sketch the target is NaN
     grid = loopback(data, clients=[*SOURCES, "sketch_c0"])
     res = serve(grid, make_spec(data, tmp_path / "b", "fedavg", evaluators=[]))
-    assert [r["refused"] for r in res.history] == [1, 1]
+    assert [r.metric("refused") for r in res.history] == [1, 1]
     assert all(
-        "sketch_c0 announces no training rows but is not an evaluation site" in r["refused_clients"][0]["reason"]
+        "sketch_c0 announces no training rows but is not an evaluation site"
+        in r.to_dict()["refused_clients"][0]["reason"]
         for r in res.history
     )
-    assert all(math.isnan(r["target_acc"]) and r["val_acc"] == q["val_acc"] for r, q in zip(res.history, ref.history))
+    assert all(
+        math.isnan(r.metric("target_acc")) and r.metric("val_acc") == q.to_dict()["val_acc"]
+        for r, q in zip(res.history, ref.history)
+    )

@@ -659,7 +659,7 @@ def test_f_a_new_mlflow_store_is_created_whole(tmp_path, monkeypatch):
 def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
     """A worker checkpoints a round before the parent has logged it: kill -9 between the two, and the
     resumed run lacked that round in MLflow. At completion it logs what it lacks, and only that."""
-    from fedccrl_core.federation.history import RoundRecord
+    from fedccrl_core.federation.round_record import RoundRecord
     from fedccrl_pipeline.tracking import ChildRun, parent_run_id
 
     def rec(rnd: int, acc: float) -> RoundRecord:
@@ -668,20 +668,20 @@ def test_f_a_resumed_run_logs_the_rounds_it_lacks(tmp_path):
 
     parent = parent_run_id("bf", "k", {})
     first = ChildRun("bf", parent, "r", {}, {})
-    first.log_round(rec(2, 0.5).to_dict())  # round 1 never reached MLflow
+    first.log_round(rec(2, 0.5))  # round 1 never reached MLflow
     resumed = ChildRun("bf", parent, "r", {}, {}, resume_run_id=first.run_id)
     history = [
         rec(1, 0.25),
         rec(2, 0.5),
         rec(3, 0.75),
     ]  # history.json's, as fedccrl_core/federation/history.py reads it
-    resumed.log_round(history[2].to_dict())
+    resumed.log_round(history[2])
     assert resumed.backfill(history) == [1]
     steps = sorted((m.step, m.value) for m in resumed.client.get_metric_history(first.run_id, "target_acc"))
     assert steps == [(1, 0.25), (2, 0.5), (3, 0.75)]
     fresh = ChildRun("bf", parent, "f", {}, {})
     for r in history:
-        fresh.log_round(r.to_dict())
+        fresh.log_round(r)
     assert fresh.backfill(history) == []
 
 

@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.federation.jobs import RunSettings, TrainJob, run_jobs
+from fedccrl_core.federation.plan import RunSettings, TrainJob
+from fedccrl_core.federation.workers import run_jobs
 
 
 def _jobs(n: int, tmp: Path) -> list[TrainJob]:

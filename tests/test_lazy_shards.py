@@ -100,12 +100,12 @@ def test_lazy_clients_read_only_the_sampled_shards_and_train_identically(shards,
 
     monkeypatch.setattr(ClientData, "resident", resident)
     lazy = train_lazy(lazy_clients, 0.34)
-    sampled = [sorted(k[len("train_acc/") :] for k in r if k.startswith("train_acc/")) for r in lazy.history]
+    sampled = [sorted(k[len("train_acc/") :] for k in r.to_dict() if k.startswith("train_acc/")) for r in lazy.history]
     assert read == [c for s in sampled for c in s]  # each sampled client's images, once a round, nobody else's
     assert len(set(read)) < len(ids)
     assert all(c.train_x is None for c in lazy_clients)  # nothing stays resident between rounds
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in lazy.history] == [
-        {k: v for k, v in r.items() if k != "seconds"} for r in eager.history
+    assert [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in lazy.history] == [
+        {k: v for k, v in r.to_dict().items() if k != "seconds"} for r in eager.history
     ]
     for k, v in eager.final_weights.items():
         assert torch.equal(v, lazy.final_weights[k]), k

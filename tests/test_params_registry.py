@@ -194,9 +194,9 @@ def test_lr_written_1e_3_is_the_float_0_001_in_validation_and_training(tmp_path)
     import re
 
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.federation.jobs import plan_runs
+    from fedccrl_core.federation.plan import plan_runs
     from fedccrl_pipeline.params import load_config
-    from fedccrl_pipeline.train import run_settings
+    from fedccrl_pipeline.training import run_settings
 
     path = tmp_path / "params.yaml"
     path.write_text(re.sub(r"(?m)^  lr: .*$", "  lr: 1e-3", (ROOT / "params.yaml").read_text()))

@@ -226,11 +226,13 @@ def test_round_loop_logs_epsilon_every_round_and_noises_both_channels(not_privat
     so the same seed gives another run, unless the test-only noise_seed seeds it (then marked in every record)."""
     priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
     res = _train(priv, fraction=0.5)
-    eps = [r[contract.DP_EPSILON] for r in res.history]
+    eps = [r.metric(contract.DP_EPSILON) for r in res.history]
     assert len(eps) == 3 and all(b > a > 0 for a, b in itertools.pairwise(eps))
     for r in res.history:
-        assert contract.DP_EPSILON_STATISTICS in r and contract.DP_SEEDED_NOISE not in r
-        assert not any(k.startswith((contract.TRAIN_ACC, contract.LOSS, "l_", "dp_update")) for k in r), sorted(r)
+        assert contract.DP_EPSILON_STATISTICS in r.to_dict() and contract.DP_SEEDED_NOISE not in r.to_dict()
+        assert not any(k.startswith((contract.TRAIN_ACC, contract.LOSS, "l_", "dp_update")) for k in r.to_dict()), (
+            sorted(r.to_dict())
+        )
     plain = _train(None, fraction=0.5)
     assert any(not torch.equal(v, plain.final_weights[k]) for k, v in res.final_weights.items())
     again = _train(priv, fraction=0.5)  # the same seed: other noise
@@ -238,7 +240,7 @@ def test_round_loop_logs_epsilon_every_round_and_noises_both_channels(not_privat
     seeded = {**priv, "noise_seed": 5}
     a, b = _train(seeded, fraction=0.5), _train(seeded, fraction=0.5)
     assert all(torch.equal(v, b.final_weights[k]) for k, v in a.final_weights.items())
-    assert all(r[contract.DP_SEEDED_NOISE] == 1.0 for r in a.history)
+    assert all(r.metric(contract.DP_SEEDED_NOISE) == 1.0 for r in a.history)
     logs = []
     _train(seeded, rounds=1, log=logs.append)
     assert any("NOT PRIVATE" in m for m in logs)
@@ -372,7 +374,7 @@ def test_weights_only_dp_for_fedccrl_is_refused_when_params_yaml_is_read(tmp_pat
 def test_max_epsilon_stops_before_any_release_of_the_round_that_would_pass_it():
     priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
     full = _train(priv, rounds=4)
-    eps = [r[contract.DP_EPSILON] for r in full.history]
+    eps = [r.metric(contract.DP_EPSILON) for r in full.history]
     limit = (eps[1] + eps[2]) / 2  # round 3 would cross it
     logs = []
     collected = []
@@ -387,7 +389,7 @@ def test_max_epsilon_stops_before_any_release_of_the_round_that_would_pass_it():
 
     res = _train({**priv, "max_epsilon": limit}, rounds=4, log=logs.append, engine=CountingEngine)
     assert collected == [1, 2]  # round 3's statistics never left the clients
-    assert len(res.history) == 2 and res.history[-1][contract.DP_EPSILON] <= limit
+    assert len(res.history) == 2 and res.history[-1].metric(contract.DP_EPSILON) <= limit
     stop = [m for m in logs if "privacy budget: round 3" in m]
     assert stop and "max_epsilon" in stop[0] and f"epsilon spent (the ledger): {eps[1]:.3f}" in stop[0]
     with pytest.raises(ValueError, match="no round completed"):
@@ -403,7 +405,7 @@ def test_fedavg_is_not_charged_for_statistics_it_does_not_release():
     assert contract.DP_EPSILON_STATISTICS not in last
     s = PrivacySettings(**priv)
     weights_only = A.epsilon_of([A.weights_event(s, 4, 4)] * 3, s.delta)
-    assert last[contract.DP_EPSILON] == pytest.approx(weights_only, rel=1e-12)
+    assert last.metric(contract.DP_EPSILON) == pytest.approx(weights_only, rel=1e-12)
     res = _train({**priv, "max_epsilon": weights_only * (1 + 1e-9)}, rounds=3, algorithm="fedavg")
     assert len(res.history) == 3
 

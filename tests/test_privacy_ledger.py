@@ -176,7 +176,7 @@ def test_a_round_interrupted_after_its_statistics_release_is_charged_again_on_re
     assert res.resumed_from == 1
     assert len(released["statistics"]) == 3 and len(released["weights"]) == 2  # round 2's statistics released twice
     want = independent_epsilon(released["statistics"], released["weights"])
-    assert res.history[-1][contract.DP_EPSILON] == pytest.approx(want, rel=1e-9)
+    assert res.history[-1].metric(contract.DP_EPSILON) == pytest.approx(want, rel=1e-9)
     assert len(ledger_releases(tmp_path)) == 5
     # what the checkpoint alone would have counted is less: the test tells the two apart
     lost = independent_epsilon(released["statistics"][1:], released["weights"])
@@ -231,10 +231,10 @@ def stopped_after_a_release():
 def test_a_run_stopped_after_a_release_logs_the_epsilon_it_spent():
     """The last dp_epsilon on_round receives is the epsilon spent, the stopped round's statistics included."""
     res, records, spent = stopped_after_a_release()
-    assert spent > res.history[-1][contract.DP_EPSILON] * (1 + 1e-3)  # round 2's statistics: no round record
+    assert spent > res.history[-1].metric(contract.DP_EPSILON) * (1 + 1e-3)  # round 2's statistics: no round record
     last = records[-1]
-    assert last[contract.ROUND] == 2 and last[contract.DP_STOPPED] == 1.0
-    assert last[contract.DP_EPSILON] == pytest.approx(spent, rel=1e-9)
+    assert last.metric(contract.ROUND) == 2 and last.metric(contract.DP_STOPPED) == 1.0
+    assert last.metric(contract.DP_EPSILON) == pytest.approx(spent, rel=1e-9)
     assert contract.TARGET_ACC not in last and records[:-1] == res.history
 
 
@@ -253,7 +253,7 @@ def test_the_epsilon_spent_is_mlflows_last_dp_epsilon():
     child.finish()
     metrics = MlflowClient().get_run(child.run_id).data.metrics  # the latest value of each
     assert metrics[contract.DP_EPSILON] == pytest.approx(spent, rel=1e-9) and metrics[contract.DP_STOPPED] == 1.0
-    assert metrics[contract.TARGET_ACC] == res.history[-1][contract.TARGET_ACC]
+    assert metrics[contract.TARGET_ACC] == res.history[-1].metric(contract.TARGET_ACC)
 
 
 def _snippets_of_client_states(written: list[dict]) -> list[bytes]:
@@ -435,10 +435,10 @@ def test_flower_resume_after_a_release_with_a_late_client_and_a_duplicated_id(da
     grid = loopback(data)
     _count_queries(grid, released, "3")
     res = serve(grid, spec)
-    assert res.resumed_from == 1 and [r[contract.ROUND] for r in res.history] == [1, 2]
+    assert res.resumed_from == 1 and [r.metric(contract.ROUND) for r in res.history] == [1, 2]
     weights = [(2, 2), (3, 3)]  # the aggregates released: round 1 of 2 clients, round 2 of 3 (client_fraction 1)
     want = independent_epsilon(_statistics_events(released), weights, FLOWER_PRIV)
-    assert res.history[-1][contract.DP_EPSILON] == pytest.approx(want, rel=1e-9)
+    assert res.history[-1].metric(contract.DP_EPSILON) == pytest.approx(want, rel=1e-9)
     assert len(json.loads((tmp_path / "checkpoint.pt.ledger.json").read_text())["releases"]) == 7
-    assert [r["clients"] for r in res.history] == [2, 3]
+    assert [r.metric("clients") for r in res.history] == [2, 3]
     assert not (tmp_path / "checkpoint.pt.clients").exists()  # the clients' states stay on the SuperNodes

@@ -140,7 +140,10 @@ def _state(**over) -> RoundState:
             "best": w,
             "best_round": 1,
             "best_val": 0.5,
-            "history": [{"round": 1, "val_acc": 0.5}],
+            "history": [
+                {"round": 1, "val_acc": 0.5, "target_acc": 0.25, "val_pred_classes": 2, "seconds": 1.0}
+                | {"bytes_up": 10, "bytes_down": 20}
+            ],
             "run_info": {"run_key": "k"},
             "server_state": {},
             "engine": "inprocess",
@@ -166,7 +169,8 @@ def test_a_round_checkpoint_reads_back_as_written(tmp_path):
         "client_records",
     ]  # no privacy key when off
     ck = RoundCheckpoints(tmp_path / "ck.pt", "cpu", lambda m: None).load(lambda c: None)
-    assert ck is not None and ck.round == 1 and ck.best_round == 1 and ck.history == [{"round": 1, "val_acc": 0.5}]
+    assert ck is not None and ck.round == 1 and ck.best_round == 1
+    assert [r.to_dict() for r in ck.history] == [r.to_dict() for r in _state().history]
     assert torch.equal(ck.global_weights["w"], torch.arange(3.0)) and list(ck.client_records) == ["c0"]
     assert list(ck.to_dict()) == list(raw)
     private = RoundCheckpoints(tmp_path / "p.pt", "cpu", lambda m: None)

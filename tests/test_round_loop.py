@@ -125,14 +125,14 @@ def test_checkpoint_bytes_follow_the_clients_trained(tmp_path, algorithm):
             toy_clients(n, 8), rounds=2, fraction=fraction, ckpt=tmp_path / f"{n}" / "ck.pt", algorithm=algorithm
         )
         res = e.run()
-        assert all(len([k for k in r if k.startswith("train_acc/")]) == 6 for r in res.history)
+        assert all(len([k for k in r.to_dict() if k.startswith("train_acc/")]) == 6 for r in res.history)
         written[n] = e.checkpoints.bytes_written
         # one state file per round, one record per client trained (its newest state)
         state_files = sorted(f.name for f in (tmp_path / f"{n}" / "ck.pt.clients").iterdir())
         assert state_files == sorted({f"r{r}.bin" for r, _, _ in e.checkpoints.client_records.values()})
         assert state_files == (["r2.bin"] if n == 6 else ["r1.bin", "r2.bin"]), state_files  # all retrained at 6
         assert len(e.checkpoints.client_records) == len(
-            {k for r in res.history for k in r if k.startswith("train_acc/")}
+            {k for r in res.history for k in r.to_dict() if k.startswith("train_acc/")}
         )
     assert abs(written[60] - written[6]) <= 0.1 * written[6], written
     assert written[6] > 6 * 1000  # the client states are in it (Adam moments of the small CNN)
@@ -159,8 +159,12 @@ def test_stateless_clients_start_each_round_with_a_fresh_optimizer():
     clients = toy_clients(3, 8)
     persistent = engine(clients, rounds=2).run()
     stateless = engine(clients, rounds=2, client_state="stateless").run()
-    assert persistent.history[0]["loss"] == stateless.history[0]["loss"]  # round 1: both start fresh
-    assert persistent.history[1]["loss"] != stateless.history[1]["loss"]  # round 2: Adam's moments differ
+    assert (
+        persistent.history[0].to_dict()["loss"] == stateless.history[0].to_dict()["loss"]
+    )  # round 1: both start fresh
+    assert (
+        persistent.history[1].to_dict()["loss"] != stateless.history[1].to_dict()["loss"]
+    )  # round 2: Adam's moments differ
     # another value of train.client_state is the schema's to refuse (tests/test_schema_bounds.py)
 
 
@@ -170,15 +174,15 @@ class Crash(RuntimeError):
 
 def crash_at(rnd):
     def on_round(rec):
-        if rec["round"] == rnd:
+        if rec.to_dict()["round"] == rnd:
             raise Crash(f"killed in round {rnd}")
 
     return on_round
 
 
 def assert_same_run(a, b):
-    assert [{k: v for k, v in r.items() if k != "seconds"} for r in a.history] == [
-        {k: v for k, v in r.items() if k != "seconds"} for r in b.history
+    assert [{k: v for k, v in r.to_dict().items() if k != "seconds"} for r in a.history] == [
+        {k: v for k, v in r.to_dict().items() if k != "seconds"} for r in b.history
     ]
     for k, v in a.final_weights.items():
         assert torch.equal(v, b.final_weights[k]), k
@@ -193,7 +197,7 @@ def test_resume_at_60_clients_gives_identical_metrics(tmp_path):
     resumed = engine(clients, rounds=4, fraction=0.1, ckpt=ck).run()
     assert resumed.resumed_from == 2
     assert_same_run(resumed, whole)
-    trained = [{k[len("train_acc/") :] for k in r if k.startswith("train_acc/")} for r in whole.history]
+    trained = [{k[len("train_acc/") :] for k in r.to_dict() if k.startswith("train_acc/")} for r in whole.history]
     assert trained[1] & trained[2] or trained[0] & trained[2] or trained[0] & trained[3], (
         "a client must train twice for the resume to read a state file back"
     )
@@ -312,7 +316,7 @@ def test_round_state_files_stay_near_the_live_states(tmp_path):
         e.run()
     assert all(disk <= 2 * live + 3 * (live // 12 + 1) for disk, live in sizes), sizes
     assert len(list((tmp_path / "ck.pt.clients").iterdir())) < rounds - 1
-    trained = [{k[len("train_acc/") :] for k in r if k.startswith("train_acc/")} for r in whole.history]
+    trained = [{k[len("train_acc/") :] for k in r.to_dict() if k.startswith("train_acc/")} for r in whole.history]
     copied = [c for c, (r, _, _) in e.checkpoints.client_records.items() if c not in trained[r - 1]]
     assert copied, "no record was copied forward: the test does not reach a half-live round file"
     resumed = engine(clients, rounds=rounds, fraction=0.25, ckpt=ck).run()

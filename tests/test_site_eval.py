@@ -219,17 +219,32 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv
         assert torch.equal(res.best_weights[k].cpu(), ref.best_weights[k].cpu()), k
     k_i = math.ceil(0.1 * 216)  # Eq. 8: ceil(r n_i) statistics of (mu, sigma), 3 channels, float32
     for rec, r in zip(res.history, ref.history):
-        assert rec["val_acc"] == r["val_acc"] and rec["target_acc"] == r["target_acc"]  # exact
-        assert rec["val_pred_classes"] == r["val_pred_classes"]
-        assert rec["eval_sites"] == 4 and rec["clients"] == 3 and rec["refused"] == rec["dropped"] == 0
-        assert rec["target_n"] == len(shards_mod.load_domain_test(data / "shards", "sketch")[1])
+        assert (
+            rec.to_dict()["val_acc"] == r.to_dict()["val_acc"]
+            and rec.to_dict()["target_acc"] == r.to_dict()["target_acc"]
+        )  # exact
+        assert rec.to_dict()["val_pred_classes"] == r.to_dict()["val_pred_classes"]
+        assert (
+            rec.to_dict()["eval_sites"] == 4
+            and rec.to_dict()["clients"] == 3
+            and rec.to_dict()["refused"] == rec.to_dict()["dropped"] == 0
+        )
+        assert rec.to_dict()["target_n"] == len(shards_mod.load_domain_test(data / "shards", "sketch")[1])
         for cid in SOURCES:
             assert rec[f"upload_bytes/{cid}"] == k_i * 3 * 2 * 4  # what the server received from cid
             assert rec[f"payload_bytes/{cid}"] == 2 * k_i * 3 * 2 * 4  # F_pool minus F_i, sent to cid
-        assert rec["bytes_up"] == r["bytes_up"] and rec["bytes_down"] == r["bytes_down"]  # the same count
-        assert rec["wire_bytes_up"] > rec["bytes_up"] and rec["wire_bytes_down"] > rec["bytes_down"]
+        assert (
+            rec.to_dict()["bytes_up"] == r.to_dict()["bytes_up"]
+            and rec.to_dict()["bytes_down"] == r.to_dict()["bytes_down"]
+        )  # the same count
+        assert (
+            rec.to_dict()["wire_bytes_up"] > rec.to_dict()["bytes_up"]
+            and rec.to_dict()["wire_bytes_down"] > rec.to_dict()["bytes_down"]
+        )
     hist = mlflow.MlflowClient().get_metric_history(run.run_id, "val_acc")
-    assert [(m.step, m.value) for m in hist] == [(r["round"], pytest.approx(r["val_acc"])) for r in res.history]
+    assert [(m.step, m.value) for m in hist] == [
+        (r.to_dict()["round"], pytest.approx(r.to_dict()["val_acc"])) for r in res.history
+    ]
     assert all(logs[cid].count("Receiving: train message") >= 2 for cid in SOURCES)  # every source trained twice
     assert "Receiving: train message" not in logs["sketch_c0"] and logs["sketch_c0"].count("evaluate message") >= 2
     data_files = {p.name for p in tmp_path.glob("site-*/**/*.npz")}
@@ -388,7 +403,7 @@ def test_a_site_whose_data_is_not_the_federations_is_dropped_naming_its_manifest
         image_size=manifest["image_size"],
     )
     rec = serve(LoopbackGrid(configs), spec).history[0]
-    (dropped,) = rec["dropped_clients"]
-    assert rec["clients"] == 2 and dropped["phase"] == "query"
+    (dropped,) = rec.to_dict()["dropped_clients"]
+    assert rec.to_dict()["clients"] == 2 and dropped["phase"] == "query"
     assert dropped["reason"] == "error" and match in dropped["detail"], dropped
     assert f"{odd / 'shards'}/manifest.json" in dropped["detail"]

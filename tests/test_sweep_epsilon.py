@@ -81,16 +81,19 @@ def test_releases_travel_as_compact_json_and_bad_text_names_where():
 def test_seeded_runs_report_no_epsilon_and_are_marked(not_private):
     """A seeded run's epsilon does not apply: its round records lose the epsilon keys (dp_seeded_noise stays), and
     its mark reaches the model meta and the ONNX metadata; a private run and a run without DP are unchanged."""
-    from fedccrl_core.federation.jobs import without_epsilon
+    from fedccrl_core.federation.round_record import RoundRecord
     from fedccrl_core.foundation import contract
     from fedccrl_core.learning.model_file import ModelMeta
     from fedccrl_core.privacy.settings import NOT_PRIVATE_MARK, PrivacySettings
     from fedccrl_pipeline.onnx_export import metadata_props
     from fedccrl_serving.metadata import parse_metadata
 
-    rec = {contract.ROUND: 1, contract.DP_EPSILON: 3.0, contract.DP_EPSILON_WEIGHTS: 2.0, contract.DP_SEEDED_NOISE: 1}
-    assert without_epsilon(rec, seeded=True) == {contract.ROUND: 1, contract.DP_SEEDED_NOISE: 1}
-    assert without_epsilon(rec, seeded=False) == rec
+    base = {contract.ROUND: 1, "val_acc": 0.5, "target_acc": 0.5, "val_pred_classes": 2, "seconds": 1.0}
+    base |= {"bytes_up": 1, "bytes_down": 1, contract.DP_EPSILON: 3.0, contract.DP_EPSILON_WEIGHTS: 2.0}
+    rec = RoundRecord.model_validate({**base, contract.DP_SEEDED_NOISE: 1.0})
+    kept = rec.without_epsilon().to_dict()
+    assert kept == {k: v for k, v in rec.to_dict().items() if k not in contract.DP_EPSILON_KEYS}
+    assert kept[contract.DP_SEEDED_NOISE] == 1.0 and contract.DP_EPSILON_WEIGHTS not in kept
     assert PrivacySettings(enabled=True, noise_seed=1).not_private_mark() == NOT_PRIVATE_MARK
     assert PrivacySettings(enabled=True).not_private_mark() is None
     assert PrivacySettings(noise_seed=1).not_private_mark() is None  # DP off: nothing to mark
@@ -108,9 +111,9 @@ def test_the_sweep_budget_does_not_change_a_runs_key(params, tmp_path):
     run keeps its key (and round checkpoint) whatever it is, while a per-run setting (max_epsilon) changes it."""
     from fixtures import bare_manifest
 
-    from fedccrl_core.federation.jobs import plan_runs
+    from fedccrl_core.federation.plan import plan_runs
     from fedccrl_pipeline.params import load_config
-    from fedccrl_pipeline.train import run_settings
+    from fedccrl_pipeline.training import run_settings
 
     def key(new_keys=None, **over):
         cfg = load_config(params({"train.privacy.enabled": True, **over}, new_keys=new_keys))
@@ -163,12 +166,12 @@ def test_the_sweep_budget_is_refused_before_mlflow_naming_its_key(tiny, params, 
     though each run alone stays below it; at the planned value itself it passes the check."""
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_pipeline.params import load_config
-    from fedccrl_pipeline.sweep_privacy import check_sweep_budget
+    from fedccrl_pipeline.sweep_privacy import check_sweep_budget, manifest_plan
 
     over = {**ONE_ROUND, "train.privacy.enabled": True, "train.algorithms": ["fedavg"], "train.held_out": [0, 1]}
     cfg = load_config(params(over))
     manifest = load_manifest(tiny / "data" / "shards")
-    eps = check_sweep_budget(cfg, manifest, "fedavg", 0, ["photo"])
+    eps = check_sweep_budget(cfg, manifest_plan(cfg, manifest), "fedavg", 0, ["photo"])
     assert eps is not None and eps["photo"] < eps["cartoon"] == eps["sketch"]  # photo: trained in one of the two
     limit = (eps["photo"] + eps["cartoon"]) / 2
     params(over, new_keys={"train.privacy.max_sweep_epsilon": limit})
@@ -177,7 +180,7 @@ def test_the_sweep_budget_is_refused_before_mlflow_naming_its_key(tiny, params, 
     assert re.search(r"key 'train.privacy.max_sweep_epsilon': got .*domain (cartoon|sketch) would reach", res.stderr)
     assert _runs(tmp_path)[1] == [] and not (tmp_path / "models").exists()
     cfg = load_config(params(over, new_keys={"train.privacy.max_sweep_epsilon": eps["cartoon"]}))
-    assert check_sweep_budget(cfg, manifest, "fedavg", 0, ["photo"]) == eps
+    assert check_sweep_budget(cfg, manifest_plan(cfg, manifest), "fedavg", 0, ["photo"]) == eps
 
 
 @pytest.mark.full("a DP FedAvg train stage on the tiny data, two held-out domains of one round: ~10 s on the CPU")
@@ -225,7 +228,7 @@ def test_a_seeded_run_is_marked_not_private_everywhere(tiny, params, tmp_path, m
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.privacy.settings import NOT_PRIVATE_MARK
     from fedccrl_pipeline.params import load_config
-    from fedccrl_pipeline.sweep_privacy import PRIVACY_TAG, SWEEP_EPSILON, SWEEP_PLANNED, planned_sweep
+    from fedccrl_pipeline.sweep_privacy import PRIVACY_TAG, SWEEP_EPSILON, SWEEP_PLANNED, manifest_plan, planned_sweep
 
     over = {**ONE_ROUND, "train.privacy.enabled": True, "train.algorithms": ["fedccrl"], "train.held_out": [0]}
     path = params(over, new_keys={"train.privacy.noise_seed": 3})
@@ -245,7 +248,13 @@ def test_a_seeded_run_is_marked_not_private_everywhere(tiny, params, tmp_path, m
     assert doc["dp"]["mark"] == NOT_PRIVATE_MARK and doc["meta"]["privacy"] == NOT_PRIVATE_MARK
     assert all("dp_epsilon" not in rec and rec["dp_seeded_noise"] == 1 for rec in doc["rounds"])
     assert load_meta(run / "model.pt").privacy == NOT_PRIVATE_MARK == load_meta(run / "best.pt").privacy
-    (plan,) = planned_sweep(load_config(path), load_manifest(tiny / "data" / "shards"), "fedccrl", 0, ["photo"])
+    (plan,) = planned_sweep(
+        load_config(path),
+        manifest_plan(load_config(path), load_manifest(tiny / "data" / "shards")),
+        "fedccrl",
+        0,
+        ["photo"],
+    )
     charged = decode_releases(doc["dp"]["releases"], "history.json")
     assert {c for c, *_ in charged} == {"statistics", "weights"} and sorted(charged) == sorted(plan.releases)
 

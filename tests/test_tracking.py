@@ -122,12 +122,12 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
     """`lr: 1e-3` (YAML 1.2, as DVC writes it) is the float 0.001 when params.yaml is validated, in the training
     config, in the child run's MLflow params, and against a committed baseline with the same line (no change in
     the parent run's name); PyYAML's 1.1 reading made it the string '1e-3' on the baseline side."""
-    from fedccrl_core.federation.jobs import plan_runs
+    from fedccrl_core.federation.plan import plan_runs
     from fedccrl_pipeline.params import load_config
     from fedccrl_pipeline.run_names import changed_params, sweep_run_name
     from fedccrl_pipeline.tracking import ChildRun, parent_run_id
-    from fedccrl_pipeline.train import run_settings
-    from fedccrl_pipeline.train_tracking import mlflow_params
+    from fedccrl_pipeline.train_tracking import mlflow_params, shards_data
+    from fedccrl_pipeline.training import run_settings
 
     text = _with_lr((REPO / "params.yaml").read_text(), "1e-3")
     (tmp_path / "params.yaml").write_text(text)
@@ -149,7 +149,7 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
         tmp_path / "ck",
         cfg.train.fedavg,
     )
-    flat = mlflow_params(params, job, "cpu")
+    flat = mlflow_params(params, job, "cpu", shards_data("embedded", "inprocess", manifest, tmp_path))
     assert flat["train.lr"] == 0.001 and isinstance(flat["train.lr"], float)
     run = ChildRun("lr", parent_run_id("lr", "k", params), "r", flat, {})  # MLflow params
     assert run.client.get_run(run.run_id).data.params["train.lr"] == "0.001"

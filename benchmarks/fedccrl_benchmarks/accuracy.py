@@ -13,7 +13,6 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core.foundation import contract
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.stage_runtime import run_stage
 
@@ -53,7 +52,7 @@ def bench_accuracy(
     from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_pipeline.cross_checks import resolve_held_out
-    from fedccrl_pipeline.train import check_algorithm, run_settings
+    from fedccrl_pipeline.training import check_algorithm, run_settings
 
     params = apply_overrides(read_yaml(params_path), list(overrides))
     bad = [v for v in variants or [] if v not in VARIANTS]
@@ -93,8 +92,8 @@ def bench_accuracy(
 
                 def progress(rec, label=label, target=target, seed=seed):
                     print(
-                        f"bench: {label} {target} seed {seed} round {rec[contract.ROUND]}/{s.local.rounds}: "
-                        f"target {rec[contract.TARGET_ACC]:.4f}, source val {rec[contract.VAL_ACC]:.4f} "
+                        f"bench: {label} {target} seed {seed} round {rec.round}/{s.local.rounds}: "
+                        f"target {rec.target_acc:.4f}, source val {rec.val_acc:.4f} "
                         f"({time.perf_counter() - t0:.0f}s)",
                         file=sys.stderr,
                         flush=True,
@@ -111,7 +110,7 @@ def bench_accuracy(
                     concurrent_clients=s.concurrent_clients,
                 )
                 res = train(run, on_round=progress, log=lambda m: None)
-                acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1][contract.TARGET_ACC])
+                acc.setdefault(label, {}).setdefault(target, []).append(res.history[-1].target_acc)
                 print(
                     f"bench: {label} {target} seed {seed}: {acc[label][target][-1]:.4f} "
                     f"({time.perf_counter() - t0:.0f}s)",

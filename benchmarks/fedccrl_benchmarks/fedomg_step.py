@@ -68,7 +68,7 @@ def main(argv=None) -> None:
     from fedccrl_core.federation.jobs import load_clients
     from fedccrl_core.learning.clients import ClientState
     from fedccrl_pipeline.params import load_config
-    from fedccrl_pipeline.train import run_settings
+    from fedccrl_pipeline.training import run_settings
 
     torch.set_num_threads(1)  # as every training run on the CPU (federation/jobs.py)
     cfg = load_config(args.params)

@@ -27,7 +27,6 @@ from pathlib import Path
 import psutil
 
 from fedccrl_benchmarks import children
-from fedccrl_core.foundation import contract
 
 CLIENT_COUNTS = (6, 30, 120, 300)
 ALGORITHMS = ("fedavg", "fedccrl")
@@ -132,7 +131,7 @@ def child(spec: dict) -> dict:
         "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "rss_start_mib": rss_start,
         "checkpoint_bytes": ckpt_bytes,
-        "bytes_per_round": sum(r[contract.BYTES_UP] + r[contract.BYTES_DOWN] for r in h) / len(h),
+        "bytes_per_round": sum(r.bytes_up + r.bytes_down for r in h) / len(h),
     }
 
 

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from pydantic import ConfigDict, Field
 
+from fedccrl_core.federation.round_record import RoundRecord
 from fedccrl_core.foundation.errors import UntrustedFileError
 from fedccrl_core.foundation.fsio import atomic_file, atomic_path
 from fedccrl_core.foundation.records import Record, parse_record
@@ -64,15 +65,12 @@ class RoundState(Record):
     best: dict[str, torch.Tensor]  # the weights of the best-validation round so far
     best_round: int
     best_val: float
-    history: list[dict[str, Any]]  # the round records so far (fedccrl_core/foundation/contract.py)
+    history: list[RoundRecord]  # the round records so far (federation/round_record.py)
     run_info: dict[str, Any]  # what the run must match to resume from this checkpoint
     server_state: dict[str, Any]  # Algorithm.server_state()
     engine: str
     privacy: list[list[Any]] | None = None  # train.privacy's accountant (its releases); absent when off
     states: dict[str, dict[str, Any]] | None = None  # client states of the single-file format (before state files)
-
-    def to_dict(self) -> dict[str, Any]:
-        return self.model_dump(by_alias=True, exclude_unset=True)
 
 
 class RoundCheckpoint(RoundState):

@@ -23,6 +23,7 @@ import torch
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.engine import InProcessEngine
 from fedccrl_core.federation.loop import EvalSets, RunResult
+from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.learning.models import FedModel
 
@@ -63,7 +64,7 @@ def _stderr(msg: str) -> None:
 
 def train(
     run: HeldOutRun,
-    on_round: Callable[[dict], None] | None = None,
+    on_round: Callable[[RoundRecord | SpentRecord], None] | None = None,
     log: Callable[[str], None] = _stderr,
     engine: type[InProcessEngine] = InProcessEngine,
 ) -> RunResult:

@@ -28,6 +28,7 @@ from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.concurrent import Interleaver, Task
 from fedccrl_core.federation.loop import EvalSets, RoundLoop, RunResult
+from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 from fedccrl_core.learning.clients import ClientData, ClientState
@@ -180,7 +181,7 @@ class InProcessEngine:
         seed: int,
         client_fraction: float = 1.0,
         checkpoint_path: str | Path | None = None,
-        on_round: Callable[[dict], None] | None = None,
+        on_round: Callable[[RoundRecord | SpentRecord], None] | None = None,
         run_info: dict | None = None,
         log=lambda msg: print(msg, file=sys.stderr, flush=True),
         concurrent_clients: int | str = "auto",

@@ -3,12 +3,7 @@ train stage (`write_history`, from fedccrl_core/federation/jobs.py `run_one`), r
 the evaluate, figures and train stages' tracking: validated once where the file is read, and handed on as a
 `RunHistory`, so that no reader looks a round's field up by its name.
 
-A round record (RoundLoop's, federation/loop.py) has the fields every round has (ROUND ... BYTES_DOWN, in the order
-the loop writes them, fedccrl_core/foundation/contract.py) and the metrics of the run: the objective LOSS and the
-loss terms "l_*" (Eq. 2's n_i-weighted means over the clients), TRAIN_ACC and each client's, LR, train.privacy's
-epsilons, and an engine's own (the Flower engine's bytes on the wire, dropped and refused clients). Those vary with
-the algorithm and the engine; they are kept as read, in order, and a number among them is read by its name through
-`RoundRecord.metric`.
+The round records are federation/round_record.py's, typed where the loop makes them.
 
 Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 
@@ -20,42 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from fedccrl_core.federation.round_record import RoundRecord
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.foundation.records import Record, parse_record
 from fedccrl_core.learning.model_meta import ModelMeta
-
-
-class RoundRecord(Record):
-    """One round of a run (contract.py's round record)."""
-
-    model_config = ConfigDict(extra="allow")  # the run's metrics (module docstring), checked below
-
-    round: int
-    val_acc: float
-    target_acc: float
-    val_pred_classes: int
-    seconds: float
-    bytes_up: int
-    bytes_down: int
-
-    @model_validator(mode="after")
-    def _metrics_are_data(self) -> RoundRecord:
-        for key, value in (self.model_extra or {}).items():
-            if not isinstance(value, (int, float, str, list, dict, type(None))):
-                raise ValueError(f"round {self.round}: {key!r} is a {type(value).__name__}, not JSON data")
-        return self
-
-    def metric(self, name: str) -> float | None:
-        """The number named `name` (a contract.py field, a loss term), None where the round has none."""
-        value = getattr(self, name) if name in type(self).model_fields else (self.model_extra or {}).get(name)
-        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-    def loss_terms(self) -> list[str]:
-        """The loss terms the algorithm's train step reported this round (contract.is_loss_term)."""
-        return [k for k in self.model_extra or {} if contract.is_loss_term(k)]
 
 
 class RunPrivacySummary(Record):
@@ -94,7 +60,7 @@ def write_history(
     folder: Path,
     meta: ModelMeta,
     best_round: int,
-    rounds: list[dict[str, Any]],
+    rounds: list[RoundRecord],
     privacy: RunPrivacySummary | None = None,
 ) -> RunHistory:
     """history.json and history.csv of a run into `folder` (the run's folder while it is written); the history,

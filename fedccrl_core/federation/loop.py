@@ -31,6 +31,7 @@ import torch
 from fedccrl_core.algorithms.base import Aggregation, Algorithm, ListAggregation, Reply
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints, RoundState
+from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
 from fedccrl_core.learning.accuracy import accuracy, predict
@@ -177,7 +178,7 @@ class Evaluator(Protocol):
 
 @dataclass
 class RunResult:
-    history: list[dict]
+    history: list[RoundRecord]
     final_weights: dict
     best_weights: dict
     best_round: int
@@ -235,7 +236,7 @@ class RoundLoop:
         seed: int,
         client_fraction: float = 1.0,
         checkpoints: RoundCheckpoints | None = None,
-        on_round: Callable[[dict], None] | None = None,
+        on_round: Callable[[RoundRecord | SpentRecord], None] | None = None,
         run_info: dict | None = None,
         log: Callable[[str], None] = lambda msg: print(msg, file=sys.stderr, flush=True),
         engine: str = "inprocess",
@@ -302,11 +303,12 @@ class RoundLoop:
     def run(self) -> RunResult:
         seed_everything(derive_seed(self.seed, "init"))
         global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # line 1
-        history, best_w, best_round, best_val, start = [], global_w, 0, -1.0, 1
+        history: list[RoundRecord] = []
+        best_w, best_round, best_val, start = global_w, 0, -1.0, 1
         ck = self.checkpoints.load(self._accept) if self.checkpoints is not None else None
         if ck is not None:
             global_w, best_w, best_round, best_val = ck.global_weights, ck.best, ck.best_round, ck.best_val
-            history, start = ck.history, ck.round + 1
+            history, start = list(ck.history), ck.round + 1
             self.alg.load_server_state(ck.server_state)
             self.log(f"resuming from checkpoint after round {ck.round}")
         if self.privacy is not None:
@@ -355,7 +357,7 @@ class RoundLoop:
             if val_acc > best_val:  # training-domain validation (DomainBed)
                 best_val, best_round = val_acc, rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            rec: dict[str, Any] = {
+            fields: dict[str, Any] = {
                 contract.ROUND: rnd,
                 contract.VAL_ACC: val_acc,
                 contract.TARGET_ACC: tgt_acc,
@@ -367,19 +369,19 @@ class RoundLoop:
                 contract.BYTES_DOWN: len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies),
             }
             for key in sorted({k for r in replies for k in r.metrics}):
-                rec[key] = weighted_mean(replies, key)
+                fields[key] = weighted_mean(replies, key)
             for r in replies:  # none under train.privacy: the clients send no metrics
                 if contract.TRAIN_ACC in r.metrics:
-                    rec[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
-            rec.update(self.transport.round_record(rnd))
-            rec.update(ev.record)
+                    fields[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
+            fields.update(self.transport.round_record(rnd))
+            fields.update(ev.record)
             if self.privacy is not None:
-                rec.update(self.privacy.record())
+                fields.update(self.privacy.record())
+            rec = RoundRecord.model_validate(fields)  # typed here, where it is made
             history.append(rec)
             self.log(
                 f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
-                f"target_acc {tgt_acc:.4f} ({rec[contract.SECONDS]:.1f}s, {rec[contract.BYTES_UP]} B up, "
-                f"{rec[contract.BYTES_DOWN]} B down)"
+                f"target_acc {tgt_acc:.4f} ({rec.seconds:.1f}s, {rec.bytes_up} B up, {rec.bytes_down} B down)"
             )
             self.on_round(rec)  # log first: a crash before the checkpoint re-logs identical values
             if self.checkpoints is not None:
@@ -424,7 +426,7 @@ class RoundLoop:
                 f"interrupted after them): charged; epsilon spent {self.privacy.ledger.epsilon():.3f}"
             )
 
-    def _collect_uploads(self, rnd: int, history: list[dict]) -> dict[str, Any]:
+    def _collect_uploads(self, rnd: int, history: list[RoundRecord]) -> dict[str, Any]:
         """transport.collect_uploads; a round the transport refuses after uploads left the clients has them charged
         (each release its own event) and reported before the run stops."""
         try:
@@ -436,17 +438,17 @@ class RoundLoop:
                 self._report_spent(rnd, history)
             raise
 
-    def _report_spent(self, rnd: int, history: list[dict]) -> None:
+    def _report_spent(self, rnd: int, history: list[RoundRecord]) -> None:
         """The run stops in round `rnd`: when that round released something that no round record covers, a record of
         the epsilon spent alone ({round, dp_epsilon..., dp_stopped: 1}) goes to on_round (MLflow), so the last
         dp_epsilon logged is what was spent. It is not a round of the history (no model, no accuracy)."""
         if self.privacy is None or not self.privacy.released_in(rnd):
             return
-        if history and history[-1][contract.ROUND] == rnd:
+        if history and history[-1].round == rnd:
             return
-        rec = {contract.ROUND: rnd, **self.privacy.record(), contract.DP_STOPPED: 1.0}
+        rec = SpentRecord.model_validate({contract.ROUND: rnd, **self.privacy.record(), contract.DP_STOPPED: 1.0})
         self.log(
-            f"train.privacy: round {rnd} stopped after a release; epsilon spent {rec[contract.DP_EPSILON]:.3f} "
+            f"train.privacy: round {rnd} stopped after a release; epsilon spent {rec.dp_epsilon or 0.0:.3f} "
             "(logged as that round's dp_epsilon)"
         )
         self.on_round(rec)

@@ -25,8 +25,9 @@ class Record(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
     def to_dict(self) -> dict[str, Any]:
-        """The record as plain data: the keys it was given (a key left out stays out), in declaration order."""
-        return self.model_dump(exclude_unset=True)
+        """The record as plain data: the keys it was given (a key left out stays out), in declaration order, each by
+        the name it is written under (its alias where it has one)."""
+        return self.model_dump(by_alias=True, exclude_unset=True)
 
 
 R = TypeVar("R", bound=BaseModel)

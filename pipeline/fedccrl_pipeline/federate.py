@@ -4,9 +4,9 @@ whose sites hold their own data. It reads no data file: the sites come from the 
 (the ServerApp evaluates on the sites: fedccrl_flower/evalsets.py). It submits the run to the SuperLink at
 `--superlink` (TLS with `--root-certificates`; the ServerApp then runs on the SuperLink's host and writes its work
 folder `--work` there: the launcher must share that filesystem), waits for it, and writes <out>/ as the train stage
-writes a run folder: model.pt (final round), best.pt (the val-selected round), history.json and history.csv, plus
-result.json (what `fedccrl evaluate` reports: the final and val-selected target accuracy, here as the evaluation
-sites measured them, and the round). <out> appears complete or not at all."""
+writes a run folder (model.pt, best.pt, history.json, history.csv), through the train stage's own path
+(pipeline/fedccrl_pipeline/training.py): the same run key with the code's hash, model meta with its provenance,
+privacy summary, sweep budget and MLflow runs. <out> appears complete or not at all."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from pathlib import Path
 import click
 
 from fedccrl_pipeline.stage_runtime import run_stage
-
-RESULT_FILE = "result.json"
+from fedccrl_pipeline.training import load_train_config, run_settings, train_tracked
 
 
 def federate(
@@ -32,22 +31,18 @@ def federate(
     work: Path,
     timeout_s: float,
     deploy_path: Path | None = None,
-) -> dict:
-    from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
-    from fedccrl_core.federation.jobs import privacy_summary, without_epsilon, write_run_folder
-    from fedccrl_core.foundation import contract
-    from fedccrl_core.foundation.runkey import params_hash
-    from fedccrl_core.learning.model_file import ModelMeta
-    from fedccrl_core.outcomes.runs import BY_THE_SITES
-    from fedccrl_flower.federation import Federation
-    from fedccrl_flower.run import wait_for_result
+) -> None:
+    from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.federation.jobs import LOG
+    from fedccrl_core.federation.plan import DeployedData, plan_deployed
+    from fedccrl_flower.run import train_deployed
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
     from fedccrl_pipeline.params import load_deploy
-    from fedccrl_pipeline.train import load_train_config, run_settings
+    from fedccrl_pipeline.sweep_privacy import check_sweep_budget, federation_plan
+    from fedccrl_pipeline.train_tracking import TrainTracking, deployed_data
 
-    if deploy_path is not None:  # the operator's pipeline (deploy/dvc.yaml): its deploy file, whole, first
-        load_deploy(deploy_path)
+    deploy = load_deploy(deploy_path) if deploy_path is not None else None  # its deploy file, whole, first
     cfg = load_train_config(params_path, algorithm)  # the whole file first, before anything starts
     fed_file = read_federation(federation)
     try:
@@ -55,146 +50,34 @@ def federate(
     except ValueError as e:
         raise ValueError(f"{federation}: --held-out: {e}") from None
     settings, flower = run_settings(cfg), cfg.train.flower
-    sources, evaluators = fed_file.sources(target), fed_file.evaluators(target)
-    flower.require_clients(len(sources), target)
+    flower.require_clients(len(fed_file.sources(target)), target)
+    # the sweep's epsilon per image, planned over the sites (their sizes unknown here: the worst case), before MLflow
+    planned_epsilon = check_sweep_budget(cfg, federation_plan(cfg, fed_file, deploy), algorithm, seed, [target])
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))
-    core = dict(
-        algorithm=algorithm,
-        local=settings.local,
-        hparams=hparams,
-        backbone=settings.backbone,
-        num_classes=len(fed_file.classes),
-        seed=seed,
-        held_out=target,
-        sources=sources,
-        evaluators=evaluators,
-        pretrained=settings.pretrained,
-        client_fraction=float(settings.client_fraction),
-        device=settings.device,
-        eval_batch_size=int(settings.eval_batch_size),
-        client_state=settings.client_state,
-        **flower.model_dump(include=set(ServerSpec.FROM_SETTINGS) - {"num_clients"}),
-        num_clients=flower.num_clients or len(sources) + len(evaluators),  # 0: every site of the run
+    data = DeployedData(
+        dataset=fed_file.dataset,
+        domains=list(fed_file.domains),
         classes=list(fed_file.classes),
         image_size=fed_file.image_size,
+        resize=fed_file.resize_policy,
+        site_domains=[site.domain for site in fed_file.sites],
+        description=fed_file.to_dict(),
     )
-    probe = ServerSpec(**core, work_dir="")  # the run's key: everything but where it writes
-    run_key = params_hash({**probe.model_dump(mode="json", exclude={"work_dir"}), "federation": fed_file.to_dict()})
-    work = work.resolve()
-    spec = ServerSpec(
-        **core,
-        work_dir=str(work),
-        checkpoint=str(work / "checkpoint.pt"),
-        run_info={"run_key": run_key},
+    engine = flower.model_dump(include=set(ServerSpec.FROM_SETTINGS))
+    job = plan_deployed(settings, data, engine, algorithm, seed, target, out, work, hparams)
+    job.flower_train = functools.partial(
+        train_deployed,
+        settings=flower,
+        federation=fed_file,
+        superlink=superlink,
+        root_certificates=root_certificates,
+        timeout_s=timeout_s,
     )
-    privacy = settings.local.privacy  # as the train stage writes a DP run (federation/jobs.py run_one)
-    mark = privacy.not_private_mark() if privacy is not None else None
-    as_reported = functools.partial(without_epsilon, seeded=mark is not None)
-    run = deployment_run(cfg, fed_file, algorithm, seed, target, hparams.model_dump(), run_key)
-    try:
-        with Federation(work / "federation", superlink, root_certificates) as fed:
-            run_id = fed.submit(spec)
-            click.echo(f"flower deployment: run {run_id} on SuperLink {superlink}", err=True)
-            result = wait_for_result(
-                fed, run_id, work, on_round=lambda rec: run.log_round(as_reported(rec)), timeout=timeout_s
-            )
-        alg = build_algorithm(algorithm, settings.local, hparams)
-        model = alg.build_model(settings.backbone, len(fed_file.classes), "none", alg.hp)
-        meta = ModelMeta(
-            backbone=settings.backbone,
-            num_classes=len(fed_file.classes),
-            classes=fed_file.classes,
-            image_size=fed_file.image_size,
-            mean=list(settings.local.mean),
-            std=list(settings.local.std),
-            resize=fed_file.resize_policy,
-            dataset=fed_file.dataset,
-            domains=fed_file.domains,
-            held_out_domain=target,
-            held_out_index=fed_file.domains.index(target),
-            algorithm=algorithm,
-            seed=seed,
-            hparams=alg.hp.model_dump(),
-            params_hash=run_key,
-            mlflow_run_id=run.run_id,
-            mlflow_experiment_id=run.experiment_id,
-        )
-        if mark:  # a seeded run's model files and history say so
-            meta = meta.model_copy(update={"privacy": mark})
-        trained = [d for d in fed_file.domains if d != target and any(s.domain == d for s in fed_file.sites)]
-        summary = privacy_summary(privacy, trained, result.extra) if privacy is not None and privacy.enabled else None
-        records = [as_reported(rec) for rec in result.history]
-        final = records[-1]
-        result.final_weights = {k: v.cpu() for k, v in result.final_weights.items()}
-        result.best_weights = {k: v.cpu() for k, v in result.best_weights.items()}
-        doc = {
-            "algorithm": algorithm,
-            "seed": seed,
-            "held_out_domain": target,
-            contract.FINAL_TARGET_ACC: final[contract.TARGET_ACC],
-            contract.BEST_VAL_TARGET_ACC: records[result.best_round - 1][contract.TARGET_ACC],
-            contract.BEST_ROUND: result.best_round,
-            "evaluated_on": BY_THE_SITES,
-        }
-        write_run_folder(out, model, meta, result, settings.local.rounds, records, summary, extra={RESULT_FILE: doc})
-    except BaseException:  # the run folder is not written: the MLflow run says so
-        run.finish("FAILED")
-        raise
-    run.finish()
-    click.echo(
-        f"{algorithm} s{seed} {target}: final {doc[contract.FINAL_TARGET_ACC]:.4f} best-val "
-        f"{doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {result.best_round}) -> {out}",
-        err=True,
+    tracking = TrainTracking(
+        cfg, job.settings, algorithm, seed, deployed_data(fed_file, federation), [job], planned_epsilon
     )
-    return doc
-
-
-def deployment_run(cfg, fed_file, algorithm: str, seed: int, held_out: str, hparams: dict, run_key: str):
-    """The MLflow child run of one deployment run (every round as the ServerApp records it), under the
-    deployment's parent run: experiment fedccrl-<dataset>-deploy, one parent per federation file and training
-    settings (what the runs of deploy/dvc.yaml's matrix share)."""
-    from fedccrl_core.algorithms import ALGORITHMS
-    from fedccrl_core.foundation.runkey import params_hash
-    from fedccrl_pipeline.git_state import git_commit
-    from fedccrl_pipeline.mlflow_store import store_errors, tracking_uri
-    from fedccrl_pipeline.sweep_privacy import PRIVACY_TAG
-    from fedccrl_pipeline.tracking import ChildRun, parent_run_id
-
-    params = cfg.as_written()
-    shared = {k: v for k, v in params["train"].items() if k not in ("held_out", "algorithms", "seeds", *ALGORITHMS)}
-    sweep = {
-        "federation": fed_file.to_dict(),
-        "model": params.get("model", {}),
-        "preprocess": params.get("preprocess", {}),
-        "train": shared,
-    }
-    sweep_key, experiment, commit = params_hash(sweep), f"fedccrl-{fed_file.dataset}-deploy", git_commit()
-    privacy = cfg.train.privacy
-    mark = privacy.not_private_mark()
-    tags = {
-        "git_commit": commit,
-        "fedccrl.role": "child",
-        "fedccrl.sweep": sweep_key,
-        "fedccrl.engine": "flower deployment",
-        "fedccrl.run_key": run_key,
-        "held_out": held_out,
-        "algorithm": algorithm,
-        "seed": str(seed),
-        **({"fedccrl.privacy_noise": privacy.noise_source()} if privacy.enabled else {}),
-        **({PRIVACY_TAG: mark} if mark else {}),
-    }
-    child = {
-        **{k: v for k, v in sweep.items() if k != "federation"},
-        "federation": {
-            "sites": len(fed_file.sites),
-            "classes": len(fed_file.classes),
-            "image_size": fed_file.image_size,
-        },
-        "train": {**shared, "algorithm": algorithm, "seed": seed, "held_out": held_out, algorithm: hparams},
-    }
-    with store_errors(tracking_uri()):  # a store that fails: one line naming it, before the run starts
-        parent = parent_run_id(experiment, sweep_key, sweep)
-        return ChildRun(experiment, parent, f"{algorithm}-{fed_file.dataset}-s{seed}-{held_out}", child, tags)
+    LOG(f"federate {algorithm} seed {seed}: held-out {target} over {superlink}")
+    train_tracked([job], 1, None, None, tracking)
 
 
 @click.command("federate")

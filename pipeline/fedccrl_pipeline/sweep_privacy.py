@@ -10,6 +10,8 @@ as two tags, so any train process of the sweep can compose them from the store."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation.errors import ParamError
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
     from fedccrl_core.data.shards import ShardManifest
     from fedccrl_core.federation.history import RunPrivacySummary
     from fedccrl_core.privacy.sweep_epsilon import SweepRun
-    from fedccrl_pipeline.params import ParamsFile
+    from fedccrl_flower.sites import FederationFile
+    from fedccrl_pipeline.params import DeployParams, ParamsFile
 
 KEY = "train.privacy.max_sweep_epsilon"
 RELEASES_TAG = "fedccrl.dp_releases"  # a finished child: the releases its ledger charged (encode_releases)
@@ -29,42 +32,93 @@ SWEEP_PLANNED = "dp_epsilon_sweep_planned"  # the parent: the same over the plan
 SWEEP_RUNS = "dp_sweep_runs"  # the parent: how many finished runs the value composes
 
 
-def planned_sweep(cfg: ParamsFile, manifest: ShardManifest, algorithm: str, seed: int, targets: list[str]):
-    """Every run of the sweep (module docstring) as a SweepRun whose releases are those it charges when it trains
-    every round (sweep_epsilon.py planned_releases), with the sizes the clients will announce (the manifest's)."""
-    from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.algorithms.fedccrl import StatisticsExchange
+@dataclass(frozen=True)
+class SweepPlan:
+    """The runs of a sweep: every (algorithm, seed) trains every held-out domain, all on the same images.
+    `sizes(target)`: {client: n_i} of the clients that train when `target` is held out, n_i None where this
+    machine cannot know it (a deployment's site: planned as if every row were released, the worst case)."""
+
+    domains: list[str]
+    algorithms: list[str]
+    seeds: list[int]
+    held_out: list[str]  # domain names
+    sizes: Callable[[str], dict[str, int | None]]
+
+
+def manifest_plan(cfg: ParamsFile, manifest: ShardManifest) -> SweepPlan:
+    """The train stage's sweep (dvc.yaml's matrix: train.algorithms x train.seeds x train.held_out) on the central
+    partition, with the sizes the clients will announce (the manifest's)."""
     from fedccrl_core.data.shards import client_ids
-    from fedccrl_core.federation.loop import sampled_count
-    from fedccrl_core.privacy.sweep_epsilon import SweepRun, planned_releases
     from fedccrl_pipeline.params import resolve_held_out
 
-    t, s = cfg.train, cfg.train.privacy
+    t = cfg.train
     domains = list(manifest.domains)
     held_out, _ = resolve_held_out(domains, list(t.held_out), f"the shards ({manifest.dataset})")
+    clients = {c.id: c for c in manifest.clients}
+
+    def sizes(target: str) -> dict[str, int | None]:
+        counts = {
+            cid: clients[cid].train_domain_counts or {clients[cid].domain: clients[cid].n_train}
+            for cid in client_ids(manifest, target)
+        }
+        return {cid: sum(v for d, v in c.items() if d != target) for cid, c in counts.items()}
+
+    return SweepPlan(domains, list(t.algorithms), list(t.seeds), held_out, sizes)
+
+
+def federation_plan(cfg: ParamsFile, fed_file: FederationFile, deploy: DeployParams | None) -> SweepPlan:
+    """A deployment's sweep (deploy/params.yaml's deploy.algorithms x seeds x held_out, else train.*'s) over the
+    federation file's source sites, whose sizes the operator does not know."""
+    t = cfg.train
+    algorithms, seeds = (deploy.algorithms, deploy.seeds) if deploy else (t.algorithms, t.seeds)
+    entries = deploy.held_out if deploy else t.held_out
+    held_out = []
+    for entry in entries:  # the research params' train.held_out may name domains this federation lacks
+        try:
+            held_out.append(fed_file.held_out(entry))
+        except ValueError:
+            continue
+    return SweepPlan(
+        list(fed_file.domains),
+        list(algorithms),
+        list(seeds),
+        held_out,
+        lambda target: dict.fromkeys(fed_file.sources(target)),
+    )
+
+
+def planned_sweep(cfg: ParamsFile, plan: SweepPlan, algorithm: str, seed: int, targets: list[str]):
+    """Every run of the sweep (module docstring) as a SweepRun whose releases are those it charges when it trains
+    every round (sweep_epsilon.py planned_releases)."""
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.algorithms.fedccrl import StatisticsExchange
+    from fedccrl_core.federation.loop import sampled_count
+    from fedccrl_core.privacy.sweep_epsilon import SweepRun, planned_releases
+
+    t, s = cfg.train, cfg.train.privacy
     runs = []
-    for name in dict.fromkeys([*t.algorithms, algorithm]):
+    for name in dict.fromkeys([*plan.algorithms, algorithm]):
         alg = build_algorithm(name, cfg.local, getattr(t, name))
         uploads = getattr(alg.Params, "uploads_statistics", False)
         assert not uploads or isinstance(alg, StatisticsExchange)  # the algorithms whose uploads are statistics
-        for target in dict.fromkeys([*held_out, *targets]):
-            clients = {c.id: c for c in manifest.clients}
+        for target in dict.fromkeys([*plan.held_out, *targets]):
             sizes = {}
-            for cid in client_ids(manifest, target):
-                c = clients[cid]
-                n = sum(v for d, v in (c.train_domain_counts or {c.domain: c.n_train}).items() if d != target)
-                sizes[cid] = (n, alg.released_rows(n) if isinstance(alg, StatisticsExchange) else n)
+            for cid, n in plan.sizes(target).items():
+                if n is None:  # unknown: one row of one, every row released (RoundLoop.planned_round's worst case)
+                    sizes[cid] = (1, 1)
+                else:
+                    sizes[cid] = (n, alg.released_rows(n) if isinstance(alg, StatisticsExchange) else n)
             releases = planned_releases(
                 s, uploads, sizes, len(sizes), sampled_count(len(sizes), t.client_fraction), cfg.local.rounds
             )
-            sources = tuple(d for d in domains if d != target)
-            for sd in dict.fromkeys([*t.seeds, seed]):
+            sources = tuple(d for d in plan.domains if d != target)
+            for sd in dict.fromkeys([*plan.seeds, seed]):
                 runs.append(SweepRun(f"{name} s{sd} held-out {target}", sources, tuple(releases)))
     return runs
 
 
 def check_sweep_budget(
-    cfg: ParamsFile, manifest: ShardManifest, algorithm: str, seed: int, targets: list[str]
+    cfg: ParamsFile, plan: SweepPlan, algorithm: str, seed: int, targets: list[str]
 ) -> dict[str, float] | None:
     """The sweep's planned epsilon per image, {domain: epsilon} (None without DP, or with a seeded noise, where
     epsilon does not apply). ParamError naming train.privacy.max_sweep_epsilon when it is set and a domain's
@@ -74,7 +128,7 @@ def check_sweep_budget(
         return None
     from fedccrl_core.privacy.sweep_epsilon import per_image_epsilon
 
-    runs = planned_sweep(cfg, manifest, algorithm, seed, targets)
+    runs = planned_sweep(cfg, plan, algorithm, seed, targets)
     eps = per_image_epsilon(runs, s.delta)
     if s.max_sweep_epsilon:
         over = {d: e for d, e in eps.items() if e > s.max_sweep_epsilon}
@@ -84,7 +138,7 @@ def check_sweep_budget(
             raise ParamError(
                 f"params.yaml: key '{KEY}': got {s.max_sweep_epsilon:g}; an image of domain {worst} would reach "
                 f"epsilon {over[worst]:.3f} at delta {s.delta:g} over the sweep ({count} of its {len(runs)} runs "
-                f"train on it: train.held_out x train.algorithms x train.seeds on the same clients; "
+                f"train on it: held-out domains x algorithms x seeds on the same clients; "
                 f"{', '.join(f'{d} {e:.3f}' for d, e in over.items())} above it). Raise {KEY}, raise the noise "
                 "multipliers, or train fewer runs"
             )

@@ -8,16 +8,13 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fedccrl_core.data.checksums import sha256_file
+from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_pipeline.git_state import git_commit
 from fedccrl_pipeline.mlflow_store import find_run, mlflow_module, set_experiment
 from fedccrl_pipeline.orphan_runs import OWNER_TAG, close_orphans, owner
 from fedccrl_pipeline.run_names import dvc_experiment_name, flatten, sweep_run_name
-
-if TYPE_CHECKING:
-    from fedccrl_core.federation.history import RoundRecord
 
 MAX_PARAM_CHARS = 6000  # MLflow's limit on a param value
 
@@ -160,29 +157,26 @@ class ChildRun:
             have |= {int(m.step) for m in self.client.get_metric_history(self.run_id, contract.TARGET_ACC)}
         missing = [rec for rec in history if rec.round not in have]
         for rec in missing:
-            self.log_round(rec.to_dict())
+            self.log_round(rec)
         return [rec.round for rec in missing]
 
-    def log_round(self, rec: dict) -> None:
+    def log_round(self, rec: RoundRecord | SpentRecord) -> None:
         """One round's record as the engine sends it live (the loop's `on_round`, a worker's message): MLflow's
-        metrics and tags at its step."""
-        from fedccrl_core.foundation import contract
-
-        rnd = int(rec[contract.ROUND])
+        metrics and tags at its step; a dropped or refused client by its client id (node id where none is known)."""
+        rnd = rec.round
         self.logged_rounds.add(rnd)
-        self.log_metrics(
-            {k: v for k, v in rec.items() if k != contract.ROUND and isinstance(v, (int, float)) and v is not None},
-            step=rnd,
-        )
-        if rec.get(contract.VAL_PRED_CLASSES) == 1:  # federation/loop.py warned: the model predicts one class
+        self.log_metrics(rec.numbers(), step=rnd)
+        if not isinstance(rec, RoundRecord):
+            return
+        if rec.val_pred_classes == 1:  # federation/loop.py warned: the model predicts one class
             self.client.set_tag(self.run_id, "fedccrl.collapsed", f"round {rnd}")
-        for kind in ("dropped", "refused"):  # the Flower engine's round record: who and why (server_app.py)
-            who = rec.get(f"{kind}_clients") or []
+        for kind, who in (("dropped", rec.dropped_clients or []), ("refused", rec.refused_clients or [])):
             for d in who:
-                if d.get("client"):
-                    self.log_metrics({f"{kind}/{d['client']}": 1}, step=rnd)
+                if d.client:
+                    self.log_metrics({f"{kind}/{d.client}": 1}, step=rnd)
             if who:
-                self.client.set_tag(self.run_id, f"fedccrl.{kind}.round_{rnd}", json.dumps(who, sort_keys=True)[:5000])
+                text = json.dumps([d.to_dict() for d in who], sort_keys=True)[:5000]
+                self.client.set_tag(self.run_id, f"fedccrl.{kind}.round_{rnd}", text)
 
     def finish(self, status: str = "FINISHED") -> None:
         if self.monitor is not None:

@@ -16,48 +16,9 @@ from pathlib import Path
 
 import click
 
-from fedccrl_core.federation.jobs import LOG
-from fedccrl_pipeline.params import ParamError, ParamsFile, read_yaml, validate_params
 from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.sweep import check_train, held_out_entry
-from fedccrl_pipeline.sweep_privacy import check_sweep_budget
-
-
-def check_algorithm(name: str, option: str = "--algorithm") -> None:
-    from fedccrl_core.algorithms import ALGORITHMS
-
-    if name not in ALGORITHMS:
-        raise ParamError(
-            f"{option}: got {name!r}; must be one of {', '.join(ALGORITHMS)} (params.yaml train.algorithms)"
-        )
-
-
-def load_train_config(path: Path, algorithm: str) -> ParamsFile:
-    """The whole params file, typed, with `algorithm` (--algorithm) checked as one to be trained; ParamError with
-    one line per problem, before any data is read and before MLflow."""
-    check_algorithm(algorithm)
-    return validate_params(read_yaml(path), (algorithm,))
-
-
-def run_settings(cfg: ParamsFile):
-    """What every run of the stage shares (federation/jobs.py RunSettings), from the typed params: the `auto`
-    backbone and pretrained weights resolved for the dataset."""
-    from fedccrl_core.data.registry import resolve_backbone, resolve_pretrained
-    from fedccrl_core.federation.jobs import RunSettings
-
-    t = cfg.train
-    return RunSettings(
-        dataset=cfg.dataset.name,
-        backbone=resolve_backbone(cfg.model.backbone, cfg.dataset.name),
-        pretrained=resolve_pretrained(cfg.model.pretrained, cfg.dataset.name),
-        local=cfg.local,
-        engine=t.engine,
-        device=t.device,
-        client_fraction=t.client_fraction,
-        concurrent_clients=t.concurrent_clients,
-        client_state=t.client_state,
-        eval_batch_size=cfg.evaluate.batch_size,
-    )
+from fedccrl_pipeline.training import load_train_config, run_settings, train_tracked
 
 
 def train(
@@ -74,9 +35,11 @@ def train(
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.data.pools import check_pools
     from fedccrl_core.data.shards import client_ids, load_manifest
-    from fedccrl_core.federation.jobs import plan_runs, run_jobs, worker_count
-    from fedccrl_pipeline.mlflow_store import TrackingStoreError
-    from fedccrl_pipeline.train_tracking import TrainTracking
+    from fedccrl_core.federation.jobs import LOG
+    from fedccrl_core.federation.plan import plan_runs
+    from fedccrl_core.federation.workers import worker_count
+    from fedccrl_pipeline.sweep_privacy import check_sweep_budget, manifest_plan
+    from fedccrl_pipeline.train_tracking import TrainTracking, shards_data
 
     cfg = load_train_config(params_path, algorithm)  # the whole file, before any data is read and before MLflow
     settings = run_settings(cfg)
@@ -85,7 +48,7 @@ def train(
     targets = check_train(cfg, manifest, algorithm, held_out)  # before any shard is read, before MLflow
     check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
     # the sweep's epsilon per image, planned: checked against train.privacy.max_sweep_epsilon before MLflow
-    planned_epsilon = check_sweep_budget(cfg, manifest, algorithm, seed, targets)
+    planned_epsilon = check_sweep_budget(cfg, manifest_plan(cfg, manifest), algorithm, seed, targets)
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))  # typed already: FedCCRL's variant read
     jobs = plan_runs(
         settings,
@@ -105,18 +68,10 @@ def train(
         for job in jobs:  # train.flower as validated with the whole file, never validated again
             job.flower_train = functools.partial(train_with_flower, settings=cfg.train.flower)
     n_workers = worker_count(workers, settings, len(jobs))
-    tracking = TrainTracking(cfg, settings, algorithm, seed, manifest, shards, jobs, planned_epsilon)
+    data = shards_data(settings.dataset, settings.engine, manifest, shards)
+    tracking = TrainTracking(cfg, settings, algorithm, seed, data, jobs, planned_epsilon)
     LOG(f"train {algorithm} seed {seed}: held-out {[j.target for j in jobs]}, {n_workers} at a time")
-    try:
-        run_jobs(jobs, n_workers, shards, pools, tracking.start, tracking.on_message)
-    except TrackingStoreError:  # nothing more can be told to the store: the rerun resumes the runs it left RUNNING
-        raise
-    except (KeyboardInterrupt, SystemExit):  # Ctrl-C, SIGTERM (fedccrl_core/foundation/procs.py): resumable, not failed
-        tracking.finish_all("KILLED")
-        raise
-    except BaseException:
-        tracking.finish_all("FAILED")
-        raise
+    train_tracked(jobs, n_workers, shards, pools, tracking)
 
 
 @click.command("train")

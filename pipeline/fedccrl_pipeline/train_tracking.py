@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -19,31 +20,80 @@ from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 if TYPE_CHECKING:
     from fedccrl_core.data.shards import ShardManifest
     from fedccrl_core.federation.history import RunHistory
+    from fedccrl_flower.sites import FederationFile
 
 
-def mlflow_params(params: dict, job, device: str) -> dict:
+@dataclass(frozen=True)
+class TrackedData:
+    """What a sweep's runs train on, as MLflow records it: the central partition (`shards_data`) or a deployment's
+    sites (`deployed_data`)."""
+
+    experiment: str  # fedccrl-<dataset>, or fedccrl-<dataset>-deploy
+    stage: str  # the command that trains the runs (the child's dvc_stage tag)
+    engine: str  # the child's fedccrl.engine tag
+    name: str  # the MLflow dataset input's name
+    path: Path  # the file that describes the data (the shards' manifest, the federation file)
+    profile: dict  # its profile in MLflow (domains, clients, image size)
+    exclude: tuple[str, ...]  # params.yaml's groups that do not describe these runs
+    params: dict = field(default_factory=dict)  # what the children's params add
+    sweep: dict = field(default_factory=dict)  # what the parent's params add (its key: one parent per sweep)
+
+
+def shards_data(dataset: str, engine: str, manifest: ShardManifest, shards: Path) -> TrackedData:
+    """The train stage's data: the central partition in `shards`."""
+    profile = {"domains": manifest.domains, "clients": len(manifest.clients), "image_size": manifest.image_size}
+    return TrackedData(
+        f"fedccrl-{dataset}",
+        "train",
+        engine,
+        f"{dataset}-shards",
+        Path(shards) / "manifest.json",
+        profile,
+        ("evaluate", "export"),
+    )
+
+
+def deployed_data(fed_file: FederationFile, path: Path) -> TrackedData:
+    """A deployment's data: the sites of the federation file at `path`, each holding its own images. The research
+    params' dataset and partition groups do not describe it; the federation file does."""
+    profile = {"domains": fed_file.domains, "clients": len(fed_file.sites), "image_size": fed_file.image_size}
+    summary = {"sites": len(fed_file.sites), "classes": len(fed_file.classes), "image_size": fed_file.image_size}
+    return TrackedData(
+        f"fedccrl-{fed_file.dataset}-deploy",
+        "federate",
+        "flower deployment",
+        f"{fed_file.dataset}-sites",
+        Path(path),
+        profile,
+        ("evaluate", "export", "dataset", "partition", "tracking"),
+        {"federation": summary},
+        {"federation": fed_file.to_dict()},
+    )
+
+
+def mlflow_params(params: dict, job, device: str, data: TrackedData) -> dict:
     """A child run's MLflow params: params.yaml's dotted keys with the values the run actually used (the
     backbone, pretrained weights and image size that `auto` resolved to, every hyperparameter of its
     algorithm as validated, the device that ran), for its one algorithm, seed and held-out domain
-    (train.algorithm, train.seed, train.held_out). `params`: ParamsFile.as_written(); `job`: a TrainJob."""
+    (train.algorithm, train.seed, train.held_out), and what `data` adds. `params`: ParamsFile.as_written();
+    `job`: a TrainJob."""
     from fedccrl_pipeline.params import TrainSweep
 
     t = params["train"]
     train = {k: t[k] for k in TrainSweep.model_fields if k in t and k not in ("held_out", "algorithms", "seeds")}
-    if train.get("engine") != "flower":
+    if job.settings.engine != "flower":
         train.pop("flower", None)
     train.update(device=device, algorithm=job.algorithm, seed=job.seed, held_out=job.target)
     train[job.algorithm] = job.hparams.model_dump()
-    return flatten(
-        {
-            "dataset": params["dataset"],
-            "preprocess": {**params["preprocess"], "image_size": job.image_size},
-            "partition": params.get("partition") or {},
-            "model": {"backbone": job.settings.backbone, "pretrained": job.settings.pretrained},
-            "train": train,
-            "evaluate": {"batch_size": params["evaluate"]["batch_size"]},
-        }
-    )
+    groups = {
+        "dataset": params["dataset"],
+        "preprocess": {**params["preprocess"], "image_size": job.image_size},
+        "partition": params.get("partition") or {},
+        "model": {"backbone": job.settings.backbone, "pretrained": job.settings.pretrained},
+        "train": train,
+        "evaluate": {"batch_size": params["evaluate"]["batch_size"]},
+    }
+    return flatten({**{k: v for k, v in groups.items() if k not in data.exclude}, **data.params})
 
 
 class TrainTracking:
@@ -57,20 +107,19 @@ class TrainTracking:
         settings,
         algorithm: str,
         seed: int,
-        manifest: ShardManifest,
-        shards: Path,
+        data: TrackedData,
         jobs: list,
         planned_epsilon: dict[str, float] | None = None,
     ):
-        """cfg: the ParamsFile; settings: the jobs' RunSettings; jobs: TrainJobs (fedccrl_core/federation/jobs.py);
-        planned_epsilon: the sweep's planned epsilon per image (sweep_privacy.py check_sweep_budget), None without
-        DP or with a seeded noise."""
+        """cfg: the ParamsFile; settings: the jobs' RunSettings; data: what the runs train on; jobs: TrainJobs
+        (fedccrl_core/federation/plan.py); planned_epsilon: the sweep's planned epsilon per image
+        (sweep_privacy.py check_sweep_budget), None without DP or with a seeded noise."""
         from fedccrl_core.algorithms import ALGORITHMS
         from fedccrl_core.foundation.fastpath import resolve_device
 
         params = cfg.as_written()  # the keys params.yaml sets, typed: `lr: 1e-3` is 0.001 here too
         swept = set(cfg.train.algorithms)  # the parent names only the groups of the sweep's algorithms
-        sweep = {k: v for k, v in params.items() if k not in ("evaluate", "export")}
+        sweep = {k: v for k, v in params.items() if k not in data.exclude}
         self.sweep_params = {
             **sweep,
             "train": {
@@ -78,19 +127,19 @@ class TrainTracking:
                 for k, v in sweep.get("train", {}).items()
                 if k not in ("held_out", "algorithms", "seeds") and (k not in ALGORITHMS or k in swept)
             },
+            **data.sweep,
         }
-        self.params, self.dataset, self.algorithm, self.seed, self.manifest, self.jobs = (
+        self.params, self.dataset, self.algorithm, self.seed, self.data, self.jobs = (
             params,
             settings.dataset,
             algorithm,
             seed,
-            manifest,
+            data,
             jobs,
         )
-        self.experiment, self.commit = f"fedccrl-{settings.dataset}", git_commit()
+        self.experiment, self.commit = data.experiment, git_commit()
         self.device = resolve_device(settings.device).type  # what ran, not `auto`
         self.system_metrics_s = cfg.tracking.system_metrics_interval_s if cfg.tracking.system_metrics else None
-        self.shards_manifest = Path(shards) / "manifest.json"
         self.runs: dict[int, ChildRun] = {}
         self.parent: str | None = None
         self.uri = tracking_uri()
@@ -120,7 +169,7 @@ class TrainTracking:
         from fedccrl_core.foundation.fsio import write_text
         from fedccrl_core.foundation.numerics import numeric_platform
 
-        ckpt, dataset, manifest = job.ckpt, self.dataset, self.manifest
+        ckpt, dataset, data = job.ckpt, self.dataset, self.data
         side = ckpt.with_suffix(".mlflow.json")
         resumable = ckpt.is_file() or ckpt.with_name(ckpt.name + ".prev").is_file()  # federation/checkpoints.py
         recorded = json.loads(side.read_text())["run_id"] if side.is_file() else None
@@ -135,13 +184,15 @@ class TrainTracking:
             self.experiment,
             self.parent,
             f"{self.algorithm}-{dataset}-s{self.seed}-{job.target}",
-            mlflow_params(self.params, job, self.device),
+            mlflow_params(self.params, job, self.device, data),
             {
                 "git_commit": self.commit,
                 "mlflow.source.git.commit": self.commit.removesuffix("-dirty"),
                 **({"dvc.exp_name": dvc_experiment_name()} if dvc_experiment_name() else {}),
-                "dvc_stage": f"train@{self.algorithm}-{self.seed}",
+                "dvc_stage": f"{data.stage}@{self.algorithm}-{self.seed}",
                 "fedccrl.role": "child",
+                "fedccrl.engine": data.engine,
+                "fedccrl.run_key": job.run_key,
                 "fedccrl.sweep": sweep_key,
                 "held_out": job.target,
                 "algorithm": self.algorithm,
@@ -150,16 +201,7 @@ class TrainTracking:
                 **self.privacy_tags,
             },
             resume_run_id=resume_id,
-            dataset={
-                "name": f"{dataset}-shards",
-                "path": self.shards_manifest,
-                "profile": {
-                    "domains": manifest.domains,
-                    "clients": len(manifest.clients),
-                    "image_size": manifest.image_size,
-                    "held_out": job.target,
-                },
-            },
+            dataset={"name": data.name, "path": data.path, "profile": {**data.profile, "held_out": job.target}},
             system_metrics_s=self.system_metrics_s,
             on_created=lambda run_id: write_text(side, json.dumps({"run_id": run_id})),
         )
