@@ -2,11 +2,17 @@
 naming the class, the class naming its Params, one line in the registry (PARAMS), its params.yaml group checked
 against the class, its hyperparameter table generated, and one round trained by the training driver on tiny
 in-memory clients. `monkeypatch.setitem` stands for the line a real algorithm adds to
-fedccrl_core/algorithm_params/__init__.py (and takes it out again after the test)."""
+fedccrl_core/algorithm_params/__init__.py (and takes it out again after the test). params.yaml's typed model
+(pipeline/fedccrl_pipeline/params.py) is built from PARAMS when it is imported, as a real line is there before any
+import: its test registers the toy in a fresh interpreter before that import."""
 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import ClassVar
 
@@ -14,6 +20,7 @@ import numpy as np
 import pytest
 import torch
 from fixtures import held_out_run, params_group_problems
+from toy_params import ToyParams  # step 1: the hyperparameters, without torch, naming the class
 
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig
@@ -22,21 +29,11 @@ from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.foundation.errors import ParamError
-from fedccrl_core.foundation.hparams import HParams, hp
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-# Step 1: the hyperparameters (in a real algorithm: a module of fedccrl_core/algorithm_params, no torch), naming the class
-class ToyParams(HParams):
-    """train.toy."""
-
-    algorithm: ClassVar[str] = f"{__name__}:Toy"
-
-    scale: float = hp(1.0, "the weight of the cross-entropy (Eq. 1 times scale): a test's choice", gt=0)
 
 
 # Step 1: the algorithm (in a real one: a module of fedccrl_core/algorithms), naming its Params
@@ -104,6 +101,52 @@ def test_its_params_yaml_group_is_checked_against_the_class(registered):
     assert build_algorithm("toy", LocalConfig(), {"scale": 0.5}).hp.scale == 0.5
     with pytest.raises(ParamError, match=r"train\.toy\.scale"):
         build_algorithm("toy", LocalConfig(), {"scale": 0})
+
+
+# In a fresh interpreter: the registry line, then params.yaml's model (built at its import), then the checks
+PARAMS_YAML_CHECK = """
+import json, sys
+from fedccrl_core.algorithm_params import PARAMS
+
+if sys.argv[2] == "registered":
+    from toy_params import ToyParams
+
+    PARAMS["toy"] = ToyParams  # step 2: the line in PARAMS, before params.yaml's model is built from it
+from fedccrl_pipeline.params import ParamError, read_yaml, validate_params
+
+out = {}
+for scale in (1.0, 0):
+    data = read_yaml(sys.argv[1])
+    data["train"]["algorithms"] = ["toy"]
+    data["train"]["toy"] = {"scale": scale}
+    try:
+        cfg = validate_params(data)
+        out[str(scale)] = [type(cfg.train.toy).__name__, cfg.train.toy.scale]
+    except ParamError as e:
+        out[str(scale)] = str(e)
+print(json.dumps(out))
+"""
+
+
+def _params_yaml_with_toy(registered: bool) -> dict:
+    """params.yaml with `train.algorithms: [toy]` and `train.toy.scale` 1.0, then 0, validated in a fresh
+    interpreter, with or without the toy's line in PARAMS: what each gave (the typed group, or the ParamError)."""
+    arg = "registered" if registered else "unregistered"
+    code = [sys.executable, "-c", PARAMS_YAML_CHECK, str(ROOT / "params.yaml"), arg]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *filter(None, sys.path)])}
+    done = subprocess.run(code, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def test_params_yaml_accepts_it_once_registered():
+    """Step 2's promise: with its line in PARAMS, params.yaml's model accepts `train.algorithms: [toy]` and
+    validates `train.toy` against ToyParams (scale 0 is refused, naming the key); without it, `toy` is refused."""
+    got = _params_yaml_with_toy(registered=True)
+    assert got["1.0"] == ["ToyParams", 1.0]
+    assert "'train.toy.scale': got 0; must be a number > 0" in got["0"], got["0"]
+    refused = _params_yaml_with_toy(registered=False)
+    assert "'train.algorithms[0]': got 'toy'; must be one of fedccrl" in refused["1.0"], refused["1.0"]
 
 
 def test_its_hyperparameter_table_is_generated(registered):

@@ -14,12 +14,19 @@ imports every algorithm's `Params`, the dataset registry and the Flower settings
 stage but never changes what it writes, so pipeline/fedccrl_pipeline/params.py is a dep of every stage while the modules it imports
 count only where the stage itself uses them (otherwise editing FedSR would re-download the dataset).
 
-On a failure the test prints the deps list to paste into dvc.yaml.
+The rule holds for both pipelines, dvc.yaml at the root and the operator's deploy/dvc.yaml (its paths relative to
+deploy/: ../fedccrl_core/data). One difference follows from where the code sits: a folder dep stands for its
+sources only where the DVC project's .dvcignore keeps Python's __pycache__ out of its hash, which is inside that
+project. deploy/ is a DVC project of its own and the code lies outside it, where DVC hashes a folder with its
+bytecode caches (a first import would rerun the deployment's training), so deploy/dvc.yaml lists modules as files.
+
+On a failure the test prints the deps list to paste into the dvc.yaml it names.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 import tomllib
 from pathlib import Path
 
@@ -106,12 +113,16 @@ def py_files(dep: str) -> set[str]:
     return {dep}
 
 
-def by_package(files: set[str]) -> list[str]:
-    """`files` as dvc.yaml deps, by the rule of this module's docstring."""
+def by_package(files: set[str], folders: bool = True) -> list[str]:
+    """`files` as dvc.yaml deps, by the rule of this module's docstring (`folders`: whether a folder may stand for
+    its files)."""
     out = set()
     for folder in TOP.values():
         top = folder.relative_to(ROOT).as_posix()  # fedccrl_core, pipeline/fedccrl_pipeline, ...
         mine = {f for f in files if (ROOT / f).is_relative_to(folder)}
+        if not folders:
+            out |= mine
+            continue
         if mine and py_files(top) <= mine:
             out.add(top)
             continue
@@ -121,23 +132,48 @@ def by_package(files: set[str]) -> list[str]:
     return sorted(out, key=lambda d: ((ROOT / d).is_file(), d))
 
 
-STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+DVC_FILES = ("dvc.yaml", "deploy/dvc.yaml")  # the research pipeline and the operator's (docs/architecture.md)
 
 
-@pytest.mark.parametrize("name", sorted(STAGES))
-def test_stage_code_deps_cover_what_it_imports_by_package(name):
-    stage = STAGES[name]
-    code_deps = [str(d) for d in stage.get("deps", []) if str(d).split("/")[0] in OWN]
+def from_root(dvc_file: str, dep: str) -> str:
+    """A dep of `dvc_file` (relative to its folder) as a path from the repository root."""
+    return Path(os.path.relpath((ROOT / dvc_file).parent / dep, ROOT)).as_posix()
+
+
+def in_project(dvc_file: str, path: str) -> bool:
+    """Whether `path` (from the repository root) lies inside the DVC project of `dvc_file`, under its .dvcignore."""
+    return (ROOT / path).is_relative_to((ROOT / dvc_file).parent)
+
+
+def code_deps(dvc_file: str, stage: dict) -> list[str]:
+    """The stage's deps that are the product's code, as written in `dvc_file`."""
+    return [str(d) for d in stage.get("deps", []) if from_root(dvc_file, str(d)).split("/")[0] in OWN]
+
+
+def expected_deps(dvc_file: str, needed: set[str]) -> list[str]:
+    """The code deps `dvc_file` should list for a stage that imports `needed`, as written there."""
+    folders = all(in_project(dvc_file, f) for f in needed)
+    here = (ROOT / dvc_file).parent
+    return [Path(os.path.relpath(ROOT / d, here)).as_posix() for d in by_package(needed, folders)]
+
+
+STAGES = {(f, name): st for f in DVC_FILES for name, st in yaml.safe_load((ROOT / f).read_text())["stages"].items()}
+
+
+@pytest.mark.parametrize(("dvc_file", "name"), sorted(STAGES), ids=[f"{f}:{n}" for f, n in sorted(STAGES)])
+def test_stage_code_deps_cover_what_it_imports_by_package(dvc_file, name):
+    stage = STAGES[dvc_file, name]
+    written = code_deps(dvc_file, stage)
+    deps = [from_root(dvc_file, d) for d in written]
     needed = needed_files(stage)
-    listed = set().union(*(py_files(d) for d in code_deps)) if code_deps else set()
+    should = expected_deps(dvc_file, needed)
+    listed = set().union(*(py_files(d) for d in deps)) if deps else set()
     assert needed <= listed, (
-        f"dvc.yaml stage {name}: deps miss {sorted(needed - listed)}; its code deps should be {by_package(needed)}"
+        f"{dvc_file} stage {name}: deps miss {sorted(needed - listed)}; code deps should be {should}"
     )
-    unused = [d for d in code_deps if not py_files(d) & needed]
-    assert not unused, f"dvc.yaml stage {name}: deps {unused} hold nothing it imports; should be {by_package(needed)}"
-    assert sorted(code_deps) == sorted(by_package(needed)), (
-        f"dvc.yaml stage {name}: code deps {code_deps}, by package {by_package(needed)}"
-    )
+    unused = [d for d in written if not py_files(from_root(dvc_file, d)) & needed]
+    assert not unused, f"{dvc_file} stage {name}: deps {unused} hold nothing it imports; should be {should}"
+    assert sorted(written) == sorted(should), f"{dvc_file} stage {name}: code deps {written}, by package {should}"
 
 
 def test_by_package_declares_folders_for_sub_packages_and_files_at_the_top():
@@ -149,11 +185,12 @@ def test_by_package_declares_folders_for_sub_packages_and_files_at_the_top():
 
 
 def test_the_own_script_is_a_dep():
-    for name, stage in STAGES.items():
-        from fedccrl_pipeline.cli import STAGES as COMMANDS
+    from fedccrl_pipeline.cli import STAGES as COMMANDS
 
+    for (dvc_file, name), stage in STAGES.items():
         script = MODULES[COMMANDS[stage["cmd"].split()[1]]].relative_to(ROOT).as_posix()
-        assert script in stage["deps"], f"dvc.yaml stage {name} does not depend on {script}"
+        deps = [from_root(dvc_file, str(d)) for d in stage["deps"]]
+        assert script in deps, f"{dvc_file} stage {name} does not depend on {script}"
 
 
 def test_closure_follows_lazy_and_relative_imports():

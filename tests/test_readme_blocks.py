@@ -177,22 +177,48 @@ SUBSTITUTIONS = [
 ]
 
 NUM = r"(\d+(?:\.\d+)?)"
-# (command in a block, [what its output must show]): a benchmark block passes on what it printed, not on its
-# exit code alone. Each regex must match the block's stdout + stderr; every number a regex captures (the
-# measured figures and their ratios) must be finite and positive.
+
+
+def fig(name: str) -> str:
+    """A printed figure, captured under `name` for a claim of BENCH_OUTPUTS."""
+    return rf"(?P<{name}>\d+(?:\.\d+)?)"
+
+
+# (command in a block, [what its output must show], [claims]): a benchmark block passes on what it printed, not on
+# its exit code alone. Each regex must match the block's stdout + stderr; every number a regex captures (the
+# measured figures and their ratios) must be finite and positive. A claim (ratio, numerator, denominator, factor)
+# names captured figures: the printed ratio must be factor x numerator / denominator of the printed figures, within
+# their rounding (half a unit of each one's last printed digit).
 BENCH_OUTPUTS = [
     (
         r"^fedccrl-bench repro\b",
         [
-            rf"^everything but training: {NUM} % of dvc repro's wall \({NUM}s of {NUM}s; training {NUM}s",
+            rf"^everything but training: {fig('share')} % of dvc repro's wall \({fig('other')}s of {fig('wall')}s; "
+            rf"training {NUM}s",
             rf"^dvc repro of the default, from scratch: wall {NUM}s  cpu {NUM}s",
             *[rf"^  {stage:<10} +\d+ +{NUM} +{NUM} +[\d.]+$" for stage in ("download", "train", "evaluate", "figures")],
-            rf"^after figures\.seed=\d+: dvc repro {NUM}s = {NUM} % of the full one; .*stages run: figures$",
-            rf"^after export\.batch_size=\d+: dvc repro {NUM}s = {NUM} % of the full one; stages run: export$",
-            rf"spin / passive wall {NUM}x cpu {NUM}x",
+            rf"^after figures\.seed=\d+: dvc repro {fig('fig_s')}s = {fig('fig_share')} % of the full one; "
+            r".*stages run: figures$",
+            rf"^after export\.batch_size=\d+: dvc repro {fig('exp_s')}s = {fig('exp_share')} % of the full one; "
+            r"stages run: export$",
+            rf"spin / passive wall {fig('spin_ratio')}x cpu {NUM}x \(spin {fig('spin')}s, passive {fig('passive')}s\)",
+        ],
+        [
+            ("share", "other", "wall", 100),
+            ("fig_share", "fig_s", "wall", 100),
+            ("exp_share", "exp_s", "wall", 100),
+            ("spin_ratio", "spin", "passive", 1),
         ],
     ),
-    (r"^fedccrl-bench threads\b", [rf"^  spin / passive: wall {NUM}x  cpu {NUM}x$"]),
+    (
+        r"^fedccrl-bench threads\b",
+        [
+            rf"^  spin +\(OMP_WAIT_POLICY=ACTIVE\): +wall {fig('sw')}s  cpu {fig('sc')}s$",
+            rf"^  passive \(project policy\): +wall {fig('pw')}s  cpu {fig('pc')}s$",
+            rf"^  spin / passive: wall {fig('wall')}x  cpu {fig('cpu')}x$",
+        ],
+        [("wall", "sw", "pw", 1), ("cpu", "sc", "pc", 1)],
+    ),
     (
         r"scripts/privacy_tradeoff\.py\b",
         [
@@ -202,6 +228,7 @@ BENCH_OUTPUTS = [
             rf"{NUM} ± [\d.]+ \| {NUM} \|$",
             rf"^\| FedAvg, weights \| ∞ \| 0\.00 \| 0\.00 \| {NUM} ± [\d.]+ \| - \| - \| ∞ \|$",
         ],
+        [],
     ),
     (
         r"^(make bench-accuracy|.*fedccrl-bench accuracy)\b",
@@ -209,37 +236,68 @@ BENCH_OUTPUTS = [
             r"^final-round target accuracy \(%\), mean ± std over seeds",
             rf"^\| (fedccrl|fedomg)[^|]* \|(?: {NUM} ± [\d.]+ \|)+ {NUM} \|$",
         ],
+        [],
     ),  # FedCCRL's row, or FedOMG's (its page)
-    (r"^make bench-table1\b", [rf"^\| fedccrl \|(?: {NUM} \|)+$", rf"^\| fedavg \|(?: {NUM} \|)+$"]),
+    (r"^make bench-table1\b", [rf"^\| fedccrl \|(?: {NUM} \|)+$", rf"^\| fedavg \|(?: {NUM} \|)+$"], []),
     (
         r"^(make bench(?![-\w])|fedccrl-bench speed --size)",
         [
-            rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {NUM}$",
-            rf"^ratio fast/plain_per_sample, peak RSS of the child process, MiB: {NUM}$",
+            rf"^\| FedCCRL local step on client 0, source images/s \| {fig('fast_ips')} \| {fig('plain_ips')} \|",
+            rf"^\| peak RSS of the child process, MiB \| {fig('fast_rss')} \| [\d.]+ \| {fig('pps_rss')} \|",
+            rf"^ratio fast/plain, FedCCRL local step on client 0, source images/s: {fig('ips')}$",
+            rf"^ratio fast/plain_per_sample, peak RSS of the child process, MiB: {fig('rss')}$",
         ],
+        [("ips", "fast_ips", "plain_ips", 1), ("rss", "fast_rss", "pps_rss", 1)],
     ),
     (
         r"^fedccrl-bench scale\b",
-        [rf"^\| fedavg \| 6 \| {NUM} \| 1\.00 \| {NUM} \| 1\.00 \|", rf"^\| fedavg \| \d+ \| {NUM} \| {NUM} \|"],
+        [
+            rf"^\| fedavg \| 6 \| {fig('s6')} \| 1\.00 \| {NUM} \| 1\.00 \|",
+            rf"^\| fedavg \| (?!6 )\d+ \| {fig('sk')} \| {fig('xk')} \|",
+        ],
+        [("xk", "sk", "s6", 1)],
     ),
 ]
+
+
+def _printed(text: str) -> tuple[float, float]:
+    """A printed figure and half a unit of its last digit (its rounding)."""
+    decimals = len(text.partition(".")[2])
+    return float(text), 0.5 * 10.0**-decimals
+
+
+def claim_problem(figures: dict[str, str], ratio: str, num: str, den: str, factor: float) -> str | None:
+    """Why the printed `ratio` is not factor x num / den of the printed figures within their rounding (None if it is)."""
+    (r, er), (n, en), (d, ed) = (_printed(figures[k]) for k in (ratio, num, den))
+    lo = factor * (n - en) / (d + ed) - er
+    hi = factor * (n + en) / (d - ed) + er if d > ed else float("inf")
+    if lo <= r <= hi:
+        return None
+    return f"{ratio} {figures[ratio]} is not {factor:g} x {num} {figures[num]} / {den} {figures[den]} (within rounding)"
 
 
 def check_bench_output(code: str, out: str) -> list[str]:
     """What is wrong with a block's output under BENCH_OUTPUTS (empty when the block runs no benchmark)."""
     problems = []
-    for command, patterns in BENCH_OUTPUTS:
+    for command, patterns, claims in BENCH_OUTPUTS:
         if not re.search(command, code, flags=re.M):
             continue
+        figures: dict[str, str] = {}
         for pattern in patterns:
             m = re.search(pattern, out, flags=re.M)
             if m is None:
                 problems.append(f"{command}: no line matches {pattern!r}")
                 continue
+            figures |= m.groupdict()
             bad = [g for g in m.groups() if g is not None and re.fullmatch(r"[\d.]+", g) and not float(g) > 0]
             if bad:
                 problems.append(f"{command}: {m[0]!r} has figures that are not positive: {bad}")
-    if any(re.search(c, code, flags=re.M) for c, _ in BENCH_OUTPUTS):
+        for claim in claims:
+            if all(figures.get(k) for k in claim[:3]):
+                problem = claim_problem(figures, *claim)
+                if problem:
+                    problems.append(f"{command}: {problem}")
+    if any(re.search(c, code, flags=re.M) for c, _, _ in BENCH_OUTPUTS):
         problems += [
             f"a figure is not finite: {line!r}"
             for line in out.splitlines()
@@ -432,7 +490,10 @@ def _uses_pacs(code: str) -> bool:
 
 def test_bench_output_checks_fail_on_a_missing_line_or_a_figure_that_is_not_finite():
     threads = "fedccrl-bench threads --steps 10 --repeats 1"
-    good = "thread policy, 10 small-CNN steps\n  spin / passive: wall 1.39x  cpu 2.19x\n"
+    good = (
+        "thread policy, 10 small-CNN steps\n  spin    (OMP_WAIT_POLICY=ACTIVE):  wall 2.78s  cpu 4.38s\n"
+        "  passive (project policy):          wall 2.00s  cpu 2.00s\n  spin / passive: wall 1.39x  cpu 2.19x\n"
+    )
     assert check_bench_output(threads, good) == []
     assert check_bench_output("echo hi", "") == []  # not a benchmark: nothing to check
     assert check_bench_output(threads, good.replace("1.39x", "nanx"))  # the line no longer matches
@@ -446,6 +507,40 @@ def test_bench_output_checks_fail_on_a_missing_line_or_a_figure_that_is_not_fini
     )
     assert check_bench_output(acc, table) == []
     assert check_bench_output(acc, table.replace("| fedccrl |", "| fedavg |"))  # no FedCCRL row
+
+
+def test_a_ratio_must_be_the_ratio_of_the_printed_figures():
+    """A bench line's ratio is checked against the figures it is the ratio of, within their rounding: a ratio
+    that is not theirs (a swapped pair, another run's figure) fails, one off by its rounding alone passes."""
+    threads = "fedccrl-bench threads --steps 10 --repeats 1"
+    good = (
+        "  spin    (OMP_WAIT_POLICY=ACTIVE):  wall 2.78s  cpu 4.38s\n"
+        "  passive (project policy):          wall 2.00s  cpu 2.00s\n  spin / passive: wall 1.39x  cpu 2.19x\n"
+    )
+    assert check_bench_output(threads, good) == []
+    assert check_bench_output(threads, good.replace("wall 1.39x", "wall 1.40x")) == []  # 2.785 / 1.995 rounds so
+    (problem,) = check_bench_output(threads, good.replace("wall 1.39x", "wall 0.72x"))  # passive / spin
+    assert "wall 0.72 is not 1 x sw 2.78 / pw 2.00" in problem
+    assert check_bench_output(threads, good.replace("cpu 2.19x", "cpu 1.39x"))
+    scale = "fedccrl-bench scale --clients 6,30"
+    rows = "| fedavg | 6 | 0.50 | 1.00 | 0.40 | 1.00 |\n| fedavg | 30 | 1.50 | 3.00 | 1.20 | 3.00 |\n"
+    assert check_bench_output(scale, rows) == []
+    assert check_bench_output(scale, rows.replace("| 1.50 | 3.00 |", "| 1.50 | 2.00 |"))
+    repro = "fedccrl-bench repro --thread-steps 10"
+    out = (
+        "everything but training: 40.0 % of dvc repro's wall (20.0s of 50.0s; training 30.0s; target at most 50 %: met)\n"
+        "dvc repro of the default, from scratch: wall 50.0s  cpu 60.0s  (2 cores, load average 1.00 at the end)\n"
+        + "".join(
+            f"  {st:<10} {1:>5} {10.0:>8.1f} {1.0:>10.1f} {0.5:>7.1f}\n"
+            for st in ("download", "train", "evaluate", "figures")
+        )
+        + "after figures.seed=1: dvc repro 5.0s = 10.0 % of the full one; target at most 20 %: met; stages run: figures\n"
+        "after export.batch_size=8: dvc repro 2.5s = 5.0 % of the full one; stages run: export\n"
+        "thread policy, a busy process sharing the cores: spin / passive wall 1.50x cpu 2.00x (spin 3.00s, passive 2.00s)\n"
+    )
+    assert check_bench_output(repro, out) == []
+    assert check_bench_output(repro, out.replace("40.0 %", "60.0 %"))  # training's share, not the rest's
+    assert check_bench_output(repro, out.replace("= 10.0 %", "= 1.0 %"))
 
 
 @pytest.mark.full(
