@@ -1,5 +1,5 @@
 """Faults of the statistics mechanism (fedccrl_core/privacy/dp.py) that `fedccrl audit` must catch: test-only, each
-injected by monkeypatching dp.py's module functions in this process (pytest's monkeypatch, or `injected` below for
+injected by replacing dp.py's module functions in this process (pytest's monkeypatch, or `injected` below for
 scripts/privacy_audit.py). No params key or command-line switch weakens the mechanism.
 
   noise/<d>      the rows' noise std cut to 1/d of z_s D (the first and second clip kept)
@@ -55,19 +55,9 @@ def inject(monkeypatch, fault: str) -> None:
 @contextlib.contextmanager
 def injected(fault: str | None):
     """The fault in dp.py inside the block (None: the intact mechanism)."""
+    from unittest import mock
+
     with contextlib.ExitStack() as stack:
-        if fault is not None:
-            mp = stack.enter_context(_patcher())
-            inject(mp, fault)
+        for name, fn in FAULTS[fault].items() if fault is not None else ():
+            stack.enter_context(mock.patch.object(dp, name, fn))
         yield
-
-
-@contextlib.contextmanager
-def _patcher():
-    import pytest
-
-    mp = pytest.MonkeyPatch()
-    try:
-        yield mp
-    finally:
-        mp.undo()

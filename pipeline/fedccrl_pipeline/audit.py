@@ -209,6 +209,7 @@ def run_audit(
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
                 client.log_metric(mlflow_run, f"audit/{k}", float(v))
         client.log_metric(mlflow_run, "audit/violated", float(result["violated"]))
+        client.log_metric(mlflow_run, "audit/testable", float(result["testable"]))
         for f in (out, table_out, plot_out):
             client.log_artifact(mlflow_run, str(f), artifact_path="audit")
     if result["violated"]:
