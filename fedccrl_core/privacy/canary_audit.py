@@ -24,12 +24,13 @@ to n_i rows.
 
 The attacks (chosen by train.privacy.stats_release, public, before the release):
   rows     a released row is read as a corner of the mu cube when each of its C mu coordinates lies within
-           TAU box widths of a face or beyond it (`mu_corner`); slot j's score is the number of rows read as its
-           plus corner's mu part minus those read as its minus corner's. Intact, the first clip puts every row on a
-           corner of the box, and the noise z_s D (D the box's diameter, about 1.8 mu widths at z_s = 1) hides which;
-           a smaller noise reveals it (z_s = 0.1: a row leaves its face's TAU band with probability ~1e-5 per
-           coordinate); without the first clip a canary L outside lands on its own faces exactly, at any noise that
-           the second clip (post-processing) cannot hide.
+           TAU box widths of a face or beyond it, weighted 1 on the faces and falling to 0 at the band's inner edge
+           (`mu_corner`); slot j's score is the weight of the rows read as its plus corner's mu part minus that of
+           the rows read as its minus corner's. Intact, the first clip puts every row on a corner of the box, and
+           the noise z_s D (D the box's diameter, about 1.8 mu widths at z_s = 1) hides which; a smaller noise
+           reveals it (z_s = 0.1: a row reaches another corner's band with probability ~1e-5 per coordinate);
+           without the first clip a canary L outside lands on its own faces exactly, at any noise that the second
+           clip (post-processing) cannot hide.
   moments  per client and round, the set of coordinates on which the k released rows differ (`spread_pattern`):
            the fillers' rows are one point, so without noise on the sums the rows drawn from (mean, variance) vary
            exactly on the coordinates where the sampled canary differs from the fillers, its C-bit pattern; two
