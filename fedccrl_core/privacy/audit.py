@@ -1,9 +1,5 @@
-"""What FedCCRL's statistics upload reveals (Eq. 8 and the paragraph after it), in two parts. Floor 1: numpy,
-scipy, scikit-learn.
-
-`fedccrl audit`'s test of the DP claim, at the end of this module: the one-run canary audit (Steinke, Nasr,
-Jagielski 2023) of uploads the engine released (fedccrl_core/federation/capture.py captures them): canaries,
-scores, guesses, the p-value at the run's eps and the eps refuted.
+"""What FedCCRL's statistics upload reveals about real images (Eq. 8 and the paragraph after it): a measurement.
+Floor 1: numpy, scipy, scikit-learn. `fedccrl audit`'s test of the DP claim is privacy/canary_audit.py.
 
 The membership measurement of real images (`audit`, scripts/privacy_audit.py): membership attacks, attribution
 of rows to their origin, and how both accumulate over the rounds, on a replay of the engine's draw (`release`).
@@ -29,7 +25,7 @@ accountant of privacy/accountant.py on the clients' sizes) bounds any test: TPR 
 interval lies wholly above e^eps times the upper end of the FPR's interval, plus delta, is a failure of the DP
 claim (`violated`). The FPR's interval limits it: with the default data's 288 non-members its upper end is at
 least 0.0127, so the bound is 1 from eps 4.36 on, and this part cannot fail the default run (eps 4.64); the
-canary audit can.
+canary audit (privacy/canary_audit.py) can.
 
 The released rows are drawn as the engines draw them: Eq. 8's ceil(r n_i) rows without replacement
 (train.fedccrl.upload: floor_unbiased, floor(r n_i) rows with the unbiased std), from numpy_rng(seed, "upload",
@@ -46,13 +42,13 @@ import numpy as np
 
 from fedccrl_core.data.pools import sample_statistics, unbiased_sigma, upload_size
 from fedccrl_core.foundation.seeding import numpy_rng
+from fedccrl_core.privacy.canary_audit import clopper_pearson
 from fedccrl_core.privacy.dp import clip_rows, privatize, stats_noise_std
 from fedccrl_core.privacy.noise import private_rng
 from fedccrl_core.privacy.settings import PrivacySettings
 
 FPRS = (0.001, 0.01)
 ATTACKS = ("nearest", "lr")
-CONFIDENCE = 0.95
 UPLOADS = {"ceil": "ceil", "floor_unbiased": "floor"}  # train.fedccrl.upload -> Eq. 8's rounding
 
 
@@ -152,16 +148,6 @@ def lr_round(
 
 
 # ---------------------------------------------------------------- thresholds, rates and their intervals
-def clopper_pearson(x: int, n: int, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """Exact binomial interval (Clopper & Pearson 1934) from beta quantiles."""
-    from scipy.stats import beta
-
-    a = (1 - confidence) / 2
-    lo = 0.0 if x == 0 else float(beta.ppf(a, x, n - x + 1))
-    hi = 1.0 if x == n else float(beta.ppf(1 - a, x + 1, n - x))
-    return lo, hi
-
-
 def threshold_at_fpr(calibration_out: np.ndarray, fpr: float) -> float:
     """The threshold (member if score > it) that lets at most floor(fpr n) calibration non-members through."""
     ranked = np.sort(calibration_out)[::-1]
@@ -338,148 +324,4 @@ def audit(
         "upload": upload,
         "noise": privacy.noise_source(),
         "privacy": privacy.model_dump() if privacy.enabled else None,
-    }
-
-
-# ---------------------------------------------------------------- the one-run canary audit (`fedccrl audit`)
-# Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training Run", NeurIPS 2023 (arXiv:2305.08846): m canary
-# slots, each holding one of two rows chosen by an independent fair coin S_i; the auditor sees only the release,
-# guesses S_i on the r slots it is most confident about, and counts the correct guesses v. If the release is
-# (eps, delta)-DP with respect to each slot, v is dominated by Binomial(r, e^eps / (1 + e^eps)) up to a delta term
-# (their main theorem, Thm. 3.1, and its (eps, delta) version), which any finite eps keeps below 1: the test
-# can fail at the run's eps whatever the number of non-members. One slot flipping its coin replaces one row by
-# another: the REPLACE_ONE relation of privacy/accountant.py, so the eps audited is the accountant's own.
-
-GUESS_SHARE = 0.75  # r = this share of the slots expected to be released at least once (fixed before the release)
-ALPHA = 0.05  # the test's level: the DP claim fails when the p-value at the run's eps is below it
-CANARY_MARGIN = 0.1  # canary coordinates lie in [lo + 0.1 (hi - lo), hi - 0.1 (hi - lo)]: inside the box
-
-
-@dataclass
-class Canaries:
-    """m slots over the clients: slot i lies in client `client[i]`, which holds row `plus[i]` when `coin[i]`, else
-    `minus[i]` (rows (mu_1..C, sigma_1..C) as stored in the pools: Eq. 6-7)."""
-
-    client: np.ndarray  # [m] client ids
-    plus: np.ndarray  # [m, 2C] float32
-    minus: np.ndarray  # [m, 2C] float32
-    coin: np.ndarray  # [m] bool: S_i = +1
-
-    def held(self) -> np.ndarray:
-        """The rows the clients hold: plus where the coin says so, else minus."""
-        return np.where(self.coin[:, None], self.plus, self.minus)
-
-    def rows_of(self, client_id: str) -> np.ndarray:
-        return self.held()[self.client == client_id]
-
-
-def make_canaries(sizes: dict[str, int], channels: int, privacy: PrivacySettings, rng: np.random.Generator) -> Canaries:
-    """Every one of client i's n_i rows becomes a slot (the sizes, so Eq. 8's k_i and the accountant's events, stay
-    the run's). A slot's two rows are mirror images through the centre of the clip box (privacy/dp.py, the box of
-    train.privacy: its defaults when off), each coordinate uniform inside the box's inner 80 %: far apart from each
-    other, distinct from every other slot's (continuous draws), and unchanged by the clip."""
-    lo = np.r_[[privacy.stats_mu_range[0]] * channels, [privacy.stats_sigma_range[0]] * channels]
-    hi = np.r_[[privacy.stats_mu_range[1]] * channels, [privacy.stats_sigma_range[1]] * channels]
-    ids = np.concatenate([[cid] * n for cid, n in sizes.items()]).astype(str)
-    u = rng.uniform(CANARY_MARGIN, 1 - CANARY_MARGIN, size=(len(ids), 2 * channels))
-    return Canaries(
-        ids,
-        (lo + (hi - lo) * u).astype(np.float32),
-        (lo + (hi - lo) * (1 - u)).astype(np.float32),
-        rng.random(len(ids)) < 0.5,
-    )
-
-
-def canary_scores(
-    candidates_plus: np.ndarray, candidates_minus: np.ndarray, client: np.ndarray, released: dict
-) -> np.ndarray:
-    """Per slot, log(d_minus / d_plus): d the distance from the slot's candidate row (as the upload sends it) to the
-    nearest row its client released over all rounds (`released`: {client id: [k, 2C] rows, the rounds stacked}).
-    Positive: the plus row looks released. A row released without noise is found at distance ~1e-7 (float32)."""
-    out = np.zeros(len(client))
-    tiny = 1e-12
-    for cid in np.unique(client):
-        at = client == cid
-        rows = released.get(str(cid))
-        if rows is None or not len(rows):
-            continue
-        d_plus = nearest_distance(candidates_plus[at].astype(np.float64), rows)
-        d_minus = nearest_distance(candidates_minus[at].astype(np.float64), rows)
-        out[at] = np.log(d_minus + tiny) - np.log(d_plus + tiny)
-    return out
-
-
-def planned_guesses(sizes: dict[str, tuple[int, int]], rounds: int, share: float = GUESS_SHARE) -> int:
-    """r: `share` of the slots expected to be released at least once in `rounds` rounds, sum_i n_i (1 - (1 -
-    k_i / n_i)^T), from the sizes alone (fixed before the release is seen, as the theorem requires)."""
-    expected = sum(n * (1 - (1 - k / n) ** rounds) for n, k in sizes.values())
-    return max(1, math.floor(share * expected))
-
-
-def guess(scores: np.ndarray, r: int) -> tuple[np.ndarray, np.ndarray]:
-    """(slots guessed, their guesses: True = plus): the r slots of largest |score|, sign(score)."""
-    order = np.argsort(-np.abs(scores), kind="stable")[:r]
-    return order, scores[order] > 0
-
-
-def one_run_p_value(m: int, r: int, v: int, epsilon: float, delta: float) -> float:
-    """P[v or more of r guesses correct] if the release is (eps, delta)-DP for each of the m slots (Steinke et al.
-    2023, the (eps, delta) version of their Thm. 3.1):
-        P[Bin(r, p) >= v] + 2 m delta max_{1<=i<=v} P[v > Bin(r, p) >= v - i] / i,   p = e^eps / (1 + e^eps)."""
-    from scipy.stats import binom
-
-    if not 0 <= v <= r <= m:
-        raise ValueError(f"audit: need 0 <= correct ({v}) <= guesses ({r}) <= slots ({m})")
-    if not math.isfinite(epsilon):
-        return 1.0
-    p = 1.0 / (1.0 + math.exp(-epsilon))
-    tail = float(binom.sf(v - 1, r, p))
-    if v == 0:
-        return min(1.0, tail)
-    below = np.cumsum(binom.pmf(v - np.arange(1, v + 1), r, p))  # P[v > Bin >= v - i], i = 1..v
-    return min(1.0, tail + 2 * m * delta * float((below / np.arange(1, v + 1)).max()))
-
-
-def epsilon_lower_bound(m: int, r: int, v: int, delta: float, alpha: float = ALPHA) -> float:
-    """The largest eps the audit refutes at level alpha (p-value below alpha; 0 when it refutes none): the
-    empirical lower bound of Steinke et al. 2023. The p-value grows with eps."""
-    from scipy.optimize import brentq
-
-    def f(eps: float) -> float:
-        return one_run_p_value(m, r, v, eps, delta) - alpha
-
-    if f(0.0) >= 0:
-        return 0.0
-    hi = 1.0
-    while f(hi) < 0:
-        hi *= 2
-        if hi > 700:
-            return float("inf")
-    return float(brentq(f, 0.0, hi, xtol=1e-6))
-
-
-def one_run_audit(canaries: Canaries, scores: np.ndarray, r: int, epsilon: float, delta: float) -> dict:
-    """The audit's record: m slots, r guesses, v correct, the precision v / r with its Clopper-Pearson 95 % interval
-    and the most that (eps, delta)-DP allows on average (e^eps / (1 + e^eps), below 1 for any finite eps), the
-    p-value at the run's eps, the eps the guesses refute (lower bound), and `violated` (p-value < ALPHA)."""
-    m = len(scores)
-    r = min(r, m)
-    slots, said = guess(scores, r)
-    v = int((said == canaries.coin[slots]).sum())
-    lo, hi = clopper_pearson(v, r)
-    p = one_run_p_value(m, r, v, epsilon, delta)
-    return {
-        "slots": m,
-        "guesses": r,
-        "correct": v,
-        "precision": v / r,
-        "precision_lo": lo,
-        "precision_hi": hi,
-        "precision_bound": 1.0 if not math.isfinite(epsilon) else 1.0 / (1.0 + math.exp(-epsilon)),
-        "epsilon_statistics": epsilon,
-        "delta": delta,
-        "p_value": p,
-        "alpha": ALPHA,
-        "epsilon_lower_bound": epsilon_lower_bound(m, r, v, delta),
-        "violated": bool(p < ALPHA),
     }

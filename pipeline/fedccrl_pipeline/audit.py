@@ -1,20 +1,22 @@
 """`fedccrl audit`: does the statistics upload the engine actually sends keep the DP claim? A one-run canary audit
-(Steinke, Nasr, Jagielski, NeurIPS 2023; fedccrl_core/privacy/audit.py `one_run_audit`) of what the in-process
-engine uploaded (fedccrl_core/federation/capture.py `capture_statistics`).
+(Steinke, Nasr, Jagielski, NeurIPS 2023; fedccrl_core/privacy/canary_audit.py) of what the in-process engine
+uploaded (fedccrl_core/federation/capture.py `capture_statistics`).
 
-Reads params.yaml (the whole file, before any data), the shards and the pools. Every training row of every client
-becomes a canary slot: it holds one of two canary rows chosen by a fair coin per slot (the sizes stay the run's).
-The engine's own uploads phase (InProcessTransport.collect_uploads: FedCCRL's `client_upload`, Eq. 8, with
-train.privacy's clip and noise when on) runs train.rounds rounds at train.seeds[0], and what it uploaded is
-captured and accounted by the round loop's ledger. The auditor sees only those uploads, guesses the coin of the r
-slots it is surest of, and counts its correct guesses. It writes
+Reads params.yaml (the whole file, before any data), the shards and the pools. The audited federation is `--copies`
+copies of the clients (their sizes, so Eq. 8's k_i and the accountant's events stay the run's); each holds C canary
+slots, rows outside the clipping box, and fillers (canary_audit.py `make_canaries`); a fair coin per slot picks
+which of its two rows it holds. The engine's own uploads phase (InProcessTransport.collect_uploads: FedCCRL's
+`client_upload`, Eq. 8, with train.privacy's clip and noise when on) runs train.rounds rounds at train.seeds[0],
+and what it uploaded is captured and accounted by the round loop's ledger. The auditor sees only those uploads,
+guesses the coin of the r slots it scores highest, and counts its correct guesses. It writes
   --out    results/audit.json  slots, guesses, correct, precision with its Clopper-Pearson interval, the precision
                                (eps, delta)-DP allows (e^eps / (1 + e^eps)), the p-value at the statistics channel's
-                               eps, the eps the guesses refute, and `violated`
+                               eps, the eps lower bound the guesses support, the reach, `violated`, `testable`
   --table  results/audit.md    the same as a table
   --plot   results/audit.png   the guesses' scores by coin
-`--mlflow-run ID` also logs them to that MLflow run. With train.privacy on, a p-value below 0.05 at the run's eps
-is a failure of the DP claim: the outputs are written, the failure is printed, and the command exits with status 1.
+`--mlflow-run ID` also logs them to that MLflow run. With train.privacy on, an eps lower bound above the statistics
+channel's eps is a failure of the DP claim: the outputs are written, the failure is printed, and the command exits
+with status 1. A claim beyond the reach (r correct of r would not refute it) is warned about: it was not tested.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation.fsio import atomic_file, write_text
+from fedccrl_core.privacy.canary_audit import COPIES
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
@@ -35,28 +38,40 @@ def _num(x: float, fmt: str = ".3f") -> str:
     return "∞" if not math.isfinite(x) else format(x, fmt)
 
 
+def verdict(result: dict) -> str:
+    """The audit's verdict: no DP claim, DP violated (the eps lower bound exceeds the claim), beyond the audit's
+    reach (r correct guesses of r would not refute the claim), or consistent."""
+    if result["privacy"] is None:
+        return "no DP claim"
+    if result["violated"]:
+        return "DP violated"
+    return "consistent" if result["testable"] else "beyond reach"
+
+
 def table(result: dict) -> list[str]:
     a = result
     lines = [
-        "| rounds | slots m | guesses r | correct v | precision v / r [95 % CI] | DP allows e^eps / (1 + e^eps) | "
-        "epsilon (statistics) | p-value at epsilon | epsilon refuted (95 %) | verdict |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-        f"| {a['rounds']} | {a['slots']} | {a['guesses']} | {a['correct']} | {a['precision']:.3f} "
+        "| rounds | attack | slots m | guesses r | correct v | precision v / r [95 % CI] | DP allows e^eps / (1 + e^eps) | "
+        "epsilon claimed (statistics) | p-value at epsilon | epsilon lower bound (95 %) | epsilon reach | verdict |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| {a['rounds']} | {a['attack']} | {a['slots']} | {a['guesses']} | {a['correct']} | {a['precision']:.3f} "
         f"[{a['precision_lo']:.3f}, {a['precision_hi']:.3f}] | {a['precision_bound']:.4f} | "
         f"{_num(a['epsilon_statistics'], '.2f')} | {a['p_value']:.3g} | {_num(a['epsilon_lower_bound'], '.2f')} | "
-        + ("**DP violated**" if a["violated"] else ("no DP claim" if a["privacy"] is None else "consistent"))
-        + " |",
+        f"{_num(a['epsilon_reach'], '.2f')} | **{verdict(a)}** |",
         "",
-        f"Canary slots: every training row of the {a['clients']} clients; each holds one of two rows by a fair coin. "
-        f"The engine's uploads of {a['rounds']} rounds (r = {a['r']}, upload {a['upload']}, seed {a['seed']}, noise: "
-        f"{a['noise']}) were captured; the auditor guessed the coin of the {a['guesses']} slots whose nearest "
-        "released rows favour one canary most (r fixed before the release: "
-        f"{a['guess_share']} of the slots expected to be released). One-run audit (Steinke et al. 2023), "
-        f"level {a['alpha']}, delta {a['delta']:g}.",
+        f"Canaries: {a['copies']} copies of the {a['clients']} clients (their sizes), each holding {a['slots_per_client']} "
+        "canary slots outside the clipping box and fillers; each slot holds one of two rows by a fair coin. The "
+        f"engine's uploads of {a['rounds']} rounds (r = {a['r']}, upload {a['upload']}, seed {a['seed']}, noise: "
+        f"{a['noise']}) were captured; the auditor ({a['attack']} attack) guessed the coin of the {a['guesses']} "
+        f"slots it scored highest (r fixed before the release: {a['guess_share']} of the slots expected to be "
+        f"released). One-run audit (Steinke et al. 2023), level {a['alpha']}, delta {a['delta']:g}: the DP claim "
+        "fails when the epsilon lower bound exceeds the claimed epsilon; the reach is the bound r correct of r give.",
         "privacy: " + ("off" if not a["privacy"] else json.dumps(a["privacy"], sort_keys=True)),
     ]
     if a["violated"]:
         lines.append("FAILURE: the guesses are more accurate than the statistics channel's epsilon allows")
+    elif a["privacy"] is not None and not a["testable"]:
+        lines.append("WARNING: the claimed epsilon is beyond this audit's reach; use more --copies to test it")
     return lines
 
 
@@ -67,13 +82,13 @@ def plot(result: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
     import numpy as np
 
-    s = np.asarray(result["scores"])
+    s = np.clip(np.asarray(result["scores"]), -10, 10)  # scores count rows or rounds
     coin = np.asarray(result["coins"], bool)
     fig, ax = plt.subplots(figsize=(5.5, 3.4))
-    bins = [float(x) for x in np.linspace(-30, 30, 61)]  # scores clipped to +-30 (an exact row: about +-15)
-    ax.hist(np.clip(s[coin], -30, 30), bins=bins, alpha=0.6, label="coin: plus")
-    ax.hist(np.clip(s[~coin], -30, 30), bins=bins, alpha=0.6, label="coin: minus")
-    ax.set_xlabel("log(d_minus / d_plus)")
+    bins = [float(x) for x in np.arange(-10.5, 11.0)]
+    ax.hist(s[coin], bins=bins, alpha=0.6, label="coin: plus")
+    ax.hist(s[~coin], bins=bins, alpha=0.6, label="coin: minus")
+    ax.set_xlabel(f"{result['attack']} score (plus minus minus)")
     ax.set_ylabel("slots")
     ax.set_title(f"{result['correct']} of {result['guesses']} guesses correct")
     ax.legend(fontsize=8)
@@ -97,57 +112,67 @@ def load_audit_clients(shards: Path, pools: Path):
     return out
 
 
-def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privacy=None) -> dict:
+def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privacy=None, copies: int = COPIES) -> dict:
     """The canary audit of the statistics the in-process engine uploads (the module's docstring), at `seed`
-    (default train.seeds[0]: the canaries, their coins and, without DP, Eq. 8's draws) and `privacy` (default
-    train.privacy)."""
-    import numpy as np
-
+    (default train.seeds[0]: the coins and, without DP, Eq. 8's draws), `privacy` (default train.privacy) and
+    `copies` copies of the clients."""
     from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
     from fedccrl_core.algorithms.fedccrl import FedCCRL
-    from fedccrl_core.data.pools import unbiased_sigma
     from fedccrl_core.data.shards import load_manifest
-    from fedccrl_core.federation.capture import capture_statistics
     from fedccrl_core.federation.jobs import load_clients
     from fedccrl_core.federation.loop import privacy_of
-    from fedccrl_core.foundation.seeding import numpy_rng
-    from fedccrl_core.privacy.audit import GUESS_SHARE, canary_scores, make_canaries, one_run_audit, planned_guesses
 
+    if copies < 1:
+        raise ValueError(f"audit: --copies must be >= 1, got {copies}")
     hp = FedCCRL.validated(cfg.train.fedccrl)  # FedCCRL's variant read (its upload rounding)
     assert isinstance(hp, FedCCRLParams)
     seed = cfg.train.seeds[0] if seed is None else seed
     s = cfg.train.privacy if privacy is None else privacy
     alg = FedCCRL(cfg.local.model_copy(update={"privacy": s if s.enabled else None}), hp)
     privacy_of(alg)  # a setting the round loop refuses is refused here too, before any data is read
-    rounds = cfg.train.rounds
     clients = load_clients(shards, pools, list(load_manifest(shards).domains), "cpu")
+    return audit_clients(alg, clients, seed, cfg.train.rounds, copies)
+
+
+def audit_clients(alg, clients: list, seed: int, rounds: int, copies: int = COPIES) -> dict:
+    """The canary audit of `rounds` rounds of FedCCRL `alg`'s uploads over `copies` copies of `clients` (ClientData:
+    their sizes and image size; their statistics are replaced by the canaries)."""
+    import numpy as np
+
+    from fedccrl_core.federation.capture import capture_statistics
+    from fedccrl_core.foundation.seeding import numpy_rng
+    from fedccrl_core.privacy import canary_audit as CA
+    from fedccrl_core.privacy.settings import PrivacySettings
+
+    s = alg.local.privacy or PrivacySettings()
+    audited = [dataclasses.replace(c, client_id=f"{c.client_id}.copy{k}") for k in range(copies) for c in clients]
     channels = clients[0].stats_mu.shape[1]
-    canaries = make_canaries({c.client_id: c.n_train for c in clients}, channels, s, numpy_rng(seed, "audit-canaries"))
+    sizes = {c.client_id: c.n_train for c in audited}
+    canaries = CA.make_canaries(sizes, channels, s, numpy_rng(seed, "audit-canaries"))
     placed = []
-    for c in clients:
+    for c in audited:
         held = canaries.rows_of(c.client_id)
         placed.append(dataclasses.replace(c, stats_mu=held[:, :channels], stats_sigma=held[:, channels:]))
-    hw = {c.client_id: c.image_hw[0] * c.image_hw[1] for c in clients}
-
-    def as_uploaded(rows: np.ndarray) -> np.ndarray:  # the sigma FedCCRL's upload sends (floor_unbiased: unbiased)
-        out = rows.astype(np.float64)
-        if hp.upload != "ceil":
-            for cid, pixels in hw.items():
-                at = canaries.client == cid
-                out[at, channels:] = unbiased_sigma(rows[at, channels:], pixels)
-        return out
-
-    r = planned_guesses({c.client_id: (c.n_train, alg.released_rows(c.n_train)) for c in placed}, rounds)
+    plan = {cid: (n, alg.released_rows(n)) for cid, n in sizes.items()}
+    r = CA.planned_guesses(plan, dict.fromkeys(sizes, channels), rounds)
     cap = capture_statistics(alg, placed, seed, rounds)
-    scores = canary_scores(as_uploaded(canaries.plus), as_uploaded(canaries.minus), canaries.client, cap.rows)
-    result = one_run_audit(canaries, scores, r, cap.epsilon, s.delta)
+    released: dict[str, list] = {}
+    for rnd in sorted(cap.per_round):
+        for cid, u in cap.per_round[rnd].items():
+            released.setdefault(cid, []).append(np.concatenate([u["mu"], u["sigma"]], axis=1).astype(np.float64))
+    attack = CA.attack_of(s)
+    scores = CA.canary_scores(canaries, released, attack)
+    result = CA.one_run_audit(canaries.coin, scores, r, cap.epsilon, s.delta)
     result.update(
         rounds=rounds,
+        attack=attack,
+        copies=copies,
         clients=len(clients),
-        r=hp.r,
-        upload=hp.upload,
+        slots_per_client=channels,
+        r=alg.hp.r,
+        upload=alg.hp.upload,
         seed=seed,
-        guess_share=GUESS_SHARE,
+        guess_share=CA.GUESS_SHARE,
         noise=s.noise_source() if s.enabled else "off",
         privacy=s.model_dump() if s.enabled else None,
         scores=[float(x) for x in scores],
@@ -164,11 +189,12 @@ def run_audit(
     plot_out: Path,
     params_path: Path,
     mlflow_run: str | None = None,
+    copies: int = COPIES,
 ) -> dict:
     from fedccrl_pipeline.params import load_config
 
     cfg = load_config(params_path)  # the whole file, before any data is read
-    result = engine_audit(cfg, shards, pools)
+    result = engine_audit(cfg, shards, pools, copies=copies)
     lines = table(result)
     write_text(out, json.dumps(result, indent=1))
     write_text(table_out, "\n".join(lines) + "\n")
@@ -183,15 +209,22 @@ def run_audit(
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
                 client.log_metric(mlflow_run, f"audit/{k}", float(v))
         client.log_metric(mlflow_run, "audit/violated", float(result["violated"]))
+        client.log_metric(mlflow_run, "audit/testable", float(result["testable"]))
         for f in (out, table_out, plot_out):
             client.log_artifact(mlflow_run, str(f), artifact_path="audit")
     if result["violated"]:
         click.echo(
-            f"error: the canary audit's guesses are more accurate than epsilon {result['epsilon_statistics']:.3f} "
-            f"allows (p-value {result['p_value']:.3g}): the DP claim fails (see {table_out})",
+            f"error: the canary audit's guesses refute epsilon {result['epsilon_lower_bound']:.3f} > the claimed "
+            f"{result['epsilon_statistics']:.3f} (p-value {result['p_value']:.3g}): the DP claim fails (see {table_out})",
             err=True,
         )
         sys.exit(1)
+    if result["privacy"] is not None and not result["testable"]:
+        click.echo(
+            f"warning: the claimed epsilon {result['epsilon_statistics']:.3f} is beyond this audit's reach "
+            f"({result['epsilon_reach']:.3f} with every guess correct): it tests nothing; raise --copies",
+            err=True,
+        )
     return result
 
 
@@ -207,6 +240,13 @@ def run_audit(
 )
 @click.option("--params", "params_path", type=click.Path(path_type=Path), default=Path("params.yaml"))
 @click.option("--mlflow-run", default=None, help="an MLflow run id to log the audit to")
-def command(shards, pools, out, table_out, plot_out, params_path, mlflow_run):
+@click.option(
+    "--copies",
+    type=click.IntRange(min=1),
+    default=COPIES,
+    show_default=True,
+    help="copies of the clients that hold canaries: more raise the epsilon the audit can refute",
+)
+def command(shards, pools, out, table_out, plot_out, params_path, mlflow_run, copies):
     """One-run canary audit of the statistics the engine uploads: exits 1 when they beat the DP claim."""
-    run_stage(run_audit, shards, pools, out, table_out, plot_out, params_path, mlflow_run)
+    run_stage(run_audit, shards, pools, out, table_out, plot_out, params_path, mlflow_run, copies)
