@@ -44,22 +44,26 @@ def machine() -> str:
     return f"{name} ({', '.join(isa)}), {os.cpu_count()} cores"
 
 
-def _batch_seconds(session, x: np.ndarray) -> float:
+def _batch_seconds(session, x: np.ndarray, runs: int = 1) -> float:
+    """Seconds per run of `runs` runs in a row (a small model's run is too short to time alone)."""
     t0 = time.perf_counter()
-    session.run(None, {"images": x})
-    return time.perf_counter() - t0
+    for _ in range(runs):
+        session.run(None, {"images": x})
+    return (time.perf_counter() - t0) / runs
 
 
 def timings(sessions: dict, x32: np.ndarray, repeats: int) -> dict:
     """Median batch-1 latency (ms) and batch-32 images/s of each session, the sessions timed in turn each round."""
     one = x32[:1]
-    for s in sessions.values():  # warm-up: first-run allocations and kernel choice
-        _batch_seconds(s, x32), _batch_seconds(s, one)
+    runs = {}
+    for k, s in sessions.items():  # warm-up (first-run allocations, kernel choice); each sample lasts >= 0.1 s
+        _batch_seconds(s, one)
+        runs[k] = max(1, int(0.1 / _batch_seconds(s, x32, 2)))
     b32: dict = {k: [] for k in sessions}
     b1: dict = {k: [] for k in sessions}
     for _ in range(repeats):
         for k, s in sessions.items():
-            b32[k].append(_batch_seconds(s, x32))
+            b32[k].append(_batch_seconds(s, x32, runs[k]))
             b1[k] += [_batch_seconds(s, one) for _ in range(10)]
     return {
         k: {"batch1_ms": 1e3 * statistics.median(b1[k]), "batch32_ips": BATCH / statistics.median(b32[k])}
@@ -68,7 +72,7 @@ def timings(sessions: dict, x32: np.ndarray, repeats: int) -> dict:
 
 
 def operator_shares(path: Path, x32: np.ndarray, threads: int) -> list[tuple[str, float]]:
-    """Share of kernel time by operator type of one batch-32 run (onnxruntime's profiler), largest first."""
+    """Share of kernel time by operator type of a warm batch-32 run (onnxruntime's profiler), largest first."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
@@ -77,12 +81,13 @@ def operator_shares(path: Path, x32: np.ndarray, threads: int) -> list[tuple[str
     opts.enable_profiling = True
     opts.profile_file_prefix = str(path.parent / "profile")
     session = ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
-    session.run(None, {"images": x32})
-    session.run(None, {"images": x32})
+    for _ in range(3):
+        session.run(None, {"images": x32})
     events = json.loads(Path(session.end_profiling()).read_text())
+    last = max(e["ts"] for e in events if e.get("name") == "model_run")  # the last run: warm
     times: collections.Counter = collections.Counter()
     for e in events:
-        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= last:
             times[e["args"]["op_name"]] += e["dur"]
     total = sum(times.values()) or 1
     return [(op, t / total) for op, t in times.most_common()]
