@@ -250,6 +250,18 @@ BENCH_OUTPUTS = [
         [("ips", "fast_ips", "plain_ips", 1), ("rss", "fast_rss", "pps_rss", 1)],
     ),
     (
+        r"^fedccrl-bench int8\b",
+        [
+            *[
+                rf"^ratio int8/float32, {backbone}: file size {NUM}x  batch-32 images/s {NUM}x  batch-1 latency {NUM}x"
+                for backbone in ("small_cnn", "mobilenet_v3_large")
+            ],
+            rf"^\| mobilenet_v3_large \| \d+ px \| random, seed 0 \| int8 \| {NUM} \| {NUM} \| {NUM} \| [\d.]+ \|$",
+            r"^target on mobilenet_v3_large: images/s at batch 32 >= 2x \((met|not met): [\d.]+x\), size <= 1/3",
+            r"^time by operator at batch 32, mobilenet_v3_large int8: \w+ \d+ %",
+        ],
+    ),
+    (
         r"^fedccrl-bench scale\b",
         [
             rf"^\| fedavg \| 6 \| {fig('s6')} \| 1\.00 \| {NUM} \| 1\.00 \|",

@@ -9,7 +9,7 @@ apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fe
 
 import click
 
-from fedccrl_benchmarks import accuracy, dispatch_cli, repro, scale_cli, speed_cli, threads
+from fedccrl_benchmarks import accuracy, dispatch_cli, int8, repro, scale_cli, speed_cli, threads
 from fedccrl_core import __version__
 
 
@@ -26,6 +26,7 @@ for _command in (
     scale_cli.command,
     threads.command,
     repro.command,
+    int8.command,
 ):
     main.add_command(_command)
 

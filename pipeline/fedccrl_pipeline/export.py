@@ -13,6 +13,7 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import write_text
+from fedccrl_pipeline.quantize import CALIBRATION_IMAGES, MAX_DROP_POINTS, Int8Settings
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
@@ -26,6 +27,7 @@ def export(
     alias: str | None,
     use_mlflow: bool,
     traces: dict | None = None,
+    int8: Int8Settings | None = None,
 ) -> dict:
     from fedccrl_pipeline import onnx_export
     from fedccrl_pipeline.model_registry import log_to_mlflow
@@ -34,7 +36,7 @@ def export(
         log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias)
 
     return onnx_export.export_checked(
-        model_path, shards, out, min_agreement, batch_size, publish if use_mlflow else None, traces
+        model_path, shards, out, min_agreement, batch_size, publish if use_mlflow else None, traces, int8
     )
 
 
@@ -49,11 +51,12 @@ def export_sweep(
     registered_model: str | None,
     use_mlflow: bool,
     exported=None,
+    int8: Int8Settings | None = None,
 ) -> dict:
     """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
     out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`.
     exported(key), if given, is called with each run's key (<algorithm>/s<seed>/d<held_out>) once its files are
-    written."""
+    written. int8: as export's (each run's INT8 copy beside its model.onnx)."""
     from fedccrl_pipeline.params import load_config, run_dirs
 
     results: dict = {}
@@ -70,6 +73,7 @@ def export_sweep(
             None,
             use_mlflow,
             traces,
+            int8,
         )
         if exported is not None:
             exported(key)
@@ -80,6 +84,8 @@ def export_sweep(
         "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
         "runs": len(results),
     }
+    if int8 is not None:  # the largest INT8 accuracy drop, in points (each run's figures: its parity.json "int8")
+        doc["max_int8_drop_points"] = max(r["int8"]["accuracy_drop_points"] for r in results.values())
     write_text(summary, json.dumps(doc, indent=1) + "\n")
     return doc
 
@@ -138,6 +144,29 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
 )
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option(
+    "--int8",
+    type=bool,
+    default=False,
+    show_default=True,
+    metavar="true|false",
+    help="also write model.int8.onnx: static INT8 (QDQ, per channel), calibrated on source-domain images (params "
+    "export.int8)",
+)
+@click.option(
+    "--int8-max-drop",
+    type=click.FloatRange(-100.0, 100.0),
+    default=MAX_DROP_POINTS,
+    show_default=True,
+    help="refuse the INT8 model when its held-out accuracy is more than this many points below float32's",
+)
+@click.option(
+    "--int8-calibration-images",
+    type=click.IntRange(min=1),
+    default=CALIBRATION_IMAGES,
+    show_default=True,
+    help="source-domain training images that calibrate the INT8 activation ranges",
+)
+@click.option(
     "--registered-model", default=None, help="MLflow registered model name [default: fedccrl-<dataset>-<algorithm>]"
 )
 @click.option("--alias", default=None, help="MLflow alias of the version [default: s<seed>-heldout-<domain>]")
@@ -157,6 +186,9 @@ def command(
     out,
     min_agreement,
     batch_size,
+    int8,
+    int8_max_drop,
+    int8_calibration_images,
     registered_model,
     alias,
     use_mlflow,
@@ -164,6 +196,7 @@ def command(
     """Export trained models to ONNX, check parity on the held-out domain, register them in MLflow."""
     if (model_path is None) == (models is None):
         raise click.UsageError("give exactly one of --model and --models")
+    int8_settings = Int8Settings(int8_calibration_images, int8_max_drop) if int8 else None
     # SIGTERM ends the stage as SystemExit (run_stage), so the finally blocks remove the temporary files
     if models is not None:
         run_stage(
@@ -177,6 +210,20 @@ def command(
             batch_size,
             registered_model,
             use_mlflow,
+            None,
+            int8_settings,
         )
     else:
-        run_stage(export, model_path, shards, out, min_agreement, batch_size, registered_model, alias, use_mlflow)
+        run_stage(
+            export,
+            model_path,
+            shards,
+            out,
+            min_agreement,
+            batch_size,
+            registered_model,
+            alias,
+            use_mlflow,
+            None,
+            int8_settings,
+        )

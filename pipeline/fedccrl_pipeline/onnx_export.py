@@ -225,22 +225,32 @@ def export_checked(
     batch_size: int,
     publish=None,
     traces: dict | None = None,
+    int8=None,
 ) -> dict:
     """A trained model -> out/model.onnx + out/parity.json (`fedccrl export`). Parity is measured on every image
     of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a ParityError, and no output.
     Outputs appear only on success: parity.json first, then model.onnx renamed from a temp name, so a model.onnx
     is always complete; stale outputs of an earlier export are removed before anything else happens.
     publish(onnx_path, meta, result, example_u8), if given, runs after the parity check passed and
-    before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's."""
+    before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's.
+    int8 (quantize.Int8Settings), if given: also out/model.int8.onnx, calibrated on the shards' source domains and
+    gated on the held-out images after the parity check (quantize.checked_int8; its figures under parity.json's
+    "int8"); a refused copy (Int8Refused) leaves no output, as a failed parity check does."""
+    import contextlib
     import sys
 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.fsio import atomic_path, write_text
+    from fedccrl_serving.metadata import int8_path
 
     final_onnx, final_parity = out / ONNX_FILE, out / PARITY_FILE
-    for stale in (final_onnx, final_parity):  # as DVC does: a failed export leaves no earlier output behind
+    for stale in (
+        final_onnx,
+        final_parity,
+        int8_path(final_onnx),
+    ):  # as DVC does: a failed export leaves no earlier output behind
         stale.unlink(missing_ok=True)
     if model_path.is_dir():
         model_path = model_path / contract.MODEL_FILE
@@ -252,7 +262,8 @@ def export_checked(
             f"{shards}: held-out images are {x.shape[1:]}, the model expects "
             f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
         )
-    with atomic_path(final_onnx) as tmp_onnx:  # renamed to model.onnx after parity.json is written
+    # renamed to model.onnx after parity.json (and model.int8.onnx, when asked for) are written
+    with atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
         export_onnx(model, meta, tmp_onnx, traces=traces)
         session = cpu_session(tmp_onnx)
         result = parity(session, model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
@@ -270,8 +281,16 @@ def export_checked(
                 f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
                 "no model.onnx written"
             )
+        if int8 is not None:
+            from fedccrl_pipeline.quantize import checked_int8
+
+            tmp_int8 = int8_out.enter_context(atomic_path(int8_path(final_onnx)))
+            assert meta.held_out_domain is not None  # require() raised otherwise
+            result["int8"] = checked_int8(tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size)
         if publish is not None:
             publish(tmp_onnx, meta, result, example_images(x))
         write_text(final_parity, json.dumps(result, indent=1) + "\n")
     print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB) and {final_parity}", file=sys.stderr)
+    if int8 is not None:
+        print(f"wrote {int8_path(final_onnx)} ({int8_path(final_onnx).stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     return result

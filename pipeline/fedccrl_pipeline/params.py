@@ -36,6 +36,7 @@ from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.hparams import Declared, Sha256, validate
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
+from fedccrl_pipeline import quantize
 from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
 
 __all__ = [
@@ -167,6 +168,18 @@ class EvaluateParams(Declared):
 class ExportParams(Declared):
     min_agreement: float = Field(ge=0, le=1)
     batch_size: int = Field(ge=1)
+    int8: bool = Field(
+        False, description="also write model.int8.onnx, static INT8 (pipeline/fedccrl_pipeline/quantize.py)"
+    )
+    int8_max_drop: float = Field(
+        quantize.MAX_DROP_POINTS,
+        ge=-100,
+        le=100,
+        description="points of held-out accuracy the INT8 model may lose against float32 before it is refused",
+    )
+    int8_calibration_images: int = Field(
+        quantize.CALIBRATION_IMAGES, ge=1, le=100_000, description="source-domain images that calibrate INT8"
+    )
 
 
 class FiguresParams(Declared):

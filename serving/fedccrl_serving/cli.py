@@ -32,7 +32,7 @@ from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_serving.console import Fatal, note
 from fedccrl_serving.inputs import collect_inputs, labelled_files
 from fedccrl_serving.report import confusion_report, format_table
-from fedccrl_serving.runtime import ServedModel, predict_paths
+from fedccrl_serving.runtime import ServedModel, model_file, predict_paths
 
 EXIT_FATAL = 2
 EXIT_SOME_FAILED = 3
@@ -108,6 +108,11 @@ _workers_opt = click.option(
     show_default=True,
     help="threads decoding images",
 )
+_int8_opt = click.option(
+    "--int8",
+    is_flag=True,
+    help="use the INT8 copy beside MODEL (model.int8.onnx, written by `fedccrl export` with export.int8)",
+)
 _quiet_opt = click.option("--quiet", "-q", is_flag=True, help="no progress lines on stderr")
 _deadline_opt = click.option(
     "--deadline",
@@ -170,15 +175,17 @@ def main():
 @_workers_opt
 @_quiet_opt
 @_deadline_opt
+@_int8_opt
 @_fatal_guard
-def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quiet, deadline):
+def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quiet, deadline, int8):
     """Predict the class of INPUTS (files, folders searched recursively, or glob patterns).
 
     One record per input: path, label, score (softmax probability), topk. An unreadable input gets
     a record with path and error instead; the others are still predicted and the exit code is 3.
     """
     with _deadline(deadline, output), contextlib.ExitStack() as stack:
-        served = ServedModel(model, device)
+        model = model_file(model, int8)
+        served = ServedModel(model, device, int8)
         paths = collect_inputs(inputs)
         classes = served.meta.classes
         k = min(top_k, len(classes))
@@ -215,15 +222,17 @@ def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quie
 @_workers_opt
 @_quiet_opt
 @_deadline_opt
+@_int8_opt
 @_fatal_guard
-def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet, deadline):
+def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet, deadline, int8):
     """Accuracy of the model on a labelled FOLDER laid out as <class>/<image> (e.g. an unseen domain).
 
     Reports accuracy, per-class accuracy and the confusion matrix (rows: true class, columns:
     predicted). Class folder names must be the model's class names.
     """
     with _deadline(deadline, output), contextlib.ExitStack() as stack:
-        served = ServedModel(model, device)
+        model = model_file(model, int8)
+        served = ServedModel(model, device, int8)
         classes = served.meta.classes
         files, labels = labelled_files(folder, classes)
         # opened before any image is read: an unwritable --output fails first; complete or absent at the end
@@ -252,14 +261,20 @@ def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet,
 
 @main.command()
 @_model_arg
+@_int8_opt
 @_fatal_guard
-def info(model):
-    """Print the model's fedccrl metadata (classes, preprocessing, provenance) and its I/O as JSON."""
-    served = ServedModel(model, "cpu")
+def info(model, int8):
+    """Print the model's fedccrl metadata (classes, preprocessing, provenance; an INT8 copy's precision and
+    calibration) and its I/O as JSON."""
+    model = model_file(model, int8)
+    served = ServedModel(model, "cpu", int8)
     io = lambda args: [{"name": a.name, "shape": list(a.shape), "type": a.type} for a in args]  # noqa: E731
     click.echo(
         json.dumps(
             {
+                "file": str(model),
+                "bytes": model.stat().st_size,
+                "precision": served.meta.precision,
                 "metadata": served.meta.as_dict(),
                 "inputs": io(served.session.get_inputs()),
                 "outputs": io(served.session.get_outputs()),

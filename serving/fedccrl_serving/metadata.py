@@ -9,6 +9,10 @@ Contract of an exported file (fedccrl_format=1):
 - `metadata_props` (all strings): `fedccrl_format`, the preprocessing (image_size, mean, std,
   resize), the class names, and where the model came from (dataset, held-out domain, algorithm,
   seed, params hash, git commit, ...). Serving reads only these, never a config file.
+
+An INT8 copy (`fedccrl export` with export.int8; pipeline/fedccrl_pipeline/quantize.py writes it) sits beside its
+float32 export as model.int8.onnx (`int8_path`): the same input, output and metadata, plus `precision` = int8,
+how it was quantized, and the count and domains of its calibration images. A float32 export has no `precision`.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from fedccrl_core.foundation.errors import FedCCRLError
 
@@ -26,8 +31,8 @@ INPUT_NAME = "images"
 OUTPUT_NAME = "logits"
 
 # How each metadata value is written: JSON for lists, decimal for ints, the text itself otherwise.
-JSON_KEYS = ("classes", "mean", "std", "domains")
-INT_KEYS = ("num_classes", "image_size", "seed", "round", "held_out_index")
+JSON_KEYS = ("classes", "mean", "std", "domains", "calibration_domains")
+INT_KEYS = ("num_classes", "image_size", "seed", "round", "held_out_index", "calibration_images")
 TEXT_KEYS = (
     "resize",
     "backbone",
@@ -39,8 +44,21 @@ TEXT_KEYS = (
     "mlflow_run_id",
     "mlflow_experiment_id",
     "privacy",  # "not private (noise_seed)" on a model whose DP noise was seeded (fedccrl_core/privacy/settings.py)
+    "precision",  # PRECISION_KEY: "int8" in an INT8 copy; absent (float32) in an export
+    "quantization",  # an INT8 copy: how it was quantized (format, granularity, calibration method, onnxruntime)
 )
 REQUIRED_KEYS = ("classes", "num_classes", "image_size", "mean", "std", "resize")
+
+PRECISION_KEY, FLOAT32, INT8 = "precision", "float32", "int8"
+INT8_SUFFIX = ".int8.onnx"
+
+
+def int8_path(path: Path) -> Path:
+    """The INT8 copy of an export, beside it: model.onnx -> model.int8.onnx (an INT8 file names itself)."""
+    if path.name.endswith(INT8_SUFFIX):
+        return path
+    stem = path.name[: -len(".onnx")] if path.name.endswith(".onnx") else path.name
+    return path.with_name(stem + INT8_SUFFIX)
 
 
 class NotAFedccrlModel(FedCCRLError):
@@ -57,6 +75,11 @@ class ServingMetadata:
     std: tuple[float, float, float]
     resize: str
     props: Mapping[str, str]
+
+    @property
+    def precision(self) -> str:
+        """int8 for an INT8 copy, float32 for an export (which records none)."""
+        return self.props.get(PRECISION_KEY, FLOAT32)
 
     def as_dict(self) -> dict:
         """Every stored key, decoded (JSON lists as lists, ints as ints)."""

@@ -8,14 +8,36 @@ from pathlib import Path
 import numpy as np
 
 from fedccrl_serving.console import Fatal, note
-from fedccrl_serving.metadata import INPUT_NAME, OUTPUT_NAME, NotAFedccrlModel, check_graph, parse_metadata
+from fedccrl_serving.metadata import (
+    INPUT_NAME,
+    INT8,
+    OUTPUT_NAME,
+    NotAFedccrlModel,
+    check_graph,
+    int8_path,
+    parse_metadata,
+)
 from fedccrl_serving.preprocess import check_resize_policy, preprocess_files
 
 
-class ServedModel:
-    """An onnxruntime session of a fedccrl export plus its metadata (the only source of preprocessing)."""
+def model_file(path: Path, int8: bool) -> Path:
+    """The file `fedccrl-serve` loads: MODEL itself, or with --int8 its INT8 copy beside it (model.int8.onnx)."""
+    if not int8:
+        return path
+    found = int8_path(path)
+    if not found.exists() and path.exists():
+        raise Fatal(
+            f"{found}: no INT8 model beside {path} (export it with params export.int8: true, or "
+            "`fedccrl export ... --int8 true`)"
+        )
+    return found
 
-    def __init__(self, path: Path, device: str = "auto"):
+
+class ServedModel:
+    """An onnxruntime session of a fedccrl export plus its metadata (the only source of preprocessing).
+    int8: the file must be an INT8 copy (its metadata says precision int8)."""
+
+    def __init__(self, path: Path, device: str = "auto", int8: bool = False):
         import onnxruntime as ort
 
         if not path.is_file():
@@ -31,6 +53,8 @@ class ServedModel:
             raise NotAFedccrlModel(f"{path}: not a readable ONNX model ({first})") from e
         self.meta = parse_metadata(self.session.get_modelmeta().custom_metadata_map, str(path))
         check_resize_policy(self.meta, str(path))
+        if int8 and self.meta.precision != INT8:
+            raise NotAFedccrlModel(f"{path}: --int8, but the file's metadata says precision {self.meta.precision}")
         names_in = [i.name for i in self.session.get_inputs()]
         names_out = [o.name for o in self.session.get_outputs()]
         if names_in != [INPUT_NAME] or OUTPUT_NAME not in names_out:
