@@ -173,8 +173,8 @@ def test_imagefolder_sites_over_a_loopback_deployment_match_the_inprocess_engine
     sites, federation = consortium
     for cid, folder in sites.items():
         assert shards_mod.load_manifest(folder / "shards").domains == [cid.rsplit("_c", 1)[0]]
-    ref = run_inprocess(data, "fedccrl", 2, sites=sites)
-    res = serve(LoopbackGrid(_site_configs(sites)), _federation_spec(data, tmp_path, federation))
+    ref = run_inprocess(data, "fedavg", 2, sites=sites)  # FedCCRL's pools: the deployment test below
+    res = serve(LoopbackGrid(_site_configs(sites)), _federation_spec(data, tmp_path, federation, "fedavg"))
     assert_same_history(res.history, ref.history)
     target_n = len(shards_mod.load_domain_test(sites["sketch_c0"] / "shards", "sketch")[1])
     for rec, r in zip(res.history, ref.history, strict=True):

@@ -252,9 +252,10 @@ def scan_site(
             rels.append(f"{domain}/{c}/{f}")
             ys.append(index[c])
     if not files:
+        why = f"; {len(ignored)} skipped, e.g. {ignored[0]['path']}: {ignored[0]['reason']}" if ignored else ""
         raise DataError(
             f"--images {images}: no image found (expected one subfolder per class of {classes_file}, "
-            "holding that class's images)"
+            f"holding that class's images{why})"
         )
     return files, rels, ys, passed_over
 
