@@ -38,6 +38,7 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.loop import nbytes
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.foundation.procs import die_with_parent
@@ -114,7 +115,10 @@ def check_site_data(context: Context, spec: ClientSpec, cid: str, train: bool = 
     key = ("checked", shards, cid, train, spec.held_out, tuple(spec.classes), spec.image_size, tuple(spec.domains))
     if key in _CACHE:
         return _CACHE[key]
-    manifest = load_manifest(shards)
+    try:
+        manifest = load_manifest(shards)
+    except DataError as e:  # the hint a site needs: its own command
+        raise ValueError(f"{e}; at a site, `fedccrl site prepare --out SITE` writes it (shards=SITE/shards)") from None
     where, fix = f"{shards}/manifest.json", "prepare the site with the federation's"
     if spec.classes and list(manifest.classes) != list(spec.classes):
         raise ValueError(

@@ -207,6 +207,11 @@ def test_an_imagefolder_site_checks_its_domain_against_the_federations(data, con
     assert check_site_data(ctx, held_art, "art_c0") == "art"  # QUERY, EVALUATE: it evaluates the held-out domain
     with pytest.raises(ValueError, match=rf"{where}: client art_c0 holds domain 'art', the run's held-out domain"):
         check_site_data(ctx, held_art, "art_c0", train=True)
+    empty = Context(
+        run_id=1, node_id=1, node_config={**art, M.NODE_SHARDS: str(tmp_path)}, state=RecordDict(), run_config={}
+    )
+    with pytest.raises(ValueError, match=r"manifest not found .*; at a site, `fedccrl site prepare --out SITE` writes"):
+        check_site_data(empty, held_art, "art_c0")
 
 
 # ---------------------------------------------------------------- a deployment of site folders
