@@ -38,6 +38,7 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.loop import nbytes
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.foundation.procs import die_with_parent
@@ -100,33 +101,56 @@ def _shards_dir(context: Context) -> str:
     return shards
 
 
-def check_site_data(context: Context, spec: ClientSpec) -> None:
-    """This site's shard folder holds the federation's class list (in label order) and image size, which the
-    spec carries (fedccrl site prepare writes them from the operator's class file and params.yaml); ValueError
-    naming the site's manifest and the value otherwise, before any of its images is used (the reply is an error,
-    and the server drops the site from the round with this reason)."""
+def check_site_data(context: Context, spec: ClientSpec, cid: str, train: bool = False) -> str | None:
+    """This site's shard folder against the federation's values the spec carries (fedccrl site prepare writes them
+    from the operator's class file and params.yaml): its class list (in label order), its image size, and its
+    domain among the federation's domains; a TRAIN message to a site of the held-out domain is refused. ValueError
+    naming the site's manifest and the value, before any of its images is used (the server drops the site from the
+    round with this reason). Returns the held-out domain as this site's shards name it, or None when they do not
+    know it: an imagefolder site's manifest lists only its own domain, and the federation's come from the spec."""
     from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.site import SITE_KEY
 
     shards = _shards_dir(context)
-    key = ("checked", shards, tuple(spec.classes), spec.image_size)
+    key = ("checked", shards, cid, train, spec.held_out, tuple(spec.classes), spec.image_size, tuple(spec.domains))
     if key in _CACHE:
-        return
-    manifest = load_manifest(shards)
-    where = f"{shards}/manifest.json"
+        return _CACHE[key]
+    try:
+        manifest = load_manifest(shards)
+    except DataError as e:  # the hint a site needs: its own command
+        raise ValueError(f"{e}; at a site, `fedccrl site prepare --out SITE` writes it (shards=SITE/shards)") from None
+    where, fix = f"{shards}/manifest.json", "prepare the site with the federation's"
     if spec.classes and list(manifest.classes) != list(spec.classes):
         raise ValueError(
             f"{where}: classes {list(manifest.classes)} are not the federation's {list(spec.classes)} (in label "
-            "order): prepare the site with the federation's class file (fedccrl site prepare --classes)"
+            f"order): {fix} class file (fedccrl site prepare --classes)"
         )
     if spec.image_size and manifest.image_size != spec.image_size:
         raise ValueError(
-            f"{where}: image_size {manifest.image_size} is not the federation's {spec.image_size}: prepare the "
-            "site with the federation's params.yaml (fedccrl site prepare --params)"
+            f"{where}: image_size {manifest.image_size} is not the federation's {spec.image_size}: {fix} "
+            "params.yaml (fedccrl site prepare --params)"
         )
-    _CACHE[key] = True
+    entry = next((c for c in manifest.clients if c.id == cid), None)
+    own = [] if entry is None else list(entry.domain_counts or [entry.domain])
+    stray = [d for d in own if spec.domains and d not in spec.domains]
+    if stray:
+        raise ValueError(
+            f"{where}: client {cid}'s domain '{stray[0]}' is not one of the federation's domains "
+            f"({', '.join(spec.domains)}): {fix} domain name (fedccrl site prepare --domain)"
+        )
+    if train and own == [spec.held_out]:
+        raise ValueError(
+            f"{where}: client {cid} holds domain '{spec.held_out}', the run's held-out domain: a site never trains "
+            "on it (it evaluates it); the federation file names this site under another domain"
+        )
+    known = spec.held_out in manifest.domains
+    if not known and not (spec.domains or SITE_KEY in manifest.params):  # a central partition: the old error
+        raise ValueError(f"{where}: the held-out domain '{spec.held_out}' is not one of {manifest.domains}")
+    _CACHE[key] = spec.held_out if known else None
+    return _CACHE[key]
 
 
-def load_client_data(context: Context, cid: str, device: torch.device, held_out: str) -> ClientData:
+def load_client_data(context: Context, cid: str, device: torch.device, held_out: str | None) -> ClientData:
     """This client's data for a run that holds out `held_out`: a mixed-domain (feddg_bench) client drops that
     domain's rows, and its statistics pool the same rows, as the in-process engine does (pipeline/fedccrl_pipeline/train.py)."""
     from fedccrl_core.data.pools import STALE, load_pool
@@ -148,7 +172,8 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
                 mu, sigma = mu[s.train_rows], sigma[s.train_rows]
             if len(mu) != len(s.train_y):
                 raise ValueError(
-                    f"{pools}/{cid}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE})"
+                    f"{pools}/{cid}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE}; "
+                    "at a site: prepare it again with `fedccrl site prepare`)"
                 )
         _CACHE[key] = ClientData.from_numpy(
             s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device, mu, sigma
@@ -156,7 +181,7 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
     return _CACHE[key]
 
 
-def is_source(context: Context, cid: str, held_out: str) -> bool:
+def is_source(context: Context, cid: str, held_out: str | None) -> bool:
     """Whether this site trains in a run that holds out `held_out` (it holds rows of another domain); a site that
     holds only the held-out domain evaluates only (evalsets.py)."""
     from fedccrl_core.data.shards import client_ids, load_manifest
@@ -164,16 +189,20 @@ def is_source(context: Context, cid: str, held_out: str) -> bool:
     return cid in client_ids(load_manifest(_shards_dir(context)), held_out)
 
 
-def load_eval_data(context: Context, cid: str, device: torch.device, held_out: str):
+def load_eval_data(context: Context, cid: str, device: torch.device, held_out: str | None):
     """(val_x, val_y, target_x, target_y) of this site for a run that holds out `held_out`: its val split outside
     the held-out domain when it is a source (the in-process engine's EvalSets rows), and its rows of the held-out
-    domain, train + val (its share of `load_domain_test`)."""
-    from fedccrl_core.data.shards import load_client_domain
+    domain, train + val (its share of `load_domain_test`; none when its shards do not know that domain)."""
+    from fedccrl_core.data.shards import load_client_domain, load_manifest
 
     shards = _shards_dir(context)
     key = ("eval", shards, cid, held_out, str(device))
     if key not in _CACHE:
-        tx, ty = load_client_domain(shards, cid, held_out)
+        if held_out is None:  # its shards do not know the held-out domain: it holds none of it
+            size = load_manifest(shards).image_size
+            tx, ty = np.zeros((0, size, size, 3), np.uint8), np.zeros(0, np.int64)
+        else:
+            tx, ty = load_client_domain(shards, cid, held_out)
         target = ClientData.from_numpy("target", "target", tx, ty, tx[:0], ty[:0], device)
         if is_source(context, cid, held_out):
             d = load_client_data(context, cid, device, held_out)
@@ -274,11 +303,11 @@ def handle_query(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
-    check_site_data(context, spec)
-    if not is_source(context, cid, spec.held_out):  # an evaluation-only site: n = 0, no upload
+    held_out = check_site_data(context, spec, cid)
+    if not is_source(context, cid, held_out):  # an evaluation-only site: n = 0, no upload
         _say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
-    data = load_client_data(context, cid, device, spec.held_out)
+    data = load_client_data(context, cid, device, held_out)
     alg, _ = build_client_algorithm(spec, device)
     skip = json.loads(str(msg.content[M.CONFIG].get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
     upload = None if cid in skip else alg.client_upload(data, numpy_rng(spec.seed, "upload", rnd, cid))
@@ -295,10 +324,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     spec, rnd, cfg = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
-    check_site_data(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
-    data = load_client_data(context, cid, device, spec.held_out)
+    data = load_client_data(context, cid, device, check_site_data(context, spec, cid, train=True))
     alg, model = build_client_algorithm(spec, device)
     reference = model.state_dict()
     received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "global weights")
@@ -337,8 +365,8 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
-    check_site_data(context, spec)
-    val_x, val_y, target_x, target_y = load_eval_data(context, cid, device, spec.held_out)
+    held_out = check_site_data(context, spec, cid)
+    val_x, val_y, target_x, target_y = load_eval_data(context, cid, device, held_out)
     alg, _ = build_client_algorithm(spec, device)
     key = ("eval-model", spec.to_json(), str(device))
     if key not in _CACHE:  # a model of its own: the training model keeps its state between messages

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any, ClassVar, Literal, TypeVar
 
-from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator
+from pydantic import Field, SerializeAsAny, ValidationInfo, field_validator, model_validator
 
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig
@@ -71,6 +71,7 @@ class ClientSpec(_Spec):
     state_key: str  # names the clients' saved state (ServerSpec.client_spec)
     classes: list[str] = Field(default_factory=list)  # the federation's, which a site's data must have ([]: any)
     image_size: int = Field(0, ge=0)  # the federation's, which a site's data must have (0: any)
+    domains: list[str] = Field(default_factory=list)  # the federation's, one of which is a site's ([]: unchecked)
 
 
 class ServerSpec(_Spec):
@@ -100,6 +101,7 @@ class ServerSpec(_Spec):
     run_info: dict[str, Any] = Field(default_factory=dict)
     classes: list[str] = Field(default_factory=list)  # the federation's class list, in label order ([]: unchecked)
     image_size: int = Field(0, ge=0)  # the federation's image size (0: unchecked); each site checks its data
+    domains: list[str] = Field(default_factory=list)  # the federation file's domains ([]: unchecked), held_out one
 
     FROM_SETTINGS: ClassVar[tuple[str, ...]] = (
         "min_clients",
@@ -110,6 +112,12 @@ class ServerSpec(_Spec):
         "timeout_factor",
         "timeout_floor_s",
     )  # the fields above, as train.flower gives them
+
+    @model_validator(mode="after")
+    def _held_out_of_the_federation(self) -> ServerSpec:
+        if self.domains and self.held_out not in self.domains:
+            raise ValueError(f"held_out '{self.held_out}' is not one of the federation's domains {self.domains}")
+        return self
 
     @property
     def rounds(self) -> int:
@@ -132,6 +140,7 @@ class ServerSpec(_Spec):
             state_key="",
             classes=self.classes,
             image_size=self.image_size,
+            domains=self.domains,
         )
         core = spec.model_dump(exclude={"state_key"})
         return spec.model_copy(update={"state_key": params_hash({**core, "run_info": self.run_info})})

@@ -54,7 +54,7 @@ def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, privacy=Non
         backbone="small_cnn",
         num_classes=6,
         seed=SEED,
-        held_out=HELD_OUT,
+        held_out=kw.pop("held_out", HELD_OUT),
         sources=kw.pop("sources", SOURCES),
         evaluators=kw.pop("evaluators", EVALUATORS),
         work_dir=str(work),
@@ -64,15 +64,20 @@ def make_spec(data: Path, work: Path, algorithm="fedccrl", rounds=2, privacy=Non
     )
 
 
-def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent", privacy=None):
-    """pipeline/fedccrl_pipeline/train.py's construction of the in-process engine, on the same data."""
+def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persistent", privacy=None, sites=None):
+    """pipeline/fedccrl_pipeline/train.py's construction of the in-process engine, on the same data: the central
+    partition's `data/{shards,pools}`, or with `sites` ({client id: a site's folder}, `imagefolder_sites`) each
+    client's and the held-out domain's site's own folder."""
     from fedccrl_core.data.pools import load_pool
     from fedccrl_core.data.shards import load_client, load_domain_test
 
+    def folder(cid: str) -> Path:
+        return sites[cid] if sites else data
+
     clients = []
     for cid in SOURCES:
-        s = load_client(data / "shards", cid)
-        mu, sigma = load_pool(data / "pools", cid)
+        s = load_client(folder(cid) / "shards", cid)
+        mu, sigma = load_pool(folder(cid) / "pools", cid)
         clients.append(
             ClientData.from_numpy(s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, "cpu", mu, sigma)
         )
@@ -81,7 +86,7 @@ def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persi
     )
     alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
     model = build_seeded_model(alg, "small_cnn", 6, "none", SEED)
-    target = load_domain_test(data / "shards", HELD_OUT)
+    target = load_domain_test(folder(EVALUATORS[0]) / "shards", HELD_OUT)
     run = held_out_run(alg, model, clients, target, rounds, seed=SEED, batch_size=256, client_state=client_state)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the SuperNodes below (client_threads=1): CPU sums depend on the thread count
@@ -250,6 +255,46 @@ def build_data(ws: Path, partition: dict | None = None) -> Path:
         p = subprocess.run([str(BIN / "fedccrl"), *args], cwd=ws, env=env, capture_output=True, text=True)
         assert p.returncode == 0, p.stderr[-3000:]
     return ws / "data"
+
+
+def imagefolder_sites(data: Path, ws: Path) -> tuple[dict[str, Path], Path]:
+    """The consortium of tests/test_site_eval.py: four `imagefolder` sites, each with one domain of the embedded images
+    (`data/raw/<domain>`) copied into its own folder as if it had always been there, and an operator. The operator's
+    params.yaml names dataset.name imagefolder and no dataset.source; it publishes the class file from its own test
+    folder of the held-out domain (`fedccrl site classes --images`) and the federation file (`fedccrl site
+    federation`); each site runs `fedccrl site prepare` on its folder, whose manifest knows only its own domain.
+    -> ({client id: the site's prepared folder (shards/, pools/)}, the federation file)."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from fedccrl_pipeline.cli import main
+
+    def fedccrl(*args) -> None:
+        res = CliRunner().invoke(main, [str(a) for a in args])
+        assert res.exit_code == 0, res.output[-3000:]
+        return res.stdout
+
+    operator = ws / "operator"
+    params = write_params(operator, {"dataset.name": "imagefolder", "preprocess.image_size": 32})
+    shutil.copytree(data / "raw" / HELD_OUT, operator / "test-images")
+    (operator / "classes.txt").write_text(
+        fedccrl("site", "classes", "--params", params, "--images", operator / "test-images")
+    )
+    site_args = [a for cid in (*SOURCES, *EVALUATORS) for a in ("--site", f"{cid}={cid.rsplit('_c', 1)[0]}")]
+    federation = operator / "federation.json"
+    fedccrl(
+        "site", "federation", "--params", params, "--classes", operator / "classes.txt", *site_args, "--out", federation
+    )
+    sites = {}
+    for cid in (*SOURCES, *EVALUATORS):
+        domain, site = cid.rsplit("_c", 1)[0], ws / f"site-{cid}"
+        shutil.copytree(data / "raw" / domain, site / "images")
+        shutil.copy2(operator / "classes.txt", site / "classes.txt")  # what the operator published
+        args = ["--images", site / "images", "--domain", domain, "--client-id", cid, "--classes", site / "classes.txt"]
+        fedccrl("site", "prepare", *args, "--params", params, "--out", site / "prepared")
+        sites[cid] = site / "prepared"
+    return sites, federation
 
 
 def node_config(data: Path, cid: str, state_dir: Path) -> dict:

@@ -23,6 +23,7 @@ from fedccrl_core.foundation.errors import DataError
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 SPEC = registry.get_dataset("imagefolder")
+SYN = registry.get_dataset("synthetic")
 CLASSES = ["bird", "cat", "dog"]
 SIZE = 8
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
@@ -121,7 +122,7 @@ def test_site_and_partition_write_the_same_shard_bytes(raw, tmp_path):
     partition(raw, central, SPEC, SIZE, clients_per_domain=1, val_fraction=0.2, workers=1, progress=False)
     entry = next(c for c in load_manifest(central).clients if c.domain == "photo")
     c = load_client(central, entry.id)
-    files, rels, ys = scan_site(raw / "photo", CLASSES, "classes.txt", "photo")
+    files, rels, ys, _ = scan_site(raw / "photo", CLASSES, "classes.txt", "photo")
     xs, y, paths, _ = decode_labelled(files, rels, ys, SIZE, 1, False, "site")
     row = {p: i for i, p in enumerate(paths.tolist())}
     tr = np.array([row[p] for p in c.train_paths.tolist()])
@@ -213,6 +214,38 @@ def test_a_class_the_site_lacks_is_a_warning(raw, tmp_path, capsys):
     assert m.warnings is not None and any("class 'cat'" in w for w in m.warnings)
     assert m.num_classes == 3 and m.clients[0].train_class_hist[1] == 0  # the model keeps cat's output
     assert load_manifest(tmp_path / "site" / "shards").warnings == m.warnings
+
+
+@pytest.mark.timeout(60)  # a FIFO that were opened would block the decoder for ever
+def test_what_is_not_an_image_file_is_skipped_listed_and_never_opened(raw, tmp_path, capsys):
+    """In --images: a FIFO, a symlink loop and a symlink leaving the folder (a file, or a class folder) are skipped,
+    listed under `skipped` with why and named on stderr; the FIFO is never opened and the symlinks not followed. A
+    symlink to an image inside the folder is a sample."""
+    import os
+
+    photo = raw / "photo"
+    os.mkfifo(photo / "cat" / "pipe.png")
+    (photo / "dog" / "loop.png").symlink_to("loop.png")
+    (tmp_path / "outside.png").write_bytes((photo / "bird" / "0.png").read_bytes())
+    (photo / "bird" / "out.png").symlink_to(tmp_path / "outside.png")
+    _raw(tmp_path / "elsewhere", domains=("x",), classes=["eel"])
+    (photo / "eel").symlink_to(tmp_path / "elsewhere" / "x" / "eel", target_is_directory=True)
+    (photo / "cat" / "again.png").symlink_to(photo / "dog" / "0.png")
+    m = _prepare(photo, tmp_path / "site")
+    why = {s.path: s.reason for s in m.skipped}
+    assert why == {
+        "photo/bird/out.png": f"a symlink to {tmp_path / 'outside.png'}, outside {photo}; not followed",
+        "photo/cat/pipe.png": "a FIFO, not a regular file; never opened",
+        "photo/dog/loop.png": "a symlink loop; not followed",
+        "photo/eel": f"a symlink to {tmp_path / 'elsewhere' / 'x' / 'eel'}, outside {photo}; not followed",
+    }
+    err = capsys.readouterr().err
+    for path, reason in why.items():
+        assert f"notice: skipped {raw / path} ({reason})" in err
+    s = load_client(tmp_path / "site" / "shards", "site_a")
+    stored = set(s.train_paths.tolist()) | set(s.val_paths.tolist())
+    assert len(stored) == 16 and "photo/cat/again.png" in stored and not stored & set(why)
+    assert load_manifest(tmp_path / "site" / "shards").skipped == m.skipped
 
 
 def test_unreadable_images_are_skipped_and_listed(raw, tmp_path):
@@ -320,9 +353,10 @@ def test_an_existing_output_folder_that_is_not_a_site_is_refused(raw, tmp_path, 
 
 # ---------------------------------------------------------------- the command
 def test_the_command_prepares_a_site_and_names_a_bad_input(raw, tmp_path, params):
+    """The operator's params.yaml names no dataset.source (a site's images come from --images)."""
     from fedccrl_pipeline.cli import main
 
-    p = params({"dataset.source": "data/site-images", "dataset.name": "imagefolder", "preprocess.image_size": SIZE})
+    p = params({"dataset.name": "imagefolder", "preprocess.image_size": SIZE})
     (tmp_path / "classes.txt").write_text("\n".join(CLASSES) + "\n")
     args = ["site", "prepare", "--images", raw / "photo", "--domain", "photo", "--client-id", "photo_c0"]
     args += ["--classes", tmp_path / "classes.txt", "--params", p]
@@ -359,9 +393,80 @@ def test_site_classes_prints_the_registrys_class_file(tmp_path, params):
     path = tmp_path / "classes.txt"
     path.write_text(res.output)
     assert read_class_list(path) == sorted(registry.get_dataset("synthetic").classes or [])
-    p = params({"dataset.source": "data/site-images", "dataset.name": "imagefolder"}, to=tmp_path / "if")
+    res = CliRunner().invoke(main, ["site", "classes", "--params", str(params()), "--images", str(tmp_path)])
+    assert res.exit_code == 2 and f"error: --images {tmp_path}: dataset.name synthetic" in res.output
+    assert "has its classes; drop --images" in res.output
+
+
+def test_site_classes_of_an_imagefolder_reads_a_folder(raw, tmp_path, params):
+    """imagefolder: the class folders of a `<class>/<image>` folder that hold a file, sorted; no dataset.source."""
+    from fedccrl_pipeline.cli import main
+
+    (raw / "photo" / "aardvark").mkdir()  # empty: not a class
+    p = params({"dataset.name": "imagefolder"}, to=tmp_path / "if")
+    res = CliRunner().invoke(main, ["site", "classes", "--params", str(p), "--images", str(raw / "photo")])
+    assert res.exit_code == 0, res.output
+    (tmp_path / "classes.txt").write_text(res.output)
+    assert read_class_list(tmp_path / "classes.txt") == CLASSES
     res = CliRunner().invoke(main, ["site", "classes", "--params", str(p)])
     assert res.exit_code == 2 and f"error: {p}: dataset.name imagefolder discovers its classes" in res.output
+    assert "fedccrl site classes --images DIR" in res.output
+    res = CliRunner().invoke(main, ["site", "classes", "--params", str(p), "--images", str(raw / "photo" / "cat")])
+    assert res.exit_code == 2 and "0 class folder(s) holding a file" in res.output
+
+
+def _federation_args(tmp_path, p, *sites, classes=CLASSES):
+    (tmp_path / "classes.txt").write_text("\n".join(classes) + "\n")
+    args = ["site", "federation", "--params", str(p), "--classes", str(tmp_path / "classes.txt")]
+    return [*args, *(a for s in sites for a in ("--site", s)), "--out", str(tmp_path / "federation.json")]
+
+
+def test_site_federation_writes_the_file_each_sites_manifest_agrees_with(raw, tmp_path, params):
+    """The operator's federation file from its sites (ID=DOMAIN), the class file and params.yaml: its dataset,
+    classes, image size and resize policy are what a site's prepare writes into its manifest, and its domains the
+    sites' (sorted for imagefolder, the registry's order otherwise); fedccrl federate reads it."""
+    from fedccrl_flower.sites import read_federation
+    from fedccrl_pipeline.cli import main
+
+    p = params({"dataset.name": "imagefolder", "preprocess.image_size": SIZE})
+    res = CliRunner().invoke(main, _federation_args(tmp_path, p, "photo_c0=photo", "art_c0=art", "art_c1=art"))
+    assert res.exit_code == 0, res.output
+    fed = read_federation(tmp_path / "federation.json")
+    assert fed.domains == ["art", "photo"] and [(s.id, s.domain) for s in fed.sites] == [
+        ("photo_c0", "photo"),
+        ("art_c0", "art"),
+        ("art_c1", "art"),
+    ]
+    m = _prepare(raw / "photo", tmp_path / "site", cid="photo_c0")
+    assert (fed.dataset, fed.classes, fed.image_size, fed.resize_policy) == (
+        m.dataset,
+        m.classes,
+        m.image_size,
+        m.resize_policy,
+    )
+    syn = params({"dataset.name": "synthetic"}, to=tmp_path / "syn")
+    args = _federation_args(tmp_path / "syn", syn, "b=sketch", "a=art", classes=sorted(SYN.classes or []))
+    assert CliRunner().invoke(main, args).exit_code == 0
+    assert read_federation(tmp_path / "syn" / "federation.json").domains == list(
+        registry.get_dataset("synthetic").domains
+    )
+
+
+@pytest.mark.parametrize(
+    ("sites", "match"),
+    [
+        (["photo_c0=photo", "photo_c0=art"], r"--site 'photo_c0=art': client id 'photo_c0' is given twice"),
+        (["photo_c0"], r"--site 'photo_c0' \(ID=DOMAIN\): --domain '': not a folder name"),
+        (["../x=art"], r"--site '\.\./x=art' \(ID=DOMAIN\): --client-id '\.\./x'"),
+    ],
+)
+def test_site_federation_refuses_a_bad_site_naming_it(tmp_path, params, sites, match):
+    from fedccrl_pipeline.cli import main
+
+    p = params({"dataset.name": "imagefolder"})
+    res = CliRunner().invoke(main, _federation_args(tmp_path, p, *sites))
+    assert res.exit_code == 2 and re.search(match, res.output), res.output
+    assert not (tmp_path / "federation.json").exists()
 
 
 def test_a_domain_or_client_id_the_federation_cannot_have_is_refused(tmp_path):

@@ -1,10 +1,10 @@
 """Evaluation where the data is (fedccrl_flower/evalsets.py): the counts a site returns, their pooling into the
-central evaluation's numbers, and a Flower deployment in which every SuperNode's folder holds only its own site's
-files, the held-out domain sits only with an evaluation-only site and the SuperLink's folder holds no data file."""
+central evaluation's numbers, and a Flower deployment of imagefolder sites, each prepared from its own folder, in
+which every SuperNode's folder holds only its own site's files, the held-out domain sits only with an
+evaluation-only site and the SuperLink's folder holds no data file."""
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 import subprocess
@@ -15,13 +15,20 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flower_harness import EVALUATORS, SOURCES, LoopbackGrid, assert_same_history, make_spec, run_inprocess
+from flower_harness import (
+    EVALUATORS,
+    SOURCES,
+    LoopbackGrid,
+    assert_same_history,
+    imagefolder_sites,
+    make_spec,
+    run_inprocess,
+    serve,
+)
 
 from fedccrl_core.data import pools as pools_mod
 from fedccrl_core.data import shards as shards_mod
 from fedccrl_core.learning.accuracy import class_counts, pooled_accuracy
-
-BIN = Path(sys.executable).parent
 
 
 def site_folder(data: Path, cid: str, dest: Path) -> Path:
@@ -36,23 +43,6 @@ def site_folder(data: Path, cid: str, dest: Path) -> Path:
         (out / shards_mod.MANIFEST).write_text(json.dumps(manifest, indent=2))
         shutil.copy2(src / manifest["clients"][0]["file"], out / manifest["clients"][0]["file"])
     return dest
-
-
-def site_command(data: Path, cid: str, dest: Path) -> Path:
-    """One site's folder as the site makes it: its domain's images copied into the site's folder, the operator's
-    class file, then `fedccrl site prepare` (the command a site runs) with the federation's params.yaml."""
-    params, domain = data.parent / "params.yaml", cid.rsplit("_c", 1)[0]
-    shutil.copytree(data / "raw" / domain, dest / "images")
-    run = functools.partial(subprocess.run, capture_output=True, text=True, cwd=dest)
-    classes = run([str(BIN / "fedccrl"), "site", "classes", "--params", str(params)])
-    assert classes.returncode == 0, classes.stderr
-    (dest / "classes.txt").write_text(classes.stdout)
-    args = ["--images", "images", "--domain", domain, "--client-id", cid, "--classes", "classes.txt"]
-    p = run([str(BIN / "fedccrl"), "site", "prepare", *args, "--params", str(params), "--out", "prepared"])
-    assert p.returncode == 0, p.stderr[-3000:]
-    for part in ("shards", "pools"):  # what the SuperNode reads; the central partition's files, byte for byte
-        assert (dest / "prepared" / part / f"{cid}.npz").read_bytes() == (data / part / f"{cid}.npz").read_bytes()
-    return dest / "prepared"
 
 
 # ---------------------------------------------------------------- unit: the counts and their pooling
@@ -148,18 +138,96 @@ def test_a_malformed_evaluation_reply_is_refused():
     assert ev.record == {"val_n": 6, "target_n": 4, "eval_sites": 2}
 
 
+# ---------------------------------------------------------------- imagefolder sites: each knows only its own domain
+@pytest.fixture(scope="module")
+def consortium(data, tmp_path_factory):
+    """({client id: site folder}, the federation file): four imagefolder sites (flower_harness.imagefolder_sites)."""
+    return imagefolder_sites(data, tmp_path_factory.mktemp("imagefolder-sites"))
+
+
+def _site_configs(sites: dict[str, Path]) -> dict[int, dict]:
+    from fedccrl_flower import messages as M
+
+    return {
+        100 + i: {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: str(f / "shards"), M.NODE_POOLS: str(f / "pools")}
+        for i, (cid, f) in enumerate(sites.items())
+    }
+
+
+def _federation_spec(data, work, federation, algorithm="fedccrl", rounds=2, **over):
+    """make_spec with what `fedccrl federate` takes from the federation file: sources, evaluators, classes, image
+    size and domains."""
+    from fedccrl_flower.sites import read_federation
+
+    fed = read_federation(federation)
+    held_out = over.pop("held_out", "sketch")
+    kw = dict(sources=fed.sources(held_out), evaluators=fed.evaluators(held_out), classes=fed.classes)
+    kw.update(image_size=fed.image_size, domains=fed.domains)
+    return make_spec(data, work, algorithm, rounds=rounds, **{**kw, **over}, held_out=held_out)
+
+
+def test_imagefolder_sites_over_a_loopback_deployment_match_the_inprocess_engine(data, consortium, tmp_path):
+    """Four imagefolder sites, each prepared from its own folder (its manifest names only its own domain), over the
+    loopback Grid holding out sketch: the held-out domain and the domains come from the spec (the federation file),
+    and every round's val and target accuracy, and the weights, are the in-process engine's on the same images."""
+    sites, federation = consortium
+    for cid, folder in sites.items():
+        assert shards_mod.load_manifest(folder / "shards").domains == [cid.rsplit("_c", 1)[0]]
+    ref = run_inprocess(data, "fedavg", 2, sites=sites)  # FedCCRL's pools: the deployment test below
+    res = serve(LoopbackGrid(_site_configs(sites)), _federation_spec(data, tmp_path, federation, "fedavg"))
+    assert_same_history(res.history, ref.history)
+    target_n = len(shards_mod.load_domain_test(sites["sketch_c0"] / "shards", "sketch")[1])
+    for rec, r in zip(res.history, ref.history, strict=True):
+        assert rec.val_acc == r.val_acc and rec.target_acc == r.target_acc  # exact
+        assert rec.clients == 3 and rec.eval_sites == 4 and rec.refused == rec.dropped == 0
+        assert rec.target_n == target_n > 0
+    for k, v in ref.final_weights.items():
+        assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+
+
+def test_an_imagefolder_site_checks_its_domain_against_the_federations(data, consortium, tmp_path):
+    """A site whose domain is not among the spec's (the federation file's) domains is dropped, naming its manifest
+    and the site command that fixes it; a site asked to train on the run's held-out domain refuses, naming it."""
+    from flwr.app import Context, RecordDict
+
+    from fedccrl_flower import messages as M
+    from fedccrl_flower.client_app import check_site_data
+
+    sites, federation = consortium
+    spec = _federation_spec(data, tmp_path, federation, "fedavg", 1, domains=["cartoon", "painting", "photo", "sketch"])
+    rec = serve(LoopbackGrid(_site_configs(sites)), spec).history[0]
+    (dropped,) = rec.dropped_clients
+    assert rec.clients == 2 and dropped.phase == "query", rec
+    where = f"{sites['art_c0'] / 'shards'}/manifest.json"
+    assert f"{where}: client art_c0's domain 'art' is not one of the federation's domains" in dropped["detail"]
+    assert "(fedccrl site prepare --domain)" in dropped["detail"]
+    art = {M.NODE_CLIENT_ID: "art_c0", M.NODE_SHARDS: str(sites["art_c0"] / "shards")}
+    held_art = _federation_spec(data, tmp_path, federation, "fedavg", 1, held_out="art").client_spec()
+    ctx = Context(run_id=1, node_id=1, node_config=art, state=RecordDict(), run_config={})
+    assert check_site_data(ctx, held_art, "art_c0") == "art"  # QUERY, EVALUATE: it evaluates the held-out domain
+    with pytest.raises(ValueError, match=rf"{where}: client art_c0 holds domain 'art', the run's held-out domain"):
+        check_site_data(ctx, held_art, "art_c0", train=True)
+    empty = Context(
+        run_id=1, node_id=1, node_config={**art, M.NODE_SHARDS: str(tmp_path)}, state=RecordDict(), run_config={}
+    )
+    with pytest.raises(ValueError, match=r"manifest not found .*; at a site, `fedccrl site prepare --out SITE` writes"):
+        check_site_data(empty, held_art, "art_c0")
+
+
 # ---------------------------------------------------------------- a deployment of site folders
 @pytest.mark.full(
     "a Flower deployment of real processes: a SuperLink and 4 SuperNodes from the wheel, 2 rounds of FedCCRL, ~90 s"
 )
 @pytest.mark.timeout(1200)
-def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv, tmp_path):
-    """Three source sites and one evaluation-only site (the held-out sketch), each SuperNode from the installed wheel
+def test_deployment_of_site_folders_matches_inprocess_and_serves(data, consortium, full_venv, tmp_path):
+    """The four imagefolder sites of `consortium` (three sources and the held-out sketch's evaluation-only site, each
+    prepared from its own folder, its manifest naming only its own domain), each SuperNode from the installed wheel
     (no checkout, no PYTHONPATH) in its own folder that holds only its site's files; the SuperLink and the ServerApp
-    work in an operator folder that holds no data file. 2 rounds of FedCCRL, whose statistics pools travel in the
-    messages: final and val-selected accuracies and weights equal the in-process engine's on the central partition,
-    bit for bit (one torch thread on both sides); MLflow gets each round's record; `fedccrl-serve` serves the
-    exported final model."""
+    work in an operator folder that holds no data file, with the spec `fedccrl federate` makes of the federation
+    file. 2 rounds of FedCCRL, whose statistics pools travel in the messages: every round's val and target
+    accuracy, the val-selected round and the weights equal the in-process engine's on the sites' images, bit for bit
+    (one torch thread on both sides); MLflow gets each round's record; `fedccrl-serve` serves the exported final
+    model."""
     import math
 
     import mlflow
@@ -170,20 +238,15 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv
     from fedccrl_flower import messages as M
     from fedccrl_flower.federation import LocalFederation
     from fedccrl_flower.run import wait_for_result
+    from fedccrl_flower.sites import read_federation
     from fedccrl_pipeline.onnx_export import export_onnx
     from fedccrl_pipeline.tracking import ChildRun, parent_run_id
     from fedccrl_serving.cli import main as serve_main
 
-    ref = run_inprocess(data, "fedccrl", 2)
+    sites, federation = consortium
+    fed_file = read_federation(federation)
+    ref = run_inprocess(data, "fedccrl", 2, sites=sites)
     operator = tmp_path / "operator"
-    # two sites prepare their folders from their own images with the site command (a whole registry domain as
-    # client <domain>_c0: the central files, tests/test_site.py); the others get their client of the central
-    # partition copied; the evaluation-only site is one of the former
-    made = {"photo_c0", "sketch_c0"}
-    sites = {
-        cid: site_folder(data, cid, tmp_path / f"site-{cid}") for cid in [*SOURCES, *EVALUATORS] if cid not in made
-    }
-    sites.update({cid: site_command(data, cid, tmp_path / f"site-{cid}") for cid in sorted(made)})
     run = ChildRun("flower-test", parent_run_id("flower-test", "k", {}), "deployment", {}, {})
     with LocalFederation(operator / "federation") as fed:
         for cid, folder in sites.items():
@@ -191,22 +254,13 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv
                 M.NODE_CLIENT_ID: cid,
                 M.NODE_SHARDS: str(folder / "shards"),
                 M.NODE_POOLS: str(folder / "pools"),
-                M.NODE_STATE_DIR: str(folder / "state"),
+                M.NODE_STATE_DIR: str(folder.parent / "state"),
             }
-            fed.add_supernode(cid, cfg, threads=1, wait=False, bin_dir=full_venv / "bin", cwd=folder)
+            fed.add_supernode(cid, cfg, threads=1, wait=False, bin_dir=full_venv / "bin", cwd=folder.parent)
         fed.wait_supernodes()
         work = operator / "work"
         t0 = time.perf_counter()
-        manifest = shards_mod.load_manifest(data / "shards")
-        spec = make_spec(
-            data,
-            work,
-            "fedccrl",
-            num_clients=4,
-            min_clients=3,
-            classes=manifest.classes,
-            image_size=manifest.image_size,
-        )
+        spec = _federation_spec(data, work, federation, num_clients=4, min_clients=3)
         res = wait_for_result(fed, fed.submit(spec), work, on_round=run.log_round, timeout=900)
         print(f"deployment of site folders, 2 rounds FedCCRL, 4 SuperNodes: {time.perf_counter() - t0:.1f}s")
         run.finish()
@@ -217,41 +271,29 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
         assert torch.equal(res.best_weights[k].cpu(), ref.best_weights[k].cpu()), k
-    k_i = math.ceil(0.1 * 216)  # Eq. 8: ceil(r n_i) statistics of (mu, sigma), 3 channels, float32
+    n_i = {cid: shards_mod.load_client(sites[cid] / "shards", cid).n_train for cid in SOURCES}
+    k_i = {cid: math.ceil(0.1 * n) for cid, n in n_i.items()}  # Eq. 8: ceil(r n_i) statistics of (mu, sigma)
     for rec, r in zip(res.history, ref.history):
-        assert (
-            rec.to_dict()["val_acc"] == r.to_dict()["val_acc"]
-            and rec.to_dict()["target_acc"] == r.to_dict()["target_acc"]
-        )  # exact
-        assert rec.to_dict()["val_pred_classes"] == r.to_dict()["val_pred_classes"]
-        assert (
-            rec.to_dict()["eval_sites"] == 4
-            and rec.to_dict()["clients"] == 3
-            and rec.to_dict()["refused"] == rec.to_dict()["dropped"] == 0
-        )
-        assert rec.to_dict()["target_n"] == len(shards_mod.load_domain_test(data / "shards", "sketch")[1])
-        for cid in SOURCES:
-            assert rec[f"upload_bytes/{cid}"] == k_i * 3 * 2 * 4  # what the server received from cid
-            assert rec[f"payload_bytes/{cid}"] == 2 * k_i * 3 * 2 * 4  # F_pool minus F_i, sent to cid
-        assert (
-            rec.to_dict()["bytes_up"] == r.to_dict()["bytes_up"]
-            and rec.to_dict()["bytes_down"] == r.to_dict()["bytes_down"]
-        )  # the same count
-        assert (
-            rec.to_dict()["wire_bytes_up"] > rec.to_dict()["bytes_up"]
-            and rec.to_dict()["wire_bytes_down"] > rec.to_dict()["bytes_down"]
-        )
+        assert rec.val_acc == r.val_acc and rec.target_acc == r.target_acc  # exact
+        assert rec.val_pred_classes == r.val_pred_classes
+        assert rec.eval_sites == 4 and rec.clients == 3 and rec.refused == rec.dropped == 0
+        assert rec.target_n == len(shards_mod.load_domain_test(sites["sketch_c0"] / "shards", "sketch")[1])
+        for cid in SOURCES:  # 3 channels, float32
+            assert rec.metric(f"upload_bytes/{cid}") == k_i[cid] * 3 * 2 * 4  # what the server received from cid
+            others = sum(k for c, k in k_i.items() if c != cid)
+            assert rec.metric(f"payload_bytes/{cid}") == others * 3 * 2 * 4  # F_pool minus F_i, sent to cid
+        assert rec.bytes_up == r.bytes_up and rec.bytes_down == r.bytes_down  # the same count
+        assert rec.wire_bytes_up > rec.bytes_up and rec.wire_bytes_down > rec.bytes_down
     hist = mlflow.MlflowClient().get_metric_history(run.run_id, "val_acc")
     assert [(m.step, m.value) for m in hist] == [
         (r.to_dict()["round"], pytest.approx(r.to_dict()["val_acc"])) for r in res.history
     ]
     assert all(logs[cid].count("Receiving: train message") >= 2 for cid in SOURCES)  # every source trained twice
     assert "Receiving: train message" not in logs["sketch_c0"] and logs["sketch_c0"].count("evaluate message") >= 2
-    data_files = {p.name for p in tmp_path.glob("site-*/**/*.npz")}
+    data_files = {p.name for f in sites.values() for p in f.rglob("*.npz")}
     assert not [p for p in operator.rglob("*") if p.name in data_files or p.name == shards_mod.MANIFEST]
 
     # the operator exports the deployment's final model and serves it
-    meta = json.loads((data / "shards" / shards_mod.MANIFEST).read_text())
     model = build_model("small_cnn", 6)
     model.load_state_dict({k: v.cpu() for k, v in res.final_weights.items()})
     onnx = operator / "model.onnx"
@@ -260,15 +302,15 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv
         ModelMeta(
             backbone="small_cnn",
             num_classes=6,
-            classes=meta["classes"],
-            image_size=meta["image_size"],
+            classes=fed_file.classes,
+            image_size=fed_file.image_size,
             mean=[0.485, 0.456, 0.406],
             std=[0.229, 0.224, 0.225],
-            resize=meta["resize_policy"],
-            dataset=meta["dataset"],
-            domains=meta["domains"],
+            resize=fed_file.resize_policy,
+            dataset=fed_file.dataset,
+            domains=fed_file.domains,
             held_out_domain="sketch",
-            held_out_index=meta["domains"].index("sketch"),
+            held_out_index=fed_file.domains.index("sketch"),
             algorithm="fedccrl",
             seed=0,
             round=2,
@@ -288,7 +330,7 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, full_venv
     assert out.exit_code == 0, out.output
     got = [json.loads(line)["label"] for line in out.output.splitlines() if line.startswith("{")]
     want = _predict(model, torch.from_numpy(x[:4]).permute(0, 3, 1, 2).contiguous())
-    assert got == [meta["classes"][int(k)] for k in want]
+    assert got == [fed_file.classes[int(k)] for k in want]
 
 
 # ---------------------------------------------------------------- the operator's federation file
@@ -344,8 +386,6 @@ def test_a_bad_federation_file_is_refused_naming_the_file_and_key(tmp_path, over
 def test_federate_refuses_bad_input_before_starting_anything(tmp_path):
     """`fedccrl federate` with an unknown held-out domain, or too few sources for train.flower.min_clients: one
     error line naming the file, exit code 2, and no run folder, work folder or Flower home left behind."""
-    import subprocess
-    import sys
 
     from fixtures import write_params
 

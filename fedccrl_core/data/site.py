@@ -29,7 +29,12 @@ as a site's. So a SuperNode on a site folder is started with `client-id=<id>`, n
 looks the held-out domain up among the manifest's domains). A class of the list that the site lacks is allowed,
 with a warning naming it (recorded under `warnings`): the model keeps every class's output, and the client's
 `train_class_hist` shows 0 for it. An evaluation-only site (the held-out domain) prepares its folder the same way:
-its test set is its train + val (`shards.load_domain_test`).
+its test set is its train + val (`shards.load_domain_test`). In a run, the federation's domains and the held-out
+one come from the run's spec, not from this manifest (fedccrl_flower/client_app.py `check_site_data`).
+
+What in the image folder is not a sample is passed over, listed under `skipped` with why and named on stderr, and
+never opened (tree.py `scan_classes`): a FIFO, socket or device, a symlink loop, a symlink whose target lies outside
+the image folder (not followed: a site exports only the folder it names), a hidden or stray entry.
 
 Checked before any image is decoded, each error naming the file or folder: the class file (present, UTF-8, no
 empty line, no duplicate, no stray whitespace, no `/`; the registry's classes for a registry dataset), a class
@@ -79,6 +84,35 @@ class Federation:
     source: str = "params.yaml"  # where the settings come from, for messages
 
 
+def class_name_problem(name: str) -> str | None:
+    """Why `name` cannot be a class of a class file (a class folder's name), else None."""
+    if name != name.strip():
+        return f"class name {name!r} has leading or trailing whitespace"
+    if "/" in name or "\\" in name or name.startswith("."):
+        return f"{name!r} is not a folder name"
+    return None
+
+
+def class_list_of(images: str | os.PathLike) -> list[str]:
+    """The class file of a `<class>/<image>` folder (`fedccrl site classes --images`): its class folders that hold
+    a file, sorted (as the partition stage orders an imagefolder's classes); DataError naming the folder."""
+    images = Path(images)
+    if not images.is_dir():
+        raise DataError(f"--images {images}: image folder not found")
+    found, _ = scan_classes(images, images.name)
+    classes = sorted(c for c, files in found.items() if files)
+    for c in classes:
+        problem = class_name_problem(c)
+        if problem:
+            raise DataError(f"{images / c}: {problem}")
+    if len(classes) < 2:
+        raise DataError(
+            f"--images {images}: {len(classes)} class folder(s) holding a file; a classifier needs at least 2 "
+            "(expected one subfolder per class, holding that class's images)"
+        )
+    return classes
+
+
 def read_class_list(path: str | os.PathLike) -> list[str]:
     """The federation's class file: class names in order, one a line; DataError naming the file and line."""
     path = Path(path)
@@ -97,10 +131,9 @@ def read_class_list(path: str | os.PathLike) -> list[str]:
         name = raw.removesuffix("\r")
         if not name.strip():
             raise DataError(f"{path}: line {no} is empty (one class name a line, no blank lines)")
-        if name != name.strip():
-            raise DataError(f"{path}: line {no}: class name {name!r} has leading or trailing whitespace")
-        if "/" in name or "\\" in name or name.startswith("."):
-            raise DataError(f"{path}: line {no}: {name!r} is not a folder name")
+        problem = class_name_problem(name)
+        if problem:
+            raise DataError(f"{path}: line {no}: {problem}")
         if name in seen:
             raise DataError(f"{path}: line {no}: class '{name}' is listed twice (first on line {seen[name]})")
         seen[name] = no
@@ -110,20 +143,29 @@ def read_class_list(path: str | os.PathLike) -> list[str]:
     return classes
 
 
-def check_federation(fed: Federation, spec: DatasetSpec, domain: str, client_id: str, classes_file: str) -> None:
-    """The site's names and the class list against the dataset registry (a registry dataset's classes and domains
-    are known); DataError naming the file."""
+def check_site_name(spec: DatasetSpec, domain: str, client_id: str) -> None:
+    """A site's client id and domain (a registry dataset's domains are known); DataError naming the option."""
     if not _ID.match(client_id):
         raise DataError(f"--client-id {client_id!r}: letters, digits, '.', '_' and '-' only, not starting with one")
     if not domain or domain != domain.strip() or "/" in domain or domain.startswith("."):
         raise DataError(f"--domain {domain!r}: not a folder name")
     if spec.domains and domain not in spec.domains:
         raise DataError(f"--domain '{domain}' is not a domain of {spec.name} (domains: {', '.join(spec.domains)})")
+
+
+def check_classes(fed: Federation, spec: DatasetSpec, classes_file: str) -> None:
+    """The class list against a registry dataset's (its classes are known); DataError naming the class file."""
     if spec.classes is not None and fed.classes != sorted(spec.classes):
         raise DataError(
             f"{classes_file}: the class list differs from the federation's ({spec.name}, dataset.name in "
             f"{fed.source}): expected, in order: {', '.join(sorted(spec.classes))}"
         )
+
+
+def check_federation(fed: Federation, spec: DatasetSpec, domain: str, client_id: str, classes_file: str) -> None:
+    """The site's names and the class list against the dataset registry; DataError naming the file or option."""
+    check_site_name(spec, domain, client_id)
+    check_classes(fed, spec, classes_file)
 
 
 def _settings(dataset, classes, image_size, val_fraction, seed, domain, client_id) -> dict[str, object]:
@@ -185,14 +227,17 @@ def check_existing(out: Path, fed: Federation, domain: str, client_id: str) -> N
 
 def scan_site(
     images: Path, classes: list[str], classes_file: str, domain: str
-) -> tuple[list[Path], list[str], list[int]]:
-    """The site's `<class>/<image>` files: (files, paths `<domain>/<class>/<file>`, labels); a class folder not in
-    the list, or no image at all, is a DataError naming the folder."""
+) -> tuple[list[Path], list[str], list[int], list[shards_mod.SkippedImage]]:
+    """The site's `<class>/<image>` files: (files, paths `<domain>/<class>/<file>`, labels, what was passed over
+    and why: a FIFO or other non-regular file, a symlink loop, a symlink leaving `images` (not followed), a hidden
+    or stray entry; each also a notice on stderr); a class folder not in the list, or no image at all, is a
+    DataError naming the folder."""
     if not images.is_dir():
         raise DataError(f"--images {images}: image folder not found")
-    found, ignored = scan_classes(images, domain)
+    found, ignored = scan_classes(images, domain, within=images.resolve())
+    passed_over = [shards_mod.SkippedImage(path=i["path"], reason=i["reason"]) for i in ignored]
     for item in ignored:
-        print(f"notice: ignored {images}/{item['path'].split('/', 1)[1]} ({item['reason']})", file=sys.stderr)
+        print(f"notice: skipped {images}/{item['path'].split('/', 1)[1]} ({item['reason']})", file=sys.stderr)
     extra = [c for c in found if c not in classes]
     if extra:
         raise DataError(
@@ -207,11 +252,12 @@ def scan_site(
             rels.append(f"{domain}/{c}/{f}")
             ys.append(index[c])
     if not files:
+        why = f"; {len(ignored)} skipped, e.g. {ignored[0]['path']}: {ignored[0]['reason']}" if ignored else ""
         raise DataError(
             f"--images {images}: no image found (expected one subfolder per class of {classes_file}, "
-            "holding that class's images)"
+            f"holding that class's images{why})"
         )
-    return files, rels, ys
+    return files, rels, ys, passed_over
 
 
 def _warnings(domain: str, y: np.ndarray, classes: list[str], images: Path) -> list[str]:
@@ -250,12 +296,13 @@ def prepare_site(
     check_federation(fed, spec, domain, client_id, classes_file)
     mean, std = [float(a) for a in fed.mean], [float(a) for a in fed.std]  # validated by params.yaml's schema
     check_existing(out, fed, domain, client_id)
-    files, rels, ys = scan_site(images, fed.classes, classes_file, domain)
-    xs, y, paths, skipped = shards_mod.decode_labelled(
+    files, rels, ys, passed_over = scan_site(images, fed.classes, classes_file, domain)
+    xs, y, paths, unreadable = shards_mod.decode_labelled(
         files, rels, ys, fed.image_size, workers, progress, f"site {client_id}"
     )
     if not y.size:
-        raise DataError(f"--images {images}: none of its {len(files)} images is readable (e.g. {skipped[0].path})")
+        raise DataError(f"--images {images}: none of its {len(files)} images is readable (e.g. {unreadable[0].path})")
+    skipped = passed_over + unreadable
     warnings = _warnings(domain, y, fed.classes, images)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)

@@ -5,6 +5,9 @@
 - `subfolders` and `walk_files`: the folders `fedccrl-serve` reads (`evaluate`'s class folders, `predict`'s
   folders searched recursively).
 
+What is never opened (`not_regular`: a FIFO, socket or device would block its reader or be no image), and what is
+never followed (a symlink loop; with `within`, a site's folder, a symlink that leaves it), is listed with why.
+
 Sorted by name everywhere, so every reader sees the same files in the same order. Numpy/PIL only: serving
 imports it without torch.
 
@@ -13,13 +16,50 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedccrl_core.data.images import is_ignored_name
 from fedccrl_core.foundation.errors import DataError
+
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def not_regular(path: str | os.PathLike) -> str | None:
+    """Why `path` must not be opened as an image (a FIFO would block the reader for ever), else None.
+    os.stat never opens the file; a path that cannot be stat'ed is left to the decoder's error."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
+    return f"{kind}, not a regular file; never opened"
+
+
+def not_followed(path: str | os.PathLike, within: Path | None) -> str | None:
+    """Why the symlink `path` is not followed: a loop, or (with `within`, a resolved folder) a target outside
+    `within`; else None (a dangling symlink is left to the decoder's error)."""
+    if not os.path.islink(path):
+        return None
+    try:
+        target = Path(os.path.realpath(path, strict=True))
+    except OSError as e:
+        return "a symlink loop; not followed" if e.errno == errno.ELOOP else None
+    if within is not None and not target.is_relative_to(within):
+        return f"a symlink to {target}, outside {within}; not followed"
+    return None
 
 
 def _entries(folder: str | os.PathLike[str]) -> list[os.DirEntry]:
@@ -41,24 +81,30 @@ def walk_files(folder: str | os.PathLike[str]) -> Iterator[Path]:
                 yield Path(root) / name
 
 
-def scan_classes(folder: str | os.PathLike, rel: str) -> tuple[dict[str, list[str]], list[dict]]:
+def scan_classes(
+    folder: str | os.PathLike, rel: str, within: Path | None = None
+) -> tuple[dict[str, list[str]], list[dict]]:
     """`folder/<class>/<file>` -> ({class: sorted file names}, ignored entries {path, reason}, paths spelled
-    `rel/<class>/<file>`). Ignored names are skipped silently at the class level and listed at the file level."""
+    `rel/<class>/<file>`). Ignored names are skipped silently at the class level and listed at the file level; a
+    symlink loop, a file that is not a regular file and (with `within`) a symlink leaving `within` are listed."""
     classes: dict[str, list[str]] = {}
     ignored: list[dict] = []
     for c in _entries(folder):
         if is_ignored_name(c.name):
             continue
-        if not c.is_dir():
-            ignored.append({"path": f"{rel}/{c.name}", "reason": "file outside any class folder"})
+        why = not_followed(c.path, within)
+        if why or not c.is_dir():
+            ignored.append({"path": f"{rel}/{c.name}", "reason": why or "file outside any class folder"})
             continue
         names = []
         for f in _entries(c.path):
             path = f"{rel}/{c.name}/{f.name}"
-            if is_ignored_name(f.name):
-                ignored.append({"path": path, "reason": "hidden or system file"})
-            elif f.is_dir():
-                ignored.append({"path": path, "reason": "folder nested below a class folder"})
+            why = "hidden or system file" if is_ignored_name(f.name) else not_followed(f.path, within)
+            if not why and f.is_dir():
+                why = "folder nested below a class folder"
+            why = why or not_regular(f.path)
+            if why:
+                ignored.append({"path": path, "reason": why})
             else:
                 names.append(f.name)
         classes[c.name] = names

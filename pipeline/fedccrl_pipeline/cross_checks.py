@@ -59,13 +59,14 @@ def resolve_held_out(
     return names, problems
 
 
-def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = ()) -> list[str]:
+def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = (), downloads: bool = True) -> list[str]:
     """Problems that involve more than one key: held_out against the dataset's domains, the backbone against
     `pretrained`, and what an algorithm to be trained (listed in train.algorithms, or `run_algorithms`: a stage's
-    --algorithm) needs of its own group. One line each."""
+    --algorithm) needs of its own group. One line each. `downloads=False`: a command that reads its images from
+    elsewhere (a site's `--images`), for which dataset.source does not apply."""
     out = []
     spec = REGISTRY[cfg.dataset.name]
-    if cfg.dataset.source == "registry":  # what the registry has to give (fedccrl_core/data/sources.py)
+    if cfg.dataset.source == "registry" and downloads:  # what the registry has to give (fedccrl_core/data/sources.py)
         if spec.layout == LAYOUT_GENERATED and cfg.dataset.sha256 is not None:
             out.append(
                 _line("dataset.sha256", cfg.dataset.sha256, f"does not apply to the generated dataset {spec.name!r}")

@@ -281,18 +281,19 @@ def set_key(params: dict, dotted: str, value: Any) -> None:
     node[last] = value
 
 
-def validate_params(data: dict, run_algorithms: tuple[str, ...] = ()) -> ParamsFile:
+def validate_params(data: dict, run_algorithms: tuple[str, ...] = (), downloads: bool = True) -> ParamsFile:
     """The whole file, typed; ParamError listing every problem (one line each). `run_algorithms`: registered
-    algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `fedccrl-bench accuracy`)."""
+    algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `fedccrl-bench accuracy`);
+    `downloads=False`: dataset.source does not apply (cross_checks.check_config)."""
     cfg = validate(ParamsFile, data)
-    problems = check_config(cfg, tuple(run_algorithms))
+    problems = check_config(cfg, tuple(run_algorithms), downloads)
     if problems:
         raise ParamError(*problems)
     return cfg
 
 
-def load_config(path: str | Path = "params.yaml") -> ParamsFile:
-    return validate_params(read_yaml(path))
+def load_config(path: str | Path = "params.yaml", downloads: bool = True) -> ParamsFile:
+    return validate_params(read_yaml(path), downloads=downloads)
 
 
 def load_deploy(path: str | Path) -> DeployParams:

@@ -1,4 +1,4 @@
-"""`fedccrl site prepare`: run at a site, turn the site's own image folder into its SuperNode's data.
+"""`fedccrl site`: what a site of a deployment runs on its own data, and what the operator publishes to its sites.
 
     fedccrl site prepare --images DIR --domain NAME --client-id ID --classes classes.txt --out SITE [--params params.yaml]
 
@@ -7,11 +7,19 @@ then runs with `--node-config "client-id=ID shards=SITE/shards pools=SITE/pools 
 (`preprocess.image_size`, `preprocess.mean/std`, `partition.val_fraction`, `partition.seed`, `dataset.name`) are
 read from the operator's params.yaml, the class order from the class file the operator publishes (see
 fedccrl_core/data/site.py for the split, the checks and the folder layout). Not a pipeline stage: no dvc.yaml
-stage runs it.
+stage runs it. The images come from --images: params.yaml's dataset.source does not apply.
 
-    fedccrl site classes [--params params.yaml] > classes.txt
+    fedccrl site classes [--params params.yaml] [--images DIR] > classes.txt
 
-prints the class file the operator publishes: a registry dataset's classes (dataset.name), in label order.
+prints the class file the operator publishes: a registry dataset's classes (dataset.name), in label order; for
+`imagefolder`, the class folders of DIR (a `<class>/<image>` folder, e.g. the operator's test folder), sorted.
+
+    fedccrl site federation --classes classes.txt --site ID=DOMAIN ... --out federation.json [--params params.yaml]
+
+writes the federation file (fedccrl_flower/sites.py) from what the operator knows: its sites (client id and
+domain, one --site each), the class file and params.yaml (dataset.name, preprocess.image_size): the values each
+site's `prepare` writes into its manifest. Its domains are a registry dataset's, in the registry's order, or for
+`imagefolder` the sites' domains, sorted (as the partition stage orders an imagefolder's domain folders).
 """
 
 from __future__ import annotations
@@ -22,11 +30,11 @@ from fedccrl_pipeline.params import load_config
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
-def _run(images: str, domain: str, client_id: str, classes: str, out: str, params_path: str) -> None:
-    folders_apart({"images": images, "classes": classes, "params": params_path}, {"out": out})
-    cfg = load_config(params_path)  # the whole file, before any image is read
+def _federation_settings(params_path: str, classes: str):
+    """(the dataset's registry entry, the Federation: params.yaml's settings and the class file), before any work."""
+    cfg = load_config(params_path, downloads=False)  # the whole file; a site's images come from --images
     from fedccrl_core.data.registry import get_dataset, resolve_image_size
-    from fedccrl_core.data.site import Federation, prepare_site, read_class_list
+    from fedccrl_core.data.site import Federation, read_class_list
     from fedccrl_core.foundation.errors import DataError
 
     spec, p = get_dataset(cfg.dataset.name), cfg.partition
@@ -45,12 +53,20 @@ def _run(images: str, domain: str, client_id: str, classes: str, out: str, param
         std=list(cfg.preprocess.std),
         source=params_path,
     )
+    return spec, fed
+
+
+def _run(images: str, domain: str, client_id: str, classes: str, out: str, params_path: str) -> None:
+    folders_apart({"images": images, "classes": classes, "params": params_path}, {"out": out})
+    from fedccrl_core.data.site import prepare_site
+
+    spec, fed = _federation_settings(params_path, classes)
     prepare_site(images, out, fed, spec, domain, client_id, classes)
 
 
 @click.group()
 def command() -> None:
-    """Commands run at a site of a deployment (on the site's own data)."""
+    """Commands run at a site of a deployment (on the site's own data), and what its operator publishes to them."""
 
 
 @command.command()
@@ -72,22 +88,68 @@ def prepare(images: str, domain: str, client_id: str, classes: str, out: str, pa
     run_stage(_run, images, domain, client_id, classes, out, params_path)
 
 
-def _classes(params_path: str) -> None:
-    cfg = load_config(params_path)
+def _classes(params_path: str, images: str | None) -> None:
+    cfg = load_config(params_path, downloads=False)
     from fedccrl_core.data.registry import get_dataset
+    from fedccrl_core.data.site import class_list_of
     from fedccrl_core.foundation.errors import DataError
 
     spec = get_dataset(cfg.dataset.name)
-    if spec.classes is None:
+    if spec.classes is not None and images is not None:
+        raise DataError(f"--images {images}: dataset.name {spec.name} ({params_path}) has its classes; drop --images")
+    if spec.classes is None and images is None:
         raise DataError(
-            f"{params_path}: dataset.name {spec.name} discovers its classes from the images: write the class file "
-            "yourself, class names in label order (sorted, as the partition stage orders them), one a line"
+            f"{params_path}: dataset.name {spec.name} discovers its classes from the images: give a folder of "
+            "them, one subfolder per class (fedccrl site classes --images DIR)"
         )
-    click.echo("\n".join(sorted(spec.classes)))
+    click.echo("\n".join(sorted(spec.classes) if spec.classes is not None else class_list_of(images or "")))
 
 
 @command.command()
 @click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
-def classes(params_path: str) -> None:
-    """Print the federation's class file (a registry dataset's classes, in label order), for the operator."""
-    run_stage(_classes, params_path)
+@click.option("--images", type=click.Path(file_okay=False), help="imagefolder: a <class>/<image> folder")
+def classes(params_path: str, images: str | None) -> None:
+    """Print the federation's class file (in label order), for the operator."""
+    run_stage(_classes, params_path, images)
+
+
+def _write_federation(params_path: str, classes: str, sites: tuple[str, ...], out: str) -> None:
+    from fedccrl_core.data.images import RESIZE_POLICY
+    from fedccrl_core.data.site import check_classes, check_site_name
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_core.foundation.fsio import write_json
+    from fedccrl_flower.sites import FederationFile, Site
+
+    spec, fed = _federation_settings(params_path, classes)
+    check_classes(fed, spec, classes)
+    named: dict[str, Site] = {}
+    for arg in sites:
+        cid, _, domain = arg.partition("=")
+        try:
+            check_site_name(spec, domain, cid)
+        except DataError as e:
+            raise DataError(f"--site {arg!r} (ID=DOMAIN): {e}") from None
+        if cid in named:
+            raise DataError(f"--site {arg!r}: client id '{cid}' is given twice (one SuperNode, one client id)")
+        named[cid] = Site(id=cid, domain=domain)
+    domains = list(spec.domains) if spec.domains else sorted({s.domain for s in named.values()})
+    doc = FederationFile(
+        dataset=spec.name,
+        domains=domains,
+        classes=fed.classes,
+        image_size=fed.image_size,
+        resize_policy=RESIZE_POLICY,
+        sites=list(named.values()),
+    )
+    write_json(out, doc.to_dict(), indent=1)
+    click.echo(f"site federation: {out}: {len(named)} sites, domains {', '.join(domains)}", err=True)
+
+
+@command.command()
+@click.option("--params", "params_path", default="params.yaml", show_default=True, type=click.Path(dir_okay=False))
+@click.option("--classes", required=True, type=click.Path(dir_okay=False), help="the federation's class file")
+@click.option("--site", "sites", required=True, multiple=True, help="a site: ID=DOMAIN (its client id and domain)")
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="the federation file to write")
+def federation(params_path: str, classes: str, sites: tuple[str, ...], out: str) -> None:
+    """Write the federation file (fedccrl federate --federation) from the sites, the class file and params.yaml."""
+    run_stage(_write_federation, params_path, classes, sites, out)

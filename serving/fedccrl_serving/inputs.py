@@ -8,9 +8,8 @@ from __future__ import annotations
 import glob
 from pathlib import Path
 
-from fedccrl_core.data.tree import subfolders, walk_files
+from fedccrl_core.data.tree import not_regular, subfolders, walk_files
 from fedccrl_serving.console import Fatal, note
-from fedccrl_serving.preprocess import not_regular
 
 # What a folder walk picks up; a file named explicitly (or by a glob) is always tried.
 IMAGE_SUFFIXES = (

@@ -9,7 +9,6 @@ RESIZE_POLICY is refused, since its inputs would not match what it was trained o
 from __future__ import annotations
 
 import os
-import stat
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -17,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from fedccrl_core.data.images import RESIZE_POLICY, load_rgb, resize_u8
+from fedccrl_core.data.tree import not_regular
 from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_serving.metadata import ServingMetadata
 
@@ -27,28 +27,6 @@ def check_resize_policy(meta: ServingMetadata, source: str) -> None:
             f"{source}: the model was trained with resize policy {meta.resize!r}, but this "
             f"installation implements {RESIZE_POLICY!r}; refusing to serve with a different transform"
         )
-
-
-_KINDS = (
-    (stat.S_ISDIR, "a folder"),
-    (stat.S_ISFIFO, "a FIFO"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def not_regular(path: str | os.PathLike) -> str | None:
-    """Why `path` must not be opened as an image (a FIFO would block the reader for ever), else None.
-    os.stat never opens the file; a path that cannot be stat'ed is left to the decoder's error."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return None
-    if stat.S_ISREG(mode):
-        return None
-    kind = next((name for test, name in _KINDS if test(mode)), "not a regular file")
-    return f"{kind}, not a regular file; never opened"
 
 
 def load_u8(path: str | os.PathLike, size: int) -> np.ndarray:
