@@ -182,6 +182,7 @@ def server_spec(job, settings: FlowerSettings, sources: list[str], evaluators: l
         client_state=s.client_state,
         classes=list(job.classes),
         image_size=int(job.image_size),
+        domains=list(job.domains),
     )
 
 

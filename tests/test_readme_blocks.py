@@ -252,14 +252,17 @@ BENCH_OUTPUTS = [
     (
         r"^fedccrl-bench int8\b",
         [
-            *[
-                rf"^ratio int8/float32, {backbone}: file size {NUM}x  batch-32 images/s {NUM}x  batch-1 latency {NUM}x"
-                for backbone in ("small_cnn", "mobilenet_v3_large")
-            ],
-            rf"^\| mobilenet_v3_large \| \d+ px \| random, seed 0 \| int8 \| {NUM} \| {NUM} \| {NUM} \| [\d.]+ \|$",
+            rf"^ratio int8/float32, small_cnn: file size {NUM}x  batch-32 images/s {NUM}x  batch-1 latency {NUM}x",
+            rf"^ratio int8/float32, mobilenet_v3_large: file size {fig('rs')}x  batch-32 images/s {fig('ri')}x  "
+            rf"batch-1 latency {NUM}x",
+            rf"^\| mobilenet_v3_large \| \d+ px \| random, seed 0 \| float32 \| {fig('fs')} \| {NUM} \| {fig('fi')} \| "
+            r"[\d.]+ \|$",
+            rf"^\| mobilenet_v3_large \| \d+ px \| random, seed 0 \| int8 \| {fig('qs')} \| {NUM} \| {fig('qi')} \| "
+            r"[\d.]+ \|$",
             r"^target on mobilenet_v3_large: images/s at batch 32 >= 2x \((met|not met): [\d.]+x\), size <= 1/3",
             r"^time by operator at batch 32, mobilenet_v3_large int8: \w+ \d+ %",
         ],
+        [("rs", "qs", "fs", 1), ("ri", "qi", "fi", 1)],  # int8/float32 of the printed sizes and images/s
     ),
     (
         r"^fedccrl-bench scale\b",

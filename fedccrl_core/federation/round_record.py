@@ -16,7 +16,7 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Self, cast
 
 from pydantic import (
     ConfigDict,
@@ -80,6 +80,16 @@ class _Epsilons(Record):
         value = self.to_dict().get(name)
         return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
+    def without_epsilon(self) -> Self:
+        """The record as a seeded run reports it (train.privacy.noise_seed: not private): no epsilon, which does not
+        apply to noise that anyone with the params file removes; dp_seeded_noise stays. Built from this record's
+        values, validated already."""
+        epsilons = {"dp_epsilon", "dp_epsilon_statistics", "dp_epsilon_weights"}
+        values = {k: getattr(self, k) for k in self.model_fields_set if k not in epsilons}
+        values.update(self.model_extra or {})
+        values["key_order"] = tuple(k for k in self.key_order if k not in contract.DP_EPSILON_KEYS)
+        return cast(Self, type(self).model_construct(**values))
+
     def numbers(self) -> dict[str, float]:
         """Every number of the record but its round, by its contract.py name: MLflow's metrics at the round's step."""
         return {
@@ -133,12 +143,6 @@ class RoundRecord(_Epsilons):
         """The loss terms the algorithm's train step reported this round (contract.is_loss_term)."""
         return [k for k in self.model_extra or {} if contract.is_loss_term(k)]
 
-    def without_epsilon(self) -> RoundRecord:
-        """The record as a seeded run reports it (train.privacy.noise_seed: not private): no epsilon, which does not
-        apply to noise that anyone with the params file removes; dp_seeded_noise stays."""
-        keep = {k: v for k, v in self.to_dict().items() if k not in contract.DP_EPSILON_KEYS}
-        return RoundRecord.model_validate(keep)
-
 
 class SpentRecord(_Epsilons):
     """A run stopped in round `round` after a release that no round record covers: the epsilon spent (train.privacy),
@@ -146,10 +150,6 @@ class SpentRecord(_Epsilons):
 
     round: int
     dp_stopped: float = 1.0
-
-    def without_epsilon(self) -> SpentRecord:
-        keep = {k: v for k, v in self.to_dict().items() if k not in contract.DP_EPSILON_KEYS}
-        return SpentRecord.model_validate(keep)
 
 
 def parse_round(data: object, where: str) -> RoundRecord | SpentRecord:

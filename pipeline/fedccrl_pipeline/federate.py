@@ -43,7 +43,7 @@ def federate(
     from fedccrl_pipeline.train_tracking import TrainTracking, deployed_data
 
     deploy = load_deploy(deploy_path) if deploy_path is not None else None  # its deploy file, whole, first
-    cfg = load_train_config(params_path, algorithm)  # the whole file first, before anything starts
+    cfg = load_train_config(params_path, algorithm, downloads=False)  # the whole file first, before anything starts
     fed_file = read_federation(federation)
     try:
         target = fed_file.held_out(held_out)

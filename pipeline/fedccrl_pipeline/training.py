@@ -25,11 +25,12 @@ def check_algorithm(name: str, option: str = "--algorithm") -> None:
         )
 
 
-def load_train_config(path: Path, algorithm: str) -> ParamsFile:
+def load_train_config(path: Path, algorithm: str, downloads: bool = True) -> ParamsFile:
     """The whole params file, typed, with `algorithm` (--algorithm) checked as one to be trained; ParamError with
-    one line per problem, before any data is read and before MLflow."""
+    one line per problem, before any data is read and before MLflow. `downloads=False`: this machine downloads no
+    data (a deployment's operator: the sites hold it), so dataset.source does not apply."""
     check_algorithm(algorithm)
-    return validate_params(read_yaml(path), (algorithm,))
+    return validate_params(read_yaml(path), (algorithm,), downloads)
 
 
 def run_settings(cfg: ParamsFile) -> RunSettings:
