@@ -106,11 +106,7 @@ def _assert_one_round_trained(models: Path, name: str) -> None:
     doc = json.loads((run / contract.HISTORY_FILE).read_text())
     assert doc["meta"]["algorithm"] == name and doc["meta"]["held_out_domain"] == "sketch"
     (rec,) = doc["rounds"]  # exactly the one round asked for
-    assert (
-        rec.metric(contract.ROUND) == 1
-        and 0 <= rec.metric(contract.TARGET_ACC) <= 1
-        and rec.metric(contract.BYTES_UP) > 0
-    )
+    assert rec[contract.ROUND] == 1 and 0 <= rec[contract.TARGET_ACC] <= 1 and rec[contract.BYTES_UP] > 0
 
 
 FULL = "every algorithm through DVC in a scratch clone (in-process: test_embedded_round.py, test_round_loop.py)"

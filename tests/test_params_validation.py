@@ -390,13 +390,9 @@ def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
 
 
 # Records validated more than once from the same data in the run below (fedccrl_core/foundation/records.py promises
-# once): record -> where. But for RoundCheckpoint's, each is a re-read of a file this process read (or wrote)
-# already, by fedccrl_core/federation/, which issue 57 leaves to the lead's refactor of the package. The table is exact:
-# a new repeat fails the test, and so does one that no longer happens until it leaves the table.
+# once): record -> why. The table is exact: a new repeat fails the test, and so does one that no longer happens until
+# it leaves the table.
 KNOWN_REPEATS = {
-    "ShardManifest": "shards/manifest.json: read by the train stage, by load_clients, by load_client once per client "
-    "and by load_domain_test",
-    "PoolManifest": "pools/manifest.json: read by check_pools, then by load_pool once per client",
     "RoundCheckpoint": "the round checkpoint, read back from its temporary file before it replaces the last one "
     "(fedccrl_core/foundation/fsio.py atomic_file's `verify`): a check of the bytes written, on purpose",
 }
@@ -414,6 +410,9 @@ def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatc
     from fedccrl_core.foundation.records import Record
     from fedccrl_pipeline.params import ParamsFile
 
+    import fedccrl_core.data.shards as shards_mod
+
+    monkeypatch.setattr(shards_mod, "_PARSED", {})  # manifests this process parsed before the run: parsed again
     seen: list[tuple[type, object]] = []
     built = count_validations(monkeypatch, seen)
     params(

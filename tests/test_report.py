@@ -26,6 +26,12 @@ def _run(tmp, alg, seed, idx, dom, final, best, up=2e6, down=3e6):
         ],
         "bytes_up_per_round": up,
         "bytes_down_per_round": down,
+        "classes": ["x", "y"],
+        "platform": "cpu x86_64 AVX2, torch 2.14.1",
+        "n_test": 10,
+        "mlflow_run_id": None,
+        "final_val_acc": 0.5,
+        "detail": {"final": {"target_acc": final, "round": 2}, "best_val": {"target_acc": final, "round": 1}},
     }
     p = tmp / "runs" / alg / f"s{seed}" / f"d{idx}.json"
     p.parent.mkdir(parents=True, exist_ok=True)

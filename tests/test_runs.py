@@ -85,7 +85,7 @@ def test_the_best_rounds_model_is_evaluated_only_when_it_differs(
     monkeypatch.setattr(evaluation, "predict", lambda *a, **k: calls.append(1) or real(*a, **k))
     doc = runs.evaluate_run(shards, run, 64, "cpu")
     assert len(calls) == predictions
-    assert doc[contract.BEST_ROUND] == best_round and doc["detail"]["final"][contract.ROUND] == 3
+    assert doc.best_round == best_round and doc.detail.final.round == 3
 
     # the same document as predicting with both models
     monkeypatch.setattr(runs, "_same_weights", lambda a, b: False)

@@ -204,6 +204,12 @@ def ws(tmp_path, images):
             "per_round": [{"round": 1, "target_acc": acc, "val_acc": 0.5}],
             "bytes_up_per_round": 1e6,
             "bytes_down_per_round": 1e6,
+            "classes": ["x", "y"],
+            "platform": "cpu x86_64 AVX2, torch 2.14.1",
+            "n_test": 10,
+            "mlflow_run_id": None,
+            "final_val_acc": 0.5,
+            "detail": {"final": {"target_acc": acc, "round": 2}, "best_val": {"target_acc": acc, "round": 1}},
         }
         p = tmp_path / "runs" / "fedavg" / f"s{seed}" / "d0.json"
         p.parent.mkdir(parents=True)

@@ -199,8 +199,8 @@ def test_an_imagefolder_site_checks_its_domain_against_the_federations(data, con
     (dropped,) = rec.dropped_clients
     assert rec.clients == 2 and dropped.phase == "query", rec
     where = f"{sites['art_c0'] / 'shards'}/manifest.json"
-    assert f"{where}: client art_c0's domain 'art' is not one of the federation's domains" in dropped["detail"]
-    assert "(fedccrl site prepare --domain)" in dropped["detail"]
+    assert f"{where}: client art_c0's domain 'art' is not one of the federation's domains" in dropped.detail
+    assert "(fedccrl site prepare --domain)" in dropped.detail
     art = {M.NODE_CLIENT_ID: "art_c0", M.NODE_SHARDS: str(sites["art_c0"] / "shards")}
     held_art = _federation_spec(data, tmp_path, federation, "fedavg", 1, held_out="art").client_spec()
     ctx = Context(run_id=1, node_id=1, node_config=art, state=RecordDict(), run_config={})

@@ -538,6 +538,21 @@ def read_manifest(folder: str | os.PathLike, what: str, stage: str, model: type[
     path = Path(folder) / MANIFEST
     if not path.is_file():
         raise DataError(f"{path}: {what} manifest not found (run the {stage} stage)")
+    st = path.stat()  # a manifest is parsed once per process: again only when its file was replaced or changed
+    key = (str(path.resolve()), model, version, st.st_ino, st.st_size, st.st_mtime_ns)
+    if key in _PARSED:
+        return _PARSED[key]
+    manifest = _parse_manifest(path, what, stage, model, version)
+    if len(_PARSED) >= 64:  # a process that reads many folders keeps the newest
+        _PARSED.pop(next(iter(_PARSED)))
+    _PARSED[key] = manifest
+    return manifest
+
+
+_PARSED: dict[tuple, Any] = {}  # read_manifest's: (path, model, version, the file's identity) -> the record
+
+
+def _parse_manifest(path: Path, what: str, stage: str, model: type[M], version: int) -> M:
     try:
         m = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

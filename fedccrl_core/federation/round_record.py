@@ -84,7 +84,8 @@ class _Epsilons(Record):
         """The record as a seeded run reports it (train.privacy.noise_seed: not private): no epsilon, which does not
         apply to noise that anyone with the params file removes; dp_seeded_noise stays. Built from this record's
         values, validated already."""
-        epsilons = {"dp_epsilon", "dp_epsilon_statistics", "dp_epsilon_weights"}
+        fields = type(self).model_fields
+        epsilons = {k for k, f in fields.items() if (f.alias or k) in contract.DP_EPSILON_KEYS}
         values = {k: getattr(self, k) for k in self.model_fields_set if k not in epsilons}
         values.update(self.model_extra or {})
         values["key_order"] = tuple(k for k in self.key_order if k not in contract.DP_EPSILON_KEYS)

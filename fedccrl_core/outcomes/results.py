@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation import contract
+from fedccrl_core.outcomes.evaluated import EvaluatedRun, load_result
 
 if TYPE_CHECKING:
     from fedccrl_core.federation.history import RunHistory
@@ -40,49 +41,50 @@ SELECTIONS = (
 
 
 # ---- the report stage: the table over evaluated runs ----------------------------------------------
-def load_results(runs_dir: Path) -> list[dict]:
-    """Every evaluated run under runs_dir, in table order (paper order, then algorithm, then seed)."""
+def load_results(runs_dir: Path) -> list[EvaluatedRun]:
+    """Every evaluated run under runs_dir, in table order (paper order, then algorithm, then seed); DataError
+    naming the file and the key of one that is not an evaluated run."""
     files = sorted(Path(runs_dir).rglob(f"*{contract.RESULT_SUFFIX}"))
     if not files:
         raise FileNotFoundError(f"{runs_dir}: no evaluation results (run the evaluate stage first)")
-    runs = [json.loads(f.read_text()) for f in files]
+    runs = [load_result(f) for f in files]
     runs.sort(
         key=lambda r: (
-            PAPER_ORDER.index(r["algorithm"]) if r["algorithm"] in PAPER_ORDER else 99,
-            r["algorithm"],
-            r["seed"],
+            PAPER_ORDER.index(r.algorithm) if r.algorithm in PAPER_ORDER else 99,
+            r.algorithm,
+            r.seed,
         )
     )
     return runs
 
 
-def held_out_domains(runs: list[dict]) -> list[str]:
-    return [d for _, d in sorted({(r.get("held_out_index") or 0, r["held_out_domain"]) for r in runs})]
+def held_out_domains(runs: list[EvaluatedRun]) -> list[str]:
+    return [d for _, d in sorted({(r.held_out_index or 0, r.held_out_domain) for r in runs})]
 
 
 def _mean_std(vals: list[float]) -> dict:
     return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
 
 
-def summarize(runs: list[dict]) -> dict:
+def summarize(runs: list[EvaluatedRun]) -> dict:
     """Per algorithm and held-out domain: mean and std over seeds of each selection's target accuracy; the
     communication per round; and the average over the domains ("avg") when every domain has runs."""
     domains = held_out_domains(runs)
     by: dict = {}
     for r in runs:
-        by.setdefault(r["algorithm"], {}).setdefault(r["held_out_domain"], []).append(r)
+        by.setdefault(r.algorithm, {}).setdefault(r.held_out_domain, []).append(r)
     metrics: dict = {}
     for alg, per_dom in by.items():
         m: dict[str, dict] = {
             dom: {
-                **{key: _mean_std([x[key] for x in rs]) for key, _ in SELECTIONS},
-                "seeds": sorted(x["seed"] for x in rs),
+                **{key: _mean_std([getattr(x, key) for x in rs]) for key, _ in SELECTIONS},
+                "seeds": sorted(x.seed for x in rs),
             }
             for dom, rs in per_dom.items()
         }
         m["comm_mb_per_round"] = {
-            k: statistics.fmean(x[f"bytes_{k}_per_round"] for rs in per_dom.values() for x in rs) / 1e6
-            for k in ("up", "down")
+            "up": statistics.fmean(x.bytes_up_per_round for rs in per_dom.values() for x in rs) / 1e6,
+            "down": statistics.fmean(x.bytes_down_per_round for rs in per_dom.values() for x in rs) / 1e6,
         }
         if len(per_dom) == len(domains):
             m["avg"] = {key: statistics.fmean(m[d][key]["mean"] for d in domains) for key, _ in SELECTIONS}
@@ -90,7 +92,7 @@ def summarize(runs: list[dict]) -> dict:
     return metrics
 
 
-def table_markdown(runs: list[dict], metrics: dict) -> list[str]:
+def table_markdown(runs: list[EvaluatedRun], metrics: dict) -> list[str]:
     """The paper-style tables (one column per held-out domain, Avg.) and the communication per round."""
     domains = held_out_domains(runs)
 
@@ -101,19 +103,19 @@ def table_markdown(runs: list[dict], metrics: dict) -> list[str]:
         return f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}" if s["n"] > 1 else f"{100 * s['mean']:.2f}"
 
     lines = []
-    for p in sorted({json.dumps(r.get("partition") or {}, sort_keys=True) for r in runs}):
+    for p in sorted({json.dumps(r.partition, sort_keys=True) for r in runs}):
         # the partition the runs were trained on (one line; several if runs were mixed)
         lines += [
             "Partition: "
             + (", ".join(f"{k.removeprefix('partition.')}={v}" for k, v in json.loads(p).items()) or "not recorded"),
             "",
         ]
-    for platform in sorted({r.get("platform") or "not recorded" for r in runs}):
+    for platform in sorted({r.platform or "not recorded" for r in runs}):
         # the kernels that made the numbers (fedccrl_core/foundation/numerics.py): they differ in the last digits by CPU
         lines += [f"Platform: {platform}", ""]
     for key, title in SELECTIONS:
         lines += [
-            f"### {runs[0]['dataset']}: target accuracy (%), {title}",
+            f"### {runs[0].dataset}: target accuracy (%), {title}",
             "",
             "| Algorithm | " + " | ".join(domains) + " | Avg. |",
             "|---" * (len(domains) + 2) + "|",
@@ -136,7 +138,7 @@ def table_markdown(runs: list[dict], metrics: dict) -> list[str]:
     return lines
 
 
-def table_rows(runs: list[dict], metrics: dict) -> list[list]:
+def table_rows(runs: list[EvaluatedRun], metrics: dict) -> list[list]:
     """The same numbers as CSV rows: one per (selection, algorithm)."""
     domains = held_out_domains(runs)
     rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
@@ -155,20 +157,20 @@ def table_rows(runs: list[dict], metrics: dict) -> list[list]:
     return rows
 
 
-def curve_rows(runs: list[dict]) -> list[list]:
+def curve_rows(runs: list[EvaluatedRun]) -> list[list]:
     """Per-round target accuracy in long form, one row per (run, round) with its series
     <algorithm>/s<seed>/<domain> (DVC plots: one line per series, .dvc/plots/series.json)."""
-    rows = [["series", "algorithm", "seed", "held_out", contract.ROUND, contract.TARGET_ACC]]
+    rows: list[list] = [["series", "algorithm", "seed", "held_out", contract.ROUND, contract.TARGET_ACC]]
     for r in runs:
-        for p in sorted(r["per_round"], key=lambda p: p[contract.ROUND]):
+        for p in sorted(r.per_round, key=lambda p: p.round):
             rows.append(
                 [
-                    f"{r['algorithm']}/s{r['seed']}/{r['held_out_domain']}",
-                    r["algorithm"],
-                    r["seed"],
-                    r["held_out_domain"],
-                    p[contract.ROUND],
-                    p[contract.TARGET_ACC],
+                    f"{r.algorithm}/s{r.seed}/{r.held_out_domain}",
+                    r.algorithm,
+                    r.seed,
+                    r.held_out_domain,
+                    p.round,
+                    p.target_acc,
                 ]
             )
     return rows

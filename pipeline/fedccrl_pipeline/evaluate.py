@@ -12,7 +12,6 @@ the per-class accuracy and the confusion matrix are computed (fedccrl_core/outco
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -20,12 +19,13 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
-from fedccrl_core.foundation.fsio import atomic_dir, write_text
+from fedccrl_core.foundation.fsio import atomic_dir
+from fedccrl_core.outcomes.evaluated import EvaluatedRun
 from fedccrl_pipeline.params import deployed_run_dirs, load_config, load_deploy, run_dirs
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
-def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> dict:
+def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=None) -> EvaluatedRun:
     """One run (fedccrl_core.outcomes.results.evaluate_run) -> out (JSON)."""
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_core.outcomes.runs import evaluate_run
@@ -35,7 +35,7 @@ def evaluate(shards: Path, model_dir: Path, out: Path, params_path: Path, cfg=No
     return _written(doc, out, "")
 
 
-def evaluate_deployed(test_shards: Path | None, model_dir: Path, out: Path, cfg) -> dict:
+def evaluate_deployed(test_shards: Path | None, model_dir: Path, out: Path, cfg) -> EvaluatedRun:
     """One run of a deployment (fedccrl_core.outcomes.runs.deployed_run_result) -> out (JSON)."""
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_core.outcomes.runs import deployed_run_result
@@ -44,20 +44,18 @@ def evaluate_deployed(test_shards: Path | None, model_dir: Path, out: Path, cfg)
     return _written(doc, out, ", measured by the sites")
 
 
-def _written(doc: dict, out: Path, how: str) -> dict:
+def _written(result: EvaluatedRun, out: Path, how: str) -> EvaluatedRun:
     """A run's result written to `out`, and its line on stderr."""
-    write_text(out, json.dumps(doc, indent=1))
-    print(
-        f"{doc['algorithm']} s{doc['seed']} {doc['held_out_domain']}: final {doc[contract.FINAL_TARGET_ACC]:.4f} "
-        f"best-val {doc[contract.BEST_VAL_TARGET_ACC]:.4f} (round {doc[contract.BEST_ROUND]}){how}",
-        file=sys.stderr,
-    )
-    return doc
+    from fedccrl_core.outcomes.evaluated import write_result
+
+    write_result(result, out)
+    print(result.line(how), file=sys.stderr)
+    return result
 
 
 def evaluate_all(
     shards: Path | None, models: Path, out: Path, params_path: Path, deploy_path: Path | None = None
-) -> list[dict]:
+) -> list[EvaluatedRun]:
     """Every trained run under models/<algorithm>/s<seed>/d<held_out> -> out/<algorithm>/s<seed>/d<held_out>.json,
     written into a temp folder renamed into place at the end."""
     if deploy_path is None and shards is None:

@@ -149,21 +149,20 @@ class Figures:
     def confusions(self, runs_dir: Path) -> None:
         """The confusion matrix of the first seed of each algorithm on each held-out domain: the evaluation
         results of the evaluate step (runs_dir, the same runs)."""
-        import json
-
         import numpy as np
+
+        from fedccrl_core.outcomes.evaluated import load_result
 
         for dom in self.domains:
             for alg, r in self._first_seeds(dom).items():
                 evaluated = contract.result_file(runs_dir, self.models, r.dir)
                 if not evaluated.is_file():
                     raise FileNotFoundError(f"{evaluated}: no evaluation of {r.dir} (run the evaluate stage first)")
-                result = json.loads(evaluated.read_text())  # the evaluate stage's file (outcomes/runs.py)
-                final = result["detail"]["final"]
-                if "confusion" not in final:  # a deployment's run evaluated by its sites alone: counts, no matrix
+                final = load_result(evaluated).detail.final  # the evaluate stage's file (outcomes/evaluated.py)
+                if final.confusion is None:  # a deployment's run evaluated by its sites alone: counts, no matrix
                     print(f"figures: {evaluated} has no confusion matrix (the sites' counts only)", file=sys.stderr)
                     continue
-                cm = np.array(final["confusion"])
+                cm = np.array(final.confusion)
                 self._draw("confusion", dom, alg, cm, self.classes, self.out / f"confusion_{alg}_{dom}.png")
 
     def log(self) -> list[Path]:

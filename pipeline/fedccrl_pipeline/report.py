@@ -18,11 +18,15 @@ import csv
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from fedccrl_core.foundation.fsio import atomic_file, write_text
 from fedccrl_pipeline.stage_runtime import run_stage
+
+if TYPE_CHECKING:
+    from fedccrl_core.outcomes.evaluated import EvaluatedRun
 
 
 def report(
@@ -65,11 +69,11 @@ def report(
     return metrics
 
 
-def _log_to_parent(runs: list[dict], files: list[Path], metrics: dict) -> None:
+def _log_to_parent(runs: list[EvaluatedRun], files: list[Path], metrics: dict) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
     from fedccrl_pipeline.mlflow_store import mlflow_module, trained_run
 
-    models_meta = [run_id for r in runs if (run_id := r.get("mlflow_run_id"))]
+    models_meta = [r.mlflow_run_id for r in runs if r.mlflow_run_id]
     if not models_meta:
         return
     run = trained_run(models_meta[0], "report")
