@@ -406,11 +406,10 @@ def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatc
     meta, the history) are validated once each where they are read or built, and handed on typed: no record is
     validated twice from the same data, but for KNOWN_REPEATS. Every way a pydantic model is validated is counted:
     `Model(**data)`, `model_validate`, `model_validate_json` and `model_validate_strings`."""
+    import fedccrl_core.data.shards as shards_mod
     from fedccrl_core.foundation.hparams import Declared
     from fedccrl_core.foundation.records import Record
     from fedccrl_pipeline.params import ParamsFile
-
-    import fedccrl_core.data.shards as shards_mod
 
     monkeypatch.setattr(shards_mod, "_PARSED", {})  # manifests this process parsed before the run: parsed again
     seen: list[tuple[type, object]] = []

@@ -91,7 +91,8 @@ def privacy_of(alg: Algorithm):
 
 def released_rows(uploads: dict) -> dict[str, int]:
     """{client: k_i}: the rows each statistics upload in `uploads` released."""
-    return {cid: len(u["mu"]) for cid, u in uploads.items() if isinstance(u, dict) and "mu" in u}
+    rows = {cid: StatisticsExchange.upload_rows(u) for cid, u in uploads.items()}
+    return {cid: k for cid, k in rows.items() if k is not None}
 
 
 def released_sizes(uploads: dict, n_of: dict) -> dict[str, tuple[int, int]]:

@@ -129,12 +129,8 @@ def log_to_mlflow(
         return
     name = registered_model or registered_model_name(meta)
     alias = sanitize(alias or f"s{meta.seed or 0}-heldout-{meta.held_out_domain}")
-    values = meta.to_dict()
-    tags = {
-        k: str(values[k])
-        for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit", "privacy")
-        if values.get(k) is not None
-    }
+    named = ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit", "privacy")
+    tags = {k: str(getattr(meta, k)) for k in named if getattr(meta, k) is not None}
     sha = weights_sha256(onnx_path)
     for mv in client.search_model_versions(f"name = '{name}'"):
         if mv.tags.get("weights_sha256") == sha:  # the same weights again: no duplicate version

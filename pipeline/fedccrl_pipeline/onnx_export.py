@@ -39,7 +39,7 @@ class ParityError(FedCCRLError):
 def metadata_props(meta: ModelMeta) -> dict[str, str]:
     """The model file's meta (fedccrl_core.learning.model_file) -> the string key/values stored in the ONNX file
     (serving/fedccrl_serving/metadata.py names the meta fields each is written from)."""
-    values = meta.to_dict()
+    values = {k: getattr(meta, k, None) for k in (*REQUIRED_KEYS, *JSON_KEYS, *INT_KEYS, *TEXT_KEYS)}  # its fields
     missing = [k for k in REQUIRED_KEYS if values.get(k) is None]
     if missing:
         raise FedCCRLError(f"model meta lacks {', '.join(missing)}: cannot write the serving preprocessing")
