@@ -289,7 +289,7 @@ class FlowerServer:
                 counts[cid] = read_eval_reply(r, cid, self.spec.num_classes)
             except BAD_REPLY as e:
                 self.ledger.refuse(rnd, cid, str(e))
-        ev = pool(counts)
+        ev = pool(counts, [*self.spec.sources, *self.spec.evaluators])
         if not ev.record[contract.TARGET_N]:
             self.log(f"round {rnd}: no site holding {self.spec.held_out} evaluated: target accuracy is NaN")
         return ev

@@ -168,6 +168,13 @@ class Evaluation:
     val_labels: int
     val_n: int
     record: dict = field(default_factory=dict)  # an evaluator's own fields (federated: who evaluated, counts)
+    missing: tuple[str, ...] = ()  # sites that should have evaluated and did not: a partial evaluation
+
+    def selection_score(self) -> float:
+        """What best-val selection compares (DomainBed's training-domain validation): the validation accuracy of a
+        complete evaluation; a partial one (`missing` sites) scores below every complete one, val_acc - 1.5 in
+        [-1.5, -0.5], so it is chosen only while no complete round exists, and only over other partial ones."""
+        return self.val_acc - 1.5 if self.missing else self.val_acc
 
 
 class Evaluator(Protocol):
@@ -305,7 +312,7 @@ class RoundLoop:
         seed_everything(derive_seed(self.seed, "init"))
         global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # line 1
         history: list[RoundRecord] = []
-        best_w, best_round, best_val, start = global_w, 0, -1.0, 1
+        best_w, best_round, best_val, start = global_w, 0, -2.0, 1  # below every selection_score
         ck = self.checkpoints.load(self._accept) if self.checkpoints is not None else None
         if ck is not None:
             global_w, best_w, best_round, best_val = ck.global_weights, ck.best, ck.best_round, ck.best_val
@@ -355,8 +362,13 @@ class RoundLoop:
             ev = self.evaluate(rnd, global_w)
             val_acc, tgt_acc = ev.val_acc, ev.target_acc
             self._warn_if_collapsed(rnd, ev)
-            if val_acc > best_val:  # training-domain validation (DomainBed)
-                best_val, best_round = val_acc, rnd
+            if ev.missing:
+                self.log(
+                    f"round {rnd}: sites {', '.join(ev.missing)} did not evaluate: its validation accuracy is not "
+                    "compared with complete rounds' for best-val selection"
+                )
+            if ev.selection_score() > best_val:  # training-domain validation (DomainBed), over comparable rounds
+                best_val, best_round = ev.selection_score(), rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
             fields: dict[str, Any] = {
                 contract.ROUND: rnd,

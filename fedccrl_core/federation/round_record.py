@@ -120,6 +120,7 @@ class RoundRecord(_Epsilons):
     val_n: int | None = None
     target_n: int | None = None
     eval_sites: int | None = None
+    eval_missing: list[str] | None = None  # sites that did not evaluate: not compared for best-val (loop.py)
     # the Flower transport's (fedccrl_flower/server_app.py): bytes on the wire, who answered, dropped and refused
     wire_bytes_up: int | None = None
     wire_bytes_down: int | None = None

@@ -67,6 +67,7 @@ TRAIN_ACC = "train_acc"
 # a federated evaluation's (fedccrl_flower/evalsets.py; the in-process engine's records do not have them): the val
 # and held-out images the sites' counts cover, and how many sites answered
 VAL_N, TARGET_N, EVAL_SITES = "val_n", "target_n", "eval_sites"
+EVAL_MISSING = "eval_missing"  # the sites of the run that did not evaluate this round (a partial evaluation)
 LR = "lr"
 DP_EPSILON = "dp_epsilon"  # train.privacy: epsilon at its delta so far, both channels composed
 DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
