@@ -141,6 +141,21 @@ class RoundRecord(_Epsilons):
                 raise ValueError(f"round {self.round}: {key!r} is a {type(value).__name__}, not a number")
         return self
 
+    def progress(self, rounds: int) -> str:
+        """The round in one line, as an operator follows a run: accuracies, who trained and evaluated, and each
+        site dropped or refused by its client id (its node id where the site never said which client it is)."""
+        parts = [f"round {self.round}/{rounds}: val_acc {self.val_acc:.4f} target_acc {self.target_acc:.4f}"]
+        if self.clients is not None:
+            parts.append(f"{self.clients} sites trained")
+        if self.eval_sites is not None:
+            missing = f" (missing {', '.join(self.eval_missing)})" if self.eval_missing else ""
+            parts.append(f"{self.eval_sites} evaluated{missing}")
+        for d in self.dropped_clients or []:
+            parts.append(f"DROPPED {d.client or f'node {d.node}'} in {d.phase}: {d.reason} ({d.detail})")
+        for r in self.refused_clients or []:
+            parts.append(f"REFUSED {r.client}: {r.reason}")
+        return "; ".join(parts)
+
     def loss_terms(self) -> list[str]:
         """The loss terms the algorithm's train step reported this round (contract.is_loss_term)."""
         return [k for k in self.model_extra or {} if contract.is_loss_term(k)]
