@@ -301,6 +301,14 @@ def test_a_card_without_the_evaluate_result_says_its_accuracy_is_the_parity_chec
     assert "Per class (final round)" not in card
 
 
+def test_an_accuracy_that_is_no_whole_count_of_its_images_gets_no_interval():
+    card = sections(
+        render(_records(evaluated=_evaluated(_meta()).model_copy(update={"final_target_acc": 0.5, "n_test": 17})))
+    )
+    final = tables(card["Held-out accuracy"])[0][0]
+    assert final["correct"] == "not a whole count (0.5 x 17)" and final["95 % interval (Wilson)"] == "not computed"
+
+
 @pytest.mark.parametrize(
     "dp, mark, says", [(False, None, "without train.privacy"), (True, "not private (noise_seed)", QUOTES["seeded"])]
 )

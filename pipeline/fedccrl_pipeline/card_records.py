@@ -86,16 +86,16 @@ def sweep_epsilon(meta: ModelMeta, private: bool, use_mlflow: bool) -> SweepEpsi
     if not meta.mlflow_run_id:
         return SweepEpsilon(None, why_not="the model records no MLflow run")
     from fedccrl_pipeline.mlflow_store import find_run, mlflow_module
-    from fedccrl_pipeline.sweep_privacy import SWEEP_EPSILON, SWEEP_RUNS
 
     mlflow = mlflow_module()
     child = find_run(mlflow, meta.mlflow_run_id)
     parent_id = child.data.tags.get("mlflow.parentRunId") if child is not None else None
     parent = find_run(mlflow, parent_id) if parent_id else None
-    if parent is None or SWEEP_EPSILON not in parent.data.metrics:
-        return SweepEpsilon(None, why_not=f"no {SWEEP_EPSILON} on the run's MLflow parent")
-    runs = parent.data.metrics.get(SWEEP_RUNS)
-    return SweepEpsilon(parent.data.metrics[SWEEP_EPSILON], int(runs) if runs is not None else None)
+    metrics = parent.data.metrics if parent is not None else {}
+    if contract.DP_EPSILON_SWEEP not in metrics:
+        return SweepEpsilon(None, why_not=f"no {contract.DP_EPSILON_SWEEP} on the run's MLflow parent")
+    runs = metrics.get(contract.DP_SWEEP_RUNS)  # run.data.metrics: each metric's latest step, the most complete
+    return SweepEpsilon(metrics[contract.DP_EPSILON_SWEEP], int(runs) if runs is not None else None)
 
 
 def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):

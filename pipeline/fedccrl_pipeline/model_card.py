@@ -52,9 +52,14 @@ def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]
     return max(0.0, center - half), min(1.0, center + half)
 
 
-def correct_of(accuracy: float, n: int) -> int:
-    """The count behind an accuracy measured on n images (accuracy x n, rounded; a float32 mean is off by < 1e-6)."""
-    return round(accuracy * n)
+def correct_of(accuracy: float, n: int) -> int | None:
+    """The count behind an accuracy measured on n images: accuracy x n, rounded (a float32 mean is off by far less
+    than WHOLE); None when it is no whole count (records that disagree)."""
+    k = accuracy * n
+    return round(k) if abs(k - round(k)) <= WHOLE else None
+
+
+WHOLE = 0.01  # how far accuracy x n may lie from a whole count
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,8 @@ def _table(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
 
 def _acc_row(what: str, accuracy: float, n: int) -> tuple:
     k = correct_of(accuracy, n)
+    if k is None:
+        return (what, _pct(accuracy), f"not a whole count ({accuracy:g} x {n})", n, "not computed")
     lo, hi = wilson_interval(k, n)
     return (what, _pct(accuracy), k, n, f"{_pct(lo)} – {_pct(hi)}")
 
