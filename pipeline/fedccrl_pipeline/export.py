@@ -1,4 +1,4 @@
-"""`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json + MODEL_CARD.md, logged to MLflow.
+"""`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json + its model card, logged to MLflow.
 
 The export and its parity check are pipeline/fedccrl_pipeline/onnx_export.py's `export_checked` (fails below
 --min-agreement, and no output then); the model card is pipeline/fedccrl_pipeline/model_card.py's, from the records
@@ -67,7 +67,7 @@ def export_sweep(
     results: Path | None = None,
 ) -> dict:
     """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
-    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json, MODEL_CARD.md}, and the worst parity over them in
+    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json, the card}, and the worst parity over them in
     `summary`. int8, results: as export's (each run's INT8 copy beside its model.onnx)."""
     from fedccrl_pipeline.params import load_config, run_dirs
 
@@ -222,7 +222,6 @@ def command(
             batch_size,
             registered_model,
             use_mlflow,
-            None,
             int8_settings,
             results,
         )

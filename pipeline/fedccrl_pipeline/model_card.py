@@ -1,4 +1,4 @@
-"""A model card: the Markdown text of MODEL_CARD.md beside an export's model.onnx (serving/fedccrl_serving/metadata.py
+"""A model card: the Markdown text of the card file beside an export's model.onnx (serving/fedccrl_serving/metadata.py
 `card_path`), and the description of its registered MLflow model version (model_registry.py). `render` is a pure
 function of the run's typed records (`CardRecords`, gathered by pipeline/fedccrl_pipeline/card_records.py): it reads
 no file and imports no torch, so a test builds the records and reads every number back.

@@ -115,9 +115,10 @@ def log_to_mlflow(
     """Log the model (pyfunc on raw images + onnx flavour) and the parity metrics to the training run through
     its run id, never reopening it (its status and end time stay those of the training); register it as a new
     version of fedccrl-<dataset>-<algorithm> only when its weights' sha256 is new, and point the alias at the
-    version holding these weights. The version's description is the export's model card (`card`, the text of
-    its MODEL_CARD.md), also when the version already held these weights: the card of the latest export. Only called after the parity check passed, so an alias never moves to a
-    model that failed it. Skipped with a notice when the run is unknown."""
+    version holding these weights. The version's description is the export's model card (`card`, the text of the
+    card file beside the export), also when the version already held these weights: the latest export's card. Only
+    called after the parity check passed, so an alias never moves to a model that failed it. Skipped with a notice
+    when the run is unknown."""
     run_id = meta.mlflow_run_id
     if not run_id:
         print("notice: the model records no mlflow_run_id; skipping MLflow logging", file=sys.stderr)

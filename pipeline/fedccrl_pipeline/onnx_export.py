@@ -245,10 +245,11 @@ def export_checked(
     *,
     card_maker,
 ) -> dict:
-    """A trained model -> out/model.onnx + out/parity.json + out/MODEL_CARD.md (`fedccrl export`). Parity is measured on every image
-    of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a ParityError, and no output.
-    Outputs appear only on success: parity.json first, then model.onnx renamed from a temp name, so a model.onnx
-    is always complete; stale outputs of an earlier export are removed before anything else happens.
+    """A trained model -> out/model.onnx + out/parity.json + out/MODEL_CARD.md (`fedccrl export`). Parity is
+    measured on every image of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a
+    ParityError, and no output. Outputs appear only on success: the card and parity.json first, then model.onnx
+    renamed from a temp name, so a model.onnx is always complete; stale outputs of an earlier export are removed
+    before anything else happens, and those in place when a later step fails are removed again.
     card_maker(model_path) reads the model card's records before any work (an error there leaves no output) and
     returns card(meta, result) -> the card's text (model_card.py), made after the checks passed and written with
     the outputs; publish(onnx_path, meta, result, example_u8, card_text), if given, runs after it and

@@ -14,7 +14,7 @@ An INT8 copy (`fedccrl export` with export.int8; pipeline/fedccrl_pipeline/quant
 float32 export as model.int8.onnx (`int8_path`): the same input, output and metadata, plus `precision` = int8,
 how it was quantized, and the count and domains of its calibration images. A float32 export has no `precision`.
 
-Beside them, MODEL_CARD.md (`card_path`): the model card `fedccrl export` generates from the run's records.
+Beside them, the model card (`card_path`, CARD_FILE): the model card `fedccrl export` generates from the run's records.
 """
 
 from __future__ import annotations
@@ -59,7 +59,7 @@ CARD_FILE = "MODEL_CARD.md"  # an export's model card (pipeline/fedccrl_pipeline
 
 
 def card_path(path: Path) -> Path:
-    """The model card of an export (or of its INT8 copy): MODEL_CARD.md in the model's folder."""
+    """The model card of an export (or of its INT8 copy): CARD_FILE in the model's folder."""
     return path.with_name(CARD_FILE)
 
 
