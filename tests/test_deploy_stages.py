@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 HELD_OUT = "sketch"
 SITES_TARGET = [0.25, 0.75, 0.5]  # the sites' pooled target accuracy per round (round 2 is the val-selected one)
-SITES_N = 17  # the sites' count of held-out images
+SITES_N = 16  # the sites' count of held-out images (each of SITES_TARGET of it a whole count)
 
 
 @pytest.fixture
@@ -380,3 +380,46 @@ def test_federate_names_a_refused_site_and_exits_nonzero_unless_allowed(data, tm
     shutil.rmtree(out)
     result = CliRunner().invoke(main, ["federate", *map(str, args), "--allow-refused-sites"])
     assert result.exit_code == 0, capfd.readouterr().err + result.output
+
+
+def test_the_export_of_a_deployment_carries_a_card_of_the_sites(ws, tiny):
+    """`fedccrl export --federation`: the card's training data is the federation file's sites and the counts the
+    run's records give (val_n, target_n), nothing more; its accuracy the sites' (evaluate --deploy's result), with
+    the per-class figures of the operator's test folder; its dataset hash the federation file's."""
+    import hashlib
+
+    from test_model_card import check_accuracy_row, kv, sections, tables
+
+    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_flower.sites import federation_of
+
+    shards = tiny / "data" / "shards"  # here the operator's test folder
+    fed = federation_of(load_manifest(shards))
+    (ws / "federation.json").write_text(json.dumps(fed.to_dict()))
+    assert (
+        _cli(ws, "evaluate", "--deploy", "deploy.yaml", "--models", "models", "--shards", shards, "--out", "results")[0]
+        == 0
+    )
+    run = contract.run_dir("models", "fedavg", 0, HELD_OUT)
+    args = ["export", "--model", run, "--shards", shards, "--results", "results", "--federation", "federation.json"]
+    code, out = _cli(ws, *args, "--no-mlflow", "--out", "exports")
+    assert code == 0, out
+    card = sections((ws / "exports" / "MODEL_CARD.md").read_text())
+
+    sites, counts = tables(card["Training data"])
+    roles = {s.id: (s.domain, "evaluation (held-out)" if s.domain == HELD_OUT else "training") for s in fed.sites}
+    assert {r["site"]: (r["domain"], r["role"]) for r in sites} == roles
+    assert [int(c["images"]) for c in counts] == [40, SITES_N]  # the last round's val_n and target_n
+    assert any("and nothing more" in line for line in card["Training data"])
+
+    result = _result(ws)
+    accuracy = tables(card["Held-out accuracy"])[0]
+    assert accuracy[0]["measure"] == f"final round, measured by {BY_THE_SITES}"
+    check_accuracy_row(accuracy[0], SITES_TARGET[-1], SITES_N)
+    per_class = tables(card[f"Per class (final round on {shards} ({result['detail_n_test']} images))"])[0]
+    cm = result["detail"]["final"]["confusion"]
+    assert [(int(r["correct"]), int(r["images"])) for r in per_class] == [
+        (row[i], sum(row)) for i, row in enumerate(cm)
+    ]
+    sha = hashlib.sha256((ws / "federation.json").read_bytes()).hexdigest()
+    assert kv(tables(card["Provenance"])[0])["dataset: sha256 of the federation file federation.json"] == sha
