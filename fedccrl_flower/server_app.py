@@ -75,6 +75,16 @@ class DuplicateClient(RoundFailure, ReleasedThenRefused):
     released (each noised on its own node), so the round loop charges both (train.privacy)."""
 
 
+class TooFewClients(RoundFailure, ReleasedThenRefused):
+    """Fewer than min_clients answered a query: the round fails, and the uploads that did arrive were released, so
+    the round loop charges them (train.privacy)."""
+
+
+class QueryInterrupted(ReleasedThenRefused):
+    """The query was interrupted (a stop, a crash) after uploads arrived: the round loop charges them, then the run
+    stops with the interruption itself (`__cause__`, re-raised by FlowerServer._run)."""
+
+
 class FlowerServer:
     def __init__(
         self,
@@ -118,11 +128,11 @@ class FlowerServer:
             return s.query_timeout_s if phase in ("query", "evaluate") else s.train_timeout_s
         return max(s.timeout_floor_s, s.timeout_factor * self.slowest[phase])
 
-    def _exchange(self, rnd: int, msgs: list[Message], phase: str):
-        """One phase's messages over Grid.send_and_receive; an exchange that got every reply, none an error,
-        times the phase (`reply_timeout`)."""
+    def _exchange(self, rnd: int, msgs: list[Message], phase: str, got: dict | None = None):
+        """One phase's messages over the Grid (transport.exchange: `got` fills as replies arrive); an exchange that
+        got every reply, none an error, times the phase (`reply_timeout`)."""
         timeout = self._timeouts[phase] = self.reply_timeout(phase)
-        replies, missing, elapsed = exchange(self.grid, msgs, timeout, phase, self.clock)
+        replies, missing, elapsed = exchange(self.grid, msgs, timeout, phase, self.clock, self.sleep, got)
         if not missing and not any(r.has_error() for r in replies.values()):
             self.slowest[phase] = max(self.slowest.get(phase, 0.0), elapsed)
         self.log(f"round {rnd}: {phase} to {len(msgs)} node(s), {len(replies)} replied in {elapsed:.1f}s")
@@ -140,11 +150,23 @@ class FlowerServer:
             for n in nodes
         ]
         down = sum(M.content_nbytes(m.content) for m in msgs)
-        replies, failed = self._exchange(rnd, msgs, "query")  # failed: node -> (reason, detail)
+        got: dict[int, Message] = {}
+        try:
+            replies, failed = self._exchange(rnd, msgs, "query", got)  # failed: node -> (reason, detail)
+        except BaseException as stop:  # the uploads that arrived were released: charged before the run stops
+            released = self.released(got)
+            if not released:
+                raise
+            raise QueryInterrupted(
+                f"round {rnd}: the query was interrupted ({stop.__class__.__name__}) after "
+                f"{sum(map(len, released))} upload(s) arrived",
+                released,
+            ) from stop
+        self._query_released = self.released(replies)
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
         node_of: dict[str, int] = {}
         uploads, n_of, sigs = {}, {}, {}
-        twice: list[tuple[str, int, int, dict]] = []  # (client, first node, second node, {client: (n_i, k_i)})
+        twice: list[tuple[str, int, int]] = []  # (client, first node, second node)
         self._eval_node_of = {}
         for node in sorted(replies):
             r = replies[node]
@@ -175,7 +197,7 @@ class FlowerServer:
                 )
                 continue
             if cid in node_of:  # refused below, before any upload is used
-                twice.append((cid, node_of[cid], node, released_sizes({cid: upload}, {cid: n})))
+                twice.append((cid, node_of[cid], node))
                 continue
             self.client_of_node[node] = cid
             uploads[cid], node_of[cid], n_of[cid], sigs[cid] = upload, node, n, M.upload_signature(upload)
@@ -183,12 +205,12 @@ class FlowerServer:
             raise DuplicateClient(
                 f"round {rnd}: "
                 + "; ".join(
-                    f"client {cid} answered the query from two SuperNodes, nodes {a} and {b}" for cid, a, b, _ in twice
+                    f"client {cid} answered the query from two SuperNodes, nodes {a} and {b}" for cid, a, b in twice
                 )
                 + f": one client id is one SuperNode (each would release its own noised upload every round); the run "
                 f"stops before any upload is used. Give each SuperNode its own client id (node config "
                 f"'{M.NODE_CLIENT_ID}')",
-                [released_sizes(uploads, n_of), *(sizes for *_, sizes in twice)],
+                self._query_released,
             )
         consensus = M.consensus_signature(sigs)
         for cid in sorted(uploads):
@@ -204,6 +226,24 @@ class FlowerServer:
                 continue
             self.ledger.drop(rnd, owner, node, "query", *failed[node])
         return {cid: uploads[cid] for cid in sorted(uploads)}, node_of, n_of, up, down
+
+    def released(self, replies: dict[int, Message]) -> list[dict[str, tuple[int, int]]]:
+        """The statistics releases of a query's `replies` ({node: reply}), as ReleasedThenRefused holds them: each
+        {client: (n_i, k_i)} of a source client's upload; a client that answered from two nodes released twice (its
+        second upload is the next release). An upload is charged whether or not the round then uses it."""
+        out: list[dict[str, tuple[int, int]]] = []
+        for node in sorted(replies):
+            try:
+                cid, n, upload = read_query_reply(replies[node])
+            except BAD_REPLY:  # an error reply has no content: ValueError
+                continue
+            sizes = released_sizes({cid: upload}, {cid: n}) if n and cid in self.sources else {}
+            if sizes:
+                free = next((d for d in out if cid not in d), None)
+                if free is None:
+                    out.append(free := {})
+                free.update(sizes)
+        return out
 
     def _train(self, rnd: int, global_w: dict, sampled: list[str], payloads: dict, node_of: dict):
         """Lines 8-22 on the clients; returns the valid replies in client-id order."""
@@ -302,10 +342,11 @@ class FlowerServer:
         nodes = wait_for_nodes(self.grid, rnd, want, s.min_clients, s.wait_for_clients_s, self.clock, self.sleep)
         uploads, self._node_of, self._n_of, self._q_up, self._q_down = self._query(rnd, nodes)
         if len(uploads) < s.min_clients:
-            raise RoundFailure(
+            raise TooFewClients(
                 f"round {rnd}: only {len(uploads)} client(s) answered "
                 f"({', '.join(uploads) or 'none'}), fewer than train.flower.min_clients = "
-                f"{s.min_clients}; dropped: {self.ledger.dropped_text(rnd)}"
+                f"{s.min_clients}; dropped: {self.ledger.dropped_text(rnd)}",
+                self._query_released,
             )
         self._uploads = uploads
         return uploads
@@ -379,7 +420,10 @@ class FlowerServer:
             self.log,
             engine="flower",
         )
-        res = loop.run()
+        try:
+            res = loop.run()
+        except QueryInterrupted as e:  # its uploads charged: the run stops with what interrupted it
+            raise (e.__cause__ or e) from None
         result = FlowerResult(
             history=res.history,
             final_weights=res.final_weights,
