@@ -517,3 +517,38 @@ def test_flower_uploads_of_a_failed_round_are_charged_and_logged(data, tmp_path,
     last = _records(tmp_path)[-1]
     assert last.metric(contract.ROUND) == 1 and last.metric(contract.DP_STOPPED) == 1.0
     assert last.metric(contract.DP_EPSILON) == pytest.approx(spent, rel=1e-9)
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_a_finished_dp_flower_run_leaves_no_client_state_in_its_folders(data, tmp_path, monkeypatch, private):
+    """`train.engine: flower` (fedccrl_flower/run.py run_flower) with its local SuperNodes on the loopback Grid
+    (flower_harness.LoopbackFederation: the node configs run_flower gives them, client-state folder included): every
+    file left under the run's folders is read through for the bytes of the clients' Adam moments (captured as the
+    ClientApps saved them). Under DP none holds them and <work_dir>/client-state/ is gone; without DP it stays."""
+    from flower_harness import SOURCES, LoopbackFederation, make_spec
+
+    from fedccrl_flower import client_app, run
+    from fedccrl_flower.settings import FlowerSettings
+
+    written: list[dict] = []
+    save = client_app.save_client_state
+
+    def capturing(context, state_key, cid, rnd, state, base):
+        written.append(state.to_dict())
+        save(context, state_key, cid, rnd, state, base)
+
+    monkeypatch.setattr(client_app, "save_client_state", capturing)
+    monkeypatch.setattr(run, "LocalFederation", LoopbackFederation)
+    work = tmp_path / "ck.flower"
+    spec = make_spec(data, work, "fedavg", rounds=1, privacy=FLOWER_PRIV if private else None, min_clients=3)
+    logs: list[str] = []
+    res = run.run_flower(FlowerSettings(min_clients=3), spec, data / "shards", data / "pools", log=logs.append)
+    assert len(res.history) == 1 and len(written) == len(SOURCES)
+    snippets = _snippets_of_client_states(written)
+    assert len(snippets) > 10
+    if private:
+        assert not (work / "client-state").exists() and _files_holding(tmp_path, snippets) == []
+        assert any("client-state" in m and "removed" in m for m in logs)
+    else:
+        assert sorted(p.name for p in (work / "client-state").rglob("*.npz")) == [f"{c}.npz" for c in SOURCES]
+        assert _files_holding(tmp_path, snippets)  # the check finds them where they are
