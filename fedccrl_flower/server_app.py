@@ -52,16 +52,31 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.driver import build_seeded_model
-from fedccrl_core.federation.loop import ReleasedThenRefused, RoundLoop, nbytes, released_sizes
+from fedccrl_core.federation.loop import ReleasedThenRefused, RoundLoop, nbytes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_flower import messages as M
 from fedccrl_flower.evalsets import pool, read_eval_reply
-from fedccrl_flower.replies import BAD_REPLY, Ledger, matching_train_uploads, read_query_reply, read_train_reply
+from fedccrl_flower.replies import (
+    BAD_REPLY,
+    Ledger,
+    matching_train_uploads,
+    query_releases,
+    read_query_reply,
+    read_train_reply,
+)
 from fedccrl_flower.report import FlowerResult, RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
-from fedccrl_flower.transport import RoundFailure, answered, error_reason, exchange, wait_for_nodes
+from fedccrl_flower.transport import (
+    QueryInterrupted,
+    RoundFailure,
+    TooFewClients,
+    answered,
+    error_reason,
+    exchange,
+    wait_for_nodes,
+)
 
 app = ServerApp()
 
@@ -73,16 +88,6 @@ if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower 
 class DuplicateClient(RoundFailure, ReleasedThenRefused):
     """One client id answered a query from two SuperNodes: refused before its uploads are used; both were
     released (each noised on its own node), so the round loop charges both (train.privacy)."""
-
-
-class TooFewClients(RoundFailure, ReleasedThenRefused):
-    """Fewer than min_clients answered a query: the round fails, and the uploads that did arrive were released, so
-    the round loop charges them (train.privacy)."""
-
-
-class QueryInterrupted(ReleasedThenRefused):
-    """The query was interrupted (a stop, a crash) after uploads arrived: the round loop charges them, then the run
-    stops with the interruption itself (`__cause__`, re-raised by FlowerServer._run)."""
 
 
 class FlowerServer:
@@ -154,7 +159,7 @@ class FlowerServer:
         try:
             replies, failed = self._exchange(rnd, msgs, "query", got)  # failed: node -> (reason, detail)
         except BaseException as stop:  # the uploads that arrived were released: charged before the run stops
-            released = self.released(got)
+            released = query_releases(got, self.sources)
             if not released:
                 raise
             raise QueryInterrupted(
@@ -162,7 +167,7 @@ class FlowerServer:
                 f"{sum(map(len, released))} upload(s) arrived",
                 released,
             ) from stop
-        self._query_released = self.released(replies)
+        self._query_released = query_releases(replies, self.sources)
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
         node_of: dict[str, int] = {}
         uploads, n_of, sigs = {}, {}, {}
@@ -226,24 +231,6 @@ class FlowerServer:
                 continue
             self.ledger.drop(rnd, owner, node, "query", *failed[node])
         return {cid: uploads[cid] for cid in sorted(uploads)}, node_of, n_of, up, down
-
-    def released(self, replies: dict[int, Message]) -> list[dict[str, tuple[int, int]]]:
-        """The statistics releases of a query's `replies` ({node: reply}), as ReleasedThenRefused holds them: each
-        {client: (n_i, k_i)} of a source client's upload; a client that answered from two nodes released twice (its
-        second upload is the next release). An upload is charged whether or not the round then uses it."""
-        out: list[dict[str, tuple[int, int]]] = []
-        for node in sorted(replies):
-            try:
-                cid, n, upload = read_query_reply(replies[node])
-            except BAD_REPLY:  # an error reply has no content: ValueError
-                continue
-            sizes = released_sizes({cid: upload}, {cid: n}) if n and cid in self.sources else {}
-            if sizes:
-                free = next((d for d in out if cid not in d), None)
-                if free is None:
-                    out.append(free := {})
-                free.update(sizes)
-        return out
 
     def _train(self, rnd: int, global_w: dict, sampled: list[str], payloads: dict, node_of: dict):
         """Lines 8-22 on the clients; returns the valid replies in client-id order."""

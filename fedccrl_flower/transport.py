@@ -18,6 +18,7 @@ from flwr.app import Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from fedccrl_core.federation.loop import ReleasedThenRefused
 from fedccrl_flower import messages as M
 
 GONE = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
@@ -25,6 +26,16 @@ GONE = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REP
 
 class RoundFailure(RuntimeError):
     """A round that cannot complete (too few clients); the run stops with this message."""
+
+
+class TooFewClients(RoundFailure, ReleasedThenRefused):
+    """Fewer than min_clients answered a query: the round fails, and the uploads that did arrive were released, so
+    the round loop charges them (train.privacy)."""
+
+
+class QueryInterrupted(ReleasedThenRefused):
+    """The query was interrupted (a stop, a crash) after uploads arrived: the round loop charges them, then the run
+    stops with the interruption itself (`__cause__`, re-raised by FlowerServer._run)."""
 
 
 PULL_S = 1.0  # seconds between two pulls of an exchange's replies (Flower's send_and_receive: 3)
