@@ -1,14 +1,15 @@
 """The ServerApp: the Flower Transport of Algorithm 1's round loop, for any fedccrl_core algorithm.
 
 The round loop itself is fedccrl_core/federation/loop.py (RoundLoop), the one the in-process engine drives too;
-`FlowerServer` only moves its uploads, payloads, weights and replies as messages, each phase one
-`Grid.send_and_receive` with the phase's timeout (transport.py):
+`FlowerServer` only moves its uploads, payloads, weights and replies as messages, each phase one exchange over the
+Grid (pushed, replies pulled as they arrive) with the phase's timeout (transport.py):
   1. QUERY every connected SuperNode; each answers with its client id, n_i and its upload (lines 3-6;
      FedCCRL: F_i as an ArrayRecord). Uploads are checked (replies.py) and must share one signature (keys,
      dtypes, row shapes); a misfit is refused, and so is a client that is not a source of this run
      (`spec.sources`), so only those clients are sampled. A site of `spec.evaluators` answers n = 0: it
      evaluates only. One client id answering from two nodes stops the run (`DuplicateClient`, naming both) before
-     any upload is used; under train.privacy both uploads are charged.
+     any upload is used; under train.privacy both uploads are charged, and so are the uploads that arrived when
+     too few clients answer (`TooFewClients`) or the query is interrupted (`QueryInterrupted`: a stop, a crash).
   2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client:
      global weights + its payload (FedCCRL: F_pool minus F_i).
   3. check every reply against the global weights (replies.py) - a malformed reply is logged and refused,
