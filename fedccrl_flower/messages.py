@@ -57,6 +57,7 @@ F_SKIP_UPLOAD = "skip-upload"  # in QUERY config: client ids whose upload the se
 # ---- keys of Context.state on a SuperNode (ClientState, never sent) ------------------------------
 STATE_ARRAYS = "fedccrl.client-state.arrays"
 STATE_TREE = "fedccrl.client-state.tree"
+STATE_HELD_OUT = "fedccrl.held-out"  # {run key: the held-out domain of that run's first message} (held_out_pin.py)
 
 # ---- node config (flower-supernode --node-config) and run config ([tool.flwr.app.config]) -------
 NODE_CLIENT_ID = "client-id"  # this SuperNode's client, e.g. "art_c0"

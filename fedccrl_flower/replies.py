@@ -14,6 +14,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fedccrl_core.algorithms.base import Reply
+from fedccrl_core.federation.loop import released_sizes
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 
@@ -33,6 +34,26 @@ def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None
     )
     M.validate_upload(upload, f"upload of {cid}")
     return cid, n, upload
+
+
+def query_releases(replies: dict[int, Message], sources: set[str]) -> list[dict[str, tuple[int, int]]]:
+    """The statistics releases of a query's `replies` ({node: reply}), as the round loop's ReleasedThenRefused holds
+    them: each {client: (n_i, k_i)} of the upload of a client of `sources` (the run's source clients); a client that
+    answered from two nodes released twice (its second upload is the next release). An upload is a release whether or
+    not the round then uses it."""
+    out: list[dict[str, tuple[int, int]]] = []
+    for node in sorted(replies):
+        try:
+            cid, n, upload = read_query_reply(replies[node])
+        except BAD_REPLY:  # an error reply has no content: ValueError
+            continue
+        sizes = released_sizes({cid: upload}, {cid: n}) if n and cid in sources else {}
+        if sizes:
+            free = next((d for d in out if cid not in d), None)
+            if free is None:
+                out.append(free := {})
+            free.update(sizes)
+    return out
 
 
 def read_train_reply(r: Message, cid: str, reference: dict[str, torch.Tensor], need_train_acc: bool):

@@ -354,7 +354,11 @@ class RoundLoop:
                 )
             else:
                 agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
-            replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
+            try:
+                replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
+            except BaseException:  # the round's statistics were charged: the last dp_epsilon logged says so
+                self._report_spent(rnd, history)
+                raise
             global_w = agg.result()  # line 23, Eq. 2, streamed
             if self.privacy is not None:
                 self.privacy.weights(rnd, len(uploads), len(sampled))
