@@ -305,7 +305,12 @@ def handle_query(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
-    held_out = check_site_data(context, spec, cid)
+    try:
+        held_out = check_site_data(context, spec, cid)
+    except ValueError as e:  # this site's data does not fit the run: it refuses by its client id, with the reason
+        _say(f"client {cid} round {rnd}: refuses the run: {e}", t0)
+        refusal = ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: str(e)})
+        return Message(RecordDict({M.INFO: refusal}), reply_to=msg)
     if not is_source(context, cid, held_out):  # an evaluation-only site: n = 0, no upload
         _say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)

@@ -21,9 +21,21 @@ from fedccrl_flower import messages as M
 BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malformed reply raises while read
 
 
+class SiteRefusal(Exception):
+    """A QUERY reply in which a site refuses the run: its data does not fit the federation's (its own check, at the
+    site: classes, image size, domain, held-out domain). `client`: the site's client id; the message: its reason."""
+
+    def __init__(self, client: str, reason: str):
+        super().__init__(reason)
+        self.client = client
+
+
 def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
-    """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6); n_i = 0 from an evaluation-only site."""
+    """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6); n_i = 0 from an evaluation-only site.
+    SiteRefusal when the site refuses the run, naming itself and its reason."""
     info = M.record(r.content, M.INFO, ConfigRecord)
+    if M.F_REFUSAL in info:
+        raise SiteRefusal(str(info[M.F_CLIENT_ID]), str(info[M.F_REFUSAL]))
     cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])  # type: ignore[arg-type]  # a list or bytes: TypeError, a BAD_REPLY
     if n < 0:  # 0: an evaluation-only site (the server checks that it is one)
         raise M.MalformedUpdate(f"n_i = {n}")
@@ -45,7 +57,7 @@ def query_releases(replies: dict[int, Message], sources: set[str]) -> list[dict[
     for node in sorted(replies):
         try:
             cid, n, upload = read_query_reply(replies[node])
-        except BAD_REPLY:  # an error reply has no content: ValueError
+        except (*BAD_REPLY, SiteRefusal):  # an error reply has no content (ValueError); a refusal, no upload
             continue
         sizes = released_sizes({cid: upload}, {cid: n}) if n and cid in sources else {}
         if sizes:

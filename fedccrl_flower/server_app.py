@@ -62,6 +62,7 @@ from fedccrl_flower.evalsets import pool, read_eval_reply
 from fedccrl_flower.replies import (
     BAD_REPLY,
     Ledger,
+    SiteRefusal,
     matching_train_uploads,
     query_releases,
     read_query_reply,
@@ -182,6 +183,9 @@ class FlowerServer:
                 continue
             try:
                 cid, n, upload = read_query_reply(r)
+            except SiteRefusal as e:  # the site's own check: named by its client id, with its reason
+                self.ledger.refuse(rnd, e.client, f"its data does not fit the run: {e}")
+                continue
             except BAD_REPLY as e:
                 self.ledger.refuse(rnd, who, f"malformed query reply: {e}")
                 continue

@@ -327,7 +327,7 @@ def on_loopback(monkeypatch, grid_of) -> list:
             return 1
 
     def served(fed, run_id, work, on_round=None, timeout=0.0):  # wait_for_result: the records, then the result
-        (spec,) = submitted
+        spec = submitted[-1]
         res = serve(grid_of(spec), spec)
         for rec in res.history:
             on_round(rec)
@@ -339,9 +339,10 @@ def on_loopback(monkeypatch, grid_of) -> list:
 
 
 def test_federate_names_a_refused_site_and_exits_nonzero_unless_allowed(data, tmp_path, monkeypatch, capfd):
-    """A site prepared at another image size is refused by its own check in every round (its ClientApp raises):
-    `fedccrl federate` prints each round's progress with the site's client id and reason, writes the run (the other
-    sites trained), names the site in its final summary and exits 2; with --allow-refused-sites it exits 0."""
+    """A site prepared at another image size refuses the run by its own check in every round (its ClientApp answers
+    the QUERY with its client id and the reason): `fedccrl federate` prints each round's progress with the site's
+    client id and reason, writes the run (the other sites trained), names the site in its final summary and exits 2;
+    with --allow-refused-sites it exits 0."""
     import shutil
 
     from flower_harness import LoopbackGrid
@@ -372,11 +373,12 @@ def test_federate_names_a_refused_site_and_exits_nonzero_unless_allowed(data, tm
     result = CliRunner().invoke(main, ["federate", *map(str, args)])
     err = capfd.readouterr().err + result.output
     assert result.exit_code == 2, err
-    assert "round 1/2: " in err and "DROPPED photo_c0 in query: error" in err  # progress, by client id
-    assert "federate: REFUSED round 2: photo_c0 raised in query" in err and "image_size 64" in err
+    assert "round 1/2: " in err and "REFUSED photo_c0: its data does not fit the run" in err  # progress, by id
+    assert "federate: REFUSED round 2: photo_c0: its data does not fit the run" in err and "image_size 64" in err
     assert "--allow-refused-sites" in err
     rounds = load_history(out).rounds  # the run is written: the other sites trained
-    assert [[d.client for d in r.dropped_clients or []] for r in rounds] == [["photo_c0"], ["photo_c0"]]
+    assert [[x.client for x in r.refused_clients or []] for r in rounds] == [["photo_c0"], ["photo_c0"]]
+    assert [r.eval_missing for r in rounds] == [["photo_c0"], ["photo_c0"]] and not any(r.dropped for r in rounds)
     shutil.rmtree(out)
     result = CliRunner().invoke(main, ["federate", *map(str, args), "--allow-refused-sites"])
     assert result.exit_code == 0, capfd.readouterr().err + result.output
