@@ -20,11 +20,9 @@ import torch
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.data.pools import build_pools
 from fedccrl_core.data.registry import get_dataset
-from fedccrl_core.data.shards import load_domain_test, load_manifest, partition
+from fedccrl_core.data.shards import load_manifest, partition
 from fedccrl_core.data.synthetic import generate
-from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
-from fedccrl_core.federation.jobs import load_clients
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.federation.driver import RunData, held_out_run, train
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.training import run_settings
 
@@ -60,16 +58,17 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
                     p["train"]["ccst"] = {**(p["train"].get("ccst") or {}), "adain_weights": "random"}
                 cfg = validate_params(p, (name,))
                 s = run_settings(cfg)
-                clients = load_clients(base / "shards", base / "pools", domains[:3], "cpu")
-                tx, ty = load_domain_test(base / "shards", domains[3])
+                data = RunData.load(base / "shards", base / "pools", domains[3], "cpu", 256, domains[:3])
                 alg = build_algorithm(name, s.local, getattr(cfg.train, name).model_dump())
-                run = HeldOutRun(
+                run = held_out_run(
                     alg,
-                    build_seeded_model(alg, s.backbone, len(manifest.classes), s.pretrained, 0),
-                    clients,
-                    EvalSets.for_target(clients, tx, ty, 256, "cpu"),
-                    rounds=rounds,
-                    seed=0,
+                    data,
+                    s.backbone,
+                    len(manifest.classes),
+                    s.pretrained,
+                    0,
+                    "cpu",
+                    rounds,
                     client_fraction=fraction,
                     checkpoint_path=(base / "ck" / f"{name}.pt") if ckpt else None,
                 )

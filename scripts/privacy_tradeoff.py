@@ -23,10 +23,8 @@ import torch
 
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.data.shards import load_domain_test, load_manifest
-from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
-from fedccrl_core.federation.jobs import load_clients
-from fedccrl_core.federation.loop import EvalSets
+from fedccrl_core.data.shards import load_manifest
+from fedccrl_core.federation.driver import RunData, held_out_run, load_clients, train
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.privacy import accountant as A
 from fedccrl_core.privacy.audit import audit
@@ -147,19 +145,19 @@ def one_run(
     upload: str,
 ) -> tuple[float, float | None, float, float | None]:
     """(target accuracy of the last round, the audit's TPR at FPR 1 %, epsilon spent, the audit's bound)."""
-    sources = [d for d in manifest.domains if d != held_out]
-    clients = load_clients(data / "shards", data / "pools", sources, "cpu")
-    tx, ty = load_domain_test(data / "shards", held_out)
+    run_data = RunData.load(data / "shards", data / "pools", held_out, "cpu")
     ps = PrivacySettings.from_mapping(privacy)  # train.privacy, validated once here (privacy None: off)
     local = settings.local.model_copy(update={"privacy": ps if privacy else None})
     alg = build_algorithm(name, local, getattr(cfg.train, name).model_dump())
-    run = HeldOutRun(
+    run = held_out_run(
         alg,
-        build_seeded_model(alg, settings.backbone, len(manifest.classes), settings.pretrained, seed),
-        clients,
-        EvalSets.for_target(clients, tx, ty, 256, "cpu"),
-        rounds=rounds,
-        seed=seed,
+        run_data,
+        settings.backbone,
+        len(manifest.classes),
+        settings.pretrained,
+        seed,
+        "cpu",
+        rounds,
         client_fraction=cfg.train.client_fraction,
     )
     res = train(run, log=lambda m: None)

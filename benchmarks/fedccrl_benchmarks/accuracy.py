@@ -46,10 +46,8 @@ def bench_accuracy(
 
     from fedccrl_core.algorithm_params.fedccrl import VARIANTS
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.data.shards import load_domain_test, load_manifest
-    from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
-    from fedccrl_core.federation.jobs import load_clients
-    from fedccrl_core.federation.loop import EvalSets
+    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.federation.driver import RunData, held_out_run, train
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_pipeline.cross_checks import resolve_held_out
     from fedccrl_pipeline.training import check_algorithm, run_settings
@@ -83,12 +81,9 @@ def bench_accuracy(
         if device.type == "cpu":  # one torch thread, as every training run (federation/jobs.py): the same numbers
             torch.set_num_threads(1)
         for target in targets:
-            clients = load_clients(shards, pools, [d for d in domains if d != target], device)
-            tx, ty = load_domain_test(shards, target)
-            ev = EvalSets.for_target(clients, tx, ty, s.eval_batch_size, device)
+            data = RunData.load(shards, pools, target, device, s.eval_batch_size)
             for seed in seeds:
                 alg = build_algorithm(alg_name, s.local, hparams)
-                model = build_seeded_model(alg, s.backbone, len(manifest.classes), s.pretrained, seed, device)
 
                 def progress(rec, label=label, target=target, seed=seed):
                     print(
@@ -99,14 +94,16 @@ def bench_accuracy(
                         flush=True,
                     )
 
-                run = HeldOutRun(
+                run = held_out_run(
                     alg,
-                    model,
-                    clients,
-                    ev,
-                    s.local.rounds,
+                    data,
+                    s.backbone,
+                    len(manifest.classes),
+                    s.pretrained,
                     seed,
-                    s.client_fraction,
+                    device,
+                    s.local.rounds,
+                    client_fraction=s.client_fraction,
                     concurrent_clients=s.concurrent_clients,
                 )
                 res = train(run, on_round=progress, log=lambda m: None)

@@ -58,6 +58,82 @@ class HeldOutRun:
     run_info: dict | None = None
 
 
+def load_clients(shards: Path, pools: Path, domains: list[str], device) -> list[ClientData]:
+    """The clients of `domains` in the shard folder `shards`, each with its statistics pool from `pools` (a mixed
+    client without its rows of another domain), images read when sampled."""
+    from fedccrl_core.data.pools import STALE, load_pool
+    from fedccrl_core.data.shards import MIXED, load_client, load_manifest
+    from fedccrl_core.learning.clients import ClientData
+
+    clients = []
+    for entry in load_manifest(shards).clients:
+        held_out = [d for d in (entry.domain_counts or {entry.domain: 1}) if d not in domains]
+        if entry.domain != MIXED and entry.domain not in domains:
+            continue
+        s = load_client(shards, entry.id, exclude_domain=held_out[0] if held_out else None, mmap=True)
+        if not len(s.train_y):
+            continue  # a mixed client holding only the held-out domain
+        mu, sigma = load_pool(pools, entry.id)
+        if s.train_rows is not None:
+            mu, sigma = mu[s.train_rows], sigma[s.train_rows]
+        if len(mu) != len(s.train_y):
+            raise ValueError(
+                f"{pools}/{entry.id}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE})"
+            )
+        clients.append(
+            ClientData.from_numpy(
+                s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device, mu, sigma, lazy=True
+            )
+        )  # images read when sampled: memory flat in the clients
+    return clients
+
+
+@dataclass(frozen=True)
+class RunData:
+    """The data of one held-out run on this machine: the source clients (with their statistics pools) and the
+    evaluation sets (their val splits and the held-out domain's images)."""
+
+    clients: list[ClientData]
+    evalsets: EvalSets
+
+    @classmethod
+    def load(
+        cls,
+        shards: Path,
+        pools: Path,
+        target: str,
+        device,
+        batch_size: int = 256,
+        sources: list[str] | None = None,
+    ) -> RunData:
+        """From the shard and pool folders: the clients of `sources` (default: every domain but `target`) and the
+        evaluation sets, the target's images as EvalSets keeps them (its one copy)."""
+        from fedccrl_core.data.shards import load_domain_test, load_manifest
+
+        if sources is None:
+            sources = [d for d in load_manifest(shards).domains if d != target]
+        clients = load_clients(Path(shards), Path(pools), sources, device)
+        tx, ty = load_domain_test(shards, target)
+        return cls(clients, EvalSets.for_target(clients, tx, ty, batch_size, device))
+
+
+def held_out_run(
+    alg: Algorithm,
+    data: RunData,
+    backbone: str,
+    num_classes: int,
+    pretrained: str,
+    seed: int,
+    device,
+    rounds: int,
+    **settings,
+) -> HeldOutRun:
+    """The run of `alg` on `data`: its model seeded as every run's (`build_seeded_model`), `settings` HeldOutRun's
+    other fields (client_fraction, checkpoint_path, concurrent_clients, client_state, run_info)."""
+    model = build_seeded_model(alg, backbone, num_classes, pretrained, seed, device)
+    return HeldOutRun(alg, model, data.clients, data.evalsets, rounds, seed, **settings)
+
+
 def _stderr(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 

@@ -18,34 +18,6 @@ from fedccrl_core.foundation import contract
 LOG = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
 
 
-def load_clients(shards: Path, pools: Path, domains: list[str], device):
-    from fedccrl_core.data.pools import STALE, load_pool
-    from fedccrl_core.data.shards import MIXED, load_client, load_manifest
-    from fedccrl_core.learning.clients import ClientData
-
-    clients = []
-    for entry in load_manifest(shards).clients:
-        held_out = [d for d in (entry.domain_counts or {entry.domain: 1}) if d not in domains]
-        if entry.domain != MIXED and entry.domain not in domains:
-            continue
-        s = load_client(shards, entry.id, exclude_domain=held_out[0] if held_out else None, mmap=True)
-        if not len(s.train_y):
-            continue  # a mixed client holding only the held-out domain
-        mu, sigma = load_pool(pools, entry.id)
-        if s.train_rows is not None:
-            mu, sigma = mu[s.train_rows], sigma[s.train_rows]
-        if len(mu) != len(s.train_y):
-            raise ValueError(
-                f"{pools}/{entry.id}.npz: {len(mu)} statistics for {len(s.train_y)} training samples ({STALE})"
-            )
-        clients.append(
-            ClientData.from_numpy(
-                s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device, mu, sigma, lazy=True
-            )
-        )  # images read when sampled: memory flat in the clients
-    return clients
-
-
 def run_one(job: TrainJob, shards: Path | None, pools: Path | None, report) -> dict:
     """Train one held-out domain (in this process or in a worker) and write job.out at once at the end.
     report(kind, payload) receives every round record ("round") as it appears. On the CPU the run uses one
@@ -90,29 +62,25 @@ def run_one(job: TrainJob, shards: Path | None, pools: Path | None, report) -> d
 
 def _train_inprocess(job: TrainJob, alg, shards: Path, pools: Path, device, on_round, log):
     """The in-process engine's run of `job` on the shards and pools of this machine: (model, RunResult)."""
-    from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
-    from fedccrl_core.federation.loop import EvalSets
+    from fedccrl_core.federation.driver import RunData, held_out_run, train
 
     s = job.settings
-    clients = load_clients(shards, pools, job.sources, device)
-    if len(clients) < 2:
-        raise ValueError(f"{shards}: need at least 2 source clients, found {len(clients)}")
-    tx, ty = load_domain_test(shards, job.target)
-    evalsets = EvalSets.for_target(clients, tx, ty, s.eval_batch_size, device)
-    del tx, ty  # the NCHW copy in evalsets is the one copy of the target domain kept for training
-    model = build_seeded_model(alg, s.backbone, len(job.classes), s.pretrained, job.seed, device)
-    run = HeldOutRun(
+    data = RunData.load(shards, pools, job.target, device, s.eval_batch_size, job.sources)
+    if len(data.clients) < 2:
+        raise ValueError(f"{shards}: need at least 2 source clients, found {len(data.clients)}")
+    run = held_out_run(
         alg,
-        model,
-        clients,
-        evalsets,
-        s.local.rounds,
+        data,
+        s.backbone,
+        len(job.classes),
+        s.pretrained,
         job.seed,
-        s.client_fraction,
-        job.ckpt,
+        device,
+        s.local.rounds,
+        client_fraction=s.client_fraction,
+        checkpoint_path=job.ckpt,
         concurrent_clients=s.concurrent_clients,
         client_state=s.client_state,
         run_info={"run_key": job.run_key},
     )
-    return model, train(run, on_round, log)
+    return run.model, train(run, on_round, log)

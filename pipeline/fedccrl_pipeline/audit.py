@@ -119,7 +119,7 @@ def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privac
     from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
     from fedccrl_core.algorithms.fedccrl import FedCCRL
     from fedccrl_core.data.shards import load_manifest
-    from fedccrl_core.federation.jobs import load_clients
+    from fedccrl_core.federation.driver import load_clients
     from fedccrl_core.federation.loop import privacy_of
 
     if copies < 1:
