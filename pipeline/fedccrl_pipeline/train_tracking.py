@@ -34,7 +34,8 @@ class TrackedData:
     name: str  # the MLflow dataset input's name
     path: Path  # the file that describes the data (the shards' manifest, the federation file)
     profile: dict  # its profile in MLflow (domains, clients, image size)
-    exclude: tuple[str, ...]  # params.yaml's groups that do not describe these runs
+    exclude: tuple[str, ...]  # params.yaml's groups that do not describe these runs (the parent also leaves out
+    # evaluate and export, which no run's training reads)
     params: dict = field(default_factory=dict)  # what the children's params add
     sweep: dict = field(default_factory=dict)  # what the parent's params add (its key: one parent per sweep)
 
@@ -49,7 +50,7 @@ def shards_data(dataset: str, engine: str, manifest: ShardManifest, shards: Path
         f"{dataset}-shards",
         Path(shards) / "manifest.json",
         profile,
-        ("evaluate", "export"),
+        (),
     )
 
 
@@ -65,7 +66,7 @@ def deployed_data(fed_file: FederationFile, path: Path) -> TrackedData:
         f"{fed_file.dataset}-sites",
         Path(path),
         profile,
-        ("evaluate", "export", "dataset", "partition", "tracking"),
+        ("evaluate", "dataset", "partition", "tracking"),
         {"federation": summary},
         {"federation": fed_file.to_dict()},
     )
@@ -119,7 +120,7 @@ class TrainTracking:
 
         params = cfg.as_written()  # the keys params.yaml sets, typed: `lr: 1e-3` is 0.001 here too
         swept = set(cfg.train.algorithms)  # the parent names only the groups of the sweep's algorithms
-        sweep = {k: v for k, v in params.items() if k not in data.exclude}
+        sweep = {k: v for k, v in params.items() if k not in ("evaluate", "export", *data.exclude)}
         self.sweep_params = {
             **sweep,
             "train": {
