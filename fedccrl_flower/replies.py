@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fedccrl_core.algorithms.base import Reply
-from fedccrl_core.federation.loop import released_sizes
+from fedccrl_core.federation.round_privacy import released_sizes
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 

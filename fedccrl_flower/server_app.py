@@ -53,7 +53,8 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.driver import build_seeded_model
-from fedccrl_core.federation.loop import ReleasedThenRefused, RoundLoop, nbytes
+from fedccrl_core.federation.loop import RoundLoop, nbytes
+from fedccrl_core.federation.round_privacy import ReleasedThenRefused
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent

@@ -18,7 +18,7 @@ from flwr.app import Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
-from fedccrl_core.federation.loop import ReleasedThenRefused
+from fedccrl_core.federation.round_privacy import ReleasedThenRefused
 from fedccrl_flower import messages as M
 
 GONE = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)

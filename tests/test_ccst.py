@@ -31,7 +31,8 @@ from fedccrl_core.augment.adain import (
     to_u8,
 )
 from fedccrl_core.federation.driver import train
-from fedccrl_core.federation.loop import nbytes, sample_clients
+from fedccrl_core.federation.loop import nbytes
+from fedccrl_core.federation.sampling import sample_clients
 from fedccrl_core.learning.models import build_model
 
 pytestmark = pytest.mark.filterwarnings("ignore::fedccrl_core.augment.adain.RandomAdaINWeightsWarning")

@@ -15,7 +15,8 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.fedccrl import pool_without
 from fedccrl_core.data.pools import upload_size
 from fedccrl_core.federation.engine import InProcessEngine
-from fedccrl_core.federation.loop import nbytes, sample_clients
+from fedccrl_core.federation.loop import nbytes
+from fedccrl_core.federation.sampling import sample_clients
 from fedccrl_core.learning.aggregation import weighted_average
 from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.learning.models import build_model

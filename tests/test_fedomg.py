@@ -363,7 +363,7 @@ def test_bad_hyperparameter_is_refused_naming_its_key(name, key, value):
 
 def test_differential_privacy_on_the_weights_is_refused():
     """DP-FedAvg replaces Eq. 2 only; FedOMG's step is not Eq. 2, so the run refuses before any work."""
-    from fedccrl_core.federation.loop import privacy_of
+    from fedccrl_core.federation.round_privacy import privacy_of
 
     alg = build_algorithm("fedomg", LocalConfig(privacy={"enabled": True}))
     with pytest.raises(ValueError, match="train.privacy.enabled: fedomg: FedOMG.s server step"):

@@ -416,7 +416,7 @@ def test_algorithms_the_mechanisms_do_not_cover_declare_it_and_are_refused():
     without torch); the round loop refuses it naming train.privacy.enabled. The declaration and the hooks agree for
     every registered algorithm."""
     from fedccrl_core.algorithms import ALGORITHMS
-    from fedccrl_core.federation.loop import uncovered_release
+    from fedccrl_core.federation.round_privacy import uncovered_release
 
     refused = []
     for name, cls in ALGORITHMS.items():

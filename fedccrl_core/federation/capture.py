@@ -24,7 +24,7 @@ import torch
 
 from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.engine import InProcessEngine, InProcessTransport
-from fedccrl_core.federation.loop import privacy_of, upload_sizes
+from fedccrl_core.federation.round_privacy import privacy_of, upload_sizes
 from fedccrl_core.learning.clients import ClientData
 
 

@@ -28,16 +28,14 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from fedccrl_core.algorithms.base import Aggregation, Algorithm, ListAggregation, Reply
-from fedccrl_core.algorithms.fedccrl import StatisticsExchange
+from fedccrl_core.algorithms.base import Algorithm, Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints, RoundState
+from fedccrl_core.federation.round_privacy import ReleasedThenRefused, accounting_of
 from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.foundation import contract
-from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything
+from fedccrl_core.foundation.seeding import derive_seed, seed_everything
 from fedccrl_core.learning.accuracy import accuracy, predict
 from fedccrl_core.learning.clients import ClientData
-from fedccrl_core.privacy.dp import DPFedAvgAggregation
-from fedccrl_core.privacy.noise import private_rng
 from fedccrl_core.privacy.settings import BudgetExhausted
 
 
@@ -54,82 +52,6 @@ def nbytes(obj) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(nbytes(v) for v in obj)
     return 0
-
-
-def uncovered_release(alg: Algorithm) -> str:
-    """What `alg` releases that train.privacy's mechanisms (privacy/dp.py) do not cover, read from which hooks it
-    overrides ("" when none): an upload other than FedCCRL's statistics rows, an aggregation other than Eq. 2."""
-    if type(alg).client_upload is not Algorithm.client_upload and not getattr(alg.Params, "uploads_statistics", False):
-        return "uploads something other than FedCCRL's statistics rows (only those are clipped and noised)"
-    if type(alg).aggregate is not Algorithm.aggregate or type(alg).after_aggregate is not Algorithm.after_aggregate:
-        return "aggregates with a rule of its own, not Eq. 2 (DP-FedAvg replaces Eq. 2 only)"
-    return ""
-
-
-def privacy_of(alg: Algorithm):
-    """train.privacy of this run (LocalConfig.privacy): a RunPrivacy, or None when off. Refuses, before any
-    work, a setting under which something leaves the client that is neither noised nor counted: an upload the
-    mechanisms of privacy/dp.py do not cover, a channel the algorithm releases with its mechanism switched off,
-    an aggregation other than Eq. 2."""
-    s = alg.local.privacy
-    if s is None or not s.enabled:
-        return None
-    uploads = getattr(alg.Params, "uploads_statistics", False)
-    if alg.Params.dp_refusal:  # params.yaml's validation refuses it first (pipeline cross_checks)
-        raise ValueError(f"train.privacy.enabled: {alg.name}: {alg.Params.dp_refusal}")
-    if uncovered_release(alg):
-        raise ValueError(
-            f"train.privacy.enabled: {alg.name} {uncovered_release(alg)}, and its Params declare no dp_refusal "
-            "(fedccrl_core/foundation/hparams.py): declare why, so that params.yaml's validation refuses it"
-        )
-    for key, why in s.unprotected(alg.name, uploads):
-        raise ValueError(f"{key}: {why}")
-    from fedccrl_core.privacy.accountant import RunPrivacy  # dp_accounting, imported only when on
-
-    return RunPrivacy(s, uploads)
-
-
-def released_rows(uploads: dict) -> dict[str, int]:
-    """{client: k_i}: the rows each statistics upload in `uploads` released."""
-    rows = {cid: StatisticsExchange.upload_rows(u) for cid, u in uploads.items()}
-    return {cid: k for cid, k in rows.items() if k is not None}
-
-
-def released_sizes(uploads: dict, n_of: dict) -> dict[str, tuple[int, int]]:
-    """{client: (n_i, k_i)}: the rows each statistics upload released out of the client's n_i (`n_of`: announced)."""
-    return {cid: (int(n_of[cid]), k) for cid, k in released_rows(uploads).items()}
-
-
-def upload_sizes(uploads: dict, transport) -> dict[str, tuple[int, int]]:
-    """released_sizes with the n_i the transport announced."""
-    rows = released_rows(uploads)
-    return released_sizes(uploads, transport.announced_n(sorted(rows)) if rows else {})
-
-
-class ReleasedThenRefused(RuntimeError):
-    """A transport refuses a round after uploads already left the clients (Flower: one client id answering from two
-    SuperNodes, each upload noised on its own). `released`: the statistics releases that happened, each
-    {client: (n_i, k_i)} as upload_sizes gives them; the round loop charges every one (train.privacy) and stops."""
-
-    def __init__(self, message: str, released: list[dict[str, tuple[int, int]]]):
-        super().__init__(message)
-        self.released = released
-
-
-def sampled_count(clients: int, fraction: float) -> int:
-    """m, the clients sampled out of N each round; `fraction` in (0, 1] (params.yaml's schema bounds it)."""
-    return max(1, round(fraction * clients))
-
-
-def sample_clients(
-    client_ids: list[str], fraction: float, seed: int, rnd: int, rng: np.random.Generator | None = None
-) -> list[str]:
-    """m of the N clients without replacement, from the run seed, or from `rng` (train.privacy: the OS's)."""
-    k = sampled_count(len(client_ids), fraction)
-    if k == len(client_ids):
-        return list(client_ids)
-    idx = (rng or numpy_rng(seed, "sample", rnd)).choice(len(client_ids), size=k, replace=False)
-    return [client_ids[i] for i in sorted(idx)]
 
 
 @dataclass
@@ -253,28 +175,8 @@ class RoundLoop:
         self.rounds, self.seed, self.client_fraction = rounds, seed, client_fraction
         self.checkpoints, self.on_round = checkpoints, on_round or (lambda rec: None)
         self.run_info, self.log, self.engine = dict(run_info or {}), log, engine
-        self.privacy = privacy_of(algorithm)  # train.privacy: None when off (the paper's protocol)
-        if self.privacy is not None:
-            self.log(f"train.privacy: noise from {self.privacy.s.noise_source()}")
-
-    def planned_round(self) -> tuple[dict[str, tuple[int, int]], int, int]:
-        """RunPrivacy.before_round's (sizes, N, m) for the coming round, its worst case over who may answer
-        (Transport.known_n, least_clients). sizes: {client: (n_i, k_i)} of the statistics uploads from the sizes the
-        clients announced; a client whose size is not known yet (it joins late) as (1, 1), every row released (the
-        largest sampling ratio: Gaussian(z_s) unsampled); {} when the algorithm uploads no statistics. (N, m): the
-        number of answering clients between least_clients and all of them whose sample m = sampled_count(N) has
-        the largest ratio m / N (a sampled Gaussian's RDP grows with it)."""
-        known = self.transport.known_n()
-        sizes: dict[str, tuple[int, int]] = {}
-        if self.privacy.uploads:
-            assert isinstance(self.alg, StatisticsExchange)  # the algorithms whose uploads are statistics
-            sizes = {cid: (1, 1) if n is None else (n, self.alg.released_rows(n)) for cid, n in known.items()}
-        if not known:
-            return sizes, 0, 0
-        least = max(1, min(self.transport.least_clients(), len(known)))
-        pairs = [(c, sampled_count(c, self.client_fraction)) for c in range(least, len(known) + 1)]
-        clients, sampled = max(pairs, key=lambda cm: (cm[1] / cm[0], cm[0]))
-        return sizes, clients, sampled
+        # train.privacy's accounting around each round (round_privacy.py), or the paper's protocol when off
+        self.accounting = accounting_of(algorithm, transport, seed, client_fraction, log)
 
     def _accept(self, ck: RoundCheckpoint) -> str | None:
         if ck.run_info != self.run_info:
@@ -319,27 +221,16 @@ class RoundLoop:
             history, start = list(ck.history), ck.round + 1
             self.alg.load_server_state(ck.server_state)
             self.log(f"resuming from checkpoint after round {ck.round}")
-        if self.privacy is not None:
-            self._resume_ledger(ck)
+        self.accounting.resume(ck, self.checkpoints, self.run_info)
         self.transport.restore(self.checkpoints, ck)
         w_bytes = nbytes(global_w)
         for rnd in range(start, self.rounds + 1):  # line 2
             t0 = time.perf_counter()
             try:
-                if self.privacy is not None:  # both of the round's events, before its first release
-                    self.privacy.before_round(rnd, *self.planned_round())
+                self.accounting.before_round(rnd)
                 uploads = self._collect_uploads(rnd, history)  # lines 3-6
-                private = self.privacy is not None
-                sampled = sample_clients(
-                    list(uploads),
-                    self.client_fraction,
-                    self.seed,
-                    rnd,
-                    private_rng(self.privacy.s, "sample", rnd) if private else None,
-                )
-                if private:
-                    self.privacy.statistics(rnd, upload_sizes(uploads, self.transport))
-                    self.privacy.before_weights(rnd, len(uploads), len(sampled))
+                sampled = self.accounting.sample(rnd, uploads)
+                self.accounting.uploads_released(rnd, uploads, sampled)
             except BudgetExhausted as stop:
                 self.log(str(stop))
                 self._report_spent(rnd, history)
@@ -347,21 +238,14 @@ class RoundLoop:
                     raise ValueError(f"{stop}: no round completed") from None
                 break
             payloads = self.alg.server_payloads(uploads)  # line 7
-            agg: DPFedAvgAggregation | Aggregation | ListAggregation
-            if self.privacy is not None:  # DP-FedAvg (privacy/dp.py)
-                agg = DPFedAvgAggregation(
-                    global_w, len(sampled), self.privacy.s, private_rng(self.privacy.s, "weights", rnd)
-                )
-            else:
-                agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
+            agg = self.accounting.aggregation(rnd, global_w, sampled)  # Eq. 2, or DP-FedAvg under train.privacy
             try:
                 replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
             except BaseException:  # the round's statistics were charged: the last dp_epsilon logged says so
                 self._report_spent(rnd, history)
                 raise
             global_w = agg.result()  # line 23, Eq. 2, streamed
-            if self.privacy is not None:
-                self.privacy.weights(rnd, len(uploads), len(sampled))
+            self.accounting.weights_released(rnd, uploads, sampled)
             self.model.load_state_dict(global_w)
             ev = self.evaluate(rnd, global_w)
             val_acc, tgt_acc = ev.val_acc, ev.target_acc
@@ -392,8 +276,7 @@ class RoundLoop:
                     fields[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
             fields.update(self.transport.round_record(rnd))
             fields.update(ev.record)
-            if self.privacy is not None:
-                fields.update(self.privacy.record())
+            fields.update(self.accounting.record())
             rec = RoundRecord.model_validate(fields)  # typed here, where it is made
             history.append(rec)
             self.log(
@@ -413,35 +296,14 @@ class RoundLoop:
                         run_info=self.run_info,
                         server_state=self.alg.server_state(),
                         engine=self.engine,
-                        **({"privacy": self.privacy.state()} if self.privacy else {}),
+                        **self.accounting.state(),
                     ),
                     self.transport.client_states(),
                 )
         if self.checkpoints is not None:
             self.checkpoints.prune()
-            if self.privacy is not None:  # nothing unreleased stays where the operator keeps the run's files
-                self.checkpoints.drop_client_states()
-        extra = {}
-        if self.privacy is not None:  # what the ledger charged, for the sweep's per-image epsilon
-            from fedccrl_core.privacy.sweep_epsilon import ledger_releases  # dp_accounting: only when on
-
-            extra[contract.PRIVACY_RELEASES] = ledger_releases(self.privacy.state())
+        extra = self.accounting.finish(self.checkpoints)
         return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1, extra=extra)
-
-    # ---- train.privacy's ledger ---------------------------------------------------------------
-    def _resume_ledger(self, ck: RoundCheckpoint | None) -> None:
-        """The ledger goes on from the checkpoint's releases, or from the ledger file's when it holds more (a round
-        interrupted after a release): those are charged, and the round, run again, is charged again."""
-        assert self.privacy is not None
-        path = self.checkpoints.ledger if self.checkpoints is not None else None
-        from fedccrl_core.privacy.ledger_file import resume  # dp_accounting, imported only when on
-
-        ahead = resume(self.privacy, ck.privacy if ck is not None else None, path, self.run_info)
-        if ahead:
-            self.log(
-                f"train.privacy: the ledger {path} holds {ahead} release(s) that no round checkpoint covers (a round "
-                f"interrupted after them): charged; epsilon spent {self.privacy.ledger.epsilon():.3f}"
-            )
 
     def _collect_uploads(self, rnd: int, history: list[RoundRecord]) -> dict[str, Any]:
         """transport.collect_uploads; a round the transport refuses after uploads left the clients has them charged
@@ -449,21 +311,16 @@ class RoundLoop:
         try:
             return self.transport.collect_uploads(rnd)
         except ReleasedThenRefused as refused:
-            if self.privacy is not None:
-                for sizes in refused.released:
-                    self.privacy.statistics(rnd, sizes)
-                self._report_spent(rnd, history)
+            self.accounting.refused(rnd, refused.released)
+            self._report_spent(rnd, history)
             raise
 
     def _report_spent(self, rnd: int, history: list[RoundRecord]) -> None:
-        """The run stops in round `rnd`: when that round released something that no round record covers, a record of
-        the epsilon spent alone ({round, dp_epsilon..., dp_stopped: 1}) goes to on_round (MLflow), so the last
-        dp_epsilon logged is what was spent. It is not a round of the history (no model, no accuracy)."""
-        if self.privacy is None or not self.privacy.released_in(rnd):
+        """The run stops in round `rnd`: the epsilon that round spent, where no round record covers it, goes to
+        on_round (MLflow) as a SpentRecord (round_privacy.py Private.spent)."""
+        rec = self.accounting.spent(rnd, history)
+        if rec is None:
             return
-        if history and history[-1].round == rnd:
-            return
-        rec = SpentRecord.model_validate({contract.ROUND: rnd, **self.privacy.record(), contract.DP_STOPPED: 1.0})
         self.log(
             f"train.privacy: round {rnd} stopped after a release; epsilon spent {rec.dp_epsilon or 0.0:.3f} "
             "(logged as that round's dp_epsilon)"

@@ -120,7 +120,7 @@ def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privac
     from fedccrl_core.algorithms.fedccrl import FedCCRL
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.federation.driver import load_clients
-    from fedccrl_core.federation.loop import privacy_of
+    from fedccrl_core.federation.round_privacy import privacy_of
 
     if copies < 1:
         raise ValueError(f"audit: --copies must be >= 1, got {copies}")

@@ -93,7 +93,7 @@ def planned_sweep(cfg: ParamsFile, plan: SweepPlan, algorithm: str, seed: int, t
     every round (sweep_epsilon.py planned_releases)."""
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.algorithms.fedccrl import StatisticsExchange
-    from fedccrl_core.federation.loop import sampled_count
+    from fedccrl_core.federation.sampling import sampled_count
     from fedccrl_core.privacy.sweep_epsilon import SweepRun, planned_releases
 
     t, s = cfg.train, cfg.train.privacy
