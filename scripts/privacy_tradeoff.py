@@ -23,7 +23,8 @@ import torch
 
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.data.shards import load_domain_test, load_manifest
+from fedccrl_core.data.manifest import load_manifest
+from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
 from fedccrl_core.federation.jobs import load_clients
 from fedccrl_core.federation.loop import EvalSets

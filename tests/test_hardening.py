@@ -576,11 +576,18 @@ def _imagefolder(root: Path, per_domain: dict[str, int], classes=("x", "y")) -> 
 
 def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_path, capsys):
     from fedccrl_core.data import registry
-    from fedccrl_core.data.shards import load_manifest, partition
+    from fedccrl_core.data.manifest import load_manifest
+    from fedccrl_core.data.partition import PartitionSettings, partition
 
     spec = registry.get_dataset("imagefolder")
     raw = _imagefolder(tmp_path / "raw", {"art": 6, "photo": 6, "tiny": 1})
-    partition(raw, tmp_path / "shards", spec, 8, clients_per_domain=2, val_fraction=0.1, seed=0, progress=False)
+    partition(
+        raw,
+        tmp_path / "shards",
+        spec,
+        PartitionSettings(8, clients_per_domain=2, val_fraction=0.1, seed=0),
+        progress=False,
+    )
     err = capsys.readouterr().err
     warned = [ln for ln in err.splitlines() if ln.startswith("warning: partition:")]
     assert len(warned) == 1 and "domain 'tiny'" in warned[0] and "has 1 image(s) for 2 client(s)" in warned[0]
@@ -588,7 +595,13 @@ def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_
     assert load_manifest(tmp_path / "shards").to_dict()["warnings"] == [warned[0].removeprefix("warning: ")]
 
     raw = _imagefolder(tmp_path / "raw2", {"art": 4, "photo": 4})  # 2 images per class per client: enough
-    partition(raw, tmp_path / "shards2", spec, 8, clients_per_domain=2, val_fraction=0.0, seed=0, progress=False)
+    partition(
+        raw,
+        tmp_path / "shards2",
+        spec,
+        PartitionSettings(8, clients_per_domain=2, val_fraction=0.0, seed=0),
+        progress=False,
+    )
     assert "warning" not in capsys.readouterr().err and "warnings" not in load_manifest(tmp_path / "shards2").to_dict()
 
 

@@ -46,7 +46,8 @@ def bench_accuracy(
 
     from fedccrl_core.algorithm_params.fedccrl import VARIANTS
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.data.shards import load_domain_test, load_manifest
+    from fedccrl_core.data.manifest import load_manifest
+    from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
     from fedccrl_core.federation.jobs import load_clients
     from fedccrl_core.federation.loop import EvalSets
