@@ -232,9 +232,9 @@ def tiny_onnx(
 
 def temps(folder: Path) -> list[str]:
     """The names of the temporary files an atomic write left in `folder`."""
-    from fedccrl_core.foundation import fsio
+    from fedccrl_core.foundation import temp_paths
 
-    return sorted(p.name for p in folder.iterdir() if fsio.TEMP_RE.match(p.name))
+    return sorted(p.name for p in folder.iterdir() if temp_paths.TEMP_RE.match(p.name))
 
 
 # ------------------------------------------------------------------ one held-out training on in-memory clients
