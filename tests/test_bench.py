@@ -281,7 +281,8 @@ def test_plain_pil_ops_match_the_device_ops():
     """The plain baseline's PIL ops are the device ops' references (same magnitude conventions)."""
     from PIL import Image
 
-    from fedccrl_core.augment.augmix import OPS, apply_op, op_magnitude
+    from fedccrl_core.augment.augmix import op_magnitude
+    from fedccrl_core.augment.augmix_ops import OPS, apply_op
     from fedccrl_core.augment.augmix_pil import pil_op
 
     img = np.random.default_rng(3).integers(30, 200, (24, 24, 3), dtype=np.uint8)
@@ -378,7 +379,7 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
 def test_plain_per_batch_augmentation_is_the_reference_form():
     """The baseline's per-batch M: MixStyle per sample, 8-bit levels, then ONE torchvision-style AugMix
     op chain for the whole batch (augmix_batch with the same generator), never PIL per sample."""
-    from fedccrl_core.augment.augmix import augmix_batch, to_uint8_levels
+    from fedccrl_core.augment.augmix_batch import augmix_batch, to_uint8_levels
 
     hp = build_algorithm("fedccrl", LocalConfig()).hp.model_copy(update={"ccdt": False})
     rng = np.random.default_rng(0)
