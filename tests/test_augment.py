@@ -435,7 +435,7 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
 
 # ---- augmix_impl: pil (augment/augmix_pil.py): the same Alg. 3 reading, other random draws ----------------------
 def _synthetic_batch(n=256, size=24):
-    from fedccrl_benchmarks.speed import generate
+    from fedccrl_benchmarks.speed_data import generate
 
     return (
         torch.from_numpy(np.concatenate([generate(n // 4, d, size, 0)[0] for d in range(4)]))
