@@ -111,22 +111,7 @@ def partition(
             del xs
         if feddg:
             clients = _write_feddg_bench(stage, decoded, domains, len(classes), s, progress)
-        manifest = ShardManifest(
-            format_version=FORMAT_VERSION,
-            dataset=spec.name,
-            domains=domains,
-            classes=classes,
-            num_classes=len(classes),
-            image_size=s.image_size,
-            resize_policy=RESIZE_POLICY,
-            layout=LAYOUT,
-            seed=s.seed,
-            params=s.recorded(params),
-            domain_sizes=domain_sizes,
-            clients=clients,
-            skipped=skipped,
-            **({"warnings": warnings} if warnings else {}),  # absent when none: a run's key hashes the manifest
-        )
+        manifest = _manifest(spec.name, domains, classes, s, params, domain_sizes, clients, skipped, warnings)
         write_json(stage / MANIFEST, manifest.to_dict(), indent=2, ensure_ascii=False)
     if progress:
         print(
@@ -136,6 +121,36 @@ def partition(
             flush=True,
         )
     return manifest
+
+
+def _manifest(
+    dataset: str,
+    domains: list[str],
+    classes: list[str],
+    s: PartitionSettings,
+    params: dict | None,
+    domain_sizes: dict[str, int],
+    clients: list[ClientEntry],
+    skipped: list[SkippedImage],
+    warnings: list[str],
+) -> ShardManifest:
+    """The shards' manifest.json record of a partition made with `s`."""
+    return ShardManifest(
+        format_version=FORMAT_VERSION,
+        dataset=dataset,
+        domains=domains,
+        classes=classes,
+        num_classes=len(classes),
+        image_size=s.image_size,
+        resize_policy=RESIZE_POLICY,
+        layout=LAYOUT,
+        seed=s.seed,
+        params=s.recorded(params),
+        domain_sizes=domain_sizes,
+        clients=clients,
+        skipped=skipped,
+        **({"warnings": warnings} if warnings else {}),  # absent when none: a run's key hashes the manifest
+    )
 
 
 def _decode_domain(
