@@ -46,6 +46,7 @@ from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everyth
 from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.learning.models import FedModel
 from fedccrl_flower import messages as M
+from fedccrl_flower.held_out_pin import pin_held_out
 from fedccrl_flower.spec import ClientSpec
 
 app = ClientApp()
@@ -102,15 +103,16 @@ def _shards_dir(context: Context) -> str:
 
 
 def check_site_data(context: Context, spec: ClientSpec, cid: str, train: bool = False) -> str | None:
-    """This site's shard folder against the federation's values the spec carries (fedccrl site prepare writes them
-    from the operator's class file and params.yaml): its class list (in label order), its image size, and its
-    domain among the federation's domains; a TRAIN message to a site of the held-out domain is refused. ValueError
+    """The spec's held_out, the run's first (held_out_pin.py), and this site's shard folder against the federation's
+    values the spec carries (fedccrl site prepare writes them from the operator's class file and params.yaml): its
+    class list (in label order), its image size, and its domain among the federation's domains; a TRAIN message to a site of the held-out domain is refused. ValueError
     naming the site's manifest and the value, before any of its images is used (the server drops the site from the
     round with this reason). Returns the held-out domain as this site's shards name it, or None when they do not
     know it: an imagefolder site's manifest lists only its own domain, and the federation's come from the spec."""
     from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.data.site import SITE_KEY
 
+    pin_held_out(context, spec, cid)  # the first held_out of the run, or refused
     shards = _shards_dir(context)
     key = ("checked", shards, cid, train, spec.held_out, tuple(spec.classes), spec.image_size, tuple(spec.domains))
     if key in _CACHE:
@@ -303,7 +305,12 @@ def handle_query(msg: Message, context: Context) -> Message:
     spec, rnd, _ = read_config(msg)
     device = _device(context, spec)
     cid = resolve_client_id(context, spec)
-    held_out = check_site_data(context, spec, cid)
+    try:
+        held_out = check_site_data(context, spec, cid)
+    except ValueError as e:  # this site's data does not fit the run: it refuses by its client id, with the reason
+        _say(f"client {cid} round {rnd}: refuses the run: {e}", t0)
+        refusal = ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: str(e)})
+        return Message(RecordDict({M.INFO: refusal}), reply_to=msg)
     if not is_source(context, cid, held_out):  # an evaluation-only site: n = 0, no upload
         _say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)

@@ -31,6 +31,7 @@ from fedccrl_core.learning.accuracy import class_counts, pooled_accuracy
 from fedccrl_flower import messages as M
 
 VAL_N, TARGET_N, EVAL_SITES = contract.VAL_N, contract.TARGET_N, contract.EVAL_SITES  # the round record's fields
+EVAL_MISSING = contract.EVAL_MISSING
 
 
 @dataclass(frozen=True)
@@ -91,8 +92,11 @@ def read_eval_reply(r: Message, cid: str, num_classes: int) -> SiteCounts:
     return SiteCounts(labels, correct, predicted, t_n, t_correct)
 
 
-def pool(counts: dict[str, SiteCounts]) -> Evaluation:
-    """The round's evaluation from the sites' counts: Σ correct / Σ n (the central evaluation's numbers)."""
+def pool(counts: dict[str, SiteCounts], expected: list[str] | None = None) -> Evaluation:
+    """The round's evaluation from the sites' counts: Σ correct / Σ n (the central evaluation's numbers). The sites
+    of `expected` (every site of the run) without counts make it partial (Evaluation.missing, EVAL_MISSING in the
+    record): best-val selection does not compare it with complete rounds."""
+    missing = tuple(sorted(set(expected or ()) - set(counts)))
     k = len(next(iter(counts.values())).val_labels) if counts else 0
     labels = [sum(c.val_labels[j] for c in counts.values()) for j in range(k)]
     predicted = [sum(c.val_predicted[j] for c in counts.values()) for j in range(k)]
@@ -106,5 +110,11 @@ def pool(counts: dict[str, SiteCounts]) -> Evaluation:
         val_pred_classes=sum(1 for p in predicted if p),
         val_labels=sum(1 for n in labels if n),
         val_n=val_n,
-        record={VAL_N: val_n, TARGET_N: target_n, EVAL_SITES: len(counts)},
+        record={
+            VAL_N: val_n,
+            TARGET_N: target_n,
+            EVAL_SITES: len(counts),
+            **({EVAL_MISSING: list(missing)} if missing else {}),
+        },
+        missing=missing,
     )

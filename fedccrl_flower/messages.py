@@ -46,6 +46,7 @@ F_SPEC = "spec"  # JSON of the client-side spec (algorithm, LocalConfig, hparams
 F_ROUND = "round"
 F_CLIENT_ID = "client-id"  # in TRAIN config: the client the server addresses; in INFO: who answers
 F_N = "n"  # n_i (Eq. 2); 0 in a QUERY reply: an evaluation-only site (it holds only the held-out domain)
+F_REFUSAL = "refusal"  # in a QUERY reply's INFO, instead of n: why this site's data does not fit the run (its check)
 # in an EVAL record (per class k of the federation's class list: a list of num_classes ints)
 F_VAL_LABELS = "val-labels"  # the site's val images of class k (source validation)
 F_VAL_CORRECT = "val-correct"  # of them, predicted correctly by the global model
@@ -57,6 +58,7 @@ F_SKIP_UPLOAD = "skip-upload"  # in QUERY config: client ids whose upload the se
 # ---- keys of Context.state on a SuperNode (ClientState, never sent) ------------------------------
 STATE_ARRAYS = "fedccrl.client-state.arrays"
 STATE_TREE = "fedccrl.client-state.tree"
+STATE_HELD_OUT = "fedccrl.held-out"  # {run key: the held-out domain of that run's first message} (held_out_pin.py)
 
 # ---- node config (flower-supernode --node-config) and run config ([tool.flwr.app.config]) -------
 NODE_CLIENT_ID = "client-id"  # this SuperNode's client, e.g. "art_c0"

@@ -14,15 +14,28 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fedccrl_core.algorithms.base import Reply
+from fedccrl_core.federation.loop import released_sizes
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 
 BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malformed reply raises while read
 
 
+class SiteRefusal(Exception):
+    """A QUERY reply in which a site refuses the run: its data does not fit the federation's (its own check, at the
+    site: classes, image size, domain, held-out domain). `client`: the site's client id; the message: its reason."""
+
+    def __init__(self, client: str, reason: str):
+        super().__init__(reason)
+        self.client = client
+
+
 def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
-    """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6); n_i = 0 from an evaluation-only site."""
+    """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6); n_i = 0 from an evaluation-only site.
+    SiteRefusal when the site refuses the run, naming itself and its reason."""
     info = M.record(r.content, M.INFO, ConfigRecord)
+    if M.F_REFUSAL in info:
+        raise SiteRefusal(str(info[M.F_CLIENT_ID]), str(info[M.F_REFUSAL]))
     cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])  # type: ignore[arg-type]  # a list or bytes: TypeError, a BAD_REPLY
     if n < 0:  # 0: an evaluation-only site (the server checks that it is one)
         raise M.MalformedUpdate(f"n_i = {n}")
@@ -33,6 +46,26 @@ def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None
     )
     M.validate_upload(upload, f"upload of {cid}")
     return cid, n, upload
+
+
+def query_releases(replies: dict[int, Message], sources: set[str]) -> list[dict[str, tuple[int, int]]]:
+    """The statistics releases of a query's `replies` ({node: reply}), as the round loop's ReleasedThenRefused holds
+    them: each {client: (n_i, k_i)} of the upload of a client of `sources` (the run's source clients); a client that
+    answered from two nodes released twice (its second upload is the next release). An upload is a release whether or
+    not the round then uses it."""
+    out: list[dict[str, tuple[int, int]]] = []
+    for node in sorted(replies):
+        try:
+            cid, n, upload = read_query_reply(replies[node])
+        except (*BAD_REPLY, SiteRefusal):  # an error reply has no content (ValueError); a refusal, no upload
+            continue
+        sizes = released_sizes({cid: upload}, {cid: n}) if n and cid in sources else {}
+        if sizes:
+            free = next((d for d in out if cid not in d), None)
+            if free is None:
+                out.append(free := {})
+            free.update(sizes)
+    return out
 
 
 def read_train_reply(r: Message, cid: str, reference: dict[str, torch.Tensor], need_train_acc: bool):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -79,6 +80,7 @@ def wait_for_result(
                 extra={**res.extra, "run_id": run_id},
             )
         if st.get("status") in ("failed", "stopped"):
+            drain()  # a record written just before the status (the epsilon a stopped round spent)
             raise FlowerRunError(f"Flower run {run_id} {st['status']}: {st.get('error')}")
         fed.check_alive()
         now = time.monotonic()
@@ -104,7 +106,8 @@ def run_flower(
 ) -> RunResult:
     """Run one training on the Flower engine (settings.mode) and return the in-process engine's RunResult. `shards`
     and `pools` are the folders the local SuperNodes read (one machine: the central partition); the ServerApp
-    reads neither."""
+    reads neither. The local SuperNodes keep their clients' states in <work_dir>/client-state/; when a run under
+    train.privacy finishes, that folder is removed (drop_client_states)."""
     work = Path(spec.work_dir).resolve()
     work.mkdir(parents=True, exist_ok=True)
     ids = [*spec.sources, *spec.evaluators]  # every site: sources train, evaluators evaluate the held-out domain
@@ -112,8 +115,31 @@ def run_flower(
         len(spec.sources), spec.held_out
     )
     spec = spec.model_copy(update={"num_clients": spec.num_clients or settings.num_clients or len(ids)})
-    shards, pools = str(Path(shards).resolve()), str(Path(pools).resolve())
-    state_dir = str(work / "client-state")
+    if settings.mode != "simulation" and settings.superlink:
+        return on_superlink(spec, settings.superlink, settings.root_certificates, settings.run_timeout_s, on_round, log)
+    state_dir = work / "client-state"
+    result = _run_local(
+        settings, spec, ids, str(Path(shards).resolve()), str(Path(pools).resolve()), state_dir, on_round, log
+    )
+    if spec.local.privacy is not None and spec.local.privacy.enabled:
+        drop_client_states(state_dir, log)
+    return result
+
+
+def drop_client_states(state_dir: Path, log=LOG) -> None:
+    """A run under train.privacy finished: its clients' states (optimizer moments, `extra`: never released, neither
+    clipped nor noised), which the local SuperNodes mirrored to `state_dir`, leave the operator's folders, as the
+    in-process engine's do (fedccrl_core/federation/checkpoints.py RoundCheckpoints.drop_client_states)."""
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+        log(f"train.privacy: the clients' states in {state_dir} removed (never released)")
+
+
+def _run_local(
+    settings: FlowerSettings, spec: ServerSpec, ids: list[str], shards: str, pools: str, state_dir: Path, on_round, log
+) -> RunResult:
+    """run_flower with a SuperLink and one SuperNode per site of `ids` (or Flower's simulation) started here."""
+    work = Path(spec.work_dir).resolve()
     if settings.mode == "simulation":
         fed_cfg = (
             f"num-supernodes={len(ids)} client-resources-num-cpus={int(settings.client_cpus)} "
@@ -122,17 +148,17 @@ def run_flower(
         if settings.ray_cpus:
             fed_cfg += f" init-args-num-cpus={settings.ray_cpus}"
         with LocalFederation(work / "federation", simulation=True, log=log) as fed:
-            run_id = fed.submit(spec, {M.RUN_SHARDS: shards, M.RUN_POOLS: pools, M.RUN_STATE_DIR: state_dir}, fed_cfg)
+            run_id = fed.submit(
+                spec, {M.RUN_SHARDS: shards, M.RUN_POOLS: pools, M.RUN_STATE_DIR: str(state_dir)}, fed_cfg
+            )
             log(f"flower simulation: run {run_id}, {len(ids)} simulated SuperNodes")
             return wait_for_result(fed, run_id, work, on_round, settings.run_timeout_s)
-    if settings.superlink:
-        return on_superlink(spec, settings.superlink, settings.root_certificates, settings.run_timeout_s, on_round, log)
     threads = settings.client_threads or max(1, (os.cpu_count() or 1) // len(ids))
     with LocalFederation(work / "federation", log=log) as fed:
         for cid in ids:
             fed.add_supernode(
                 cid,
-                {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: shards, M.NODE_POOLS: pools, M.NODE_STATE_DIR: state_dir},
+                {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: shards, M.NODE_POOLS: pools, M.NODE_STATE_DIR: str(state_dir)},
                 threads,
                 wait=False,
             )

@@ -1,14 +1,15 @@
 """The ServerApp: the Flower Transport of Algorithm 1's round loop, for any fedccrl_core algorithm.
 
 The round loop itself is fedccrl_core/federation/loop.py (RoundLoop), the one the in-process engine drives too;
-`FlowerServer` only moves its uploads, payloads, weights and replies as messages, each phase one
-`Grid.send_and_receive` with the phase's timeout (transport.py):
+`FlowerServer` only moves its uploads, payloads, weights and replies as messages, each phase one exchange over the
+Grid (pushed, replies pulled as they arrive) with the phase's timeout (transport.py):
   1. QUERY every connected SuperNode; each answers with its client id, n_i and its upload (lines 3-6;
      FedCCRL: F_i as an ArrayRecord). Uploads are checked (replies.py) and must share one signature (keys,
      dtypes, row shapes); a misfit is refused, and so is a client that is not a source of this run
      (`spec.sources`), so only those clients are sampled. A site of `spec.evaluators` answers n = 0: it
      evaluates only. One client id answering from two nodes stops the run (`DuplicateClient`, naming both) before
-     any upload is used; under train.privacy both uploads are charged.
+     any upload is used; under train.privacy both uploads are charged, and so are the uploads that arrived when
+     too few clients answer (`TooFewClients`) or the query is interrupted (`QueryInterrupted`: a stop, a crash).
   2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client:
      global weights + its payload (FedCCRL: F_pool minus F_i).
   3. check every reply against the global weights (replies.py) - a malformed reply is logged and refused,
@@ -52,16 +53,32 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoints
 from fedccrl_core.federation.driver import build_seeded_model
-from fedccrl_core.federation.loop import ReleasedThenRefused, RoundLoop, nbytes, released_sizes
+from fedccrl_core.federation.loop import ReleasedThenRefused, RoundLoop, nbytes
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_flower import messages as M
 from fedccrl_flower.evalsets import pool, read_eval_reply
-from fedccrl_flower.replies import BAD_REPLY, Ledger, matching_train_uploads, read_query_reply, read_train_reply
+from fedccrl_flower.replies import (
+    BAD_REPLY,
+    Ledger,
+    SiteRefusal,
+    matching_train_uploads,
+    query_releases,
+    read_query_reply,
+    read_train_reply,
+)
 from fedccrl_flower.report import FlowerResult, RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
-from fedccrl_flower.transport import RoundFailure, answered, error_reason, exchange, wait_for_nodes
+from fedccrl_flower.transport import (
+    QueryInterrupted,
+    RoundFailure,
+    TooFewClients,
+    answered,
+    error_reason,
+    exchange,
+    wait_for_nodes,
+)
 
 app = ServerApp()
 
@@ -118,11 +135,11 @@ class FlowerServer:
             return s.query_timeout_s if phase in ("query", "evaluate") else s.train_timeout_s
         return max(s.timeout_floor_s, s.timeout_factor * self.slowest[phase])
 
-    def _exchange(self, rnd: int, msgs: list[Message], phase: str):
-        """One phase's messages over Grid.send_and_receive; an exchange that got every reply, none an error,
-        times the phase (`reply_timeout`)."""
+    def _exchange(self, rnd: int, msgs: list[Message], phase: str, got: dict | None = None):
+        """One phase's messages over the Grid (transport.exchange: `got` fills as replies arrive); an exchange that
+        got every reply, none an error, times the phase (`reply_timeout`)."""
         timeout = self._timeouts[phase] = self.reply_timeout(phase)
-        replies, missing, elapsed = exchange(self.grid, msgs, timeout, phase, self.clock)
+        replies, missing, elapsed = exchange(self.grid, msgs, timeout, phase, self.clock, self.sleep, got)
         if not missing and not any(r.has_error() for r in replies.values()):
             self.slowest[phase] = max(self.slowest.get(phase, 0.0), elapsed)
         self.log(f"round {rnd}: {phase} to {len(msgs)} node(s), {len(replies)} replied in {elapsed:.1f}s")
@@ -140,11 +157,23 @@ class FlowerServer:
             for n in nodes
         ]
         down = sum(M.content_nbytes(m.content) for m in msgs)
-        replies, failed = self._exchange(rnd, msgs, "query")  # failed: node -> (reason, detail)
+        got: dict[int, Message] = {}
+        try:
+            replies, failed = self._exchange(rnd, msgs, "query", got)  # failed: node -> (reason, detail)
+        except BaseException as stop:  # the uploads that arrived were released: charged before the run stops
+            released = query_releases(got, self.sources)
+            if not released:
+                raise
+            raise QueryInterrupted(
+                f"round {rnd}: the query was interrupted ({stop.__class__.__name__}) after "
+                f"{sum(map(len, released))} upload(s) arrived",
+                released,
+            ) from stop
+        self._query_released = query_releases(replies, self.sources)
         up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
         node_of: dict[str, int] = {}
         uploads, n_of, sigs = {}, {}, {}
-        twice: list[tuple[str, int, int, dict]] = []  # (client, first node, second node, {client: (n_i, k_i)})
+        twice: list[tuple[str, int, int]] = []  # (client, first node, second node)
         self._eval_node_of = {}
         for node in sorted(replies):
             r = replies[node]
@@ -154,6 +183,9 @@ class FlowerServer:
                 continue
             try:
                 cid, n, upload = read_query_reply(r)
+            except SiteRefusal as e:  # the site's own check: named by its client id, with its reason
+                self.ledger.refuse(rnd, e.client, f"its data does not fit the run: {e}")
+                continue
             except BAD_REPLY as e:
                 self.ledger.refuse(rnd, who, f"malformed query reply: {e}")
                 continue
@@ -175,7 +207,7 @@ class FlowerServer:
                 )
                 continue
             if cid in node_of:  # refused below, before any upload is used
-                twice.append((cid, node_of[cid], node, released_sizes({cid: upload}, {cid: n})))
+                twice.append((cid, node_of[cid], node))
                 continue
             self.client_of_node[node] = cid
             uploads[cid], node_of[cid], n_of[cid], sigs[cid] = upload, node, n, M.upload_signature(upload)
@@ -183,12 +215,12 @@ class FlowerServer:
             raise DuplicateClient(
                 f"round {rnd}: "
                 + "; ".join(
-                    f"client {cid} answered the query from two SuperNodes, nodes {a} and {b}" for cid, a, b, _ in twice
+                    f"client {cid} answered the query from two SuperNodes, nodes {a} and {b}" for cid, a, b in twice
                 )
                 + f": one client id is one SuperNode (each would release its own noised upload every round); the run "
                 f"stops before any upload is used. Give each SuperNode its own client id (node config "
                 f"'{M.NODE_CLIENT_ID}')",
-                [released_sizes(uploads, n_of), *(sizes for *_, sizes in twice)],
+                self._query_released,
             )
         consensus = M.consensus_signature(sigs)
         for cid in sorted(uploads):
@@ -289,7 +321,7 @@ class FlowerServer:
                 counts[cid] = read_eval_reply(r, cid, self.spec.num_classes)
             except BAD_REPLY as e:
                 self.ledger.refuse(rnd, cid, str(e))
-        ev = pool(counts)
+        ev = pool(counts, [*self.spec.sources, *self.spec.evaluators])
         if not ev.record[contract.TARGET_N]:
             self.log(f"round {rnd}: no site holding {self.spec.held_out} evaluated: target accuracy is NaN")
         return ev
@@ -302,10 +334,11 @@ class FlowerServer:
         nodes = wait_for_nodes(self.grid, rnd, want, s.min_clients, s.wait_for_clients_s, self.clock, self.sleep)
         uploads, self._node_of, self._n_of, self._q_up, self._q_down = self._query(rnd, nodes)
         if len(uploads) < s.min_clients:
-            raise RoundFailure(
+            raise TooFewClients(
                 f"round {rnd}: only {len(uploads)} client(s) answered "
                 f"({', '.join(uploads) or 'none'}), fewer than train.flower.min_clients = "
-                f"{s.min_clients}; dropped: {self.ledger.dropped_text(rnd)}"
+                f"{s.min_clients}; dropped: {self.ledger.dropped_text(rnd)}",
+                self._query_released,
             )
         self._uploads = uploads
         return uploads
@@ -379,7 +412,10 @@ class FlowerServer:
             self.log,
             engine="flower",
         )
-        res = loop.run()
+        try:
+            res = loop.run()
+        except QueryInterrupted as e:  # its uploads charged: the run stops with what interrupted it
+            raise (e.__cause__ or e) from None
         result = FlowerResult(
             history=res.history,
             final_weights=res.final_weights,

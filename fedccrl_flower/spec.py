@@ -69,6 +69,7 @@ class ClientSpec(_Spec):
     client_state: Literal["persistent", "stateless"]  # params.yaml train.client_state
     eval_batch_size: int  # a site's evaluation batches (evalsets.py)
     state_key: str  # names the clients' saved state (ServerSpec.client_spec)
+    run_key: str = ""  # names the run: the hash of the ServerSpec's run_info (a site pins its held_out by it)
     classes: list[str] = Field(default_factory=list)  # the federation's, which a site's data must have ([]: any)
     image_size: int = Field(0, ge=0)  # the federation's, which a site's data must have (0: any)
     domains: list[str] = Field(default_factory=list)  # the federation's, one of which is a site's ([]: unchecked)
@@ -125,7 +126,8 @@ class ServerSpec(_Spec):
 
     def client_spec(self) -> ClientSpec:
         """The part a client needs. `state_key` names the clients' saved state: the params hash
-        (fedccrl_core/foundation/runkey.py) of this part and the run info."""
+        (fedccrl_core/foundation/runkey.py) of this part and the run info; `run_key` the run, whatever this part
+        says: the params hash of the run info alone."""
         spec = ClientSpec(
             algorithm=self.algorithm,
             local=self.local,
@@ -142,8 +144,13 @@ class ServerSpec(_Spec):
             image_size=self.image_size,
             domains=self.domains,
         )
-        core = spec.model_dump(exclude={"state_key"})
-        return spec.model_copy(update={"state_key": params_hash({**core, "run_info": self.run_info})})
+        core = spec.model_dump(exclude={"state_key", "run_key"})
+        return spec.model_copy(
+            update={
+                "state_key": params_hash({**core, "run_info": self.run_info}),
+                "run_key": params_hash(self.run_info),
+            }
+        )
 
 
 def report_dir(work_dir: str | Path, run_id: int) -> Path:

@@ -1,6 +1,9 @@
-"""Moving one phase's messages over the Grid: Flower's `Grid.send_and_receive` with the phase's timeout.
+"""Moving one phase's messages over the Grid: pushed, then their replies pulled until every one is in or the phase's
+timeout has passed (what Flower's `Grid.send_and_receive` does, here with the replies kept as they arrive).
 
-`exchange` returns each node's reply, the nodes that gave none (reason `timeout`) and how long the exchange took.
+`exchange` returns each node's reply, the nodes that gave none (reason `timeout`) and how long the exchange took. The
+replies that arrived are in the caller's `got` as they arrive, so that an exchange interrupted mid-way (a stop, a
+crash) leaves the caller what came in: under train.privacy, the uploads of a query that must be charged.
 A node that leaves the SuperLink is answered for by Flower itself: the SuperLink replies with an error
 (NODE_UNAVAILABLE once its heartbeat expired, MESSAGE_UNAVAILABLE once it was removed), which `error_reason`
 reads as `disconnected`; an error of the ClientApp itself is `error`.
@@ -15,6 +18,7 @@ from flwr.app import Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
+from fedccrl_core.federation.loop import ReleasedThenRefused
 from fedccrl_flower import messages as M
 
 GONE = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
@@ -24,18 +28,46 @@ class RoundFailure(RuntimeError):
     """A round that cannot complete (too few clients); the run stops with this message."""
 
 
+class TooFewClients(RoundFailure, ReleasedThenRefused):
+    """Fewer than min_clients answered a query: the round fails, and the uploads that did arrive were released, so
+    the round loop charges them (train.privacy)."""
+
+
+class QueryInterrupted(ReleasedThenRefused):
+    """The query was interrupted (a stop, a crash) after uploads arrived: the round loop charges them, then the run
+    stops with the interruption itself (`__cause__`, re-raised by FlowerServer._run)."""
+
+
+PULL_S = 1.0  # seconds between two pulls of an exchange's replies (Flower's send_and_receive: 3)
+
+
 def exchange(
-    grid: Grid, messages: list[Message], timeout: float, phase: str, clock: Callable[[], float] = time.monotonic
+    grid: Grid,
+    messages: list[Message],
+    timeout: float,
+    phase: str,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    got: dict[int, Message] | None = None,
 ):
-    """Send `messages` and wait up to `timeout` seconds for their replies (Grid.send_and_receive). Returns
-    ({node: reply}, {node without a reply: ("timeout", detail)}, seconds the exchange took)."""
+    """Send `messages` and pull their replies every PULL_S seconds until each has one or `timeout` seconds have
+    passed. Returns ({node: reply}, {node without a reply: ("timeout", detail)}, seconds the exchange took); `got`
+    (the same dict as the first) is filled as the replies arrive."""
+    got = {} if got is None else got
     t0 = clock()
-    replies = list(grid.send_and_receive(messages, timeout=timeout))
-    elapsed = clock() - t0
+    grid.push_messages(messages)
     node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in messages}  # set when pushed
-    got = {node_of[r.metadata.reply_to_message_id]: r for r in replies if r.metadata.reply_to_message_id in node_of}
-    missing = {n: ("timeout", f"no {phase} reply within {timeout:.1f}s") for n in node_of.values() if n not in got}
-    return got, missing, elapsed
+    waiting = set(node_of)
+    while waiting and clock() < t0 + timeout:
+        for r in grid.pull_messages(sorted(waiting)):
+            mid = r.metadata.reply_to_message_id
+            if mid in waiting:
+                waiting.discard(mid)
+                got[node_of[mid]] = r
+        if waiting:
+            sleep(PULL_S)
+    missing = {node_of[m]: ("timeout", f"no {phase} reply within {timeout:.1f}s") for m in waiting}
+    return got, missing, clock() - t0
 
 
 def error_reason(reply: Message) -> tuple[str, str]:

@@ -11,6 +11,8 @@ module-scoped workspace, a Case's setup) calls them directly. Not a test module:
 - `held_out_run(alg, model, clients, target, rounds, ...)`: one held-out training on in-memory clients, for the
   training driver (fedccrl_core/federation/driver.py `train`): the one way a test sets up a run;
   `evalsets_for(clients, target)`: its evaluation sets alone (the engine's own tests build the engine by hand).
+- `write_run_history(folder, meta, **round_fields)`: a one-round history.json beside a model file written by hand
+  (what `fedccrl export` reads for the model card).
 - `params_group_problems(name, params_cls, train_groups)`: how params.yaml's train.<name> differs from the
   algorithm's declaration (tests/test_params_registry.py, tests/test_add_an_algorithm.py).
 """
@@ -278,3 +280,24 @@ def params_group_problems(name: str, params_cls, train_groups: dict) -> list[str
         for key, value in declared.items()
         if group[key] != value
     ]
+
+
+def write_run_history(folder: Path, meta, privacy=None, **round_fields):
+    """A one-round history.json (and history.csv) of the run whose model meta is `meta`, into `folder`; `round_fields`
+    add to or replace the round's record fields, `privacy` is its RunPrivacySummary."""
+    from fedccrl_core.federation.history import write_history
+    from fedccrl_core.federation.round_record import RoundRecord
+    from fedccrl_core.foundation import contract
+
+    record = {
+        contract.ROUND: 1,
+        contract.VAL_ACC: 0.5,
+        contract.TARGET_ACC: 0.25,
+        contract.VAL_PRED_CLASSES: 2,
+        contract.SECONDS: 1.0,
+        contract.BYTES_UP: 10,
+        contract.BYTES_DOWN: 20,
+        **round_fields,
+    }
+    fields = {k: v for k, v in meta.to_dict().items() if k != "round"}  # a history's meta has no round
+    return write_history(folder, type(meta)(**fields), 1, [RoundRecord(**record)], privacy)

@@ -98,14 +98,12 @@ def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persi
 
 # ---------------------------------------------------------------- a loopback Grid (no processes)
 class LoopbackGrid:
-    """Flower's Grid contract in one process: each message and reply is deflated to Flower's wire
-    objects and inflated back; every node has its own Context (node config, persistent state).
+    """Flower's Grid contract in one process (get_node_ids, push_messages, pull_messages: what the ServerApp's
+    transport.exchange calls): each message and reply is deflated to Flower's wire objects and inflated back; every node has its own Context (node config, persistent state).
     `dead` nodes never answer; `tamper(node, reply)` may rewrite a reply (a malicious client);
     `delay(node, msg)` -> seconds a reply takes on the simulated clock `now` (a slow client);
     `leave` nodes leave the SuperLink once a message was sent to them: their messages are answered with
     the SuperLink's NODE_UNAVAILABLE error, as Flower's SuperLink does once a node's heartbeat expired."""
-
-    pull_s = 0.5  # send_and_receive's pause between pulls, on the simulated clock
 
     def __init__(self, node_configs: dict[int, dict], run_config: dict | None = None):
         from flwr.app import Context, RecordDict
@@ -187,20 +185,6 @@ class LoopbackGrid:
                 out.append(self.held.pop(mid)[1])
         return out
 
-    def send_and_receive(self, messages, *, timeout=None):
-        """Flower's Grid.send_and_receive on the simulated clock: push, then pull every `pull_s` seconds
-        until every reply is in or `timeout` has passed."""
-        ids = set(self.push_messages(messages))
-        end, out = self.now[0] + (timeout or 0.0), []
-        while timeout is None or self.now[0] < end:
-            got = self.pull_messages(ids)
-            out += got
-            ids -= {r.metadata.reply_to_message_id for r in got}
-            if not ids:
-                break
-            self.now[0] += self.pull_s
-        return out
-
 
 def loopback(data: Path, clients=(*SOURCES, *EVALUATORS), state_dir: Path | None = None) -> LoopbackGrid:
     cfgs = {}
@@ -227,6 +211,53 @@ def serve(grid, spec, log=None):
         return FlowerServer(grid, spec, log=log or (lambda m: None), sleep=sleep, clock=lambda: now[0]).run()
     finally:
         torch.set_num_threads(threads)
+
+
+class LoopbackFederation:
+    """fedccrl_flower/run.py's LocalFederation over the loopback Grid: the SuperNodes run_flower adds are the loopback's
+    nodes, with the node configs it gives them (client-state folder included); a submitted run is the ServerApp run
+    here, on the simulated clock, reporting to <work_dir>/run-1/ as Flower's run 1."""
+
+    def __init__(self, workdir: Path, simulation: bool = False, log=None):
+        self.configs: dict[int, dict] = {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def add_supernode(self, name: str, node_config: dict, threads: int = 0, wait: bool = True) -> None:
+        self.configs[100 + len(self.configs)] = dict(node_config)
+
+    def wait_supernodes(self) -> None:
+        pass
+
+    def submit(self, spec, run_config=None, federation_config: str = "") -> int:
+        from fedccrl_flower.server_app import FlowerServer
+        from fedccrl_flower.spec import report_dir
+
+        grid = LoopbackGrid(self.configs)
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            FlowerServer(
+                grid,
+                spec,
+                report_dir=report_dir(spec.work_dir, 1),
+                log=lambda m: None,
+                sleep=lambda s: grid.now.__setitem__(0, grid.now[0] + s),
+                clock=lambda: grid.now[0],
+            ).run()
+        finally:
+            torch.set_num_threads(threads)
+        return 1
+
+    def check_alive(self) -> None:
+        pass
+
+    def status(self, run_id: int) -> dict:
+        return {"status": "finished:completed"}
 
 
 def assert_same_history(a: list, b: list, tol=0.0, skip=()):

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 HELD_OUT = "sketch"
 SITES_TARGET = [0.25, 0.75, 0.5]  # the sites' pooled target accuracy per round (round 2 is the val-selected one)
-SITES_N = 17  # the sites' count of held-out images
+SITES_N = 16  # the sites' count of held-out images (each of SITES_TARGET of it a whole count)
 
 
 @pytest.fixture
@@ -233,11 +233,9 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     noise is seeded (not private) is marked in its model meta and history and reports no epsilon, in its records and
     in MLflow."""
     import mlflow
-    from flower_harness import loopback, serve
+    from flower_harness import loopback
 
-    import fedccrl_flower.run as run_mod
     from fedccrl_core.federation.history import load_history
-    from fedccrl_core.federation.loop import RunResult
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
     from fedccrl_pipeline.federate import federate
@@ -252,36 +250,8 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
         {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu", **privacy},
         new_keys={"train.privacy.noise_seed": 3} if seeded else None,
     )
-    manifest = json.loads((data / "shards" / "manifest.json").read_text())
-    fed_file = tmp_path / "federation.json"
-    fields = ("dataset", "domains", "classes", "image_size", "resize_policy")
-    sites = [{"id": c["id"], "domain": c["domain"]} for c in manifest["clients"]]
-    fed_file.write_text(json.dumps({**{k: manifest[k] for k in fields}, "sites": sites}))
-    submitted = []
-
-    class LoopbackLink:  # the Federation of fedccrl_flower/federation.py, its SuperLink the loopback Grid
-        def __init__(self, *args, **kwargs):
-            pass
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-        def submit(self, spec):
-            submitted.append(spec)
-            return 1
-
-    def served(fed, run_id, work, on_round=None, timeout=0.0):  # wait_for_result: the records, then the result
-        (spec,) = submitted
-        res = serve(loopback(data, clients=[*spec.sources, *spec.evaluators]), spec)
-        for rec in res.history:
-            on_round(rec)
-        return RunResult(res.history, res.final_weights, res.best_weights, res.best_round, extra=res.extra)
-
-    monkeypatch.setattr(run_mod, "Federation", LoopbackLink)
-    monkeypatch.setattr(run_mod, "wait_for_result", served)
+    fed_file = federation_file(data, tmp_path)
+    submitted = on_loopback(monkeypatch, lambda spec: loopback(data, clients=[*spec.sources, *spec.evaluators]))
     out = tmp_path / "models" / "fedavg" / "s0" / f"d{HELD_OUT}"
     federate(fed_file, params, "fedavg", 0, HELD_OUT, "127.0.0.1:1", "", out, tmp_path / "work", 0.0)
 
@@ -319,3 +289,139 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     assert not (out / "result.json").exists()  # the run folder is the train stage's: nothing more
     assert meta.git_commit and meta.platform and meta.params_hash == child.data.tags["fedccrl.run_key"]
     assert child.info.status == "FINISHED" and (rec.metric("target_n") or 0) > 0  # sketch's evaluation site
+
+
+def federation_file(data: Path, folder: Path) -> Path:
+    """The federation file of the partition in `data` (one site per client), written to `folder`."""
+    manifest = json.loads((data / "shards" / "manifest.json").read_text())
+    fields = ("dataset", "domains", "classes", "image_size", "resize_policy")
+    sites = [{"id": c["id"], "domain": c["domain"]} for c in manifest["clients"]]
+    path = folder / "federation.json"
+    path.write_text(json.dumps({**{k: manifest[k] for k in fields}, "sites": sites}))
+    return path
+
+
+def on_loopback(monkeypatch, grid_of) -> list:
+    """`fedccrl federate` with the loopback Grid standing in for the SuperLink: the spec it submits is served on
+    grid_of(spec) (tests/flower_harness.py), each round's record handed on as wait_for_result hands it. Returns the
+    list of the specs submitted."""
+    from flower_harness import serve
+
+    import fedccrl_flower.run as run_mod
+    from fedccrl_core.federation.loop import RunResult
+
+    submitted = []
+
+    class LoopbackLink:  # the Federation of fedccrl_flower/federation.py, its SuperLink the loopback Grid
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, spec):
+            submitted.append(spec)
+            return 1
+
+    def served(fed, run_id, work, on_round=None, timeout=0.0):  # wait_for_result: the records, then the result
+        spec = submitted[-1]
+        res = serve(grid_of(spec), spec)
+        for rec in res.history:
+            on_round(rec)
+        return RunResult(res.history, res.final_weights, res.best_weights, res.best_round, extra=res.extra)
+
+    monkeypatch.setattr(run_mod, "Federation", LoopbackLink)
+    monkeypatch.setattr(run_mod, "wait_for_result", served)
+    return submitted
+
+
+def test_federate_names_a_refused_site_and_exits_nonzero_unless_allowed(data, tmp_path, monkeypatch, capfd):
+    """A site prepared at another image size refuses the run by its own check in every round (its ClientApp answers
+    the QUERY with its client id and the reason): `fedccrl federate` prints each round's progress with the site's
+    client id and reason, writes the run (the other sites trained), names the site in its final summary and exits 2;
+    with --allow-refused-sites it exits 0."""
+    import shutil
+
+    from flower_harness import LoopbackGrid
+
+    from fedccrl_core.federation.history import load_history
+    from fedccrl_flower import messages as M
+
+    odd = tmp_path / "odd"  # photo_c0's folder, prepared at 64 px where the federation says 32
+    shutil.copytree(data / "shards", odd / "shards")
+    manifest = json.loads((odd / "shards" / "manifest.json").read_text())
+    (odd / "shards" / "manifest.json").write_text(json.dumps({**manifest, "image_size": 64}))
+
+    def grid(spec):
+        configs = {}
+        for i, cid in enumerate([*spec.sources, *spec.evaluators]):
+            shards = odd / "shards" if cid == "photo_c0" else data / "shards"
+            configs[100 + i] = {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: str(shards), M.NODE_POOLS: str(data / "pools")}
+        return LoopbackGrid(configs)
+
+    on_loopback(monkeypatch, grid)
+    params = write_params(tmp_path, {"train.rounds": 2, "train.local_epochs": 1, "train.device": "cpu"})
+    fed_file = federation_file(data, tmp_path)
+    out = tmp_path / "models" / "fedavg" / "s0" / f"d{HELD_OUT}"
+    args = [
+        *("--federation", fed_file, "--params", params, "--algorithm", "fedavg", "--seed", "0"),
+        *("--held-out", HELD_OUT, "--superlink", "127.0.0.1:1", "--out", out, "--work", tmp_path / "work"),
+    ]
+    result = CliRunner().invoke(main, ["federate", *map(str, args)])
+    err = capfd.readouterr().err + result.output
+    assert result.exit_code == 2, err
+    assert "round 1/2: " in err and "REFUSED photo_c0: its data does not fit the run" in err  # progress, by id
+    assert "federate: REFUSED round 2: photo_c0: its data does not fit the run" in err and "image_size 64" in err
+    assert "--allow-refused-sites" in err
+    rounds = load_history(out).rounds  # the run is written: the other sites trained
+    assert [[x.client for x in r.refused_clients or []] for r in rounds] == [["photo_c0"], ["photo_c0"]]
+    assert [r.eval_missing for r in rounds] == [["photo_c0"], ["photo_c0"]] and not any(r.dropped for r in rounds)
+    shutil.rmtree(out)
+    result = CliRunner().invoke(main, ["federate", *map(str, args), "--allow-refused-sites"])
+    assert result.exit_code == 0, capfd.readouterr().err + result.output
+
+
+def test_the_export_of_a_deployment_carries_a_card_of_the_sites(ws, tiny):
+    """`fedccrl export --federation`: the card's training data is the federation file's sites and the counts the
+    run's records give (val_n, target_n), nothing more; its accuracy the sites' (evaluate --deploy's result), with
+    the per-class figures of the operator's test folder; its dataset hash the federation file's."""
+    import hashlib
+
+    from test_model_card import check_accuracy_row, kv, sections, tables
+
+    from fedccrl_core.data.manifest import load_manifest
+    from fedccrl_flower.sites import federation_of
+
+    shards = tiny / "data" / "shards"  # here the operator's test folder
+    fed = federation_of(load_manifest(shards))
+    (ws / "federation.json").write_text(json.dumps(fed.to_dict()))
+    assert (
+        _cli(ws, "evaluate", "--deploy", "deploy.yaml", "--models", "models", "--shards", shards, "--out", "results")[0]
+        == 0
+    )
+    run = contract.run_dir("models", "fedavg", 0, HELD_OUT)
+    args = ["export", "--model", run, "--shards", shards, "--results", "results", "--federation", "federation.json"]
+    code, out = _cli(ws, *args, "--no-mlflow", "--out", "exports")
+    assert code == 0, out
+    card = sections((ws / "exports" / "MODEL_CARD.md").read_text())
+
+    sites, counts = tables(card["Training data"])
+    roles = {s.id: (s.domain, "evaluation (held-out)" if s.domain == HELD_OUT else "training") for s in fed.sites}
+    assert {r["site"]: (r["domain"], r["role"]) for r in sites} == roles
+    assert [int(c["images"]) for c in counts] == [40, SITES_N]  # the last round's val_n and target_n
+    assert any("and nothing more" in line for line in card["Training data"])
+
+    result = _result(ws)
+    accuracy = tables(card["Held-out accuracy"])[0]
+    assert accuracy[0]["measure"] == f"final round, measured by {BY_THE_SITES}"
+    check_accuracy_row(accuracy[0], SITES_TARGET[-1], SITES_N)
+    per_class = tables(card[f"Per class (final round on {shards} ({result['detail_n_test']} images))"])[0]
+    cm = result["detail"]["final"]["confusion"]
+    assert [(int(r["correct"]), int(r["images"])) for r in per_class] == [
+        (row[i], sum(row)) for i, row in enumerate(cm)
+    ]
+    sha = hashlib.sha256((ws / "federation.json").read_bytes()).hexdigest()
+    assert kv(tables(card["Provenance"])[0])["dataset: sha256 of the federation file federation.json"] == sha

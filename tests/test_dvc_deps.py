@@ -87,17 +87,22 @@ def closure(roots: set[str], boundary: set[str] = frozenset()) -> set[str]:
     return seen
 
 
+CONSOLE = "fedccrl_pipeline.cli"  # the console script: it imports a command's module only when that command runs
+
+
 def stage_roots(stage: dict) -> set[str]:
-    """`fedccrl <command> ...`: the console script's module and the command's module (pipeline/fedccrl_pipeline/cli.py STAGES)."""
-    from fedccrl_pipeline.cli import STAGES
+    """`fedccrl <command> ...`: the console script's module, what it imports for every command, and the command's
+    module (pipeline/fedccrl_pipeline/cli.py STAGES); not the other commands' modules."""
+    from fedccrl_pipeline.cli import COMMANDS, STAGES
 
     words = stage["cmd"].split()
     assert words[0] == "fedccrl", stage["cmd"]
-    return {"fedccrl_pipeline.cli", STAGES[words[1]]}
+    commands = {make().callback.__module__ for make in COMMANDS.values()}
+    return {CONSOLE, STAGES[words[1]]().callback.__module__} | (imports_of(CONSOLE) - commands)
 
 
 def needed_files(stage: dict) -> set[str]:
-    used = closure(stage_roots(stage), VALIDATION_ONLY)
+    used = closure(stage_roots(stage), VALIDATION_ONLY | {CONSOLE})
     files = {MODULES[m].relative_to(ROOT).as_posix() for m in used}
     if "fedccrl_flower.run" in used:  # the Flower engine starts `flwr run` on its app: its components run too
         comps = tomllib.loads((ROOT / FLOWER_APP).read_text())["tool"]["flwr"]["app"]["components"]
@@ -188,7 +193,7 @@ def test_the_own_script_is_a_dep():
     from fedccrl_pipeline.cli import STAGES as COMMANDS
 
     for (dvc_file, name), stage in STAGES.items():
-        script = MODULES[COMMANDS[stage["cmd"].split()[1]]].relative_to(ROOT).as_posix()
+        script = MODULES[COMMANDS[stage["cmd"].split()[1]]().callback.__module__].relative_to(ROOT).as_posix()
         deps = [from_root(dvc_file, str(d)) for d in stage["deps"]]
         assert script in deps, f"{dvc_file} stage {name} does not depend on {script}"
 

@@ -17,7 +17,7 @@ import onnx
 import pytest
 import torch
 from click.testing import CliRunner
-from fixtures import TINY_IMAGES_PER_CLASS
+from fixtures import TINY_IMAGES_PER_CLASS, write_run_history
 from layout import TOP
 
 from fedccrl_core.algorithms import load_model
@@ -27,7 +27,9 @@ from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_core.learning.models import build_model
 from fedccrl_pipeline import onnx_export
+from fedccrl_pipeline.card_records import sweep_epsilon
 from fedccrl_pipeline.export import command
+from fedccrl_pipeline.model_card import SweepEpsilon
 from fedccrl_pipeline.model_registry import SERVING_PACKAGES, log_to_mlflow, sanitize
 from fedccrl_pipeline.onnx_export import export_onnx, metadata_props
 from fedccrl_serving.metadata import parse_metadata
@@ -67,6 +69,7 @@ def write_model(path: Path, shards: Path, **meta_over) -> Path:
     )
     meta.update(meta_over)
     save_model(path, model, ModelMeta(**meta))
+    write_run_history(path.parent, ModelMeta(**meta))
     return path
 
 
@@ -94,7 +97,7 @@ def leftovers(out: Path) -> set[str]:
 def test_stage_writes_one_onnx_file_and_parity(exported, shards):
     _model, out, result = exported
     assert result.exit_code == 0, result.stderr
-    assert leftovers(out) == {"model.onnx", "parity.json"}  # no side .data file, no temp file
+    assert leftovers(out) == {"model.onnx", "parity.json", "MODEL_CARD.md"}  # no side .data file, no temp file
     parity = json.loads((out / "parity.json").read_text())
     x, _ = load_domain_test(shards, HELD_OUT)
     assert parity["n_images"] == len(x) == TINY_IMAGES_PER_CLASS * 6  # the held-out domain, 6 classes
@@ -240,6 +243,7 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     assert info.signature.outputs.input_names() == ["class", "probability", *[f"p_{c}" for c in classes]]
     proto = mlflow.onnx.load_model(uri)  # the onnx flavour: the plain graph, metadata inside
     assert {p.key: p.value for p in proto.metadata_props}["fedccrl_format"] == "1"
+    assert version.description == (tmp_path / "out" / "MODEL_CARD.md").read_text()  # the card, word for word
     metrics = client.get_run(run_id).data.metrics
     assert metrics["export_top1_agreement"] == 1.0 and metrics["export_max_abs_logit_diff"] < 1e-4
     reqs = mlflow.pyfunc.get_model_dependencies(uri)
@@ -305,6 +309,7 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
         assert "already holds these weights" in again.stderr
     assert len(client.search_model_versions(f"name = '{name}'")) == 1
     assert client.get_run(run_id).info.end_time == trained.end_time
+    assert client.get_model_version(name, "1").description == (tmp_path / "out2" / "MODEL_CARD.md").read_text()
     # new weights: a new version, and the alias moves to it
     retrained = write_model(tmp_path / "model2.pt", shards, mlflow_run_id=run_id, seed=0)
     m2, meta2 = load_model(retrained)
@@ -315,6 +320,17 @@ def test_mlflow_logs_registers_and_aliases_without_reopening_the_training_run(sh
     assert len(client.search_model_versions(f"name = '{name}'")) == 2
     assert str(client.get_model_version_by_alias(name, "s0-heldout-sketch").version) == "2"
     assert client.get_run(run_id).info.end_time == trained.end_time
+
+    # the card's ε per image over the sweep: the latest dp_epsilon_sweep_per_image of the run's MLflow parent
+    parent = client.create_run(exp_id).info.run_id
+    for step, (eps, runs) in enumerate(((12.5, 3), (19.25, 6))):  # the latest step composes the most runs
+        client.log_metric(parent, "dp_epsilon_sweep_per_image", eps, step=step)
+        client.log_metric(parent, "dp_sweep_runs", runs, step=step)
+    child = client.create_run(exp_id, tags={"mlflow.parentRunId": parent}).info.run_id
+    child_meta = meta2.model_copy(update={"mlflow_run_id": child})
+    assert sweep_epsilon(child_meta, True, True) == SweepEpsilon(19.25, 6)
+    assert "no dp_epsilon_sweep_per_image" in sweep_epsilon(meta2, True, True).why_not  # a run without a parent
+    assert sweep_epsilon(child_meta, True, False).why_not == "the export ran without MLflow"
 
 
 def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monkeypatch):
@@ -349,7 +365,7 @@ def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monk
 def test_mlflow_is_skipped_with_a_notice_for_an_unknown_run(exported, capsys):
     model_path, out, _ = exported
     _, meta = load_model(model_path)
-    log_to_mlflow(out / "model.onnx", meta.model_copy(update={"mlflow_run_id": "0" * 32}), {}, None, None, None)
+    log_to_mlflow(out / "model.onnx", meta.model_copy(update={"mlflow_run_id": "0" * 32}), {}, None, None, None, "")
     assert "not in the tracking store" in capsys.readouterr().err
 
 

@@ -381,7 +381,10 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tiny, tmp_path):
     exports it and checks parity on the held-out domain like any other model."""
     import json
 
+    from fixtures import write_run_history
+
     from fedccrl_core.data.images import RESIZE_POLICY
+    from fedccrl_core.learning.model_file import load_meta
     from fedccrl_pipeline.export import export
 
     shards = tiny / "data" / "shards"  # the session's tiny dataset (conftest.py), read-only
@@ -409,6 +412,7 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tiny, tmp_path):
             hparams=hp.model_dump(),
         ),
     )
+    write_run_history(tmp_path, load_meta(tmp_path / "model.pt"))
     res = export(tmp_path / "model.pt", shards, tmp_path / "out", 0.999, 64, None, None, False)
     assert res["top1_agreement"] == 1.0 and res["max_abs_logit_diff"] <= 1e-4
     assert (tmp_path / "out" / "model.onnx").is_file() and (tmp_path / "out" / "parity.json").is_file()

@@ -491,6 +491,7 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     train (art_c0 8 s), so round 2 waits 3 x 8 = 24 s, and photo_c0, which sleeps 30 s in round 2, is
     dropped as a timeout; under a fixed 600 s it would have been waited for."""
     from fedccrl_flower.server_app import FlowerServer
+    from fedccrl_flower.transport import PULL_S
 
     grid = loopback(data)
 
@@ -509,10 +510,8 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
         spec.query_timeout_s,
     )
     assert r1.to_dict()["dropped"] == 0 and r1.to_dict()["clients"] == 3
-    assert r2.to_dict()["train_timeout_s"] == pytest.approx(
-        3.0 * 8.0, abs=grid.pull_s * 3
-    )  # polled: within a few pulls
-    assert r2.to_dict()["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=grid.pull_s * 3)
+    assert r2.to_dict()["train_timeout_s"] == pytest.approx(3.0 * 8.0, abs=PULL_S * 3)  # polled: within a few pulls
+    assert r2.to_dict()["query_timeout_s"] == pytest.approx(max(2.0, 3.0 * 0.5), abs=PULL_S * 3)
     assert r2.to_dict()["clients"] == 2 and [(d["client"], d["reason"]) for d in r2.to_dict()["dropped_clients"]] == [
         ("photo_c0", "timeout")
     ]
@@ -903,3 +902,30 @@ def test_loopback_the_held_out_domains_site_evaluates_only_never_sampled(data, t
         math.isnan(r.metric("target_acc")) and r.metric("val_acc") == q.to_dict()["val_acc"]
         for r, q in zip(res.history, ref.history)
     )
+
+
+def test_loopback_a_site_refuses_a_held_out_changed_within_a_run(data, tmp_path):
+    """Round 1's EVALUATE message to cartoon_c0, a source site that trained, says held_out 'cartoon' where the run's
+    messages said 'sketch' (its run key unchanged): accepted, the site would return counts over its own cartoon images
+    (training images) as the target's. It keeps the first held_out of the run and refuses, naming both; the server
+    drops it from that evaluation, and the target counts are the held-out site's alone."""
+    from fedccrl_core.data.shards import load_domain_test
+
+    grid = loopback(data)
+    push = grid.push_messages
+
+    def push_messages(messages):
+        for m in messages:
+            if m.metadata.message_type == M.EVALUATE and m.metadata.dst_node_id == 101:  # cartoon_c0
+                cfg = m.content[M.CONFIG]
+                cfg[M.F_SPEC] = json.dumps({**json.loads(str(cfg[M.F_SPEC])), "held_out": "cartoon"})
+        return push(messages)
+
+    grid.push_messages = push_messages
+    res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=3))
+    rec = res.history[0].to_dict()
+    dropped = rec["dropped_clients"]
+    assert [(d["client"], d["phase"], d["reason"]) for d in dropped] == [("cartoon_c0", "evaluate", "error")]
+    assert "holds out 'cartoon'" in dropped[0]["detail"] and "held out 'sketch'" in dropped[0]["detail"]
+    assert rec[contract.TARGET_N] == len(load_domain_test(data / "shards", HELD_OUT)[1])
+    assert rec[contract.EVAL_SITES] == 3

@@ -281,6 +281,7 @@ def test_a_registered_pyfunc_loads_and_predicts_in_the_full_install_outside_the_
         raw[:2],
         None,
         None,
+        "# Model card\n",
     )
     outside = tmp_path / "site"
     outside.mkdir()

@@ -53,7 +53,7 @@ def serve_cli(*args):
 
 def test_export_writes_the_int8_copy_beside_the_float_model(exported, shards):
     _, out, result = exported
-    assert leftovers(out) == {"model.onnx", "model.int8.onnx", "parity.json"}
+    assert leftovers(out) == {"model.onnx", "model.int8.onnx", "parity.json", "MODEL_CARD.md"}
     int8 = json.loads((out / "parity.json").read_text())["int8"]
     x, _ = load_domain_test(shards, HELD_OUT)
     assert int8["n_images"] == len(x) and int8["calibration_domains"] == SOURCES

@@ -442,3 +442,113 @@ def test_flower_resume_after_a_release_with_a_late_client_and_a_duplicated_id(da
     assert len(json.loads((tmp_path / "checkpoint.pt.ledger.json").read_text())["releases"]) == 7
     assert [r.metric("clients") for r in res.history] == [2, 3]
     assert not (tmp_path / "checkpoint.pt.clients").exists()  # the clients' states stay on the SuperNodes
+
+
+def _records(folder: Path) -> list:
+    """The records the ServerApp passed to on_round (its rounds.jsonl), typed as the launcher reads them."""
+    from fedccrl_core.federation.round_record import parse_round
+
+    lines = (folder / contract.FLOWER_ROUNDS_FILE).read_text().splitlines()
+    return [parse_round(json.loads(line), f"line {i}") for i, line in enumerate(lines, 1)]
+
+
+def _stop_on_the_second_pull(grid) -> None:
+    """The ServerApp is stopped (`flwr stop`: Flower's SIGTERM handler raises SystemExit in the ServerApp's main
+    thread) while the query's replies come in: after the first pull of the exchange returned some."""
+    pull, calls = grid.pull_messages, []
+
+    def pull_messages(ids):
+        calls.append(ids)
+        if len(calls) == 2:
+            raise SystemExit(3)
+        return pull(ids)
+
+    grid.pull_messages = pull_messages
+
+
+def _no_train_reply(grid) -> None:
+    """Every node goes silent once the TRAIN messages are sent: the round fails in its train phase."""
+    from fedccrl_flower import messages as M
+
+    push = grid.push_messages
+
+    def push_messages(messages):
+        if messages and messages[0].metadata.message_type == M.TRAIN:
+            grid.dead = set(grid.contexts)
+        return push(messages)
+
+    grid.push_messages = push_messages
+
+
+@pytest.mark.parametrize("how", ["silent", "stopped", "train"])
+def test_flower_uploads_of_a_failed_round_are_charged_and_logged(data, tmp_path, how):
+    """FedCCRL under DP over the loopback Grid, min_clients 3; round 1 fails after statistics uploads reached the
+    ServerApp: photo_c0 is silent in the query (too few clients), or the ServerApp is stopped while the query's replies
+    come in (photo_c0's never does), or no client answers TRAIN (too few updates). Every upload that arrived is charged
+    in the ledger file, and the last record on_round received (rounds.jsonl, what MLflow logs) is a SpentRecord whose
+    dp_epsilon is an independent accountant's over the uploads the test counted."""
+    from flower_harness import loopback, make_spec, serve
+
+    from fedccrl_flower.transport import RoundFailure
+
+    grid = loopback(data)
+    released: list = []
+    _count_queries(grid, released, "run")
+    if how in ("silent", "stopped"):
+        grid.dead = {102}  # photo_c0
+    if how == "stopped":
+        _stop_on_the_second_pull(grid)
+    if how == "train":
+        _no_train_reply(grid)
+    spec = make_spec(data, tmp_path, "fedccrl", rounds=2, privacy=FLOWER_PRIV, min_clients=3, query_timeout_s=5)
+    error, status = {
+        "silent": (RoundFailure, "failed"),
+        "stopped": (SystemExit, "stopped"),
+        "train": (RoundFailure, "failed"),
+    }[how]
+    with pytest.raises(error):
+        serve(grid, spec)
+    assert json.loads((tmp_path / contract.FLOWER_STATUS_FILE).read_text())["status"] == status
+    counted = sorted(r[2] for r in released)
+    assert counted == (["art_c0", "cartoon_c0", "photo_c0"] if how == "train" else ["art_c0", "cartoon_c0"])
+    spent = independent_epsilon(_statistics_events(released), [], FLOWER_PRIV)
+    kept = json.loads((tmp_path / "checkpoint.pt.ledger.json").read_text())["releases"]
+    assert [r[:2] for r in kept] == [["statistics", 1]]
+    last = _records(tmp_path)[-1]
+    assert last.metric(contract.ROUND) == 1 and last.metric(contract.DP_STOPPED) == 1.0
+    assert last.metric(contract.DP_EPSILON) == pytest.approx(spent, rel=1e-9)
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_a_finished_dp_flower_run_leaves_no_client_state_in_its_folders(data, tmp_path, monkeypatch, private):
+    """`train.engine: flower` (fedccrl_flower/run.py run_flower) with its local SuperNodes on the loopback Grid
+    (flower_harness.LoopbackFederation: the node configs run_flower gives them, client-state folder included): every
+    file left under the run's folders is read through for the bytes of the clients' Adam moments (captured as the
+    ClientApps saved them). Under DP none holds them and <work_dir>/client-state/ is gone; without DP it stays."""
+    from flower_harness import SOURCES, LoopbackFederation, make_spec
+
+    from fedccrl_flower import client_app, run
+    from fedccrl_flower.settings import FlowerSettings
+
+    written: list[dict] = []
+    save = client_app.save_client_state
+
+    def capturing(context, state_key, cid, rnd, state, base):
+        written.append(state.to_dict())
+        save(context, state_key, cid, rnd, state, base)
+
+    monkeypatch.setattr(client_app, "save_client_state", capturing)
+    monkeypatch.setattr(run, "LocalFederation", LoopbackFederation)
+    work = tmp_path / "ck.flower"
+    spec = make_spec(data, work, "fedavg", rounds=1, privacy=FLOWER_PRIV if private else None, min_clients=3)
+    logs: list[str] = []
+    res = run.run_flower(FlowerSettings(min_clients=3), spec, data / "shards", data / "pools", log=logs.append)
+    assert len(res.history) == 1 and len(written) == len(SOURCES)
+    snippets = _snippets_of_client_states(written)
+    assert len(snippets) > 10
+    if private:
+        assert not (work / "client-state").exists() and _files_holding(tmp_path, snippets) == []
+        assert any("client-state" in m and "removed" in m for m in logs)
+    else:
+        assert sorted(p.name for p in (work / "client-state").rglob("*.npz")) == [f"{c}.npz" for c in SOURCES]
+        assert _files_holding(tmp_path, snippets)  # the check finds them where they are

@@ -336,3 +336,33 @@ def test_a_checkpoint_of_the_one_file_per_client_format_is_not_resumed(tmp_path)
     e.checkpoints.log = logs.append
     assert e.run().resumed_from == 0
     assert any("one-file-per-client" in m for m in logs), logs
+
+
+@pytest.mark.parametrize(
+    "script, best",
+    [
+        # round: (val_acc, sites that did not evaluate): round 2's 0.9 is over fewer sites, round 3 is the best of
+        # the complete rounds
+        ({1: (0.3, ()), 2: (0.9, ("sketch_c0",)), 3: (0.6, ()), 4: (0.95, ("art_c0", "sketch_c0"))}, 3),
+        ({1: (0.3, ("art_c0",)), 2: (0.5, ("art_c0",)), 3: (0.4, ("b",))}, 2),  # no complete round: the best partial
+        ({1: (0.9, ("art_c0",)), 2: (0.2, ())}, 2),  # the first complete round beats any partial one
+    ],
+    ids=["a-partial-round-is-not-compared", "only-partial-rounds", "complete-beats-partial"],
+)
+def test_best_val_compares_only_rounds_evaluated_by_the_same_sites(script, best):
+    """Best-val selection over comparable rounds: a round whose evaluation missed a site of the run (a federated
+    evaluation with a site dropped, fedccrl_flower/evalsets.py `pool`) is not compared with complete rounds, even
+    with the highest validation accuracy; the sites it missed are in its record."""
+    from fedccrl_core.federation.loop import Evaluation
+
+    class Scripted:  # the Evaluator protocol, as the Flower ServerApp's evaluation on the sites
+        def evaluate(self, rnd, global_w):
+            val, missing = script[rnd]
+            record = {"eval_missing": list(missing)} if missing else {}
+            return Evaluation(val, 0.5, 2, 2, 10, record=record, missing=missing)
+
+    e = engine(toy_clients(2, 8), rounds=len(script))
+    e.loop.evalsets = Scripted()
+    res = e.run()
+    assert res.best_round == best
+    assert [r.eval_missing or [] for r in res.history] == [list(script[r][1]) for r in sorted(script)]

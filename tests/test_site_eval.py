@@ -197,11 +197,11 @@ def test_an_imagefolder_site_checks_its_domain_against_the_federations(data, con
     sites, federation = consortium
     spec = _federation_spec(data, tmp_path, federation, "fedavg", 1, domains=["cartoon", "painting", "photo", "sketch"])
     rec = serve(LoopbackGrid(_site_configs(sites)), spec).history[0]
-    (dropped,) = rec.dropped_clients
-    assert rec.clients == 2 and dropped.phase == "query", rec
+    (refused,) = rec.refused_clients  # the site's own check: it refuses the run by its client id
+    assert rec.clients == 2 and refused.client == "art_c0" and not rec.dropped_clients, rec
     where = f"{sites['art_c0'] / 'shards'}/manifest.json"
-    assert f"{where}: client art_c0's domain 'art' is not one of the federation's domains" in dropped.detail
-    assert "(fedccrl site prepare --domain)" in dropped.detail
+    assert f"{where}: client art_c0's domain 'art' is not one of the federation's domains" in refused.reason
+    assert "(fedccrl site prepare --domain)" in refused.reason
     art = {M.NODE_CLIENT_ID: "art_c0", M.NODE_SHARDS: str(sites["art_c0"] / "shards")}
     held_art = _federation_spec(data, tmp_path, federation, "fedavg", 1, held_out="art").client_spec()
     ctx = Context(run_id=1, node_id=1, node_config=art, state=RecordDict(), run_config={})
@@ -415,7 +415,7 @@ def test_federate_refuses_bad_input_before_starting_anything(tmp_path):
     ],
     ids=["class-order", "image-size"],
 )
-def test_a_site_whose_data_is_not_the_federations_is_dropped_naming_its_manifest(data, tmp_path, change, match):
+def test_a_site_whose_data_is_not_the_federations_is_refused_naming_its_manifest(data, tmp_path, change, match):
     """A site prepared with another class list (or order) or image size than the spec's (the federation's): its
     reply is an error naming its own manifest, before its images are used; the round goes on with the others."""
     from flower_harness import serve
@@ -444,7 +444,7 @@ def test_a_site_whose_data_is_not_the_federations_is_dropped_naming_its_manifest
         image_size=manifest["image_size"],
     )
     rec = serve(LoopbackGrid(configs), spec).history[0]
-    (dropped,) = rec.to_dict()["dropped_clients"]
-    assert rec.to_dict()["clients"] == 2 and dropped["phase"] == "query"
-    assert dropped["reason"] == "error" and match in dropped["detail"], dropped
-    assert f"{odd / 'shards'}/manifest.json" in dropped["detail"]
+    (refused,) = rec.refused_clients  # the site refuses the run by its client id, with its check's reason
+    assert rec.clients == 2 and refused.client == "photo_c0" and not rec.dropped_clients
+    assert match in refused.reason, refused
+    assert f"{odd / 'shards'}/manifest.json" in refused.reason

@@ -104,6 +104,11 @@ def test_every_stage_runs_as_dvc_yaml_says_without_dvc(params, tmp_path):
         assert version.tags["algorithm"] == algorithm and len(version.tags["weights_sha256"]) == 64
         run = client.get_run(version.run_id)
         assert run.data.metrics["export_top1_agreement"] >= 0.999 and run.info.status == "FINISHED"
+        # its model card, beside it and as the version's description, from the evaluate stage's result
+        card = (path.parent / "MODEL_CARD.md").read_text()
+        assert version.description == card
+        result = path.relative_to(tmp_path / "exports").parent.with_suffix(".json")
+        assert f"From the evaluate stage's result `results/runs/{result.as_posix()}`." in card
     # a stage that fails (here: the export's --out lies under a file, which only the export finds out) fails alone,
     # with its own error, and leaves the others' outputs as they were
     export = next(cmd for name, cmd in commands if name == "export")

@@ -65,6 +65,12 @@ class StatisticsExchange:
         mu, sigma = sample_statistics(data.stats_mu, data.stats_sigma, self.hp.r, rng)
         return self.released({"mu": mu, "sigma": sigma}, rng)
 
+    @staticmethod
+    def upload_rows(upload) -> int | None:
+        """k_i of an upload as it left a client: the rows of F_i (Eq. 8) when it is this exchange's statistics,
+        None for any other upload."""
+        return len(upload["mu"]) if isinstance(upload, dict) and "mu" in upload else None
+
     def released_rows(self, n: int) -> int:
         """k_i, the rows a client of n_i images releases per round (Eq. 8): announced before the round, for the
         privacy budget (federation/loop.py)."""

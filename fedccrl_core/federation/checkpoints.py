@@ -355,12 +355,11 @@ class RoundCheckpoints:
         rerun resumes from P, its clients starting afresh."""
         self._abort_round()
         if self.path.is_file():
-            d = self._parse(self.path).to_dict()
-            if d["client_records"] or d.get("states"):
-                d.pop("states", None)
-                ck = RoundCheckpoint.model_validate({**d, "client_records": {}})
+            ck = self._parse(self.path)
+            if ck.client_records or ck.states:
+                kept = ck.model_copy(update={"client_records": {}})  # validated already: its values, fewer
                 with atomic_file(self.path, "wb", verify=self._read) as f:
-                    torch.save(ck.to_dict(), f)
+                    torch.save(kept.model_dump(by_alias=True, exclude_unset=True, exclude={"states"}), f)
         self.client_records, self._prev_records = {}, {}
         self.prev.unlink(missing_ok=True)
         self.corrupt.unlink(missing_ok=True)

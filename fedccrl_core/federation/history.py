@@ -51,6 +51,27 @@ class RunHistory(Record):
             raise ValueError(f"best_round {self.best_round} is none of the rounds recorded")
         return self
 
+    def refused_sites(self) -> list[str]:
+        """Every site the run refused for what it sent or held, one line each naming the round, the client id (its
+        node id where the site never said) and the reason: a reply that could not be used, or a site whose ClientApp
+        raised (its data check: classes, image size, domain; or a crash). A site that timed out or disconnected was
+        dropped, not refused: `dropped_sites`."""
+        out = [f"round {r.round}: {x.client}: {x.reason}" for r in self.rounds for x in r.refused_clients or []]
+        for r in self.rounds:
+            for d in r.dropped_clients or []:
+                if d.reason == "error":
+                    out.append(f"round {r.round}: {d.client or f'node {d.node}'} raised in {d.phase}: {d.detail}")
+        return out
+
+    def dropped_sites(self) -> list[str]:
+        """Every site dropped from a round for not answering (timeout, disconnected), one line each."""
+        return [
+            f"round {r.round}: {d.client or f'node {d.node}'} {d.reason} in {d.phase} ({d.detail})"
+            for r in self.rounds
+            for d in r.dropped_clients or []
+            if d.reason != "error"
+        ]
+
     def at(self, rnd: int) -> RoundRecord:
         """The record of round `rnd`."""
         return next(r for r in self.rounds if r.round == rnd)

@@ -91,7 +91,8 @@ def privacy_of(alg: Algorithm):
 
 def released_rows(uploads: dict) -> dict[str, int]:
     """{client: k_i}: the rows each statistics upload in `uploads` released."""
-    return {cid: len(u["mu"]) for cid, u in uploads.items() if isinstance(u, dict) and "mu" in u}
+    rows = {cid: StatisticsExchange.upload_rows(u) for cid, u in uploads.items()}
+    return {cid: k for cid, k in rows.items() if k is not None}
 
 
 def released_sizes(uploads: dict, n_of: dict) -> dict[str, tuple[int, int]]:
@@ -167,6 +168,13 @@ class Evaluation:
     val_labels: int
     val_n: int
     record: dict = field(default_factory=dict)  # an evaluator's own fields (federated: who evaluated, counts)
+    missing: tuple[str, ...] = ()  # sites that should have evaluated and did not: a partial evaluation
+
+    def selection_score(self) -> float:
+        """What best-val selection compares (DomainBed's training-domain validation): the validation accuracy of a
+        complete evaluation; a partial one (`missing` sites) scores below every complete one, val_acc - 1.5 in
+        [-1.5, -0.5], so it is chosen only while no complete round exists, and only over other partial ones."""
+        return self.val_acc - 1.5 if self.missing else self.val_acc
 
 
 class Evaluator(Protocol):
@@ -304,7 +312,7 @@ class RoundLoop:
         seed_everything(derive_seed(self.seed, "init"))
         global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # line 1
         history: list[RoundRecord] = []
-        best_w, best_round, best_val, start = global_w, 0, -1.0, 1
+        best_w, best_round, best_val, start = global_w, 0, -2.0, 1  # below every selection_score
         ck = self.checkpoints.load(self._accept) if self.checkpoints is not None else None
         if ck is not None:
             global_w, best_w, best_round, best_val = ck.global_weights, ck.best, ck.best_round, ck.best_val
@@ -346,7 +354,11 @@ class RoundLoop:
                 )
             else:
                 agg = self.alg.aggregation(global_w, float(sum(self.transport.announced_n(sampled).values())))
-            replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
+            try:
+                replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
+            except BaseException:  # the round's statistics were charged: the last dp_epsilon logged says so
+                self._report_spent(rnd, history)
+                raise
             global_w = agg.result()  # line 23, Eq. 2, streamed
             if self.privacy is not None:
                 self.privacy.weights(rnd, len(uploads), len(sampled))
@@ -354,8 +366,13 @@ class RoundLoop:
             ev = self.evaluate(rnd, global_w)
             val_acc, tgt_acc = ev.val_acc, ev.target_acc
             self._warn_if_collapsed(rnd, ev)
-            if val_acc > best_val:  # training-domain validation (DomainBed)
-                best_val, best_round = val_acc, rnd
+            if ev.missing:
+                self.log(
+                    f"round {rnd}: sites {', '.join(ev.missing)} did not evaluate: its validation accuracy is not "
+                    "compared with complete rounds' for best-val selection"
+                )
+            if ev.selection_score() > best_val:  # training-domain validation (DomainBed), over comparable rounds
+                best_val, best_round = ev.selection_score(), rnd
                 best_w = {k: v.detach().clone() for k, v in global_w.items()}
             fields: dict[str, Any] = {
                 contract.ROUND: rnd,

@@ -120,6 +120,7 @@ class RoundRecord(_Epsilons):
     val_n: int | None = None
     target_n: int | None = None
     eval_sites: int | None = None
+    eval_missing: list[str] | None = None  # sites that did not evaluate: not compared for best-val (loop.py)
     # the Flower transport's (fedccrl_flower/server_app.py): bytes on the wire, who answered, dropped and refused
     wire_bytes_up: int | None = None
     wire_bytes_down: int | None = None
@@ -139,6 +140,21 @@ class RoundRecord(_Epsilons):
             if not isinstance(value, (int, float)) or isinstance(value, bool):
                 raise ValueError(f"round {self.round}: {key!r} is a {type(value).__name__}, not a number")
         return self
+
+    def progress(self, rounds: int) -> str:
+        """The round in one line, as an operator follows a run: accuracies, who trained and evaluated, and each
+        site dropped or refused by its client id (its node id where the site never said which client it is)."""
+        parts = [f"round {self.round}/{rounds}: val_acc {self.val_acc:.4f} target_acc {self.target_acc:.4f}"]
+        if self.clients is not None:
+            parts.append(f"{self.clients} sites trained")
+        if self.eval_sites is not None:
+            missing = f" (missing {', '.join(self.eval_missing)})" if self.eval_missing else ""
+            parts.append(f"{self.eval_sites} evaluated{missing}")
+        for d in self.dropped_clients or []:
+            parts.append(f"DROPPED {d.client or f'node {d.node}'} in {d.phase}: {d.reason} ({d.detail})")
+        for r in self.refused_clients or []:
+            parts.append(f"REFUSED {r.client}: {r.reason}")
+        return "; ".join(parts)
 
     def loss_terms(self) -> list[str]:
         """The loss terms the algorithm's train step reported this round (contract.is_loss_term)."""

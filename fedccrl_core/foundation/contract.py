@@ -67,6 +67,7 @@ TRAIN_ACC = "train_acc"
 # a federated evaluation's (fedccrl_flower/evalsets.py; the in-process engine's records do not have them): the val
 # and held-out images the sites' counts cover, and how many sites answered
 VAL_N, TARGET_N, EVAL_SITES = "val_n", "target_n", "eval_sites"
+EVAL_MISSING = "eval_missing"  # the sites of the run that did not evaluate this round (a partial evaluation)
 LR = "lr"
 DP_EPSILON = "dp_epsilon"  # train.privacy: epsilon at its delta so far, both channels composed
 DP_EPSILON_STATISTICS = "dp_epsilon/statistics"  # the statistics channel alone
@@ -75,6 +76,8 @@ DP_SEEDED_NOISE = "dp_seeded_noise"  # 1 when train.privacy.noise_seed seeds the
 DP_STOPPED = "dp_stopped"  # 1 on the record of a round stopped after a release: its epsilon fields alone
 DP_EPSILON_KEYS = (DP_EPSILON, DP_EPSILON_STATISTICS, DP_EPSILON_WEIGHTS)  # what a seeded run does not report
 HISTORY_PRIVACY = "dp"  # history.json of a DP run: noise, mark, trained_domains, releases (federation/jobs.py)
+DP_EPSILON_SWEEP = "dp_epsilon_sweep_per_image"  # a sweep's MLflow parent: the worst domain's; /<domain> each one's
+DP_SWEEP_RUNS = "dp_sweep_runs"  # a sweep's MLflow parent: how many finished runs DP_EPSILON_SWEEP composes
 PRIVACY_RELEASES = "privacy_releases"  # RunResult.extra: the ledger's releases (privacy/sweep_epsilon.py Release)
 HISTORY_CSV_FIELDS = (ROUND, TARGET_ACC, VAL_ACC, LOSS, TRAIN_ACC, LR, SECONDS, BYTES_UP, BYTES_DOWN)
 

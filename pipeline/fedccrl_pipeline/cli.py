@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib
+from collections.abc import Callable
 
 from fedccrl_core.foundation.threads import apply_thread_policy
 
@@ -12,21 +12,88 @@ import click
 
 from fedccrl_core import __version__
 
-# stage name -> module under pipeline/ exposing a click command named `command`
-STAGES = {
-    "download": "fedccrl_pipeline.download",
-    "partition": "fedccrl_pipeline.partition",
-    "pools": "fedccrl_pipeline.pools",
-    "train": "fedccrl_pipeline.train",
-    "evaluate": "fedccrl_pipeline.evaluate",
-    "report": "fedccrl_pipeline.report",
-    "figures": "fedccrl_pipeline.figures",
-    "export": "fedccrl_pipeline.export",
-    "audit": "fedccrl_pipeline.audit",
-    "federate": "fedccrl_pipeline.federate",  # the operator's run over a deployment (docs/flower.md), not a dvc.yaml stage
+
+def _download() -> click.Command:
+    from fedccrl_pipeline import download
+
+    return download.command
+
+
+def _partition() -> click.Command:
+    from fedccrl_pipeline import partition
+
+    return partition.command
+
+
+def _pools() -> click.Command:
+    from fedccrl_pipeline import pools
+
+    return pools.command
+
+
+def _train() -> click.Command:
+    from fedccrl_pipeline import train
+
+    return train.command
+
+
+def _evaluate() -> click.Command:
+    from fedccrl_pipeline import evaluate
+
+    return evaluate.command
+
+
+def _report() -> click.Command:
+    from fedccrl_pipeline import report
+
+    return report.command
+
+
+def _figures() -> click.Command:
+    from fedccrl_pipeline import figures
+
+    return figures.command
+
+
+def _export() -> click.Command:
+    from fedccrl_pipeline import export
+
+    return export.command
+
+
+def _audit() -> click.Command:
+    from fedccrl_pipeline import audit
+
+    return audit.command
+
+
+def _federate() -> click.Command:
+    from fedccrl_pipeline import federate
+
+    return federate.command
+
+
+def _site() -> click.Command:
+    from fedccrl_pipeline import site
+
+    return site.command
+
+
+# stage name -> the function that imports its module (explicitly, when the stage runs) and returns its command
+STAGES: dict[str, Callable[[], click.Command]] = {
+    "download": _download,
+    "partition": _partition,
+    "pools": _pools,
+    "train": _train,
+    "evaluate": _evaluate,
+    "report": _report,
+    "figures": _figures,
+    "export": _export,
+    "audit": _audit,
+    "federate": _federate,  # the operator's run over a deployment (docs/flower.md): deploy/dvc.yaml's stage
 }
-# commands that are not pipeline stages (no dvc.yaml stage runs them): name -> module, as above
-COMMANDS = {**STAGES, "site": "fedccrl_pipeline.site"}
+# commands that are not pipeline stages (no dvc.yaml stage runs them), as above
+COMMANDS = {**STAGES, "site": _site}
 
 
 class _LazyGroup(click.Group):
@@ -39,14 +106,7 @@ class _LazyGroup(click.Group):
         return list(COMMANDS)
 
     def get_command(self, ctx, name):
-        if name not in COMMANDS:
-            return None
-        try:
-            return importlib.import_module(COMMANDS[name]).command
-        except ModuleNotFoundError as e:
-            if e.name == COMMANDS[name]:
-                return None
-            raise
+        return COMMANDS[name]() if name in COMMANDS else None
 
 
 @click.group(cls=_LazyGroup)

@@ -1,7 +1,8 @@
-"""`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json, logged to MLflow.
+"""`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json + its model card, logged to MLflow.
 
-The export and its parity check are pipeline/fedccrl_pipeline/onnx_export.py's `export_checked` (fails below --min-agreement, and
-no output then); the MLflow side, after parity passed, is pipeline/fedccrl_pipeline/model_registry.py.
+The export and its parity check are pipeline/fedccrl_pipeline/onnx_export.py's `export_checked` (fails below
+--min-agreement, and no output then); the model card is pipeline/fedccrl_pipeline/model_card.py's, from the records
+card_records.py reads; the MLflow side, after parity passed, is pipeline/fedccrl_pipeline/model_registry.py.
 """
 
 from __future__ import annotations
@@ -28,15 +29,27 @@ def export(
     use_mlflow: bool,
     traces: dict | None = None,
     int8: Int8Settings | None = None,
+    results: Path | None = None,
+    federation: Path | None = None,
 ) -> dict:
+    """One run's export. results: the evaluate stage's root (the run's result, contract.result_file, goes into the
+    card when present); federation: a deployment's federation file (the card's training data, instead of the
+    shards' manifest)."""
     from fedccrl_pipeline import onnx_export
+    from fedccrl_pipeline.card_records import read_sources
+    from fedccrl_pipeline.model_card import render
     from fedccrl_pipeline.model_registry import log_to_mlflow
 
-    def publish(onnx_path, meta, result, example_u8):
-        log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias)
+    def card_maker(model_file: Path):
+        sources = read_sources(model_file, shards, results, federation, use_mlflow)
+        return lambda meta, result: render(sources.records(meta, result))
 
+    def publish(onnx_path, meta, result, example_u8, card_text):
+        log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias, card_text)
+
+    publisher = publish if use_mlflow else None
     return onnx_export.export_checked(
-        model_path, shards, out, min_agreement, batch_size, publish if use_mlflow else None, traces, int8
+        model_path, shards, out, min_agreement, batch_size, publisher, traces, int8, card_maker=card_maker
     )
 
 
@@ -50,20 +63,19 @@ def export_sweep(
     batch_size: int,
     registered_model: str | None,
     use_mlflow: bool,
-    exported=None,
     int8: Int8Settings | None = None,
+    results: Path | None = None,
 ) -> dict:
     """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
-    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json}, and the worst parity over them in `summary`.
-    exported(key), if given, is called with each run's key (<algorithm>/s<seed>/d<held_out>) once its files are
-    written. int8: as export's (each run's INT8 copy beside its model.onnx)."""
+    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json, the card}, and the worst parity over them in
+    `summary`. int8, results: as export's (each run's INT8 copy beside its model.onnx)."""
     from fedccrl_pipeline.params import load_config, run_dirs
 
-    results: dict = {}
+    done: dict = {}
     traces: dict = {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
         key = run.relative_to(models).as_posix()
-        results[key] = export(
+        done[key] = export(
             run / contract.MODEL_FILE,
             shards,
             out / key,
@@ -74,37 +86,19 @@ def export_sweep(
             use_mlflow,
             traces,
             int8,
+            results,
         )
-        if exported is not None:
-            exported(key)
-    worst = min(r["top1_agreement"] for r in results.values())
+    worst = min(r["top1_agreement"] for r in done.values())
     # the compact DVC metric: the worst figures over every run (each run's own numbers: out/<run>/parity.json)
     doc = {
         "min_top1_agreement": worst,
-        "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in results.values()),
-        "runs": len(results),
+        "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in done.values()),
+        "runs": len(done),
     }
     if int8 is not None:  # the largest INT8 accuracy drop, in points (each run's figures: its parity.json "int8")
-        doc["max_int8_drop_points"] = max(r["int8"]["accuracy_drop_points"] for r in results.values())
+        doc["max_int8_drop_points"] = max(r["int8"]["accuracy_drop_points"] for r in done.values())
     write_text(summary, json.dumps(doc, indent=1) + "\n")
     return doc
-
-
-def log_exported(run: Path, out: Path, shards: Path) -> None:
-    """A model that export_sweep wrote without MLflow (out/model.onnx and out/parity.json, from the run folder `run`)
-    logged to MLflow as `fedccrl export` logs it, under the default name and alias: `fedccrl publish` runs this
-    beside the export."""
-    from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.learning.model_file import load_meta
-    from fedccrl_pipeline.model_registry import log_to_mlflow
-    from fedccrl_pipeline.onnx_export import ONNX_FILE, PARITY_FILE, example_images
-
-    meta = load_meta(run / contract.MODEL_FILE)
-    meta.require(run / contract.MODEL_FILE, "held_out_domain")
-    assert meta.held_out_domain is not None  # require() raised otherwise
-    images, _ = load_domain_test(shards, meta.held_out_domain)
-    result = json.loads((out / PARITY_FILE).read_text())
-    log_to_mlflow(out / ONNX_FILE, meta, result, example_images(images), None, None)
 
 
 @click.command("export")
@@ -167,6 +161,19 @@ def log_exported(run: Path, out: Path, shards: Path) -> None:
     help="source-domain training images that calibrate the INT8 activation ranges",
 )
 @click.option(
+    "--results",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="the evaluate stage's results root: each run's result goes into its model card (absent: the card's "
+    "accuracy is the export's parity check only)",
+)
+@click.option(
+    "--federation",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="a deployment's federation file: the model card's training data (the sites), instead of the shards'",
+)
+@click.option(
     "--registered-model", default=None, help="MLflow registered model name [default: fedccrl-<dataset>-<algorithm>]"
 )
 @click.option("--alias", default=None, help="MLflow alias of the version [default: s<seed>-heldout-<domain>]")
@@ -189,13 +196,18 @@ def command(
     int8,
     int8_max_drop,
     int8_calibration_images,
+    results,
+    federation,
     registered_model,
     alias,
     use_mlflow,
 ):
-    """Export trained models to ONNX, check parity on the held-out domain, register them in MLflow."""
+    """Export trained models to ONNX with a model card, check parity on the held-out domain, register them in
+    MLflow."""
     if (model_path is None) == (models is None):
         raise click.UsageError("give exactly one of --model and --models")
+    if federation is not None and models is not None:
+        raise click.UsageError("--federation is a deployment's, whose export takes one --model")
     int8_settings = Int8Settings(int8_calibration_images, int8_max_drop) if int8 else None
     # SIGTERM ends the stage as SystemExit (run_stage), so the finally blocks remove the temporary files
     if models is not None:
@@ -210,8 +222,8 @@ def command(
             batch_size,
             registered_model,
             use_mlflow,
-            None,
             int8_settings,
+            results,
         )
     else:
         run_stage(
@@ -226,4 +238,6 @@ def command(
             use_mlflow,
             None,
             int8_settings,
+            results,
+            federation,
         )

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
+from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.training import load_train_config, run_settings, train_tracked
+
+if TYPE_CHECKING:
+    from fedccrl_core.federation.history import RunHistory
 
 
 def federate(
@@ -31,8 +36,10 @@ def federate(
     work: Path,
     timeout_s: float,
     deploy_path: Path | None = None,
+    allow_refused: bool = False,
 ) -> None:
     from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.federation.history import load_history
     from fedccrl_core.federation.jobs import LOG
     from fedccrl_core.federation.plan import DeployedData, plan_deployed
     from fedccrl_flower.run import train_deployed
@@ -77,7 +84,33 @@ def federate(
         cfg, job.settings, algorithm, seed, deployed_data(fed_file, federation), [job], planned_epsilon
     )
     LOG(f"federate {algorithm} seed {seed}: held-out {target} over {superlink}")
-    train_tracked([job], 1, None, None, tracking)
+    train_tracked([job], 1, None, None, tracking, progress=LOG)
+    report_sites(load_history(job.out), allow_refused)
+
+
+class SitesRefused(FedCCRLError):
+    """A deployment's run finished (its folder is written) with sites refused for what they sent or held."""
+
+
+def report_sites(history: RunHistory, allow_refused: bool) -> None:
+    """The run's sites in its final summary on stderr: each one dropped (did not answer) or refused (its data or
+    its replies) by client id, round and reason. SitesRefused (exit code 2) when a site was refused, unless the
+    operator allows it (--allow-refused-sites): the model then trained without that site's data."""
+    from fedccrl_core.federation.jobs import LOG
+
+    dropped, refused = history.dropped_sites(), history.refused_sites()
+    for line in dropped:
+        LOG(f"federate: dropped {line}")
+    for line in refused:
+        LOG(f"federate: REFUSED {line}")
+    if not dropped and not refused:
+        LOG("federate: every site took part in every round")
+    if refused and not allow_refused:
+        raise SitesRefused(
+            f"{len(refused)} refusal(s) of a site in this run (the model trained without it): "
+            + "; ".join(refused)
+            + ". Fix the site (fedccrl site prepare with the federation file), or pass --allow-refused-sites"
+        )
 
 
 @click.command("federate")
@@ -103,8 +136,25 @@ def federate(
     default=None,
     help="the deployment's params file (deploy/params.yaml), validated first",
 )
+@click.option(
+    "--allow-refused-sites",
+    "allow_refused",
+    is_flag=True,
+    help="exit 0 although a site was refused for its data or replies (the model trained without it)",
+)
 def command(
-    federation, params_path, algorithm, seed, held_out, superlink, root_certificates, out, work, timeout_s, deploy_path
+    federation,
+    params_path,
+    algorithm,
+    seed,
+    held_out,
+    superlink,
+    root_certificates,
+    out,
+    work,
+    timeout_s,
+    deploy_path,
+    allow_refused,
 ):
     """Train over a Flower deployment whose sites hold their own data; this machine reads no data file."""
     work = work or out.with_name(out.name + ".flower")
@@ -121,4 +171,5 @@ def command(
         work,
         timeout_s,
         deploy_path,
+        allow_refused,
     )

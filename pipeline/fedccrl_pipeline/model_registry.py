@@ -104,13 +104,21 @@ def save_model(path, mlflow_model, onnx_file: str, **kwargs) -> None:
 
 
 def log_to_mlflow(
-    onnx_path: Path, meta: ModelMeta, result: dict, example_u8, registered_model: str | None, alias: str | None
+    onnx_path: Path,
+    meta: ModelMeta,
+    result: dict,
+    example_u8,
+    registered_model: str | None,
+    alias: str | None,
+    card: str,
 ) -> None:
     """Log the model (pyfunc on raw images + onnx flavour) and the parity metrics to the training run through
     its run id, never reopening it (its status and end time stay those of the training); register it as a new
     version of fedccrl-<dataset>-<algorithm> only when its weights' sha256 is new, and point the alias at the
-    version holding these weights. Only called after the parity check passed, so an alias never moves to a
-    model that failed it. Skipped with a notice when the run is unknown."""
+    version holding these weights. The version's description is the export's model card (`card`, the text of the
+    card file beside the export), also when the version already held these weights: the latest export's card. Only
+    called after the parity check passed, so an alias never moves to a model that failed it. Skipped with a notice
+    when the run is unknown."""
     run_id = meta.mlflow_run_id
     if not run_id:
         print("notice: the model records no mlflow_run_id; skipping MLflow logging", file=sys.stderr)
@@ -129,19 +137,17 @@ def log_to_mlflow(
         return
     name = registered_model or registered_model_name(meta)
     alias = sanitize(alias or f"s{meta.seed or 0}-heldout-{meta.held_out_domain}")
-    values = meta.to_dict()
-    tags = {
-        k: str(values[k])
-        for k in ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit", "privacy")
-        if values.get(k) is not None
-    }
+    named = ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit", "privacy")
+    tags = {k: str(getattr(meta, k)) for k in named if getattr(meta, k) is not None}
     sha = weights_sha256(onnx_path)
     for mv in client.search_model_versions(f"name = '{name}'"):
         if mv.tags.get("weights_sha256") == sha:  # the same weights again: no duplicate version
+            client.update_model_version(name, mv.version, description=card)
             client.set_registered_model_alias(name, alias, mv.version)
             print(
                 f"MLflow: {name} version {mv.version} already holds these weights (sha256 {sha[:12]}); "
-                f"alias @{alias} -> version {mv.version}, training run left untouched",
+                f"alias @{alias} -> version {mv.version}, its description this export's model card, training run "
+                "left untouched",
                 file=sys.stderr,
             )
             return
@@ -178,9 +184,10 @@ def log_to_mlflow(
             pip_requirements=serving_requirements(),
         )
     version = info.registered_model_version  # created with `tags` (Model.log tags the version it registers)
+    client.update_model_version(name, version, description=card)
     client.set_registered_model_alias(name, alias, version)
     print(
         f"MLflow: logged the model to run {run_id} (run not reopened); registered {name} version {version} "
-        f"alias @{alias}",
+        f"alias @{alias}, described by the model card",
         file=sys.stderr,
     )

@@ -6,6 +6,7 @@ It imports torch (the exporter and the parity reference), so it lives here and n
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -39,7 +40,7 @@ class ParityError(FedCCRLError):
 def metadata_props(meta: ModelMeta) -> dict[str, str]:
     """The model file's meta (fedccrl_core.learning.model_file) -> the string key/values stored in the ONNX file
     (serving/fedccrl_serving/metadata.py names the meta fields each is written from)."""
-    values = meta.to_dict()
+    values = {k: getattr(meta, k, None) for k in (*REQUIRED_KEYS, *JSON_KEYS, *INT_KEYS, *TEXT_KEYS)}  # its fields
     missing = [k for k in REQUIRED_KEYS if values.get(k) is None]
     if missing:
         raise FedCCRLError(f"model meta lacks {', '.join(missing)}: cannot write the serving preprocessing")
@@ -217,6 +218,21 @@ def example_images(images_u8: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(images_u8[:2])
 
 
+def _remove(paths) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _all_or_none(outputs):
+    """Outputs that appear together or not at all: each one already in place is removed when the body fails."""
+    try:
+        yield
+    except BaseException:
+        _remove(outputs)
+        raise
+
+
 def export_checked(
     model_path: Path,
     shards: Path,
@@ -226,34 +242,35 @@ def export_checked(
     publish=None,
     traces: dict | None = None,
     int8=None,
+    *,
+    card_maker,
 ) -> dict:
-    """A trained model -> out/model.onnx + out/parity.json (`fedccrl export`). Parity is measured on every image
-    of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a ParityError, and no output.
-    Outputs appear only on success: parity.json first, then model.onnx renamed from a temp name, so a model.onnx
-    is always complete; stale outputs of an earlier export are removed before anything else happens.
-    publish(onnx_path, meta, result, example_u8), if given, runs after the parity check passed and
+    """A trained model -> out/model.onnx + out/parity.json + out/MODEL_CARD.md (`fedccrl export`). Parity is
+    measured on every image of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a
+    ParityError, and no output. Outputs appear only on success: the card and parity.json first, then model.onnx
+    renamed from a temp name, so a model.onnx is always complete; stale outputs of an earlier export are removed
+    before anything else happens, and those in place when a later step fails are removed again.
+    card_maker(model_path) reads the model card's records before any work (an error there leaves no output) and
+    returns card(meta, result) -> the card's text (model_card.py), made after the checks passed and written with
+    the outputs; publish(onnx_path, meta, result, example_u8, card_text), if given, runs after it and
     before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's.
     int8 (quantize.Int8Settings), if given: also out/model.int8.onnx, calibrated on the shards' source domains and
     gated on the held-out images after the parity check (quantize.checked_int8; its figures under parity.json's
     "int8"); a refused copy (Int8Refused) leaves no output, as a failed parity check does."""
-    import contextlib
     import sys
 
     from fedccrl_core.algorithms import load_model
     from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.fsio import atomic_path, write_text
-    from fedccrl_serving.metadata import int8_path
+    from fedccrl_serving.metadata import card_path, int8_path
 
-    final_onnx, final_parity = out / ONNX_FILE, out / PARITY_FILE
-    for stale in (
-        final_onnx,
-        final_parity,
-        int8_path(final_onnx),
-    ):  # as DVC does: a failed export leaves no earlier output behind
-        stale.unlink(missing_ok=True)
+    final_onnx, final_parity, final_card = out / ONNX_FILE, out / PARITY_FILE, card_path(out / ONNX_FILE)
+    outputs = (final_onnx, final_parity, int8_path(final_onnx), final_card)
+    _remove(outputs)  # as DVC does: a failed export leaves no earlier output behind
     if model_path.is_dir():
         model_path = model_path / contract.MODEL_FILE
+    card = card_maker(model_path)
     model, meta = load_model(model_path)
     meta.require(model_path, "held_out_domain")
     x, y = load_domain_test(shards, meta.held_out_domain)
@@ -262,8 +279,9 @@ def export_checked(
             f"{shards}: held-out images are {x.shape[1:]}, the model expects "
             f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
         )
-    # renamed to model.onnx after parity.json (and model.int8.onnx, when asked for) are written
-    with atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
+    # renamed to model.onnx after the card and parity.json (and model.int8.onnx, when asked for) are written; a
+    # failure on the way removes those already in place (_all_or_none)
+    with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
         export_onnx(model, meta, tmp_onnx, traces=traces)
         session = cpu_session(tmp_onnx)
         result = parity(session, model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
@@ -287,10 +305,13 @@ def export_checked(
             tmp_int8 = int8_out.enter_context(atomic_path(int8_path(final_onnx)))
             assert meta.held_out_domain is not None  # require() raised otherwise
             result["int8"] = checked_int8(tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size)
+            result["int8"]["file"] = int8_path(final_onnx).name  # not the temporary name it was written under
+        text = card(meta, result)
         if publish is not None:
-            publish(tmp_onnx, meta, result, example_images(x))
+            publish(tmp_onnx, meta, result, example_images(x), text)
+        write_text(final_card, text)
         write_text(final_parity, json.dumps(result, indent=1) + "\n")
-    print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB) and {final_parity}", file=sys.stderr)
+    print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB), {final_parity} and {final_card}", file=sys.stderr)
     if int8 is not None:
         print(f"wrote {int8_path(final_onnx)} ({int8_path(final_onnx).stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     return result

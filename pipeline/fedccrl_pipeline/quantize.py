@@ -192,6 +192,7 @@ def checked_int8(
         "calibration_images": len(images),
         "calibration_domains": domains,
         "n_images": len(x),
+        "bytes": dest.stat().st_size,
     }
     print(
         f"INT8 on {len(x)} {held_out} images: accuracy {100 * acc_i:.2f} % against float32's {100 * acc_f:.2f} % "

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
 
 if TYPE_CHECKING:
@@ -27,9 +28,9 @@ KEY = "train.privacy.max_sweep_epsilon"
 RELEASES_TAG = "fedccrl.dp_releases"  # a finished child: the releases its ledger charged (encode_releases)
 DOMAINS_TAG = "fedccrl.dp_trained_domains"  # a finished child: the domains whose training images it trained on
 PRIVACY_TAG = "fedccrl.privacy"  # a seeded run and its parent: settings.py NOT_PRIVATE_MARK
-SWEEP_EPSILON = "dp_epsilon_sweep_per_image"  # the parent: the worst domain's; /<domain> each domain's
+SWEEP_EPSILON = contract.DP_EPSILON_SWEEP  # the parent: the worst domain's; /<domain> each domain's
 SWEEP_PLANNED = "dp_epsilon_sweep_planned"  # the parent: the same over the plan (every run, every round)
-SWEEP_RUNS = "dp_sweep_runs"  # the parent: how many finished runs the value composes
+SWEEP_RUNS = contract.DP_SWEEP_RUNS  # the parent: how many finished runs the value composes
 
 
 @dataclass(frozen=True)

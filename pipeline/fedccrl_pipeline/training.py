@@ -6,6 +6,7 @@ fedccrl_core/federation/finish.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,16 +56,29 @@ def run_settings(cfg: ParamsFile) -> RunSettings:
 
 
 def train_tracked(
-    jobs: list[TrainJob], workers: int, shards: Path | None, pools: Path | None, tracking: TrainTracking
+    jobs: list[TrainJob],
+    workers: int,
+    shards: Path | None,
+    pools: Path | None,
+    tracking: TrainTracking,
+    progress: Callable[[str], None] | None = None,
 ) -> None:
     """Train `jobs`, `workers` at a time, each run an MLflow child run closed with its outcome: FINISHED, KILLED
     (Ctrl-C, SIGTERM: resumable) or FAILED. A store that fails is left to its own error (the rerun resumes the runs
-    it left RUNNING)."""
+    it left RUNNING). `progress`: each round's line (RoundRecord.progress) where the rounds are not logged by this
+    machine's processes (a deployment's ServerApp logs on the SuperLink's host)."""
+    from fedccrl_core.federation.round_record import RoundRecord
     from fedccrl_core.federation.workers import run_jobs
     from fedccrl_pipeline.mlflow_store import TrackingStoreError
 
+    def on_message(kind: str, index: int, payload) -> None:
+        if progress is not None and kind == "round" and isinstance(payload, RoundRecord):
+            job = next(j for j in jobs if j.index == index)
+            progress(f"[{job.algorithm} {job.target}] {payload.progress(job.settings.local.rounds)}")
+        tracking.on_message(kind, index, payload)
+
     try:
-        run_jobs(jobs, workers, shards, pools, tracking.start, tracking.on_message)
+        run_jobs(jobs, workers, shards, pools, tracking.start, on_message)
     except TrackingStoreError:  # nothing more can be told to the store
         raise
     except (KeyboardInterrupt, SystemExit):  # fedccrl_core/foundation/procs.py: resumable, not failed

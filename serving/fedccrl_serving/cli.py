@@ -31,6 +31,7 @@ from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_serving.console import Fatal, note
 from fedccrl_serving.inputs import collect_inputs, labelled_files
+from fedccrl_serving.metadata import card_path
 from fedccrl_serving.report import confusion_report, format_table
 from fedccrl_serving.runtime import ServedModel, model_file, predict_paths
 
@@ -265,9 +266,12 @@ def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet,
 @_fatal_guard
 def info(model, int8):
     """Print the model's fedccrl metadata (classes, preprocessing, provenance; an INT8 copy's precision and
-    calibration) and its I/O as JSON."""
+    calibration), its I/O and where its model card is (null, and a notice, when none is beside it) as JSON."""
     model = model_file(model, int8)
     served = ServedModel(model, "cpu", int8)
+    card = card_path(model)
+    if not card.is_file():
+        note(f"no model card beside {model} (no {card.name}: `fedccrl export` writes one)")
     io = lambda args: [{"name": a.name, "shape": list(a.shape), "type": a.type} for a in args]  # noqa: E731
     click.echo(
         json.dumps(
@@ -275,6 +279,7 @@ def info(model, int8):
                 "file": str(model),
                 "bytes": model.stat().st_size,
                 "precision": served.meta.precision,
+                "model_card": str(card) if card.is_file() else None,
                 "metadata": served.meta.as_dict(),
                 "inputs": io(served.session.get_inputs()),
                 "outputs": io(served.session.get_outputs()),

@@ -13,6 +13,8 @@ Contract of an exported file (fedccrl_format=1):
 An INT8 copy (`fedccrl export` with export.int8; pipeline/fedccrl_pipeline/quantize.py writes it) sits beside its
 float32 export as model.int8.onnx (`int8_path`): the same input, output and metadata, plus `precision` = int8,
 how it was quantized, and the count and domains of its calibration images. A float32 export has no `precision`.
+
+Beside them, the model card (`card_path`, CARD_FILE): the model card `fedccrl export` generates from the run's records.
 """
 
 from __future__ import annotations
@@ -51,6 +53,14 @@ REQUIRED_KEYS = ("classes", "num_classes", "image_size", "mean", "std", "resize"
 
 PRECISION_KEY, FLOAT32, INT8 = "precision", "float32", "int8"
 INT8_SUFFIX = ".int8.onnx"
+
+
+CARD_FILE = "MODEL_CARD.md"  # an export's model card (pipeline/fedccrl_pipeline/model_card.py), beside model.onnx
+
+
+def card_path(path: Path) -> Path:
+    """The model card of an export (or of its INT8 copy): CARD_FILE in the model's folder."""
+    return path.with_name(CARD_FILE)
 
 
 def int8_path(path: Path) -> Path:
