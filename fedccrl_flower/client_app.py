@@ -83,7 +83,7 @@ def resolve_client_id(context: Context, spec: ClientSpec) -> str:
     pid = context.node_config.get(M.NODE_PARTITION_ID)
     if pid is None:
         raise ValueError(f"SuperNode node config needs '{M.NODE_CLIENT_ID}=<id>' or '{M.NODE_PARTITION_ID}=<k>'")
-    from fedccrl_core.data.shards import client_ids, evaluation_sites, load_manifest
+    from fedccrl_core.data.manifest import client_ids, evaluation_sites, load_manifest
 
     manifest = load_manifest(_shards_dir(context))
     ids = client_ids(manifest, spec.held_out) + evaluation_sites(manifest, spec.held_out)
@@ -109,7 +109,7 @@ def check_site_data(context: Context, spec: ClientSpec, cid: str, train: bool = 
     naming the site's manifest and the value, before any of its images is used (the server drops the site from the
     round with this reason). Returns the held-out domain as this site's shards name it, or None when they do not
     know it: an imagefolder site's manifest lists only its own domain, and the federation's come from the spec."""
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.data.site import SITE_KEY
 
     pin_held_out(context, spec, cid)  # the first held_out of the run, or refused
@@ -186,7 +186,7 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
 def is_source(context: Context, cid: str, held_out: str | None) -> bool:
     """Whether this site trains in a run that holds out `held_out` (it holds rows of another domain); a site that
     holds only the held-out domain evaluates only (evalsets.py)."""
-    from fedccrl_core.data.shards import client_ids, load_manifest
+    from fedccrl_core.data.manifest import client_ids, load_manifest
 
     return cid in client_ids(load_manifest(_shards_dir(context)), held_out)
 
@@ -195,7 +195,8 @@ def load_eval_data(context: Context, cid: str, device: torch.device, held_out: s
     """(val_x, val_y, target_x, target_y) of this site for a run that holds out `held_out`: its val split outside
     the held-out domain when it is a source (the in-process engine's EvalSets rows), and its rows of the held-out
     domain, train + val (its share of `load_domain_test`; none when its shards do not know that domain)."""
-    from fedccrl_core.data.shards import load_client_domain, load_manifest
+    from fedccrl_core.data.manifest import load_manifest
+    from fedccrl_core.data.shards import load_client_domain
 
     shards = _shards_dir(context)
     key = ("eval", shards, cid, held_out, str(device))

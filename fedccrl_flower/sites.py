@@ -90,7 +90,7 @@ def federation_of(manifest) -> FederationFile:
 def federation_sites(shards: str | Path, held_out: str) -> tuple[list[str], list[str]]:
     """(source clients, evaluation-only sites) of a run that holds out `held_out`, from a shard manifest (the
     research rehearsal's central partition, mixed-domain clients included): ServerSpec.sources and .evaluators."""
-    from fedccrl_core.data.shards import client_ids, evaluation_sites, load_manifest
+    from fedccrl_core.data.manifest import client_ids, evaluation_sites, load_manifest
 
     manifest = load_manifest(shards)
     return client_ids(manifest, held_out), evaluation_sites(manifest, held_out)

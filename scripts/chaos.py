@@ -44,7 +44,7 @@ from pathlib import Path
 import psutil
 import yaml
 
-from fedccrl_core.foundation.fsio import TEMP_RE
+from fedccrl_core.foundation.temp_paths import TEMP_RE
 from fedccrl_pipeline.params import set_key
 
 REPO = Path(__file__).resolve().parents[1]

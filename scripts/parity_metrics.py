@@ -18,9 +18,10 @@ from pathlib import Path
 import torch
 
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.data.manifest import load_manifest
+from fedccrl_core.data.partition import PartitionSettings, partition
 from fedccrl_core.data.pools import build_pools
 from fedccrl_core.data.registry import get_dataset
-from fedccrl_core.data.shards import load_manifest, partition
 from fedccrl_core.data.synthetic import generate
 from fedccrl_core.federation.driver import RunData, held_out_run, train
 from fedccrl_pipeline.params import read_yaml, validate_params
@@ -40,10 +41,12 @@ def main(out: str, algs: list[str], fraction: float = 1.0, rounds: int = 2, ckpt
             base / "raw",
             base / "shards",
             get_dataset("synthetic"),
-            32,
-            clients_per_domain=params["partition"]["clients_per_domain"],
-            val_fraction=params["partition"]["val_fraction"],
-            seed=params["partition"]["seed"],
+            PartitionSettings(
+                32,
+                clients_per_domain=params["partition"]["clients_per_domain"],
+                val_fraction=params["partition"]["val_fraction"],
+                seed=params["partition"]["seed"],
+            ),
             progress=False,
         )
         build_pools(

@@ -23,7 +23,7 @@ import torch
 
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.data.shards import load_manifest
+from fedccrl_core.data.manifest import load_manifest
 from fedccrl_core.federation.driver import RunData, held_out_run, load_clients, train
 from fedccrl_core.foundation.fsio import atomic_file
 from fedccrl_core.privacy import accountant as A

@@ -35,7 +35,7 @@ TINY_IMAGES_PER_CLASS = 8  # the tiny dataset: synthetic, 4 domains x 6 classes 
 
 
 def bare_manifest():
-    from fedccrl_core.data.shards import FORMAT_VERSION, ShardManifest
+    from fedccrl_core.data.manifest import FORMAT_VERSION, ShardManifest
 
     return ShardManifest(
         format_version=FORMAT_VERSION,
@@ -87,9 +87,9 @@ def _node(p: dict, head: list[str]) -> dict:
 def build_tiny(base: Path) -> Path:
     """<base>/raw, <base>/data/shards and <base>/data/pools of the embedded synthetic dataset, TINY_IMAGES_PER_CLASS
     images per class, partitioned and pooled with params.yaml's settings (the library's own writers)."""
+    from fedccrl_core.data.partition import PartitionSettings, partition
     from fedccrl_core.data.pools import build_pools
     from fedccrl_core.data.registry import get_dataset
-    from fedccrl_core.data.shards import partition
     from fedccrl_core.data.synthetic import generate
     from fedccrl_pipeline.params import read_yaml
 
@@ -100,10 +100,12 @@ def build_tiny(base: Path) -> Path:
         base / "raw",
         base / "data" / "shards",
         get_dataset("synthetic"),
-        32,
-        clients_per_domain=p["partition"]["clients_per_domain"],
-        val_fraction=p["partition"]["val_fraction"],
-        seed=p["partition"]["seed"],
+        PartitionSettings(
+            32,
+            clients_per_domain=p["partition"]["clients_per_domain"],
+            val_fraction=p["partition"]["val_fraction"],
+            seed=p["partition"]["seed"],
+        ),
         workers=1,
         progress=False,
     )
@@ -232,9 +234,9 @@ def tiny_onnx(
 
 def temps(folder: Path) -> list[str]:
     """The names of the temporary files an atomic write left in `folder`."""
-    from fedccrl_core.foundation import fsio
+    from fedccrl_core.foundation import temp_paths
 
-    return sorted(p.name for p in folder.iterdir() if fsio.TEMP_RE.match(p.name))
+    return sorted(p.name for p in folder.iterdir() if temp_paths.TEMP_RE.match(p.name))
 
 
 # ------------------------------------------------------------------ one held-out training on in-memory clients

@@ -11,7 +11,8 @@ import torch
 import torchvision.transforms.functional as TF
 from PIL import Image, ImageOps
 
-from fedccrl_core.augment.augmix import IDENTITY, OPS, _augmix_with, apply_op, augmix, op_magnitude, sample_augmix_plan
+from fedccrl_core.augment.augmix import _augmix_with, augmix, op_magnitude, sample_augmix_plan
+from fedccrl_core.augment.augmix_ops import IDENTITY, OPS, apply_op
 from fedccrl_core.augment.ccdt import ccdt, mixstyle, sample_beta, sample_dirichlet, sample_gamma
 from fedccrl_core.augment.compose import fedccrl_augment
 from fedccrl_core.augment.settings import AugmentParams
@@ -252,7 +253,7 @@ def test_rotate_equals_torchvision_and_pil_rotate(degrees):
 
 def test_one_step_routes_each_sample_to_its_own_op():
     """A batch with a different op per sample equals the ops applied one image at a time."""
-    from fedccrl_core.augment.augmix import _apply_step
+    from fedccrl_core.augment.augmix_ops import _apply_step
 
     x = torch.cat([to_tensor(random_image(low=30, high=200, seed=20 + i)) for i in range(10)])
     op = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 8, IDENTITY])
@@ -265,7 +266,7 @@ def test_one_step_routes_each_sample_to_its_own_op():
 
 
 def test_affine_grid_equals_torch_affine_grid():
-    from fedccrl_core.augment.augmix import _affine_grid
+    from fedccrl_core.augment.augmix_ops import _affine_grid
 
     theta = torch.randn(4, 2, 3)
     want = torch.nn.functional.affine_grid(theta, [4, 3, 10, 14], align_corners=False)
@@ -434,7 +435,7 @@ def test_fedccrl_augment_identical_inputs_give_different_outputs():
 
 # ---- augmix_impl: pil (augment/augmix_pil.py): the same Alg. 3 reading, other random draws ----------------------
 def _synthetic_batch(n=256, size=24):
-    from fedccrl_benchmarks.speed import generate
+    from fedccrl_benchmarks.speed_data import generate
 
     return (
         torch.from_numpy(np.concatenate([generate(n // 4, d, size, 0)[0] for d in range(4)]))

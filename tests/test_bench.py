@@ -16,7 +16,9 @@ from fixtures import held_out_run
 from torch import nn
 
 from fedccrl_benchmarks import plain
-from fedccrl_benchmarks.speed import BenchConfig, generate, pacs_sweep_seconds
+from fedccrl_benchmarks.speed_config import BenchConfig
+from fedccrl_benchmarks.speed_data import generate
+from fedccrl_benchmarks.speed_table import pacs_sweep_seconds
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.augment.compose import fedccrl_augment
@@ -281,7 +283,8 @@ def test_plain_pil_ops_match_the_device_ops():
     """The plain baseline's PIL ops are the device ops' references (same magnitude conventions)."""
     from PIL import Image
 
-    from fedccrl_core.augment.augmix import OPS, apply_op, op_magnitude
+    from fedccrl_core.augment.augmix import op_magnitude
+    from fedccrl_core.augment.augmix_ops import OPS, apply_op
     from fedccrl_core.augment.augmix_pil import pil_op
 
     img = np.random.default_rng(3).integers(30, 200, (24, 24, 3), dtype=np.uint8)
@@ -378,7 +381,7 @@ def test_bench_command_runs_on_the_cpu(tmp_path):
 def test_plain_per_batch_augmentation_is_the_reference_form():
     """The baseline's per-batch M: MixStyle per sample, 8-bit levels, then ONE torchvision-style AugMix
     op chain for the whole batch (augmix_batch with the same generator), never PIL per sample."""
-    from fedccrl_core.augment.augmix import augmix_batch, to_uint8_levels
+    from fedccrl_core.augment.augmix_batch import augmix_batch, to_uint8_levels
 
     hp = build_algorithm("fedccrl", LocalConfig()).hp.model_copy(update={"ccdt": False})
     rng = np.random.default_rng(0)
@@ -519,7 +522,7 @@ def test_bench_repro_headline_is_the_share_outside_training(capsys):
 
 
 def test_the_busy_sampler_says_why_it_has_no_share_off_cuda():
-    from fedccrl_benchmarks.speed import BusySampler
+    from fedccrl_benchmarks.speed_timing import BusySampler
 
     with BusySampler(torch.device("cpu")) as busy:
         pass
@@ -642,6 +645,7 @@ def test_the_speed_bench_keeps_each_paths_fastest_repeat_and_divides_fast_by_pla
     """Other load on a shared machine only ever adds time: of two repeats, each timing's smaller one is kept; the
     ratio fast/plain of images/s is then above 1 and that of seconds below 1 for a path that takes less time."""
     from fedccrl_benchmarks import speed
+    from fedccrl_benchmarks.speed_table import figures
 
     runs = {  # two repeats per path: the second fast one and the first plain one are the less disturbed
         "fast": iter([_speed_run(2.0, 1.0, [3.0, 2.0, 2.0]), _speed_run(1.0, 0.5, [2.0, 1.0, 1.0])]),
@@ -654,7 +658,7 @@ def test_the_speed_bench_keeps_each_paths_fastest_repeat_and_divides_fast_by_pla
     assert results["fast"]["eval_ips"] == 128.0 and results["plain"]["eval_ips"] == 32.0
     assert (results["fast"]["first_round_s"], results["fast"]["later_round_s"]) == (2.0, 1.0)
     assert results["fast"]["augment_share"] == 0.5
-    rows = {r["key"]: r for r in speed.figures(results, cuda=False)}
+    rows = {r["key"]: r for r in figures(results, cuda=False)}
     assert rows["step_ips"]["fast/plain"] == 4.0  # 4x the images per second
     assert rows["round_s"]["fast/plain"] == 0.25  # a quarter of the seconds per round
     assert rows["pacs_h"]["fast/plain"] < 1  # the faster path projects the shorter sweep

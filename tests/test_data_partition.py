@@ -14,16 +14,11 @@ from fixtures import TINY_IMAGES_PER_CLASS
 
 from fedccrl_core.data import registry, synthetic
 from fedccrl_core.data.images import decode_resized
+from fedccrl_core.data.manifest import client_ids, load_manifest
+from fedccrl_core.data.partition import PartitionSettings, partition
 from fedccrl_core.data.pools import build_pools, load_pool, sample_statistics, upload_size
-from fedccrl_core.data.shards import (
-    assign_clients,
-    client_ids,
-    load_client,
-    load_domain_test,
-    load_manifest,
-    partition,
-    split_train_val,
-)
+from fedccrl_core.data.shards import load_client, load_domain_test
+from fedccrl_core.data.splits import assign_clients, split_train_val
 from fedccrl_core.foundation.errors import DataError
 
 SPEC = registry.get_dataset("synthetic")
@@ -40,7 +35,7 @@ def _partition(raw, out, **kw):
     kw.setdefault("clients_per_domain", 2)
     kw.setdefault("val_fraction", 0.1)
     kw.setdefault("seed", 0)
-    return partition(raw, out, SPEC, SIZE, workers=1, progress=False, **kw).to_dict()
+    return partition(raw, out, SPEC, PartitionSettings(SIZE, **kw), workers=1, progress=False).to_dict()
 
 
 @pytest.fixture(scope="module")
@@ -236,7 +231,7 @@ def test_eq8_subset_size_and_rows(pools):
 
 # ---------------------------------------------------------------- the reference FedCCRL split
 def test_reference_scheme_is_an_unstratified_pooled_split():
-    from fedccrl_core.data.shards import client_splits
+    from fedccrl_core.data.splits import client_splits
 
     labels = np.repeat(np.arange(4), [50, 30, 15, 5])  # imbalanced classes
     out = client_splits(labels, 3, 0.1, np.random.default_rng(7), scheme="reference")

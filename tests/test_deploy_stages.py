@@ -392,7 +392,7 @@ def test_the_export_of_a_deployment_carries_a_card_of_the_sites(ws, tiny):
 
     from test_model_card import check_accuracy_row, kv, sections, tables
 
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_flower.sites import federation_of
 
     shards = tiny / "data" / "shards"  # here the operator's test folder

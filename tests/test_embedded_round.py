@@ -17,7 +17,8 @@ import torch
 from fixtures import held_out_run
 
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
-from fedccrl_core.data.shards import load_domain_test, load_manifest
+from fedccrl_core.data.manifest import load_manifest
+from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.federation.driver import build_seeded_model, load_clients, train
 from fedccrl_pipeline.params import read_yaml, validate_params
 from fedccrl_pipeline.training import run_settings

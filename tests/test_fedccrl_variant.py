@@ -18,17 +18,14 @@ from torch import nn
 from fedccrl_core.algorithm_params.fedccrl import VARIANT_SWITCHES, resolve_variant
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.fedccrl import FedCCRL
-from fedccrl_core.augment.augmix import (
-    ALL_OPS,
-    OPS,
-    _augmix_with,
-    apply_op,
+from fedccrl_core.augment.augmix import _augmix_with, sample_augmix_plan
+from fedccrl_core.augment.augmix_batch import (
     augmix_batch,
     batch_op_magnitude,
-    sample_augmix_plan,
     sample_batch_augmix_plan,
     to_uint8_levels,
 )
+from fedccrl_core.augment.augmix_ops import ALL_OPS, OPS, apply_op
 from fedccrl_core.augment.ccdt import mixstyle, pool_rows
 from fedccrl_core.augment.compose import fedccrl_augment
 from fedccrl_core.augment.settings import AugmentParams

@@ -90,21 +90,18 @@ def test_same_seed_same_assignment_other_seed_differs():
 
 def test_stage_writes_mixed_clients_and_a_held_out_run_never_trains_on_the_target(tiny, tmp_path):
     from fedccrl_core.data import registry
-    from fedccrl_core.data.shards import client_ids, load_client, load_domain_test, partition
+    from fedccrl_core.data.manifest import client_ids
+    from fedccrl_core.data.partition import PartitionSettings, partition
+    from fedccrl_core.data.shards import load_client, load_domain_test
 
     spec = registry.get_dataset("synthetic")
     m = partition(
         tiny / "raw",
         tmp_path / "sh",
         spec,
-        16,
-        val_fraction=0.1,
-        seed=0,
+        PartitionSettings(16, val_fraction=0.1, seed=0, scheme="feddg_bench", num_clients=6, lam=0.5),
         workers=1,
         progress=False,
-        scheme="feddg_bench",
-        num_clients=6,
-        lam=0.5,
     )
     manifest, m = m, m.to_dict()
     assert m["params"]["partition.lambda"] == 0.5 and m["params"]["partition.num_clients"] == 6
@@ -201,12 +198,20 @@ def test_class_counts_meet_both_margins_exactly(seed):
 
 def test_stage_with_label_skew_records_alpha_and_skews_clients(tiny, tmp_path):
     from fedccrl_core.data import registry
-    from fedccrl_core.data.shards import partition
+    from fedccrl_core.data.partition import PartitionSettings, partition
 
     spec = registry.get_dataset("synthetic")
-    kw = dict(val_fraction=0.1, seed=0, workers=1, progress=False, scheme="feddg_bench", num_clients=6, lam=0.5)
-    m = partition(tiny / "raw", tmp_path / "skew", spec, 16, dirichlet_alpha=0.1, **kw).to_dict()
-    even = partition(tiny / "raw", tmp_path / "even", spec, 16, **kw).to_dict()
+    kw = dict(val_fraction=0.1, seed=0, scheme="feddg_bench", num_clients=6, lam=0.5)
+    m = partition(
+        tiny / "raw",
+        tmp_path / "skew",
+        spec,
+        PartitionSettings(16, dirichlet_alpha=0.1, **kw),
+        workers=1,
+        progress=False,
+    ).to_dict()
+    even = partition(tiny / "raw", tmp_path / "even", spec, PartitionSettings(16, **kw), workers=1, progress=False)
+    even = even.to_dict()
     assert m["params"]["partition.dirichlet_alpha"] == 0.1 and even["params"]["partition.dirichlet_alpha"] is None
     for a, b in zip(m["clients"], even["clients"]):
         assert a["domain_counts"] == b["domain_counts"]  # the lambda counts are untouched

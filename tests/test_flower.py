@@ -844,7 +844,8 @@ def mixed_data(tmp_path_factory) -> Path:
 def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_data, tmp_path):
     """partition.scheme feddg_bench: every client holds several domains; both engines drop the held-out
     domain's rows (and their statistics-pool rows) and give the same numbers, bit for bit."""
-    from fedccrl_core.data.shards import client_ids, load_domain_test, load_manifest
+    from fedccrl_core.data.manifest import client_ids, load_manifest
+    from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.federation.driver import load_clients
 
     shards, pools = mixed_data / "shards", mixed_data / "pools"

@@ -1,6 +1,7 @@
 """Faults and bad input handled at their root.
 
-- fedccrl_core.foundation.fsio: the one atomic write; temporary paths of dead processes removed by the next run;
+- fedccrl_core.foundation.fsio: the one atomic write; temporary paths of dead processes removed by the next run
+  (temp_paths);
 - serving: atomic outputs, metadata checked against the graph, non-regular inputs skipped, a deadline;
 - download: a deadline for the whole download, not only for each read;
 - the data stages: verified known archives, tarfile's data filter, a warning for tiny domains.
@@ -22,7 +23,8 @@ import pytest
 from fixtures import temps, tiny_onnx
 from layout import TOP
 
-from fedccrl_core.foundation import fsio
+from fedccrl_core.foundation import fsio, temp_paths
+from fedccrl_core.foundation.output_errors import OutputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -93,7 +95,7 @@ def test_a_live_writers_temp_is_kept_and_a_reused_pid_is_not_mistaken_for_its_ow
     unrelated = tmp_path / ".notes.tmp"  # not one of ours: never touched
     unrelated.write_text("user file")
     lines: list[str] = []
-    removed = fsio.sweep_stale(tmp_path, log=lines.append)
+    removed = temp_paths.sweep_stale(tmp_path, log=lines.append)
     assert sorted(p.name for p in removed) == sorted([reused.name, dead.name])
     assert live.exists() and unrelated.exists() and not reused.exists() and not dead.exists()
     assert len(lines) == 2
@@ -137,12 +139,12 @@ def test_a_verify_refuses_and_previous_keeps_the_fallback(tmp_path):
 def test_a_unwritable_output_is_one_error_naming_the_path(tmp_path):
     (tmp_path / "file").write_text("a file, not a folder")
     target = tmp_path / "file" / "out.json"
-    with pytest.raises(fsio.OutputError, match=str(target)) as e:
+    with pytest.raises(OutputError, match=str(target)) as e:
         fsio.write_text(target, "{}")
     assert "cannot write" in str(e.value)
     folder = tmp_path / "dir"
     folder.mkdir()
-    with pytest.raises(fsio.OutputError, match=f"{folder}: cannot write"):  # an existing folder in the way
+    with pytest.raises(OutputError, match=f"{folder}: cannot write"):  # an existing folder in the way
         fsio.write_text(folder, "{}")
     assert temps(tmp_path) == []
 
@@ -153,7 +155,8 @@ def test_a_full_disk_is_one_error_naming_the_path(tmp_path):
         """
         import resource, signal
         from pathlib import Path
-        from fedccrl_core.foundation.fsio import OutputError, write_text
+        from fedccrl_core.foundation.fsio import write_text
+        from fedccrl_core.foundation.output_errors import OutputError
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (65536, 65536))
         try:
@@ -576,11 +579,18 @@ def _imagefolder(root: Path, per_domain: dict[str, int], classes=("x", "y")) -> 
 
 def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_path, capsys):
     from fedccrl_core.data import registry
-    from fedccrl_core.data.shards import load_manifest, partition
+    from fedccrl_core.data.manifest import load_manifest
+    from fedccrl_core.data.partition import PartitionSettings, partition
 
     spec = registry.get_dataset("imagefolder")
     raw = _imagefolder(tmp_path / "raw", {"art": 6, "photo": 6, "tiny": 1})
-    partition(raw, tmp_path / "shards", spec, 8, clients_per_domain=2, val_fraction=0.1, seed=0, progress=False)
+    partition(
+        raw,
+        tmp_path / "shards",
+        spec,
+        PartitionSettings(8, clients_per_domain=2, val_fraction=0.1, seed=0),
+        progress=False,
+    )
     err = capsys.readouterr().err
     warned = [ln for ln in err.splitlines() if ln.startswith("warning: partition:")]
     assert len(warned) == 1 and "domain 'tiny'" in warned[0] and "has 1 image(s) for 2 client(s)" in warned[0]
@@ -588,7 +598,13 @@ def test_e_a_domain_with_one_image_per_class_is_warned_of_at_partition_time(tmp_
     assert load_manifest(tmp_path / "shards").to_dict()["warnings"] == [warned[0].removeprefix("warning: ")]
 
     raw = _imagefolder(tmp_path / "raw2", {"art": 4, "photo": 4})  # 2 images per class per client: enough
-    partition(raw, tmp_path / "shards2", spec, 8, clients_per_domain=2, val_fraction=0.0, seed=0, progress=False)
+    partition(
+        raw,
+        tmp_path / "shards2",
+        spec,
+        PartitionSettings(8, clients_per_domain=2, val_fraction=0.0, seed=0),
+        progress=False,
+    )
     assert "warning" not in capsys.readouterr().err and "warnings" not in load_manifest(tmp_path / "shards2").to_dict()
 
 

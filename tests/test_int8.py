@@ -17,7 +17,8 @@ import pytest
 from click.testing import CliRunner
 from test_export import HELD_OUT, leftovers, run_export, write_model
 
-from fedccrl_core.data.shards import load_domain_test, load_manifest
+from fedccrl_core.data.manifest import load_manifest
+from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.foundation.errors import FedCCRLError, ParamError
 from fedccrl_pipeline import quantize
 from fedccrl_pipeline.quantize import Int8Refused, Int8Settings, calibration_set, checked_int8

@@ -13,7 +13,9 @@ from fixtures import held_out_run
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.data import registry
-from fedccrl_core.data.shards import client_ids, load_client, load_manifest, partition
+from fedccrl_core.data.manifest import client_ids, load_manifest
+from fedccrl_core.data.partition import PartitionSettings, partition
+from fedccrl_core.data.shards import load_client
 from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.learning.clients import ClientData
 
@@ -29,7 +31,14 @@ def raw(tiny) -> Path:
 @pytest.fixture(scope="module")
 def shards(raw, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("s") / "shards"
-    partition(raw, out, registry.get_dataset("synthetic"), SIZE, clients_per_domain=3, workers=1, progress=False)
+    partition(
+        raw,
+        out,
+        registry.get_dataset("synthetic"),
+        PartitionSettings(SIZE, clients_per_domain=3),
+        workers=1,
+        progress=False,
+    )
     return out
 
 
@@ -44,12 +53,9 @@ def test_memory_mapped_shards_equal_the_loaded_ones(shards, raw, tmp_path):
         raw,
         fdb,
         registry.get_dataset("synthetic"),
-        SIZE,
+        PartitionSettings(SIZE, scheme="feddg_bench", num_clients=5, lam=0.5),
         workers=1,
         progress=False,
-        scheme="feddg_bench",
-        num_clients=5,
-        lam=0.5,
     )
     cases = [(shards, cid, None) for cid in client_ids(load_manifest(shards))]
     held = load_manifest(fdb).to_dict()["domains"][0]

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 from test_export import HELD_OUT, leftovers, run_export, write_model
 
-from fedccrl_core.data.shards import FORMAT_VERSION, ShardManifest
+from fedccrl_core.data.manifest import FORMAT_VERSION, ShardManifest
 from fedccrl_core.federation.history import RunHistory, RunPrivacySummary
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning.model_meta import ModelMeta

@@ -1,6 +1,6 @@
 """Alg. 2 (CCDT) and the core of Alg. 3 (AugMix's draws, op parameters and mixing) against float64 loops written
 from the algorithms: the tests that kill `make mutation`'s mutants of fedccrl_core/augment/ccdt.py and of the
-Alg. 3 functions of fedccrl_core/augment/augmix.py that tests/test_augment.py leaves alive.
+Alg. 3 functions of fedccrl_core/augment/augmix.py and augmix_ops.py that tests/test_augment.py leaves alive.
 
 The samplers are checked draw for draw: the same seeded generator feeds a float64 loop of Marsaglia-Tsang
 (2000) written from the module's description, so the loop sees the very normals and uniforms the sampler saw."""
@@ -15,17 +15,8 @@ import numpy as np
 import pytest
 import torch
 
-from fedccrl_core.augment.augmix import (
-    BRIGHTNESS,
-    IDENTITY,
-    OPS,
-    AugMixPlan,
-    _apply_step,
-    _augmix_with,
-    augmix,
-    op_magnitude,
-    sample_augmix_plan,
-)
+from fedccrl_core.augment.augmix import AugMixPlan, _augmix_with, augmix, op_magnitude, sample_augmix_plan
+from fedccrl_core.augment.augmix_ops import BRIGHTNESS, IDENTITY, OPS, _apply_step
 from fedccrl_core.augment.ccdt import (
     ccdt,
     mixstyle,

@@ -211,7 +211,7 @@ def test_batch_of_one_for_a_batchnorm_model(params, tiny, tmp_path, monkeypatch)
         tmp_path,
         "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model",
     )
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_pipeline.params import ParamError, read_yaml, validate_params
     from fedccrl_pipeline.sweep import check_train
 
@@ -247,7 +247,7 @@ def test_a_client_without_a_batchnorm_batch(client, target, ok):
     """From the manifest's counts (a feddg_bench client counts only its samples outside the held-out domain)."""
     from fixtures import bare_manifest
 
-    from fedccrl_core.data.shards import ClientEntry
+    from fedccrl_core.data.manifest import ClientEntry
     from fedccrl_pipeline.params import ParamError
     from fedccrl_pipeline.sweep import check_batches
 
@@ -353,8 +353,8 @@ def test_held_out_by_name_through_train_and_evaluate(params, tiny, tmp_path, mon
 
 def test_held_out_index_and_name_reach_the_same_domain(tiny, tmp_path, monkeypatch):
     """Indices follow the manifest's domain order, which is the registry's (synthetic: photo, art, cartoon, sketch)."""
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.data.registry import get_dataset
-    from fedccrl_core.data.shards import load_manifest
     from fedccrl_pipeline.sweep import manifest_held_out
 
     manifest = load_manifest(tiny / "data" / "shards")
@@ -406,12 +406,12 @@ def test_a_training_process_validates_the_config_once(tiny, tmp_path, monkeypatc
     meta, the history) are validated once each where they are read or built, and handed on typed: no record is
     validated twice from the same data, but for KNOWN_REPEATS. Every way a pydantic model is validated is counted:
     `Model(**data)`, `model_validate`, `model_validate_json` and `model_validate_strings`."""
-    import fedccrl_core.data.shards as shards_mod
+    import fedccrl_core.data.manifest as manifest_mod
     from fedccrl_core.foundation.hparams import Declared
     from fedccrl_core.foundation.records import Record
     from fedccrl_pipeline.params import ParamsFile
 
-    monkeypatch.setattr(shards_mod, "_PARSED", {})  # manifests this process parsed before the run: parsed again
+    monkeypatch.setattr(manifest_mod, "_PARSED", {})  # manifests this process parsed before the run: parsed again
     seen: list[tuple[type, object]] = []
     built = count_validations(monkeypatch, seen)
     params(

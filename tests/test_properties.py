@@ -21,12 +21,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from fedccrl_core.data.pools import upload_size
-from fedccrl_core.data.shards import (
-    MIN_CLIENT_SAMPLES,
-    assign_clients,
-    client_splits,
-    split_train_val,
-)
+from fedccrl_core.data.splits import MIN_CLIENT_SAMPLES, assign_clients, client_splits, split_train_val
 from fedccrl_core.foundation.errors import DataError, ParamError
 from fedccrl_core.learning.aggregation import WeightedSum, weighted_average
 from fedccrl_core.privacy.accountant import epsilon_of, sampled_gaussian
@@ -113,7 +108,7 @@ def test_eq2_of_identical_models_is_that_model(data, n):
         assert out[k].dtype == v.dtype and torch.equal(out[k], v), k
 
 
-# ---- the partition stage's split (FedCCRL Sec. 3.1; fedccrl_core/data/shards.py) ----------------------------------
+# ---- the partition stage's split (FedCCRL Sec. 3.1; fedccrl_core/data/splits.py) ----------------------------------
 labels_st = st.lists(st.integers(0, 4), min_size=1, max_size=120).map(lambda v: np.array(v, dtype=np.int64))
 
 
@@ -290,8 +285,10 @@ def test_shards_read_back_the_images_the_partition_wrote(per_class, clients, val
     and the clients' paths are all the files."""
     from PIL import Image
 
+    from fedccrl_core.data.manifest import client_ids, load_manifest
+    from fedccrl_core.data.partition import PartitionSettings, partition
     from fedccrl_core.data.registry import get_dataset
-    from fedccrl_core.data.shards import client_ids, load_client, load_manifest, partition
+    from fedccrl_core.data.shards import load_client
 
     gen = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -306,10 +303,7 @@ def test_shards_read_back_the_images_the_partition_wrote(per_class, clients, val
             raw,
             out,
             get_dataset("imagefolder"),
-            8,
-            clients_per_domain=clients,
-            val_fraction=val_fraction,
-            seed=seed,
+            PartitionSettings(8, clients_per_domain=clients, val_fraction=val_fraction, seed=seed),
             workers=1,
             progress=False,
         )

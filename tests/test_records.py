@@ -13,8 +13,9 @@ import torch
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
+from fedccrl_core.data.manifest import client_ids, load_manifest
 from fedccrl_core.data.pools import load_pool, load_pool_manifest
-from fedccrl_core.data.shards import client_ids, load_client, load_manifest
+from fedccrl_core.data.shards import load_client
 from fedccrl_core.federation.checkpoints import RoundCheckpoints, RoundState
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.learning.model_file import FORMAT, ModelMeta, load_meta, load_model, save_model

@@ -1,4 +1,4 @@
-"""What stands at an output path decides how it is written (fedccrl_core/foundation/fsio.py `output_target`): a symlink
+"""What stands at an output path decides how it is written (fedccrl_core/foundation/output_target.py): a symlink
 keeps pointing at the file written, a FIFO's reader gets every record, a full device is one clear error and
 stays a device, a regular file is complete or absent, `-` is stdout, a folder is refused before any work.
 
@@ -22,6 +22,7 @@ import pytest
 from fixtures import temps, tiny_onnx
 
 from fedccrl_core.foundation import fsio
+from fedccrl_core.foundation.output_errors import OutputError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,12 +76,12 @@ def test_a_dangling_link_writes_the_path_it_names(tmp_path):
 def test_a_link_loop_and_a_folder_are_refused_before_writing(tmp_path):
     (tmp_path / "a").symlink_to("b")
     (tmp_path / "b").symlink_to("a")
-    with pytest.raises(fsio.OutputError, match=f"^{tmp_path / 'a'}: cannot write \\(too many levels"):
+    with pytest.raises(OutputError, match=f"^{tmp_path / 'a'}: cannot write \\(too many levels"):
         fsio.write_text(tmp_path / "a", "x")
     (tmp_path / "d").mkdir()
     (tmp_path / "to_d").symlink_to("d")
     for p in (tmp_path / "d", tmp_path / "to_d"):
-        with pytest.raises(fsio.OutputError, match=f"^{p}: cannot write \\(is a folder, not a file\\)"):
+        with pytest.raises(OutputError, match=f"^{p}: cannot write \\(is a folder, not a file\\)"):
             with fsio.atomic_file(p, "w"):
                 raise AssertionError("the body ran")  # refused before any work
     assert sorted(os.listdir(tmp_path / "d")) == [] and temps(tmp_path) == []
@@ -120,7 +121,7 @@ def test_a_full_device_is_one_error_naming_it_and_stays_a_device(tmp_path):
     dev = full_device(tmp_path / "full")
     (tmp_path / "to_full").symlink_to("full")
     for p in (dev, tmp_path / "to_full"):
-        with pytest.raises(fsio.OutputError) as e:
+        with pytest.raises(OutputError) as e:
             fsio.write_text(p, "x" * 100)
         assert str(e.value) == f"{p}: cannot write (No space left on device)"
     assert stat.S_ISCHR(os.lstat(dev).st_mode) and os.lstat(dev).st_rdev == os.makedev(1, 7)
@@ -180,7 +181,7 @@ def test_a_folder_output_through_a_symlink_replaces_the_folder_it_names(tmp_path
         (d / "new.json").write_text("[]")
     assert os.readlink(tmp_path / "out") == "real" and sorted(os.listdir(tmp_path / "real")) == ["new.json"]
     os.mkfifo(tmp_path / "fifo")
-    with pytest.raises(fsio.OutputError, match=f"^{tmp_path / 'fifo'}: cannot write \\(is a FIFO, not a folder\\)"):
+    with pytest.raises(OutputError, match=f"^{tmp_path / 'fifo'}: cannot write \\(is a FIFO, not a folder\\)"):
         with fsio.atomic_dir(tmp_path / "fifo"):
             raise AssertionError("the body ran")
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode) and temps(tmp_path) == []

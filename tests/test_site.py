@@ -15,8 +15,10 @@ from fixtures import temps
 from PIL import Image
 
 from fedccrl_core.data import registry
+from fedccrl_core.data.manifest import MANIFEST, client_ids, load_manifest
+from fedccrl_core.data.partition import PartitionSettings, partition
 from fedccrl_core.data.pools import build_pools, check_pools, load_pool, load_pool_manifest
-from fedccrl_core.data.shards import MANIFEST, client_ids, load_client, load_manifest, partition
+from fedccrl_core.data.shards import load_client
 from fedccrl_core.data.site import Federation, prepare_site, read_class_list
 from fedccrl_core.foundation.errors import DataError
 
@@ -77,7 +79,14 @@ def test_site_writes_the_central_arrays_and_statistics(raw, tmp_path):
     the central partition + pools stages store for it; the site's split is stratified at val_fraction."""
     (raw / "photo" / "dog" / "2.png").write_bytes(b"\x89PNG\r\n\x1a\n truncated")  # skipped by both
     central = tmp_path / "central"
-    partition(raw, central / "shards", SPEC, SIZE, clients_per_domain=1, val_fraction=0.2, workers=1, progress=False)
+    partition(
+        raw,
+        central / "shards",
+        SPEC,
+        PartitionSettings(SIZE, clients_per_domain=1, val_fraction=0.2),
+        workers=1,
+        progress=False,
+    )
     build_pools(central / "shards", central / "pools", MEAN, STD, progress=False)
     site = tmp_path / "site"
     m = _prepare(raw / "photo", site)
@@ -119,7 +128,9 @@ def test_site_and_partition_write_the_same_shard_bytes(raw, tmp_path):
     from fedccrl_core.data.site import scan_site
 
     central = tmp_path / "central"
-    partition(raw, central, SPEC, SIZE, clients_per_domain=1, val_fraction=0.2, workers=1, progress=False)
+    partition(
+        raw, central, SPEC, PartitionSettings(SIZE, clients_per_domain=1, val_fraction=0.2), workers=1, progress=False
+    )
     entry = next(c for c in load_manifest(central).clients if c.domain == "photo")
     c = load_client(central, entry.id)
     files, rels, ys, _ = scan_site(raw / "photo", CLASSES, "classes.txt", "photo")
@@ -147,7 +158,12 @@ def test_a_site_holding_a_whole_registry_domain_writes_the_central_files(tmp_pat
     bad.write_bytes(bad.read_bytes()[:80])
     central = tmp_path / "central"
     partition(
-        raw, central / "shards", spec, 16, clients_per_domain=1, val_fraction=0.3, seed=5, workers=1, progress=False
+        raw,
+        central / "shards",
+        spec,
+        PartitionSettings(16, clients_per_domain=1, val_fraction=0.3, seed=5),
+        workers=1,
+        progress=False,
     )
     build_pools(central / "shards", central / "pools", MEAN, STD, progress=False)
     fed = _fed(dataset="synthetic", classes=sorted(spec.classes or []), image_size=16, val_fraction=0.3, seed=5)
@@ -343,7 +359,14 @@ def test_an_existing_output_folder_that_is_not_a_site_is_refused(raw, tmp_path, 
         (out / "notes.txt").write_text("mine")
         match = r"exists and is not a site folder \(it holds notes\.txt\)"
     else:
-        partition(raw, out / "shards", SPEC, SIZE, clients_per_domain=1, val_fraction=0.2, workers=1, progress=False)
+        partition(
+            raw,
+            out / "shards",
+            SPEC,
+            PartitionSettings(SIZE, clients_per_domain=1, val_fraction=0.2),
+            workers=1,
+            progress=False,
+        )
         match = r"shards/manifest\.json: these are a partition stage's shards, not a site's"
     before = _digest(out)
     with pytest.raises(DataError, match=match):

@@ -26,6 +26,7 @@ from flower_harness import (
     serve,
 )
 
+from fedccrl_core.data import manifest as manifest_mod
 from fedccrl_core.data import pools as pools_mod
 from fedccrl_core.data import shards as shards_mod
 from fedccrl_core.learning.accuracy import class_counts, pooled_accuracy
@@ -37,10 +38,10 @@ def site_folder(data: Path, cid: str, dest: Path) -> Path:
     for stage in ("shards", "pools"):
         src, out = data / stage, dest / stage
         out.mkdir(parents=True)
-        manifest = json.loads((src / shards_mod.MANIFEST).read_text())
+        manifest = json.loads((src / manifest_mod.MANIFEST).read_text())
         manifest["clients"] = [c for c in manifest["clients"] if c["id"] == cid]
         assert len(manifest["clients"]) == 1, (stage, cid)
-        (out / shards_mod.MANIFEST).write_text(json.dumps(manifest, indent=2))
+        (out / manifest_mod.MANIFEST).write_text(json.dumps(manifest, indent=2))
         shutil.copy2(src / manifest["clients"][0]["file"], out / manifest["clients"][0]["file"])
     return dest
 
@@ -92,9 +93,9 @@ def test_a_sites_share_of_the_held_out_domain_is_its_rows_of_load_domain_test(da
     assert ax.shape[0] == 0
     with pytest.raises(shards_mod.DataError, match="no client 'art_c0'"):
         shards_mod.load_client(site / "shards", "art_c0")
-    manifest = shards_mod.load_manifest(data / "shards")
-    assert shards_mod.evaluation_sites(manifest, "sketch") == EVALUATORS
-    assert sorted(shards_mod.client_ids(manifest, "sketch")) == SOURCES
+    manifest = manifest_mod.load_manifest(data / "shards")
+    assert manifest_mod.evaluation_sites(manifest, "sketch") == EVALUATORS
+    assert sorted(manifest_mod.client_ids(manifest, "sketch")) == SOURCES
     assert pools_mod.load_pool(site_folder(data, "art_c0", tmp_path / "art") / "pools", "art_c0")[0].shape[0] == (
         shards_mod.load_client(data / "shards", "art_c0").n_train
     )
@@ -172,7 +173,7 @@ def test_imagefolder_sites_over_a_loopback_deployment_match_the_inprocess_engine
     and every round's val and target accuracy, and the weights, are the in-process engine's on the same images."""
     sites, federation = consortium
     for cid, folder in sites.items():
-        assert shards_mod.load_manifest(folder / "shards").domains == [cid.rsplit("_c", 1)[0]]
+        assert manifest_mod.load_manifest(folder / "shards").domains == [cid.rsplit("_c", 1)[0]]
     ref = run_inprocess(data, "fedavg", 2, sites=sites)  # FedCCRL's pools: the deployment test below
     res = serve(LoopbackGrid(_site_configs(sites)), _federation_spec(data, tmp_path, federation, "fedavg"))
     assert_same_history(res.history, ref.history)
@@ -291,7 +292,7 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, consortiu
     assert all(logs[cid].count("Receiving: train message") >= 2 for cid in SOURCES)  # every source trained twice
     assert "Receiving: train message" not in logs["sketch_c0"] and logs["sketch_c0"].count("evaluate message") >= 2
     data_files = {p.name for f in sites.values() for p in f.rglob("*.npz")}
-    assert not [p for p in operator.rglob("*") if p.name in data_files or p.name == shards_mod.MANIFEST]
+    assert not [p for p in operator.rglob("*") if p.name in data_files or p.name == manifest_mod.MANIFEST]
 
     # the operator exports the deployment's final model and serves it
     model = build_model("small_cnn", 6)
@@ -355,7 +356,7 @@ def test_the_federation_file_names_sources_and_evaluation_sites(data, tmp_path):
     fed = read_federation(_federation(tmp_path))
     assert fed.held_out("3") == fed.held_out("sketch") == "sketch"
     assert fed.sources("sketch") == SOURCES and fed.evaluators("sketch") == EVALUATORS
-    central = federation_of(shards_mod.load_manifest(data / "shards"))
+    central = federation_of(manifest_mod.load_manifest(data / "shards"))
     assert sorted(central.sources("sketch")) == sorted(federation_sites(data / "shards", "sketch")[0])
     assert central.evaluators("sketch") == federation_sites(data / "shards", "sketch")[1] == EVALUATORS
 
@@ -422,8 +423,8 @@ def test_a_site_whose_data_is_not_the_federations_is_refused_naming_its_manifest
     from fedccrl_flower import messages as M
 
     odd = site_folder(data, "photo_c0", tmp_path / "photo")
-    manifest = json.loads((odd / "shards" / shards_mod.MANIFEST).read_text())
-    (odd / "shards" / shards_mod.MANIFEST).write_text(json.dumps(change(manifest)))
+    manifest = json.loads((odd / "shards" / manifest_mod.MANIFEST).read_text())
+    (odd / "shards" / manifest_mod.MANIFEST).write_text(json.dumps(change(manifest)))
     configs = {
         100 + i: {
             M.NODE_CLIENT_ID: cid,

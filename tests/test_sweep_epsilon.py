@@ -164,7 +164,7 @@ def test_the_sweep_budget_is_refused_before_mlflow_naming_its_key(tiny, params, 
     """train.privacy.max_sweep_epsilon below the sweep's planned epsilon per image (two held-out domains on the
     same clients: the two sources they share compose both runs) stops `fedccrl train` before any MLflow run,
     though each run alone stays below it; at the planned value itself it passes the check."""
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_pipeline.params import load_config
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, manifest_plan
 
@@ -224,7 +224,7 @@ def test_a_seeded_run_is_marked_not_private_everywhere(tiny, params, tmp_path, m
     """noise_seed (with FEDCCRL_NOT_PRIVATE=1): no dp_epsilon in MLflow nor in history.json, the mark on the child
     and the parent run, in history.json and in both model files' meta. The releases its ledger charged (both
     channels) are the sweep plan's for the run (the clients' sizes from the manifest, Eq. 8's k_i)."""
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.privacy.settings import NOT_PRIVATE_MARK
     from fedccrl_pipeline.params import load_config
@@ -262,8 +262,8 @@ def test_a_seeded_run_is_marked_not_private_everywhere(tiny, params, tmp_path, m
 @pytest.mark.full("builds the default synthetic data (960 images) and reruns the docs' three commands: ~20 s")
 def test_docs_sweep_epsilon_tables_are_the_commands_output(tmp_path):
     """docs/privacy.md's sweep tables and worked example are scripts/sweep_epsilon.py's output on the default data."""
+    from fedccrl_core.data.partition import PartitionSettings, partition
     from fedccrl_core.data.registry import get_dataset
-    from fedccrl_core.data.shards import partition
     from fedccrl_core.data.synthetic import generate
     from fedccrl_pipeline.params import read_yaml
 
@@ -274,10 +274,9 @@ def test_docs_sweep_epsilon_tables_are_the_commands_output(tmp_path):
         tmp_path / "raw",
         tmp_path / "shards",
         get_dataset("synthetic"),
-        32,
-        clients_per_domain=pp["clients_per_domain"],
-        val_fraction=pp["val_fraction"],
-        seed=pp["seed"],
+        PartitionSettings(
+            32, clients_per_domain=pp["clients_per_domain"], val_fraction=pp["val_fraction"], seed=pp["seed"]
+        ),
         progress=False,
         workers=1,
     )

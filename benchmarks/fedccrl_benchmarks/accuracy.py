@@ -46,7 +46,7 @@ def bench_accuracy(
 
     from fedccrl_core.algorithm_params.fedccrl import VARIANTS
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.federation.driver import RunData, held_out_run, train
     from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_pipeline.cross_checks import resolve_held_out

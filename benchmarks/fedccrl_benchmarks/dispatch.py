@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from fedccrl_benchmarks import children
-from fedccrl_benchmarks.speed import sync
+from fedccrl_benchmarks.speed_timing import sync
 
 ALGORITHMS = ("fedccrl", "fedavg")
 READBACK = "aten::_local_scalar_dense"
@@ -60,7 +60,9 @@ def _log(msg: str) -> None:
 def _steps(cfg: DispatchConfig, alg_name: str, device: torch.device):
     """An endless local-step generator of `alg_name` on client 0 of the speed bench's generated data, with
     train.fast on, every step a full batch (the epochs outnumber the steps asked for)."""
-    from fedccrl_benchmarks.speed import BenchConfig, fast_clients, make_data
+    from fedccrl_benchmarks.speed_config import BenchConfig
+    from fedccrl_benchmarks.speed_data import make_data
+    from fedccrl_benchmarks.speed_paths import fast_clients
     from fedccrl_core.algorithm_params.train import LocalConfig
     from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.foundation.seeding import torch_generator

@@ -64,7 +64,7 @@ def main(argv=None) -> None:
     import torch
 
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.federation.driver import load_clients
     from fedccrl_core.learning.clients import ClientState
     from fedccrl_pipeline.params import load_config

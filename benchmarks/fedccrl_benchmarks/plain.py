@@ -8,7 +8,7 @@ version". This module is that version, used only by the benchmark and its tests:
   * the augmentation runs on the host (fp32 CPU tensors / numpy / PIL), in one of two forms:
     - per batch (`augment="batch"`, the default baseline): as the reference FedCCRL code does it, on the
       decoded batch after the DataLoader: MixStyle with one pool row per sample, the cast to 8-bit levels,
-      then torchvision's AugMix on the batch tensor (one op chain per batch; augment/augmix.py
+      then torchvision's AugMix on the batch tensor (one op chain per batch; augment/augmix_batch.py
       `augmix_batch`, torchvision's draws and magnitudes), twice for X1 and X2 (Eq. 3);
     - per sample (`augment="per_sample"`, a second row): inside the Dataset, one sample at a time,
       MixStyle with numpy (Alg. 2) then AugMix with PIL ImageOps / Image.transform on the 8-bit image
@@ -78,7 +78,7 @@ def host_batch_augment(
 ) -> torch.Tensor:
     """M on a normalized host batch [B, C, H, W] as the reference code runs it: MixStyle (one pool row
     and one lambda per sample), 8-bit levels, torchvision's AugMix on the whole batch."""
-    from fedccrl_core.augment.augmix import augmix_batch, to_uint8_levels
+    from fedccrl_core.augment.augmix_batch import augmix_batch, to_uint8_levels
 
     m = torch.from_numpy(np.asarray(mean, np.float32))[None, :, None, None]
     s = torch.from_numpy(np.asarray(std, np.float32))[None, :, None, None]

@@ -25,7 +25,8 @@ def _concurrent(value: str):
 
 
 def bench_speed(json_out: Path | None, **options) -> dict:
-    from fedccrl_benchmarks.speed import BenchConfig, bench
+    from fedccrl_benchmarks.speed import bench
+    from fedccrl_benchmarks.speed_config import BenchConfig
 
     result = bench(BenchConfig(**options))
     print(result["table"], flush=True)

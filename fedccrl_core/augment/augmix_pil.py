@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps
 
-from fedccrl_core.augment.augmix import OPS
+from fedccrl_core.augment.augmix_ops import OPS
 
 IMPLS = ("tensor", "pil")
 

@@ -17,8 +17,8 @@ Ablation switches (Table 2): ``ccdt=False`` or ``difp=False`` makes that step th
 independent draws.
 
 Reference-code switches, to reproduce the authors' code (docs/algorithms/fedccrl.md lists them):
-``mixstyle_var``/``pool_draw`` (``ccdt.py``), ``augmix="batch"`` (``augmix.augmix_batch``: its
-input is cast to 8-bit levels as the reference does, ``augmix.to_uint8_levels``) and
+``mixstyle_var``/``pool_draw`` (``ccdt.py``), ``augmix="batch"`` (``augmix_batch.augmix_batch``: its
+input is cast to 8-bit levels as the reference does, ``augmix_batch.to_uint8_levels``) and
 ``uint8_wrap`` (the cast wraps mod 256 instead of the clamp: the reference's defect, off unless
 asked for).
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import torch
 
-from fedccrl_core.augment import augmix, ccdt
+from fedccrl_core.augment import augmix, augmix_batch, ccdt
 from fedccrl_core.augment.settings import AugmentParams
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD, denormalize, normalize
 
@@ -63,11 +63,11 @@ def fedccrl_augment(
     if cfg.difp:
         x01 = denormalize(x, mean, std)
         if augmix_reading == "batch" or cfg.uint8_wrap:  # the reference's (x * 255).to(torch.uint8)
-            x01 = augmix.to_uint8_levels(x01, wrap=cfg.uint8_wrap)
+            x01 = augmix_batch.to_uint8_levels(x01, wrap=cfg.uint8_wrap)
         else:
             x01 = x01.clamp(0.0, 1.0)
         if augmix_reading == "batch":
-            x = augmix.augmix_batch(x01, cfg.beta, cfg.severity, generator)
+            x = augmix_batch.augmix_batch(x01, cfg.beta, cfg.severity, generator)
         elif cfg.augmix_impl == "pil":
             from fedccrl_core.augment.augmix_pil import augmix_pil
 

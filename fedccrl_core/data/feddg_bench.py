@@ -23,7 +23,7 @@ and clients take consecutive runs in client order.
 Label skew (`partition.dirichlet_alpha` = a > 0; this project's extension: FedDG-Bench's `NonIIDSplitter`
 has no label axis, its heterogeneity is across domains only). The per-(client, domain) counts G[c, d] above
 stay exactly as they are; only WHICH classes a client receives of each domain changes. Each client draws
-one class preference q_c ~ Dirichlet(a * 1_K) (the per_domain scheme's convention, shards.py). For domain d
+one class preference q_c ~ Dirichlet(a * 1_K) (the per_domain scheme's convention, splits.py). For domain d
 with class sizes n_{d,k}, the real-valued class counts X[c, k] are the matrix nearest in the
 iterative-proportional-fitting sense to G[c, d] * q_c[k] whose row sums are G[c, d] and column sums n_{d,k}:
 

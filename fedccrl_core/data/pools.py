@@ -98,7 +98,8 @@ def build_pools(
 ) -> PoolManifest:
     """The pools stage: statistics of every client's training samples, written atomically. `mean` and `std`:
     params.yaml's preprocess.mean and preprocess.std (three each, std > 0: its schema's)."""
-    from fedccrl_core.data.shards import load_client, load_manifest
+    from fedccrl_core.data.manifest import load_manifest
+    from fedccrl_core.data.shards import load_client
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
     from fedccrl_core.learning.statistics import channel_stats
 
@@ -136,7 +137,7 @@ def build_pools(
 
 
 def load_pool_manifest(pools_dir: str | os.PathLike) -> PoolManifest:
-    from fedccrl_core.data.shards import read_manifest
+    from fedccrl_core.data.manifest import read_manifest
 
     return read_manifest(pools_dir, "pools", "pools", PoolManifest, FORMAT_VERSION)
 

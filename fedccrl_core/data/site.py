@@ -57,8 +57,10 @@ from pathlib import Path
 
 import numpy as np
 
+from fedccrl_core.data import manifest as manifest_mod
 from fedccrl_core.data import pools as pools_mod
 from fedccrl_core.data import shards as shards_mod
+from fedccrl_core.data import splits as splits_mod
 from fedccrl_core.data.images import RESIZE_POLICY
 from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.tree import scan_classes
@@ -192,13 +194,13 @@ def check_existing(out: Path, fed: Federation, domain: str, client_id: str) -> N
     if not entries:
         return
     stray = [e for e in entries if e not in (SHARDS, POOLS)]
-    if stray or not (out / SHARDS / shards_mod.MANIFEST).is_file():
+    if stray or not (out / SHARDS / manifest_mod.MANIFEST).is_file():
         raise DataError(
             f"--out {out}: exists and is not a site folder (it holds {', '.join(stray or entries)}); "
             "it would be replaced whole: remove it or choose another --out"
         )
-    path = out / SHARDS / shards_mod.MANIFEST
-    m = shards_mod.load_manifest(out / SHARDS)
+    path = out / SHARDS / manifest_mod.MANIFEST
+    m = manifest_mod.load_manifest(out / SHARDS)
     if SITE_KEY not in m.params or len(m.clients) != 1:
         raise DataError(f"{path}: these are a partition stage's shards, not a site's; choose another --out")
     want = _settings(fed.dataset, fed.classes, fed.image_size, fed.val_fraction, fed.seed, domain, client_id)
@@ -227,7 +229,7 @@ def check_existing(out: Path, fed: Federation, domain: str, client_id: str) -> N
 
 def scan_site(
     images: Path, classes: list[str], classes_file: str, domain: str
-) -> tuple[list[Path], list[str], list[int], list[shards_mod.SkippedImage]]:
+) -> tuple[list[Path], list[str], list[int], list[manifest_mod.SkippedImage]]:
     """The site's `<class>/<image>` files: (files, paths `<domain>/<class>/<file>`, labels, what was passed over
     and why: a FIFO or other non-regular file, a symlink loop, a symlink leaving `images` (not followed), a hidden
     or stray entry; each also a notice on stderr); a class folder not in the list, or no image at all, is a
@@ -235,7 +237,7 @@ def scan_site(
     if not images.is_dir():
         raise DataError(f"--images {images}: image folder not found")
     found, ignored = scan_classes(images, domain, within=images.resolve())
-    passed_over = [shards_mod.SkippedImage(path=i["path"], reason=i["reason"]) for i in ignored]
+    passed_over = [manifest_mod.SkippedImage(path=i["path"], reason=i["reason"]) for i in ignored]
     for item in ignored:
         print(f"notice: skipped {images}/{item['path'].split('/', 1)[1]} ({item['reason']})", file=sys.stderr)
     extra = [c for c in found if c not in classes]
@@ -269,7 +271,7 @@ def _warnings(domain: str, y: np.ndarray, classes: list[str], images: Path) -> l
         if i not in present
     ]
     if present:
-        small = shards_mod.small_domain_warning(
+        small = splits_mod.small_domain_warning(
             domain, np.searchsorted(present, y), [classes[i] for i in present], 1, "site", "Add images"
         )
         if small:
@@ -287,7 +289,7 @@ def prepare_site(
     classes_file: str,
     workers: int | None = None,
     progress: bool = True,
-) -> shards_mod.ShardManifest:
+) -> manifest_mod.ShardManifest:
     """Write `<out>/shards` and `<out>/pools` for one site (module docstring); every check runs before any work."""
     from fedccrl_core.foundation.fsio import atomic_dir, write_json
 
@@ -309,7 +311,7 @@ def prepare_site(
     domains = list(spec.domains) if spec.domains else [domain]  # check_federation: a registry domain
     di = domains.index(domain)
     rng = np.random.default_rng(np.random.SeedSequence([fed.seed, di]))  # the partition stage's, per domain
-    ((tr, va),) = shards_mod.client_splits(y, 1, fed.val_fraction, rng)
+    ((tr, va),) = splits_mod.client_splits(y, 1, fed.val_fraction, rng)
     if tr.size == 0:
         raise DataError(f"--images {images}: {y.size} readable image(s) leave no training sample")
     with atomic_dir(out) as stage:
@@ -317,8 +319,8 @@ def prepare_site(
         entry = shards_mod.write_client(
             stage / SHARDS, client_id, domain, di, 0, xs, y, paths, tr, va, len(fed.classes)
         )
-        manifest = shards_mod.ShardManifest(
-            format_version=shards_mod.FORMAT_VERSION,
+        manifest = manifest_mod.ShardManifest(
+            format_version=manifest_mod.FORMAT_VERSION,
             dataset=fed.dataset,
             domains=domains,
             classes=fed.classes,
@@ -339,7 +341,7 @@ def prepare_site(
             skipped=skipped,
             **({"warnings": warnings} if warnings else {}),
         )
-        write_json(stage / SHARDS / shards_mod.MANIFEST, manifest.to_dict(), indent=2, ensure_ascii=False)
+        write_json(stage / SHARDS / manifest_mod.MANIFEST, manifest.to_dict(), indent=2, ensure_ascii=False)
         if progress:
             print(
                 f"site: wrote {SHARDS}/{entry.file} ({tr.size} train, {va.size} val, {len(skipped)} skipped)",

@@ -61,8 +61,9 @@ class HeldOutRun:
 def load_clients(shards: Path, pools: Path, domains: list[str], device) -> list[ClientData]:
     """The clients of `domains` in the shard folder `shards`, each with its statistics pool from `pools` (a mixed
     client without its rows of another domain), images read when sampled."""
+    from fedccrl_core.data.manifest import MIXED, load_manifest
     from fedccrl_core.data.pools import STALE, load_pool
-    from fedccrl_core.data.shards import MIXED, load_client, load_manifest
+    from fedccrl_core.data.shards import load_client
     from fedccrl_core.learning.clients import ClientData
 
     clients = []
@@ -108,7 +109,8 @@ class RunData:
     ) -> RunData:
         """From the shard and pool folders: the clients of `sources` (default: every domain but `target`) and the
         evaluation sets, the target's images as EvalSets keeps them (its one copy)."""
-        from fedccrl_core.data.shards import load_domain_test, load_manifest
+        from fedccrl_core.data.manifest import load_manifest
+        from fedccrl_core.data.shards import load_domain_test
 
         if sources is None:
             sources = [d for d in load_manifest(shards).domains if d != target]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.data.shards import ShardManifest
+from fedccrl_core.data.manifest import ShardManifest
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.hparams import HParams
 from fedccrl_core.foundation.runkey import code_hash, params_hash

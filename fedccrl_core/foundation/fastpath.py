@@ -69,7 +69,7 @@ def runs_cuda_code(device: torch.device | str) -> bool:
 
 
 def compacts(device: torch.device | str) -> bool:
-    """Whether AugMix runs an operation family on its selected images only (augment/augmix.py `_apply_family`):
+    """Whether AugMix runs an operation family on its selected images only (augment/augmix_ops.py `_apply_family`):
     on the CPU, where reading the selection is free; not on an accelerator, where it is a host sync, nor inside
     `cuda_code_path`."""
     return torch.device(device).type == "cpu" and not _cuda_code_everywhere

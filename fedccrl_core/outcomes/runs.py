@@ -25,7 +25,7 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> EvaluatedR
     """The final-round target accuracy and that of the model of the best source-validation round (DomainBed's
     training-domain validation), each re-computed from the saved models, with per-class accuracy and the
     confusion matrix; plus the training history's communication and per-round accuracies."""
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.federation.history import load_history
 
     history = load_history(run)

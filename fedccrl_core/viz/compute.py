@@ -65,8 +65,9 @@ def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std
     """FedCCRL Fig. 3 for every client: `n_preview` of its training images, CCDT with the pool of the other
     clients' uploads F_j (Eq. 8, drawn here as the server would hold them), then DIFP."""
     from fedccrl_core.algorithms.fedccrl import pool_without
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.data.pools import load_pool, sample_statistics
-    from fedccrl_core.data.shards import load_client, load_manifest
+    from fedccrl_core.data.shards import load_client
 
     rng = np.random.default_rng(seed)
     ids = [c.id for c in load_manifest(shards).clients]

@@ -100,8 +100,8 @@ def plot(result: dict, path: Path) -> None:
 def load_audit_clients(shards: Path, pools: Path):
     """Every client's statistics (the pools) and domain (the shards' manifest), for the membership measurement of
     fedccrl_core/privacy/audit.py `audit` (scripts/privacy_audit.py)."""
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.data.pools import load_pool
-    from fedccrl_core.data.shards import load_manifest
     from fedccrl_core.privacy.audit import Client
 
     manifest = load_manifest(shards)
@@ -118,7 +118,7 @@ def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privac
     `copies` copies of the clients."""
     from fedccrl_core.algorithm_params.fedccrl import FedCCRLParams
     from fedccrl_core.algorithms.fedccrl import FedCCRL
-    from fedccrl_core.data.shards import load_manifest
+    from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.federation.driver import load_clients
     from fedccrl_core.federation.round_privacy import privacy_of
 

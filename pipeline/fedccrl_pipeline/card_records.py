@@ -18,7 +18,7 @@ from fedccrl_core.learning.model_meta import ModelMeta
 from fedccrl_pipeline.model_card import CardRecords, SweepEpsilon
 
 if TYPE_CHECKING:
-    from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.data.manifest import ShardManifest
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_core.outcomes.evaluated import EvaluatedRun
     from fedccrl_flower.sites import FederationFile
@@ -107,7 +107,7 @@ def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):
         fed = read_federation(federation)
         _same_run(meta, {"dataset": fed.dataset}, federation)
         return None, fed, (f"the federation file {federation.name}", sha256_of(federation))
-    from fedccrl_core.data.shards import MANIFEST, load_manifest
+    from fedccrl_core.data.manifest import MANIFEST, load_manifest
 
     manifest = load_manifest(shards)
     _same_run(meta, {"dataset": manifest.dataset}, shards / MANIFEST)

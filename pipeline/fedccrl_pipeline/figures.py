@@ -58,7 +58,7 @@ class Figures:
     def __init__(self, shards: Path | None, models: Path, out: Path, cfg, deploy_path: Path | None = None):
         """cfg: the ParamsFile, validated before anything is read or written; deploy_path: a deployment's
         params file, whose runs these are (else the sweep's)."""
-        from fedccrl_core.data.shards import load_manifest
+        from fedccrl_core.data.manifest import load_manifest
 
         self.cfg = cfg
         self.shards, self.models, self.final_out = shards, models, out

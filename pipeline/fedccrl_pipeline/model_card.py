@@ -15,7 +15,7 @@ from statistics import NormalDist
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.data.manifest import ShardManifest
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_core.learning.model_meta import ModelMeta
     from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored

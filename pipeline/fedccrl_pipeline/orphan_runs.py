@@ -8,13 +8,13 @@ import socket
 import sys
 import time
 
-from fedccrl_core.foundation.fsio import owner_alive
+from fedccrl_core.foundation.temp_paths import owner_alive
 
 OWNER_TAG = "fedccrl.owner"  # <host>:<pid>:<since> of the process that has the run open
 
 
 def owner() -> str:
-    """This process, as OWNER_TAG spells it (who, since when: fsio.owner_alive)."""
+    """This process, as OWNER_TAG spells it (who, since when: temp_paths.owner_alive)."""
     return f"{socket.gethostname()}:{os.getpid()}:{time.time():.0f}"
 
 

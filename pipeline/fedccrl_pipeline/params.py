@@ -29,7 +29,7 @@ from ruamel.yaml import YAML, YAMLError
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
 from fedccrl_core.data.registry import AUTO, REGISTRY
-from fedccrl_core.data.shards import SCHEMES
+from fedccrl_core.data.splits import SCHEMES
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.backbone_names import BACKBONES
 from fedccrl_core.foundation.errors import ParamError

@@ -1,7 +1,8 @@
 """`fedccrl partition`: split every domain of --raw into K clients and write one shard per client.
 
-Reads `dataset.name`, `preprocess.image_size` and the `partition` group (see fedccrl_core/data/shards.py for the
-split and the shard format). The clients' statistic pools are the next stage's (`fedccrl pools`).
+Reads `dataset.name`, `preprocess.image_size` and the `partition` group (see fedccrl_core/data/partition.py and
+splits.py for the split, shards.py for the shard format). The clients' statistic pools are the next stage's
+(`fedccrl pools`).
 """
 
 from __future__ import annotations
@@ -15,15 +16,12 @@ from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 def _run(raw: str, out: str, params_path: str) -> None:
     folders_apart({"raw": raw}, {"out": out})
     cfg = load_config(params_path)  # the whole file, before any image is read
+    from fedccrl_core.data.partition import PartitionSettings, partition
     from fedccrl_core.data.registry import get_dataset, resolve_image_size
-    from fedccrl_core.data.shards import partition
 
     spec, size_param, p = get_dataset(cfg.dataset.name), cfg.preprocess.image_size, cfg.partition
     feddg = p.scheme == "feddg_bench"
-    partition(
-        raw,
-        out,
-        spec,
+    settings = PartitionSettings(
         resolve_image_size(size_param, spec),
         clients_per_domain=p.clients_per_domain,
         val_fraction=p.val_fraction,
@@ -32,8 +30,8 @@ def _run(raw: str, out: str, params_path: str) -> None:
         scheme=p.scheme,
         num_clients=p.num_clients if feddg else None,
         lam=p.lambda_ if feddg else None,
-        params={"dataset.name": spec.name, "preprocess.image_size": size_param},
     )
+    partition(raw, out, spec, settings, params={"dataset.name": spec.name, "preprocess.image_size": size_param})
 
 
 @click.command()

@@ -46,7 +46,8 @@ def calibration_set(shards: Path, held_out: str, n: int) -> tuple[np.ndarray, li
     """Up to n source-domain training images of the shards (uint8 NHWC), spread evenly over the source clients and
     over each one's rows, and the domains they come from. The held-out domain's rows are never read: its clients are
     skipped and a mixed client's rows of it dropped (load_client exclude_domain)."""
-    from fedccrl_core.data.shards import client_ids, domain_name, load_client, load_manifest
+    from fedccrl_core.data.manifest import client_ids, domain_name, load_manifest
+    from fedccrl_core.data.shards import load_client
 
     manifest = load_manifest(shards)
     name = domain_name(manifest, held_out)

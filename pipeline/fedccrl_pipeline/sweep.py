@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from fedccrl_core.data.shards import ShardManifest
+from fedccrl_core.data.manifest import ShardManifest
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_pipeline.params import ParamsFile, resolve_held_out
 
@@ -53,7 +53,7 @@ def check_train(cfg: ParamsFile, manifest: ShardManifest, algorithm: str, held_o
     train.batch_size). `cfg` has passed validate_params(data, (algorithm,)). Returns the held-out domains'
     names, in the order given."""
     from fedccrl_core.algorithms import build_algorithm
-    from fedccrl_core.data.shards import client_ids
+    from fedccrl_core.data.manifest import client_ids
 
     manifest_held_out(manifest, cfg.train.held_out)
     targets = manifest_held_out(manifest, [held_out_entry(h) for h in held_out], key="--held-out")

@@ -18,7 +18,7 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
 
 if TYPE_CHECKING:
-    from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.data.manifest import ShardManifest
     from fedccrl_core.federation.history import RunPrivacySummary
     from fedccrl_core.privacy.sweep_epsilon import SweepRun
     from fedccrl_flower.sites import FederationFile
@@ -49,7 +49,7 @@ class SweepPlan:
 def manifest_plan(cfg: ParamsFile, manifest: ShardManifest) -> SweepPlan:
     """The train stage's sweep (dvc.yaml's matrix: train.algorithms x train.seeds x train.held_out) on the central
     partition, with the sizes the clients will announce (the manifest's)."""
-    from fedccrl_core.data.shards import client_ids
+    from fedccrl_core.data.manifest import client_ids
     from fedccrl_pipeline.params import resolve_held_out
 
     t = cfg.train

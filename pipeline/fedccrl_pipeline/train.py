@@ -33,8 +33,8 @@ def train(
     workers: str = "auto",
 ) -> None:
     from fedccrl_core.algorithms import ALGORITHMS
+    from fedccrl_core.data.manifest import client_ids, load_manifest
     from fedccrl_core.data.pools import check_pools
-    from fedccrl_core.data.shards import client_ids, load_manifest
     from fedccrl_core.federation.jobs import LOG
     from fedccrl_core.federation.plan import plan_runs
     from fedccrl_core.federation.workers import worker_count

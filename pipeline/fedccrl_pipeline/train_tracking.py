@@ -18,7 +18,7 @@ from fedccrl_pipeline.sweep_privacy import PRIVACY_TAG
 from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 
 if TYPE_CHECKING:
-    from fedccrl_core.data.shards import ShardManifest
+    from fedccrl_core.data.manifest import ShardManifest
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_flower.sites import FederationFile
 
