@@ -21,7 +21,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator
 
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.foundation.records import Record, parse_record
@@ -45,7 +45,7 @@ class SiteConfig(Record):
     state_dir: str = Field(min_length=1)
     superlink: str
     root_certificates: str | None = None
-    insecure: bool = False
+    insecure: bool = Field(False, validate_default=True)  # checked against root_certificates, given or not
     auth_private_key: str | None = None
     port: int | None = Field(None, ge=1, le=65535)
     device: Literal["auto", "cpu", "cuda"] | None = None
@@ -66,14 +66,15 @@ class SiteConfig(Record):
             raise ValueError("must be host:port, without a URL prefix (e.g. superlink.example.org:8000)")
         return v
 
-    @model_validator(mode="after")
-    def _tls_or_insecure(self) -> SiteConfig:
-        if self.insecure == (self.root_certificates is not None):
+    @field_validator("insecure")
+    @classmethod
+    def _tls_or_insecure(cls, v: bool, info: ValidationInfo) -> bool:
+        if v == (info.data.get("root_certificates") is not None):
             raise ValueError(
                 "give exactly one of root_certificates (TLS: the CA of the SuperLink's certificate) and "
                 "insecure = true (no TLS: loopback rehearsals only)"
             )
-        return self
+        return v
 
     def resolved(self, base: Path) -> SiteConfig:
         """This config with its paths read from `base` (the config file's folder), absolute."""
