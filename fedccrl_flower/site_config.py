@@ -76,6 +76,13 @@ class SiteConfig(Record):
             )
         return v
 
+    @field_validator("auth_private_key")
+    @classmethod
+    def _auth_over_tls(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is not None and info.data.get("insecure"):  # Flower refuses it too, with exit code 303
+            raise ValueError("SuperNode authentication needs TLS: give root_certificates, not insecure = true")
+        return v
+
     def resolved(self, base: Path) -> SiteConfig:
         """This config with its paths read from `base` (the config file's folder), absolute."""
         paths = {k: str(base / Path(v).expanduser()) for k in PATH_KEYS if (v := getattr(self, k)) is not None}

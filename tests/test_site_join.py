@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from layout import ROOTS
-from wheel_envs import canonical, extra, requirement_closure
+from wheel_envs import REPO, canonical, extra, requirement_closure
 
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_flower.site_config import SiteConfig, load_site_config, supernode_argv
@@ -193,6 +193,11 @@ def _config(site: Path, text: str) -> Path:
             r"site\.toml: key 'auth_private_key': .*site_art is not a file",
         ),
         (
+            GOOD.replace('root_certificates = "certs/ca.crt"', "insecure = true")
+            + 'auth_private_key = "certs/ca.crt"\n',
+            r"site\.toml: key 'auth_private_key': .*authentication needs TLS",
+        ),
+        (
             GOOD + "insecure = true\n",
             r"site\.toml: key 'insecure': got True; give exactly one of root_certificates .* and insecure = true",
         ),
@@ -213,6 +218,7 @@ def _config(site: Path, text: str) -> Path:
         "port-out-of-range",
         "missing-certificate",
         "missing-auth-key",
+        "auth-without-tls",
         "tls-and-insecure",
         "url-prefix",
         "client-not-prepared",
@@ -354,3 +360,27 @@ def test_site_prepare_refuses_join_options_before_any_work(tmp_path, params):
         res = CliRunner().invoke(main, [*args, *extra_args])
         assert res.exit_code == 2 and match.split(".*")[0] in res.output, res.output
         assert not (tmp_path / "site").exists() and not (tmp_path / "site.toml").exists()
+
+
+def test_the_documented_site_config_runs_the_documented_supernode_command(tmp_path):
+    """docs/flower.md: the `site.toml` of the TLS recipe gives the `flower-supernode` command printed under it (its
+    relative paths and $PWD read from the config's folder), the one tests/test_flower_secure.py runs."""
+    import re
+    import shlex
+
+    from doc_blocks import BLOCKS
+
+    page = (REPO / "docs" / "flower.md").read_text()
+    (toml,) = re.findall(r"```toml\n(.*?)```", page, flags=re.S)
+    (doc,) = [b.code for b in BLOCKS if b.code.startswith("flower-supernode --superlink superlink.example.org")]
+    for rel in ("prepared/shards/manifest.json", "prepared/shards/art_c0.npz", "prepared/pools/art_c0.npz"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("{}")
+    for rel in ("certs/ca.crt", "keys/site_art"):
+        (tmp_path / rel).parent.mkdir(exist_ok=True)
+        (tmp_path / rel).write_text("pem")
+    argv = supernode_argv(load_site_config(_config(tmp_path, toml)))
+    documented = shlex.split(doc.replace("\\\n", " ").replace("$PWD", str(tmp_path)))
+    for flag in ("--root-certificates", "--auth-supernode-private-key"):
+        documented[documented.index(flag) + 1] = str(tmp_path / documented[documented.index(flag) + 1])
+    assert argv == documented
