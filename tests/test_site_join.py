@@ -356,6 +356,10 @@ def test_site_prepare_refuses_join_options_before_any_work(tmp_path, params):
         ([*join, "--root-certificates", str(tmp_path / "ca.crt")], "key 'root_certificates': .*ca.crt is not a file"),
         ([*join], "give exactly one of root_certificates"),
         (["--superlink", "h:1"], "--superlink belongs to the join config: give --join-config"),
+        (
+            ["--join-config", str(tmp_path / "site" / "site.toml"), "--superlink", "h:1", "--insecure"],
+            "the same folder, or one inside the other",
+        ),
     ]:
         res = CliRunner().invoke(main, [*args, *extra_args])
         assert res.exit_code == 2 and match.split(".*")[0] in res.output, res.output

@@ -52,8 +52,9 @@ def _run(args: list, what: str, timeout: float = 3600) -> subprocess.CompletedPr
 
 
 def build_wheel(out: Path) -> Path:
-    """The project's wheel, built from this checkout without network (setuptools of this environment)."""
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w", out, REPO], "pip wheel")
+    """The project's wheel, built from this checkout's sdist (in a temporary folder, so the checkout gets no build/)
+    with this environment's setuptools, without network."""
+    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", out, REPO], "python -m build")
     (wheel,) = out.glob("fedccrl-*.whl")
     return wheel
 
@@ -66,7 +67,8 @@ def measure(extra: str, wheel: Path, wheels: Path, work: Path) -> dict:
     pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links", wheels]
     _run([*pip, "-c", REPO / "constraints.txt", f"{wheel}[{extra}]"], f"pip install {wheel.name}[{extra}]")
     dists = json.loads(_run([py, "-c", SIZES], "sizes").stdout)
-    gpu = sum(v for k, v in dists.items() if k.startswith("nvidia-") or k in ("triton", "cuda-bindings"))
+    cuda = [k for k in dists if (k.startswith(("nvidia-", "cuda-")) and k != "nvidia-ml-py") or k == "triton"]
+    gpu = sum(dists[k] for k in cuda)
     return {"total": folder_bytes(venv), "torch": dists.get("torch", 0), "gpu": gpu, "dists": len(dists)}
 
 

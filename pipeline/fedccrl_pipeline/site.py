@@ -87,7 +87,9 @@ def _join_config(path: str | None, client_id: str, out: str, given: dict):
 
 
 def _run(images, domain, client_id, classes, out, params_path, join_config, join: dict) -> None:
-    folders_apart({"images": images, "classes": classes, "params": params_path}, {"out": out})
+    folders_apart(
+        {"images": images, "classes": classes, "params": params_path}, {"out": out, "join_config": join_config}
+    )
     from fedccrl_core.data.site import prepare_site
 
     config = _join_config(join_config, client_id, out, join)
