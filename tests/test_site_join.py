@@ -320,12 +320,12 @@ def test_site_join_runs_flower_supernode_from_path_and_passes_its_exit_code(site
 
 
 def test_site_join_passes_sigterm_on_and_exits_as_the_supernode_does(site):
-    bin_ = _fake_supernode(site / "bin", f"trap 'echo term > {site}/got; exit 7' TERM\nwhile :; do sleep 0.1; done")
+    body = f"trap 'echo term > {site}/got; exit 7' TERM\ntouch {site}/ready\nwhile :; do sleep 0.1; done"
+    bin_ = _fake_supernode(site / "bin", body)
     proc = _join(site, bin_, _config(site, GOOD))
-    deadline = time.monotonic() + 30
-    while not (bin_ / "argv.json").exists() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 60
+    while not (site / "ready").exists() and time.monotonic() < deadline:  # its trap is set
         time.sleep(0.05)
-    time.sleep(0.2)  # the fake's trap is set once it has written argv.json
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 7, err
