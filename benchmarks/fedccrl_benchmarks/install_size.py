@@ -43,9 +43,12 @@ def folder_bytes(folder: Path) -> int:
     return sum((Path(root) / f).lstat().st_size for root, _, files in os.walk(folder) for f in files)
 
 
-def _run(args: list, what: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")} | {"PIP_CONFIG_FILE": os.devnull}
-    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env)
+def _run(args: list, what: str, cwd: Path, timeout: float = 3600) -> subprocess.CompletedProcess:
+    """`args` in `cwd`, with no pip configuration and no PYTHONPATH: a checkout on the path holds fedccrl.egg-info,
+    which pip would take for an installed fedccrl (and skip the wheel)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    p = subprocess.run([str(a) for a in args], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
     if p.returncode != 0:
         raise click.ClickException(f"{what} failed ({p.returncode}):\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}")
     return p
@@ -54,7 +57,8 @@ def _run(args: list, what: str, timeout: float = 3600) -> subprocess.CompletedPr
 def build_wheel(out: Path) -> Path:
     """The project's wheel, built from this checkout's sdist (in a temporary folder, so the checkout gets no build/)
     with this environment's setuptools, without network."""
-    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", out, REPO], "python -m build")
+    out.mkdir(parents=True, exist_ok=True)
+    _run([sys.executable, "-m", "build", "--no-isolation", "--outdir", out, REPO], "python -m build", out)
     (wheel,) = out.glob("fedccrl-*.whl")
     return wheel
 
@@ -62,11 +66,13 @@ def build_wheel(out: Path) -> Path:
 def measure(extra: str, wheel: Path, wheels: Path, work: Path) -> dict:
     """Install `<wheel>[extra]` into a fresh venv under `work`; its sizes in bytes."""
     venv = work / f"{extra}-venv"
-    _run([sys.executable, "-m", "venv", venv], f"python -m venv {venv}")
+    _run([sys.executable, "-m", "venv", venv], f"python -m venv {venv}", work)
     py = venv / "bin" / "python"
     pip = [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--no-index", "--find-links", wheels]
-    _run([*pip, "-c", REPO / "constraints.txt", f"{wheel}[{extra}]"], f"pip install {wheel.name}[{extra}]")
-    dists = json.loads(_run([py, "-c", SIZES], "sizes").stdout)
+    _run([*pip, "-c", REPO / "constraints.txt", f"{wheel}[{extra}]"], f"pip install {wheel.name}[{extra}]", work)
+    dists = json.loads(_run([py, "-c", SIZES], "sizes", work).stdout)
+    if "fedccrl" not in dists:
+        raise click.ClickException(f"{venv}: fedccrl is not installed")
     cuda = [k for k in dists if (k.startswith(("nvidia-", "cuda-")) and k != "nvidia-ml-py") or k == "triton"]
     gpu = sum(dists[k] for k in cuda)
     return {"total": folder_bytes(venv), "torch": dists.get("torch", 0), "gpu": gpu, "dists": len(dists)}
