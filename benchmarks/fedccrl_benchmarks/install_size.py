@@ -2,9 +2,8 @@
 against the `full` extra (a training machine), measured in one run.
 
 Builds the fedccrl wheel (or takes `--wheel`), then makes one fresh venv per extra and installs `<wheel>[extra]` into
-it with pip, from a local folder of wheels only (`--find-links DIR --no-index`, no pip configuration: `pip wheel -w DIR
--c constraints.txt '.[full]'` fills it; the full extra's wheels hold the site extra's) and the project's
-constraints.txt. It prints, per venv, the
+it with pip, from a local folder of wheels only (`--find-links DIR --no-index`, no pip configuration; docs/benchmarks.md
+fills it with `pip download` of the full extra, whose wheels hold the site extra's) and the project's constraints.txt. It prints, per venv, the
 size of its files (apparent size, MB = 10^6 bytes), of the torch distribution, of what torch brings for the GPU (the
 nvidia-* CUDA libraries and triton), and the site install's share of the full one."""
 
