@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fedccrl_core.foundation.fsio import write_text
 from fedccrl_flower import messages as M
+from fedccrl_flower.node_config import node_config_arg
 from fedccrl_flower.processes import BIN, FlowerRunError, Proc, flower_env, free_port, stop_all, wait_http
 from fedccrl_flower.spec import ServerSpec
 
@@ -140,7 +141,6 @@ class LocalFederation(Federation):
         if self.simulation:
             raise ValueError("a simulation SuperLink runs its own simulated SuperNodes")
         port = free_port()
-        cfg = " ".join(f"{k}={json.dumps(v) if isinstance(v, str) else v}" for k, v in node_config.items())
         args = [
             str((bin_dir or BIN) / "flower-supernode"),
             "--insecure",
@@ -149,7 +149,7 @@ class LocalFederation(Federation):
             "--port",
             str(port),
             "--node-config",
-            cfg,
+            node_config_arg(node_config),
         ]
         k = self._restarts[name] = self._restarts.get(name, -1) + 1
         env = {**self.env, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)} if threads else self.env

@@ -30,6 +30,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 
 from fedccrl_core.foundation import contract
+from fedccrl_flower import node_config
 
 # ---- message types ----------------------------------------------------------------------------
 QUERY = MessageType.QUERY
@@ -61,12 +62,12 @@ STATE_TREE = "fedccrl.client-state.tree"
 STATE_HELD_OUT = "fedccrl.held-out"  # {run key: the held-out domain of that run's first message} (held_out_pin.py)
 
 # ---- node config (flower-supernode --node-config) and run config ([tool.flwr.app.config]) -------
-NODE_CLIENT_ID = "client-id"  # this SuperNode's client, e.g. "art_c0"
-NODE_PARTITION_ID = "partition-id"  # or: index into the manifest's source clients (simulation sets it)
-NODE_SHARDS = "shards"  # folder with manifest.json and <client>.npz
-NODE_POOLS = "pools"  # folder with the client's statistics (pools stage)
-NODE_STATE_DIR = "state-dir"  # optional: mirror of ClientState on disk (resume after restarts)
-NODE_DEVICE = "device"  # optional: auto | cpu | cuda (default: the server's train.device)
+NODE_CLIENT_ID = node_config.NODE_CLIENT_ID  # the node config's keys are declared in node_config.py (without torch)
+NODE_PARTITION_ID = node_config.NODE_PARTITION_ID
+NODE_SHARDS = node_config.NODE_SHARDS
+NODE_POOLS = node_config.NODE_POOLS
+NODE_STATE_DIR = node_config.NODE_STATE_DIR
+NODE_DEVICE = node_config.NODE_DEVICE
 RUN_SPEC = "spec"  # run config: the server spec (JSON)
 RUN_SHARDS = "shards"  # run config fallbacks for simulation (one filesystem)
 RUN_POOLS = "pools"

@@ -25,16 +25,11 @@ import numpy as np
 import pytest
 from layout import FIND, ROOTS, TOP, module_name
 from PIL import Image
-from wheel_envs import REPO, canonical, requirement_closure, run_outside
+from wheel_envs import REPO, canonical, extra, requirement_closure, run_outside, top_level_modules
 
-PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
 PACKAGES = tuple(TOP)  # the wheel's top-level import names (tests/layout.py: pyproject.toml's source roots)
 TORCH = {"torch", "torchvision", "triton"}
 SERVE_CORE = {"onnxruntime", "numpy", "pillow", "click"}
-
-
-def extra(*names: str) -> list[str]:
-    return PROJECT["dependencies"] + [r for n in names for r in PROJECT["optional-dependencies"][n]]
 
 
 def _installed(name: str) -> bool:
@@ -73,15 +68,6 @@ def test_no_documented_install_combines_serve_and_full():
         assert not {"serve", "full"} <= named, f"{name}: {line.strip()}"
 
 
-def _top_level_modules(dist: metadata.Distribution) -> set[str]:
-    listed = dist.read_text("top_level.txt")
-    if listed:
-        return set(listed.split())
-    return {
-        f.parts[0].removesuffix(".py") for f in dist.files or [] if not f.parts[0].endswith((".dist-info", ".data"))
-    }
-
-
 def test_the_wheel_ships_every_module_under_a_fedccrl_import_name():
     """Every import name the wheel installs starts with fedccrl (a user's own `pipeline` or `benchmarks` package
     is never overwritten); setuptools finds, under pyproject.toml's source roots, exactly the packages of the
@@ -108,7 +94,7 @@ def test_every_imported_third_party_module_is_declared():
     provided = set()
     for req in extra("serve", "full"):
         try:  # the one onnxruntime build installed here provides the `onnxruntime` module
-            provided |= _top_level_modules(metadata.distribution(re.split(r"[\[<>=!~; ]", req, maxsplit=1)[0]))
+            provided |= top_level_modules(metadata.distribution(re.split(r"[\[<>=!~; ]", req, maxsplit=1)[0]))
         except metadata.PackageNotFoundError:
             continue
     missing = {}

@@ -21,6 +21,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from importlib import metadata
 from pathlib import Path
 
@@ -28,8 +29,38 @@ REPO = Path(__file__).resolve().parents[1]
 CONSTRAINTS = REPO / "constraints.txt"
 
 
+PROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+SELF = re.compile(r"fedccrl\[([a-z,-]+)\]")  # an extra built on others (full: fedccrl[site])
+
+
 def canonical(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def extra(*names: str) -> list[str]:
+    """pyproject.toml's requirements of the base install with the extras `names`, an extra's `fedccrl[...]` read
+    from this checkout's pyproject.toml (the installed fedccrl's metadata may be older)."""
+    reqs, todo, seen = list(PROJECT["dependencies"]), list(names), set()
+    while todo:
+        name = todo.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        for r in PROJECT["optional-dependencies"][name]:
+            inner = SELF.fullmatch(r)
+            todo += inner.group(1).split(",") if inner else []
+            reqs += [] if inner else [r]
+    return reqs
+
+
+def top_level_modules(dist: metadata.Distribution) -> set[str]:
+    """The import names an installed distribution provides."""
+    listed = dist.read_text("top_level.txt")
+    if listed:
+        return set(listed.split())
+    return {
+        f.parts[0].removesuffix(".py") for f in dist.files or [] if not f.parts[0].endswith((".dist-info", ".data"))
+    }
 
 
 def requirement_closure(requirements: list[str], read_as: dict[str, str] | None = None) -> set[str]:

@@ -2,12 +2,19 @@
 
     fedccrl site prepare --images DIR --domain NAME --client-id ID --classes classes.txt --out SITE [--params params.yaml]
 
-writes SITE/shards (this site's shard and manifest) and SITE/pools (its statistics, FedCCRL Eq. 6-7); the SuperNode
-then runs with `--node-config "client-id=ID shards=SITE/shards pools=SITE/pools ..."`. The federation's settings
+writes SITE/shards (this site's shard and manifest) and SITE/pools (its statistics, FedCCRL Eq. 6-7). With
+`--join-config site.toml --superlink HOST:PORT` (and `--root-certificates CA` or `--insecure`, optionally
+`--auth-key KEY`, `--port N`) it also writes the site's join config (fedccrl_flower/site_config.py), checked before
+any work and written once the site folder is. The federation's settings
 (`preprocess.image_size`, `preprocess.mean/std`, `partition.val_fraction`, `partition.seed`, `dataset.name`) are
 read from the operator's params.yaml, the class order from the class file the operator publishes (see
 fedccrl_core/data/site.py for the split, the checks and the folder layout). Not a pipeline stage: no dvc.yaml
 stage runs it. The images come from --images: params.yaml's dataset.source does not apply.
+
+    fedccrl site join --config site.toml
+
+runs the site's SuperNode: Flower's `flower-supernode`, its command line built from the join config and printed,
+as a child that gets this process's signals; it exits with the SuperNode's exit code (fedccrl_flower/supernode.py).
 
     fedccrl site classes [--params params.yaml] [--images DIR] > classes.txt
 
@@ -23,6 +30,9 @@ site's `prepare` writes into its manifest. Its domains are a registry dataset's,
 """
 
 from __future__ import annotations
+
+import sys
+from pathlib import Path
 
 import click
 
@@ -56,12 +66,42 @@ def _federation_settings(params_path: str, classes: str):
     return spec, fed
 
 
-def _run(images: str, domain: str, client_id: str, classes: str, out: str, params_path: str) -> None:
-    folders_apart({"images": images, "classes": classes, "params": params_path}, {"out": out})
+def _join_config(path: str | None, client_id: str, out: str, given: dict):
+    """(path, the resolved join config) that `prepare --join-config` writes, checked before any work; None without
+    --join-config. Its state folder: `state` beside the site folder."""
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_core.foundation.records import parse_record
+    from fedccrl_flower.site_config import PATH_KEYS, SiteConfig, check_site_files
+
+    given = {k: v for k, v in given.items() if v is not None and v is not False}
+    if path is None:
+        if given:
+            raise DataError(f"--{next(iter(given)).replace('_', '-')} belongs to the join config: give --join-config")
+        return None
+    raw = {"client_id": client_id, "site": out, "state_dir": str(Path(out).resolve().parent / "state"), **given}
+    raw = {k: str(Path(v).resolve()) if k in PATH_KEYS else v for k, v in raw.items()}  # from the working folder
+    where = f"--join-config {path}"
+    cfg = parse_record(SiteConfig, raw, where)
+    check_site_files(cfg, where, prepared=False)
+    return Path(path), cfg
+
+
+def _run(images, domain, client_id, classes, out, params_path, join_config, join: dict) -> None:
+    folders_apart(
+        {"images": images, "classes": classes, "params": params_path}, {"out": out, "join_config": join_config}
+    )
     from fedccrl_core.data.site import prepare_site
 
+    config = _join_config(join_config, client_id, out, join)
     spec, fed = _federation_settings(params_path, classes)
     prepare_site(images, out, fed, spec, domain, client_id, classes)
+    if config is not None:
+        from fedccrl_core.foundation.fsio import write_text
+        from fedccrl_flower.site_config import site_config_text
+
+        path, cfg = config
+        write_text(path, site_config_text(cfg, path.resolve().parent))
+        click.echo(f"site prepare: {path}: join with `fedccrl site join --config {path}`", err=True)
 
 
 @click.group()
@@ -83,9 +123,35 @@ def command() -> None:
     type=click.Path(dir_okay=False),
     help="the operator's params.yaml: the federation's image size, mean/std, val_fraction and seed",
 )
-def prepare(images: str, domain: str, client_id: str, classes: str, out: str, params_path: str) -> None:
-    """Decode the site's images once, split them train/val, write SITE/shards and SITE/pools."""
-    run_stage(_run, images, domain, client_id, classes, out, params_path)
+@click.option("--join-config", type=click.Path(dir_okay=False), help="write the site's join config (site.toml) here")
+@click.option("--superlink", help="join config: the SuperLink's Fleet API, host:port")
+@click.option("--root-certificates", type=click.Path(dir_okay=False), help="join config: the SuperLink's CA (TLS)")
+@click.option("--insecure", is_flag=True, help="join config: no TLS (loopback rehearsals only)")
+@click.option("--auth-key", "auth_private_key", type=click.Path(dir_okay=False), help="join config: SuperNode auth key")
+@click.option("--port", type=int, help="join config: the SuperNode's Runtime API port (one per SuperNode of a machine)")
+def prepare(images, domain, client_id, classes, out, params_path, join_config, **join) -> None:
+    """Decode the site's images once, split them train/val, write SITE/shards and SITE/pools (and the join config)."""
+    run_stage(_run, images, domain, client_id, classes, out, params_path, join_config, join)
+
+
+def _join(config: str) -> int:
+    import shlex
+
+    from fedccrl_flower.site_config import load_site_config, supernode_argv
+    from fedccrl_flower.supernode import find_supernode, run_supernode
+
+    argv = supernode_argv(load_site_config(config), find_supernode())
+    click.echo(f"site join: {shlex.join(argv)}", err=True)
+    code = run_supernode(argv)
+    click.echo(f"site join: flower-supernode exited with code {code}", err=True)
+    return code
+
+
+@command.command()
+@click.option("--config", required=True, type=click.Path(dir_okay=False), help="the site's join config (site.toml)")
+def join(config: str) -> None:
+    """Run this site's SuperNode (Flower's flower-supernode) from its join config; exit with its exit code."""
+    sys.exit(run_stage(_join, config))
 
 
 def _classes(params_path: str, images: str | None) -> None:
