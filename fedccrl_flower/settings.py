@@ -10,6 +10,15 @@ from pydantic import Field, field_validator
 from fedccrl_core.foundation.hparams import Declared
 
 
+def superlink_address(v: str) -> str:
+    """A SuperLink's address as every setting of one spells it (train.flower.superlink, deploy.superlink, a site's
+    site.toml): host:port, the port in 1-65535, without a URL prefix; ValueError otherwise."""
+    host, _, port = v.rpartition(":")
+    if "://" in v or not host or any(c.isspace() for c in host) or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError("must be host:port, without a URL prefix (e.g. superlink.example.org:9093)")
+    return v
+
+
 class FlowerSettings(Declared):
     """params.yaml `train.flower.*`."""
 
@@ -39,6 +48,11 @@ class FlowerSettings(Declared):
     client_threads: int = Field(
         0, ge=0, description="local deployment: torch threads per SuperNode (0 = cores / SuperNodes)"
     )
+
+    @field_validator("superlink")
+    @classmethod
+    def _superlink_address(cls, v: str) -> str:
+        return superlink_address(v) if v else v  # "": a local SuperLink
 
     @field_validator("superlink")
     @classmethod

@@ -34,6 +34,7 @@ from fedccrl_flower.node_config import (
     node_config_arg,
     unsafe_value,
 )
+from fedccrl_flower.settings import superlink_address
 
 PATH_KEYS = ("site", "state_dir", "root_certificates", "auth_private_key")  # read from the file's folder
 HEADER = "# This site's SuperNode: fedccrl site join --config <this file> (docs/flower.md); paths from this folder\n"
@@ -61,10 +62,7 @@ class SiteConfig(Record):
     @field_validator("superlink")
     @classmethod
     def _host_and_port(cls, v: str) -> str:
-        host, _, port = v.rpartition(":")
-        if "://" in v or not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-            raise ValueError("must be host:port, without a URL prefix (e.g. superlink.example.org:8000)")
-        return v
+        return superlink_address(v)
 
     @field_validator("insecure")
     @classmethod

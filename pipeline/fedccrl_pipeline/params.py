@@ -35,7 +35,7 @@ from fedccrl_core.foundation.backbone_names import BACKBONES
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.hparams import Declared, Sha256, validate
 from fedccrl_core.privacy.settings import PrivacySettings
-from fedccrl_flower.settings import FlowerSettings
+from fedccrl_flower.settings import FlowerSettings, superlink_address
 from fedccrl_pipeline import quantize
 from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
 
@@ -231,11 +231,16 @@ class DeployParams(Declared):
     """deploy.* of the operator's pipeline (deploy/params.yaml, deploy/dvc.yaml): where the SuperLink is and which
     runs to train over it. The training settings are the research params file's."""
 
-    superlink: str = Field(pattern=r"^[^\s:]+:[0-9]{1,5}$", description="host:port of the SuperLink's control API")
+    superlink: str = Field(description="host:port of the SuperLink's control API")
     root_certificates: str = Field(description='the SuperLink\'s CA certificate (TLS); "" = --insecure (loopback)')
     algorithms: Annotated[list[_one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
     seeds: Annotated[list[int], Field(min_length=1)]
     held_out: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]  # domain names
+
+    @field_validator("superlink")
+    @classmethod
+    def _superlink(cls, v: str) -> str:
+        return superlink_address(v)  # as train.flower.superlink and a site's site.toml spell it
 
     @field_validator("held_out", "algorithms", "seeds")
     @classmethod
