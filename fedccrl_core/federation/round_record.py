@@ -75,6 +75,11 @@ class _Epsilons(Record):
     dp_epsilon_weights: float | None = Field(None, alias=contract.DP_EPSILON_WEIGHTS)
     dp_seeded_noise: float | None = None
 
+    def __contains__(self, name: object) -> bool:
+        """Whether the record has the field `name` (a contract.py name, a loss term): pydantic iterates a model as
+        (name, value) pairs, so `in` would otherwise never find a name."""
+        return name in self.to_dict()
+
     def metric(self, name: str) -> float | None:
         """The number named `name` (a contract.py field, a loss term), None where the round has none."""
         value = self.to_dict().get(name)
