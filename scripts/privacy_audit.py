@@ -23,8 +23,8 @@ Usage:  OMP_NUM_THREADS=1 python scripts/privacy_audit.py [DATA (data)] [--seeds
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -36,8 +36,18 @@ from fedccrl_pipeline.audit import engine_audit, load_audit_clients, verdict
 from fedccrl_pipeline.params import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # the faults are the tests' (test-only: no switch of the product)
-from audit_faults import injected  # noqa: E402
+
+
+def _test_faults():
+    """tests/audit_faults.py, loaded from its file: the faults are the tests' (test-only: no switch of the product)."""
+    spec = importlib.util.spec_from_file_location("audit_faults", ROOT / "tests" / "audit_faults.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+injected = _test_faults().injected
 
 # (label, train.privacy, fault, the noise divisor: the true eps is the accountant's at z_s / divisor; 0: unbounded)
 CASES = (

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -234,3 +235,45 @@ def test_bytecode_caches_stay_out_of_the_hash_of_a_folder_dep():
         [dvc, "check-ignore", *(f"{d}/m.py" for d in folders)], cwd=ROOT, capture_output=True, text=True
     )
     assert sources.returncode == 1 and sources.stdout == "", f"sources left out of a folder's hash: {sources.stdout}"
+
+
+# ---- `python tests/test_dvc_deps.py`: deploy/dvc.yaml's module lists rewritten after an import changes --------------
+DEPLOY_FILE = "deploy/dvc.yaml"
+DEPLOY_CODE = ("../fedccrl_core", "../pipeline", "../serving", "../fedccrl_flower", "../benchmarks")
+DEPS_WIDTH = 118
+
+
+def rewrite_deploy_deps() -> None:
+    """Rewrite each stage's code deps in deploy/dvc.yaml with what the stage imports, module by module (this file's
+    rule), keeping its other deps (federation.json, the test folder) first: `python tests/test_dvc_deps.py`."""
+    path = ROOT / DEPLOY_FILE
+    text = path.read_text()
+    stages = yaml.safe_load(text)["stages"]
+    pos = 0
+    for name, stage in stages.items():
+        start = re.compile(rf"^  {re.escape(name)}:\n", re.M).search(text, pos)
+        assert start is not None, name
+        m = re.compile(r"^(\s*)deps: \[", re.M).search(text, start.end())
+        assert m is not None, name
+        end = text.index("]", m.end())
+        tokens = [t.strip() for t in text[m.end() : end].replace("\n", " ").split(",") if t.strip()]
+        keep = [t for t in tokens if not t.startswith(DEPLOY_CODE)]
+        code = expected_deps(DEPLOY_FILE, needed_files(stage))
+        items = keep + [c for c in code if c not in keep]
+        indent = m.group(1) + " " * len("deps: [")
+        lines, line = [], m.group(1) + "deps: ["
+        for i, item in enumerate(items):
+            piece = item + ("]" if i == len(items) - 1 else ",")
+            if len(line) + len(piece) + 1 > DEPS_WIDTH and not line.endswith("["):
+                lines.append(line.rstrip())
+                line = indent + piece
+            else:
+                line += ("" if line.endswith("[") else " ") + piece
+        lines.append(line)
+        text = text[: m.start()] + "\n".join(lines) + text[end + 1 :]
+        pos = m.start() + 1
+    path.write_text(text)
+
+
+if __name__ == "__main__":
+    rewrite_deploy_deps()
