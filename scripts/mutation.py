@@ -2,20 +2,26 @@
 per-module table of docs/contributing.md ("Mutation testing") from mutmut's results.
 
   python scripts/mutation.py run [MODULE ...]   mutmut run --max-children 1 on each module's scope (all by default),
-                                                timed; the times go to mutants/mutation-times.json
-  python scripts/mutation.py summary [--survivors]   the table from mutants/**/*.py.meta (mutmut's own results), the
-                                                equivalent mutants with their reasons, and every survivor not
-                                                explained (exit code 1 when there is one)
+                                                timed; the times and each scope's hash go to mutants/mutation-times.json
+  python scripts/mutation.py summary [--survivors] [--write]   the modules' results from mutants/**/*.py.meta
+                                                (mutmut's own) recorded in docs/mutation-results.json with the hash
+                                                of the code they were made from, the table of every recorded module,
+                                                the equivalent mutants with their reasons, and every survivor not
+                                                explained (exit code 1 when there is one, or a row is stale);
+                                                --write puts the table into docs/contributing.md
 
 The scope (SCOPE) is the list of functions each module's row counts: a module's mutants outside it are neither run
-nor counted. The tests each mutant runs are the ones mutmut saw call the mutated function, among the fast tests of
-pyproject.toml [tool.mutmut] pytest_add_cli_args_test_selection.
+nor counted. Its hash (`scope_hash`: the source of those functions) is recorded with the row, so a row whose code
+changed since its run is seen as stale (tests/test_mutation_table.py). The tests each mutant runs are the ones mutmut
+saw call the mutated function, among the fast tests of pyproject.toml [tool.mutmut] pytest_add_cli_args_test_selection.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import fnmatch
+import hashlib
 import json
 import os
 import re
@@ -28,6 +34,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MUTANTS = ROOT / "mutants"
 TIMES = MUTANTS / "mutation-times.json"
+RESULTS = ROOT / "docs" / "mutation-results.json"
+DOC = ROOT / "docs" / "contributing.md"
+TABLE_START = "<!-- the mutation table: python scripts/mutation.py summary --write -->"
+TABLE_END = "<!-- end of the mutation table -->"
+COLUMNS = ("made", "killed", "equivalent", "device-only", "timeout", "survived", "not run")
 
 # module -> the functions mutated and counted (mutmut's mangled names: x_<function>, xǁ<Class>ǁ<method>); "*" = all
 SCOPE: dict[str, tuple[str, ...]] = {
@@ -64,6 +75,17 @@ SCOPE: dict[str, tuple[str, ...]] = {
     "fedccrl_core.privacy.dp": ("*",),
     # the RDP accountant
     "fedccrl_core.privacy.accountant": ("*",),
+    # Algorithm 1's client sampling: m = max(1, round(C N)) of N, without replacement
+    "fedccrl_core.federation.sampling": ("*",),
+    # the pre-release check (the worst case charged before a round) and the sizes of what left the clients
+    "fedccrl_core.federation.round_privacy": (
+        "x_released_rows",
+        "x_released_sizes",
+        "x_upload_sizes",
+        "xǁPrivateǁplanned_round",
+    ),
+    # Eq. 8's k_i as announced before the round and as counted in an upload
+    "fedccrl_core.algorithms.fedccrl": ("xǁStatisticsExchangeǁreleased_rows", "xǁStatisticsExchangeǁupload_rows"),
 }
 
 # Device placement: None (or the argument dropped) puts a tensor on the CPU, where the run's tensors are; only an
@@ -255,57 +277,153 @@ def results() -> dict[str, int | None]:
     return {k: v for k, v in out.items() if in_scope(k)}
 
 
+def source_of(module: str) -> str:
+    return (ROOT / (module.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+
+
+def scoped_functions(module: str, text: str) -> dict[str, str]:
+    """{mutmut's name of the function: its source} of each function of `text` that SCOPE counts for `module`."""
+    found: dict[str, str] = {}
+    for node in ast.parse(text).body:
+        defs = [(f"x_{node.name}", node)] if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) else []
+        if isinstance(node, ast.ClassDef):
+            defs = [
+                (f"xǁ{node.name}ǁ{f.name}", f)
+                for f in node.body
+                if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            ]
+        for name, f in defs:
+            if any(fnmatch.fnmatchcase(name, p) for p in SCOPE[module]):
+                found[name] = ast.get_source_segment(text, f) or ""
+    missing = [p for p in SCOPE[module] if p != "*" and not any(fnmatch.fnmatchcase(n, p) for n in found)]
+    if missing:
+        raise SystemExit(f"scripts/mutation.py SCOPE: {module} has no function {missing} (renamed? moved?)")
+    return found
+
+
+def scope_hash(module: str, text: str | None = None) -> str:
+    """The first 12 hex digits of sha256 over the scope's source: the whole module for "*", else the counted
+    functions' source in name order. A row of the table is fresh while this is what it was made from."""
+    text = source_of(module) if text is None else text
+    if SCOPE[module] == ("*",):
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+    found = scoped_functions(module, text)
+    return hashlib.sha256("\n".join(f"{n}\n{found[n]}" for n in sorted(found)).encode()).hexdigest()[:12]
+
+
+def machine() -> str:
+    """Where a run ran: cores, CPU model and its widest vector instruction set."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return f"{os.cpu_count()} cores"
+    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
+    isa = "AVX-512" if " avx512f" in info else "AVX2" if " avx2" in info else "no AVX2"
+    return f"{os.cpu_count()} cores, {model}, {isa}"
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "fedccrl_core", "tests"], cwd=ROOT, capture_output=True, text=True
+    )
+    return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def run(modules: list[str]) -> int:
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # one core per mutant, and fork-safe torch
     for module in modules:
+        made_from = {"scope_sha256": scope_hash(module), "commit": commit(), "machine": machine()}
         start = time.monotonic()
         rc = subprocess.call(
             [str(Path(sys.executable).parent / "mutmut"), "run", "--max-children", "1", *patterns(module)],
             cwd=ROOT,
             env=env,
         )
-        times[module] = round(time.monotonic() - start, 1)
+        made_from.update(time_s=round(time.monotonic() - start, 1), date=time.strftime("%Y-%m-%d"))
+        times[module] = made_from
+        MUTANTS.mkdir(exist_ok=True)
         TIMES.write_text(json.dumps(times, indent=1))
-        print(f"{module}: mutmut exited {rc} after {times[module]:.0f} s", flush=True)
+        print(f"{module}: mutmut exited {rc} after {made_from['time_s']:.0f} s", flush=True)
         if rc != 0:
             return rc
     return 0
 
 
-def summary(show_survivors: bool, diffs: bool = False) -> int:
-    codes = results()
+def counted(codes: dict[str, int | None], module: str) -> tuple[Counter, list[tuple[str, str]]]:
+    """A module's mutants by status (COLUMNS), and those neither killed nor explained."""
+    c: Counter = Counter()
+    unexplained = []
+    for name, code in codes.items():
+        if function_of(name)[0] != module:
+            continue
+        status = STATUS.get(code, "suspicious")
+        if status == "survived" and name in EQUIVALENT:
+            status = "device-only" if EQUIVALENT[name] == DEVICE else "equivalent"
+        elif status not in ("killed", "timeout"):
+            unexplained.append((name, status))
+        c["made"] += 1
+        c[status if status in COLUMNS else "not run"] += 1
+    return c, unexplained
+
+
+def record(codes: dict[str, int | None]) -> tuple[dict[str, dict], list[tuple[str, str]]]:
+    """docs/mutation-results.json with the modules that mutants/ holds results of replaced by them."""
+    recorded = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     times = json.loads(TIMES.read_text()) if TIMES.exists() else {}
-    rows, total = [], Counter()
     unexplained = []
     for module in SCOPE:
-        c = Counter()
-        for name, code in codes.items():
-            if function_of(name)[0] != module:
-                continue
-            status = STATUS.get(code, "suspicious")
-            if status == "survived" and name in EQUIVALENT:
-                status = "device-only" if EQUIVALENT[name] == DEVICE else "equivalent"
-            elif status not in ("killed", "timeout"):
-                unexplained.append((name, status))
-            c["made"] += 1
-            c[status] += 1
-        total.update(c)
-        rows.append((module, c, times.get(module)))
-    print(
-        "| module | made | killed | equivalent | device-only | timeouts | survived | not run | "
-        "killed or equivalent | time (s) |"
+        c, bad = counted(codes, module)
+        if not c["made"]:
+            continue
+        unexplained += bad
+        made_from = times.get(module)
+        if not isinstance(made_from, dict):  # mutants/ from before the hashes were kept: not known to be fresh
+            made_from = {"time_s": made_from, "scope_sha256": None, "commit": None, "machine": None, "date": None}
+        recorded[module] = {**{k: c[k] for k in COLUMNS}, **made_from}
+    return {m: recorded[m] for m in SCOPE if m in recorded}, unexplained
+
+
+def table(recorded: dict[str, dict]) -> str:
+    """The Markdown table of the recorded rows and their sum."""
+    head = (
+        "| module | made | killed | equivalent | device-only | timeouts | survived | not run | killed or equivalent "
+        "| time (s) | scope sha256 | run at |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|\n"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for module, c, t in [*rows, ("all", total, sum(times.get(m, 0) for m in SCOPE) or None)]:
-        explained = c["killed"] + c["equivalent"] + c["device-only"] + c["timeout"]
-        other = c["made"] - explained - c["survived"]
-        share = explained / c["made"] if c["made"] else 0.0
-        print(
-            f"| {module} | {c['made']} | {c['killed']} | {c['equivalent']} | {c['device-only']} | {c['timeout']} | "
-            f"{c['survived']} | {other} | {share:.1%} | {'' if t is None else f'{t:.0f}'} |"
-        )
-    print()
+    total = Counter({k: sum(r[k] for r in recorded.values()) for k in COLUMNS})
+    seconds = sum(r["time_s"] or 0 for r in recorded.values())
+    lines = []
+    for module, r in [*recorded.items(), ("all", {**total, "time_s": seconds, "scope_sha256": "-", "commit": "-"})]:
+        explained = sum(r[k] for k in ("killed", "equivalent", "device-only", "timeout"))
+        share = explained / r["made"] if r["made"] else 0.0
+        t = "" if r["time_s"] is None else f"{r['time_s']:.0f}"
+        cells = [module, *(str(r[k]) for k in COLUMNS), f"{share:.1%}", t, r["scope_sha256"] or "?", r["commit"] or "?"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def stale_rows(recorded: dict[str, dict]) -> list[str]:
+    """The modules of SCOPE whose row is missing or was made from other code than today's."""
+    return [m for m in SCOPE if recorded.get(m, {}).get("scope_sha256") != scope_hash(m)]
+
+
+def write_table(text: str) -> None:
+    doc = DOC.read_text(encoding="utf-8")
+    if TABLE_START not in doc or TABLE_END not in doc:
+        raise SystemExit(f"{DOC}: no {TABLE_START} ... {TABLE_END} to put the table between")
+    head, rest = doc.split(TABLE_START, 1)
+    DOC.write_text(head + TABLE_START + "\n\n" + text + "\n" + TABLE_END + rest.split(TABLE_END, 1)[1], "utf-8")
+
+
+def summary(show_survivors: bool, diffs: bool = False, write: bool = False) -> int:
+    codes = results()
+    recorded, unexplained = record(codes)
+    text = table(recorded)
+    print(text)
+    if write:
+        RESULTS.write_text(json.dumps(recorded, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+        write_table(text)
     print("Equivalent mutants (a timeout counts as killed: the mutant never finishes the tests):")
     for name in sorted(EQUIVALENT):
         if codes.get(name) == 0:
@@ -313,6 +431,9 @@ def summary(show_survivors: bool, diffs: bool = False) -> int:
     stale = sorted(n for n in EQUIVALENT if n in codes and codes[n] not in (0, None))
     if stale:
         print(f"\n{len(stale)} mutants listed as equivalent are killed now (remove them from EQUIVALENT): {stale}")
+    old = stale_rows(recorded)
+    if old:
+        print(f"\nstale or missing rows (their code changed since): python scripts/mutation.py run {' '.join(old)}")
     if unexplained:
         print(f"\n{len(unexplained)} mutants neither killed nor shown equivalent")
         if show_survivors:
@@ -326,7 +447,7 @@ def summary(show_survivors: bool, diffs: bool = False) -> int:
                         text=True,
                     ).stdout
                     print("".join(f"      {line}\n" for line in shown.splitlines() if line[:2] in ("- ", "+ ")))
-    return 1 if unexplained else 0
+    return 1 if unexplained or old or any(r["survived"] or r["not run"] for r in recorded.values()) else 0
 
 
 def main() -> int:
@@ -337,13 +458,16 @@ def main() -> int:
     p_sum = sub.add_parser("summary")
     p_sum.add_argument("--survivors", action="store_true", help="list each mutant neither killed nor equivalent")
     p_sum.add_argument("--diffs", action="store_true", help="with --survivors: each survivor's changed lines")
+    p_sum.add_argument(
+        "--write", action="store_true", help=f"record the results in {RESULTS.name} and the table in {DOC.name}"
+    )
     args = parser.parse_args()
     if args.command == "run":
         unknown = set(args.modules) - set(SCOPE)
         if unknown:
             parser.error(f"not in SCOPE: {sorted(unknown)}")
         return run(args.modules or list(SCOPE))
-    return summary(args.survivors, args.diffs)
+    return summary(args.survivors, args.diffs, args.write)
 
 
 if __name__ == "__main__":
