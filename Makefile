@@ -48,7 +48,7 @@ chaos: $(STAMP)  ## the fault suite: one row per fault (orphans, temp files left
 # mutmut over the modules of the papers' equations (pyproject.toml [tool.mutmut], scope in scripts/mutation.py), one
 # module at a time on one worker with the fast tests that call each mutated function; not in CI (too slow: see
 # docs/contributing.md, "Mutation testing"). mutmut keeps its copy and its results in mutants/ (git-ignored).
-mutation: $(STAMP)  ## mutation testing of Eq. 2, 6-17, Alg. 2-3, DP and the accountant; prints the per-module table
+mutation: $(STAMP)  ## mutation testing of Eq. 2, 6-17, Alg. 1-3, DP and the accountant; prints the per-module table
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/python scripts/mutation.py run
 	$(BIN)/python scripts/mutation.py summary
 

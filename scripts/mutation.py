@@ -140,7 +140,8 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.privacy.accountant.x__composed_epsilon__mutmut_22": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
     "fedccrl_core.privacy.accountant.x__composed_epsilon__mutmut_27": "SelfComposedDpEvent(e, 1) is e for the RDP accountant",
     "fedccrl_core.privacy.accountant.x_worst_client__mutmut_10": "at an equal ratio k/n the larger n has the larger k: -k orders the ties as -n does",
-    "fedccrl_core.privacy.accountant.xǁRunPrivacyǁ_add__mutmut_2": "the ledger's round is a label: epsilon reads the events only, and state() keeps the round",
+    "fedccrl_core.privacy.accountant.xǁRunPrivacyǁ_record__mutmut_2": "the ledger's round is a label: epsilon reads "
+    "the events only, and state() keeps the round (from _plain)",
     "fedccrl_core.privacy.dp.x_clip_update__mutmut_19": "the scale of a zero update: any scale leaves it zero",
     "fedccrl_core.privacy.dp.x_noisy_moments__mutmut_5": "channels as the float width / 2 of an even width: the same sensitivity",
     "fedccrl_core.augment.augmix_ops.x__is_any__mutmut_2": DEVICE,
@@ -225,6 +226,12 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.data.pools.x_sample_statistics__mutmut_2": "the default rounding's name: any value but 'floor' is "
     "ceil in upload_size",
     "fedccrl_core.data.pools.x_sample_statistics__mutmut_13": "replace=None is falsy: numpy draws without replacement",
+    "fedccrl_core.federation.sampling.x_sample_clients__mutmut_11": "replace=None is falsy: numpy draws without "
+    "replacement",
+    "fedccrl_core.federation.round_privacy.x_upload_sizes__mutmut_8": "the transport asked for the sizes of no client "
+    "answers {}: the same sizes",
+    "fedccrl_core.federation.round_privacy.xǁPrivateǁplanned_round__mutmut_43": "at an equal ratio m/N the larger N "
+    "has the larger m: m orders the ties as N does",
     "fedccrl_core.data.pools.x_upload_size__mutmut_1": "the default rounding's name: any value but 'floor' is ceil",
     "fedccrl_core.data.pools.x_upload_size__mutmut_2": "the default rounding's name: any value but 'floor' is ceil",
     "fedccrl_core.learning.losses.x_js_loss__mutmut_10": "no upper clamp: Y_bar, a mean of probabilities, is <= 1",
@@ -375,7 +382,7 @@ def record(codes: dict[str, int | None]) -> tuple[dict[str, dict], list[tuple[st
     unexplained = []
     for module in SCOPE:
         c, bad = counted(codes, module)
-        if not c["made"]:
+        if c["made"] == c["not run"]:  # mutmut made them (it makes every module's) but this module was not run
             continue
         unexplained += bad
         made_from = times.get(module)

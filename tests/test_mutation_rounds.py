@@ -15,6 +15,7 @@ from fedccrl_core.algorithms import build_algorithm
 from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.federation import round_privacy as RP
 from fedccrl_core.federation.sampling import sample_clients, sampled_count
+from fedccrl_core.foundation.seeding import numpy_rng
 from fedccrl_core.learning.clients import ClientData
 
 PRIV = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0}
@@ -41,6 +42,8 @@ def test_sample_clients_draws_m_distinct_clients_in_id_order_from_the_seed_or_th
     a = sample_clients(ids, 0.36, seed=7, rnd=3)
     assert len(a) == 4 == len(set(a)) and a == sorted(a, key=ids.index)
     assert a == sample_clients(ids, 0.36, seed=7, rnd=3)  # the run seed's draw: the same every time
+    stream = numpy_rng(7, "sample", 3)  # the stream both engines derive the round's sample from (seeding.py)
+    assert a == [ids[i] for i in sorted(stream.choice(10, size=4, replace=False))]
     draws = {tuple(sample_clients(ids, 0.36, seed=7, rnd=r)) for r in range(1, 9)}
     assert len(draws) > 1  # each round its own draw
     rng = np.random.default_rng(123)
@@ -65,6 +68,14 @@ def test_fedccrl_announces_ceil_r_n_rows_and_uploads_exactly_that_many(n, r, k):
     assert alg.released_rows(n) == k
     upload = alg.client_upload(_client(n), np.random.default_rng(0))
     assert len(upload["mu"]) == len(upload["sigma"]) == k == StatisticsExchange.upload_rows(upload)
+
+
+@pytest.mark.parametrize(("n", "k"), [(11, 1), (21, 2), (29, 2)])
+def test_the_reference_codes_floor_announces_and_uploads_floor_r_n_rows(n, k):
+    """upload: floor_unbiased, the reference code's int(n r): at n = 29 the ceil would announce 3."""
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=1), {"r": 0.1, "upload": "floor_unbiased"})
+    assert alg.released_rows(n) == k
+    assert len(alg.client_upload(_client(n), np.random.default_rng(0))["mu"]) == k
 
 
 def test_upload_rows_counts_statistics_uploads_only():
