@@ -702,3 +702,29 @@ def test_the_threads_bench_keeps_the_best_repeat_and_divides_spin_by_passive(mon
     res = CliRunner().invoke(threads.command, ["--load", "0"])
     assert res.exit_code == 0, res.output
     assert "spin / passive: wall 2.00x  cpu 3.00x" in res.output  # spin-waiting costs more: ratios above 1
+
+
+def test_the_deploy_round_bench_divides_the_deployments_round_by_the_in_process_one():
+    """A round is (wall(R) - wall(1)) / (R - 1) per engine; the printed ratio and start-up share pass the docs check."""
+    from test_readme_blocks import check_bench_output
+
+    from fedccrl_benchmarks.deploy_round import report
+
+    res = {
+        "algorithm": "fedccrl",
+        "held_out": "photo",
+        "rounds": 3,
+        "wall_s": {"inprocess": {"1": 20.0, "3": 24.0}, "flower": {"1": 80.0, "3": 180.0}},
+        "round_s": {"inprocess": 2.0, "flower": 50.0},
+        "processes_per_round": 22,
+        "interpreter_s": 0.02,
+        "torch_import_s": 1.1,
+        "clientapp_import_s": 2.5,
+        "cores": 2,
+    }
+    lines = report(res)
+    assert "| flower | 80.0 | 180.0 | 50.00 | 25.0x |" in lines
+    assert lines[-1].endswith("55.0 s of start-up = 27.5x the in-process round")
+    assert check_bench_output("fedccrl-bench deploy-round", "\n".join(lines)) == []
+    res["round_s"]["flower"] = float("nan")  # an engine that did not run
+    assert check_bench_output("fedccrl-bench deploy-round", "\n".join(report(res)))

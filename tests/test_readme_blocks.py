@@ -265,6 +265,18 @@ BENCH_OUTPUTS = [
         [("rs", "qs", "fs", 1), ("ri", "qi", "fi", 1)],  # int8/float32 of the printed sizes and images/s
     ),
     (
+        r"^fedccrl-bench deploy-round\b",
+        [
+            rf"^\| inprocess \| {NUM} \| {NUM} \| {fig('ip')} \| 1\.0x \|$",
+            rf"^\| flower \| {NUM} \| {NUM} \| {fig('fl')} \| {fig('ratio')}x \|$",
+            rf"^ClientApp start-up: a fresh interpreter importing fedccrl_flower\.client_app {fig('start')} s, torch alone "
+            rf"{NUM} s, a bare one {NUM} s$",
+            rf"^a round starts {fig('n')} ClientApp processes .*: {fig('total')} s of start-up = {fig('share')}x the "
+            r"in-process round$",
+        ],
+        [("ratio", "fl", "ip", 1), ("share", "total", "ip", 1)],
+    ),
+    (
         r"^fedccrl-bench scale\b",
         [
             rf"^\| fedavg \| 6 \| {fig('s6')} \| 1\.00 \| {NUM} \| 1\.00 \|",

@@ -9,7 +9,17 @@ apply_thread_policy()  # before anything imports torch: OpenMP reads it once (fe
 
 import click
 
-from fedccrl_benchmarks import accuracy, dispatch_cli, install_size, int8, repro, scale_cli, speed_cli, threads
+from fedccrl_benchmarks import (
+    accuracy,
+    deploy_round,
+    dispatch_cli,
+    install_size,
+    int8,
+    repro,
+    scale_cli,
+    speed_cli,
+    threads,
+)
 from fedccrl_core import __version__
 
 
@@ -28,6 +38,7 @@ for _command in (
     repro.command,
     int8.command,
     install_size.command,
+    deploy_round.command,
 ):
     main.add_command(_command)
 
