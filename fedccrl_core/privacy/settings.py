@@ -52,7 +52,9 @@ class PrivacySettings(Declared):
         ge=0,
         description="refuse, before the sweep trains anything, a sweep (train.held_out x train.algorithms x "
         "train.seeds on the same clients) whose per-image epsilon, composed over every run that trains on the "
-        "image's domain, would exceed it (privacy/sweep_epsilon.py); 0 = no limit",
+        "image's domain, would exceed it (privacy/sweep_epsilon.py), and a command whose runs would take the "
+        "study's epsilon per image (every release of every run on the same images, privacy/study_ledger.py) past "
+        "it; 0 = no limit",
     )
     study: str = Field(
         "",
