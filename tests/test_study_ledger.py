@@ -270,3 +270,19 @@ def test_a_queued_experiments_run_reaches_the_study_and_its_parent_reports_it(ti
     history = json.loads((copies[0] / "models" / "m" / "d0" / "history.json").read_text())
     assert history["dp"]["study"] == ledger.stem and history["dp"]["study_epsilon"]["art"] == pytest.approx(one)
     assert_refused(tiny, copies[1], monkeypatch, ledger, one, two, tmp_path)
+
+
+def test_earlier_attempts_are_the_same_run_of_the_same_study_under_another_key(tmp_path):
+    """The checkpoints whose client states a rerun removes (round_privacy.py in-process, fedccrl_flower/run.py for
+    the SuperNodes' state folder): the same run of the same study beside it, nothing else."""
+    ledger = tmp_path / "s.jsonl"
+    for key, p in [
+        ("A", pointer(ledger)),
+        ("B", pointer(ledger)),
+        ("C", pointer(ledger, run="fedavg s0 held-out photo")),
+        ("D", pointer(ledger, study="d1-named")),
+    ]:
+        sl.write_pointer(tmp_path / f"{key}.pt", p)
+    (tmp_path / "E.pt").write_bytes(b"")  # no pointer: not a run of a study
+    assert sl.earlier_attempts(tmp_path / "B.pt") == [tmp_path / "A.pt"]
+    assert sl.earlier_attempts(tmp_path / "C.pt") == [] and sl.earlier_attempts(tmp_path / "E.pt") == []

@@ -168,20 +168,22 @@ class Private(Paper):
         key = str(run_info.get("run_key") or params_hash(run_info))
         self.run.on_release = sl.recorder(pointer, key)
         self.log(f"train.privacy: study {pointer.study}: every release appended to {pointer.ledger}")
-        for other in sorted(checkpoints.path.parent.glob("*" + sl.POINTER_SUFFIX)):
-            ck_path = other.with_name(other.name.removesuffix(sl.POINTER_SUFFIX))
-            if ck_path == checkpoints.path:
-                continue
-            theirs = sl.read_pointer(ck_path)
-            if theirs is None or (theirs.study, theirs.run) != (pointer.study, pointer.run):
-                continue
+        for ck_path in sl.earlier_attempts(checkpoints.path):
             orphan = RoundCheckpoints(ck_path, checkpoints.device, self.log)
-            if orphan.has_client_states():
+            try:
+                if not orphan.has_client_states():
+                    continue
                 orphan.drop_client_states()
+            except Exception as e:  # an unreadable checkpoint of another run does not stop this one: said, not hidden
                 self.log(
-                    f"train.privacy: removed the client states of {ck_path} (an earlier attempt of {pointer.run} "
-                    f"under another run key); its releases stay in study {pointer.study}"
+                    f"train.privacy: WARNING: {ck_path} (an earlier attempt of {pointer.run}) cannot be read "
+                    f"({type(e).__name__}: {e}); its client states may remain in {orphan.client_dir}: remove it"
                 )
+                continue
+            self.log(
+                f"train.privacy: removed the client states of {ck_path} (an earlier attempt of {pointer.run} "
+                f"under another run key); its releases stay in study {pointer.study}"
+            )
 
     def before_round(self, rnd: int) -> None:
         """Both of the round's events checked against the budget, before its first release."""

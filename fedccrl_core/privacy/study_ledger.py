@@ -117,6 +117,21 @@ def read_pointer(checkpoint: Path) -> StudyPointer | None:
     return parse_record(StudyPointer, data, str(path), ValueError)
 
 
+def earlier_attempts(checkpoint: Path) -> list[Path]:
+    """The other round checkpoints in `checkpoint`'s folder whose pointer names the same study and run: attempts of
+    this run under another run key (a code change, another setting), whose client states are orphaned."""
+    mine = read_pointer(checkpoint)
+    if mine is None:
+        return []
+    out = []
+    for other in sorted(checkpoint.parent.glob("*" + POINTER_SUFFIX)):
+        path = other.with_name(other.name.removesuffix(POINTER_SUFFIX))
+        theirs = read_pointer(path) if path != checkpoint else None
+        if theirs is not None and (theirs.study, theirs.run) == (mine.study, mine.run):
+            out.append(path)
+    return out
+
+
 def _parse_line(path: Path, i: int, line: str, model: type[Record]):
     where = f"{path}: line {i}"
     if not line.endswith("\n"):
