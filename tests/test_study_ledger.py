@@ -286,3 +286,25 @@ def test_earlier_attempts_are_the_same_run_of_the_same_study_under_another_key(t
     (tmp_path / "E.pt").write_bytes(b"")  # no pointer: not a run of a study
     assert sl.earlier_attempts(tmp_path / "B.pt") == [tmp_path / "A.pt"]
     assert sl.earlier_attempts(tmp_path / "C.pt") == [] and sl.earlier_attempts(tmp_path / "E.pt") == []
+
+
+def test_a_named_study_is_part_of_the_run_key_and_the_ledgers_folder_is_not(params, tmp_path):
+    """train.privacy.study names a new study: its runs are new runs (their own key and checkpoint), never resumed
+    from the old study's; where the ledgers lie changes nothing a run trains."""
+    from fixtures import bare_manifest
+
+    from fedccrl_core.federation.plan import plan_runs
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.training import run_settings
+
+    def key(**new_keys):
+        cfg = load_config(params({"train.privacy.enabled": True}, new_keys=new_keys))
+        part = cfg.partition.model_dump(by_alias=True)
+        args = (bare_manifest(), "fedavg", 0, [3], ["sketch"], tmp_path / "m", tmp_path / "ck", cfg.train.fedavg)
+        (job,) = plan_runs(run_settings(cfg), part, *args)
+        return job.run_key
+
+    plain = key()
+    assert key(**{"train.privacy.study_dir": str(tmp_path / "elsewhere")}) == plain
+    assert key(**{"train.privacy.study": ""}) == plain
+    assert key(**{"train.privacy.study": "second-look"}) != plain

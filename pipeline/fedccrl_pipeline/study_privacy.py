@@ -52,20 +52,21 @@ def study_of(cfg: ParamsFile, data_key: str) -> Study | None:
 
 def check_study_budget(
     cfg: ParamsFile, study: Study, plan: SweepPlan, algorithm: str, seed: int, targets: list[str]
-) -> dict[str, float]:
-    """The study's epsilon per image spent so far, {domain: epsilon}. ParamError naming max_sweep_epsilon, the
-    study and the numbers when that plus this process's runs (algorithm x seed x targets, every round: a resumed
-    run is charged in full, the worst case) would take a domain past it; before any shard or MLflow run."""
+) -> dict[str, float] | None:
+    """With max_sweep_epsilon set, the study's epsilon per image spent so far, {domain: epsilon}, and ParamError
+    naming max_sweep_epsilon, the study and the numbers when that plus this process's runs (algorithm x seed x
+    targets, every round: a resumed run is charged in full, the worst case) would take a domain past it; before any
+    shard or MLflow run. None when no budget is set (nothing to check)."""
     from fedccrl_core.privacy.study_ledger import read_study, study_runs
     from fedccrl_core.privacy.sweep_epsilon import per_image_epsilon
     from fedccrl_pipeline.sweep_privacy import planned_sweep
 
     s = cfg.train.privacy
+    if not s.max_sweep_epsilon:
+        return None
     _, entries = read_study(study.ledger)
     spent_runs = study_runs(entries)
     spent = per_image_epsilon(spent_runs, s.delta)
-    if not s.max_sweep_epsilon:
-        return spent
     own = SweepPlan(plan.domains, [algorithm], [seed], targets, plan.sizes)
     planned = planned_sweep(cfg, own, algorithm, seed, targets)
     total = per_image_epsilon([*spent_runs, *planned], s.delta)
