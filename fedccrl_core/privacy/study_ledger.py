@@ -164,16 +164,23 @@ def append_lines(path: Path, header: StudyHeader, entries: list[StudyEntry]) -> 
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         if os.fstat(fd).st_size == 0:
-            os.write(fd, (json.dumps(header.to_dict()) + "\n").encode())
+            _write_line(fd, header)
         else:
             found = _first_header(path)  # unlocked read: this process holds the lock on another descriptor
             if found.study != header.study:
                 raise ValueError(f"{path}: the study ledger of study {found.study}, not {header.study}")
         for e in entries:
-            os.write(fd, (json.dumps(e.to_dict()) + "\n").encode())
+            _write_line(fd, e)
         os.fsync(fd)
     finally:
         os.close(fd)  # the lock goes with it
+
+
+def _write_line(fd: int, record: Record) -> None:
+    """One line, in one write as a rule (a short write, a full disk's, goes on where it stopped)."""
+    data = memoryview((json.dumps(record.to_dict()) + "\n").encode())
+    while data:
+        data = data[os.write(fd, data) :]
 
 
 def _first_header(path: Path) -> StudyHeader:
