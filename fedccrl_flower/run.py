@@ -220,8 +220,18 @@ def train_with_flower(
     the clients of the central partition in `shards`. The ServerApp checkpoints where the in-process engine would
     (`job.ckpt`); its work folder sits beside it (<checkpoint>.flower/)."""
     sources, evaluators = federation_sites(shards, job.target)
-    spec = server_spec(job, settings, sources, evaluators, Path(job.ckpt).resolve().with_suffix(".flower"))
+    spec = server_spec(job, settings, sources, evaluators, work_dir_of(Path(job.ckpt)))
+    if spec.local.privacy is not None and spec.local.privacy.enabled:
+        from fedccrl_core.privacy.study_ledger import earlier_attempts
+
+        for earlier in earlier_attempts(Path(job.ckpt).resolve()):  # the same run under another key: orphaned
+            drop_client_states(work_dir_of(earlier) / "client-state", log)
     return run_flower(settings, spec, shards, pools, on_round=on_round, log=log)
+
+
+def work_dir_of(checkpoint: Path) -> Path:
+    """The work folder of a train-stage run over Flower: beside its round checkpoint, <checkpoint minus .pt>.flower/."""
+    return checkpoint.resolve().with_suffix(".flower")
 
 
 def train_deployed(

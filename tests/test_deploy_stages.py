@@ -245,10 +245,11 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     privacy = {"train.privacy.enabled": True, "train.privacy.weights_clip": 0.5}
     if seeded:
         monkeypatch.setenv(NOT_PRIVATE_VARIABLE, "1")
+    studies = {"train.privacy.study_dir": str(tmp_path / "studies")}  # not the checkout's .fedccrl/studies
     params = write_params(
         tmp_path,
         {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu", **privacy},
-        new_keys={"train.privacy.noise_seed": 3} if seeded else None,
+        new_keys={"train.privacy.noise_seed": 3} if seeded else studies,
     )
     fed_file = federation_file(data, tmp_path)
     submitted = on_loopback(monkeypatch, lambda spec: loopback(data, clients=[*spec.sources, *spec.evaluators]))
@@ -271,13 +272,18 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     else:
         assert history.dp.mark is None and meta.privacy is None
         assert rec.metric(contract.DP_EPSILON) == child.data.metrics[contract.DP_EPSILON] > 0
+        # the release reached the study of the federation's sites, and history.json reports the study's epsilon
+        assert history.dp.study and (tmp_path / "studies" / f"{history.dp.study}.jsonl").is_file()
+        assert history.dp.study_epsilon and history.dp.study_epsilon["photo"] == pytest.approx(
+            rec.metric(contract.DP_EPSILON), rel=1e-9
+        )
         parent = mlflow.MlflowClient().get_run(child.data.tags["mlflow.parentRunId"]).data.metrics
         assert parent[SWEEP_EPSILON] >= rec.metric(contract.DP_EPSILON)  # the sweep's per image, this run's releases
         assert parent[SWEEP_PLANNED] >= parent[SWEEP_EPSILON]  # planned over the sites' worst case
         budget = write_params(
             tmp_path / "budget",
             {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu", **privacy},
-            new_keys={"train.privacy.max_sweep_epsilon": 1.0},
+            new_keys={"train.privacy.max_sweep_epsilon": 1.0, **studies},
         )
         runs_before = len(mlflow.search_runs(search_all_experiments=True))
         with pytest.raises(ParamError, match="train.privacy.max_sweep_epsilon"):

@@ -11,6 +11,7 @@ Layout for a checkpoint path P (e.g. models/.../checkpoint.pt):
                        one record per client, appended as each client finishes training
   P.ledger.json        train.privacy's ledger (privacy/ledger_file.py): every release charged so
                        far, replaced at each release, so it can be ahead of P; plain numbers, kept after the run
+  P.study.json         the study the run's releases are also appended to (privacy/study_ledger.py; the pipeline's)
 
 A round writes P and one state file holding the clients it trained, nothing else: the bytes a round writes follow the clients it trained, not the number of clients, and a round costs
 one file and one fsync however many clients it trains (one file per client cost an fsync each). A
@@ -347,6 +348,16 @@ class RoundCheckpoints:
         self.corrupt.unlink(missing_ok=True)
         self._prev_records = {}
         self._delete_unreferenced(self._named(self.client_records))
+
+    def has_client_states(self) -> bool:
+        """Whether any file of this checkpoint may hold a client's state (P.clients/, P.prev, P.corrupt, or P naming
+        a client record)."""
+        if self.client_dir.is_dir() or self.prev.exists() or self.corrupt.exists():
+            return True
+        if not self.path.is_file():
+            return False
+        ck = self._parse(self.path)
+        return bool(ck.client_records or ck.states)
 
     def drop_client_states(self) -> None:
         """The run ended under train.privacy: the clients' states (optimizer moments, `extra`: never released,

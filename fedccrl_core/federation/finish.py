@@ -9,7 +9,7 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fedccrl_core.federation.plan import TrainJob
 from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
@@ -81,13 +81,28 @@ def privacy_summary(job: TrainJob, result: RunResult) -> RunPrivacySummary | Non
     from fedccrl_core.privacy.sweep_epsilon import encode_releases
 
     mark = privacy.not_private_mark()
+    optional = study_summary(Path(job.ckpt), privacy.delta)
+    if mark:
+        optional["mark"] = mark
     return RunPrivacySummary(
         noise=privacy.noise_source(),
         delta=privacy.delta,
         trained_domains=list(job.sources),
         releases=encode_releases(result.extra.get(contract.PRIVACY_RELEASES, [])),
-        **({"mark": mark} if mark else {}),
+        **optional,
     )
+
+
+def study_summary(checkpoint: Path, delta: float) -> dict[str, Any]:
+    """{study, study_epsilon} of the run whose round checkpoint is `checkpoint`, from the study ledger its pointer
+    names (privacy/study_ledger.py); {} when it has none."""
+    from fedccrl_core.privacy.study_ledger import read_pointer, read_study, study_epsilon
+
+    pointer = read_pointer(checkpoint)
+    if pointer is None:
+        return {}
+    _, entries = read_study(Path(pointer.ledger))
+    return {"study": pointer.study, "study_epsilon": study_epsilon(entries, delta)}
 
 
 def finish_run(job: TrainJob, model, hparams: dict, result: RunResult, device: str) -> RunHistory:

@@ -27,13 +27,16 @@ from fedccrl_core.learning.model_meta import ModelMeta
 class RunPrivacySummary(Record):
     """history.json's `dp` (contract.HISTORY_PRIVACY) of a DP run: how its noise was drawn, the mark of a seeded
     run (privacy/settings.py NOT_PRIVATE_MARK), the domains whose training images it trained on, and the releases
-    its ledger charged (privacy/sweep_epsilon.py encode_releases), which the sweep's per-image epsilon composes."""
+    its ledger charged (privacy/sweep_epsilon.py encode_releases), which the sweep's per-image epsilon composes, and
+    its study's epsilon per image when the run finished (every release of every run of the study so far)."""
 
     noise: str
     delta: float
     trained_domains: list[str]
     releases: str
     mark: str | None = None
+    study: str | None = None  # the study ledger's key (privacy/study_ledger.py), absent outside the pipeline
+    study_epsilon: dict[str, float] | None = None  # per image of each domain, over every release of the study
 
 
 class RunHistory(Record):

@@ -65,6 +65,7 @@ class TrainJob:
     # bound by the caller (the library does not import the transport); None: the in-process engine
     flower_train: Callable | None = None
     deployed: bool = False  # `fedccrl federate`: the sites train on their machines and hold the data
+    data_key: str = ""  # the hash of what describes its images (the manifest, the federation file): its study
 
     def record_ids(self, ids: dict) -> None:
         self.commit, self.mlflow_run_id, self.mlflow_experiment_id = (
@@ -74,12 +75,19 @@ class TrainJob:
         )
 
 
+# train.privacy keys that do not change what a run trains: the sweep's budget and the study ledgers' folder
+_NOT_RUN_KEY = {"max_sweep_epsilon", "study_dir"}
+
+
 def run_params(settings: RunSettings, algorithm: str, seed: int, target: str, hparams: HParams) -> dict[str, Any]:
     """Every setting that determines one run, as the run key hashes it. A run without DP keeps its key (and its
     checkpoint) with no privacy key; the sweep's budget (train.privacy.max_sweep_epsilon) is checked before the sweep
-    trains and does not change what a run trains."""
+    trains and does not change what a run trains, nor does where the study ledgers are. A named study
+    (train.privacy.study) is a new study: its runs are new runs."""
     s = settings
-    local = s.local.model_dump(exclude={"privacy"} if s.local.privacy is None else {"privacy": {"max_sweep_epsilon"}})
+    local = s.local.model_dump(exclude={"privacy"} if s.local.privacy is None else {"privacy": _NOT_RUN_KEY})
+    if local.get("privacy", {}).get("study") == "":  # the images' own study: the key it had before studies were named
+        del local["privacy"]["study"]
     return {
         "dataset": s.dataset,
         "backbone": s.backbone,
@@ -128,7 +136,8 @@ def plan_runs(
             "partition": partition,
             "image_size": manifest.image_size,
         }
-        key = run_key(params, {"manifest": params_hash(manifest.to_dict())})
+        data_key = params_hash(manifest.to_dict())
+        key = run_key(params, {"manifest": data_key})
         jobs.append(
             TrainJob(
                 index=i,
@@ -145,6 +154,7 @@ def plan_runs(
                 classes=list(manifest.classes),
                 image_size=manifest.image_size,
                 resize=manifest.resize,
+                data_key=data_key,
             )
         )
     return jobs
@@ -180,7 +190,8 @@ def plan_deployed(
     key). The domains it trains on are those of its source sites."""
     settings = dataclasses.replace(settings, engine="flower")
     params = {**run_params(settings, algorithm, seed, target, hparams), "flower": engine_params}
-    key = run_key(params, {"federation": params_hash(data.description)})
+    data_key = params_hash(data.description)
+    key = run_key(params, {"federation": data_key})
     return TrainJob(
         index=data.domains.index(target),
         target=target,
@@ -197,4 +208,5 @@ def plan_deployed(
         image_size=data.image_size,
         resize=data.resize,
         deployed=True,
+        data_key=data_key,
     )

@@ -20,6 +20,7 @@ from fedccrl_core.federation.checkpoints import RoundCheckpoint, RoundCheckpoint
 from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.federation.sampling import sample_clients, sampled_count
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.runkey import params_hash
 from fedccrl_core.privacy.dp import DPFedAvgAggregation
 from fedccrl_core.privacy.noise import private_rng
 
@@ -151,6 +152,37 @@ class Private(Paper):
             self.log(
                 f"train.privacy: the ledger {path} holds {ahead} release(s) that no round checkpoint covers (a round "
                 f"interrupted after them): charged; epsilon spent {self.run.ledger.epsilon():.3f}"
+            )
+        if checkpoints is not None:
+            self.join_study(checkpoints, run_info)
+
+    def join_study(self, checkpoints: RoundCheckpoints, run_info: dict) -> None:
+        """With a study pointer beside the checkpoint (the pipeline's runs, privacy/study_ledger.py): each release
+        from now on is appended to the study's ledger too, and the client states that an earlier attempt of this
+        run left under another key (a code change, a crash) are removed: its releases stay in the study."""
+        from fedccrl_core.privacy import study_ledger as sl
+
+        pointer = sl.read_pointer(checkpoints.path)
+        if pointer is None:
+            return
+        key = str(run_info.get("run_key") or params_hash(run_info))
+        self.run.on_release = sl.recorder(pointer, key)
+        self.log(f"train.privacy: study {pointer.study}: every release appended to {pointer.ledger}")
+        for ck_path in sl.earlier_attempts(checkpoints.path):
+            orphan = RoundCheckpoints(ck_path, checkpoints.device, self.log)
+            try:
+                if not orphan.has_client_states():
+                    continue
+                orphan.drop_client_states()
+            except Exception as e:  # an unreadable checkpoint of another run does not stop this one: said, not hidden
+                self.log(
+                    f"train.privacy: WARNING: {ck_path} (an earlier attempt of {pointer.run}) cannot be read "
+                    f"({type(e).__name__}: {e}); its client states may remain in {orphan.client_dir}: remove it"
+                )
+                continue
+            self.log(
+                f"train.privacy: removed the client states of {ck_path} (an earlier attempt of {pointer.run} "
+                f"under another run key); its releases stay in study {pointer.study}"
             )
 
     def before_round(self, rnd: int) -> None:

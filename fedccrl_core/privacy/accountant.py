@@ -126,7 +126,8 @@ class RunPrivacy:
                           dp_seeded_noise when noise_seed seeded the noise (not private).
     The ledger is plain numbers (state() / load_state()): a resumed run goes on with the epsilon it had spent.
     keep(state()) is called at every release as it is charged (privacy/ledger_file.py writes the ledger file), so a
-    release that no round checkpoint covers (a round interrupted after it) is still counted on resume.
+    release that no round checkpoint covers (a round interrupted after it) is still counted on resume; then
+    on_release(release) (privacy/study_ledger.py appends it to the study's ledger, across runs).
     """
 
     def __init__(self, settings: PrivacySettings, uploads: bool = True):
@@ -135,6 +136,7 @@ class RunPrivacy:
         self.ledger = Ledger(settings)
         self._plain: list[tuple[str, int, int, int, float]] = []
         self.keep: Callable[[list], None] | None = None  # given state() at every release (the ledger file)
+        self.on_release: Callable[[list], None] | None = None  # given each new release (the study ledger)
 
     def _record(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
         self.ledger.record(channel, rnd, sampled_gaussian(population, sample, z))
@@ -145,6 +147,8 @@ class RunPrivacy:
         self._record(channel, rnd, population, sample, z)
         if self.keep is not None:
             self.keep(self.state())
+        if self.on_release is not None:
+            self.on_release([channel, rnd, population, sample, z])
 
     def released_in(self, rnd: int) -> bool:
         """Whether round `rnd` released anything so far (its record, if it has one, covers it)."""

@@ -52,7 +52,23 @@ class PrivacySettings(Declared):
         ge=0,
         description="refuse, before the sweep trains anything, a sweep (train.held_out x train.algorithms x "
         "train.seeds on the same clients) whose per-image epsilon, composed over every run that trains on the "
-        "image's domain, would exceed it (privacy/sweep_epsilon.py); 0 = no limit",
+        "image's domain, would exceed it (privacy/sweep_epsilon.py), and a command whose runs would take the "
+        "study's epsilon per image (every release of every run on the same images, privacy/study_ledger.py) past "
+        "it; 0 = no limit",
+    )
+    study: str = Field(
+        "",
+        max_length=200,
+        description="a name that starts a new study on the same images on purpose (privacy/study_ledger.py): its "
+        'ledger starts from zero and max_sweep_epsilon counts only its releases; "" = the images\' own study '
+        "(new images are a new study by themselves)",
+    )
+    study_dir: str = Field(
+        "",
+        max_length=4096,
+        description="the folder of the study ledgers (one <study>.jsonl per study, every run's releases); "
+        "\"\" = .fedccrl/studies in the project's root, which DVC's --queue and --temp copies share; a relative "
+        "path is taken from the project's root",
     )
     stats_release: Literal["rows", "moments"] = Field(
         "rows",

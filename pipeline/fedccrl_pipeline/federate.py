@@ -46,6 +46,7 @@ def federate(
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
     from fedccrl_pipeline.params import load_deploy
+    from fedccrl_pipeline.study_privacy import join_study
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, federation_plan
     from fedccrl_pipeline.train_tracking import TrainTracking, deployed_data
 
@@ -59,7 +60,8 @@ def federate(
     settings, flower = run_settings(cfg), cfg.train.flower
     flower.require_clients(len(fed_file.sources(target)), target)
     # the sweep's epsilon per image, planned over the sites (their sizes unknown here: the worst case), before MLflow
-    planned_epsilon = check_sweep_budget(cfg, federation_plan(cfg, fed_file, deploy), algorithm, seed, [target])
+    plan = federation_plan(cfg, fed_file, deploy)
+    planned_epsilon = check_sweep_budget(cfg, plan, algorithm, seed, [target])
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))
     data = DeployedData(
         dataset=fed_file.dataset,
@@ -72,6 +74,7 @@ def federate(
     )
     engine = flower.model_dump(include=set(ServerSpec.FROM_SETTINGS))
     job = plan_deployed(settings, data, engine, algorithm, seed, target, out, work, hparams)
+    study = join_study(cfg, plan, algorithm, seed, [target], [job])  # spent + this run's plan, before MLflow
     job.flower_train = functools.partial(
         train_deployed,
         settings=flower,
@@ -81,7 +84,7 @@ def federate(
         timeout_s=timeout_s,
     )
     tracking = TrainTracking(
-        cfg, job.settings, algorithm, seed, deployed_data(fed_file, federation), [job], planned_epsilon
+        cfg, job.settings, algorithm, seed, deployed_data(fed_file, federation), [job], planned_epsilon, study
     )
     LOG(f"federate {algorithm} seed {seed}: held-out {target} over {superlink}")
     train_tracked([job], 1, None, None, tracking, progress=LOG)

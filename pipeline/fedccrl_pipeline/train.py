@@ -38,6 +38,7 @@ def train(
     from fedccrl_core.federation.jobs import LOG
     from fedccrl_core.federation.plan import plan_runs
     from fedccrl_core.federation.workers import worker_count
+    from fedccrl_pipeline.study_privacy import join_study
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, manifest_plan
     from fedccrl_pipeline.train_tracking import TrainTracking, shards_data
 
@@ -48,7 +49,8 @@ def train(
     targets = check_train(cfg, manifest, algorithm, held_out)  # before any shard is read, before MLflow
     check_pools(pools, sorted({c for t in targets for c in client_ids(manifest, t)}))  # present, before MLflow
     # the sweep's epsilon per image, planned: checked against train.privacy.max_sweep_epsilon before MLflow
-    planned_epsilon = check_sweep_budget(cfg, manifest_plan(cfg, manifest), algorithm, seed, targets)
+    plan = manifest_plan(cfg, manifest)
+    planned_epsilon = check_sweep_budget(cfg, plan, algorithm, seed, targets)
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))  # typed already: FedCCRL's variant read
     jobs = plan_runs(
         settings,
@@ -62,6 +64,7 @@ def train(
         checkpoints,
         hparams,
     )
+    study = join_study(cfg, plan, algorithm, seed, targets, jobs)  # spent + these runs' plan, before MLflow
     if settings.engine == "flower":  # the same jobs over Flower (fedccrl_flower/run.py)
         from fedccrl_flower.run import train_with_flower
 
@@ -69,7 +72,7 @@ def train(
             job.flower_train = functools.partial(train_with_flower, settings=cfg.train.flower)
     n_workers = worker_count(workers, settings, len(jobs))
     data = shards_data(settings.dataset, settings.engine, manifest, shards)
-    tracking = TrainTracking(cfg, settings, algorithm, seed, data, jobs, planned_epsilon)
+    tracking = TrainTracking(cfg, settings, algorithm, seed, data, jobs, planned_epsilon, study)
     LOG(f"train {algorithm} seed {seed}: held-out {[j.target for j in jobs]}, {n_workers} at a time")
     train_tracked(jobs, n_workers, shards, pools, tracking)
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fedccrl_core.data.manifest import ShardManifest
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_flower.sites import FederationFile
+    from fedccrl_pipeline.study_privacy import Study
 
 
 @dataclass(frozen=True)
@@ -111,10 +112,12 @@ class TrainTracking:
         data: TrackedData,
         jobs: list,
         planned_epsilon: dict[str, float] | None = None,
+        study: Study | None = None,
     ):
         """cfg: the ParamsFile; settings: the jobs' RunSettings; data: what the runs train on; jobs: TrainJobs
         (fedccrl_core/federation/plan.py); planned_epsilon: the sweep's planned epsilon per image
-        (sweep_privacy.py check_sweep_budget), None without DP or with a seeded noise."""
+        (sweep_privacy.py check_sweep_budget), None without DP or with a seeded noise; study: the runs' study
+        (study_privacy.py join_study), whose epsilon per image the parent reports, None likewise."""
         from fedccrl_core.algorithms import ALGORITHMS
         from fedccrl_core.foundation.fastpath import resolve_device
 
@@ -149,7 +152,7 @@ class TrainTracking:
         mark = privacy.not_private_mark()  # a seeded run: epsilon not applicable, the parent and the child marked
         self.parent_tags = {PRIVACY_TAG: mark} if mark else {}
         self.privacy_tags.update(self.parent_tags)
-        self.delta, self.planned_epsilon = privacy.delta, planned_epsilon
+        self.delta, self.planned_epsilon, self.study = privacy.delta, planned_epsilon, study
         self.sweep_key = params_hash(self.sweep_params)
 
     def start(self, job) -> dict:
@@ -213,6 +216,7 @@ class TrainTracking:
     def _mark_parent(self) -> None:
         """The parent of a seeded sweep is marked not private; a DP sweep's parent gets its planned epsilon per
         image (every process of the sweep computes the same)."""
+        from fedccrl_pipeline.study_privacy import STUDY_TAG
         from fedccrl_pipeline.sweep_privacy import SWEEP_PLANNED, epsilon_metrics
 
         assert self.parent is not None
@@ -221,6 +225,19 @@ class TrainTracking:
             client.set_tag(self.parent, k, v)
         if self.planned_epsilon:
             log_parent_metrics(client, self.parent, epsilon_metrics(SWEEP_PLANNED, self.planned_epsilon), 0)
+        if self.study is not None:
+            client.set_tag(self.parent, STUDY_TAG, self.study.key)
+            self._report_study(client)
+
+    def _report_study(self, client) -> None:
+        """The study's epsilon per image over every release its ledger recorded (every run, attempt and workspace
+        of the study), logged to the parent at step = the number of attempts composed."""
+        from fedccrl_pipeline.study_privacy import STUDY_RUNS, study_metrics
+
+        assert self.parent is not None and self.study is not None
+        metrics = study_metrics(self.study, self.delta)
+        if metrics:
+            log_parent_metrics(client, self.parent, metrics, int(metrics[STUDY_RUNS]))
 
     def _report_sweep(self, experiment_id: str) -> None:
         """The sweep's epsilon per image over its finished child runs (their charged releases), logged to the
@@ -259,6 +276,8 @@ class TrainTracking:
             run.finish()
             if tags and self.planned_epsilon is not None:  # a DP run (not seeded) finished: the sweep's epsilon
                 self._report_sweep(run.experiment_id)
+            if self.study is not None:
+                self._report_study(run.client)
 
     def finish_all(self, status: str) -> None:
         for run in self.runs.values():
