@@ -5,6 +5,7 @@ with nothing half-written."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -512,3 +513,40 @@ def test_the_command_refuses_a_central_partition_scheme(raw, tmp_path, params):
     res = CliRunner().invoke(main, [*map(str, args)])
     assert res.exit_code == 2 and f"error: {p}: partition.scheme is 'reference'" in res.output
     _nothing_written(tmp_path, tmp_path / "site")
+
+
+def test_a_sites_node_id_is_checked_and_left_out_of_the_run_key_and_status_maps_it(tmp_path):
+    """The federation file's optional `sites[].node_id`: a number, or an error naming the file and key; the run's
+    description (its key) is the same with or without it; `fedccrl federation status` maps the SuperLink's nodes to
+    the sites by it (fedccrl_flower/site_status.py)."""
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_flower.site_status import site_statuses
+    from fedccrl_flower.sites import read_federation
+
+    doc = {
+        "dataset": "embedded",
+        "domains": ["art", "photo", "sketch"],
+        "classes": ["dog"],
+        "image_size": 32,
+        "resize_policy": "resize",
+        "sites": [{"id": "art_c0", "domain": "art"}, {"id": "photo_c0", "domain": "photo"}],
+    }
+    path = tmp_path / "federation.json"
+    path.write_text(json.dumps(doc))
+    plain = read_federation(path)
+    doc["sites"] = [{**doc["sites"][0], "node_id": "11"}, {**doc["sites"][1], "node_id": "22"}]
+    doc["sites"].append({"id": "sketch_c0", "domain": "sketch"})
+    path.write_text(json.dumps(doc))
+    keyed = read_federation(path)
+    assert keyed.run_description()["sites"][:2] == plain.run_description()["sites"] == plain.to_dict()["sites"]
+    rows = site_statuses(keyed, {"11": "online", "22": "offline", "33": "online"})
+    assert [(r.client_id, r.node_id, r.node_status, r.connected) for r in rows] == [
+        ("art_c0", "11", "online", True),
+        ("photo_c0", "22", "offline", False),
+        ("sketch_c0", None, "no node_id in the federation file", False),
+    ]
+    assert site_statuses(keyed, {})[0].node_status == "not registered"
+    doc["sites"][0]["node_id"] = "art"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=r"federation.json.*node_id"):
+        read_federation(path)
