@@ -10,6 +10,7 @@ connected when its node is online. A site without a node id cannot be told apart
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import dataclass
 
 from fedccrl_flower.federation import CONNECTION, Federation
@@ -30,9 +31,12 @@ class SiteStatus:
         return self.node_status == ONLINE
 
 
-def superlink_nodes(fed: Federation) -> dict[str, str]:
+def superlink_nodes(fed: Federation, timeout_s: float = 120.0) -> dict[str, str]:
     """{node id: status} of every node the SuperLink knows; FlowerRunError with Flower's message otherwise."""
-    p = fed.flwr("supernode", "ls", CONNECTION, "--format", "json", timeout=60)
+    try:
+        p = fed.flwr("supernode", "ls", CONNECTION, "--format", "json", timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise FlowerRunError(f"flwr supernode ls at {fed.address}: no answer within {timeout_s:.0f}s") from None
     try:
         doc = json.loads(p.stdout[p.stdout.index("{") :])
     except ValueError:
