@@ -7,8 +7,8 @@ on 127.0.0.2 (the sites' side), one SuperNode joined through the gate.
 - `fedccrl federation status` names the site that is up as connected with its node id, the other as not, and
   exits 1; every site up: exit 0.
 
-Full tier: a SuperLink, a gate and a SuperNode as processes, and some ten `flwr` CLI runs: 82 s measured on 2 shared cores
-under a load average above 10."""
+Full tier: a SuperLink, a gate and a SuperNode as processes, and some ten `flwr` CLI runs: 46 s measured on 2 shared cores at
+a load average of 5, 82 s above 10."""
 
 from __future__ import annotations
 
