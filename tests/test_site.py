@@ -453,13 +453,14 @@ def test_site_federation_writes_the_file_each_sites_manifest_agrees_with(raw, tm
     from fedccrl_pipeline.cli import main
 
     p = params({"dataset.name": "imagefolder", "preprocess.image_size": SIZE})
-    res = CliRunner().invoke(main, _federation_args(tmp_path, p, "photo_c0=photo", "art_c0=art", "art_c1=art"))
+    args = _federation_args(tmp_path, p, "photo_c0=photo", "art_c0=art", "art_c1=art")
+    res = CliRunner().invoke(main, [*args, "--node-id", "art_c0=17"])
     assert res.exit_code == 0, res.output
     fed = read_federation(tmp_path / "federation.json")
-    assert fed.domains == ["art", "photo"] and [(s.id, s.domain) for s in fed.sites] == [
-        ("photo_c0", "photo"),
-        ("art_c0", "art"),
-        ("art_c1", "art"),
+    assert fed.domains == ["art", "photo"] and [(s.id, s.domain, s.node_id) for s in fed.sites] == [
+        ("photo_c0", "photo", None),
+        ("art_c0", "art", "17"),
+        ("art_c1", "art", None),
     ]
     m = _prepare(raw / "photo", tmp_path / "site", cid="photo_c0")
     assert (fed.dataset, fed.classes, fed.image_size, fed.resize_policy) == (
@@ -482,13 +483,16 @@ def test_site_federation_writes_the_file_each_sites_manifest_agrees_with(raw, tm
         (["photo_c0=photo", "photo_c0=art"], r"--site 'photo_c0=art': client id 'photo_c0' is given twice"),
         (["photo_c0"], r"--site 'photo_c0' \(ID=DOMAIN\): --domain '': not a folder name"),
         (["../x=art"], r"--site '\.\./x=art' \(ID=DOMAIN\): --client-id '\.\./x'"),
+        (["a=art", "--node-id", "b=3"], r"--node-id 'b=3' \(ID=NODE\): 'b' is not a site given by --site"),
+        (["a=art", "--node-id", "a=x"], r"--node-id 'a=x' \(ID=NODE\): one number per site"),
     ],
 )
 def test_site_federation_refuses_a_bad_site_naming_it(tmp_path, params, sites, match):
     from fedccrl_pipeline.cli import main
 
     p = params({"dataset.name": "imagefolder"})
-    res = CliRunner().invoke(main, _federation_args(tmp_path, p, *sites))
+    extra = sites[sites.index("--node-id") :] if "--node-id" in sites else []
+    res = CliRunner().invoke(main, [*_federation_args(tmp_path, p, *sites[: len(sites) - len(extra)]), *extra])
     assert res.exit_code == 2 and re.search(match, res.output), res.output
     assert not (tmp_path / "federation.json").exists()
 
