@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from fedccrl_core.foundation.fsio import write_text
+from fedccrl_core.foundation.procs import guarded
 from fedccrl_flower import messages as M
 from fedccrl_flower.node_config import node_config_arg
 from fedccrl_flower.processes import BIN, FlowerRunError, Proc, flower_env, free_port, stop_all, wait_http
@@ -42,8 +43,15 @@ class Federation:
         )
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+        """The `flwr` CLI, run so that it ends when this process dies (fedccrl_core/foundation/procs.py `guarded`):
+        a killed `fedccrl federate` leaves no `flwr run` behind."""
         return subprocess.run(
-            [str(BIN / "flwr"), *args], env=self.env, capture_output=True, text=True, timeout=timeout, cwd=self.workdir
+            guarded([str(BIN / "flwr"), *args]),
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=self.workdir,
         )
 
     def submit(

@@ -3,7 +3,9 @@
 
     dataset, domains (in the dataset's order), classes (in label order), image_size, resize_policy: the values every
         site's shards share (a site's shards/manifest.json has the same ones);
-    sites: [{"id": <client id>, "domain": <domain>}, ...]: one entry per SuperNode (its node config's client-id).
+    sites: [{"id": <client id>, "domain": <domain>}, ...]: one entry per SuperNode (its node config's client-id);
+        optionally "node_id": the SuperLink's node id of the site's registered key (`flwr supernode register`
+        prints it), which `fedccrl federation status` looks up; it is not part of a run's key (run_description).
 
 For a run that holds out domain D, the sites of the other domains are its sources (they train and validate) and
 the sites of D its evaluation sites (they evaluate the held-out domain and never train): ServerSpec.sources and
@@ -14,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pydantic import model_validator
+from pydantic import field_validator, model_validator
 
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.foundation.records import Record, parse_record
@@ -23,6 +25,14 @@ from fedccrl_core.foundation.records import Record, parse_record
 class Site(Record):
     id: str
     domain: str
+    node_id: str | None = None  # the SuperLink's node id of the site's registered public key
+
+    @field_validator("node_id")
+    @classmethod
+    def _digits(cls, v: str | None) -> str | None:
+        if v is not None and not v.isdigit():
+            raise ValueError(f"a node id is a number as `flwr supernode register` prints it, got {v!r}")
+        return v
 
 
 class FederationFile(Record):
@@ -53,6 +63,10 @@ class FederationFile(Record):
         if entry not in self.domains:
             raise ValueError(f"held-out domain '{entry}' is not one of {self.domains}")
         return entry
+
+    def run_description(self) -> dict:
+        """The file as a run's key sees it: what the sites train on, without who connects (their node ids)."""
+        return self.model_dump(by_alias=True, exclude_unset=True, exclude={"sites": {"__all__": {"node_id"}}})
 
     def sources(self, held_out: str) -> list[str]:
         return [s.id for s in self.sites if s.domain != held_out]

@@ -261,34 +261,45 @@ def test_stopping_a_process_leaves_none_of_its_group_or_descendants(tmp_path):
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
 
 
-def test_a_process_dies_with_the_launcher_that_started_it(tmp_path):
-    """processes.Proc: kill -9 of the launcher, and its child (in a session of its own) gets SIGTERM from the kernel
-    (PR_SET_PDEATHSIG, asked for by the child itself at its start: fedccrl_core/foundation/child_guard.py)."""
+def test_a_process_and_what_it_detached_die_with_the_launcher_that_started_it(tmp_path):
+    """processes.Proc: kill -9 of the launcher ends its child and a grandchild that the child detached into a session
+    of its own and left behind (as Flower's SuperLink and SuperNode do with `flower-superexec`): the guard
+    (fedccrl_core/foundation/child_guard.py) gets SIGTERM from the kernel (PR_SET_PDEATHSIG), is the grandchild's
+    subreaper, and ends every descendant (scripts/chaos.py's row "kill -9 Flower launcher")."""
     import sys
 
     import psutil
 
+    # a subshell detaches a sleep into a session of its own and exits: the sleep's parent is gone
+    script = f"(setsid sleep 300 & echo $! > {tmp_path}/detached); exec sleep 300"
     launcher = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import os, sys, time; from pathlib import Path; from fedccrl_flower.processes import Proc; "
-            "p = Proc('sleep', ['sleep', '300'], dict(os.environ), Path(sys.argv[1])); "
+            "p = Proc('tree', ['bash', '-c', sys.argv[2]], dict(os.environ), Path(sys.argv[1])); "
             "print(p.pid, flush=True); time.sleep(300)",
-            str(tmp_path / "sleep.log"),
+            str(tmp_path / "tree.log"),
+            script,
         ],
         stdout=subprocess.PIPE,
         text=True,
     )
-    child = psutil.Process(int(launcher.stdout.readline()))
-    wait_until(lambda: child.cmdline()[:1] == ["sleep"], 30, "the child's exec of sleep")  # the guard is done
-    assert child.ppid() == launcher.pid and os.getpgid(child.pid) == child.pid  # its own session and group
+    proc = psutil.Process(int(launcher.stdout.readline()))  # the guard
+    detached = psutil.Process(int(wait_until(lambda: _read(tmp_path / "detached"), 30, "the detached child")))
+    execed = lambda: [p for p in [proc, *proc.children()] if p.cmdline()[:1] == ["sleep"]]  # noqa: E731
+    child = wait_until(execed, 30, "the exec of sleep")[0]
+    assert os.getsid(detached.pid) == detached.pid and os.getsid(proc.pid) == proc.pid  # sessions of their own
     launcher.kill()
     launcher.wait()
-    _gone, alive = psutil.wait_procs([child], timeout=30)
+    _gone, alive = psutil.wait_procs([proc, child, detached], timeout=30)
     for p in alive:
         p.kill()
     assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
+def _read(path: Path) -> str:
+    return path.read_text().strip() if path.is_file() else ""
 
 
 def test_a_guarded_child_whose_parent_is_not_the_expected_one_runs_nothing(tmp_path):

@@ -1,18 +1,22 @@
 """The documented secure Flower deployment (docs/flower.md, "Real deployment with TLS and SuperNode
 authentication"), run as written on 127.0.0.1 with `localhost` for the host name:
 
-  - the CA, the SuperLink's certificate and the SuperLink command come from the page's first block,
-    the key pair and `flwr supernode register` from the text after it, the SuperNode command from the
-    second block;
+  - the CA, the SuperLink's certificate, the SuperLink command and the sites' gate (`fedccrl federation gate`,
+    the Fleet API alone) come from the page's first block, the key pair and `flwr supernode register` from the
+    text after it, the SuperNode command from the site's block;
     the only rewrites are the host name, the port (a free one), the site's key name and node config,
     and a distinct runtime `--port` per SuperNode (several SuperNodes share this one host);
   - registered SuperNodes (one per source client) train one round of FedCCRL, and the result equals the
     in-process engine's (one torch thread on both sides, as in tests/test_flower.py);
   - a SuperNode whose key is not registered is refused (Flower exit code 305, activation failed), one
     without the CA fails the TLS handshake (305), the documented SuperNode with `--insecure` stops at once
-    (303: an auth key needs TLS), and one `--insecure` without a key retries and never comes online.
+    (303: an auth key needs TLS), and one `--insecure` without a key retries and never comes online;
+  - a site, with the CA and the address it joins (the gate's), cannot list runs or register a key: the Control
+    API is not there (404), while the operator uses it on 127.0.0.1;
+  - `fedccrl federation status` over a federation file with the registered node ids: the online sites connected,
+    a registered site that never came online not, exit code 1.
 
-Full tier: about two minutes on 2 shared cores (RSA-4096 keys, a SuperLink, six SuperNodes, a round).
+Full tier: about two minutes on 2 shared cores (RSA-4096 keys, a SuperLink, the gate, six SuperNodes, a round).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import re
 import shlex
 import ssl
 import subprocess
+import sys
 import time
 
 import pytest
@@ -31,14 +36,16 @@ from flower_harness import SOURCES, assert_same_history, make_spec, node_config,
 PAGE = REPO / "docs" / "flower.md"
 
 HOST = "superlink.example.org"  # the documented host name
-PORT = "8000"  # the documented port
+PORT = "8000"  # the documented port the sites reach (the gate)
+LINK_PORT = "9093"  # the documented port of the SuperLink itself, on 127.0.0.1
 
 pytestmark = pytest.mark.full("a secure Flower deployment of real processes: a SuperLink, six SuperNodes, a round")
 
 
 def recipe() -> tuple[str, str, str]:
-    """The documented secure recipe: the SuperLink host's block, the key registration (a code span of the
-    text between the blocks: `ssh-keygen ... && flwr supernode register ...`), the site's block."""
+    """The documented secure recipe: the SuperLink host's block (the SuperLink, then the sites' gate), the key
+    registration (a code span of the text between the blocks: `ssh-keygen ... && flwr supernode register ...`),
+    the site's block."""
 
     def pick(needle: str) -> str:
         (code,) = [b.code for b in BLOCKS if needle in b.code]
@@ -48,12 +55,15 @@ def recipe() -> tuple[str, str, str]:
     return pick("flower-superlink --ssl-ca-certfile"), register, pick(f"flower-supernode --superlink {HOST}")
 
 
-def localize(code: str, port: int) -> str:
-    """The documented commands for this host: `localhost` and a free port; fails when the recipe changed."""
-    assert HOST in code, f"the documented recipe no longer names {HOST}:\n{code}"
+def localize(code: str, port: int, link_port: int) -> str:
+    """The documented commands for this host: `localhost`, a free port for the gate and one for the SuperLink;
+    fails when the recipe changed."""
+    assert HOST in code or LINK_PORT in code, f"the documented recipe no longer names {HOST} or {LINK_PORT}:\n{code}"
     for old, new in (
         (f"{HOST}:{PORT}", f"localhost:{port}"),
-        (f"--port {PORT}", f"--port {port}"),
+        (f"0.0.0.0:{PORT}", f"0.0.0.0:{port}"),
+        (f"127.0.0.1:{LINK_PORT}", f"127.0.0.1:{link_port}"),
+        (f"--port {LINK_PORT}", f"--port {link_port}"),
         (HOST, "localhost"),
     ):
         code = code.replace(old, new)
@@ -81,16 +91,17 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
     from fedccrl_flower.run import wait_for_result
 
     link_code, register_code, site_code = recipe()
-    port = free_port()
+    port, link_port = free_port(), free_port()
     ws = tmp_path / "ws"
     ws.mkdir()
-    link = commands(localize(link_code, port))
-    assert link[-1].startswith("flower-superlink ")
+    link = [ln for ln in commands(localize(link_code, port, link_port)) if not ln.startswith("#")]
+    assert link[-2].startswith("flower-superlink ") and link[-2].endswith(" &"), link[-2]
+    assert link[-1].startswith("fedccrl federation gate "), link[-1]
     setup = subprocess.run(
-        ["bash", "-eo", "pipefail", "-c", "\n".join(link[:-1])], cwd=ws, capture_output=True, text=True, timeout=300
+        ["bash", "-eo", "pipefail", "-c", "\n".join(link[:-2])], cwd=ws, capture_output=True, text=True, timeout=300
     )
     assert setup.returncode == 0, setup.stderr[-3000:]
-    fed = Federation(ws, f"localhost:{port}", root_certificates=str(ws / "certs" / "ca.crt"))
+    fed = Federation(ws, f"127.0.0.1:{link_port}", root_certificates=str(ws / "certs" / "ca.crt"))  # the operator
     env = flower_env(fed.flwr_home)
     procs: list[Proc] = []
 
@@ -113,21 +124,21 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
         return re.search(r"SuperNode (\d+) registered", p.stdout)[1]
 
     def supernode(name: str, site: str, cid: str, change=lambda argv: argv) -> Proc:
-        argv = shlex.split(commands(localize(site_code, port))[0].replace("site_art", site))
+        argv = shlex.split(commands(localize(site_code, port, link_port))[0].replace("site_art", site))
         i = argv.index("--node-config")
         argv[i + 1] = " ".join(f'{k}="{v}"' for k, v in node_config(data, cid, tmp_path / "state" / name).items())
         argv = [*change(argv), "--port", str(free_port())]  # a runtime API port per SuperNode on this one host
         return start(name, shlex.join(argv), {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"})
 
     try:
-        superlink = start("superlink", link[-1])
+        superlink = start("superlink", link[-2].removesuffix(" &"))
         import httpx
 
         def healthy():
             assert superlink.alive(), superlink.tail()
             try:
                 return httpx.get(
-                    f"https://localhost:{port}/health",
+                    f"https://127.0.0.1:{link_port}/health",
                     timeout=1,
                     verify=ssl.create_default_context(cafile=ws / "certs" / "ca.crt"),
                 ).is_success
@@ -135,6 +146,17 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
                 return False
 
         wait_until(healthy, 120, "the SuperLink over TLS")
+        start("gate", link[-1])
+        ca = ssl.create_default_context(cafile=ws / "certs" / "ca.crt")
+
+        def gate_listens():
+            assert procs[-1].alive(), procs[-1].tail()
+            try:
+                return httpx.get(f"https://localhost:{port}/", timeout=1, verify=ca).status_code == 404
+            except httpx.HTTPError:
+                return False
+
+        wait_until(gate_listens, 120, "the gate over TLS")
         nodes = {cid: register(f"site_{cid}") for cid in SOURCES}
         nodes["no_ca"], nodes["insecure_key"] = register("site_no_ca"), register("site_insecure_key")
         subprocess.run(
@@ -180,6 +202,29 @@ def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data,
             "insecure_key": "registered",
         }
         assert len(status) == len(nodes)  # neither the rogue key nor the keyless SuperNode became a node
+
+        # a site, with the CA and the address it joins: no Control API there
+        site = Federation(tmp_path / "site", f"localhost:{port}", root_certificates=str(ws / "certs" / "ca.crt"))
+        for args in (("ls",), ("supernode", "register", str(ws / "keys" / "site_rogue.pub"))):
+            got = site.flwr(*args, "fedccrl", "--format", "json")
+            doc = json.loads(got.stdout[got.stdout.index("{") :])
+            assert not doc["success"] and "404 Not Found" in doc["error-message"], (args, doc)
+        assert len(json.loads(fed.flwr("supernode", "list", "fedccrl", "--format", "json").stdout)["nodes"]) == 5
+
+        # the operator's view: the sites by client id, the one that never came online named
+        sites = [{"id": cid, "domain": cid.split("_")[0], "node_id": nodes[cid]} for cid in SOURCES]
+        sites.append({"id": "sketch_c0", "domain": "sketch", "node_id": nodes["no_ca"]})
+        doc = {"dataset": "embedded", "domains": ["photo", "art", "cartoon", "sketch"], "classes": ["dog"]}
+        (ws / "federation.json").write_text(json.dumps({**doc, "image_size": 32, "resize_policy": "r", "sites": sites}))
+        cli = ["-m", "fedccrl_pipeline.cli", "federation", "status", "--federation", "federation.json"]
+        cli += ["--superlink", fed.address, "--root-certificates", "certs/ca.crt"]
+        got = subprocess.run([sys.executable, *cli], cwd=ws, capture_output=True, text=True, timeout=120)
+        assert got.returncode == 1, got.stderr
+        assert got.stdout.splitlines() == [
+            *[f"{cid}\tconnected\tnode {nodes[cid]}\tonline" for cid in SOURCES],
+            f"sketch_c0\tNOT connected\tnode {nodes['no_ca']}\tregistered",
+        ]
+        assert "not connected: sketch_c0" in got.stderr
     finally:
         for proc in reversed(procs):
             proc.stop()

@@ -5,6 +5,7 @@ with nothing half-written."""
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from pathlib import Path
 
@@ -452,13 +453,14 @@ def test_site_federation_writes_the_file_each_sites_manifest_agrees_with(raw, tm
     from fedccrl_pipeline.cli import main
 
     p = params({"dataset.name": "imagefolder", "preprocess.image_size": SIZE})
-    res = CliRunner().invoke(main, _federation_args(tmp_path, p, "photo_c0=photo", "art_c0=art", "art_c1=art"))
+    args = _federation_args(tmp_path, p, "photo_c0=photo", "art_c0=art", "art_c1=art")
+    res = CliRunner().invoke(main, [*args, "--node-id", "art_c0=17"])
     assert res.exit_code == 0, res.output
     fed = read_federation(tmp_path / "federation.json")
-    assert fed.domains == ["art", "photo"] and [(s.id, s.domain) for s in fed.sites] == [
-        ("photo_c0", "photo"),
-        ("art_c0", "art"),
-        ("art_c1", "art"),
+    assert fed.domains == ["art", "photo"] and [(s.id, s.domain, s.node_id) for s in fed.sites] == [
+        ("photo_c0", "photo", None),
+        ("art_c0", "art", "17"),
+        ("art_c1", "art", None),
     ]
     m = _prepare(raw / "photo", tmp_path / "site", cid="photo_c0")
     assert (fed.dataset, fed.classes, fed.image_size, fed.resize_policy) == (
@@ -481,13 +483,16 @@ def test_site_federation_writes_the_file_each_sites_manifest_agrees_with(raw, tm
         (["photo_c0=photo", "photo_c0=art"], r"--site 'photo_c0=art': client id 'photo_c0' is given twice"),
         (["photo_c0"], r"--site 'photo_c0' \(ID=DOMAIN\): --domain '': not a folder name"),
         (["../x=art"], r"--site '\.\./x=art' \(ID=DOMAIN\): --client-id '\.\./x'"),
+        (["a=art", "--node-id", "b=3"], r"--node-id 'b=3' \(ID=NODE\): 'b' is not a site given by --site"),
+        (["a=art", "--node-id", "a=x"], r"--node-id 'a=x' \(ID=NODE\): one number per site"),
     ],
 )
 def test_site_federation_refuses_a_bad_site_naming_it(tmp_path, params, sites, match):
     from fedccrl_pipeline.cli import main
 
     p = params({"dataset.name": "imagefolder"})
-    res = CliRunner().invoke(main, _federation_args(tmp_path, p, *sites))
+    extra = sites[sites.index("--node-id") :] if "--node-id" in sites else []
+    res = CliRunner().invoke(main, [*_federation_args(tmp_path, p, *sites[: len(sites) - len(extra)]), *extra])
     assert res.exit_code == 2 and re.search(match, res.output), res.output
     assert not (tmp_path / "federation.json").exists()
 
@@ -512,3 +517,40 @@ def test_the_command_refuses_a_central_partition_scheme(raw, tmp_path, params):
     res = CliRunner().invoke(main, [*map(str, args)])
     assert res.exit_code == 2 and f"error: {p}: partition.scheme is 'reference'" in res.output
     _nothing_written(tmp_path, tmp_path / "site")
+
+
+def test_a_sites_node_id_is_checked_and_left_out_of_the_run_key_and_status_maps_it(tmp_path):
+    """The federation file's optional `sites[].node_id`: a number, or an error naming the file and key; the run's
+    description (its key) is the same with or without it; `fedccrl federation status` maps the SuperLink's nodes to
+    the sites by it (fedccrl_flower/site_status.py)."""
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_flower.site_status import site_statuses
+    from fedccrl_flower.sites import read_federation
+
+    doc = {
+        "dataset": "embedded",
+        "domains": ["art", "photo", "sketch"],
+        "classes": ["dog"],
+        "image_size": 32,
+        "resize_policy": "resize",
+        "sites": [{"id": "art_c0", "domain": "art"}, {"id": "photo_c0", "domain": "photo"}],
+    }
+    path = tmp_path / "federation.json"
+    path.write_text(json.dumps(doc))
+    plain = read_federation(path)
+    doc["sites"] = [{**doc["sites"][0], "node_id": "11"}, {**doc["sites"][1], "node_id": "22"}]
+    doc["sites"].append({"id": "sketch_c0", "domain": "sketch"})
+    path.write_text(json.dumps(doc))
+    keyed = read_federation(path)
+    assert keyed.run_description()["sites"][:2] == plain.run_description()["sites"] == plain.to_dict()["sites"]
+    rows = site_statuses(keyed, {"11": "online", "22": "offline", "33": "online"})
+    assert [(r.client_id, r.node_id, r.node_status, r.connected) for r in rows] == [
+        ("art_c0", "11", "online", True),
+        ("photo_c0", "22", "offline", False),
+        ("sketch_c0", None, "no node_id in the federation file", False),
+    ]
+    assert site_statuses(keyed, {})[0].node_status == "not registered"
+    doc["sites"][0]["node_id"] = "art"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(DataError, match=r"federation.json.*node_id"):
+        read_federation(path)

@@ -79,6 +79,12 @@ def _site() -> click.Command:
     return site.command
 
 
+def _federation() -> click.Command:
+    from fedccrl_pipeline import federation
+
+    return federation.command
+
+
 # stage name -> the function that imports its module (explicitly, when the stage runs) and returns its command
 STAGES: dict[str, Callable[[], click.Command]] = {
     "download": _download,
@@ -93,7 +99,7 @@ STAGES: dict[str, Callable[[], click.Command]] = {
     "federate": _federate,  # the operator's run over a deployment (docs/flower.md): deploy/dvc.yaml's stage
 }
 # commands that are not pipeline stages (no dvc.yaml stage runs them), as above
-COMMANDS = {**STAGES, "site": _site}
+COMMANDS = {**STAGES, "site": _site, "federation": _federation}
 
 
 class _LazyGroup(click.Group):

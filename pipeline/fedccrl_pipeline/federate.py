@@ -70,7 +70,7 @@ def federate(
         image_size=fed_file.image_size,
         resize=fed_file.resize_policy,
         site_domains=[site.domain for site in fed_file.sites],
-        description=fed_file.to_dict(),
+        description=fed_file.run_description(),
     )
     engine = flower.model_dump(include=set(ServerSpec.FROM_SETTINGS))
     job = plan_deployed(settings, data, engine, algorithm, seed, target, out, work, hparams)

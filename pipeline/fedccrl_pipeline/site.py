@@ -179,7 +179,22 @@ def classes(params_path: str, images: str | None) -> None:
     run_stage(_classes, params_path, images)
 
 
-def _write_federation(params_path: str, classes: str, sites: tuple[str, ...], out: str) -> None:
+def _node_ids(node_ids: tuple[str, ...], named: dict) -> dict[str, str]:
+    """--node-id ID=NODE, each naming a site given by --site and a number (`flwr supernode register`'s node id)."""
+    from fedccrl_core.foundation.errors import DataError
+
+    out: dict[str, str] = {}
+    for arg in node_ids:
+        cid, _, node = arg.partition("=")
+        if cid not in named:
+            raise DataError(f"--node-id {arg!r} (ID=NODE): '{cid}' is not a site given by --site")
+        if not node.isdigit() or cid in out:
+            raise DataError(f"--node-id {arg!r} (ID=NODE): one number per site, as flwr supernode register prints it")
+        out[cid] = node
+    return out
+
+
+def _write_federation(params_path: str, classes: str, sites: tuple[str, ...], out: str, node_ids=()) -> None:
     from fedccrl_core.data.images import RESIZE_POLICY
     from fedccrl_core.data.site import check_classes, check_site_name
     from fedccrl_core.foundation.errors import DataError
@@ -198,6 +213,8 @@ def _write_federation(params_path: str, classes: str, sites: tuple[str, ...], ou
         if cid in named:
             raise DataError(f"--site {arg!r}: client id '{cid}' is given twice (one SuperNode, one client id)")
         named[cid] = Site(id=cid, domain=domain)
+    for cid, node in _node_ids(node_ids, named).items():
+        named[cid] = Site(id=cid, domain=named[cid].domain, node_id=node)
     domains = list(spec.domains) if spec.domains else sorted({s.domain for s in named.values()})
     doc = FederationFile(
         dataset=spec.name,
@@ -216,6 +233,9 @@ def _write_federation(params_path: str, classes: str, sites: tuple[str, ...], ou
 @click.option("--classes", required=True, type=click.Path(dir_okay=False), help="the federation's class file")
 @click.option("--site", "sites", required=True, multiple=True, help="a site: ID=DOMAIN (its client id and domain)")
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="the federation file to write")
-def federation(params_path: str, classes: str, sites: tuple[str, ...], out: str) -> None:
+@click.option(
+    "--node-id", "node_ids", multiple=True, help="a site's node id: ID=NODE (flwr supernode register printed NODE)"
+)
+def federation(params_path: str, classes: str, sites: tuple[str, ...], out: str, node_ids: tuple[str, ...]) -> None:
     """Write the federation file (fedccrl federate --federation) from the sites, the class file and params.yaml."""
-    run_stage(_write_federation, params_path, classes, sites, out)
+    run_stage(_write_federation, params_path, classes, sites, out, node_ids)

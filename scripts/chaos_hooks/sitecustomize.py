@@ -91,7 +91,7 @@ def _install() -> None:
 
         def log_round(self, rec):
             real_round(self, rec)
-            if int(rec["round"]) == 1:
+            if rec.round == 1:  # a RoundRecord (fedccrl_core/federation/round_record.py)
                 _hold(HOOK)
 
         tracking.ChildRun.log_round = log_round
