@@ -188,11 +188,11 @@ def test_the_supernode_reads_a_site_folder(raw, tmp_path):
     mu, sigma = load_pool(site / "pools", "museum")
     assert s.train_x.shape == (s.n_train, SIZE, SIZE, 3) and mu.shape == sigma.shape == (s.n_train, 3)
     assert sorted(p.name for p in site.iterdir()) == ["pools", "shards"]
-    # the SuperNode's own loader, with the node config a site passes (fedccrl_flower/client_app.py)
+    # the SuperNode's own loader, with the node config a site passes (fedccrl_flower/site_data.py)
     import torch
     from flwr.common import Context, RecordDict
 
-    from fedccrl_flower.client_app import load_client_data
+    from fedccrl_flower.site_data import load_client_data
 
     node = {"client-id": "museum", "shards": str(site / "shards"), "pools": str(site / "pools")}
     data = load_client_data(Context(1, 1, node, RecordDict(), {}), "museum", torch.device("cpu"), "photo")

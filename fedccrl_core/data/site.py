@@ -30,7 +30,7 @@ looks the held-out domain up among the manifest's domains). A class of the list 
 with a warning naming it (recorded under `warnings`): the model keeps every class's output, and the client's
 `train_class_hist` shows 0 for it. An evaluation-only site (the held-out domain) prepares its folder the same way:
 its test set is its train + val (`shards.load_domain_test`). In a run, the federation's domains and the held-out
-one come from the run's spec, not from this manifest (fedccrl_flower/client_app.py `check_site_data`).
+one come from the run's spec, not from this manifest (fedccrl_flower/site_data.py `check_site_data`).
 
 What in the image folder is not a sample is passed over, listed under `skipped` with why and named on stderr, and
 never opened (tree.py `scan_classes`): a FIFO, socket or device, a symlink loop, a symlink whose target lies outside
