@@ -45,9 +45,10 @@ def federate(
     from fedccrl_flower.run import train_deployed
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
-    from fedccrl_pipeline.params import load_deploy
+    from fedccrl_pipeline.deploy_params import load_deploy
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, federation_plan
-    from fedccrl_pipeline.train_tracking import TrainTracking, deployed_data
+    from fedccrl_pipeline.tracked_data import deployed_data
+    from fedccrl_pipeline.train_tracking import TrainTracking
 
     deploy = load_deploy(deploy_path) if deploy_path is not None else None  # its deploy file, whole, first
     cfg = load_train_config(params_path, algorithm, downloads=False)  # the whole file first, before anything starts
