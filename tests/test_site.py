@@ -19,7 +19,7 @@ from fedccrl_core.data.manifest import MANIFEST, client_ids, load_manifest
 from fedccrl_core.data.partition import PartitionSettings, partition
 from fedccrl_core.data.pools import build_pools, check_pools, load_pool, load_pool_manifest
 from fedccrl_core.data.shards import load_client
-from fedccrl_core.data.site import Federation, prepare_site, read_class_list
+from fedccrl_core.data.site import SiteSettings, prepare_site, read_class_list
 from fedccrl_core.foundation.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -43,15 +43,15 @@ def _raw(root: Path, domains=("art", "photo"), per_class: int = 5, classes=CLASS
     return root
 
 
-def _fed(classes=CLASSES, **kw) -> Federation:
+def _fed(classes=CLASSES, **kw) -> SiteSettings:
     d = dict(
         dataset="imagefolder", classes=list(classes), image_size=SIZE, val_fraction=0.2, seed=0, mean=MEAN, std=STD
     )
     d.update(kw)
-    return Federation(**d)  # type: ignore[arg-type]
+    return SiteSettings(**d)  # type: ignore[arg-type]
 
 
-def _prepare(images: Path, out: Path, fed: Federation | None = None, domain: str = "photo", cid: str = "site_a"):
+def _prepare(images: Path, out: Path, fed: SiteSettings | None = None, domain: str = "photo", cid: str = "site_a"):
     return prepare_site(images, out, fed or _fed(), SPEC, domain, cid, "classes.txt", workers=1, progress=False)
 
 

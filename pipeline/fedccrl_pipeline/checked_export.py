@@ -40,6 +40,30 @@ def _all_or_none(outputs):
         raise
 
 
+def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batch_size: int) -> dict:
+    """The parity figures of the ONNX file at `onnx_path` against `model` on the held-out images `xy`; ParityError
+    when their top-1 agreement is below `min_agreement`."""
+    import sys
+
+    x, y = xy
+    result = parity(cpu_session(onnx_path), model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
+    result.update(
+        min_agreement=min_agreement, held_out_domain=meta.held_out_domain, onnx_bytes=onnx_path.stat().st_size
+    )
+    print(
+        f"parity on {result['n_images']} {meta.held_out_domain} images: top-1 agreement "
+        f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}",
+        file=sys.stderr,
+    )
+    if result["top1_agreement"] < min_agreement:
+        raise ParityError(
+            f"ONNX/PyTorch top-1 agreement {result['top1_agreement']:.6f} < --min-agreement {min_agreement} "
+            f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
+            "no model.onnx written"
+        )
+    return result
+
+
 def export_checked(
     model_path: Path,
     shards: Path,
@@ -90,22 +114,7 @@ def export_checked(
     # failure on the way removes those already in place (_all_or_none)
     with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
         export_onnx(model, meta, tmp_onnx, traces=traces)
-        session = cpu_session(tmp_onnx)
-        result = parity(session, model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
-        result.update(
-            min_agreement=min_agreement, held_out_domain=meta.held_out_domain, onnx_bytes=tmp_onnx.stat().st_size
-        )
-        print(
-            f"parity on {result['n_images']} {meta.held_out_domain} images: top-1 agreement "
-            f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}",
-            file=sys.stderr,
-        )
-        if result["top1_agreement"] < min_agreement:
-            raise ParityError(
-                f"ONNX/PyTorch top-1 agreement {result['top1_agreement']:.6f} < --min-agreement {min_agreement} "
-                f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
-                "no model.onnx written"
-            )
+        result = _parity_checked(tmp_onnx, model, meta, (x, y), min_agreement, batch_size)
         if int8 is not None:
             from fedccrl_pipeline.quantize import checked_int8
 
