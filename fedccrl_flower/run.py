@@ -38,6 +38,19 @@ from fedccrl_flower.sites import FederationFile, federation_sites
 from fedccrl_flower.spec import ServerSpec, report_dir
 
 
+def _completed(work_dir: Path, run_id: int) -> RunResult:
+    """The result the ServerApp wrote in `work_dir` (result.pt), with the Flower run's id."""
+    res = read_result(work_dir)
+    return RunResult(
+        res.history,
+        res.final_weights,
+        res.best_weights,
+        res.best_round,
+        resumed_from=res.resumed_from,
+        extra={**res.extra, "run_id": run_id},
+    )
+
+
 def wait_for_result(
     fed: Federation,
     run_id: int,
@@ -70,15 +83,7 @@ def wait_for_result(
         st = json.loads(st_path.read_text()) if st_path.is_file() else {}
         if st.get("status") == "completed":
             drain()
-            res = read_result(work_dir)
-            return RunResult(
-                res.history,
-                res.final_weights,
-                res.best_weights,
-                res.best_round,
-                resumed_from=res.resumed_from,
-                extra={**res.extra, "run_id": run_id},
-            )
+            return _completed(work_dir, run_id)
         if st.get("status") in ("failed", "stopped"):
             drain()  # a record written just before the status (the epsilon a stopped round spent)
             raise FlowerRunError(f"Flower run {run_id} {st['status']}: {st.get('error')}")

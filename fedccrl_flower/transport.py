@@ -1,7 +1,8 @@
 """Moving one phase's messages over the Grid: pushed, then their replies pulled until every one is in or the phase's
 timeout has passed (what Flower's `Grid.send_and_receive` does, here with the replies kept as they arrive).
 
-`exchange` returns each node's reply, the nodes that gave none (reason `timeout`) and how long the exchange took. The
+`exchange` returns each node's reply, the nodes that gave none (reason `timeout`) and how long the exchange took;
+`PhaseTimer` runs a phase's exchange with the phase's timeout (`reply_timeout`) and counts its bytes on the wire. The
 replies that arrived are in the caller's `got` as they arrive, so that an exchange interrupted mid-way (a stop, a
 crash) leaves the caller what came in: under train.privacy, the uploads of a query that must be charged.
 A node that leaves the SuperLink is answered for by Flower itself: the SuperLink replies with an error
@@ -13,13 +14,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from flwr.app import Message
+from flwr.app import ConfigRecord, Message
 from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from fedccrl_core.federation.round_privacy import ReleasedThenRefused
 from fedccrl_flower import messages as M
+
+if TYPE_CHECKING:
+    from fedccrl_flower.spec import ServerSpec
 
 GONE = (ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE)
 
@@ -111,3 +117,59 @@ def wait_for_nodes(
                 f"than train.flower.min_clients = {least}"
             )
         sleep(1.0)
+
+
+def phase_config(client_spec_json: str, rnd: int, cid: str | None = None) -> ConfigRecord:
+    """The CONFIG record of a round's message: the client spec, the round and, to one client, its id."""
+    cfg = ConfigRecord({M.F_SPEC: client_spec_json, M.F_ROUND: rnd})
+    if cid is not None:
+        cfg[M.F_CLIENT_ID] = cid
+    return cfg
+
+
+@dataclass(frozen=True)
+class Exchanged:
+    """One phase's exchange: each node's reply, the nodes without one ({node: (reason, detail)}), the timeout it
+    waited and its bytes on the wire (Flower's serialized messages: the replies up, the messages down)."""
+
+    replies: dict[int, Message]
+    missing: dict[int, tuple[str, str]]
+    timeout: float
+    wire_up: int
+    wire_down: int
+
+
+class PhaseTimer:
+    """A phase's exchanges over the Grid, each with the phase's timeout (`reply_timeout`), timed: an exchange that
+    got every reply, none an error, sets the slowest time of its phase."""
+
+    def __init__(
+        self,
+        spec: ServerSpec,
+        log: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        self.spec, self.log, self.clock, self.sleep = spec, log, clock, sleep
+        self.slowest: dict[str, float] = {}  # phase -> the slowest complete exchange so far (s)
+
+    def reply_timeout(self, phase: str) -> float:
+        """How long a phase ("query" | "train" | "evaluate") waits for its replies: the spec's fixed timeout until an
+        exchange of that phase got every reply, then max(floor, factor x the slowest such exchange so far)."""
+        s = self.spec
+        if phase not in self.slowest:  # an evaluation is a forward pass: it waits as a query does
+            return s.query_timeout_s if phase in ("query", "evaluate") else s.train_timeout_s
+        return max(s.timeout_floor_s, s.timeout_factor * self.slowest[phase])
+
+    def exchange(
+        self, grid: Grid, rnd: int, msgs: list[Message], phase: str, got: dict[int, Message] | None = None
+    ) -> Exchanged:
+        """One phase's messages over the Grid (`exchange`: `got` fills as replies arrive)."""
+        timeout = self.reply_timeout(phase)
+        down = sum(M.content_nbytes(m.content) for m in msgs)
+        replies, missing, elapsed = exchange(grid, msgs, timeout, phase, self.clock, self.sleep, got)
+        if not missing and not any(r.has_error() for r in replies.values()):
+            self.slowest[phase] = max(self.slowest.get(phase, 0.0), elapsed)
+        self.log(f"round {rnd}: {phase} to {len(msgs)} node(s), {len(replies)} replied in {elapsed:.1f}s")
+        up = sum(M.content_nbytes(r.content) for r in replies.values() if r.has_content())
+        return Exchanged(replies, missing, timeout, up, down)

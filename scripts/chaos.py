@@ -45,7 +45,7 @@ import psutil
 import yaml
 
 from fedccrl_core.foundation.temp_paths import TEMP_RE
-from fedccrl_pipeline.params import set_key
+from fedccrl_pipeline.params_yaml import set_key
 
 REPO = Path(__file__).resolve().parents[1]
 

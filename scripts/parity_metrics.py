@@ -24,7 +24,8 @@ from fedccrl_core.data.pools import build_pools
 from fedccrl_core.data.registry import get_dataset
 from fedccrl_core.data.synthetic import generate
 from fedccrl_core.federation.driver import RunData, held_out_run, train
-from fedccrl_pipeline.params import read_yaml, validate_params
+from fedccrl_pipeline.params import validate_params
+from fedccrl_pipeline.params_yaml import read_yaml
 from fedccrl_pipeline.training import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,7 +32,8 @@ import numpy as np
 from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.privacy.audit import audit, release, statistics_epsilon
 from fedccrl_core.privacy.settings import PrivacySettings
-from fedccrl_pipeline.audit import engine_audit, load_audit_clients, verdict
+from fedccrl_pipeline.audit import engine_audit, load_audit_clients
+from fedccrl_pipeline.audit_report import verdict
 from fedccrl_pipeline.params import load_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from fedccrl_core.data.manifest import load_manifest
 from fedccrl_core.privacy.sweep_epsilon import per_image_epsilon
-from fedccrl_pipeline.params import parse_yaml, read_yaml, set_key, validate_params
+from fedccrl_pipeline.params import validate_params
+from fedccrl_pipeline.params_yaml import parse_yaml, read_yaml, set_key
 from fedccrl_pipeline.sweep_privacy import manifest_plan, planned_sweep
 
 

@@ -58,7 +58,7 @@ def write_params(folder: Path, overrides: dict | None = None, *, new_keys: dict 
     """<folder>/params.yaml: the repository's params.yaml with `overrides` ({"train.fedccrl.r": 0.5}; a key that
     does not exist is an error, as in `dvc exp run -S`; the value DELETE removes the key) and `new_keys`, keys
     params.yaml does not have (a test of an unknown key: {"train.fedfoo": {"x": 1}}; its parent must exist)."""
-    from fedccrl_pipeline.params import read_yaml, set_key
+    from fedccrl_pipeline.params_yaml import read_yaml, set_key
 
     p = read_yaml(REPO / "params.yaml")
     for dotted, value in (overrides or {}).items():
@@ -91,7 +91,7 @@ def build_tiny(base: Path) -> Path:
     from fedccrl_core.data.pools import build_pools
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.synthetic import generate
-    from fedccrl_pipeline.params import read_yaml
+    from fedccrl_pipeline.params_yaml import read_yaml
 
     p = read_yaml(REPO / "params.yaml")
     assert p["dataset"]["name"] == "synthetic", "the embedded default is the synthetic dataset"

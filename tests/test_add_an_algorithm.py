@@ -112,7 +112,8 @@ if sys.argv[2] == "registered":
     from toy_params import ToyParams
 
     PARAMS["toy"] = ToyParams  # step 2: the line in PARAMS, before params.yaml's model is built from it
-from fedccrl_pipeline.params import ParamError, read_yaml, validate_params
+from fedccrl_pipeline.params import ParamError, validate_params
+from fedccrl_pipeline.params_yaml import read_yaml
 
 out = {}
 for scale in (1.0, 0):

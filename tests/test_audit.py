@@ -163,7 +163,7 @@ def test_audit_stage_writes_table_plot_and_json(tmp_path):
     """The command's table names the verdict and the numbers it rests on (the epsilon lower bound and the reach);
     the plot is a PNG; the record is JSON."""
     from fedccrl_core.privacy.canary_audit import one_run_audit
-    from fedccrl_pipeline.audit import plot, table
+    from fedccrl_pipeline.audit_report import plot, table
 
     coins = np.random.default_rng(0).random(600) < 0.5
     scores = np.where(coins, 1.0, -1.0) * (np.arange(600) < 300)  # half the slots seen, every one right

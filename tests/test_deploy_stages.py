@@ -154,7 +154,8 @@ def test_each_deployment_run_is_an_mlflow_child_of_the_deployments_parent(tmp_pa
     from fedccrl_core.federation.round_record import RoundRecord
     from fedccrl_flower.sites import read_federation
     from fedccrl_pipeline.params import load_config
-    from fedccrl_pipeline.train_tracking import TrainTracking, deployed_data
+    from fedccrl_pipeline.tracked_data import deployed_data
+    from fedccrl_pipeline.train_tracking import TrainTracking
     from fedccrl_pipeline.training import run_settings
 
     cfg = load_config(write_params(tmp_path))

@@ -13,6 +13,7 @@ One boundary: every stage first validates the whole of params.yaml (pipeline/fed
 imports every algorithm's `Params`, the dataset registry and the Flower settings to do so. Validation can stop a
 stage but never changes what it writes, so pipeline/fedccrl_pipeline/params.py is a dep of every stage while the modules it imports
 count only where the stage itself uses them (otherwise editing FedSR would re-download the dataset).
+pipeline/fedccrl_pipeline/deploy_params.py, which validates deploy/params.yaml, is the same boundary.
 
 The rule holds for both pipelines, dvc.yaml at the root and the operator's deploy/dvc.yaml (its paths relative to
 deploy/: ../fedccrl_core/data). One difference follows from where the code sits: a folder dep stands for its
@@ -69,7 +70,10 @@ def imports_of(module: str) -> set[str]:
     return out
 
 
-VALIDATION_ONLY = {"fedccrl_pipeline.params"}  # listed, but what it imports to validate is not followed (see above)
+VALIDATION_ONLY = {
+    "fedccrl_pipeline.params",
+    "fedccrl_pipeline.deploy_params",
+}  # listed, but what they import to validate is not followed (see above)
 
 
 def closure(roots: set[str], boundary: set[str] = frozenset()) -> set[str]:

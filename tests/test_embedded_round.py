@@ -20,7 +20,8 @@ from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
 from fedccrl_core.data.manifest import load_manifest
 from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.federation.driver import build_seeded_model, load_clients, train
-from fedccrl_pipeline.params import read_yaml, validate_params
+from fedccrl_pipeline.params import validate_params
+from fedccrl_pipeline.params_yaml import read_yaml
 from fedccrl_pipeline.training import run_settings
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -26,7 +26,7 @@ from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_core.learning.models import build_model
-from fedccrl_pipeline import onnx_export
+from fedccrl_pipeline import checked_export, onnx_export, onnx_parity
 from fedccrl_pipeline.card_records import sweep_epsilon
 from fedccrl_pipeline.export import command
 from fedccrl_pipeline.model_card import SweepEpsilon
@@ -144,7 +144,7 @@ def test_onnx_file_passes_the_checker_and_holds_the_metadata(exported):
 def test_dynamic_batch_matches_pytorch(exported):
     model_path, out, _ = exported
     model, _ = load_model(model_path)
-    session = onnx_export.cpu_session(out / "model.onnx")
+    session = onnx_parity.cpu_session(out / "model.onnx")
     gen = torch.Generator().manual_seed(3)
     for n in (1, 3, 7):
         x = torch.randn(n, 3, 32, 32, generator=gen)
@@ -163,12 +163,12 @@ def test_failed_parity_exits_nonzero_and_leaves_no_model(shards, tmp_path, monke
     out = tmp_path / "out"
     out.mkdir()
     (out / "model.onnx").write_bytes(b"stale export of an older model")
-    real = onnx_export.parity
+    real = onnx_parity.parity
 
     def disagreeing(*args, **kwargs):
         return {**real(*args, **kwargs), "top1_agreement": 0.9}
 
-    monkeypatch.setattr(onnx_export, "parity", disagreeing)
+    monkeypatch.setattr(checked_export, "parity", disagreeing)
     result = run_export(model, shards, out)
     assert result.exit_code != 0
     errors = [ln for ln in result.stderr.splitlines() if ln.startswith("error:")]
@@ -184,7 +184,7 @@ def test_interrupted_export_leaves_no_model(shards, tmp_path, monkeypatch):
         assert any(p.name.startswith(".model.onnx.tmp-") for p in out.iterdir())  # the export was on disk
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(onnx_export, "parity", interrupted)
+    monkeypatch.setattr(checked_export, "parity", interrupted)
     result = run_export(model, shards, out)  # click turns Ctrl-C into "Aborted!" and exit code 1
     assert result.exit_code != 0
     assert leftovers(out) == set()
@@ -350,13 +350,13 @@ def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monk
     with torch.no_grad():
         next(m.parameters()).add_(0.5)
     save_model(model, m, meta)
-    real = onnx_export.parity
+    real = onnx_parity.parity
 
     def degraded(*args, **kwargs):
         r = real(*args, **kwargs)
         return {**r, "top1_agreement": 0.5}
 
-    monkeypatch.setattr(onnx_export, "parity", degraded)
+    monkeypatch.setattr(checked_export, "parity", degraded)
     assert run_export(model, shards, tmp_path / "out").exit_code != 0
     assert len(client.search_model_versions(f"name = '{name}'")) == 1
     assert client.get_model_version_by_alias(name, "s0-heldout-sketch").version == before
@@ -530,7 +530,7 @@ def test_mobilenet_v3_large_224_exports_as_one_checked_file(tmp_path):
     assert leftovers(tmp_path) == {"model.onnx"}
     assert 10e6 < path.stat().st_size < 2**31
     x = torch.randn(3, 3, 224, 224, generator=torch.Generator().manual_seed(0))
-    got = onnx_export.cpu_session(path).run(["logits"], {"images": x.numpy()})[0]
+    got = onnx_parity.cpu_session(path).run(["logits"], {"images": x.numpy()})[0]
     with torch.no_grad():
         np.testing.assert_allclose(got, model(x).numpy(), atol=1e-4)
 

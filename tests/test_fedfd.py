@@ -33,7 +33,7 @@ from fedccrl_core.algorithms.local_bn import local_bn_keys
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.driver import train
 from fedccrl_core.learning.model_file import ModelMeta, save_model
-from fedccrl_pipeline import onnx_export
+from fedccrl_pipeline import onnx_export, onnx_parity
 
 SMALL = {"batch_size": 8}
 
@@ -329,8 +329,8 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     rng = np.random.default_rng(0)
     base = rng.integers(0, 256, (24, 16, 16, 3)).astype(np.float64)
     shifted = np.clip(0.35 * base + 140, 0, 255).astype(np.uint8)  # another domain: brighter, low contrast
-    session = onnx_export.cpu_session(path)
-    res = onnx_export.parity(session, loaded, shifted, meta.mean, meta.std, batch_size=7)  # odd batches
+    session = onnx_parity.cpu_session(path)
+    res = onnx_parity.parity(session, loaded, shifted, meta.mean, meta.std, batch_size=7)  # odd batches
     assert res["max_abs_logit_diff"] <= 1e-4 and res["top1_agreement"] == 1.0
     from fedccrl_core.learning.statistics import normalize_u8
 

@@ -162,7 +162,7 @@ def test_pack_tree_round_trips_client_state():
 
 def test_message_keys_are_defined_once():
     """Client and server share messages.py's keys; neither spells a record key as a bare string."""
-    for f in ("client_app.py", "server_app.py"):
+    for f in ("client_app.py", "server_app.py", "query_phase.py", "train_phase.py", "evaluate_phase.py"):
         src = (REPO / "fedccrl_flower" / f).read_text()
         assert '"fedccrl.' not in src, f
     keys = [M.CONFIG, M.INFO, M.UPLOAD, M.PAYLOAD, M.WEIGHTS, M.METRICS, M.EVAL, M.STATE_ARRAYS, M.STATE_TREE]
@@ -193,7 +193,7 @@ def test_client_state_slots_survive_a_retrained_round(tmp_path):
     from flwr.app import Context, RecordDict
 
     from fedccrl_core.learning.clients import ClientState
-    from fedccrl_flower.client_app import load_client_state, save_client_state
+    from fedccrl_flower.client_state import load_client_state, save_client_state
 
     key = "k1"  # the run's state key (ClientSpec.state_key)
     ctx = Context(run_id=1, node_id=1, node_config={M.NODE_STATE_DIR: str(tmp_path)}, state=RecordDict(), run_config={})
@@ -501,8 +501,7 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     max(timeout_floor_s, timeout_factor x the slowest reply so far): round 1's clients take 4 s to
     train (art_c0 8 s), so round 2 waits 3 x 8 = 24 s, and photo_c0, which sleeps 30 s in round 2, is
     dropped as a timeout; under a fixed 600 s it would have been waited for."""
-    from fedccrl_flower.server_app import FlowerServer
-    from fedccrl_flower.transport import PULL_S
+    from fedccrl_flower.transport import PULL_S, PhaseTimer
 
     grid = loopback(data)
 
@@ -526,9 +525,9 @@ def test_loopback_reply_timeout_scales_with_the_slowest_client(data, tmp_path):
     assert r2.to_dict()["clients"] == 2 and [(d["client"], d["reason"]) for d in r2.to_dict()["dropped_clients"]] == [
         ("photo_c0", "timeout")
     ]
-    server = FlowerServer.__new__(FlowerServer)  # the rule itself: the floor wins over a fast phase
-    server.spec, server.slowest = spec, {"query": 0.1}
-    assert server.reply_timeout("query") == 2.0 and server.reply_timeout("train") == spec.train_timeout_s
+    timer = PhaseTimer(spec, log=lambda m: None)  # the rule itself: the floor wins over a fast phase
+    timer.slowest = {"query": 0.1}
+    assert timer.reply_timeout("query") == 2.0 and timer.reply_timeout("train") == spec.train_timeout_s
 
 
 def test_loopback_resume_after_serverapp_crash(data, tmp_path):

@@ -400,7 +400,7 @@ def test_c_the_download_stage_takes_its_deadline_from_params(trickling_server, p
     from click.testing import CliRunner
 
     from fedccrl_pipeline.cli import main
-    from fedccrl_pipeline.params import read_yaml
+    from fedccrl_pipeline.params_yaml import read_yaml
 
     defaults = read_yaml(REPO / "params.yaml")["download"]
     assert defaults["deadline_s"] >= defaults["timeout_s"]

@@ -154,9 +154,10 @@ def test_every_registry_default_is_params_yaml_value():
     the run a missing key gives is the run the committed file describes."""
     from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
     from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
-    from fedccrl_flower.server_app import ServerSpec
     from fedccrl_flower.settings import FlowerSettings
-    from fedccrl_pipeline.params import ParamsFile, read_yaml
+    from fedccrl_flower.spec import ServerSpec
+    from fedccrl_pipeline.params import ParamsFile
+    from fedccrl_pipeline.params_yaml import read_yaml
 
     data = read_yaml(ROOT / "params.yaml")  # as the stages read it (YAML 1.2 numbers)
 

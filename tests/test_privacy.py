@@ -358,7 +358,8 @@ def test_weights_only_dp_for_fedccrl_is_refused_when_params_yaml_is_read(tmp_pat
     train.privacy {enabled: true, statistics: false} is a ParamError naming the key."""
     import yaml
 
-    from fedccrl_pipeline.params import load_config, read_yaml
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.params_yaml import read_yaml
 
     d = read_yaml(ROOT / "params.yaml")
     d["train"]["algorithms"] = ["fedccrl", "fedavg"]
@@ -435,7 +436,8 @@ def test_algorithms_without_a_mechanism_are_refused_at_validation(tmp_path):
     such algorithm, naming train.privacy.enabled and what to change, before any stage works (no MLflow run)."""
     import yaml
 
-    from fedccrl_pipeline.params import load_config, read_yaml
+    from fedccrl_pipeline.params import load_config
+    from fedccrl_pipeline.params_yaml import read_yaml
 
     d = read_yaml(ROOT / "params.yaml")
     d["train"]["algorithms"] = ["fedavg", "ga", "fedccrl_omg"]

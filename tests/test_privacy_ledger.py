@@ -397,7 +397,7 @@ def test_flower_resume_after_a_release_with_a_late_client_and_a_duplicated_id(da
     from flower_harness import loopback, make_spec, serve
 
     from fedccrl_flower import messages as M
-    from fedccrl_flower.server_app import DuplicateClient
+    from fedccrl_flower.query_phase import DuplicateClient
 
     spec = make_spec(data, tmp_path, "fedccrl", rounds=2, privacy=FLOWER_PRIV, min_clients=2, query_timeout_s=5)
     released: list = []

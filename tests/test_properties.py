@@ -403,7 +403,7 @@ def get_path(d: dict, path: tuple):
 
 @given(params_st, st.data(), st.integers() | st.text(max_size=3) | st.lists(st.integers(), max_size=2))
 def test_set_key_sets_that_key_and_nothing_else(params, data, value):
-    from fedccrl_pipeline.params import set_key
+    from fedccrl_pipeline.params_yaml import set_key
 
     path = data.draw(st.sampled_from(dotted_paths(params)))
     before = copy.deepcopy(params)
@@ -421,7 +421,7 @@ def test_set_key_sets_that_key_and_nothing_else(params, data, value):
 def test_set_key_refuses_a_missing_key_naming_it(params, data, new):
     """A key that is not in the file (new under an existing group, or below a leaf) is a ParamError naming it, and
     nothing changes."""
-    from fedccrl_pipeline.params import set_key
+    from fedccrl_pipeline.params_yaml import set_key
 
     parent = data.draw(st.sampled_from([(), *dotted_paths(params)]))
     dotted = ".".join((*parent, new))  # upper-case names never occur in params_st's keys

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedccrl_pipeline.params import ParamError, read_yaml, set_key, validate_params
+from fedccrl_pipeline.params import ParamError, validate_params
+from fedccrl_pipeline.params_yaml import read_yaml, set_key
 
 REPO = Path(__file__).resolve().parents[1]
 PARAMS = read_yaml(REPO / "params.yaml")

@@ -20,7 +20,7 @@ from fedccrl_core.data.manifest import MANIFEST, client_ids, load_manifest
 from fedccrl_core.data.partition import PartitionSettings, partition
 from fedccrl_core.data.pools import build_pools, check_pools, load_pool, load_pool_manifest
 from fedccrl_core.data.shards import load_client
-from fedccrl_core.data.site import Federation, prepare_site, read_class_list
+from fedccrl_core.data.site import SiteSettings, prepare_site, read_class_list
 from fedccrl_core.foundation.errors import DataError
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -44,15 +44,15 @@ def _raw(root: Path, domains=("art", "photo"), per_class: int = 5, classes=CLASS
     return root
 
 
-def _fed(classes=CLASSES, **kw) -> Federation:
+def _fed(classes=CLASSES, **kw) -> SiteSettings:
     d = dict(
         dataset="imagefolder", classes=list(classes), image_size=SIZE, val_fraction=0.2, seed=0, mean=MEAN, std=STD
     )
     d.update(kw)
-    return Federation(**d)  # type: ignore[arg-type]
+    return SiteSettings(**d)  # type: ignore[arg-type]
 
 
-def _prepare(images: Path, out: Path, fed: Federation | None = None, domain: str = "photo", cid: str = "site_a"):
+def _prepare(images: Path, out: Path, fed: SiteSettings | None = None, domain: str = "photo", cid: str = "site_a"):
     return prepare_site(images, out, fed or _fed(), SPEC, domain, cid, "classes.txt", workers=1, progress=False)
 
 
@@ -189,11 +189,11 @@ def test_the_supernode_reads_a_site_folder(raw, tmp_path):
     mu, sigma = load_pool(site / "pools", "museum")
     assert s.train_x.shape == (s.n_train, SIZE, SIZE, 3) and mu.shape == sigma.shape == (s.n_train, 3)
     assert sorted(p.name for p in site.iterdir()) == ["pools", "shards"]
-    # the SuperNode's own loader, with the node config a site passes (fedccrl_flower/client_app.py)
+    # the SuperNode's own loader, with the node config a site passes (fedccrl_flower/site_data.py)
     import torch
     from flwr.common import Context, RecordDict
 
-    from fedccrl_flower.client_app import load_client_data
+    from fedccrl_flower.site_data import load_client_data
 
     node = {"client-id": "museum", "shards": str(site / "shards"), "pools": str(site / "pools")}
     data = load_client_data(Context(1, 1, node, RecordDict(), {}), "museum", torch.device("cpu"), "photo")

@@ -192,7 +192,7 @@ def test_an_imagefolder_site_checks_its_domain_against_the_federations(data, con
     from flwr.app import Context, RecordDict
 
     from fedccrl_flower import messages as M
-    from fedccrl_flower.client_app import check_site_data
+    from fedccrl_flower.site_data import check_site_data
 
     sites, federation = consortium
     spec = _federation_spec(data, tmp_path, federation, "fedavg", 1, domains=["cartoon", "painting", "photo", "sketch"])

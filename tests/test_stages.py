@@ -61,7 +61,7 @@ def stage_commands(dvc: dict, params: dict) -> list[tuple[str, str]]:
 
 @pytest.mark.timeout(900)  # about a minute on an idle 2-core machine; three on a busy one
 def test_every_stage_runs_as_dvc_yaml_says_without_dvc(params, tmp_path):
-    from fedccrl_pipeline.params import read_yaml
+    from fedccrl_pipeline.params_yaml import read_yaml
 
     tiny_params = read_yaml(params(TINY))
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}"}

@@ -265,7 +265,7 @@ def test_docs_sweep_epsilon_tables_are_the_commands_output(tmp_path):
     from fedccrl_core.data.partition import PartitionSettings, partition
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.synthetic import generate
-    from fedccrl_pipeline.params import read_yaml
+    from fedccrl_pipeline.params_yaml import read_yaml
 
     p = read_yaml(REPO / "params.yaml")
     generate(tmp_path / "raw", seed=p["dataset"]["seed"], progress=False, workers=1)

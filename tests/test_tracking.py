@@ -125,8 +125,8 @@ def test_lr_1e_3_is_the_number_0_001_on_every_path(tmp_path):
     from fedccrl_core.federation.plan import plan_runs
     from fedccrl_pipeline.params import load_config
     from fedccrl_pipeline.run_names import changed_params, sweep_run_name
+    from fedccrl_pipeline.tracked_data import mlflow_params, shards_data
     from fedccrl_pipeline.tracking import ChildRun, parent_run_id
-    from fedccrl_pipeline.train_tracking import mlflow_params, shards_data
     from fedccrl_pipeline.training import run_settings
 
     text = _with_lr((REPO / "params.yaml").read_text(), "1e-3")

@@ -13,14 +13,16 @@ from pathlib import Path
 
 import click
 
-from fedccrl_pipeline.params import read_yaml, validate_params
+from fedccrl_pipeline.params import validate_params
+from fedccrl_pipeline.params_yaml import read_yaml
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def apply_overrides(params: dict, overrides: Sequence[str], source: str = "--set") -> dict:
     """`KEY=VALUE` overrides (dotted keys of params.yaml, YAML values), as `dvc exp run -S` spells them. A key
     must already exist: a typo is an error naming it, not a new entry that nothing reads."""
-    from fedccrl_pipeline.params import ParamError, parse_yaml, set_key  # YAML 1.2 numbers, as params.yaml is read
+    from fedccrl_pipeline.params import ParamError
+    from fedccrl_pipeline.params_yaml import parse_yaml, set_key  # YAML 1.2 numbers, as params.yaml is read
 
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -42,13 +44,8 @@ def bench_accuracy(
     overrides: Sequence[str] = (),
     variants: list[str] | None = None,
 ) -> dict:
-    import torch
-
     from fedccrl_core.algorithm_params.fedccrl import VARIANTS
-    from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.manifest import load_manifest
-    from fedccrl_core.federation.driver import RunData, held_out_run, train
-    from fedccrl_core.foundation.fastpath import resolve_device
     from fedccrl_pipeline.cross_checks import resolve_held_out
     from fedccrl_pipeline.training import check_algorithm, run_settings
 
@@ -60,21 +57,34 @@ def bench_accuracy(
         check_algorithm(a, "--algorithms")
     cfg = validate_params(params, tuple(algorithms))  # every algorithm's params, before any training
     settings = run_settings(cfg)
-    rows = []  # (label, algorithm, hparams): one per algorithm, one per variant of FedCCRL
-    for a in algorithms:
-        for label, override in (
-            [(f"fedccrl ({v})", {"variant": v}) for v in variants] if a == "fedccrl" and variants else [(a, {})]
-        ):
-            params = getattr(cfg.train, a).model_copy(update=override)  # `variant`: one of VARIANTS, checked above
-            hparams = build_algorithm(a, settings.local, params).hp  # a variant's switches checked before any training
-            rows.append((label, a, hparams))
+    rows = _rows(cfg, settings.local, algorithms, variants)
     manifest = load_manifest(shards)
     domains = list(manifest.domains)
     targets, problems = resolve_held_out(domains, list(cfg.train.held_out), f"{shards}/manifest.json")
     if problems:
         raise ValueError("\n".join(problems))
-    acc: dict = {}
     t0 = time.perf_counter()
+    acc = _train_rows(rows, targets, seeds, shards, pools, settings, len(manifest.classes), t0)
+    print(
+        f"final-round target accuracy (%), mean ± std over seeds {seeds}"
+        f"{', ' + ' '.join(overrides) if overrides else ''}, "
+        f"{time.perf_counter() - t0:.0f}s in all",
+        flush=True,
+    )
+    print("\n".join(_table(acc, targets)), flush=True)
+    return acc
+
+
+def _train_rows(rows, targets, seeds, shards: Path, pools: Path, settings, num_classes: int, t0: float) -> dict:
+    """Each row trained on each held-out domain of `targets` with each seed: {label: {target: [final-round target
+    accuracy per seed]}}, each round and run reported on stderr (seconds since `t0`)."""
+    import torch
+
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.federation.driver import RunData, held_out_run, train
+    from fedccrl_core.foundation.fastpath import resolve_device
+
+    acc: dict = {}
     s = settings
     for label, alg_name, hparams in rows:
         device = resolve_device(s.device)
@@ -98,7 +108,7 @@ def bench_accuracy(
                     alg,
                     data,
                     s.backbone,
-                    len(manifest.classes),
+                    num_classes,
                     s.pretrained,
                     seed,
                     device,
@@ -114,19 +124,33 @@ def bench_accuracy(
                     file=sys.stderr,
                     flush=True,
                 )
+    return acc
+
+
+def _rows(cfg, local, algorithms: list[str], variants: list[str] | None) -> list[tuple]:
+    """(label, algorithm, hparams): one per algorithm, one per variant of FedCCRL; each algorithm built once, so that
+    a variant's switches are checked before any training."""
+    from fedccrl_core.algorithms import build_algorithm
+
+    rows = []
+    for a in algorithms:
+        for label, override in (
+            [(f"fedccrl ({v})", {"variant": v}) for v in variants] if a == "fedccrl" and variants else [(a, {})]
+        ):
+            params = getattr(cfg.train, a).model_copy(update=override)  # `variant`: one of VARIANTS, checked before
+            rows.append((label, a, build_algorithm(a, local, params).hp))
+    return rows
+
+
+def _table(acc: dict, targets: list[str]) -> list[str]:
+    """The Markdown table: per algorithm, the final-round target accuracy (%) per held-out domain, mean ± std over
+    the seeds, and their average."""
     lines = [f"| Algorithm | {' | '.join(targets)} | Avg. |", "|---" * (len(targets) + 2) + "|"]
     for alg_name, per in acc.items():
         cells = [f"{100 * statistics.fmean(v):.2f} ± {100 * statistics.pstdev(v):.2f}" for v in per.values()]
         avg = statistics.fmean(statistics.fmean(v) for v in per.values())
         lines.append(f"| {alg_name} | {' | '.join(cells)} | {100 * avg:.2f} |")
-    print(
-        f"final-round target accuracy (%), mean ± std over seeds {seeds}"
-        f"{', ' + ' '.join(overrides) if overrides else ''}, "
-        f"{time.perf_counter() - t0:.0f}s in all",
-        flush=True,
-    )
-    print("\n".join(lines), flush=True)
-    return acc
+    return lines
 
 
 @click.command("accuracy")

@@ -36,22 +36,15 @@ def _rss_mib() -> float:
     return psutil.Process().memory_info().rss / 2**20
 
 
-def child(spec: dict) -> dict:
-    """One measurement, in this process: build the clients, run `rounds` rounds, report."""
+def _synthetic_clients(spec: dict, local):
+    """`spec["clients"]` clients of `spec["total"]` synthetic images (a class signal, three domains, each client one
+    domain's images, with their statistics), and the evaluation sets of the first 256 images."""
     import numpy as np
-    import torch
 
-    from fedccrl_core.algorithm_params.train import LocalConfig
-    from fedccrl_core.algorithms import build_algorithm
     from fedccrl_core.data.pools import compute_statistics
-    from fedccrl_core.federation.checkpoints import RoundCheckpoints
-    from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
-    from fedccrl_core.federation.engine import InProcessEngine, InProcessTransport
-    from fedccrl_core.federation.loop import EvalSets, RoundLoop
+    from fedccrl_core.federation.loop import EvalSets
     from fedccrl_core.learning.clients import ClientData
 
-    torch.set_num_threads(spec["threads"])
-    local = LocalConfig(rounds=spec["rounds"], local_epochs=1, batch_size=spec["batch_size"])
     rng = np.random.default_rng(0)
     n, size, k = spec["total"], spec["size"], spec["clients"]
     y = np.arange(n) % 6
@@ -67,12 +60,15 @@ def child(spec: dict) -> dict:
                 f"c{i:03d}", f"d{domain[idx[0]]}", x[idx], y[idx], x[idx[:1]], y[idx[:1]], "cpu", mu[idx], sigma[idx]
             )
         )
-    ev = EvalSets.for_target(clients, x[:256], y[:256], 256, "cpu")
-    alg = build_algorithm(spec["algorithm"], local)
-    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
-    del x, mu, sigma
-    rss_start = _rss_mib()
-    phases: dict[str, float] = {}
+    return clients, EvalSets.for_target(clients, x[:256], y[:256], 256, "cpu")
+
+
+def _timed_engine(phases: dict[str, float], written: dict[str, int]):
+    """InProcessEngine with its parts timing their phase of the round into `phases` (seconds, summed) and the last
+    checkpoint's bytes into `written`."""
+    from fedccrl_core.federation.checkpoints import RoundCheckpoints
+    from fedccrl_core.federation.engine import InProcessEngine, InProcessTransport
+    from fedccrl_core.federation.loop import RoundLoop
 
     @contextlib.contextmanager
     def timed(name):
@@ -92,8 +88,6 @@ def child(spec: dict) -> dict:
             with timed("train"):
                 return super().train(*args)
 
-    written = {"bytes": 0}  # the checkpoint bytes of the last round
-
     class Checkpoints(RoundCheckpoints):
         def save(self, *args):
             with timed("checkpoint"):
@@ -108,6 +102,27 @@ def child(spec: dict) -> dict:
     class Engine(InProcessEngine):
         transport_class, checkpoints_class, loop_class = Transport, Checkpoints, Loop
 
+    return Engine
+
+
+def child(spec: dict) -> dict:
+    """One measurement, in this process: build the clients, run `rounds` rounds, report."""
+    import torch
+
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.algorithms import build_algorithm
+    from fedccrl_core.federation.driver import HeldOutRun, build_seeded_model, train
+
+    torch.set_num_threads(spec["threads"])
+    local = LocalConfig(rounds=spec["rounds"], local_epochs=1, batch_size=spec["batch_size"])
+    clients, ev = _synthetic_clients(spec, local)
+    alg = build_algorithm(spec["algorithm"], local)
+    model = build_seeded_model(alg, "small_cnn", 6, "none", 0)
+    rss_start = _rss_mib()
+    phases: dict[str, float] = {}
+    written = {"bytes": 0}  # the checkpoint bytes of the last round
+    engine = _timed_engine(phases, written)
+
     with tempfile.TemporaryDirectory(prefix="fedccrl-bench-scale-") as tmp:
         run = HeldOutRun(
             alg,
@@ -120,7 +135,7 @@ def child(spec: dict) -> dict:
             client_state=spec["client_state"],
         )
         t0, c0 = time.perf_counter(), time.process_time()
-        res = train(run, log=lambda m: None, engine=Engine)
+        res = train(run, log=lambda m: None, engine=engine)
         seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
         ckpt_bytes = written["bytes"]
     h = res.history

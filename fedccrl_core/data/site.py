@@ -30,7 +30,7 @@ looks the held-out domain up among the manifest's domains). A class of the list 
 with a warning naming it (recorded under `warnings`): the model keeps every class's output, and the client's
 `train_class_hist` shows 0 for it. An evaluation-only site (the held-out domain) prepares its folder the same way:
 its test set is its train + val (`shards.load_domain_test`). In a run, the federation's domains and the held-out
-one come from the run's spec, not from this manifest (fedccrl_flower/client_app.py `check_site_data`).
+one come from the run's spec, not from this manifest (fedccrl_flower/site_data.py `check_site_data`).
 
 What in the image folder is not a sample is passed over, listed under `skipped` with why and named on stderr, and
 never opened (tree.py `scan_classes`): a FIFO, socket or device, a symlink loop, a symlink whose target lies outside
@@ -73,8 +73,9 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
-class Federation:
-    """The settings a site shares with its federation (the operator's params.yaml and class file)."""
+class SiteSettings:
+    """The settings a site prepares its data with, shared with its federation (the operator's params.yaml and class
+    file); not fedccrl_flower/federation.py's `Federation`, a SuperLink connection."""
 
     dataset: str
     classes: list[str]
@@ -155,7 +156,7 @@ def check_site_name(spec: DatasetSpec, domain: str, client_id: str) -> None:
         raise DataError(f"--domain '{domain}' is not a domain of {spec.name} (domains: {', '.join(spec.domains)})")
 
 
-def check_classes(fed: Federation, spec: DatasetSpec, classes_file: str) -> None:
+def check_classes(fed: SiteSettings, spec: DatasetSpec, classes_file: str) -> None:
     """The class list against a registry dataset's (its classes are known); DataError naming the class file."""
     if spec.classes is not None and fed.classes != sorted(spec.classes):
         raise DataError(
@@ -164,7 +165,7 @@ def check_classes(fed: Federation, spec: DatasetSpec, classes_file: str) -> None
         )
 
 
-def check_federation(fed: Federation, spec: DatasetSpec, domain: str, client_id: str, classes_file: str) -> None:
+def check_federation(fed: SiteSettings, spec: DatasetSpec, domain: str, client_id: str, classes_file: str) -> None:
     """The site's names and the class list against the dataset registry; DataError naming the file or option."""
     check_site_name(spec, domain, client_id)
     check_classes(fed, spec, classes_file)
@@ -183,7 +184,7 @@ def _settings(dataset, classes, image_size, val_fraction, seed, domain, client_i
     }
 
 
-def check_existing(out: Path, fed: Federation, domain: str, client_id: str) -> None:
+def check_existing(out: Path, fed: SiteSettings, domain: str, client_id: str) -> None:
     """An existing --out is replaced only when it is a site folder prepared with the same settings (a rerun, e.g.
     after adding images); anything else is refused, naming what differs, before any work."""
     if not out.exists():
@@ -282,7 +283,7 @@ def _warnings(domain: str, y: np.ndarray, classes: list[str], images: Path) -> l
 def prepare_site(
     images: str | os.PathLike,
     out: str | os.PathLike,
-    fed: Federation,
+    fed: SiteSettings,
     spec: DatasetSpec,
     domain: str,
     client_id: str,

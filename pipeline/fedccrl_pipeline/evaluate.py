@@ -21,7 +21,8 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.fsio import atomic_dir
 from fedccrl_core.outcomes.evaluated import EvaluatedRun
-from fedccrl_pipeline.params import deployed_run_dirs, load_config, load_deploy, run_dirs
+from fedccrl_pipeline.deploy_params import deployed_run_dirs, load_deploy
+from fedccrl_pipeline.params import load_config, run_dirs
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 

@@ -1,6 +1,6 @@
 """`fedccrl export`: a trained model -> one self-contained ONNX file + parity.json + its model card, logged to MLflow.
 
-The export and its parity check are pipeline/fedccrl_pipeline/onnx_export.py's `export_checked` (fails below
+The export and its parity check are pipeline/fedccrl_pipeline/checked_export.py's `export_checked` (fails below
 --min-agreement, and no output then); the model card is pipeline/fedccrl_pipeline/model_card.py's, from the records
 card_records.py reads; the MLflow side, after parity passed, is pipeline/fedccrl_pipeline/model_registry.py.
 """
@@ -35,7 +35,7 @@ def export(
     """One run's export. results: the evaluate stage's root (the run's result, contract.result_file, goes into the
     card when present); federation: a deployment's federation file (the card's training data, instead of the
     shards' manifest)."""
-    from fedccrl_pipeline import onnx_export
+    from fedccrl_pipeline import checked_export
     from fedccrl_pipeline.card_records import read_sources
     from fedccrl_pipeline.model_card import render
     from fedccrl_pipeline.model_registry import log_to_mlflow
@@ -48,7 +48,7 @@ def export(
         log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias, card_text)
 
     publisher = publish if use_mlflow else None
-    return onnx_export.export_checked(
+    return checked_export.export_checked(
         model_path, shards, out, min_agreement, batch_size, publisher, traces, int8, card_maker=card_maker
     )
 

@@ -22,6 +22,8 @@ from fedccrl_pipeline.training import load_train_config, run_settings, train_tra
 
 if TYPE_CHECKING:
     from fedccrl_core.federation.history import RunHistory
+    from fedccrl_core.federation.plan import DeployedData
+    from fedccrl_flower.sites import FederationFile
 
 
 def federate(
@@ -41,14 +43,15 @@ def federate(
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.federation.history import load_history
     from fedccrl_core.federation.jobs import LOG
-    from fedccrl_core.federation.plan import DeployedData, plan_deployed
+    from fedccrl_core.federation.plan import plan_deployed
     from fedccrl_flower.run import train_deployed
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
-    from fedccrl_pipeline.params import load_deploy
+    from fedccrl_pipeline.deploy_params import load_deploy
     from fedccrl_pipeline.study_privacy import join_study
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, federation_plan
-    from fedccrl_pipeline.train_tracking import TrainTracking, deployed_data
+    from fedccrl_pipeline.tracked_data import deployed_data
+    from fedccrl_pipeline.train_tracking import TrainTracking
 
     deploy = load_deploy(deploy_path) if deploy_path is not None else None  # its deploy file, whole, first
     cfg = load_train_config(params_path, algorithm, downloads=False)  # the whole file first, before anything starts
@@ -63,17 +66,8 @@ def federate(
     plan = federation_plan(cfg, fed_file, deploy)
     planned_epsilon = check_sweep_budget(cfg, plan, algorithm, seed, [target])
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))
-    data = DeployedData(
-        dataset=fed_file.dataset,
-        domains=list(fed_file.domains),
-        classes=list(fed_file.classes),
-        image_size=fed_file.image_size,
-        resize=fed_file.resize_policy,
-        site_domains=[site.domain for site in fed_file.sites],
-        description=fed_file.run_description(),
-    )
     engine = flower.model_dump(include=set(ServerSpec.FROM_SETTINGS))
-    job = plan_deployed(settings, data, engine, algorithm, seed, target, out, work, hparams)
+    job = plan_deployed(settings, deployed_run_data(fed_file), engine, algorithm, seed, target, out, work, hparams)
     study = join_study(cfg, plan, algorithm, seed, [target], [job])  # spent + this run's plan, before MLflow
     job.flower_train = functools.partial(
         train_deployed,
@@ -89,6 +83,22 @@ def federate(
     LOG(f"federate {algorithm} seed {seed}: held-out {target} over {superlink}")
     train_tracked([job], 1, None, None, tracking, progress=LOG)
     report_sites(load_history(job.out), allow_refused)
+
+
+def deployed_run_data(fed_file: FederationFile) -> DeployedData:
+    """What a deployed run trains on, as its plan keys it: the federation file's dataset, domains, classes, image
+    size and sites (fedccrl_core/federation/plan.py)."""
+    from fedccrl_core.federation.plan import DeployedData
+
+    return DeployedData(
+        dataset=fed_file.dataset,
+        domains=list(fed_file.domains),
+        classes=list(fed_file.classes),
+        image_size=fed_file.image_size,
+        resize=fed_file.resize_policy,
+        site_domains=[site.domain for site in fed_file.sites],
+        description=fed_file.to_dict(),
+    )
 
 
 class SitesRefused(FedCCRLError):

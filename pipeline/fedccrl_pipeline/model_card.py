@@ -3,16 +3,18 @@
 function of the run's typed records (`CardRecords`, gathered by pipeline/fedccrl_pipeline/card_records.py): it reads
 no file and imports no torch, so a test builds the records and reads every number back.
 
-Accuracies carry a 95 % Wilson score interval computed from their counts (`wilson_interval`). The privacy facts are
-quoted from docs/privacy.md (`QUOTES`; tests/test_model_card.py checks each is still in the doc, word for word)."""
+Accuracies carry a 95 % Wilson score interval computed from their counts (card_tables.py `wilson_interval`). The
+privacy facts are quoted from docs/privacy.md (card_privacy.py `QUOTES`; tests/test_model_card.py checks each is
+still in the doc, word for word)."""
 
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
-from statistics import NormalDist
 from typing import TYPE_CHECKING
+
+from fedccrl_pipeline.card_privacy import PRIVACY_DOC, QUOTES, privacy_section
+from fedccrl_pipeline.card_tables import ACC_HEADER, acc_row, pct, table
 
 if TYPE_CHECKING:
     from fedccrl_core.data.manifest import ShardManifest
@@ -20,46 +22,6 @@ if TYPE_CHECKING:
     from fedccrl_core.learning.model_meta import ModelMeta
     from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored
     from fedccrl_flower.sites import FederationFile
-
-PRIVACY_DOC = "docs/privacy.md"
-Z95 = NormalDist().inv_cdf(0.975)  # the two-sided 95 % normal quantile, 1.95996...
-
-# docs/privacy.md's one-line facts, word for word (its **bold** dropped)
-QUOTES = {
-    "unit": "the run's ε is image-level, not client-level",
-    "not_covered": "It does not cover the validation images (the clients' val splits, which the server evaluates each "
-    "round to pick the best round) nor the held-out target domain",
-    "server": "The guarantee on this channel therefore holds against everyone who sees the global models (the "
-    "clients, MLflow, the exports), not against the server, which must be trusted with the weights.",
-    "sweep": "One run's ε bounds what that run's releases reveal about one training image. It is not what a sweep "
-    "reveals",
-    "seeded": "anyone with the params file removes the noise, so no ε applies",
-    "rows": "one row of channel statistics per sampled image: F_i (Eq. 8), each row the image's exact (μ, σ) over its "
-    "3 channels (Eq. 6-7), 6 numbers",
-    "labels": "a site's label distribution is visible to the server, which it is not from n_i alone",
-}
-
-
-def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval for a proportion correct/n (Wilson 1927, J. Am. Stat. Assoc. 22, eq. for the limits of
-    p): (p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)."""
-    if n <= 0 or not 0 <= correct <= n:
-        raise ValueError(f"wilson_interval: {correct} correct of {n}")
-    p = correct / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
-
-
-def correct_of(accuracy: float, n: int) -> int | None:
-    """The count behind an accuracy measured on n images: accuracy x n, rounded (a float32 mean is off by far less
-    than WHOLE); None when it is no whole count (records that disagree)."""
-    k = accuracy * n
-    return round(k) if abs(k - round(k)) <= WHOLE else None
-
-
-WHOLE = 0.01  # how far accuracy x n may lie from a whole count
 
 
 @dataclass(frozen=True)
@@ -89,27 +51,6 @@ class CardRecords:
     sweep: SweepEpsilon
 
 
-def _pct(x: float) -> str:
-    return f"{100 * x:.2f} %"
-
-
-def _table(header: tuple[str, ...], rows: list[tuple]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    out += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
-    return [*out, ""]
-
-
-def _acc_row(what: str, accuracy: float, n: int) -> tuple:
-    k = correct_of(accuracy, n)
-    if k is None:
-        return (what, _pct(accuracy), f"not a whole count ({accuracy:g} x {n})", n, "not computed")
-    lo, hi = wilson_interval(k, n)
-    return (what, _pct(accuracy), k, n, f"{_pct(lo)} – {_pct(hi)}")
-
-
-ACC_HEADER = ("measure", "accuracy", "correct", "images", "95 % interval (Wilson)")
-
-
 def _model(r: CardRecords) -> list[str]:
     m = r.meta
     rows = [
@@ -124,10 +65,10 @@ def _model(r: CardRecords) -> list[str]:
         ("rounds", len(r.history.rounds)),
         ("weights of round", m.round),
     ]
-    out = ["## Model", "", *_table(("field", "value"), rows)]
+    out = ["## Model", "", *table(("field", "value"), rows)]
     hp = sorted((m.hparams or {}).items())
     out += [f"### Settings (train.{m.algorithm})", ""]
-    out += _table(("setting", "value"), [(k, json.dumps(v)) for k, v in hp]) if hp else ["none recorded", ""]
+    out += table(("setting", "value"), [(k, json.dumps(v)) for k, v in hp]) if hp else ["none recorded", ""]
     return out
 
 
@@ -139,7 +80,7 @@ def _research_data(r: CardRecords, manifest: ShardManifest) -> list[str]:
         f"The shards of `{manifest.dataset}` (partition seed {manifest.seed}); the clients of the training domains:",
         "",
     ]
-    out += _table(
+    out += table(
         ("client", "domain", "training images", "validation images"),
         [(c.id, c.domain, c.n_train, c.n_val) for c in sources],
     )
@@ -148,7 +89,7 @@ def _research_data(r: CardRecords, manifest: ShardManifest) -> list[str]:
         return out
     per_class = [sum(c.train_class_hist[i] for c in sources) for i in range(manifest.num_classes)]
     out += ["Training images per class:", ""]
-    return out + _table(("class", "training images"), list(zip(manifest.classes, per_class)))
+    return out + table(("class", "training images"), list(zip(manifest.classes, per_class)))
 
 
 def _deployment_data(r: CardRecords, fed: FederationFile) -> list[str]:
@@ -156,8 +97,8 @@ def _deployment_data(r: CardRecords, fed: FederationFile) -> list[str]:
     last = r.history.rounds[-1]
     out = [f"A Flower deployment of `{fed.dataset}`: each site keeps its images.", ""]
     roles = [(s.id, s.domain, "evaluation (held-out)" if s.domain == held else "training") for s in fed.sites]
-    out += _table(("site", "domain", "role"), roles)
-    out += _table(
+    out += table(("site", "domain", "role"), roles)
+    out += table(
         ("count (last round's record)", "images"),
         [
             ("val_n: the training sites' validation images", last.val_n),
@@ -188,8 +129,8 @@ def _per_class(scored: Scored) -> list[str]:
     rows = []
     for i, (name, acc) in enumerate(scored.per_class_acc.items()):
         counts = (cm[i][i], sum(cm[i])) if cm is not None else ("", "")
-        rows.append((name, _pct(acc), *counts))
-    return _table(("class", "accuracy", "correct", "images"), rows)
+        rows.append((name, pct(acc), *counts))
+    return table(("class", "accuracy", "correct", "images"), rows)
 
 
 def _accuracy(r: CardRecords) -> list[str]:
@@ -203,7 +144,7 @@ def _accuracy(r: CardRecords) -> list[str]:
     elif ev is not None:
         out += [
             f"The evaluate stage's result {r.evaluated_note} gives the final round's accuracy "
-            f"{_pct(ev.final_target_acc)} without its image count (no interval); the rows below are the export's.",
+            f"{pct(ev.final_target_acc)} without its image count (no interval); the rows below are the export's.",
             "",
         ]
     else:
@@ -211,44 +152,16 @@ def _accuracy(r: CardRecords) -> list[str]:
     rows.append(("export parity check: ONNX float32", p["onnx_accuracy"], p["n_images"]))
     if "int8" in p:
         rows.append(("export parity check: INT8 copy", p["int8"]["int8_accuracy"], p["int8"]["n_images"]))
-    out += _table(ACC_HEADER, [_acc_row(*row) for row in rows])
+    out += table(ACC_HEADER, [acc_row(*row) for row in rows])
     sizes = [("model.onnx (float32)", p["onnx_bytes"])]
     if "int8" in p:
         sizes.append((f"{p['int8']['file']} (INT8)", p["int8"]["bytes"]))
-    out += _table(("file", "bytes"), sizes)
+    out += table(("file", "bytes"), sizes)
     detail = ev.detail.final if ev is not None else None
     if detail is not None and detail.per_class_acc is not None:
         on = f" on {ev.detail_on} ({ev.detail_n_test} images)" if ev is not None and ev.detail_on else ""
         out += [f"### Per class (final round{on})", "", *_per_class(detail)]
     return out
-
-
-def _privacy(r: CardRecords) -> list[str]:
-    dp, mark = r.history.dp, r.meta.privacy or (r.history.dp.mark if r.history.dp else None)
-    eps = next((x.dp_epsilon for x in reversed(r.history.rounds) if x.dp_epsilon is not None), None)
-    out = ["## Differential privacy", ""]
-    if mark is not None:
-        return [*out, f'Not private: {mark}. docs/privacy.md: "{QUOTES["seeded"]}".', ""]
-    if dp is None:
-        return [
-            *out,
-            "Not private: the run trained without train.privacy; its uploads were neither clipped nor noised. "
-            f'What FedCCRL uploads besides its weights (docs/privacy.md): "{QUOTES["rows"]}".',
-            "",
-        ]
-    sweep = r.sweep
-    sweep_text = (
-        f"{sweep.value:.4g} over {sweep.runs} runs" if sweep.value is not None else f"not recorded ({sweep.why_not})"
-    )
-    rows = [
-        ("epsilon per run", f"{eps:.4g}" if eps is not None else "not recorded"),
-        ("delta", f"{dp.delta:g}"),
-        ("epsilon per image over the sweep", sweep_text),
-        ("noise", dp.noise),
-    ]
-    out += _table(("field", "value"), rows)
-    out += [f'- docs/privacy.md: "{QUOTES[k]}".' for k in ("unit", "sweep", "not_covered", "server")]
-    return [*out, ""]
 
 
 def _provenance(r: CardRecords) -> list[str]:
@@ -264,7 +177,7 @@ def _provenance(r: CardRecords) -> list[str]:
     return [
         "## Provenance",
         "",
-        *_table(("field", "value"), [(k, v if v is not None else "not recorded") for k, v in rows]),
+        *table(("field", "value"), [(k, v if v is not None else "not recorded") for k, v in rows]),
     ]
 
 
@@ -298,5 +211,5 @@ def render(r: CardRecords) -> str:
         "result, parity.json, the training data's manifest); re-export to change it.",
         "",
     ]
-    parts = [head, _model(r), _data(r), _accuracy(r), _privacy(r), _provenance(r), _limits(r)]
+    parts = [head, _model(r), _data(r), _accuracy(r), privacy_section(r), _provenance(r), _limits(r)]
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"

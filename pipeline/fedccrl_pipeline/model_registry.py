@@ -103,6 +103,56 @@ def save_model(path, mlflow_model, onnx_file: str, **kwargs) -> None:
     mlflow_model.save(str(Path(path) / "MLmodel"))
 
 
+def _known_weights(client, name: str, sha: str, alias: str, card: str) -> bool:
+    """Whether a version of `name` already holds the weights of sha256 `sha`: then its description becomes `card`
+    and `alias` points at it (no duplicate version)."""
+    for mv in client.search_model_versions(f"name = '{name}'"):
+        if mv.tags.get("weights_sha256") == sha:  # the same weights again: no duplicate version
+            client.update_model_version(name, mv.version, description=card)
+            client.set_registered_model_alias(name, alias, mv.version)
+            print(
+                f"MLflow: {name} version {mv.version} already holds these weights (sha256 {sha[:12]}); "
+                f"alias @{alias} -> version {mv.version}, its description this export's model card, training run "
+                "left untouched",
+                file=sys.stderr,
+            )
+            return True
+    return False
+
+
+def _log_model(client, run_id: str, onnx_path: Path, name: str, tags: dict, meta: ModelMeta, example_u8):
+    """The ONNX file logged to the training run `run_id` (pyfunc on raw images + onnx flavour) and registered as a
+    new version of `name`; Model.log's info."""
+    from mlflow.models import Model
+
+    from fedccrl_serving import pyfunc
+
+    with tempfile.TemporaryDirectory() as tmp:  # the artifact is named model.onnx
+        onnx_file = Path(tmp) / "model.onnx"
+        shutil.copyfile(onnx_path, onnx_file)
+        code = _package_folders(Path(tmp) / "code")
+        # the logged model in the training run's experiment (Model.log alone would file it under the active one)
+        logged = client.create_logged_model(
+            client.get_run(run_id).info.experiment_id, name="model", source_run_id=run_id, tags=tags
+        )
+        info = Model.log(
+            artifact_path=None,
+            name="model",
+            flavor=sys.modules[__name__],  # save_model above
+            onnx_file=str(onnx_file),
+            run_id=run_id,
+            model_id=logged.model_id,
+            registered_model_name=name,
+            tags=tags,
+            python_model=pyfunc.ImageClassifier(),
+            artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
+            code_paths=code,
+            signature=pyfunc.signature(meta.classes, example_u8),
+            pip_requirements=serving_requirements(),
+        )
+    return info
+
+
 def log_to_mlflow(
     onnx_path: Path,
     meta: ModelMeta,
@@ -127,10 +177,8 @@ def log_to_mlflow(
 
     mlflow = mlflow_module()
     from mlflow.entities import Metric
-    from mlflow.models import Model
 
     from fedccrl_pipeline.mlflow_store import trained_run
-    from fedccrl_serving import pyfunc
 
     client = mlflow.MlflowClient()
     if trained_run(run_id, "export") is None:
@@ -140,17 +188,8 @@ def log_to_mlflow(
     named = ("dataset", "held_out_domain", "algorithm", "seed", "params_hash", "git_commit", "privacy")
     tags = {k: str(getattr(meta, k)) for k in named if getattr(meta, k) is not None}
     sha = weights_sha256(onnx_path)
-    for mv in client.search_model_versions(f"name = '{name}'"):
-        if mv.tags.get("weights_sha256") == sha:  # the same weights again: no duplicate version
-            client.update_model_version(name, mv.version, description=card)
-            client.set_registered_model_alias(name, alias, mv.version)
-            print(
-                f"MLflow: {name} version {mv.version} already holds these weights (sha256 {sha[:12]}); "
-                f"alias @{alias} -> version {mv.version}, its description this export's model card, training run "
-                "left untouched",
-                file=sys.stderr,
-            )
-            return
+    if _known_weights(client, name, sha, alias, card):
+        return
     tags["weights_sha256"] = sha
     now = int(time.time() * 1000)
     client.log_batch(
@@ -160,29 +199,7 @@ def log_to_mlflow(
             Metric("export_max_abs_logit_diff", float(result["max_abs_logit_diff"]), now, 0),
         ],
     )
-    with tempfile.TemporaryDirectory() as tmp:  # the artifact is named model.onnx
-        onnx_file = Path(tmp) / "model.onnx"
-        shutil.copyfile(onnx_path, onnx_file)
-        code = _package_folders(Path(tmp) / "code")
-        # the logged model in the training run's experiment (Model.log alone would file it under the active one)
-        logged = client.create_logged_model(
-            client.get_run(run_id).info.experiment_id, name="model", source_run_id=run_id, tags=tags
-        )
-        info = Model.log(
-            artifact_path=None,
-            name="model",
-            flavor=sys.modules[__name__],  # save_model above
-            onnx_file=str(onnx_file),
-            run_id=run_id,
-            model_id=logged.model_id,
-            registered_model_name=name,
-            tags=tags,
-            python_model=pyfunc.ImageClassifier(),
-            artifacts={pyfunc.ONNX_ARTIFACT: str(onnx_file)},
-            code_paths=code,
-            signature=pyfunc.signature(meta.classes, example_u8),
-            pip_requirements=serving_requirements(),
-        )
+    info = _log_model(client, run_id, onnx_path, name, tags, meta, example_u8)
     version = info.registered_model_version  # created with `tags` (Model.log tags the version it registers)
     client.update_model_version(name, version, description=card)
     client.set_registered_model_alias(name, alias, version)

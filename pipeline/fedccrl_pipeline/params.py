@@ -10,6 +10,7 @@ value and what is allowed (ParamError); `fedccrl <stage>` prints each as `error:
 `load_config` returns the typed model, and that is what every stage and training job receives (a default is
 declared once, in these models or the library's `TrainSettings`/`Algorithm.Params`, and equals params.yaml's:
 tests/test_params_registry.py). The checks of a run against the data are pipeline/fedccrl_pipeline/sweep.py.
+The file is read by params_yaml.py; deploy/params.yaml's model is deploy_params.py.
 
 `train.held_out` lists domains by name (`[sketch]`) or by index. Indices follow the manifest's domain order:
 the dataset registry's order for a registered dataset (fedccrl_core/data/registry.py: synthetic photo, art,
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, create_model, field_validator
-from ruamel.yaml import YAML, YAMLError
 
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
@@ -35,29 +35,29 @@ from fedccrl_core.foundation.backbone_names import BACKBONES
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.hparams import Declared, Sha256, validate
 from fedccrl_core.privacy.settings import PrivacySettings
-from fedccrl_flower.settings import FlowerSettings, superlink_address
+from fedccrl_flower.settings import FlowerSettings
 from fedccrl_pipeline import quantize
 from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
+from fedccrl_pipeline.params_yaml import read_yaml
 
 __all__ = [
-    "DeployFile",
     "ParamError",
     "ParamsFile",
     "check_config",
-    "deployed_run_dirs",
     "load_config",
-    "load_deploy",
     "resolve_held_out",
     "run_dirs",
     "validate_params",
 ]
 
 
-def _one_of(values) -> Any:
+def one_of(values) -> Any:
+    """A Literal of `values` (built at import, from a registry)."""
     return Literal[tuple(values)]
 
 
-def _unique(v: list) -> list:
+def unique(v: list) -> list:
+    """`v` unchanged; ValueError naming each entry listed more than once."""
     repeats = sorted({repr(x) for x in v if v.count(x) > 1})
     if repeats:
         raise ValueError(f"{', '.join(repeats)} listed more than once (each entry is one DVC stage and one MLflow run)")
@@ -66,7 +66,7 @@ def _unique(v: list) -> list:
 
 # ---- the groups, in params.yaml's order ------------------------------------------------------------------------
 class DatasetParams(Declared):
-    name: _one_of(REGISTRY)  # type: ignore[valid-type]  # a Literal built at import
+    name: one_of(REGISTRY)  # type: ignore[valid-type]  # a Literal built at import
     source: str = Field("registry", min_length=1)
     sha256: Sha256 | dict[str, Sha256] | None = None
     seed: int = 0
@@ -102,7 +102,7 @@ class PartitionParams(Declared):
     seed: int
     num_clients: int | None = Field(12, ge=1, description="C, feddg_bench only")
     lambda_: float | None = Field(0.1, alias="lambda", ge=0, le=1, description="feddg_bench only")
-    scheme: _one_of(SCHEMES) = "per_domain"  # type: ignore[valid-type]  # a Literal built at import
+    scheme: one_of(SCHEMES) = "per_domain"  # type: ignore[valid-type]  # a Literal built at import
 
     @field_validator("scheme")
     @classmethod
@@ -119,7 +119,7 @@ class PartitionParams(Declared):
 
 
 class ModelParams(Declared):
-    backbone: _one_of((AUTO, *BACKBONES))  # type: ignore[valid-type]  # a Literal built at import
+    backbone: one_of((AUTO, *BACKBONES))  # type: ignore[valid-type]  # a Literal built at import
     pretrained: str = Field(min_length=1, description="auto | imagenet | none | <path to a torchvision state_dict>")
 
 
@@ -131,7 +131,7 @@ class TrainSweep(TrainSettings):
     settings every algorithm shares (those its local training reads are the library's TrainSettings)."""
 
     held_out: Annotated[list[HeldOut], Field(min_length=1)]
-    algorithms: Annotated[list[_one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
+    algorithms: Annotated[list[one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
     seeds: Annotated[list[int], Field(min_length=1)]
     engine: Literal["inprocess", "flower"]
     flower: FlowerSettings = Field(default_factory=FlowerSettings)
@@ -144,7 +144,7 @@ class TrainSweep(TrainSettings):
     @field_validator("held_out", "algorithms", "seeds")
     @classmethod
     def _no_repeats(cls, v):
-        return _unique(v)
+        return unique(v)
 
 
 # train.<algorithm>: each algorithm's own declaration (absent or partial groups take the declared defaults)
@@ -227,65 +227,7 @@ class ParamsFile(Declared):
         return self.model_dump(by_alias=True, exclude_unset=True)
 
 
-class DeployParams(Declared):
-    """deploy.* of the operator's pipeline (deploy/params.yaml, deploy/dvc.yaml): where the SuperLink is and which
-    runs to train over it. The training settings are the research params file's."""
-
-    superlink: str = Field(description="host:port of the SuperLink's control API")
-    root_certificates: str = Field(description='the SuperLink\'s CA certificate (TLS); "" = --insecure (loopback)')
-    algorithms: Annotated[list[_one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
-    seeds: Annotated[list[int], Field(min_length=1)]
-    held_out: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]  # domain names
-
-    @field_validator("superlink")
-    @classmethod
-    def _superlink(cls, v: str) -> str:
-        return superlink_address(v)  # as train.flower.superlink and a site's site.toml spell it
-
-    @field_validator("held_out", "algorithms", "seeds")
-    @classmethod
-    def _no_repeats(cls, v):
-        return _unique(v)
-
-
-class DeployFile(Declared):
-    deploy: DeployParams
-
-
 # ---- loading -------------------------------------------------------------------------------------------------
-def read_yaml(path: str | Path = "params.yaml") -> dict:
-    path = Path(path)
-    if not path.is_file():
-        raise ParamError(f"{path}: params file not found (run from the repository root)")
-    try:
-        data = parse_yaml(path.read_text())
-    except YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark else ""
-        raise ParamError(f"{path}: not valid YAML ({e.__class__.__name__}{where})") from e
-    if not isinstance(data, dict):
-        raise ParamError(f"{path}: top level must be a mapping of stage groups")
-    return data
-
-
-def parse_yaml(text: str) -> Any:
-    """YAML text read as DVC reads params.yaml, with ruamel.yaml's safe loader (YAML 1.2: `1e-3` is the float
-    0.001, `yes` a string, a repeated key an error); ruamel's YAMLError when it is not YAML."""
-    return YAML(typ="safe").load(text)
-
-
-def set_key(params: dict, dotted: str, value: Any) -> None:
-    """Set params.yaml's key `dotted` (`train.fedccrl.r`) in `params` to `value`, as `dvc exp run -S` does. The key
-    must exist: a typo is a ParamError naming it, not a new entry that nothing reads."""
-    *head, last = dotted.split(".")
-    node: Any = params
-    for h in head:
-        node = node.get(h) if isinstance(node, dict) else None
-    if not isinstance(node, dict) or last not in node:
-        raise ParamError(f"params.yaml has no key '{dotted}'")
-    node[last] = value
-
-
 def validate_params(data: dict, run_algorithms: tuple[str, ...] = (), downloads: bool = True) -> ParamsFile:
     """The whole file, typed; ParamError listing every problem (one line each). `run_algorithms`: registered
     algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `fedccrl-bench accuracy`);
@@ -301,21 +243,7 @@ def load_config(path: str | Path = "params.yaml", downloads: bool = True) -> Par
     return validate_params(read_yaml(path), downloads=downloads)
 
 
-def load_deploy(path: str | Path) -> DeployParams:
-    """deploy/params.yaml's deploy group, typed; ParamError naming the file and each key otherwise."""
-    return validate(DeployFile, read_yaml(path), file=str(path)).deploy
-
-
-def deployed_run_dirs(deploy: DeployParams, root: Path) -> list[Path]:
-    """Every run of a deployment, in deploy/dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held-out domain>."""
-    return [contract.run_dir(root, a, s, h) for a in deploy.algorithms for s in deploy.seeds for h in deploy.held_out]
-
-
 def run_dirs(cfg: ParamsFile, root: Path) -> list[Path]:
     """Every run of the sweep, in dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held_out entry>."""
-    return [
-        contract.run_dir(root, a, s, h)
-        for a in cfg.train.algorithms
-        for s in cfg.train.seeds
-        for h in cfg.train.held_out
-    ]
+    t = cfg.train
+    return [contract.run_dir(root, a, s, h) for a in t.algorithms for s in t.seeds for h in t.held_out]

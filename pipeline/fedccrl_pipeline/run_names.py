@@ -8,7 +8,7 @@ import os
 from ruamel.yaml import YAMLError
 
 from fedccrl_pipeline.git_state import committed_text
-from fedccrl_pipeline.params import parse_yaml
+from fedccrl_pipeline.params_yaml import parse_yaml
 
 MAX_RUN_NAME = 250  # MLflow's limit on a run name
 

@@ -41,10 +41,10 @@ from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 
 def _federation_settings(params_path: str, classes: str):
-    """(the dataset's registry entry, the Federation: params.yaml's settings and the class file), before any work."""
+    """(the dataset's registry entry, the SiteSettings: params.yaml's settings and the class file), before any work."""
     cfg = load_config(params_path, downloads=False)  # the whole file; a site's images come from --images
     from fedccrl_core.data.registry import get_dataset, resolve_image_size
-    from fedccrl_core.data.site import Federation, read_class_list
+    from fedccrl_core.data.site import SiteSettings, read_class_list
     from fedccrl_core.foundation.errors import DataError
 
     spec, p = get_dataset(cfg.dataset.name), cfg.partition
@@ -53,7 +53,7 @@ def _federation_settings(params_path: str, classes: str):
             f"{params_path}: partition.scheme is {p.scheme!r}: a central split of every domain; a site splits its "
             "own images as the per_domain scheme does (set partition.scheme: per_domain for a deployment)"
         )
-    fed = Federation(
+    fed = SiteSettings(
         dataset=spec.name,
         classes=read_class_list(classes),
         image_size=resolve_image_size(cfg.preprocess.image_size, spec),

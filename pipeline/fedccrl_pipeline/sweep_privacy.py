@@ -22,7 +22,8 @@ if TYPE_CHECKING:
     from fedccrl_core.federation.history import RunPrivacySummary
     from fedccrl_core.privacy.sweep_epsilon import SweepRun
     from fedccrl_flower.sites import FederationFile
-    from fedccrl_pipeline.params import DeployParams, ParamsFile
+    from fedccrl_pipeline.deploy_params import DeployParams
+    from fedccrl_pipeline.params import ParamsFile
 
 KEY = "train.privacy.max_sweep_epsilon"
 RELEASES_TAG = "fedccrl.dp_releases"  # a finished child: the releases its ledger charged (encode_releases)

@@ -119,11 +119,7 @@ class ChildRun:
             self.run_id = run.info.run_id
             if on_created is not None:
                 on_created(self.run_id)
-            from mlflow.entities import Param
-
-            items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(params).items()]
-            for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
-                self.client.log_batch(self.run_id, params=items[i : i + 100])
+            self._log_params(params)
             if dataset:
                 log_dataset(self.client, self.run_id, **dataset)
         close_orphans(self.client, exp.experiment_id, tags, self.run_id)
@@ -139,6 +135,14 @@ class ChildRun:
                 tracking_uri=self.mlflow.get_tracking_uri(),
             )
             self.monitor.start()
+
+    def _log_params(self, params: dict) -> None:
+        """`params` (flattened to dotted keys, each value cut to MAX_PARAM_CHARS) onto the new run."""
+        from mlflow.entities import Param
+
+        items = [Param(k, str(v)[:MAX_PARAM_CHARS]) for k, v in flatten(params).items()]
+        for i in range(0, len(items), 100):  # MLflow takes at most 100 params per batch
+            self.client.log_batch(self.run_id, params=items[i : i + 100])
 
     def log_metrics(self, metrics: dict, step: int = 0) -> None:
         from mlflow.entities import Metric

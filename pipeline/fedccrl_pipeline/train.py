@@ -40,7 +40,8 @@ def train(
     from fedccrl_core.federation.workers import worker_count
     from fedccrl_pipeline.study_privacy import join_study
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, manifest_plan
-    from fedccrl_pipeline.train_tracking import TrainTracking, shards_data
+    from fedccrl_pipeline.tracked_data import shards_data
+    from fedccrl_pipeline.train_tracking import TrainTracking
 
     cfg = load_train_config(params_path, algorithm)  # the whole file, before any data is read and before MLflow
     settings = run_settings(cfg)

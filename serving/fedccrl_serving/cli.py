@@ -1,5 +1,6 @@
 """`fedccrl-serve`: predict, evaluate and inspect with an exported fedccrl ONNX model (the click commands; the
-runtime is serving/fedccrl_serving/runtime.py, the inputs serving/fedccrl_serving/inputs.py, the evaluation report serving/fedccrl_serving/report.py).
+runtime is serving/fedccrl_serving/runtime.py, the inputs serving/fedccrl_serving/inputs.py, the evaluation report serving/fedccrl_serving/report.py,
+predict's records serving/fedccrl_serving/predictions.py, --deadline serving/fedccrl_serving/deadline.py).
 
 stdout carries only results (JSONL / CSV / JSON / the evaluation table); progress, notices and
 errors go to stderr. Exit codes: 0 all good, 2 a fatal error (one line on stderr: missing path,
@@ -15,12 +16,9 @@ model's metadata is checked against its graph when it is loaded. Files that are 
 from __future__ import annotations
 
 import contextlib
-import csv
 import json
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 import click
@@ -29,53 +27,16 @@ import numpy as np
 from fedccrl_core import __version__
 from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_core.foundation.fsio import atomic_file
-from fedccrl_serving.console import Fatal, note
+from fedccrl_serving.console import note
+from fedccrl_serving.deadline import DeadlinePassed, run_deadline
 from fedccrl_serving.inputs import collect_inputs, labelled_files
 from fedccrl_serving.metadata import card_path
+from fedccrl_serving.predictions import PredictionWriter, prediction_record
 from fedccrl_serving.report import confusion_report, format_table
 from fedccrl_serving.runtime import ServedModel, model_file, predict_paths
 
 EXIT_FATAL = 2
 EXIT_SOME_FAILED = 3
-CSV_FIELDS = ("path", "label", "score", "topk", "error")
-
-
-class DeadlinePassed(BaseException):
-    """--deadline: raised by SIGALRM wherever the main thread is; a BaseException (as KeyboardInterrupt),
-    so no `except Exception` on the way (one unreadable image is an error record) can swallow it."""
-
-
-# ---------------------------------------------------------------- output
-
-
-def _record(path: Path, probs, error, classes, top_k: int) -> dict:
-    if error is not None:
-        return {"path": str(path), "error": error}
-    order = np.argsort(-probs, kind="stable")[:top_k]
-    return {
-        "path": str(path),
-        "label": classes[order[0]],
-        "score": float(probs[order[0]]),
-        "topk": [{"label": classes[j], "score": float(probs[j])} for j in order],
-    }
-
-
-class _Writer:
-    def __init__(self, stream, fmt: str):
-        self.stream, self.fmt = stream, fmt
-        if fmt == "csv":
-            self.csv = csv.DictWriter(stream, fieldnames=CSV_FIELDS, lineterminator="\n")
-            self.csv.writeheader()
-
-    def write(self, rec: dict) -> None:
-        if self.fmt == "jsonl":
-            self.stream.write(json.dumps(rec, allow_nan=False) + "\n")
-        else:
-            row = dict(rec)
-            if "topk" in row:
-                row["topk"] = json.dumps(row["topk"])
-            self.csv.writerow(row)
-        self.stream.flush()
 
 
 def _fatal_guard(fn):
@@ -124,29 +85,6 @@ _deadline_opt = click.option(
 )
 
 
-@contextlib.contextmanager
-def _deadline(seconds: float | None, output: Path | None):
-    """Raise Fatal in the main thread when `seconds` of wall-clock time have passed (SIGALRM)."""
-    if not seconds:
-        yield
-        return
-    if threading.current_thread() is not threading.main_thread():
-        raise Fatal("--deadline works only in the main thread")
-
-    def expire(signum, frame):
-        raise DeadlinePassed(
-            f"--deadline {seconds:g} s passed before the run finished" + (f"; {output} not written" if output else "")
-        )
-
-    old = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
-
-
 @click.group()
 @click.version_option(__version__, prog_name="fedccrl-serve")
 def main():
@@ -184,7 +122,7 @@ def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quie
     One record per input: path, label, score (softmax probability), topk. An unreadable input gets
     a record with path and error instead; the others are still predicted and the exit code is 3.
     """
-    with _deadline(deadline, output), contextlib.ExitStack() as stack:
+    with run_deadline(deadline, output), contextlib.ExitStack() as stack:
         model = model_file(model, int8)
         served = ServedModel(model, device, int8)
         paths = collect_inputs(inputs)
@@ -196,10 +134,10 @@ def predict(model, inputs, fmt, output, top_k, batch_size, device, workers, quie
             note(f"{len(paths)} inputs, model {model.name} on {served.device}")
         n_failed = 0
         try:
-            writer = _Writer(stream, fmt)
+            writer = PredictionWriter(stream, fmt)
             for path, probs, error in predict_paths(served, paths, batch_size, workers, quiet):
                 n_failed += error is not None
-                writer.write(_record(path, probs, error, classes, k))
+                writer.write(prediction_record(path, probs, error, classes, k))
         except BrokenPipeError:  # `fedccrl-serve predict ... | head`: the reader left; stop quietly
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             sys.exit(1)
@@ -231,7 +169,7 @@ def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet,
     Reports accuracy, per-class accuracy and the confusion matrix (rows: true class, columns:
     predicted). Class folder names must be the model's class names.
     """
-    with _deadline(deadline, output), contextlib.ExitStack() as stack:
+    with run_deadline(deadline, output), contextlib.ExitStack() as stack:
         model = model_file(model, int8)
         served = ServedModel(model, device, int8)
         classes = served.meta.classes

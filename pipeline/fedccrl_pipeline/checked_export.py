@@ -1,0 +1,133 @@
+"""`fedccrl export`'s engine: a trained model -> its ONNX file (onnx_export.py), checked for parity with PyTorch on
+the held-out domain (onnx_parity.py), with its parity figures and model card; the outputs appear together or not at
+all.
+
+It imports torch (the exporter and the parity reference), so it lives here and not in the torch-free `serving`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedccrl_pipeline.onnx_export import export_onnx
+from fedccrl_pipeline.onnx_parity import ParityError, cpu_session, parity
+
+# an export's folder: the model and its parity figures (export_checked)
+ONNX_FILE, PARITY_FILE = "model.onnx", "parity.json"
+
+
+def example_images(images_u8: np.ndarray) -> np.ndarray:
+    """The input example logged with the MLflow model: the first two images of the held-out domain."""
+    return np.ascontiguousarray(images_u8[:2])
+
+
+def _remove(paths) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def _all_or_none(outputs):
+    """Outputs that appear together or not at all: each one already in place is removed when the body fails."""
+    try:
+        yield
+    except BaseException:
+        _remove(outputs)
+        raise
+
+
+def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batch_size: int) -> dict:
+    """The parity figures of the ONNX file at `onnx_path` against `model` on the held-out images `xy`; ParityError
+    when their top-1 agreement is below `min_agreement`."""
+    import sys
+
+    x, y = xy
+    result = parity(cpu_session(onnx_path), model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
+    result.update(
+        min_agreement=min_agreement, held_out_domain=meta.held_out_domain, onnx_bytes=onnx_path.stat().st_size
+    )
+    print(
+        f"parity on {result['n_images']} {meta.held_out_domain} images: top-1 agreement "
+        f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}",
+        file=sys.stderr,
+    )
+    if result["top1_agreement"] < min_agreement:
+        raise ParityError(
+            f"ONNX/PyTorch top-1 agreement {result['top1_agreement']:.6f} < --min-agreement {min_agreement} "
+            f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
+            "no model.onnx written"
+        )
+    return result
+
+
+def export_checked(
+    model_path: Path,
+    shards: Path,
+    out: Path,
+    min_agreement: float,
+    batch_size: int,
+    publish=None,
+    traces: dict | None = None,
+    int8=None,
+    *,
+    card_maker,
+) -> dict:
+    """A trained model -> out/model.onnx + out/parity.json + out/MODEL_CARD.md (`fedccrl export`). Parity is
+    measured on every image of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a
+    ParityError, and no output. Outputs appear only on success: the card and parity.json first, then model.onnx
+    renamed from a temp name, so a model.onnx is always complete; stale outputs of an earlier export are removed
+    before anything else happens, and those in place when a later step fails are removed again.
+    card_maker(model_path) reads the model card's records before any work (an error there leaves no output) and
+    returns card(meta, result) -> the card's text (model_card.py), made after the checks passed and written with
+    the outputs; publish(onnx_path, meta, result, example_u8, card_text), if given, runs after it and
+    before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's.
+    int8 (quantize.Int8Settings), if given: also out/model.int8.onnx, calibrated on the shards' source domains and
+    gated on the held-out images after the parity check (quantize.checked_int8; its figures under parity.json's
+    "int8"); a refused copy (Int8Refused) leaves no output, as a failed parity check does."""
+    import sys
+
+    from fedccrl_core.algorithms import load_model
+    from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.foundation import contract
+    from fedccrl_core.foundation.fsio import atomic_path, write_text
+    from fedccrl_serving.metadata import card_path, int8_path
+
+    final_onnx, final_parity, final_card = out / ONNX_FILE, out / PARITY_FILE, card_path(out / ONNX_FILE)
+    outputs = (final_onnx, final_parity, int8_path(final_onnx), final_card)
+    _remove(outputs)  # as DVC does: a failed export leaves no earlier output behind
+    if model_path.is_dir():
+        model_path = model_path / contract.MODEL_FILE
+    card = card_maker(model_path)
+    model, meta = load_model(model_path)
+    meta.require(model_path, "held_out_domain")
+    x, y = load_domain_test(shards, meta.held_out_domain)
+    if x.shape[1:] != (meta.image_size, meta.image_size, 3):
+        raise ValueError(
+            f"{shards}: held-out images are {x.shape[1:]}, the model expects "
+            f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
+        )
+    # renamed to model.onnx after the card and parity.json (and model.int8.onnx, when asked for) are written; a
+    # failure on the way removes those already in place (_all_or_none)
+    with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
+        export_onnx(model, meta, tmp_onnx, traces=traces)
+        result = _parity_checked(tmp_onnx, model, meta, (x, y), min_agreement, batch_size)
+        if int8 is not None:
+            from fedccrl_pipeline.quantize import checked_int8
+
+            tmp_int8 = int8_out.enter_context(atomic_path(int8_path(final_onnx)))
+            assert meta.held_out_domain is not None  # require() raised otherwise
+            result["int8"] = checked_int8(tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size)
+            result["int8"]["file"] = int8_path(final_onnx).name  # not the temporary name it was written under
+        text = card(meta, result)
+        if publish is not None:
+            publish(tmp_onnx, meta, result, example_images(x), text)
+        write_text(final_card, text)
+        write_text(final_parity, json.dumps(result, indent=1) + "\n")
+    print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB), {final_parity} and {final_card}", file=sys.stderr)
+    if int8 is not None:
+        print(f"wrote {int8_path(final_onnx)} ({int8_path(final_onnx).stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
+    return result

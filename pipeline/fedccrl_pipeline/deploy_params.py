@@ -1,0 +1,52 @@
+"""deploy/params.yaml: the operator's pipeline of a Flower deployment (deploy/dvc.yaml), one typed group `deploy`
+(where the SuperLink is and which runs to train over it), validated before any work; the training settings are the
+research params file's (params.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, field_validator
+
+from fedccrl_core.algorithm_params import PARAMS
+from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.hparams import Declared, validate
+from fedccrl_flower.settings import superlink_address
+from fedccrl_pipeline.params import one_of, unique
+from fedccrl_pipeline.params_yaml import read_yaml
+
+
+class DeployParams(Declared):
+    """deploy.* of the operator's pipeline (deploy/params.yaml, deploy/dvc.yaml): where the SuperLink is and which
+    runs to train over it. The training settings are the research params file's."""
+
+    superlink: str = Field(description="host:port of the SuperLink's control API")
+    root_certificates: str = Field(description='the SuperLink\'s CA certificate (TLS); "" = --insecure (loopback)')
+    algorithms: Annotated[list[one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
+    seeds: Annotated[list[int], Field(min_length=1)]
+    held_out: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]  # domain names
+
+    @field_validator("superlink")
+    @classmethod
+    def _superlink(cls, v: str) -> str:
+        return superlink_address(v)  # as train.flower.superlink and a site's site.toml spell it
+
+    @field_validator("held_out", "algorithms", "seeds")
+    @classmethod
+    def _no_repeats(cls, v):
+        return unique(v)
+
+
+class DeployFile(Declared):
+    deploy: DeployParams
+
+
+def load_deploy(path: str | Path) -> DeployParams:
+    """deploy/params.yaml's deploy group, typed; ParamError naming the file and each key otherwise."""
+    return validate(DeployFile, read_yaml(path), file=str(path)).deploy
+
+
+def deployed_run_dirs(deploy: DeployParams, root: Path) -> list[Path]:
+    """Every run of a deployment, in deploy/dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held-out domain>."""
+    return [contract.run_dir(root, a, s, h) for a in deploy.algorithms for s in deploy.seeds for h in deploy.held_out]
