@@ -1,0 +1,213 @@
+"""`fedccrl evaluate-sites`: a trained model evaluated at every site of a federation, without training
+(fedccrl_flower/site_evaluation.py, site_eval_client.py; pipeline/fedccrl_pipeline/evaluate_sites.py).
+
+The federation is the four imagefolder sites of tests/flower_harness.py (`imagefolder_sites`: each prepared from its
+own folder of images), trained for one round by `fedccrl federate` over the loopback Grid (test_deploy_stages.py
+`on_loopback`) and exported by `fedccrl export`; the evaluation-only run goes over the loopback Grid too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from fixtures import write_params
+from flower_harness import EVALUATORS, HELD_OUT, SOURCES, LoopbackGrid, imagefolder_sites
+from test_deploy_stages import on_loopback
+
+from fedccrl_core.data import shards as shards_mod
+from fedccrl_core.outcomes.site_scores import load_scores, wilson
+from fedccrl_flower import messages as M
+from fedccrl_pipeline.cli import main
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _configs(sites: dict[str, Path]) -> dict[int, dict]:
+    return {
+        100 + i: {M.NODE_CLIENT_ID: cid, M.NODE_SHARDS: str(f / "shards"), M.NODE_POOLS: str(f / "pools")}
+        for i, (cid, f) in enumerate(sites.items())
+    }
+
+
+def _fedccrl(*args) -> tuple[int, str]:
+    res = CliRunner().invoke(main, [str(a) for a in args])
+    return res.exit_code, res.output
+
+
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory):
+    """The consortium's sites, its federation file, a run folder of one round of FedAvg over them (`fedccrl
+    federate` on the loopback Grid), its export (`fedccrl export`), the params file and the MLflow store."""
+    ws = tmp_path_factory.mktemp("evaluate-sites")
+    sites, federation = imagefolder_sites(data, ws)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", store := f"sqlite:///{ws / 'mlflow.db'}")
+        mp.setenv("FEDCCRL_MLFLOW_ARTIFACTS", str(ws / "mlartifacts"))
+        on_loopback(mp, lambda spec: LoopbackGrid(_configs(sites)))
+        over = {
+            "dataset.name": "imagefolder",
+            "preprocess.image_size": 32,
+            "train.rounds": 1,
+            "model.backbone": "small_cnn",
+            "model.pretrained": "none",
+        }
+        params = write_params(ws, {**over, "train.local_epochs": 1, "train.device": "cpu"})
+        run = ws / "models" / "fedavg" / "s0" / f"d{HELD_OUT}"
+        code, out = _fedccrl(
+            *("federate", "--federation", federation, "--params", params, "--algorithm", "fedavg", "--seed", "0"),
+            *("--held-out", HELD_OUT, "--superlink", "127.0.0.1:1", "--out", run, "--work", ws / "work"),
+        )
+        assert code == 0, out
+        export = ws / "exports" / "fedavg" / "s0" / f"d{HELD_OUT}"
+        code, out = _fedccrl(
+            *("export", "--model", run, "--shards", sites[EVALUATORS[0]] / "shards", "--federation", federation),
+            *("--params", params, "--no-mlflow", "--out", export),
+        )
+        assert code == 0, out
+    return dict(sites=sites, federation=federation, run=run, export=export, params=params, ws=ws, store=store)
+
+
+def on_sites(monkeypatch, configs: dict[int, dict]) -> None:
+    """`fedccrl evaluate-sites` with the loopback Grid of `configs` standing in for the SuperLink: the submitted run
+    is the ServerApp's (server_app.main, which hands it to site_evaluation.py), run here as Flower's run 1."""
+    from flwr.app import Context, RecordDict
+
+    import fedccrl_flower.site_evaluation as se
+    from fedccrl_flower.server_app import main as server_main
+
+    class LoopbackLink:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, spec, run_config=None):
+            cfg = {M.RUN_SPEC: spec.to_json(), **(run_config or {})}
+            server_main(LoopbackGrid(configs), Context(1, 0, {}, RecordDict(), cfg))
+            return 1
+
+        def check_alive(self):
+            pass
+
+    monkeypatch.setattr(se, "Federation", LoopbackLink)
+
+
+def _evaluate(t: dict, out: Path, *args) -> tuple[int, str]:
+    return _fedccrl(
+        *("evaluate-sites", "--federation", t["federation"], "--params", t["params"], "--superlink", "127.0.0.1:1"),
+        *("--out", out, "--work", out.parent / (out.name + ".work"), *args),
+    )
+
+
+def test_each_sites_counts_are_fedccrl_serves_on_its_image_folder(trained, tmp_path, monkeypatch, capfd):
+    """The export folder (its metadata leads to the run's weights) evaluated at every site on its whole folder: each
+    site's per-class counts equal `fedccrl-serve evaluate` of the exported model on that site's image folder, run at
+    the site; the tables name each site and domain, with the Wilson interval of its counts; the MLflow run is in the
+    model's experiment, tagged with the model's run id and run key."""
+    import mlflow
+
+    from fedccrl_core.learning.model_file import load_meta
+    from fedccrl_serving.cli import main as serve_main
+
+    t = trained
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", t["store"])
+    on_sites(monkeypatch, _configs(t["sites"]))
+    out = tmp_path / "sites"
+    code, text = _evaluate(t, out, "--model", t["export"], "--models", t["ws"] / "models", "--split", "all")
+    err = capfd.readouterr().err + text
+    assert code == 0, err
+    result = load_scores(out / "sites.json")
+    assert [s.client for s in result.sites] == sorted([*SOURCES, *EVALUATORS]) and not result.refused
+    assert "| sketch_c0 | sketch (all) |" in (out / "sites.md").read_text() and "sketch_c0" in err
+    for s in result.sites:
+        assert s.split == "all"
+        images = t["sites"][s.client].parent / "images"  # the site's own folder of <class>/<image>
+        args = ["evaluate", str(t["export"] / "model.onnx"), str(images), "--json", "--quiet"]
+        served = CliRunner().invoke(serve_main, args)
+        assert served.exit_code == 0, served.output
+        report = json.loads(served.stdout[served.stdout.index("{") :])
+        per = report["per_class"]
+        assert [c.n for c in s.score.per_class] == [per[c]["n"] for c in result.classes]
+        assert [c.correct for c in s.score.per_class] == [per[c]["correct"] for c in result.classes]
+        assert [c.predicted for c in s.score.per_class] == [sum(col) for col in zip(*report["confusion_matrix"])]
+        assert s.score.n == len(shards_mod.load_client(t["sites"][s.client] / "shards", s.client).train_y) + len(
+            shards_mod.load_client(t["sites"][s.client] / "shards", s.client).val_y
+        )
+        assert s.score.ci95 == wilson(s.score.correct, s.score.n)
+    assert result.pooled.n == sum(s.score.n for s in result.sites)
+    meta = load_meta(t["run"] / "model.pt")
+    (run,) = mlflow.search_runs(
+        experiment_ids=[meta.mlflow_experiment_id],
+        filter_string="tags.`fedccrl.stage` = 'evaluate-sites'",
+        output_format="list",
+    )
+    assert run.data.tags["fedccrl.model_run_id"] == meta.mlflow_run_id and meta.mlflow_run_id
+    assert run.data.tags["fedccrl.run_key"] == meta.params_hash
+    assert run.data.metrics["site/sketch_c0/acc"] == pytest.approx(result.sites[-1].score.accuracy)
+
+
+def test_auto_counts_a_training_sites_val_split_and_a_refused_site_is_named(trained, tmp_path, monkeypatch, capfd):
+    """--split auto (the run folder): a site that trained the model counts its val split, the held-out domain's site
+    its whole folder; a site whose class list is not the model's refuses by its client id with the reason, the
+    command names it on stderr and exits 2, or 0 with --allow-refused-sites."""
+    t = trained
+    odd = tmp_path / "odd"  # art_c0's folder with the classes in another order
+    shutil.copytree(t["sites"]["art_c0"], odd)
+    manifest = json.loads((odd / "shards" / "manifest.json").read_text())
+    (odd / "shards" / "manifest.json").write_text(json.dumps({**manifest, "classes": manifest["classes"][::-1]}))
+    on_sites(monkeypatch, _configs({**t["sites"], "art_c0": odd}))
+    out = tmp_path / "sites"
+    args = ("--model", t["run"], "--no-mlflow")
+    code, text = _evaluate(t, out, *args)
+    err = capfd.readouterr().err + text
+    assert code == 2, err
+    assert "evaluate-sites: REFUSED art_c0: its data does not fit the model" in err and "classes" in err
+    result = load_scores(out / "sites.json")  # written: the other sites answered
+    assert [p.client for p in result.refused] == ["art_c0"] and not result.dropped
+    split = {s.client: (s.split, s.score.n) for s in result.sites}
+    for cid in ("cartoon_c0", "photo_c0"):
+        assert split[cid] == ("val", len(shards_mod.load_client(t["sites"][cid] / "shards", cid).val_y))
+    sketch = shards_mod.load_client(t["sites"]["sketch_c0"] / "shards", "sketch_c0")
+    assert split["sketch_c0"] == ("all", len(sketch.train_y) + len(sketch.val_y))
+    code, text = _evaluate(t, out, *args, "--allow-refused-sites", "--sites", "art_c0,sketch_c0")
+    assert code == 0, capfd.readouterr().err + text
+    assert [s.client for s in load_scores(out / "sites.json").sites] == ["sketch_c0"]
+
+
+def test_the_wilson_interval_is_the_hand_computed_one():
+    """8 right of 10, z = 1.959964 (z² = 3.841459): p = 0.8, centre = (0.8 + z²/20) / (1 + z²/10) = 0.992073 / 1.384146
+    = 0.716740, half-width = z / (1 + z²/10) * sqrt(0.8 * 0.2 / 10 + z² / 400) = 1.416009 * 0.160011 = 0.226578, so
+    [0.490162, 0.943318] (by hand)."""
+    low, high = wilson(8, 10)
+    assert low == pytest.approx(0.490162, abs=1e-6) and high == pytest.approx(0.943318, abs=1e-6)
+    assert wilson(0, 0) is None and wilson(5, 5)[1] == 1.0
+
+
+def test_bad_input_is_refused_before_the_superlink_hears_of_it(trained, tmp_path, monkeypatch):
+    """An unknown site, an export without --models, and --split all on a private run's training sites: an error
+    naming it, exit 2, no output, nothing submitted."""
+    t = trained
+    submitted = []
+    import fedccrl_flower.site_evaluation as se
+
+    monkeypatch.setattr(se, "Federation", lambda *a, **k: submitted.append(a))
+    out = tmp_path / "sites"
+    code, text = _evaluate(t, out, "--model", t["run"], "--sites", "nowhere_c9")
+    assert code == 2 and "--sites: nowhere_c9 not among the sites of" in text
+    code, text = _evaluate(t, out, "--model", t["export"])
+    assert code == 2 and "give --models" in text
+    assert not submitted and not out.exists()
+    from fedccrl_flower.sites import read_federation
+    from fedccrl_pipeline.evaluate_sites import choose_splits
+
+    fed = read_federation(t["federation"])
+    with pytest.raises(ValueError, match=r"--split all: the model trained under train.privacy on art_c0, "):
+        choose_splits(fed, "", "all", {"art_c0"}, True, t["federation"])
+    assert choose_splits(fed, "", "auto", {"art_c0"}, True, t["federation"])["art_c0"] == "val"
