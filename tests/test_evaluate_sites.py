@@ -211,3 +211,13 @@ def test_bad_input_is_refused_before_the_superlink_hears_of_it(trained, tmp_path
     with pytest.raises(ValueError, match=r"--split all: the model trained under train.privacy on art_c0, "):
         choose_splits(fed, "", "all", {"art_c0"}, True, t["federation"])
     assert choose_splits(fed, "", "auto", {"art_c0"}, True, t["federation"])["art_c0"] == "val"
+
+
+def test_the_flower_app_declares_the_run_config_key_of_an_evaluation_only_run():
+    """A SuperLink refuses a run config key the app does not declare ("Invalid run configuration")."""
+    import tomllib
+
+    from fedccrl_flower.federation import APP_DIR
+
+    declared = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert M.RUN_TASK in declared and M.RUN_SPEC in declared
