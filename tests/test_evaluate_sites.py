@@ -70,9 +70,10 @@ def trained(data, tmp_path_factory):
     return dict(sites=sites, federation=federation, run=run, export=export, params=params, ws=ws, store=store)
 
 
-def on_sites(monkeypatch, configs: dict[int, dict]) -> None:
+def on_sites(monkeypatch, configs: dict[int, dict], dead: tuple[str, ...] = ()) -> None:
     """`fedccrl evaluate-sites` with the loopback Grid of `configs` standing in for the SuperLink: the submitted run
-    is the ServerApp's (server_app.main, which hands it to site_evaluation.py), run here as Flower's run 1."""
+    is the ServerApp's (server_app.main, which hands it to site_evaluation.py), run here as Flower's run 1. The
+    SuperNodes of the client ids in `dead` never answer."""
     from flwr.app import Context, RecordDict
 
     import fedccrl_flower.site_evaluation as se
@@ -90,7 +91,9 @@ def on_sites(monkeypatch, configs: dict[int, dict]) -> None:
 
         def submit(self, spec, run_config=None):
             cfg = {M.RUN_SPEC: spec.to_json(), **(run_config or {})}
-            server_main(LoopbackGrid(configs), Context(1, 0, {}, RecordDict(), cfg))
+            grid = LoopbackGrid(configs)
+            grid.dead = {n for n, c in configs.items() if c[M.NODE_CLIENT_ID] in dead}
+            server_main(grid, Context(1, 0, {}, RecordDict(), cfg))
             return 1
 
         def check_alive(self):
@@ -179,6 +182,22 @@ def test_auto_counts_a_training_sites_val_split_and_a_refused_site_is_named(trai
     code, text = _evaluate(t, out, *args, "--allow-refused-sites", "--sites", "art_c0,sketch_c0")
     assert code == 0, capfd.readouterr().err + text
     assert [s.client for s in load_scores(out / "sites.json").sites] == ["sketch_c0"]
+
+
+def test_a_site_that_does_not_answer_is_named_as_dropped(trained, tmp_path, monkeypatch, capfd):
+    """A SuperNode that never answers (its reply timeout 1 s): the site is named as dropped with the reason, the
+    others' tables are written, and the exit code is 2."""
+    t = trained
+    params = write_params(tmp_path, {"train.flower.query_timeout_s": 1, "dataset.name": "imagefolder"})
+    on_sites(monkeypatch, _configs(t["sites"]), dead=("photo_c0",))
+    out = tmp_path / "sites"
+    code, text = _evaluate({**t, "params": params}, out, "--model", t["run"], "--no-mlflow")
+    err = capfd.readouterr().err + text
+    assert code == 2, err
+    assert "evaluate-sites: dropped node 102: no query reply within 1.0s" in err, err
+    assert "evaluate-sites: dropped photo_c0: did not answer" in err
+    result = load_scores(out / "sites.json")
+    assert [s.client for s in result.sites] == ["art_c0", "cartoon_c0", "sketch_c0"]
 
 
 def test_the_wilson_interval_is_the_hand_computed_one():
