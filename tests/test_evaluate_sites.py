@@ -1,9 +1,10 @@
 """`fedccrl evaluate-sites`: a trained model evaluated at every site of a federation, without training
 (fedccrl_flower/site_evaluation.py, site_eval_client.py; pipeline/fedccrl_pipeline/evaluate_sites.py).
 
-The federation is the four imagefolder sites of tests/flower_harness.py (`imagefolder_sites`: each prepared from its
-own folder of images), trained for one round by `fedccrl federate` over the loopback Grid (test_deploy_stages.py
-`on_loopback`) and exported by `fedccrl export`; the evaluation-only run goes over the loopback Grid too."""
+The model is the session's trained run (conftest.py `trained`, no training here) and its export; the federation is
+one site per client of its tiny partition (held-out domain photo: photo_c0 and photo_c1 never trained); the
+evaluation-only run goes over the loopback Grid (tests/flower_harness.py), the ServerApp's `main` and the ClientApp's
+handlers as Flower runs them, each message through Flower's wire format."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fixtures import write_params
-from flower_harness import EVALUATORS, HELD_OUT, SOURCES, LoopbackGrid, imagefolder_sites
-from test_deploy_stages import on_loopback
+from flower_harness import LoopbackGrid
+from test_deploy_stages import federation_file
 
 from fedccrl_core.data import shards as shards_mod
 from fedccrl_core.outcomes.site_scores import load_scores, wilson
@@ -38,36 +39,40 @@ def _fedccrl(*args) -> tuple[int, str]:
 
 
 @pytest.fixture(scope="module")
-def trained(data, tmp_path_factory):
-    """The consortium's sites, its federation file, a run folder of one round of FedAvg over them (`fedccrl
-    federate` on the loopback Grid), its export (`fedccrl export`), the params file and the MLflow store."""
+def federation(tiny, trained, tmp_path_factory):
+    """The session's trained run (conftest.py `trained`: one round of FedAvg on `tiny`, held-out domain 0, with its
+    MLflow store) as a federation's model: one site per client of the tiny partition (each SuperNode reads only its
+    own client from the shard folder), the federation file of that partition, the run's export (`fedccrl export`),
+    and each site's own image folder (<class>/<image>: the raw files its shard was made from)."""
     ws = tmp_path_factory.mktemp("evaluate-sites")
-    sites, federation = imagefolder_sites(data, ws)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("MLFLOW_TRACKING_URI", store := f"sqlite:///{ws / 'mlflow.db'}")
-        mp.setenv("FEDCCRL_MLFLOW_ARTIFACTS", str(ws / "mlartifacts"))
-        on_loopback(mp, lambda spec: LoopbackGrid(_configs(sites)))
-        over = {
-            "dataset.name": "imagefolder",
-            "preprocess.image_size": 32,
-            "train.rounds": 1,
-            "model.backbone": "small_cnn",
-            "model.pretrained": "none",
-        }
-        params = write_params(ws, {**over, "train.local_epochs": 1, "train.device": "cpu"})
-        run = ws / "models" / "fedavg" / "s0" / f"d{HELD_OUT}"
-        code, out = _fedccrl(
-            *("federate", "--federation", federation, "--params", params, "--algorithm", "fedavg", "--seed", "0"),
-            *("--held-out", HELD_OUT, "--superlink", "127.0.0.1:1", "--out", run, "--work", ws / "work"),
-        )
-        assert code == 0, out
-        export = ws / "exports" / "fedavg" / "s0" / f"d{HELD_OUT}"
-        code, out = _fedccrl(
-            *("export", "--model", run, "--shards", sites[EVALUATORS[0]] / "shards", "--federation", federation),
-            *("--params", params, "--no-mlflow", "--out", export),
-        )
-        assert code == 0, out
-    return dict(sites=sites, federation=federation, run=run, export=export, params=params, ws=ws, store=store)
+    data = tiny / "data"
+    run, fed = trained / "models" / "fedavg" / "s0" / "d0", federation_file(data, ws)
+    export = ws / "exports" / "fedavg" / "s0" / "d0"
+    code, out = _fedccrl(
+        *("export", "--model", run, "--shards", data / "shards", "--params", trained / "params.yaml"),
+        *("--no-mlflow", "--out", export),
+    )
+    assert code == 0, out
+    images = {}
+    for client in json.loads((data / "shards" / "manifest.json").read_text())["clients"]:
+        cid = client["id"]
+        s = shards_mod.load_client(data / "shards", cid)
+        images[cid] = ws / f"site-{cid}" / "images"
+        for rel in [*s.train_paths, *s.val_paths]:  # <domain>/<class>/<file>
+            dest = images[cid] / Path(rel).relative_to(Path(rel).parts[0])
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(tiny / "raw" / rel, dest)
+    sites = dict.fromkeys(images, data)  # every SuperNode reads its own client of the one shard folder
+    return dict(
+        sites=sites,
+        images=images,
+        federation=fed,
+        run=run,
+        export=export,
+        models=trained / "models",
+        params=trained / "params.yaml",
+        store=f"sqlite:///{trained / 'mlflow.db'}",
+    )
 
 
 def on_sites(monkeypatch, configs: dict[int, dict], dead: tuple[str, ...] = ()) -> None:
@@ -109,7 +114,7 @@ def _evaluate(t: dict, out: Path, *args) -> tuple[int, str]:
     )
 
 
-def test_each_sites_counts_are_fedccrl_serves_on_its_image_folder(trained, tmp_path, monkeypatch, capfd):
+def test_each_sites_counts_are_fedccrl_serves_on_its_image_folder(federation, tmp_path, monkeypatch, capfd):
     """The export folder (its metadata leads to the run's weights) evaluated at every site on its whole folder: each
     site's per-class counts equal `fedccrl-serve evaluate` of the exported model on that site's image folder, run at
     the site; the tables name each site and domain, with the Wilson interval of its counts; the MLflow run is in the
@@ -119,20 +124,19 @@ def test_each_sites_counts_are_fedccrl_serves_on_its_image_folder(trained, tmp_p
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_serving.cli import main as serve_main
 
-    t = trained
+    t = federation
     monkeypatch.setenv("MLFLOW_TRACKING_URI", t["store"])
     on_sites(monkeypatch, _configs(t["sites"]))
     out = tmp_path / "sites"
-    code, text = _evaluate(t, out, "--model", t["export"], "--models", t["ws"] / "models", "--split", "all")
+    code, text = _evaluate(t, out, "--model", t["export"], "--models", t["models"], "--split", "all")
     err = capfd.readouterr().err + text
     assert code == 0, err
     result = load_scores(out / "sites.json")
-    assert [s.client for s in result.sites] == sorted([*SOURCES, *EVALUATORS]) and not result.refused
-    assert "| sketch_c0 | sketch (all) |" in (out / "sites.md").read_text() and "sketch_c0" in err
+    assert [s.client for s in result.sites] == sorted(t["sites"]) and not result.refused
+    assert "| photo_c1 | photo (all) |" in (out / "sites.md").read_text() and "photo_c1" in err
     for s in result.sites:
         assert s.split == "all"
-        images = t["sites"][s.client].parent / "images"  # the site's own folder of <class>/<image>
-        args = ["evaluate", str(t["export"] / "model.onnx"), str(images), "--json", "--quiet"]
+        args = ["evaluate", str(t["export"] / "model.onnx"), str(t["images"][s.client]), "--json", "--quiet"]
         served = CliRunner().invoke(serve_main, args)
         assert served.exit_code == 0, served.output
         report = json.loads(served.stdout[served.stdout.index("{") :])
@@ -140,9 +144,8 @@ def test_each_sites_counts_are_fedccrl_serves_on_its_image_folder(trained, tmp_p
         assert [c.n for c in s.score.per_class] == [per[c]["n"] for c in result.classes]
         assert [c.correct for c in s.score.per_class] == [per[c]["correct"] for c in result.classes]
         assert [c.predicted for c in s.score.per_class] == [sum(col) for col in zip(*report["confusion_matrix"])]
-        assert s.score.n == len(shards_mod.load_client(t["sites"][s.client] / "shards", s.client).train_y) + len(
-            shards_mod.load_client(t["sites"][s.client] / "shards", s.client).val_y
-        )
+        shard = shards_mod.load_client(t["sites"][s.client] / "shards", s.client)
+        assert s.score.n == len(shard.train_y) + len(shard.val_y)
         assert s.score.ci95 == wilson(s.score.correct, s.score.n)
     assert result.pooled.n == sum(s.score.n for s in result.sites)
     meta = load_meta(t["run"] / "model.pt")
@@ -153,16 +156,16 @@ def test_each_sites_counts_are_fedccrl_serves_on_its_image_folder(trained, tmp_p
     )
     assert run.data.tags["fedccrl.model_run_id"] == meta.mlflow_run_id and meta.mlflow_run_id
     assert run.data.tags["fedccrl.run_key"] == meta.params_hash
-    assert run.data.metrics["site/sketch_c0/acc"] == pytest.approx(result.sites[-1].score.accuracy)
+    assert run.data.metrics["site/sketch_c1/acc"] == pytest.approx(result.sites[-1].score.accuracy)
 
 
-def test_auto_counts_a_training_sites_val_split_and_a_refused_site_is_named(trained, tmp_path, monkeypatch, capfd):
-    """--split auto (the run folder): a site that trained the model counts its val split, the held-out domain's site
-    its whole folder; a site whose class list is not the model's refuses by its client id with the reason, the
-    command names it on stderr and exits 2, or 0 with --allow-refused-sites."""
-    t = trained
-    odd = tmp_path / "odd"  # art_c0's folder with the classes in another order
-    shutil.copytree(t["sites"]["art_c0"], odd)
+def test_auto_counts_a_training_sites_val_split_and_a_refused_site_is_named(federation, tmp_path, monkeypatch, capfd):
+    """--split auto (the run folder): a site that trained the model counts its val split, the held-out domain's
+    sites their whole folder; a site whose class list is not the model's refuses by its client id with the reason,
+    the command names it on stderr and exits 2, or 0 with --allow-refused-sites."""
+    t = federation
+    odd = tmp_path / "odd"  # art_c0's shard folder with the classes in another order
+    shutil.copytree(t["sites"]["art_c0"] / "shards", odd / "shards")
     manifest = json.loads((odd / "shards" / "manifest.json").read_text())
     (odd / "shards" / "manifest.json").write_text(json.dumps({**manifest, "classes": manifest["classes"][::-1]}))
     on_sites(monkeypatch, _configs({**t["sites"], "art_c0": odd}))
@@ -175,29 +178,29 @@ def test_auto_counts_a_training_sites_val_split_and_a_refused_site_is_named(trai
     result = load_scores(out / "sites.json")  # written: the other sites answered
     assert [p.client for p in result.refused] == ["art_c0"] and not result.dropped
     split = {s.client: (s.split, s.score.n) for s in result.sites}
-    for cid in ("cartoon_c0", "photo_c0"):
+    for cid in ("art_c1", "cartoon_c0", "cartoon_c1", "sketch_c0", "sketch_c1"):
         assert split[cid] == ("val", len(shards_mod.load_client(t["sites"][cid] / "shards", cid).val_y))
-    sketch = shards_mod.load_client(t["sites"]["sketch_c0"] / "shards", "sketch_c0")
-    assert split["sketch_c0"] == ("all", len(sketch.train_y) + len(sketch.val_y))
-    code, text = _evaluate(t, out, *args, "--allow-refused-sites", "--sites", "art_c0,sketch_c0")
+    for cid in ("photo_c0", "photo_c1"):  # the held-out domain's: never trained
+        shard = shards_mod.load_client(t["sites"][cid] / "shards", cid)
+        assert split[cid] == ("all", len(shard.train_y) + len(shard.val_y))
+    code, text = _evaluate(t, out, *args, "--allow-refused-sites", "--sites", "art_c0,photo_c0")
     assert code == 0, capfd.readouterr().err + text
-    assert [s.client for s in load_scores(out / "sites.json").sites] == ["sketch_c0"]
+    assert [s.client for s in load_scores(out / "sites.json").sites] == ["photo_c0"]
 
 
-def test_a_site_that_does_not_answer_is_named_as_dropped(trained, tmp_path, monkeypatch, capfd):
+def test_a_site_that_does_not_answer_is_named_as_dropped(federation, tmp_path, monkeypatch, capfd):
     """A SuperNode that never answers (its reply timeout 1 s): the site is named as dropped with the reason, the
     others' tables are written, and the exit code is 2."""
-    t = trained
-    params = write_params(tmp_path, {"train.flower.query_timeout_s": 1, "dataset.name": "imagefolder"})
+    t = federation
+    params = write_params(tmp_path, {"train.flower.query_timeout_s": 1})
     on_sites(monkeypatch, _configs(t["sites"]), dead=("photo_c0",))
     out = tmp_path / "sites"
     code, text = _evaluate({**t, "params": params}, out, "--model", t["run"], "--no-mlflow")
     err = capfd.readouterr().err + text
     assert code == 2, err
-    assert "evaluate-sites: dropped node 102: no query reply within 1.0s" in err, err
+    assert "evaluate-sites: dropped node 100: no query reply within 1.0s" in err, err
     assert "evaluate-sites: dropped photo_c0: did not answer" in err
-    result = load_scores(out / "sites.json")
-    assert [s.client for s in result.sites] == ["art_c0", "cartoon_c0", "sketch_c0"]
+    assert [s.client for s in load_scores(out / "sites.json").sites] == sorted(set(t["sites"]) - {"photo_c0"})
 
 
 def test_the_wilson_interval_is_the_hand_computed_one():
@@ -209,10 +212,10 @@ def test_the_wilson_interval_is_the_hand_computed_one():
     assert wilson(0, 0) is None and wilson(5, 5)[1] == 1.0
 
 
-def test_bad_input_is_refused_before_the_superlink_hears_of_it(trained, tmp_path, monkeypatch):
+def test_bad_input_is_refused_before_the_superlink_hears_of_it(federation, tmp_path, monkeypatch):
     """An unknown site, an export without --models, and --split all on a private run's training sites: an error
     naming it, exit 2, no output, nothing submitted."""
-    t = trained
+    t = federation
     submitted = []
     import fedccrl_flower.site_evaluation as se
 
