@@ -14,8 +14,8 @@ Under train.privacy the counts follow docs/privacy.md ("What a site returns for 
 unit of privacy (val splits, sites that never trained) are counted, so `--split all` is refused before any work when
 a site asked for trained the model.
 
-Output (an atomic folder `--out`): sites.json (fedccrl_core/outcomes/site_scores.py SitesEvaluated) and sites.md; the
-Markdown also on stderr; an MLflow run in the model's experiment, tagged with the model's MLflow run id and run key,
+Output (an atomic folder `--out`): <out>/sites.json (fedccrl_core/outcomes/site_scores.py SitesEvaluated) and
+<out>/sites.md, the Markdown also on stderr; an MLflow run in the model's experiment, tagged with the model's MLflow run id and run key,
 with each site's and domain's accuracy. A site refused (its data does not fit the model) or dropped (no answer) is
 named with its reason; the exit code is 2 then, unless --allow-refused-sites.
 """
@@ -137,14 +137,22 @@ def scored(outcome, meta: ModelMeta, model_file: Path, fed: FederationFile, spli
 
 
 def log_to_mlflow(result: SitesEvaluated, meta: ModelMeta, files: list[Path], dataset: str) -> str:
-    """One MLflow run in the model's experiment (fedccrl-<dataset>-evaluate-sites when the model has none), tagged
+    """One MLflow run in the model's experiment (fedccrl-<dataset>-evaluate-sites when the store lacks the model's run), tagged
     with the model's MLflow run id and run key; each site's and domain's accuracy, n and 95 % interval."""
-    from fedccrl_pipeline.mlflow_store import mlflow_module, set_experiment
+    from fedccrl_pipeline.mlflow_store import find_run, mlflow_module, set_experiment
 
     mlflow = mlflow_module()
-    exp_id = meta.mlflow_experiment_id
-    if not exp_id or mlflow.get_experiment(exp_id) is None:
-        exp_id = set_experiment(f"fedccrl-{dataset}-evaluate-sites").experiment_id
+    model_run = find_run(mlflow, meta.mlflow_run_id) if meta.mlflow_run_id else None
+    if model_run is not None:  # the model's experiment, as its own run says (an id alone may be another store's)
+        exp_id = model_run.info.experiment_id
+    else:
+        name = f"fedccrl-{dataset}-evaluate-sites"
+        print(
+            f"evaluate-sites: the model's MLflow run {meta.mlflow_run_id or '(none)'} is not in the tracking store "
+            f"{mlflow.get_tracking_uri()}: logged to experiment {name}",
+            file=sys.stderr,
+        )
+        exp_id = set_experiment(name).experiment_id
     tags = {"fedccrl.stage": "evaluate-sites", "fedccrl.run_key": meta.params_hash or ""}
     if meta.mlflow_run_id:
         tags["fedccrl.model_run_id"] = meta.mlflow_run_id
