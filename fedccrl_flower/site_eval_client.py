@@ -2,9 +2,10 @@
 trained model on its own images and returns counts, never images.
 
 Two named actions of the ClientApp (messages.py; client_app.py imports this module, which registers them):
-  - SITE_EVAL_QUERY: the site names itself by its client id, after its data check against the model (the training
-    run's `check_site_data`: the model's classes in label order, its image size, the site's domain among the
-    federation's); a site whose data does not fit refuses by its client id with the reason, before any weight is sent;
+  - SITE_EVAL_QUERY: the site names itself by its client id (a training's QUERY reply with n = 0 and no upload),
+    after its data check against the model (the training run's `check_site_data`: the model's classes in label
+    order, its image size, the site's domain among the federation's); a site whose data does not fit refuses by its
+    client id with the reason (replies.py SiteRefusal), before any weight is sent;
   - SITE_EVAL: the model's weights (an ArrayRecord, checked against the model the site builds from the spec, as a
     training's EVALUATE) and the split the server chose for this site: "val" (its val split: the site trained the
     model on the rest) or "all" (train + val: a site that never trained it). The reply: per class k, the images of
@@ -56,14 +57,13 @@ def handle_site_query(msg: Message, context: Context) -> Message:
     t0 = time.perf_counter()
     spec, _, _ = read_config(msg)
     cid = resolve_client_id(context, spec)
-    info = ConfigRecord({M.F_CLIENT_ID: cid})
     try:
         check_site_data(context, spec, cid)
-        _say(f"client {cid}: takes part in the evaluation of run {spec.run_key}", t0)
-    except ValueError as e:
+    except ValueError as e:  # as a training's QUERY refuses (replies.py SiteRefusal): by client id, with the reason
         _say(f"client {cid}: refuses the evaluation: {e}", t0)
-        info[M.F_REFUSAL] = str(e)
-    return Message(RecordDict({M.INFO: info}), reply_to=msg)
+        return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: str(e)})}), reply_to=msg)
+    _say(f"client {cid}: takes part in the evaluation of run {spec.run_key}", t0)
+    return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
 
 
 @app.evaluate(M.SITE_EVAL_ACTION)

@@ -5,7 +5,8 @@ submits it to a SuperLink and follows it.
 The ServerApp (server_app.py's `main` hands a run whose run config says TASK_SITE_EVAL to `serve_site_evaluation`)
 reads the model file named by the spec (tensors and plain data only: model_file.torch_load), then over the Grid:
   1. SITE_EVAL_QUERY to every connected SuperNode: each answers with its client id, or refuses by its client id with
-     the reason its data does not fit the model (site_eval_client.py: the training run's check_site_data);
+     the reason its data does not fit the model (site_eval_client.py: the training run's check_site_data; read as a
+     training's QUERY reply, replies.py read_query_reply and SiteRefusal);
   2. SITE_EVAL to each site the operator asked for that answered and fits: the model's weights (an ArrayRecord,
      never a pickle) and the split the operator's command chose for it ("val" | "all"); each returns counts
      (evalsets.py SiteCounts, checked by read_eval_reply).
@@ -32,7 +33,7 @@ from fedccrl_flower import messages as M
 from fedccrl_flower.evalsets import read_eval_reply
 from fedccrl_flower.federation import LOG, Federation
 from fedccrl_flower.processes import FlowerRunError
-from fedccrl_flower.replies import BAD_REPLY
+from fedccrl_flower.replies import BAD_REPLY, SiteRefusal, read_query_reply
 from fedccrl_flower.report import RunReport
 from fedccrl_flower.spec import ClientSpec, report_dir
 from fedccrl_flower.transport import error_reason, exchange, wait_for_nodes
@@ -115,15 +116,16 @@ class SiteEvaluation:
                 self._issue(self.dropped if reason != "error" else self.refused, f"node {node}", detail, reason)
                 continue
             try:
-                info = M.record(r.content, M.INFO, ConfigRecord)
-                cid = str(info[M.F_CLIENT_ID])
+                cid, _, _ = read_query_reply(r)
+            except SiteRefusal as e:  # the site's own check, by its client id with its reason
+                if e.client in self.spec.splits:
+                    self._issue(self.refused, e.client, f"its data does not fit the model: {e}", "REFUSED")
+                continue
             except BAD_REPLY as e:
                 self._issue(self.refused, f"node {node}", f"malformed reply: {e}", "REFUSED")
                 continue
             if cid not in self.spec.splits:
                 self.log(f"{cid} (node {node}) is not asked to evaluate")
-            elif M.F_REFUSAL in info:
-                self._issue(self.refused, cid, f"its data does not fit the model: {info[M.F_REFUSAL]!s}", "REFUSED")
             elif cid in node_of:
                 self._issue(self.refused, cid, f"answered from two SuperNodes ({node_of[cid]}, {node})", "REFUSED")
                 node_of.pop(cid)
