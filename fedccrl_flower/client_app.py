@@ -188,3 +188,6 @@ def _train(msg: Message, context: Context) -> Message:
 @app.evaluate()
 def _evaluate(msg: Message, context: Context) -> Message:
     return handle_evaluate(msg, context)
+
+
+from fedccrl_flower import site_eval_client  # noqa: E402,F401  # registers the evaluation-only run's two actions

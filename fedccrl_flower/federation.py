@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation.fsio import write_text
 from fedccrl_core.foundation.procs import guarded
@@ -16,6 +17,9 @@ from fedccrl_flower import messages as M
 from fedccrl_flower.node_config import node_config_arg
 from fedccrl_flower.processes import BIN, FlowerRunError, Proc, flower_env, free_port, stop_all, wait_http
 from fedccrl_flower.spec import ServerSpec
+
+if TYPE_CHECKING:
+    from fedccrl_flower.site_evaluation import SiteEvalSpec
 
 APP_DIR = Path(__file__).resolve().parent / "app"  # the Flower App's pyproject.toml, installed with the package
 CONNECTION = "fedccrl"
@@ -55,9 +59,14 @@ class Federation:
         )
 
     def submit(
-        self, spec: ServerSpec, run_config: dict | None = None, federation_config: str = "", app_dir: Path = APP_DIR
+        self,
+        spec: ServerSpec | SiteEvalSpec,
+        run_config: dict | None = None,
+        federation_config: str = "",
+        app_dir: Path = APP_DIR,
     ) -> int:
-        """`flwr run <app_dir> <connection> --run-config <toml>`: the spec travels in the run config."""
+        """`flwr run <app_dir> <connection> --run-config <toml>`: the spec (a training's, or an evaluation-only run's
+        with its RUN_TASK in `run_config`) travels in the run config."""
         import tomli_w
 
         cfg = {M.RUN_SPEC: spec.to_json(), **(run_config or {})}

@@ -12,6 +12,8 @@ Record keys (RecordDict content):
            client -> server   INFO, WEIGHTS, METRICS (MetricRecord)
     EVALUATE server -> client CONFIG, WEIGHTS
            client -> server   INFO, EVAL (ConfigRecord: the counts below)
+    SITE_EVAL_QUERY server -> client  CONFIG;  client -> server INFO (client id, or its REFUSAL)
+    SITE_EVAL       server -> client  CONFIG (with SPLIT), WEIGHTS;  client -> server INFO, EVAL
 
 Every array that arrives is checked before use (`record_to_arrays`, `validate_weights`,
 `validate_upload`): declared vs. decoded dtype/shape, the expected keys/shapes/dtypes, and
@@ -36,6 +38,11 @@ from fedccrl_flower import node_config
 QUERY = MessageType.QUERY
 TRAIN = MessageType.TRAIN
 EVALUATE = MessageType.EVALUATE
+# an evaluation-only run (site_evaluation.py): a named action of QUERY (does this site's data fit the model?) and of
+# EVALUATE (the model's weights -> this site's counts), routed to the ClientApp's handlers of that name
+SITE_EVAL_ACTION = "site_eval"
+SITE_EVAL_QUERY = f"{QUERY}.{SITE_EVAL_ACTION}"
+SITE_EVAL = f"{EVALUATE}.{SITE_EVAL_ACTION}"
 
 # ---- record keys inside Message.content ---------------------------------------------------------
 CONFIG, INFO, UPLOAD = contract.MSG_CONFIG, contract.MSG_INFO, contract.MSG_UPLOAD
@@ -54,6 +61,7 @@ F_VAL_CORRECT = "val-correct"  # of them, predicted correctly by the global mode
 F_VAL_PREDICTED = "val-predicted"  # val images the global model predicts as k
 F_TARGET_N = "target-n"  # the site's images of the held-out domain (an int)
 F_TARGET_CORRECT = "target-correct"  # of them, predicted correctly (an int)
+F_SPLIT = "split"  # in a SITE_EVAL config: the images the site counts, "val" | "all" (train + val)
 F_SKIP_UPLOAD = "skip-upload"  # in QUERY config: client ids whose upload the server does not need (JSON list)
 
 # ---- keys of Context.state on a SuperNode (ClientState, never sent) ------------------------------
@@ -69,6 +77,8 @@ NODE_POOLS = node_config.NODE_POOLS
 NODE_STATE_DIR = node_config.NODE_STATE_DIR
 NODE_DEVICE = node_config.NODE_DEVICE
 RUN_SPEC = "spec"  # run config: the server spec (JSON)
+RUN_TASK = "task"  # run config: what the ServerApp runs; TASK_SITE_EVAL, or absent: a training
+TASK_SITE_EVAL = "evaluate-sites"  # RUN_SPEC then holds a SiteEvalSpec (site_evaluation.py)
 RUN_SHARDS = "shards"  # run config fallbacks for simulation (one filesystem)
 RUN_POOLS = "pools"
 RUN_STATE_DIR = "client-state-dir"

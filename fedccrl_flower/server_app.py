@@ -240,6 +240,11 @@ class FlowerServer:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    if context.run_config.get(M.RUN_TASK) == M.TASK_SITE_EVAL:  # an evaluation-only run: no training
+        from fedccrl_flower.site_evaluation import serve_site_evaluation
+
+        serve_site_evaluation(grid, context)
+        return
     raw = context.run_config.get(M.RUN_SPEC, "")
     if not raw:
         print(

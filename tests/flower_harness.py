@@ -151,8 +151,10 @@ class LoopbackGrid:
         from flwr.common.constant import ErrorCode
 
         from fedccrl_flower.client_app import handle_evaluate, handle_query, handle_train
+        from fedccrl_flower.site_eval_client import handle_site_evaluate, handle_site_query
 
         handlers = {M.QUERY: handle_query, M.TRAIN: handle_train, M.EVALUATE: handle_evaluate}
+        handlers.update({M.SITE_EVAL_QUERY: handle_site_query, M.SITE_EVAL: handle_site_evaluate})
 
         out = []
         for mid in list(message_ids):

@@ -73,6 +73,12 @@ def _federate() -> click.Command:
     return federate.command
 
 
+def _evaluate_sites() -> click.Command:
+    from fedccrl_pipeline import evaluate_sites
+
+    return evaluate_sites.command
+
+
 def _site() -> click.Command:
     from fedccrl_pipeline import site
 
@@ -97,6 +103,7 @@ STAGES: dict[str, Callable[[], click.Command]] = {
     "export": _export,
     "audit": _audit,
     "federate": _federate,  # the operator's run over a deployment (docs/flower.md): deploy/dvc.yaml's stage
+    "evaluate-sites": _evaluate_sites,  # a trained model at each site, without training: deploy/dvc.yaml's stage
 }
 # commands that are not pipeline stages (no dvc.yaml stage runs them), as above
 COMMANDS = {**STAGES, "site": _site, "federation": _federation}
