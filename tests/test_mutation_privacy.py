@@ -431,3 +431,21 @@ def test_before_round_charges_the_announced_sizes_not_their_upper_bound():
     run.before_round(1, {}, 100, 1)
     with pytest.raises(BudgetExhausted):
         run.before_round(1, {}, 0, 0)
+
+
+def test_each_release_is_kept_then_handed_on_as_charged():
+    """keep(state()) and on_release(release) at every release, in that order (the ledger file, then the study's):
+    the release as [channel, round, population, sample, z], the worst client's ratio for the statistics."""
+    s = settings(stats_noise_multiplier=1.1, weights_noise_multiplier=2.2, delta=1e-5)
+    run = A.RunPrivacy(s)
+    seen: list = []
+    run.keep = lambda state: seen.append(("keep", len(state)))
+    run.on_release = lambda release: seen.append(("release", release))
+    run.statistics(3, {"a": (40, 4), "b": (20, 4)})
+    run.weights(3, 6, 2)
+    assert seen == [
+        ("keep", 1),
+        ("release", [A.STATISTICS, 3, 20, 4, 1.1]),
+        ("keep", 2),
+        ("release", [A.WEIGHTS, 3, 6, 2, 1.1]),
+    ]
