@@ -227,7 +227,7 @@ def test_bad_input_is_refused_before_the_superlink_hears_of_it(federation, tmp_p
     assert code == 2 and "give --models" in text
     assert not submitted and not out.exists()
     from fedccrl_flower.sites import read_federation
-    from fedccrl_pipeline.evaluate_sites import choose_splits
+    from fedccrl_pipeline.site_splits import choose_splits
 
     fed = read_federation(t["federation"])
     with pytest.raises(ValueError, match=r"--split all: the model trained under train.privacy on art_c0, "):

@@ -28,46 +28,21 @@ from typing import TYPE_CHECKING
 
 import click
 
-from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import DataError, FedCCRLError
+from fedccrl_pipeline.site_splits import SPLITS, choose_splits, trained_sites
+from fedccrl_pipeline.sites_mlflow import log_to_mlflow
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 if TYPE_CHECKING:
-    from fedccrl_core.federation.history import RunHistory
     from fedccrl_core.learning.model_meta import ModelMeta
     from fedccrl_core.outcomes.site_scores import SitesEvaluated
     from fedccrl_flower.sites import FederationFile
 
-SPLITS = ("auto", "all", "val")
 JSON_FILE, MARKDOWN_FILE = "sites.json", "sites.md"
 
 
 class SitesMissing(FedCCRLError):
     """The evaluation finished (its outputs are written) with a site refused or dropped."""
-
-
-def trained_sites(history: RunHistory, fed: FederationFile, held_out: str) -> set[str]:
-    """The client ids that trained the model: named in its records, else the federation's sources."""
-    prefix = contract.client_train_acc("")
-    named = {k[len(prefix) :] for r in history.rounds for k in r.model_extra or {} if k.startswith(prefix)}
-    return named or set(fed.sources(held_out))
-
-
-def choose_splits(fed: FederationFile, sites: str, split: str, trained: set[str], private: bool, where: Path) -> dict:
-    """{client id: "val" | "all"} of the sites asked; ValueError naming the site or the rule before any work."""
-    known = [s.id for s in fed.sites]
-    asked = [s.strip() for s in sites.split(",") if s.strip()] if sites else known
-    unknown = [s for s in asked if s not in known]
-    if unknown:
-        raise ValueError(f"--sites: {', '.join(unknown)} not among the sites of {where} ({', '.join(known)})")
-    splits = {c: ("val" if c in trained else "all") if split == "auto" else split for c in asked}
-    exposed = [c for c, s in splits.items() if s == "all" and c in trained]
-    if private and exposed:
-        raise ValueError(
-            f"--split all: the model trained under train.privacy on {', '.join(exposed)}, whose training images "
-            "would be counted exactly, outside epsilon (docs/privacy.md); use --split auto or val"
-        )
-    return splits
 
 
 def site_eval_spec(meta: ModelMeta, model_file: Path, fed: FederationFile, splits: dict, cfg, work: Path):
@@ -134,44 +109,6 @@ def scored(outcome, meta: ModelMeta, model_file: Path, fed: FederationFile, spli
         refused=[SiteProblem(client=p.client, reason=p.reason) for p in outcome.refused],
         dropped=[SiteProblem(client=p.client, reason=p.reason) for p in outcome.dropped],
     )
-
-
-def log_to_mlflow(result: SitesEvaluated, meta: ModelMeta, files: list[Path], dataset: str) -> str:
-    """One MLflow run in the model's experiment (fedccrl-<dataset>-evaluate-sites when the store lacks the model's run), tagged
-    with the model's MLflow run id and run key; each site's and domain's accuracy, n and 95 % interval."""
-    from fedccrl_pipeline.mlflow_store import find_run, mlflow_module, set_experiment
-
-    mlflow = mlflow_module()
-    model_run = find_run(mlflow, meta.mlflow_run_id) if meta.mlflow_run_id else None
-    if model_run is not None:  # the model's experiment, as its own run says (an id alone may be another store's)
-        exp_id = model_run.info.experiment_id
-    else:
-        name = f"fedccrl-{dataset}-evaluate-sites"
-        print(
-            f"evaluate-sites: the model's MLflow run {meta.mlflow_run_id or '(none)'} is not in the tracking store "
-            f"{mlflow.get_tracking_uri()}: logged to experiment {name}",
-            file=sys.stderr,
-        )
-        exp_id = set_experiment(name).experiment_id
-    tags = {"fedccrl.stage": "evaluate-sites", "fedccrl.run_key": meta.params_hash or ""}
-    if meta.mlflow_run_id:
-        tags["fedccrl.model_run_id"] = meta.mlflow_run_id
-    metrics: dict[str, float] = {"sites_refused": len(result.refused), "sites_dropped": len(result.dropped)}
-    rows = [(f"site/{s.client}", s.score) for s in result.sites] + [
-        (f"domain/{d.domain}", d.score) for d in result.domains
-    ]
-    for name, s in [*rows, ("pooled", result.pooled)]:
-        metrics[f"{name}/n"] = s.n
-        if s.accuracy is not None and s.ci95 is not None:
-            metrics.update({f"{name}/acc": s.accuracy, f"{name}/ci95_low": s.ci95[0], f"{name}/ci95_high": s.ci95[1]})
-    client = mlflow.MlflowClient()
-    run = client.create_run(exp_id, tags=tags, run_name=f"evaluate-sites {meta.algorithm} {meta.held_out_domain}")
-    for k, v in metrics.items():
-        client.log_metric(run.info.run_id, k, float(v))
-    for f in files:
-        client.log_artifact(run.info.run_id, str(f), artifact_path="evaluate-sites")
-    client.set_terminated(run.info.run_id)
-    return run.info.run_id
 
 
 def report_missing(result: SitesEvaluated, allow: bool) -> None:
