@@ -20,8 +20,8 @@ from fedccrl_core.federation.history import RunHistory, RunPrivacySummary
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning.model_meta import ModelMeta
 from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored, Selections, write_result
+from fedccrl_core.outcomes.intervals import wilson_interval
 from fedccrl_pipeline.card_privacy import QUOTES
-from fedccrl_pipeline.card_tables import wilson_interval
 from fedccrl_pipeline.model_card import CardRecords, SweepEpsilon, render
 from fedccrl_serving.cli import main as serve
 

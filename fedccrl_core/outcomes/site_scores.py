@@ -13,29 +13,17 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.foundation.fsio import write_text
 from fedccrl_core.foundation.records import Record, parse_record
+from fedccrl_core.outcomes.intervals import wilson_interval
 
-Z95 = 1.959963984540054  # the standard normal's 97.5 % quantile: a two-sided 95 % interval
 
-
-def wilson(correct: int, n: int, z: float = Z95) -> list[float] | None:
-    """The Wilson score interval of a proportion p = correct / n (Wilson 1927):
-        centre = (p + z²/(2n)) / (1 + z²/n)
-        half   = z / (1 + z²/n) * sqrt(p (1 - p) / n + z² / (4 n²))
-        [centre - half, centre + half]
-    None for n = 0 (no images: no accuracy)."""
-    if n == 0:
-        return None
-    p, z2 = correct / n, z * z
-    denom = 1 + z2 / n
-    centre = (p + z2 / (2 * n)) / denom
-    half = z / denom * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n))
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+def wilson(correct: int, n: int) -> list[float] | None:
+    """The 95 % Wilson score interval of correct / n (intervals.py), None for n = 0 (no images: no accuracy)."""
+    return None if n == 0 else list(wilson_interval(correct, n))
 
 
 class ClassScore(Record):

@@ -1,24 +1,9 @@
 """The model card's Markdown tables, and its accuracy rows: each accuracy with its count and a 95 % Wilson score
-interval computed from it (`wilson_interval`)."""
+interval computed from it (fedccrl_core/outcomes/intervals.py `wilson_interval`)."""
 
 from __future__ import annotations
 
-import math
-from statistics import NormalDist
-
-Z95 = NormalDist().inv_cdf(0.975)  # the two-sided 95 % normal quantile, 1.95996...
-
-
-def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson's score interval for a proportion correct/n (Wilson 1927, J. Am. Stat. Assoc. 22, eq. for the limits of
-    p): (p + z²/2n ± z sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n)."""
-    if n <= 0 or not 0 <= correct <= n:
-        raise ValueError(f"wilson_interval: {correct} correct of {n}")
-    p = correct / n
-    denom = 1 + z * z / n
-    center = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, center - half), min(1.0, center + half)
+from fedccrl_core.outcomes.intervals import wilson_interval
 
 
 def correct_of(accuracy: float, n: int) -> int | None:
