@@ -411,3 +411,62 @@ def test_serve_info_says_where_the_card_is(evaluated_export, tmp_path):
     r = CliRunner().invoke(serve, ["info", str(tmp_path / "model.onnx")], catch_exceptions=False)
     assert r.exit_code == 0 and json.loads(r.stdout)["model_card"] is None
     assert f"no model card beside {tmp_path / 'model.onnx'}" in r.stderr
+
+
+# ------------------------------------------------------------------ the sites' evaluation (fedccrl evaluate-sites)
+
+
+def _sites_evaluated(meta: ModelMeta):
+    from fedccrl_core.outcomes.site_scores import SiteProblem, SiteScore, SitesEvaluated, by_domain, pooled, score
+
+    sites = [
+        SiteScore(client="art_c0", domain="art", split="val", score=score([4, 3, 5], [3, 1, 5], [4, 2, 6], CLASSES)),
+        SiteScore(
+            client="sketch_c0", domain="sketch", split="all", score=score([20, 17, 9], [11, 9, 2], [25, 15, 6], CLASSES)
+        ),
+    ]
+    return SitesEvaluated(
+        model="models/fedccrl/s2/d3/model.pt",
+        run_key=meta.params_hash,
+        mlflow_run_id=meta.mlflow_run_id,
+        algorithm=meta.algorithm,
+        held_out_domain=meta.held_out_domain,
+        classes=CLASSES,
+        split="auto",
+        sites=sites,
+        domains=by_domain(sites, CLASSES),
+        pooled=pooled([s.score for s in sites], CLASSES),
+        refused=[SiteProblem(client="cartoon_c0", reason="classes differ")],
+        dropped=[],
+    )
+
+
+def test_the_cards_sites_evaluation_is_each_sites_counts():
+    meta = _meta()
+    card = sections(render(_records(meta=meta, sites=_sites_evaluated(meta))))
+    rows = {r["measure"]: r for r in tables(card["The sites' evaluation"])[0]}
+    for what, correct, n in [
+        ("site art_c0 (art, val)", 9, 12),
+        ("site sketch_c0 (sketch, all)", 22, 46),
+        ("domain art", 9, 12),
+        ("domain sketch", 22, 46),
+        ("all sites pooled", 31, 58),
+    ]:
+        check_accuracy_row(rows[what], correct / n, n)
+    assert "Not evaluated: cartoon_c0 refused: classes differ." in card["The sites' evaluation"]
+    assert "The sites' evaluation" not in sections(render(_records()))  # no evaluation ran: no section
+
+
+def test_a_sites_evaluation_of_another_model_is_refused_naming_it(evaluated_export, shards, tmp_path):
+    from fedccrl_core.outcomes.site_scores import write_scores
+
+    _d, run, _out, _result = evaluated_export
+    meta = _load_meta(run / contract.MODEL_FILE)
+    path = write_scores(_sites_evaluated(meta).model_copy(update={"run_key": "another"}), tmp_path / "sites.json")
+    res = run_export(run, shards, tmp_path / "out", "--no-mlflow", "--sites-evaluation", path)
+    assert res.exit_code == 2 and str(path) in res.stderr and "'another'" in res.stderr, res.stderr
+    assert leftovers(tmp_path / "out") == set()
+    good = write_scores(_sites_evaluated(meta), tmp_path / "good" / "sites.json")
+    res = run_export(run, shards, tmp_path / "out", "--no-mlflow", "--sites-evaluation", good.parent)
+    assert res.exit_code == 0, res.stderr
+    assert "site sketch_c0 (sketch, all)" in (tmp_path / "out" / "MODEL_CARD.md").read_text()

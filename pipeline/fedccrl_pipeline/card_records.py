@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from fedccrl_core.data.manifest import ShardManifest
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_core.outcomes.evaluated import EvaluatedRun
+    from fedccrl_core.outcomes.site_scores import SitesEvaluated
     from fedccrl_flower.sites import FederationFile
 
 # what a run's records must agree on with the model they describe
@@ -43,11 +44,21 @@ class CardSources:
     federation: FederationFile | None
     dataset_hash: tuple[str, str]
     sweep: SweepEpsilon
+    sites: SitesEvaluated | None = None
 
     def records(self, meta: ModelMeta, parity: dict) -> CardRecords:
         s = self
         return CardRecords(
-            meta, s.history, parity, s.evaluated, s.evaluated_note, s.manifest, s.federation, s.dataset_hash, s.sweep
+            meta,
+            s.history,
+            parity,
+            s.evaluated,
+            s.evaluated_note,
+            s.manifest,
+            s.federation,
+            s.dataset_hash,
+            s.sweep,
+            s.sites,
         )
 
 
@@ -119,10 +130,28 @@ def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):
     return manifest, None, (f"the shard manifest {MANIFEST}", sha256_of(shards / MANIFEST))
 
 
+def _sites_evaluated(path: Path, meta: ModelMeta) -> SitesEvaluated:
+    """`fedccrl evaluate-sites`' result (sites.json, or its folder) of this model: DataError naming the file when it
+    is another model's."""
+    from fedccrl_core.outcomes.site_scores import load_scores
+
+    path = path / "sites.json" if path.is_dir() else path
+    result = load_scores(path)
+    _same_run(meta, {"params_hash": result.run_key, "algorithm": result.algorithm}, path)
+    _same_run(meta, {"held_out_domain": result.held_out_domain, "mlflow_run_id": result.mlflow_run_id}, path)
+    return result
+
+
 def read_sources(
-    model_path: Path, shards: Path, results: Path | None, federation: Path | None, use_mlflow: bool
+    model_path: Path,
+    shards: Path,
+    results: Path | None,
+    federation: Path | None,
+    use_mlflow: bool,
+    sites: Path | None = None,
 ) -> CardSources:
-    """The card's records of the run whose model file is `model_path` (in its run folder beside history.json)."""
+    """The card's records of the run whose model file is `model_path` (in its run folder beside history.json);
+    `sites`: `fedccrl evaluate-sites`' result of the model (its sites.json or folder), if one ran."""
     from fedccrl_core.federation.history import load_history
     from fedccrl_core.learning.model_file import load_meta
 
@@ -134,4 +163,5 @@ def read_sources(
     manifest, fed, dataset_hash = _training_data(shards, federation, meta)
     private = history.dp is not None and history.dp.mark is None and meta.privacy is None
     sweep = sweep_epsilon(meta, private, use_mlflow)
-    return CardSources(history, evaluated, note, manifest, fed, dataset_hash, sweep)
+    evaluated_at_sites = _sites_evaluated(sites, meta) if sites is not None else None
+    return CardSources(history, evaluated, note, manifest, fed, dataset_hash, sweep, evaluated_at_sites)

@@ -37,4 +37,12 @@ def acc_row(what: str, accuracy: float, n: int) -> tuple:
     return (what, pct(accuracy), k, n, f"{pct(lo)} – {pct(hi)}")
 
 
+def count_row(what: str, correct: int, n: int) -> tuple:
+    """One row of ACC_HEADER from the counts themselves."""
+    if n == 0:
+        return (what, "no images", 0, 0, "not computed")
+    lo, hi = wilson_interval(correct, n)
+    return (what, pct(correct / n), correct, n, f"{pct(lo)} – {pct(hi)}")
+
+
 ACC_HEADER = ("measure", "accuracy", "correct", "images", "95 % interval (Wilson)")

@@ -31,17 +31,17 @@ def export(
     int8: Int8Settings | None = None,
     results: Path | None = None,
     federation: Path | None = None,
+    sites: Path | None = None,
 ) -> dict:
-    """One run's export. results: the evaluate stage's root (the run's result, contract.result_file, goes into the
-    card when present); federation: a deployment's federation file (the card's training data, instead of the
-    shards' manifest)."""
+    """One run's export; into its card: results, the evaluate stage's root (the run's contract.result_file), federation,
+    a deployment's federation file (the training data), sites, `fedccrl evaluate-sites`' result of the model."""
     from fedccrl_pipeline import checked_export
     from fedccrl_pipeline.card_records import read_sources
     from fedccrl_pipeline.model_card import render
     from fedccrl_pipeline.model_registry import log_to_mlflow
 
     def card_maker(model_file: Path):
-        sources = read_sources(model_file, shards, results, federation, use_mlflow)
+        sources = read_sources(model_file, shards, results, federation, use_mlflow, sites)
         return lambda meta, result: render(sources.records(meta, result))
 
     def publish(onnx_path, meta, result, example_u8, card_text):
@@ -164,14 +164,20 @@ def export_sweep(
     "--results",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="the evaluate stage's results root: each run's result goes into its model card (absent: the card's "
-    "accuracy is the export's parity check only)",
+    help="the evaluate stage's results root: each run's result goes into its card (else: the parity check only)",
 )
 @click.option(
     "--federation",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
     help="a deployment's federation file: the model card's training data (the sites), instead of the shards'",
+)
+@click.option(
+    "--sites-evaluation",
+    "sites",
+    type=click.Path(exists=True, path_type=Path),
+    default=None,
+    help="fedccrl evaluate-sites' result of the model (sites.json or its folder): the card's sites' evaluation",
 )
 @click.option(
     "--registered-model", default=None, help="MLflow registered model name [default: fedccrl-<dataset>-<algorithm>]"
@@ -198,16 +204,16 @@ def command(
     int8_calibration_images,
     results,
     federation,
+    sites,
     registered_model,
     alias,
     use_mlflow,
 ):
-    """Export trained models to ONNX with a model card, check parity on the held-out domain, register them in
-    MLflow."""
+    """Export trained models to ONNX with a model card, check parity on the held-out domain, register in MLflow."""
     if (model_path is None) == (models is None):
         raise click.UsageError("give exactly one of --model and --models")
-    if federation is not None and models is not None:
-        raise click.UsageError("--federation is a deployment's, whose export takes one --model")
+    if (federation is not None or sites is not None) and models is not None:
+        raise click.UsageError("--federation and --sites-evaluation are one run's: give one --model")
     int8_settings = Int8Settings(int8_calibration_images, int8_max_drop) if int8 else None
     # SIGTERM ends the stage as SystemExit (run_stage), so the finally blocks remove the temporary files
     if models is not None:
@@ -240,4 +246,5 @@ def command(
             int8_settings,
             results,
             federation,
+            sites,
         )

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedccrl_pipeline.card_privacy import PRIVACY_DOC, QUOTES, privacy_section
-from fedccrl_pipeline.card_tables import ACC_HEADER, acc_row, pct, table
+from fedccrl_pipeline.card_tables import ACC_HEADER, acc_row, count_row, pct, table
 
 if TYPE_CHECKING:
     from fedccrl_core.data.manifest import ShardManifest
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_core.learning.model_meta import ModelMeta
     from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored
+    from fedccrl_core.outcomes.site_scores import SitesEvaluated
     from fedccrl_flower.sites import FederationFile
 
 
@@ -49,6 +50,7 @@ class CardRecords:
     federation: FederationFile | None
     dataset_hash: tuple[str, str]  # (what was hashed, sha256)
     sweep: SweepEpsilon
+    sites: SitesEvaluated | None = None  # `fedccrl evaluate-sites`' result of this model, if one ran
 
 
 def _model(r: CardRecords) -> list[str]:
@@ -164,6 +166,28 @@ def _accuracy(r: CardRecords) -> list[str]:
     return out
 
 
+def _sites(r: CardRecords) -> list[str]:
+    """The sites' evaluation of this model (`fedccrl evaluate-sites`), when one ran: per site, per domain, pooled."""
+    ev = r.sites
+    if ev is None:
+        return []
+    out = [
+        "## The sites' evaluation",
+        "",
+        f"`fedccrl evaluate-sites` (split {ev.split}: a site that trained the model counts its val split, any other "
+        "site its whole folder), from each site's counts.",
+        "",
+    ]
+    rows = [count_row(f"site {s.client} ({s.domain}, {s.split})", s.score.correct, s.score.n) for s in ev.sites]
+    rows += [count_row(f"domain {d.domain}", d.score.correct, d.score.n) for d in ev.domains]
+    rows.append(count_row("all sites pooled", ev.pooled.correct, ev.pooled.n))
+    out += table(ACC_HEADER, rows)
+    missing = [f"{p.client} refused: {p.reason}" for p in ev.refused] + [
+        f"{p.client} dropped: {p.reason}" for p in ev.dropped
+    ]
+    return out + ([f"Not evaluated: {'; '.join(missing)}.", ""] if missing else [])
+
+
 def _provenance(r: CardRecords) -> list[str]:
     m = r.meta
     what, sha = r.dataset_hash
@@ -211,5 +235,5 @@ def render(r: CardRecords) -> str:
         "result, parity.json, the training data's manifest); re-export to change it.",
         "",
     ]
-    parts = [head, _model(r), _data(r), _accuracy(r), privacy_section(r), _provenance(r), _limits(r)]
+    parts = [head, _model(r), _data(r), _accuracy(r), _sites(r), privacy_section(r), _provenance(r), _limits(r)]
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
