@@ -27,9 +27,8 @@ from fedccrl_core.foundation.errors import FedCCRLError
 from fedccrl_core.learning.model_file import ModelMeta, save_model
 from fedccrl_core.learning.models import build_model
 from fedccrl_pipeline import checked_export, onnx_export, onnx_parity
-from fedccrl_pipeline.card_records import sweep_epsilon
+from fedccrl_pipeline.card_records import SweepEpsilon, sweep_epsilon
 from fedccrl_pipeline.export import command
-from fedccrl_pipeline.model_card import SweepEpsilon
 from fedccrl_pipeline.model_registry import SERVING_PACKAGES, log_to_mlflow, sanitize
 from fedccrl_pipeline.onnx_export import export_onnx, metadata_props
 from fedccrl_serving.metadata import parse_metadata

@@ -22,7 +22,8 @@ from fedccrl_core.learning.model_meta import ModelMeta
 from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored, Selections, write_result
 from fedccrl_core.outcomes.intervals import wilson_interval
 from fedccrl_pipeline.card_privacy import QUOTES
-from fedccrl_pipeline.model_card import CardRecords, SweepEpsilon, render
+from fedccrl_pipeline.card_records import CardRecords, SweepEpsilon
+from fedccrl_pipeline.model_card import render
 from fedccrl_serving.cli import main as serve
 
 REPO = Path(__file__).resolve().parents[1]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from fedccrl_pipeline.card_tables import table
 
 if TYPE_CHECKING:
-    from fedccrl_pipeline.model_card import CardRecords
+    from fedccrl_pipeline.card_records import CardRecords
 
 PRIVACY_DOC = "docs/privacy.md"
 

@@ -1,4 +1,4 @@
-"""The records a model card is made from (pipeline/fedccrl_pipeline/model_card.py `CardRecords`), read and checked
+"""The records a model card is made from (`CardRecords`, which model_card.py renders), read and checked
 before `fedccrl export` does any work: the run's history.json, the evaluate stage's result of the run
 (contract.result_file under --results; absent: the card says its accuracy is the export's parity check only), the
 training data (the shards' manifest, or a deployment's federation file with --federation) and its sha256, and the
@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.learning.model_meta import ModelMeta
-from fedccrl_pipeline.model_card import CardRecords, SweepEpsilon
 
 if TYPE_CHECKING:
     from fedccrl_core.data.manifest import ShardManifest
@@ -23,6 +22,35 @@ if TYPE_CHECKING:
     from fedccrl_core.outcomes.evaluated import EvaluatedRun
     from fedccrl_core.outcomes.site_scores import SitesEvaluated
     from fedccrl_flower.sites import FederationFile
+
+
+@dataclass(frozen=True)
+class SweepEpsilon:
+    """The sweep's ε per image (the MLflow parent's dp_epsilon_sweep_per_image), or why it is not known here."""
+
+    value: float | None
+    runs: int | None = None  # how many finished runs it composes
+    why_not: str = ""
+
+
+@dataclass(frozen=True)
+class CardRecords:
+    """What a card is made from: the exported model's meta, the run's history, the export's parity figures
+    (parity.json, with "int8" when the copy was written), the evaluate stage's result (None: `evaluated_note` says
+    why), the training data (the research pipeline's shard manifest, or a deployment's federation file) and the
+    dataset's hash, and the sweep's ε per image."""
+
+    meta: ModelMeta
+    history: RunHistory
+    parity: dict
+    evaluated: EvaluatedRun | None
+    evaluated_note: str  # where the result was read, or why there is none
+    manifest: ShardManifest | None
+    federation: FederationFile | None
+    dataset_hash: tuple[str, str]  # (what was hashed, sha256)
+    sweep: SweepEpsilon
+    sites: SitesEvaluated | None = None  # `fedccrl evaluate-sites`' result of this model, if one ran
+
 
 # what a run's records must agree on with the model they describe
 SAME_RUN = ("dataset", "algorithm", "seed", "held_out_domain", "params_hash", "mlflow_run_id")

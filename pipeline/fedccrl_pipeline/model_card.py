@@ -10,7 +10,6 @@ still in the doc, word for word)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedccrl_pipeline.card_privacy import PRIVACY_DOC, QUOTES, privacy_section
@@ -18,39 +17,9 @@ from fedccrl_pipeline.card_tables import ACC_HEADER, acc_row, count_row, pct, ta
 
 if TYPE_CHECKING:
     from fedccrl_core.data.manifest import ShardManifest
-    from fedccrl_core.federation.history import RunHistory
-    from fedccrl_core.learning.model_meta import ModelMeta
-    from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored
-    from fedccrl_core.outcomes.site_scores import SitesEvaluated
+    from fedccrl_core.outcomes.evaluated import Scored
     from fedccrl_flower.sites import FederationFile
-
-
-@dataclass(frozen=True)
-class SweepEpsilon:
-    """The sweep's ε per image (the MLflow parent's dp_epsilon_sweep_per_image), or why it is not known here."""
-
-    value: float | None
-    runs: int | None = None  # how many finished runs it composes
-    why_not: str = ""
-
-
-@dataclass(frozen=True)
-class CardRecords:
-    """What a card is made from: the exported model's meta, the run's history, the export's parity figures
-    (parity.json, with "int8" when the copy was written), the evaluate stage's result (None: `evaluated_note` says
-    why), the training data (the research pipeline's shard manifest, or a deployment's federation file) and the
-    dataset's hash, and the sweep's ε per image."""
-
-    meta: ModelMeta
-    history: RunHistory
-    parity: dict
-    evaluated: EvaluatedRun | None
-    evaluated_note: str  # where the result was read, or why there is none
-    manifest: ShardManifest | None
-    federation: FederationFile | None
-    dataset_hash: tuple[str, str]  # (what was hashed, sha256)
-    sweep: SweepEpsilon
-    sites: SitesEvaluated | None = None  # `fedccrl evaluate-sites`' result of this model, if one ran
+    from fedccrl_pipeline.card_records import CardRecords
 
 
 def _model(r: CardRecords) -> list[str]:
