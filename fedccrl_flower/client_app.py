@@ -19,25 +19,20 @@ the statistics noise come from the OS instead (fedccrl_core/privacy/noise.py), a
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.loop import nbytes
 from fedccrl_core.foundation import contract
-from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 from fedccrl_core.learning.clients import ClientState
-from fedccrl_core.learning.models import FedModel
 from fedccrl_flower import messages as M
+from fedccrl_flower.client_setup import build_client_algorithm, device_of, read_config, say
 from fedccrl_flower.client_state import load_client_state, save_client_state
 from fedccrl_flower.site_data import (
     CACHE,
@@ -46,45 +41,12 @@ from fedccrl_flower.site_data import (
     load_client_data,
     load_eval_data,
     resolve_client_id,
-    setting,
 )
-from fedccrl_flower.spec import ClientSpec
+from fedccrl_flower.site_eval_client import handle_site_evaluate, handle_site_query
 
 app = ClientApp()
 if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower started to run this app:
     die_with_parent()  # it ends with the process that started it (fedccrl_core/foundation/procs.py), never orphaned
-
-
-def _say(msg: str, t0: float) -> None:
-    """One line in the SuperNode's log: what was done, in how long, and how old this process is
-    (in deployment Flower starts a fresh ClientApp process per message; its start-up shows here)."""
-    try:
-        import psutil
-
-        age = f", process age {time.time() - psutil.Process().create_time():.1f}s"
-    except Exception:
-        age = ""
-    print(f"{time.strftime('%H:%M:%S')} {msg} in {time.perf_counter() - t0:.1f}s (pid {os.getpid()}{age})", flush=True)
-
-
-def _device(context: Context, spec: ClientSpec) -> torch.device:
-    return resolve_device(setting(context, M.NODE_DEVICE) or spec.device)
-
-
-def build_client_algorithm(spec: ClientSpec, device: torch.device) -> tuple[Algorithm, FedModel]:
-    """The algorithm and a model of the server's architecture (weights always come from the server)."""
-    key = ("alg", spec.to_json(), str(device))
-    if key not in CACHE:
-        alg = build_algorithm(spec.algorithm, spec.local, spec.hparams)
-        model = alg.build_model(spec.backbone, spec.num_classes, "none", alg.hp).to(device)
-        CACHE[key] = (alg, model)
-    return CACHE[key]
-
-
-def read_config(msg: Message) -> tuple[ClientSpec, int, ConfigRecord]:
-    """The CONFIG record's spec (parsed and checked here, once), round and the record itself."""
-    cfg = M.record(msg.content, M.CONFIG, ConfigRecord)
-    return ClientSpec.from_json(str(cfg[M.F_SPEC]), f"CONFIG record '{M.F_SPEC}'"), int(cfg[M.F_ROUND]), cfg  # type: ignore[arg-type]  # the server's int
 
 
 # ---- the two message handlers -----------------------------------------------------------------
@@ -92,22 +54,22 @@ def handle_query(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 3-6: this client's upload (FedCCRL: ceil(r n_i) of its statistics, Eq. 8)."""
     t0 = time.perf_counter()
     spec, rnd, _ = read_config(msg)
-    device = _device(context, spec)
+    device = device_of(context, spec)
     cid = resolve_client_id(context, spec)
     try:
         held_out = check_site_data(context, spec, cid)
     except ValueError as e:  # this site's data does not fit the run: it refuses by its client id, with the reason
-        _say(f"client {cid} round {rnd}: refuses the run: {e}", t0)
+        say(f"client {cid} round {rnd}: refuses the run: {e}", t0)
         refusal = ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: str(e)})
         return Message(RecordDict({M.INFO: refusal}), reply_to=msg)
     if not is_source(context, cid, held_out):  # an evaluation-only site: n = 0, no upload
-        _say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
+        say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
     data = load_client_data(context, cid, device, held_out)
     alg, _ = build_client_algorithm(spec, device)
     skip = json.loads(str(msg.content[M.CONFIG].get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
     upload = None if cid in skip else alg.client_upload(data, numpy_rng(spec.seed, "upload", rnd, cid))
-    _say(f"client {cid} round {rnd}: upload of {nbytes(upload)} B", t0)
+    say(f"client {cid} round {rnd}: upload of {nbytes(upload)} B", t0)
     content = RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: alg.sample_count(data)})})
     if upload is not None:
         content[M.UPLOAD] = M.arrays_to_record(upload)
@@ -118,7 +80,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     """Algorithm 1 lines 8-22 with the server's global weights and this client's payload."""
     t0 = time.perf_counter()
     spec, rnd, cfg = read_config(msg)
-    device = _device(context, spec)
+    device = device_of(context, spec)
     cid = resolve_client_id(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
@@ -140,7 +102,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     reply = alg.local_train(model, data, state, global_w, payload, gen, numpy_rng(seed, "shuffle", rnd, cid))
     if not stateless:
         save_client_state(context, spec.state_key, cid, rnd, state, base)
-    _say(f"client {cid} round {rnd}: trained, {contract.reply_summary(reply.metrics)}", t0)
+    say(f"client {cid} round {rnd}: trained, {contract.reply_summary(reply.metrics)}", t0)
     content = RecordDict(
         {
             M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: int(reply.n)}),
@@ -159,7 +121,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
 
     t0 = time.perf_counter()
     spec, rnd, _ = read_config(msg)
-    device = _device(context, spec)
+    device = device_of(context, spec)
     cid = resolve_client_id(context, spec)
     held_out = check_site_data(context, spec, cid)
     val_x, val_y, target_x, target_y = load_eval_data(context, cid, device, held_out)
@@ -171,7 +133,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "global weights")
     model.load_state_dict(M.validate_weights(received, model.state_dict(), "global weights"))
     counts = site_counts(model, val_x, val_y, target_x, target_y, spec.num_classes, spec.eval_batch_size, alg.local)
-    _say(f"client {cid} round {rnd}: evaluated {len(val_y)} val and {len(target_y)} held-out images", t0)
+    say(f"client {cid} round {rnd}: evaluated {len(val_y)} val and {len(target_y)} held-out images", t0)
     return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid}), M.EVAL: counts.to_record()}), reply_to=msg)
 
 
@@ -190,4 +152,6 @@ def _evaluate(msg: Message, context: Context) -> Message:
     return handle_evaluate(msg, context)
 
 
-from fedccrl_flower import site_eval_client  # noqa: E402,F401  # registers the evaluation-only run's two actions
+# the evaluation-only run's two actions (`fedccrl evaluate-sites`: site_eval_client.py)
+app.query(M.SITE_EVAL_ACTION)(handle_site_query)
+app.evaluate(M.SITE_EVAL_ACTION)(handle_site_evaluate)

@@ -1,7 +1,7 @@
 """The ClientApp's part of an evaluation-only run (`fedccrl evaluate-sites`, site_evaluation.py): a site evaluates a
 trained model on its own images and returns counts, never images.
 
-Two named actions of the ClientApp (messages.py; client_app.py imports this module, which registers them):
+Two named actions of the ClientApp (messages.py; client_app.py registers them):
   - SITE_EVAL_QUERY: the site names itself by its client id (a training's QUERY reply with n = 0 and no upload),
     after its data check against the model (the training run's `check_site_data`: the model's classes in label
     order, its image size, the site's domain among the federation's); a site whose data does not fit refuses by its
@@ -22,7 +22,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedccrl_flower import messages as M
-from fedccrl_flower.client_app import _device, _say, app, build_client_algorithm, read_config
+from fedccrl_flower.client_setup import build_client_algorithm, device_of, read_config, say
 from fedccrl_flower.site_data import CACHE, check_site_data, resolve_client_id, shards_dir
 
 SPLITS = ("val", "all")  # what a site counts: its val split, or its whole folder (train + val)
@@ -42,7 +42,6 @@ def site_images(shards: str, cid: str, split: str, device: torch.device) -> tupl
     return d.train_x, d.train_y
 
 
-@app.query(M.SITE_EVAL_ACTION)
 def handle_site_query(msg: Message, context: Context) -> Message:
     """Who this site is, and whether its data fits the model (its refusal otherwise, by its client id)."""
     t0 = time.perf_counter()
@@ -51,13 +50,12 @@ def handle_site_query(msg: Message, context: Context) -> Message:
     try:
         check_site_data(context, spec, cid)
     except ValueError as e:  # as a training's QUERY refuses (replies.py SiteRefusal): by client id, with the reason
-        _say(f"client {cid}: refuses the evaluation: {e}", t0)
+        say(f"client {cid}: refuses the evaluation: {e}", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: str(e)})}), reply_to=msg)
-    _say(f"client {cid}: takes part in the evaluation of run {spec.run_key}", t0)
+    say(f"client {cid}: takes part in the evaluation of run {spec.run_key}", t0)
     return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
 
 
-@app.evaluate(M.SITE_EVAL_ACTION)
 def handle_site_evaluate(msg: Message, context: Context) -> Message:
     """The model's weights on this site's images of the split the server chose: counts."""
     from fedccrl_flower.evalsets import site_counts
@@ -68,7 +66,7 @@ def handle_site_evaluate(msg: Message, context: Context) -> Message:
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
     check_site_data(context, spec, cid)
-    device = _device(context, spec)
+    device = device_of(context, spec)
     x, y = site_images(shards_dir(context), cid, str(cfg[M.F_SPLIT]), device)
     alg, _ = build_client_algorithm(spec, device)
     key = ("site-eval-model", spec.to_json(), str(device))
@@ -78,5 +76,5 @@ def handle_site_evaluate(msg: Message, context: Context) -> Message:
     received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "model weights")
     model.load_state_dict(M.validate_weights(received, model.state_dict(), "model weights"))
     counts = site_counts(model, x, y, x[:0], y[:0], spec.num_classes, spec.eval_batch_size, alg.local)
-    _say(f"client {cid}: evaluated the model on {len(y)} images ({cfg[M.F_SPLIT]!s})", t0)
+    say(f"client {cid}: evaluated the model on {len(y)} images ({cfg[M.F_SPLIT]!s})", t0)
     return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid}), M.EVAL: counts.to_record()}), reply_to=msg)
