@@ -98,7 +98,7 @@ def sweep_epsilon(meta: ModelMeta, private: bool, use_mlflow: bool) -> SweepEpsi
     return SweepEpsilon(metrics[contract.DP_EPSILON_SWEEP], int(runs) if runs is not None else None)
 
 
-def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):
+def _training_data(shards: Path | None, federation: Path | None, meta: ModelMeta):
     """(manifest, federation file, (what was hashed, its sha256)): a deployment's federation file when given, else
     the shards' manifest, which must hold a client of a training domain."""
     if federation is not None:
@@ -109,6 +109,8 @@ def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):
         return None, fed, (f"the federation file {federation.name}", sha256_of(federation))
     from fedccrl_core.data.manifest import MANIFEST, load_manifest
 
+    if shards is None:
+        raise DataError("the model card's training data: give --shards (the run's partition) or --federation")
     manifest = load_manifest(shards)
     _same_run(meta, {"dataset": manifest.dataset}, shards / MANIFEST)
     if not any(c.domain != meta.held_out_domain for c in manifest.clients):
@@ -120,7 +122,7 @@ def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):
 
 
 def read_sources(
-    model_path: Path, shards: Path, results: Path | None, federation: Path | None, use_mlflow: bool
+    model_path: Path, shards: Path | None, results: Path | None, federation: Path | None, use_mlflow: bool
 ) -> CardSources:
     """The card's records of the run whose model file is `model_path` (in its run folder beside history.json)."""
     from fedccrl_core.federation.history import load_history

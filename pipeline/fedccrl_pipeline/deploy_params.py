@@ -13,7 +13,7 @@ from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.hparams import Declared, validate
 from fedccrl_flower.settings import superlink_address
-from fedccrl_pipeline.params import one_of, unique
+from fedccrl_pipeline.params import ParamError, one_of, unique
 from fedccrl_pipeline.params_yaml import read_yaml
 
 
@@ -26,6 +26,11 @@ class DeployParams(Declared):
     algorithms: Annotated[list[one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
     seeds: Annotated[list[int], Field(min_length=1)]
     held_out: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]  # domain names
+    test_shards: str | None = Field(
+        default=None,
+        description="the operator's test folder of the held-out domain(s) (a shard folder, relative to this file); "
+        "null = none: the sites' accuracies only, and the export's parity on generated images",
+    )
 
     @field_validator("superlink")
     @classmethod
@@ -45,6 +50,25 @@ class DeployFile(Declared):
 def load_deploy(path: str | Path) -> DeployParams:
     """deploy/params.yaml's deploy group, typed; ParamError naming the file and each key otherwise."""
     return validate(DeployFile, read_yaml(path), file=str(path)).deploy
+
+
+def test_shards(deploy_path: Path | None, shards: Path | None) -> Path | None:
+    """The operator's test folder: `shards` when given, else deploy.test_shards of the deploy file (relative to its
+    folder; None when null). ParamError naming the key when it names a folder without a shard manifest."""
+    if shards is not None or deploy_path is None:
+        return shards
+    rel = load_deploy(deploy_path).test_shards
+    if rel is None:
+        return None
+    from fedccrl_core.data.manifest import MANIFEST
+
+    folder = Path(deploy_path).parent / rel
+    if not (folder / MANIFEST).is_file():
+        raise ParamError(
+            f"{deploy_path}: key 'deploy.test_shards': {folder} holds no {MANIFEST} (prepare it with `fedccrl site "
+            "prepare`, or set null to run without a test folder)"
+        )
+    return folder
 
 
 def deployed_run_dirs(deploy: DeployParams, root: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.fsio import atomic_dir
 from fedccrl_core.outcomes.evaluated import EvaluatedRun
-from fedccrl_pipeline.deploy_params import deployed_run_dirs, load_deploy
+from fedccrl_pipeline.deploy_params import deployed_run_dirs, load_deploy, test_shards
 from fedccrl_pipeline.params import load_config, run_dirs
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
@@ -61,6 +61,7 @@ def evaluate_all(
     written into a temp folder renamed into place at the end."""
     if deploy_path is None and shards is None:
         raise ParamError("--shards: required (the held-out domains' images), unless --deploy names a deployment")
+    shards = test_shards(deploy_path, shards)
     folders_apart({"shards": shards, "models": models}, {"out": out})
     cfg = load_config(params_path)
     wanted = trained_runs(cfg, models, deploy_path)

@@ -16,6 +16,7 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
+from fedccrl_pipeline.deploy_params import test_shards
 from fedccrl_pipeline.params import load_config
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
@@ -38,6 +39,7 @@ def figures(
     the source sites' images and is not drawn."""
     if deploy_path is None and (shards is None or pools is None):
         raise ParamError("--shards and --pools: required (the sweep's data), unless --deploy names a deployment")
+    shards = test_shards(deploy_path, shards)
     folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
     cfg = load_config(params_path)  # the whole file, before anything is read
     with Figures(shards, models, out, cfg, deploy_path) as figs:
