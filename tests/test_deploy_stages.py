@@ -1,4 +1,4 @@
-"""The operator's pipeline after `fedccrl federate` (deploy/dvc.yaml): `fedccrl evaluate --deploy`, `fedccrl report`
+"""The operator's pipeline after `fedccrl federate` (the operator's project, pipeline/fedccrl_pipeline/project/dvc.yaml): `fedccrl evaluate --deploy`, `fedccrl report`
 and `fedccrl figures --deploy` on a deployment's run folders, with and without the operator's test folder. The run
 folders here are written as `fedccrl federate` writes them (random weights, a history whose rounds carry the sites'
 counts), so no federation runs: tests/test_site_eval.py and the docs/flower.md walkthrough run one."""

@@ -1,6 +1,6 @@
-"""deploy/params.yaml: the operator's pipeline of a Flower deployment (deploy/dvc.yaml), one typed group `deploy`
-(where the SuperLink is and which runs to train over it), validated before any work; the training settings are the
-research params file's (params.py)."""
+"""The deploy group of an operator's params.yaml (the project `fedccrl deploy init` writes, project/dvc.yaml): one
+typed group `deploy` (where the SuperLink is, which runs to train over it, the test folder), validated before any
+work; the file's other groups are the training settings (params.py)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ from fedccrl_pipeline.params_yaml import read_yaml
 
 
 class DeployParams(Declared):
-    """deploy.* of the operator's pipeline (deploy/params.yaml, deploy/dvc.yaml): where the SuperLink is and which
-    runs to train over it. The training settings are the research params file's."""
+    """deploy.* of the operator's pipeline (project/dvc.yaml): where the SuperLink is, which runs to train over it
+    and the operator's test folder."""
 
     superlink: str = Field(description="host:port of the SuperLink's control API")
     root_certificates: str = Field(description='the SuperLink\'s CA certificate (TLS); "" = --insecure (loopback)')
@@ -48,8 +48,10 @@ class DeployFile(Declared):
 
 
 def load_deploy(path: str | Path) -> DeployParams:
-    """deploy/params.yaml's deploy group, typed; ParamError naming the file and each key otherwise."""
-    return validate(DeployFile, read_yaml(path), file=str(path)).deploy
+    """The deploy group of `path`, typed (the file's other groups are not read); ParamError naming the file and
+    each key otherwise."""
+    data = read_yaml(path)  # an operator's params.yaml: its deploy group beside the training settings
+    return validate(DeployFile, {"deploy": data.get("deploy")}, file=str(path)).deploy
 
 
 def test_shards(deploy_path: Path | None, shards: Path | None) -> Path | None:
@@ -72,5 +74,5 @@ def test_shards(deploy_path: Path | None, shards: Path | None) -> Path | None:
 
 
 def deployed_run_dirs(deploy: DeployParams, root: Path) -> list[Path]:
-    """Every run of a deployment, in deploy/dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held-out domain>."""
+    """Every run of a deployment, in project/dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held-out domain>."""
     return [contract.run_dir(root, a, s, h) for a in deploy.algorithms for s in deploy.seeds for h in deploy.held_out]

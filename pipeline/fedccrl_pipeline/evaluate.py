@@ -63,7 +63,7 @@ def evaluate_all(
         raise ParamError("--shards: required (the held-out domains' images), unless --deploy names a deployment")
     shards = test_shards(deploy_path, shards)
     folders_apart({"shards": shards, "models": models}, {"out": out})
-    cfg = load_config(params_path)
+    cfg = load_config(params_path, downloads=deploy_path is None)  # a deployment downloads nothing
     wanted = trained_runs(cfg, models, deploy_path)
     with atomic_dir(out) as tmp:
         if deploy_path is not None or shards is None:

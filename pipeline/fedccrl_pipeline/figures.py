@@ -41,7 +41,9 @@ def figures(
         raise ParamError("--shards and --pools: required (the sweep's data), unless --deploy names a deployment")
     shards = test_shards(deploy_path, shards)
     folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
-    cfg = load_config(params_path)  # the whole file, before anything is read
+    cfg = load_config(
+        params_path, downloads=deploy_path is None
+    )  # the whole file first; a deployment downloads nothing
     with Figures(shards, models, out, cfg, deploy_path) as figs:
         figs.curves()
         if pools is not None and deploy_path is None:

@@ -207,6 +207,8 @@ class ParamsFile(Declared):
     export: ExportParams
     figures: FiguresParams
     tracking: TrackingParams = Field(default_factory=TrackingParams)
+    # an operator's project only (`fedccrl deploy init`): its deployment, validated by deploy_params.py
+    deploy: dict[str, Any] | None = None
 
     @functools.cached_property
     def local(self) -> LocalConfig:
@@ -223,8 +225,9 @@ class ParamsFile(Declared):
         )
 
     def as_written(self) -> dict:
-        """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
+        """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names; not
+        an operator's deploy group (no training setting)."""
+        return self.model_dump(by_alias=True, exclude_unset=True, exclude={"deploy"})
 
 
 # ---- loading -------------------------------------------------------------------------------------------------
