@@ -4,7 +4,7 @@ Reports the final-round target accuracy and the target accuracy of the global mo
 with the best source-validation accuracy (DomainBed's training-domain validation), each
 re-computed here from the saved models, plus per-class accuracy and the confusion matrix.
 
-With `--deploy` (deploy/dvc.yaml, the operator's pipeline) the runs are a deployment's (`fedccrl federate`, the
+With `--deploy` (the operator's project, `fedccrl deploy init`) the runs are a deployment's (`fedccrl federate`, the
 deploy file's deploy.algorithms x seeds x held_out): their accuracies are the ones the sites measured, read from
 each run's history, and `--shards`, when given, is the operator's own test folder of the held-out domain(s), where
 the per-class accuracy and the confusion matrix are computed (fedccrl_core/outcomes/runs.py).
@@ -101,7 +101,7 @@ def trained_runs(cfg, models: Path, deploy_path: Path | None = None) -> list[Pat
     "deploy_path",
     type=click.Path(path_type=Path),
     default=None,
-    help="a deployment's params file (deploy/params.yaml): its runs, with the accuracies the sites measured",
+    help="a deployment's params file (its deploy group): its runs, with the accuracies the sites measured, and its test folder",
 )
 def command(shards, models, out, params_path, deploy_path):
     """Evaluate every trained run on its held-out domain (one process for all runs)."""

@@ -238,7 +238,7 @@ def _log_to_mlflow(runs: list[SavedRun], written: list[Path]) -> None:
     "deploy_path",
     type=click.Path(path_type=Path),
     default=None,
-    help="a deployment's params file (deploy/params.yaml): draw its runs",
+    help="a deployment's params file (its deploy group): draw its runs, on its test folder",
 )
 def command(shards, pools, models, runs_dir, out, params_path, deploy_path):
     """Augmentation preview, per-round curves, t-SNE, Grad-CAM and confusion matrices as PNGs."""

@@ -10,7 +10,7 @@ value and what is allowed (ParamError); `fedccrl <stage>` prints each as `error:
 `load_config` returns the typed model, and that is what every stage and training job receives (a default is
 declared once, in these models or the library's `TrainSettings`/`Algorithm.Params`, and equals params.yaml's:
 tests/test_params_registry.py). The checks of a run against the data are pipeline/fedccrl_pipeline/sweep.py.
-The file is read by params_yaml.py; deploy/params.yaml's model is deploy_params.py.
+The file is read by params_yaml.py; an operator's deploy group (`fedccrl deploy init`) is deploy_params.py's.
 
 `train.held_out` lists domains by name (`[sketch]`) or by index. Indices follow the manifest's domain order:
 the dataset registry's order for a registered dataset (fedccrl_core/data/registry.py: synthetic photo, art,
