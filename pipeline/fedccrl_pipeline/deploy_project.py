@@ -13,6 +13,7 @@ so it is whole or absent (fsio.atomic_dir).
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from importlib.resources import files
@@ -64,7 +65,10 @@ def project_params(research: Path | None, sets: tuple[str, ...]) -> str:
 
 def _dvc_init(folder: Path) -> None:
     """`dvc init` in `folder`: a subproject of the git work tree it lies in, else a project without git."""
-    in_git = subprocess.run(["git", "-C", str(folder), "rev-parse"], capture_output=True).returncode == 0
+    git = shutil.which("git")
+    in_git = (
+        git is not None and subprocess.run([git, "-C", str(folder), "rev-parse"], capture_output=True).returncode == 0
+    )
     how = "--subdir" if in_git else "--no-scm"
     done = subprocess.run([sys.executable, "-m", "dvc", "init", "-q", how], cwd=folder, capture_output=True, text=True)
     if done.returncode != 0:
