@@ -1,4 +1,4 @@
-"""The operator's pipeline after `fedccrl federate` (deploy/dvc.yaml): `fedccrl evaluate --deploy`, `fedccrl report`
+"""The operator's pipeline after `fedccrl federate` (the operator's project, pipeline/fedccrl_pipeline/project/dvc.yaml): `fedccrl evaluate --deploy`, `fedccrl report`
 and `fedccrl figures --deploy` on a deployment's run folders, with and without the operator's test folder. The run
 folders here are written as `fedccrl federate` writes them (random weights, a history whose rounds carry the sites'
 counts), so no federation runs: tests/test_site_eval.py and the docs/flower.md walkthrough run one."""
@@ -432,3 +432,33 @@ def test_the_export_of_a_deployment_carries_a_card_of_the_sites(ws, tiny):
     ]
     sha = hashlib.sha256((ws / "federation.json").read_bytes()).hexdigest()
     assert kv(tables(card["Provenance"])[0])["dataset: sha256 of the federation file federation.json"] == sha
+
+
+def test_a_deployment_without_a_test_folder_evaluates_reports_draws_and_exports(ws, tiny):
+    """deploy.test_shards null: evaluate, report and the curves run on the sites' accuracies, and the export checks
+    its parity on generated images (agreement only: no accuracy in parity.json or the card); a deploy.test_shards
+    that names no shard folder is refused naming the key, before any output."""
+    from fedccrl_core.data.manifest import load_manifest
+    from fedccrl_flower.sites import federation_of
+    from fedccrl_pipeline.checked_export import GENERATED, GENERATED_IMAGES, PARITY_INPUTS
+
+    (ws / "federation.json").write_text(json.dumps(federation_of(load_manifest(tiny / "data" / "shards")).to_dict()))
+    assert _cli(ws, "evaluate", "--deploy", "deploy.yaml", "--models", "models", "--out", "results")[0] == 0
+    code, out = _cli(ws, "report", "--runs", "results", "--metrics", "m.json", "--table", "t.md", "--curves", "c.csv")
+    assert code == 0 and "| fedavg | 50.00 |" in (ws / "t.md").read_text(), out
+    run = contract.run_dir("models", "fedavg", 0, HELD_OUT)
+    export = ["export", "--model", run, "--deploy", "deploy.yaml", "--results", "results"]
+    code, out = _cli(ws, *export, "--federation", "federation.json", "--no-mlflow", "--out", "exports")
+    assert code == 0, out
+    parity = json.loads((ws / "exports" / "parity.json").read_text())
+    assert parity[PARITY_INPUTS] == GENERATED and parity["n_images"] == GENERATED_IMAGES
+    assert parity["top1_agreement"] >= 0.999 and "onnx_accuracy" not in parity
+    card = (ws / "exports" / "MODEL_CARD.md").read_text()
+    assert f"ran on {GENERATED_IMAGES} generated images (no test folder): no accuracy" in card
+
+    (ws / "deploy.yaml").write_text((ws / "deploy.yaml").read_text() + "  test_shards: test/shards\n")
+    code, out = _cli(ws, *export, "--federation", "federation.json", "--no-mlflow", "--out", "exports2")
+    assert code == 2 and "deploy.yaml: key 'deploy.test_shards':" in out and "holds no manifest.json" in out, out
+    assert not (ws / "exports2").exists()
+    code, out = _cli(ws, *export, "--no-mlflow", "--out", "exports2")
+    assert code == 2 and "--deploy is a deployment's" in out, out

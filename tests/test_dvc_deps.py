@@ -15,11 +15,10 @@ stage but never changes what it writes, so pipeline/fedccrl_pipeline/params.py i
 count only where the stage itself uses them (otherwise editing FedSR would re-download the dataset).
 pipeline/fedccrl_pipeline/deploy_params.py, which validates deploy/params.yaml, is the same boundary.
 
-The rule holds for both pipelines, dvc.yaml at the root and the operator's deploy/dvc.yaml (its paths relative to
-deploy/: ../fedccrl_core/data). One difference follows from where the code sits: a folder dep stands for its
-sources only where the DVC project's .dvcignore keeps Python's __pycache__ out of its hash, which is inside that
-project. deploy/ is a DVC project of its own and the code lies outside it, where DVC hashes a folder with its
-bytecode caches (a first import would rerun the deployment's training), so deploy/dvc.yaml lists modules as files.
+The rule holds for the research pipeline, dvc.yaml at the root. The operator's pipeline is the package's template
+pipeline/fedccrl_pipeline/project/dvc.yaml, which `fedccrl deploy init DIR` writes into a project outside the
+checkout, where the code is the installed package and no path of it is the project's: its stages list no code
+deps, only files of the project (test_the_operators_template_depends_on_its_project_only).
 
 On a failure the test prints the deps list to paste into the dvc.yaml it names.
 """
@@ -28,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import os
-import re
 import tomllib
 from pathlib import Path
 
@@ -142,7 +140,8 @@ def by_package(files: set[str], folders: bool = True) -> list[str]:
     return sorted(out, key=lambda d: ((ROOT / d).is_file(), d))
 
 
-DVC_FILES = ("dvc.yaml", "deploy/dvc.yaml")  # the research pipeline and the operator's (docs/architecture.md)
+DVC_FILES = ("dvc.yaml",)  # the research pipeline (the operator's template: see the module's docstring)
+TEMPLATE = "pipeline/fedccrl_pipeline/project/dvc.yaml"
 
 
 def from_root(dvc_file: str, dep: str) -> str:
@@ -241,43 +240,17 @@ def test_bytecode_caches_stay_out_of_the_hash_of_a_folder_dep():
     assert sources.returncode == 1 and sources.stdout == "", f"sources left out of a folder's hash: {sources.stdout}"
 
 
-# ---- `python tests/test_dvc_deps.py`: deploy/dvc.yaml's module lists rewritten after an import changes --------------
-DEPLOY_FILE = "deploy/dvc.yaml"
-DEPLOY_CODE = ("../fedccrl_core", "../pipeline", "../serving", "../fedccrl_flower", "../benchmarks")
-DEPS_WIDTH = 118
+def test_the_operators_template_depends_on_its_project_only():
+    """The operator's project (`fedccrl deploy init`) lies outside the checkout: each stage of its template runs the
+    installed `fedccrl` (a command of STAGES) and depends on files of the project only, never on a path that leaves
+    it (code included)."""
+    from fedccrl_pipeline.cli import STAGES as COMMANDS
 
-
-def rewrite_deploy_deps() -> None:
-    """Rewrite each stage's code deps in deploy/dvc.yaml with what the stage imports, module by module (this file's
-    rule), keeping its other deps (federation.json, the test folder) first: `python tests/test_dvc_deps.py`."""
-    path = ROOT / DEPLOY_FILE
-    text = path.read_text()
-    stages = yaml.safe_load(text)["stages"]
-    pos = 0
+    stages = yaml.safe_load((ROOT / TEMPLATE).read_text())["stages"]
+    assert {"federate", "evaluate_sites", "evaluate", "report", "figures", "export"} == set(stages)
     for name, stage in stages.items():
-        start = re.compile(rf"^  {re.escape(name)}:\n", re.M).search(text, pos)
-        assert start is not None, name
-        m = re.compile(r"^(\s*)deps: \[", re.M).search(text, start.end())
-        assert m is not None, name
-        end = text.index("]", m.end())
-        tokens = [t.strip() for t in text[m.end() : end].replace("\n", " ").split(",") if t.strip()]
-        keep = [t for t in tokens if not t.startswith(DEPLOY_CODE)]
-        code = expected_deps(DEPLOY_FILE, needed_files(stage))
-        items = keep + [c for c in code if c not in keep]
-        indent = m.group(1) + " " * len("deps: [")
-        lines, line = [], m.group(1) + "deps: ["
-        for i, item in enumerate(items):
-            piece = item + ("]" if i == len(items) - 1 else ",")
-            if len(line) + len(piece) + 1 > DEPS_WIDTH and not line.endswith("["):
-                lines.append(line.rstrip())
-                line = indent + piece
-            else:
-                line += ("" if line.endswith("[") else " ") + piece
-        lines.append(line)
-        text = text[: m.start()] + "\n".join(lines) + text[end + 1 :]
-        pos = m.start() + 1
-    path.write_text(text)
-
-
-if __name__ == "__main__":
-    rewrite_deploy_deps()
+        words = stage["cmd"].split()
+        assert words[:1] == ["fedccrl"] and words[1] in COMMANDS, f"{TEMPLATE} stage {name}: {stage['cmd']}"
+        outside = [d for d in stage.get("deps", []) if Path(d).is_absolute() or ".." in Path(d).parts]
+        assert not outside, f"{TEMPLATE} stage {name}: deps {outside} lie outside the operator's project"
+        assert ".." not in stage["cmd"], f"{TEMPLATE} stage {name} reads outside the project: {stage['cmd']}"

@@ -137,7 +137,7 @@ def sweep_epsilon(meta: ModelMeta, private: bool, use_mlflow: bool) -> SweepEpsi
     return SweepEpsilon(metrics[contract.DP_EPSILON_SWEEP], int(runs) if runs is not None else None)
 
 
-def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):
+def _training_data(shards: Path | None, federation: Path | None, meta: ModelMeta):
     """(manifest, federation file, (what was hashed, its sha256)): a deployment's federation file when given, else
     the shards' manifest, which must hold a client of a training domain."""
     if federation is not None:
@@ -148,6 +148,8 @@ def _training_data(shards: Path, federation: Path | None, meta: ModelMeta):
         return None, fed, (f"the federation file {federation.name}", sha256_of(federation))
     from fedccrl_core.data.manifest import MANIFEST, load_manifest
 
+    if shards is None:
+        raise DataError("the model card's training data: give --shards (the run's partition) or --federation")
     manifest = load_manifest(shards)
     _same_run(meta, {"dataset": manifest.dataset}, shards / MANIFEST)
     if not any(c.domain != meta.held_out_domain for c in manifest.clients):
@@ -172,7 +174,7 @@ def _sites_evaluated(path: Path, meta: ModelMeta) -> SitesEvaluated:
 
 def read_sources(
     model_path: Path,
-    shards: Path,
+    shards: Path | None,
     results: Path | None,
     federation: Path | None,
     use_mlflow: bool,

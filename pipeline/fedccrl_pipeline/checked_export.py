@@ -18,11 +18,44 @@ from fedccrl_pipeline.onnx_parity import ParityError, cpu_session, parity
 
 # an export's folder: the model and its parity figures (export_checked)
 ONNX_FILE, PARITY_FILE = "model.onnx", "parity.json"
+# without a test folder of the held-out domain, parity is measured on this many generated images (seeded)
+GENERATED_IMAGES, GENERATED_SEED = 64, 0
+PARITY_INPUTS = "inputs"  # parity.json's key: what the check ran on (HELD_OUT_IMAGES or GENERATED)
+HELD_OUT_IMAGES, GENERATED = "held-out images", "generated images"
 
 
 def example_images(images_u8: np.ndarray) -> np.ndarray:
     """The input example logged with the MLflow model: the first two images of the held-out domain."""
     return np.ascontiguousarray(images_u8[:2])
+
+
+def generated_images(image_size: int, n: int = GENERATED_IMAGES) -> np.ndarray:
+    """uint8 NHWC images of uniform noise (seeded): the parity check's inputs when no held-out image is at hand.
+    ONNX and PyTorch see the same inputs, so their agreement is measured; no accuracy is."""
+    rng = np.random.default_rng(GENERATED_SEED)
+    return rng.integers(0, 256, size=(n, image_size, image_size, 3), dtype=np.uint8)
+
+
+def _parity_inputs(shards: Path | None, meta) -> tuple[np.ndarray, np.ndarray | None]:
+    """The held-out domain's images and labels from `shards`, or generated images (no labels) without it."""
+    import sys
+
+    from fedccrl_core.data.shards import load_domain_test
+
+    if shards is None:
+        print(
+            f"export: no test folder of {meta.held_out_domain}: parity on {GENERATED_IMAGES} generated images "
+            "(agreement only, no accuracy)",
+            file=sys.stderr,
+        )
+        return generated_images(meta.image_size), None
+    x, y = load_domain_test(shards, meta.held_out_domain)
+    if x.shape[1:] != (meta.image_size, meta.image_size, 3):
+        raise ValueError(
+            f"{shards}: held-out images are {x.shape[1:]}, the model expects "
+            f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
+        )
+    return x, y
 
 
 def _remove(paths) -> None:
@@ -41,7 +74,8 @@ def _all_or_none(outputs):
 
 
 def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batch_size: int) -> dict:
-    """The parity figures of the ONNX file at `onnx_path` against `model` on the held-out images `xy`; ParityError
+    """The parity figures of the ONNX file at `onnx_path` against `model` on the images `xy` (labels None: generated
+    images); ParityError
     when their top-1 agreement is below `min_agreement`."""
     import sys
 
@@ -50,8 +84,10 @@ def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batc
     result.update(
         min_agreement=min_agreement, held_out_domain=meta.held_out_domain, onnx_bytes=onnx_path.stat().st_size
     )
+    result[PARITY_INPUTS] = GENERATED if y is None else HELD_OUT_IMAGES
+    what = "generated" if y is None else meta.held_out_domain
     print(
-        f"parity on {result['n_images']} {meta.held_out_domain} images: top-1 agreement "
+        f"parity on {result['n_images']} {what} images: top-1 agreement "
         f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}",
         file=sys.stderr,
     )
@@ -66,7 +102,7 @@ def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batc
 
 def export_checked(
     model_path: Path,
-    shards: Path,
+    shards: Path | None,
     out: Path,
     min_agreement: float,
     batch_size: int,
@@ -77,7 +113,8 @@ def export_checked(
     card_maker,
 ) -> dict:
     """A trained model -> out/model.onnx + out/parity.json + out/MODEL_CARD.md (`fedccrl export`). Parity is
-    measured on every image of the held-out domain (ONNX Runtime CPU vs PyTorch); below `min_agreement` a
+    measured on every image of the held-out domain in `shards` (ONNX Runtime CPU vs PyTorch), or without `shards`
+    on generated images (agreement only; parity.json's PARITY_INPUTS says which); below `min_agreement` a
     ParityError, and no output. Outputs appear only on success: the card and parity.json first, then model.onnx
     renamed from a temp name, so a model.onnx is always complete; stale outputs of an earlier export are removed
     before anything else happens, and those in place when a later step fails are removed again.
@@ -91,7 +128,6 @@ def export_checked(
     import sys
 
     from fedccrl_core.algorithms import load_model
-    from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.fsio import atomic_path, write_text
     from fedccrl_serving.metadata import card_path, int8_path
@@ -104,12 +140,9 @@ def export_checked(
     card = card_maker(model_path)
     model, meta = load_model(model_path)
     meta.require(model_path, "held_out_domain")
-    x, y = load_domain_test(shards, meta.held_out_domain)
-    if x.shape[1:] != (meta.image_size, meta.image_size, 3):
-        raise ValueError(
-            f"{shards}: held-out images are {x.shape[1:]}, the model expects "
-            f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
-        )
+    if int8 is not None and shards is None:
+        raise ValueError("--int8: needs --shards (the INT8 copy is calibrated and gated on shard images)")
+    x, y = _parity_inputs(shards, meta)
     # renamed to model.onnx after the card and parity.json (and model.int8.onnx, when asked for) are written; a
     # failure on the way removes those already in place (_all_or_none)
     with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
@@ -119,7 +152,7 @@ def export_checked(
             from fedccrl_pipeline.quantize import checked_int8
 
             tmp_int8 = int8_out.enter_context(atomic_path(int8_path(final_onnx)))
-            assert meta.held_out_domain is not None  # require() raised otherwise
+            assert meta.held_out_domain and shards and y is not None  # require(), the check above
             result["int8"] = checked_int8(tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size)
             result["int8"]["file"] = int8_path(final_onnx).name  # not the temporary name it was written under
         text = card(meta, result)

@@ -85,6 +85,12 @@ def _site() -> click.Command:
     return site.command
 
 
+def _deploy() -> click.Command:
+    from fedccrl_pipeline import deploy_project
+
+    return deploy_project.command
+
+
 def _federation() -> click.Command:
     from fedccrl_pipeline import federation
 
@@ -102,11 +108,11 @@ STAGES: dict[str, Callable[[], click.Command]] = {
     "figures": _figures,
     "export": _export,
     "audit": _audit,
-    "federate": _federate,  # the operator's run over a deployment (docs/flower.md): deploy/dvc.yaml's stage
-    "evaluate-sites": _evaluate_sites,  # a trained model at each site, without training: deploy/dvc.yaml's stage
+    "federate": _federate,  # the operator's run over a deployment (docs/flower.md): project/dvc.yaml's stage
+    "evaluate-sites": _evaluate_sites,  # a trained model at each site, without training: project/dvc.yaml's stage
 }
 # commands that are not pipeline stages (no dvc.yaml stage runs them), as above
-COMMANDS = {**STAGES, "site": _site, "federation": _federation}
+COMMANDS = {**STAGES, "site": _site, "federation": _federation, "deploy": _deploy}
 
 
 class _LazyGroup(click.Group):

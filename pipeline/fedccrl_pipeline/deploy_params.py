@@ -1,6 +1,6 @@
-"""deploy/params.yaml: the operator's pipeline of a Flower deployment (deploy/dvc.yaml), one typed group `deploy`
-(where the SuperLink is and which runs to train over it), validated before any work; the training settings are the
-research params file's (params.py)."""
+"""The deploy group of an operator's params.yaml (the project `fedccrl deploy init` writes, project/dvc.yaml): one
+typed group `deploy` (where the SuperLink is, which runs to train over it, the test folder), validated before any
+work; the file's other groups are the training settings (params.py)."""
 
 from __future__ import annotations
 
@@ -13,19 +13,24 @@ from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.hparams import Declared, validate
 from fedccrl_flower.settings import superlink_address
-from fedccrl_pipeline.params import one_of, unique
+from fedccrl_pipeline.params import ParamError, one_of, unique
 from fedccrl_pipeline.params_yaml import read_yaml
 
 
 class DeployParams(Declared):
-    """deploy.* of the operator's pipeline (deploy/params.yaml, deploy/dvc.yaml): where the SuperLink is and which
-    runs to train over it. The training settings are the research params file's."""
+    """deploy.* of the operator's pipeline (project/dvc.yaml): where the SuperLink is, which runs to train over it
+    and the operator's test folder."""
 
     superlink: str = Field(description="host:port of the SuperLink's control API")
     root_certificates: str = Field(description='the SuperLink\'s CA certificate (TLS); "" = --insecure (loopback)')
     algorithms: Annotated[list[one_of(PARAMS)], Field(min_length=1)]  # type: ignore[valid-type]  # a Literal built at import
     seeds: Annotated[list[int], Field(min_length=1)]
     held_out: Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1)]  # domain names
+    test_shards: str | None = Field(
+        default=None,
+        description="the operator's test folder of the held-out domain(s) (a shard folder, relative to this file); "
+        "null = none: the sites' accuracies only, and the export's parity on generated images",
+    )
 
     @field_validator("superlink")
     @classmethod
@@ -43,10 +48,31 @@ class DeployFile(Declared):
 
 
 def load_deploy(path: str | Path) -> DeployParams:
-    """deploy/params.yaml's deploy group, typed; ParamError naming the file and each key otherwise."""
-    return validate(DeployFile, read_yaml(path), file=str(path)).deploy
+    """The deploy group of `path`, typed (the file's other groups are not read); ParamError naming the file and
+    each key otherwise."""
+    data = read_yaml(path)  # an operator's params.yaml: its deploy group beside the training settings
+    return validate(DeployFile, {"deploy": data.get("deploy")}, file=str(path)).deploy
+
+
+def test_shards(deploy_path: Path | None, shards: Path | None) -> Path | None:
+    """The operator's test folder: `shards` when given, else deploy.test_shards of the deploy file (relative to its
+    folder; None when null). ParamError naming the key when it names a folder without a shard manifest."""
+    if shards is not None or deploy_path is None:
+        return shards
+    rel = load_deploy(deploy_path).test_shards
+    if rel is None:
+        return None
+    from fedccrl_core.data.manifest import MANIFEST
+
+    folder = Path(deploy_path).parent / rel
+    if not (folder / MANIFEST).is_file():
+        raise ParamError(
+            f"{deploy_path}: key 'deploy.test_shards': {folder} holds no {MANIFEST} (prepare it with `fedccrl site "
+            "prepare`, or set null to run without a test folder)"
+        )
+    return folder
 
 
 def deployed_run_dirs(deploy: DeployParams, root: Path) -> list[Path]:
-    """Every run of a deployment, in deploy/dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held-out domain>."""
+    """Every run of a deployment, in project/dvc.yaml's layout: <root>/<algorithm>/s<seed>/d<held-out domain>."""
     return [contract.run_dir(root, a, s, h) for a in deploy.algorithms for s in deploy.seeds for h in deploy.held_out]

@@ -4,7 +4,7 @@ Reports the final-round target accuracy and the target accuracy of the global mo
 with the best source-validation accuracy (DomainBed's training-domain validation), each
 re-computed here from the saved models, plus per-class accuracy and the confusion matrix.
 
-With `--deploy` (deploy/dvc.yaml, the operator's pipeline) the runs are a deployment's (`fedccrl federate`, the
+With `--deploy` (the operator's project, `fedccrl deploy init`) the runs are a deployment's (`fedccrl federate`, the
 deploy file's deploy.algorithms x seeds x held_out): their accuracies are the ones the sites measured, read from
 each run's history, and `--shards`, when given, is the operator's own test folder of the held-out domain(s), where
 the per-class accuracy and the confusion matrix are computed (fedccrl_core/outcomes/runs.py).
@@ -21,7 +21,7 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.fsio import atomic_dir
 from fedccrl_core.outcomes.evaluated import EvaluatedRun
-from fedccrl_pipeline.deploy_params import deployed_run_dirs, load_deploy
+from fedccrl_pipeline.deploy_params import deployed_run_dirs, load_deploy, test_shards
 from fedccrl_pipeline.params import load_config, run_dirs
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
@@ -61,8 +61,9 @@ def evaluate_all(
     written into a temp folder renamed into place at the end."""
     if deploy_path is None and shards is None:
         raise ParamError("--shards: required (the held-out domains' images), unless --deploy names a deployment")
+    shards = test_shards(deploy_path, shards)
     folders_apart({"shards": shards, "models": models}, {"out": out})
-    cfg = load_config(params_path)
+    cfg = load_config(params_path, downloads=deploy_path is None)  # a deployment downloads nothing
     wanted = trained_runs(cfg, models, deploy_path)
     with atomic_dir(out) as tmp:
         if deploy_path is not None or shards is None:
@@ -100,7 +101,7 @@ def trained_runs(cfg, models: Path, deploy_path: Path | None = None) -> list[Pat
     "deploy_path",
     type=click.Path(path_type=Path),
     default=None,
-    help="a deployment's params file (deploy/params.yaml): its runs, with the accuracies the sites measured",
+    help="a deployment's params file (its deploy group): its runs, with the accuracies the sites measured, and its test folder",
 )
 def command(shards, models, out, params_path, deploy_path):
     """Evaluate every trained run on its held-out domain (one process for all runs)."""

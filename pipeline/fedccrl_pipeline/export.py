@@ -14,13 +14,14 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import write_text
+from fedccrl_pipeline.deploy_params import test_shards
 from fedccrl_pipeline.quantize import CALIBRATION_IMAGES, MAX_DROP_POINTS, Int8Settings
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
 def export(
     model_path: Path,
-    shards: Path,
+    shards: Path | None,
     out: Path,
     min_agreement: float,
     batch_size: int,
@@ -31,10 +32,13 @@ def export(
     int8: Int8Settings | None = None,
     results: Path | None = None,
     federation: Path | None = None,
+    deploy: Path | None = None,
     sites: Path | None = None,
 ) -> dict:
     """One run's export; into its card: results, the evaluate stage's root (the run's contract.result_file), federation,
-    a deployment's federation file (the training data), sites, `fedccrl evaluate-sites`' result of the model."""
+    a deployment's federation file (the training data), sites, `fedccrl evaluate-sites`' result of the model; deploy:
+    a deployment's params file, whose deploy.test_shards stands for `shards` when that is None (both None: the parity
+    check on generated images)."""
     from fedccrl_pipeline import checked_export
     from fedccrl_pipeline.card_records import read_sources
     from fedccrl_pipeline.model_card import render
@@ -48,6 +52,7 @@ def export(
         log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias, card_text)
 
     publisher = publish if use_mlflow else None
+    shards = test_shards(deploy, shards)
     return checked_export.export_checked(
         model_path, shards, out, min_agreement, batch_size, publisher, traces, int8, card_maker=card_maker
     )
@@ -122,7 +127,20 @@ def export_sweep(
     default=None,
     help="with --models: a JSON of every run's parity (a DVC metric)",
 )
-@click.option("--shards", type=click.Path(path_type=Path), required=True, help="the partition stage output")
+@click.option(
+    "--shards",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="the partition stage output (with --deploy, optional: the operator's test folder)",
+)
+@click.option(
+    "--deploy",
+    "deploy_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="a deployment's params file (with --model and --federation): its test folder deploy.test_shards, or "
+    "none: the parity check on generated images",
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
@@ -196,6 +214,7 @@ def command(
     params_path,
     summary,
     shards,
+    deploy_path,
     out,
     min_agreement,
     batch_size,
@@ -214,6 +233,10 @@ def command(
         raise click.UsageError("give exactly one of --model and --models")
     if (federation is not None or sites is not None) and models is not None:
         raise click.UsageError("--federation and --sites-evaluation are one run's: give one --model")
+    if deploy_path is not None and (models is not None or federation is None):
+        raise click.UsageError("--deploy is a deployment's, whose export takes one --model and its --federation")
+    if shards is None and deploy_path is None:
+        raise click.UsageError("--shards: required, unless --deploy names a deployment")
     int8_settings = Int8Settings(int8_calibration_images, int8_max_drop) if int8 else None
     # SIGTERM ends the stage as SystemExit (run_stage), so the finally blocks remove the temporary files
     if models is not None:
@@ -246,5 +269,6 @@ def command(
             int8_settings,
             results,
             federation,
+            deploy_path,
             sites,
         )

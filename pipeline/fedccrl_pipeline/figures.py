@@ -16,6 +16,7 @@ import click
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import ParamError
+from fedccrl_pipeline.deploy_params import test_shards
 from fedccrl_pipeline.params import load_config
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
@@ -38,8 +39,11 @@ def figures(
     the source sites' images and is not drawn."""
     if deploy_path is None and (shards is None or pools is None):
         raise ParamError("--shards and --pools: required (the sweep's data), unless --deploy names a deployment")
+    shards = test_shards(deploy_path, shards)
     folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
-    cfg = load_config(params_path)  # the whole file, before anything is read
+    cfg = load_config(
+        params_path, downloads=deploy_path is None
+    )  # the whole file first; a deployment downloads nothing
     with Figures(shards, models, out, cfg, deploy_path) as figs:
         figs.curves()
         if pools is not None and deploy_path is None:
@@ -234,7 +238,7 @@ def _log_to_mlflow(runs: list[SavedRun], written: list[Path]) -> None:
     "deploy_path",
     type=click.Path(path_type=Path),
     default=None,
-    help="a deployment's params file (deploy/params.yaml): draw its runs",
+    help="a deployment's params file (its deploy group): draw its runs, on its test folder",
 )
 def command(shards, pools, models, runs_dir, out, params_path, deploy_path):
     """Augmentation preview, per-round curves, t-SNE, Grad-CAM and confusion matrices as PNGs."""

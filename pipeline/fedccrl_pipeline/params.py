@@ -10,7 +10,7 @@ value and what is allowed (ParamError); `fedccrl <stage>` prints each as `error:
 `load_config` returns the typed model, and that is what every stage and training job receives (a default is
 declared once, in these models or the library's `TrainSettings`/`Algorithm.Params`, and equals params.yaml's:
 tests/test_params_registry.py). The checks of a run against the data are pipeline/fedccrl_pipeline/sweep.py.
-The file is read by params_yaml.py; deploy/params.yaml's model is deploy_params.py.
+The file is read by params_yaml.py; an operator's deploy group (`fedccrl deploy init`) is deploy_params.py's.
 
 `train.held_out` lists domains by name (`[sketch]`) or by index. Indices follow the manifest's domain order:
 the dataset registry's order for a registered dataset (fedccrl_core/data/registry.py: synthetic photo, art,
@@ -207,6 +207,8 @@ class ParamsFile(Declared):
     export: ExportParams
     figures: FiguresParams
     tracking: TrackingParams = Field(default_factory=TrackingParams)
+    # an operator's project only (`fedccrl deploy init`): its deployment, validated by deploy_params.py
+    deploy: dict[str, Any] | None = None
 
     @functools.cached_property
     def local(self) -> LocalConfig:
@@ -223,8 +225,9 @@ class ParamsFile(Declared):
         )
 
     def as_written(self) -> dict:
-        """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names."""
-        return self.model_dump(by_alias=True, exclude_unset=True)
+        """The keys params.yaml sets, with their validated values (`lr: 1e-3` is 0.001), by their YAML names; not
+        an operator's deploy group (no training setting)."""
+        return self.model_dump(by_alias=True, exclude_unset=True, exclude={"deploy"})
 
 
 # ---- loading -------------------------------------------------------------------------------------------------

@@ -50,7 +50,7 @@ def report(
     if params_path is not None:  # the stage validates the whole params file first, as every stage does
         from fedccrl_pipeline.params import load_config
 
-        load_config(params_path)
+        load_config(params_path, downloads=False)  # it reads results only: dataset.source does not apply
     runs = load_results(runs_dir)
     metrics = summarize(runs)
     lines = table_markdown(runs, metrics)

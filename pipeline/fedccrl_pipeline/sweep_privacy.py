@@ -69,7 +69,7 @@ def manifest_plan(cfg: ParamsFile, manifest: ShardManifest) -> SweepPlan:
 
 
 def federation_plan(cfg: ParamsFile, fed_file: FederationFile, deploy: DeployParams | None) -> SweepPlan:
-    """A deployment's sweep (deploy/params.yaml's deploy.algorithms x seeds x held_out, else train.*'s) over the
+    """A deployment's sweep (an operator's deploy.algorithms x seeds x held_out, else train.*'s) over the
     federation file's source sites, whose sizes the operator does not know."""
     t = cfg.train
     algorithms, seeds = (deploy.algorithms, deploy.seeds) if deploy else (t.algorithms, t.seeds)
