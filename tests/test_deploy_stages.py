@@ -546,3 +546,41 @@ def test_federate_follows_the_run_through_mlflow_without_the_superlinks_disk(dat
     stored.write_bytes(stored.read_bytes() + b"\0")
     with pytest.raises(DataError, match="result.pt has sha256 .* reported"):
         reader.result()
+
+
+def test_a_failure_reported_through_mlflow_is_an_error_after_its_records(tmp_path):
+    """The ServerApp reports a record and then `failed` with its error to the MLflow run (tracked_report.py): the
+    operator's wait_for_result hands the record on, then raises FlowerRunError with that error, reading nothing
+    under the work folder it is given; a status tag that is not JSON is an error naming the run and the tag."""
+    import mlflow
+
+    from fedccrl_core.federation.round_record import parse_round
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_flower.processes import FlowerRunError
+    from fedccrl_flower.run import wait_for_result
+    from fedccrl_flower.spec import ReportTo
+    from fedccrl_flower.tracked_report import TrackedWriter, status_tag
+    from fedccrl_pipeline.mlflow_store import set_experiment
+
+    class Link:  # the Flower side: the SuperLink's run still listed as running
+        def check_alive(self):
+            pass
+
+        def status(self, run_id):
+            return {"status": "running"}
+
+    run = mlflow.MlflowClient().create_run(set_experiment("no-shared-disk").experiment_id).info.run_id
+    target = ReportTo(tracking_uri=mlflow.get_tracking_uri(), run_id=run)
+    spent = parse_round({"round": 2, contract.DP_STOPPED: 1.0}, "a stopped round")
+    writer = TrackedWriter(target, 7)
+    writer.status("running")
+    writer.append_record(spent)
+    writer.status("failed", error="round 3: too few clients")
+    seen: list = []
+    nowhere = tmp_path / "not-this-machines"
+    with pytest.raises(FlowerRunError, match="Flower run 7 failed: round 3: too few clients"):
+        wait_for_result(Link(), 7, nowhere, seen.append, poll_s=0.01, report_to=target)
+    assert seen == [spent] and not nowhere.exists()
+    mlflow.MlflowClient().set_tag(run, status_tag(7), "{not json")
+    with pytest.raises(DataError, match=f"MLflow run {run} at .*: tag fedccrl.flower.run-7 is not JSON"):
+        wait_for_result(Link(), 7, nowhere, seen.append, poll_s=0.01, report_to=target)
