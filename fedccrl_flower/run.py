@@ -10,16 +10,17 @@ each SuperNode's own folders):
 - deployment: a SuperLink and one SuperNode per source client as separate processes (`--insecure` on 127.0.0.1;
   node config client-id/shards/pools/state-dir), then `flwr run`. With `superlink: host:port` the launcher starts
   nothing and submits to that SuperLink (TLS with `root_certificates`); the ServerApp then runs on the
-  SuperLink's host and writes its work folder there, so the launcher must share that filesystem.
+  SuperLink's host and writes its work folder there, and reports the run to the job's MLflow run on the team's
+  tracking server (the spec's `report_to`, tracked_report.py), where the launcher follows it.
 
 The ServerApp reports through <work_dir>/run-<run id>/ (report.py): rounds.jsonl (each record is passed to
-`on_round` as it appears, e.g. ChildRun.log_round), status.json, result.pt (-> RunResult). Every process the
+`on_round` as it appears, e.g. ChildRun.log_round), status.json, result.pt (-> RunResult); with `report_to`, the
+launcher reads the same from the tracking server instead. Every process the
 launcher starts is stopped, with its descendants, when the federation closes (processes.py).
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -27,20 +28,19 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedccrl_core.federation.loop import RunResult
-from fedccrl_core.federation.round_record import RoundRecord, SpentRecord, parse_round
-from fedccrl_core.foundation import contract
+from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_flower import messages as M
 from fedccrl_flower.federation import LOG, Federation, LocalFederation
 from fedccrl_flower.processes import FlowerRunError
-from fedccrl_flower.report import read_result
+from fedccrl_flower.report import FlowerResult, FolderReader
 from fedccrl_flower.settings import FlowerSettings
 from fedccrl_flower.sites import FederationFile, federation_sites
-from fedccrl_flower.spec import ServerSpec, report_dir
+from fedccrl_flower.spec import ReportTo, ServerSpec, report_dir
+from fedccrl_flower.tracked_report import TrackedReader
 
 
-def _completed(work_dir: Path, run_id: int) -> RunResult:
-    """The result the ServerApp wrote in `work_dir` (result.pt), with the Flower run's id."""
-    res = read_result(work_dir)
+def _completed(res: FlowerResult, run_id: int) -> RunResult:
+    """The result the ServerApp reported, with the Flower run's id."""
     return RunResult(
         res.history,
         res.final_weights,
@@ -59,31 +59,27 @@ def wait_for_result(
     timeout: float = 0.0,
     poll_s: float = 0.5,
     status_every_s: float = 15.0,
+    report_to: ReportTo | None = None,
 ) -> RunResult:
-    """Follow the run's rounds.jsonl (calling on_round per record) until the ServerApp reports completion."""
+    """Follow the run's round records (calling on_round per record) until the ServerApp reports completion: from
+    the MLflow run `report_to` names (tracked_report.py; nothing is read under `work_dir`, on the SuperLink's
+    host), or without one from <work_dir>/run-<run id>/ (report.py FolderReader: the launcher shares that disk)."""
     on_round = on_round or (lambda rec: None)
-    work_dir = report_dir(work_dir, run_id)
+    reader = TrackedReader(report_to, run_id) if report_to else FolderReader(report_dir(work_dir, run_id))
     seen, t0, next_status = 0, time.monotonic(), time.monotonic() + status_every_s
 
     def drain():
         nonlocal seen
-        path = work_dir / contract.FLOWER_ROUNDS_FILE
-        if not path.is_file():
-            return
-        text = path.read_text()
-        lines = text.splitlines()
-        complete = lines if text.endswith("\n") else lines[:-1]
-        for i, line in enumerate(complete[seen:], start=seen + 1):
-            on_round(parse_round(json.loads(line), f"{path} line {i}"))
-        seen = len(complete)
+        for rec in reader.new_records(seen):
+            on_round(rec)
+            seen += 1
 
     while True:
         drain()
-        st_path = work_dir / contract.FLOWER_STATUS_FILE
-        st = json.loads(st_path.read_text()) if st_path.is_file() else {}
+        st = reader.status()
         if st.get("status") == "completed":
             drain()
-            return _completed(work_dir, run_id)
+            return _completed(reader.result(), run_id)
         if st.get("status") in ("failed", "stopped"):
             drain()  # a record written just before the status (the epsilon a stopped round spent)
             raise FlowerRunError(f"Flower run {run_id} {st['status']}: {st.get('error')}")
@@ -93,9 +89,8 @@ def wait_for_result(
             next_status = now + status_every_s
             flwr_status = fed.status(run_id).get("status", "")
             if flwr_status.startswith("finished"):
-                time.sleep(2.0)  # the ServerApp may be writing its status right now
-                st = json.loads(st_path.read_text()) if st_path.is_file() else {}
-                if st.get("status") not in ("completed", "failed", "stopped"):
+                time.sleep(2.0)  # the ServerApp may be reporting its status right now
+                if reader.status().get("status") not in ("completed", "failed", "stopped"):
                     raise FlowerRunError(
                         f"Flower run {run_id} ended as {flwr_status} without a result; "
                         f"ServerApp log:\n{fed.server_log(run_id)}"
@@ -177,19 +172,38 @@ def on_superlink(
     spec: ServerSpec, superlink: str, root_certificates: str, timeout_s: float, on_round=None, log=LOG
 ) -> RunResult:
     """Submit `spec` to the SuperLink at `superlink` (TLS with `root_certificates`, "" = --insecure) and follow the
-    run to its result; the ServerApp runs on the SuperLink's host and writes its work folder there."""
+    run to its result; the ServerApp runs on the SuperLink's host and writes its work folder there. With the spec's
+    `report_to`, the run is followed through the tracking server (the SuperLink's disk is not this machine's);
+    without one, `spec.work_dir` must be a folder this machine shares with the SuperLink's host."""
     work = Path(spec.work_dir)
     with Federation(work / "federation", superlink, root_certificates, log=log) as fed:
         run_id = fed.submit(spec)
         log(f"flower deployment: run {run_id} on SuperLink {superlink}")
-        return wait_for_result(fed, run_id, work, on_round, timeout_s)
+        if spec.report_to is not None:
+            log(f"following run {run_id} through MLflow run {spec.report_to.run_id} at {spec.report_to.tracking_uri}")
+        return wait_for_result(fed, run_id, work, on_round, timeout_s, report_to=spec.report_to)
 
 
-def server_spec(job, settings: FlowerSettings, sources: list[str], evaluators: list[str], work_dir: Path) -> ServerSpec:
+def report_to_of(job, tracking_uri: str) -> ReportTo | None:
+    """Where the ServerApp of `job` reports besides its work folder: the job's MLflow run (TrainJob.record_ids) at
+    `tracking_uri`; None when either is missing (the launcher then reads the work folder)."""
+    if not tracking_uri or not job.mlflow_run_id:
+        return None
+    return ReportTo(tracking_uri=tracking_uri, run_id=str(job.mlflow_run_id))
+
+
+def server_spec(
+    job,
+    settings: FlowerSettings,
+    sources: list[str],
+    evaluators: list[str],
+    work_dir: Path,
+    report_to: ReportTo | None = None,
+) -> ServerSpec:
     """The ServerApp's spec of one planned run (fedccrl_core/federation/plan.py TrainJob) over Flower with `settings`
     (params.yaml train.flower): its sites, `sources` training and `evaluators` evaluating the held-out domain (every
     site of the run takes part unless train.flower.num_clients says otherwise), its round checkpoint (job.ckpt)
-    and its work folder `work_dir`."""
+    and its work folder `work_dir`; `report_to`: where it also reports (report_to_of)."""
     s = job.settings
     return ServerSpec(
         algorithm=job.algorithm,
@@ -214,18 +228,29 @@ def server_spec(job, settings: FlowerSettings, sources: list[str], evaluators: l
         classes=list(job.classes),
         image_size=int(job.image_size),
         domains=list(job.domains),
+        report_to=report_to,
     )
 
 
 def train_with_flower(
-    job, settings: FlowerSettings, *, shards: str | Path, pools: str | Path, on_round=None, log=LOG
+    job,
+    settings: FlowerSettings,
+    *,
+    shards: str | Path,
+    pools: str | Path,
+    on_round=None,
+    log=LOG,
+    tracking_uri: str = "",
 ) -> RunResult:
     """pipeline/fedccrl_pipeline/train.py's `train.engine: flower`: one TrainJob (fedccrl_core/federation/plan.py)
     over Flower with `settings` (params.yaml `train.flower`, validated once by the caller) -> RunResult, its sites
     the clients of the central partition in `shards`. The ServerApp checkpoints where the in-process engine would
-    (`job.ckpt`); its work folder sits beside it (<checkpoint>.flower/)."""
+    (`job.ckpt`); its work folder sits beside it (<checkpoint>.flower/). On a remote SuperLink
+    (train.flower.superlink), the run is followed through `tracking_uri` (report_to_of)."""
     sources, evaluators = federation_sites(shards, job.target)
-    spec = server_spec(job, settings, sources, evaluators, work_dir_of(Path(job.ckpt)))
+    remote = settings.mode != "simulation" and bool(settings.superlink)
+    report_to = report_to_of(job, tracking_uri) if remote else None
+    spec = server_spec(job, settings, sources, evaluators, work_dir_of(Path(job.ckpt)), report_to)
     if spec.local.privacy is not None and spec.local.privacy.enabled:
         from fedccrl_core.privacy.study_ledger import earlier_attempts
 
@@ -247,6 +272,7 @@ def train_deployed(
     superlink: str,
     root_certificates: str,
     timeout_s: float,
+    tracking_uri: str = "",
     shards=None,
     pools=None,
     on_round=None,
@@ -254,11 +280,14 @@ def train_deployed(
 ) -> RunResult:
     """`fedccrl federate`: one TrainJob (fedccrl_core/federation/plan.py plan_deployed) trained by the sites of the
     federation file over the SuperLink at `superlink`; this machine reads no data file (`shards`, `pools`: None).
-    The ServerApp's work folder is the job's checkpoint's folder."""
+    The ServerApp's work folder is the job's checkpoint's folder, on the SuperLink's host; the run is followed
+    through the tracking server at `tracking_uri` (the job's MLflow run: report_to_of)."""
     assert shards is None and pools is None, "a deployment's sites hold the data"
     sources, evaluators = federation.sources(job.target), federation.evaluators(job.target)
     settings.require_clients(len(sources), job.target)
-    spec = server_spec(job, settings, sources, evaluators, Path(job.ckpt).resolve().parent)
+    spec = server_spec(
+        job, settings, sources, evaluators, Path(job.ckpt).resolve().parent, report_to_of(job, tracking_uri)
+    )
     return on_superlink(spec, superlink, root_certificates, timeout_s, on_round, log)
 
 

@@ -27,7 +27,9 @@ checkpointed round (client states live on the clients).
 
 Outputs: the checkpoint (`spec.checkpoint`, default <work_dir>/checkpoint.pt) and, per Flower run,
 <work_dir>/run-<run id>/: rounds.jsonl (one record per finished round), status.json (running | completed |
-failed | stopped), server.log and result.pt (the RunResult fields).
+failed | stopped), server.log and result.pt (the RunResult fields); with the spec's `report_to`, the records,
+status and result also go to the MLflow run it names (tracked_report.py), which an operator follows without this
+disk.
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from fedccrl_flower.query_phase import exchange_query, sort_query_replies
 from fedccrl_flower.replies import Ledger
 from fedccrl_flower.report import FlowerResult, RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
+from fedccrl_flower.tracked_report import TrackedWriter
 from fedccrl_flower.train_phase import exchange_train, train_messages
 from fedccrl_flower.transport import (
     PhaseTimer,
@@ -82,12 +85,13 @@ class FlowerServer:
         grid: Grid,
         spec: ServerSpec,
         report_dir: str | Path | None = None,
+        run_id: int | None = None,
         log: Callable[[str], None] | None = None,
         sleep: Callable[[float], None] = time.sleep,
         clock: Callable[[], float] = time.monotonic,
     ):
         self.grid, self.spec = grid, spec
-        self.report = RunReport(report_dir or spec.work_dir)
+        self.report = RunReport(report_dir or spec.work_dir, tracked_writer(spec, run_id))
         self.checkpoint_path = Path(spec.checkpoint) if spec.checkpoint else Path(spec.work_dir) / "checkpoint.pt"
         self.log = log or self.report.log
         self.timer = PhaseTimer(spec, self.log, clock, sleep)
@@ -238,6 +242,15 @@ class FlowerServer:
         return result
 
 
+def tracked_writer(spec: ServerSpec, run_id: int | None) -> TrackedWriter | None:
+    """The spec's `report_to` for Flower run `run_id` (tracked_report.py), None without one."""
+    if spec.report_to is None:
+        return None
+    if run_id is None:
+        raise ValueError("a spec with report_to needs the Flower run id to report under")
+    return TrackedWriter(spec.report_to, run_id)
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     if context.run_config.get(M.RUN_TASK) == M.TASK_SITE_EVAL:  # an evaluation-only run: no training
@@ -255,7 +268,7 @@ def main(grid: Grid, context: Context) -> None:
         )
         raise SystemExit(2)
     spec = ServerSpec.from_json(str(raw), f"Flower run config '{M.RUN_SPEC}'")
-    FlowerServer(grid, spec, report_dir=report_dir(spec.work_dir, context.run_id)).run()
+    FlowerServer(grid, spec, report_dir=report_dir(spec.work_dir, context.run_id), run_id=context.run_id).run()
 
 
 __all__ = ["FlowerServer", "app"]

@@ -75,6 +75,14 @@ class ClientSpec(_Spec):
     domains: list[str] = Field(default_factory=list)  # the federation's, one of which is a site's ([]: unchecked)
 
 
+class ReportTo(Record):
+    """Where the ServerApp reports a run besides its work folder (tracked_report.py): the team's MLflow tracking
+    server, which the operator and the SuperLink's host both reach, and the MLflow run (the operator's child run)."""
+
+    tracking_uri: str = Field(min_length=1)
+    run_id: str = Field(min_length=1)
+
+
 class ServerSpec(_Spec):
     """Everything the ServerApp needs; travels as JSON in the run config (`spec`)."""
 
@@ -103,6 +111,7 @@ class ServerSpec(_Spec):
     classes: list[str] = Field(default_factory=list)  # the federation's class list, in label order ([]: unchecked)
     image_size: int = Field(0, ge=0)  # the federation's image size (0: unchecked); each site checks its data
     domains: list[str] = Field(default_factory=list)  # the federation file's domains ([]: unchecked), held_out one
+    report_to: ReportTo | None = None  # None: the launcher reads the work folder (it shares the ServerApp's disk)
 
     FROM_SETTINGS: ClassVar[tuple[str, ...]] = (
         "min_clients",

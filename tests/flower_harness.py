@@ -247,6 +247,7 @@ class LoopbackFederation:
                 grid,
                 spec,
                 report_dir=report_dir(spec.work_dir, 1),
+                run_id=1,
                 log=lambda m: None,
                 sleep=lambda s: grid.now.__setitem__(0, grid.now[0] + s),
                 clock=lambda: grid.now[0],

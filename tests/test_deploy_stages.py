@@ -333,9 +333,11 @@ def on_loopback(monkeypatch, grid_of) -> list:
             submitted.append(spec)
             return 1
 
-    def served(fed, run_id, work, on_round=None, timeout=0.0):  # wait_for_result: the records, then the result
+    def served(
+        fed, run_id, work, on_round=None, timeout=0.0, report_to=None
+    ):  # wait_for_result: the records, then the result
         spec = submitted[-1]
-        res = serve(grid_of(spec), spec)
+        res = serve(grid_of(spec), spec.model_copy(update={"report_to": None}))  # handed over, not through MLflow
         for rec in res.history:
             on_round(rec)
         return RunResult(res.history, res.final_weights, res.best_weights, res.best_round, extra=res.extra)
@@ -462,3 +464,153 @@ def test_a_deployment_without_a_test_folder_evaluates_reports_draws_and_exports(
     assert not (ws / "exports2").exists()
     code, out = _cli(ws, *export, "--no-mlflow", "--out", "exports2")
     assert code == 2 and "--deploy is a deployment's" in out, out
+
+
+def on_remote_link(monkeypatch, server_root: Path, grid_of, watching: list) -> None:
+    """`fedccrl federate` submitting to a SuperLink whose host has a disk of its own: the submitted run is served
+    here on grid_of(spec) (tests/flower_harness.py) by the ServerApp as Flower run 1, its work folder the same path
+    under `server_root` (another machine's disk); `watching[0]` is False while the ServerApp runs."""
+    import fedccrl_flower.run as run_mod
+    from fedccrl_flower.server_app import FlowerServer
+    from fedccrl_flower.spec import report_dir
+
+    def on_server(path: str) -> str:
+        return str(server_root / Path(path).relative_to(Path(path).anchor))
+
+    class RemoteLink:  # fedccrl_flower/federation.py Federation, its SuperLink on another machine
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def submit(self, spec):
+            remote = spec.model_copy(
+                update={"work_dir": on_server(spec.work_dir), "checkpoint": on_server(spec.checkpoint)}
+            )
+            grid = grid_of(spec)
+            watching[0] = False
+            try:
+                FlowerServer(
+                    grid,
+                    remote,
+                    report_dir=report_dir(remote.work_dir, 1),
+                    run_id=1,
+                    log=lambda m: None,
+                    sleep=lambda s: grid.now.__setitem__(0, grid.now[0] + s),
+                    clock=lambda: grid.now[0],
+                ).run()
+            finally:
+                watching[0] = True
+            return 1
+
+        def check_alive(self):
+            pass
+
+        def status(self, run_id):
+            return {"status": "finished:completed"}
+
+    monkeypatch.setattr(run_mod, "Federation", RemoteLink)
+
+
+def test_federate_follows_the_run_through_mlflow_without_the_superlinks_disk(data, tmp_path, monkeypatch):
+    """The SuperLink's host keeps the ServerApp's work folder on its own disk (server/): `fedccrl federate` follows
+    the rounds and fetches the trained weights through the run's MLflow child run (fedccrl_flower/tracked_report.py)
+    and opens nothing under server/ (an audit hook on "open"); its run folder is the one of a run whose result is
+    read from the ServerApp's folder (today's launcher, which shared that disk). A result whose bytes differ from the digest the ServerApp reported is
+    refused, naming it."""
+    import sys
+
+    import mlflow
+    from flower_harness import loopback
+
+    from fedccrl_core.federation.history import load_history
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_core.learning.model_file import torch_load
+    from fedccrl_flower.report import read_result
+    from fedccrl_flower.spec import ReportTo, report_dir
+    from fedccrl_flower.tracked_report import TrackedReader, artifact_dir
+    from fedccrl_pipeline.federate import federate
+
+    params = write_params(tmp_path, {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu"})
+    fed_file = federation_file(data, tmp_path)
+    grid_of = lambda spec: loopback(data, clients=[*spec.sources, *spec.evaluators])  # noqa: E731
+    server, operator = tmp_path / "server", tmp_path / "operator"
+    watching, opened = [False], []
+
+    def audit(event, args):
+        if event == "open" and watching[0] and str(args[0]).startswith(str(server)):
+            opened.append(args[0])
+
+    sys.addaudithook(audit)  # stays for the process: inert once `watching` is off
+    on_remote_link(monkeypatch, server, grid_of, watching)
+    out = operator / "models" / "fedavg" / "s0" / f"d{HELD_OUT}"
+    watching[0] = True
+    try:
+        federate(fed_file, params, "fedavg", 0, HELD_OUT, "127.0.0.1:1", "", out, operator / "work", 0.0)
+    finally:
+        watching[0] = False
+    assert opened == []
+    ckpt = server / (operator / "work").relative_to("/") / "checkpoint.pt"
+    assert ckpt.is_file() and not (operator / "work" / "checkpoint.pt").exists()  # the ServerApp's, on its disk
+
+    # the run folder is the one today's launcher wrote from the ServerApp's own result.pt in its folder
+    server_side = read_result(report_dir(ckpt.parent, 1))
+    assert [r.to_dict() for r in load_history(out).rounds] == [r.to_dict() for r in server_side.history]
+    for name, weights in (
+        (contract.MODEL_FILE, server_side.final_weights),
+        (contract.BEST_FILE, server_side.best_weights),
+    ):
+        saved = torch_load(out / name)["state_dict"]
+        assert saved.keys() == weights.keys() and all(torch.equal(saved[k], weights[k]) for k in saved)
+
+    child = str(load_history(out).meta.mlflow_run_id)
+    client = mlflow.MlflowClient()
+    assert [m.step for m in client.get_metric_history(child, contract.TARGET_ACC)] == [1]  # on_round, per record
+    reader = TrackedReader(ReportTo(tracking_uri=mlflow.get_tracking_uri(), run_id=child), 1)
+    assert reader.status()["status"] == "completed" and reader.status()["records"] == 1
+    stored = Path(client.get_run(child).info.artifact_uri.removeprefix("file://")) / artifact_dir(1) / "result.pt"
+    stored.write_bytes(stored.read_bytes() + b"\0")
+    with pytest.raises(DataError, match="result.pt has sha256 .* reported"):
+        reader.result()
+
+
+def test_a_failure_reported_through_mlflow_is_an_error_after_its_records(tmp_path):
+    """The ServerApp reports a record and then `failed` with its error to the MLflow run (tracked_report.py): the
+    operator's wait_for_result hands the record on, then raises FlowerRunError with that error, reading nothing
+    under the work folder it is given; a status tag that is not JSON is an error naming the run and the tag."""
+    import mlflow
+
+    from fedccrl_core.federation.round_record import parse_round
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_flower.processes import FlowerRunError
+    from fedccrl_flower.run import wait_for_result
+    from fedccrl_flower.spec import ReportTo
+    from fedccrl_flower.tracked_report import TrackedWriter, status_tag
+    from fedccrl_pipeline.mlflow_store import set_experiment
+
+    class Link:  # the Flower side: the SuperLink's run still listed as running
+        def check_alive(self):
+            pass
+
+        def status(self, run_id):
+            return {"status": "running"}
+
+    run = mlflow.MlflowClient().create_run(set_experiment("no-shared-disk").experiment_id).info.run_id
+    target = ReportTo(tracking_uri=mlflow.get_tracking_uri(), run_id=run)
+    spent = parse_round({"round": 2, contract.DP_STOPPED: 1.0}, "a stopped round")
+    writer = TrackedWriter(target, 7)
+    writer.status("running")
+    writer.append_record(spent)
+    writer.status("failed", error="round 3: too few clients")
+    seen: list = []
+    nowhere = tmp_path / "not-this-machines"
+    with pytest.raises(FlowerRunError, match="Flower run 7 failed: round 3: too few clients"):
+        wait_for_result(Link(), 7, nowhere, seen.append, poll_s=0.01, report_to=target)
+    assert seen == [spent] and not nowhere.exists()
+    mlflow.MlflowClient().set_tag(run, status_tag(7), "{not json")
+    with pytest.raises(DataError, match=f"MLflow run {run} at .*: tag fedccrl.flower.run-7 is not JSON"):
+        wait_for_result(Link(), 7, nowhere, seen.append, poll_s=0.01, report_to=target)

@@ -2,8 +2,10 @@
 whose sites hold their own data. It reads no data file: the sites come from the federation file
 (fedccrl_flower/sites.py), the training settings from params.yaml, n_i and every accuracy from the sites' replies
 (the ServerApp evaluates on the sites: fedccrl_flower/evalsets.py). It submits the run to the SuperLink at
-`--superlink` (TLS with `--root-certificates`; the ServerApp then runs on the SuperLink's host and writes its work
-folder `--work` there: the launcher must share that filesystem), waits for it, and writes <out>/ as the train stage
+`--superlink` (TLS with `--root-certificates`; the ServerApp then runs on the SuperLink's host and keeps its
+checkpoint and log in `--work` there), follows it through the team's MLflow tracking server (MLFLOW_TRACKING_URI:
+the ServerApp reports each round, its status and the trained weights to the run's child run,
+fedccrl_flower/tracked_report.py; this machine opens nothing on the SuperLink host's disk), and writes <out>/ as the train stage
 writes a run folder (model.pt, best.pt, history.json, history.csv), through the train stage's own path
 (pipeline/fedccrl_pipeline/training.py): the same run key with the code's hash, model meta with its provenance,
 privacy summary, sweep budget and MLflow runs. <out> appears complete or not at all."""
@@ -48,6 +50,7 @@ def federate(
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
     from fedccrl_pipeline.deploy_params import load_deploy
+    from fedccrl_pipeline.mlflow_store import tracking_uri
     from fedccrl_pipeline.study_privacy import join_study
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, federation_plan
     from fedccrl_pipeline.tracked_data import deployed_data
@@ -76,6 +79,7 @@ def federate(
         superlink=superlink,
         root_certificates=root_certificates,
         timeout_s=timeout_s,
+        tracking_uri=tracking_uri(),  # the ServerApp reports the run there (fedccrl_flower/tracked_report.py)
     )
     tracking = TrainTracking(
         cfg, job.settings, algorithm, seed, deployed_data(fed_file, federation), [job], planned_epsilon, study

@@ -68,9 +68,12 @@ def train(
     study = join_study(cfg, plan, algorithm, seed, targets, jobs)  # spent + these runs' plan, before MLflow
     if settings.engine == "flower":  # the same jobs over Flower (fedccrl_flower/run.py)
         from fedccrl_flower.run import train_with_flower
+        from fedccrl_pipeline.mlflow_store import tracking_uri
 
         for job in jobs:  # train.flower as validated with the whole file, never validated again
-            job.flower_train = functools.partial(train_with_flower, settings=cfg.train.flower)
+            job.flower_train = functools.partial(
+                train_with_flower, settings=cfg.train.flower, tracking_uri=tracking_uri()
+            )
     n_workers = worker_count(workers, settings, len(jobs))
     data = shards_data(settings.dataset, settings.engine, manifest, shards)
     tracking = TrainTracking(cfg, settings, algorithm, seed, data, jobs, planned_epsilon, study)
