@@ -97,3 +97,14 @@ def test_the_operators_project_runs_dvc_repro_end_to_end(data, tmp_path, with_te
     assert (op / "plots" / "curves_sketch.png").is_file() and (op / "dvc.lock").is_file()
     status = subprocess.run([sys.executable, "-m", "dvc", "status"], cwd=op, env=env, capture_output=True, text=True)
     assert "up to date" in status.stdout, status.stdout  # nothing the stages read changed under them
+
+
+def test_the_repositorys_dvc_sees_its_own_stages_only():
+    """The template's dvc.yaml sits inside the checkout (package data): the root's DVC must not read it as one of
+    its pipelines (.dvcignore), or `dvc repro` at the root fails parsing its `${deploy.*}` matrix."""
+    dvc = Path(sys.executable).parent / "dvc"
+    listed = subprocess.run([dvc, "stage", "list", "--all"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert listed.returncode == 0, listed.stderr
+    stages = {line.split()[0] for line in listed.stdout.splitlines() if line.strip()}
+    assert "train@fedccrl-0" in stages or any(s.startswith("train@") for s in stages), stages
+    assert not any(s.startswith(("federate@", "evaluate_sites@")) for s in stages), stages
