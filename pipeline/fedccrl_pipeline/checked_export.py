@@ -64,6 +64,27 @@ def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batc
     return result
 
 
+def _checked_inputs(model_path: Path, shards: Path, card_maker):
+    """(the card's maker, the model, its metadata, the held-out images and labels), each checked before any work:
+    the card's records, the model file, its held-out domain, the images' size against the model's."""
+    from fedccrl_core.algorithms import load_model
+    from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.foundation import contract
+
+    if model_path.is_dir():
+        model_path = model_path / contract.MODEL_FILE
+    card = card_maker(model_path)
+    model, meta = load_model(model_path)
+    meta.require(model_path, "held_out_domain")
+    x, y = load_domain_test(shards, meta.held_out_domain)
+    if x.shape[1:] != (meta.image_size, meta.image_size, 3):
+        raise ValueError(
+            f"{shards}: held-out images are {x.shape[1:]}, the model expects "
+            f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
+        )
+    return card, model, meta, (x, y)
+
+
 def export_checked(
     model_path: Path,
     shards: Path,
@@ -90,26 +111,13 @@ def export_checked(
     "int8"); a refused copy (Int8Refused) leaves no output, as a failed parity check does."""
     import sys
 
-    from fedccrl_core.algorithms import load_model
-    from fedccrl_core.data.shards import load_domain_test
-    from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.fsio import atomic_path, write_text
     from fedccrl_serving.metadata import card_path, int8_path
 
     final_onnx, final_parity, final_card = out / ONNX_FILE, out / PARITY_FILE, card_path(out / ONNX_FILE)
     outputs = (final_onnx, final_parity, int8_path(final_onnx), final_card)
     _remove(outputs)  # as DVC does: a failed export leaves no earlier output behind
-    if model_path.is_dir():
-        model_path = model_path / contract.MODEL_FILE
-    card = card_maker(model_path)
-    model, meta = load_model(model_path)
-    meta.require(model_path, "held_out_domain")
-    x, y = load_domain_test(shards, meta.held_out_domain)
-    if x.shape[1:] != (meta.image_size, meta.image_size, 3):
-        raise ValueError(
-            f"{shards}: held-out images are {x.shape[1:]}, the model expects "
-            f"{meta.image_size}x{meta.image_size}x3 (shards from another image size?)"
-        )
+    card, model, meta, (x, y) = _checked_inputs(model_path, shards, card_maker)
     # renamed to model.onnx after the card and parity.json (and model.int8.onnx, when asked for) are written; a
     # failure on the way removes those already in place (_all_or_none)
     with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
