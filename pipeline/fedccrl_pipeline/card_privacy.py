@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fedccrl_pipeline.card_tables import table
 
 if TYPE_CHECKING:
-    from fedccrl_pipeline.model_card import CardRecords
+    from fedccrl_core.federation.history import RunHistory
+    from fedccrl_core.learning.model_meta import ModelMeta
 
 PRIVACY_DOC = "docs/privacy.md"
 
@@ -28,10 +30,19 @@ QUOTES = {
 }
 
 
-def privacy_section(r: CardRecords) -> list[str]:
+@dataclass(frozen=True)
+class SweepEpsilon:
+    """The sweep's ε per image (the MLflow parent's dp_epsilon_sweep_per_image), or why it is not known here."""
+
+    value: float | None
+    runs: int | None = None  # how many finished runs it composes
+    why_not: str = ""
+
+
+def privacy_section(meta: ModelMeta, history: RunHistory, sweep: SweepEpsilon) -> list[str]:
     """The card's differential privacy section: the run's ε and δ, the sweep's ε per image, and the doc's facts."""
-    dp, mark = r.history.dp, r.meta.privacy or (r.history.dp.mark if r.history.dp else None)
-    eps = next((x.dp_epsilon for x in reversed(r.history.rounds) if x.dp_epsilon is not None), None)
+    dp, mark = history.dp, meta.privacy or (history.dp.mark if history.dp else None)
+    eps = next((x.dp_epsilon for x in reversed(history.rounds) if x.dp_epsilon is not None), None)
     out = ["## Differential privacy", ""]
     if mark is not None:
         return [*out, f'Not private: {mark}. docs/privacy.md: "{QUOTES["seeded"]}".', ""]
@@ -42,7 +53,6 @@ def privacy_section(r: CardRecords) -> list[str]:
             f'What FedCCRL uploads besides its weights (docs/privacy.md): "{QUOTES["rows"]}".',
             "",
         ]
-    sweep = r.sweep
     sweep_text = (
         f"{sweep.value:.4g} over {sweep.runs} runs" if sweep.value is not None else f"not recorded ({sweep.why_not})"
     )

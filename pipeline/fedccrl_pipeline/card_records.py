@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.learning.model_meta import ModelMeta
-from fedccrl_pipeline.model_card import CardRecords, SweepEpsilon
+from fedccrl_pipeline.card_privacy import SweepEpsilon
+from fedccrl_pipeline.model_card import CardRecords
 
 if TYPE_CHECKING:
     from fedccrl_core.data.manifest import ShardManifest

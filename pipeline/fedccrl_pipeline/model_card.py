@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fedccrl_pipeline.card_privacy import PRIVACY_DOC, QUOTES, privacy_section
+from fedccrl_pipeline.card_privacy import PRIVACY_DOC, QUOTES, SweepEpsilon, privacy_section
 from fedccrl_pipeline.card_tables import ACC_HEADER, acc_row, pct, table
 
 if TYPE_CHECKING:
@@ -22,15 +22,6 @@ if TYPE_CHECKING:
     from fedccrl_core.learning.model_meta import ModelMeta
     from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored
     from fedccrl_flower.sites import FederationFile
-
-
-@dataclass(frozen=True)
-class SweepEpsilon:
-    """The sweep's ε per image (the MLflow parent's dp_epsilon_sweep_per_image), or why it is not known here."""
-
-    value: float | None
-    runs: int | None = None  # how many finished runs it composes
-    why_not: str = ""
 
 
 @dataclass(frozen=True)
@@ -211,5 +202,13 @@ def render(r: CardRecords) -> str:
         "result, parity.json, the training data's manifest); re-export to change it.",
         "",
     ]
-    parts = [head, _model(r), _data(r), _accuracy(r), privacy_section(r), _provenance(r), _limits(r)]
+    parts = [
+        head,
+        _model(r),
+        _data(r),
+        _accuracy(r),
+        privacy_section(r.meta, r.history, r.sweep),
+        _provenance(r),
+        _limits(r),
+    ]
     return "\n".join(line for part in parts for line in part).rstrip("\n") + "\n"
