@@ -9,17 +9,13 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation.fsio import write_text
 from fedccrl_core.foundation.procs import guarded
 from fedccrl_flower import messages as M
 from fedccrl_flower.node_config import node_config_arg
 from fedccrl_flower.processes import BIN, FlowerRunError, Proc, flower_env, free_port, stop_all, wait_http
-from fedccrl_flower.spec import ServerSpec
-
-if TYPE_CHECKING:
-    from fedccrl_flower.site_evaluation import SiteEvalSpec
+from fedccrl_flower.spec import ServerSpec, SiteEvalSpec
 
 APP_DIR = Path(__file__).resolve().parent / "app"  # the Flower App's pyproject.toml, installed with the package
 CONNECTION = "fedccrl"

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.serverapp import Grid
-from pydantic import Field
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import write_text
@@ -35,26 +34,10 @@ from fedccrl_flower.federation import LOG, Federation
 from fedccrl_flower.processes import FlowerRunError
 from fedccrl_flower.replies import BAD_REPLY, SiteRefusal, read_query_reply
 from fedccrl_flower.report import RunReport
-from fedccrl_flower.spec import ClientSpec, report_dir
+from fedccrl_flower.spec import ClientSpec, SiteEvalSpec, report_dir
 from fedccrl_flower.transport import error_reason, exchange, wait_for_nodes
 
 OUTCOME_FILE = "site_eval.json"  # in the run's report folder: the SiteEvalOutcome
-
-
-class SiteEvalSpec(Record):
-    """What the ServerApp of an evaluation-only run needs; travels as JSON in the run config (RUN_SPEC)."""
-
-    model_file: (
-        str  # read on the SuperLink's host (the launcher shares its filesystem, as for a training's work folder)
-    )
-    client_spec: str  # the ClientSpec JSON every site receives: the model's architecture, classes, image size, ...
-    splits: dict[str, str] = Field(min_length=1)  # {client id asked: "val" | "all"}
-    work_dir: str
-    wait_for_clients_s: float
-    reply_timeout_s: float
-
-    def to_json(self) -> str:
-        return json.dumps(self.model_dump(mode="json"))
 
 
 class Counts(Record):

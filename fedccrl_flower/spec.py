@@ -156,3 +156,19 @@ class ServerSpec(_Spec):
 def report_dir(work_dir: str | Path, run_id: int) -> Path:
     """<work_dir>/run-<run id>/: one Flower run's rounds.jsonl, status.json, server.log and result.pt."""
     return contract.flower_report_dir(work_dir, run_id)
+
+
+class SiteEvalSpec(Record):
+    """What the ServerApp of an evaluation-only run needs; travels as JSON in the run config (RUN_SPEC)."""
+
+    model_file: (
+        str  # read on the SuperLink's host (the launcher shares its filesystem, as for a training's work folder)
+    )
+    client_spec: str  # the ClientSpec JSON every site receives: the model's architecture, classes, image size, ...
+    splits: dict[str, str] = Field(min_length=1)  # {client id asked: "val" | "all"}
+    work_dir: str
+    wait_for_clients_s: float
+    reply_timeout_s: float
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"))

@@ -75,8 +75,7 @@ def site_eval_spec(meta: ModelMeta, model_file: Path, fed: FederationFile, split
     from (the model's algorithm, architecture, classes, image size, normalization; the federation's domains)."""
     from fedccrl_core.algorithm_params import PARAMS
     from fedccrl_core.algorithm_params.train import LocalConfig
-    from fedccrl_flower.site_evaluation import SiteEvalSpec
-    from fedccrl_flower.spec import ClientSpec
+    from fedccrl_flower.spec import ClientSpec, SiteEvalSpec
 
     meta.require(model_file, "algorithm", "held_out_domain", "seed")
     if meta.algorithm not in PARAMS:
