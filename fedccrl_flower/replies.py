@@ -15,6 +15,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.federation.round_privacy import released_sizes
+from fedccrl_core.federation.round_record import ClientDropped, ClientRefused
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 
@@ -112,35 +113,47 @@ class Ledger:
 
     def __init__(self, log: Callable[[str], None]):
         self.log = log
-        self.refused: list[dict] = []  # replies that arrived malformed
-        self.dropped: list[dict] = []  # clients that did not answer, were unavailable or raised
+        self._refused: dict[int, list[ClientRefused]] = {}  # per round: replies that arrived malformed
+        self._dropped: dict[
+            int, list[ClientDropped]
+        ] = {}  # per round: clients that did not answer, were unavailable or raised
 
     def refuse(self, rnd: int, who: str, reason: str) -> None:
         """A reply that arrived but cannot be used (malformed arrays, wrong client, ...)."""
-        self.refused.append({"round": rnd, "client": who, "reason": reason})
+        self._refused.setdefault(rnd, []).append(ClientRefused(client=who, reason=reason))
         self.log(f"round {rnd}: REFUSED reply of {who}: {reason}")
 
     def drop(self, rnd: int, client: str | None, node: int, phase: str, reason: str, detail: str) -> None:
         """One client dropped from round `rnd`: in the round's record (`dropped_clients`) and the log."""
-        self.dropped.append(
-            {"round": rnd, "client": client, "node": node, "phase": phase, "reason": reason, "detail": detail}
+        self._dropped.setdefault(rnd, []).append(
+            ClientDropped(client=client, node=node, phase=phase, reason=reason, detail=detail)
         )
         self.log(
             f"round {rnd}: {client or 'unknown client'} (node {node}) dropped in the {phase} phase: {reason} ({detail})"
         )
 
+    def dropped_in(self, rnd: int) -> set[str]:
+        """The clients dropped from round `rnd` (a node that never said which client it serves names none)."""
+        return {d.client for d in self._dropped.get(rnd, []) if d.client is not None}
+
     def dropped_text(self, rnd: int) -> str:
         return (
             "; ".join(
-                f"{d['client'] or 'node ' + str(d['node'])}: {d['reason']} in {d['phase']} ({d['detail']})"
-                for d in self.dropped
-                if d["round"] == rnd
+                f"{d.client or 'node ' + str(d.node)}: {d.reason} in {d.phase} ({d.detail})"
+                for d in self._dropped.get(rnd, [])
             )
             or "none"
         )
 
     def record(self, rnd: int) -> dict:
         """The round record's counts and lists (`refused`, `dropped`, `dropped_clients`, `refused_clients`)."""
-        drops = [{k: v for k, v in x.items() if k != "round"} for x in self.dropped if x["round"] == rnd]
-        refusals = [{k: v for k, v in x.items() if k != "round"} for x in self.refused if x["round"] == rnd]
+        drops = [d.to_dict() for d in self._dropped.get(rnd, [])]
+        refusals = [r.to_dict() for r in self._refused.get(rnd, [])]
         return {"refused": len(refusals), "dropped": len(drops), "dropped_clients": drops, "refused_clients": refusals}
+
+    def result(self) -> dict[str, list[dict]]:
+        """The run result's `refused` and `dropped` lists: every round's, each entry with its round."""
+        return {
+            "refused": [{"round": rnd, **r.to_dict()} for rnd, rs in self._refused.items() for r in rs],
+            "dropped": [{"round": rnd, **d.to_dict()} for rnd, ds in self._dropped.items() for d in ds],
+        }

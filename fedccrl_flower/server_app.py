@@ -126,7 +126,7 @@ class FlowerServer:
     def evaluate(self, rnd: int, global_w: dict) -> Evaluation:
         """EVALUATE at every site that answered this round's QUERY and was not dropped since."""
         assert self.round is not None and self.round.rnd == rnd
-        gone = {d["client"] for d in self.ledger.dropped if d["round"] == rnd}  # dropped while training
+        gone = self.ledger.dropped_in(rnd)  # dropped while training
         sites = self.round.sites(gone)
         done = evaluate_at_sites(self.grid, sites, global_w, self.spec, rnd, ledger=self.ledger, timer=self.timer)
         self.round.eval_wire_up, self.round.eval_wire_down = done.wire_up, done.wire_down
@@ -236,7 +236,7 @@ class FlowerServer:
             best_weights=res.best_weights,
             best_round=res.best_round,
             resumed_from=res.resumed_from,
-            extra={**res.extra, "refused": self.ledger.refused, "dropped": self.ledger.dropped, "engine": "flower"},
+            extra={**res.extra, **self.ledger.result(), "engine": "flower"},
         )
         self.report.result(result)
         return result

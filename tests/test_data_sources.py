@@ -315,3 +315,12 @@ def test_bad_source_params(tmp_path):
     with pytest.raises(DataError, match="neither 'registry', an http"):
         run(tmp_path, tmp_path / "nowhere.zip")
     assert_nothing_left(tmp_path)
+
+
+def test_a_registry_source_without_a_download_is_refused_naming_the_dataset(tmp_path):
+    """imagefolder has no registry download: source 'registry' is a DataError naming it, and nothing is written."""
+    with pytest.raises(DataError, match="no download for 'imagefolder'"):
+        prepare_raw(
+            registry.get_dataset("imagefolder"), "registry", tmp_path / "raw", tmp_path / "r.json", progress=False
+        )
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -191,7 +191,7 @@ def test_each_deployment_run_is_an_mlflow_child_of_the_deployments_parent(tmp_pa
             rec |= {"seconds": 1.0, "bytes_up": 1, "bytes_down": 1, "target_n": SITES_N}
             tracking.on_message("round", job.index, RoundRecord.model_validate(rec))
         tracking.finish_all("FINISHED")
-        runs.append((mlflow.MlflowClient().get_run(ids["mlflow_run_id"]), job))
+        runs.append((mlflow.MlflowClient().get_run(ids.mlflow_run_id), job))
     (first, _), (child, job) = runs
     assert first.data.tags["mlflow.parentRunId"] == child.data.tags["mlflow.parentRunId"]
     parent = mlflow.MlflowClient().get_run(child.data.tags["mlflow.parentRunId"])

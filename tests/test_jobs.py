@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from fedccrl_core.algorithm_params.train import LocalConfig
-from fedccrl_core.federation.plan import RunSettings, TrainJob
+from fedccrl_core.federation.plan import RunIds, RunSettings, TrainJob
 from fedccrl_core.federation.workers import run_jobs
 
 
@@ -93,7 +93,7 @@ def _workers() -> set[int]:
 @pytest.mark.full("spawns worker processes that import torch (~20 s on 2 cores)")
 def test_pool_streams_records_before_each_summary(tmp_path):
     seen = []
-    start = lambda job: {"commit": "c", "mlflow_run_id": f"r{job.index}", "mlflow_experiment_id": "e"}  # noqa: E731
+    start = lambda job: RunIds("c", f"r{job.index}", "e")  # noqa: E731
     run_jobs(
         _jobs(3, tmp_path), 2, tmp_path, tmp_path, start, lambda kind, i, p: seen.append((kind, i, p)), train=counting
     )
@@ -118,7 +118,7 @@ def test_a_crash_in_a_worker_surfaces_with_its_traceback_and_stops_the_others(tm
             2,
             tmp_path,
             tmp_path,
-            lambda job: {"commit": "", "mlflow_run_id": None, "mlflow_experiment_id": None},
+            lambda job: RunIds(),
             lambda *a: None,
             train=crashing,
         )
@@ -137,7 +137,7 @@ def test_a_known_error_in_a_worker_is_one_line_naming_the_domain(tmp_path):
             2,
             tmp_path,
             tmp_path,
-            lambda job: {"commit": "", "mlflow_run_id": None, "mlflow_experiment_id": None},
+            lambda job: RunIds(),
             lambda *a: None,
             train=bad_data,
         )

@@ -57,6 +57,30 @@ class StepContext:
     real_rows: int | None = None  # a padded batch (static shapes): its first real_rows rows are real, else None
 
 
+@dataclass
+class _Tally:
+    """A client's local run, summed over its steps on the device: each loss term with its own count (a term present
+    in some steps only: FedADG's adversarial epochs), the correct predictions and the samples seen."""
+
+    correct: torch.Tensor
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    seen: int = 0
+
+    def add(self, terms: dict[str, torch.Tensor], logits: torch.Tensor, y: torch.Tensor, real: int) -> None:
+        for k, v in terms.items():
+            self.sums[k] = self.sums.get(k, 0) + v.detach().float()
+            self.counts[k] = self.counts.get(k, 0) + 1
+        self.correct += (logits.detach().argmax(1) == y[:real]).sum()
+        self.seen += real
+
+    def metrics(self) -> dict[str, float]:
+        """The mean of each term and the training accuracy: one host sync per client-round."""
+        metrics = {k: float(v) / self.counts[k] for k, v in self.sums.items()}
+        metrics[contract.TRAIN_ACC] = float(self.correct) / max(self.seen, 1)
+        return metrics
+
+
 class Algorithm:
     name = "base"
     # The hyperparameters of this algorithm, declared once (fedccrl_core/foundation/hparams.py): type, default, bounds
@@ -203,6 +227,39 @@ class Algorithm:
         data = self.local_dataset(data, state, payload, generator, shuffle_rng)
         assert data.train_x is not None  # the engine passes resident clients (ClientData.resident)
         fast = fastpath.enabled(self.local.fast, data.train_x.device)
+        opt, sched, ctx = self._begin_local_run(model, data, state, global_weights, payload, generator)
+        n, bs, dev = data.n_train, self.local.batch_size, data.train_x.device
+        static = self.pads_partial_batch and fastpath.static_batches(self.local.fast, dev)
+        tally = _Tally(correct=torch.zeros((), device=dev))
+        for epoch in range(self.local_epoch_count()):
+            ctx.epoch = epoch
+            order = fastpath.to_device(torch.from_numpy(shuffle_rng.permutation(n)), dev)
+            for start in range(0, n, bs):
+                idx = order[start : start + bs]
+                real = idx.numel()
+                if real < self.min_batch():
+                    continue
+                if static and real < bs:  # padded to the static shape; the step reads its real rows only
+                    idx = pad_rows(idx, bs)
+                ctx.real_rows = real if idx.numel() > real else None
+                x = normalize_u8(data.train_x[idx], self.local.mean, self.local.std)
+                self._local_step(model, opt, ctx, (x, data.train_y[idx]), real, fast, tally)
+                yield
+            sched.step()
+        state.optimizer = opt.state_dict()  # no copy: this optimizer is dropped, its tensors now belong to the state
+        state.scheduler = sched.state_dict()
+        self.end_local(model, state, ctx)
+        metrics = tally.metrics()
+        metrics[contract.LR] = float(opt.param_groups[0]["lr"])
+        metrics.update(ctx.metrics)
+        if self.local.privacy is not None:  # train.privacy on: computed on the client's data, not noised, so not sent
+            metrics = {}
+        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        return Reply(data.client_id, weights, n, metrics, ctx.upload)
+
+    def _begin_local_run(self, model, data: ClientData, state: ClientState, global_weights: dict, payload, generator):
+        """The model at the global weights in train mode, the optimizer and scheduler (resumed from the client's
+        state) and the step context, begin_local called: (optimizer, scheduler, context)."""
         fastpath.prepare_model(model, self.local.fast)
         model.load_state_dict(global_weights)
         model.train()
@@ -216,50 +273,20 @@ class Algorithm:
             payload, [p.detach().clone() for p in model.parameters()], generator, global_weights=global_weights
         )
         self.begin_local(model, data, state, ctx)
-        n, bs, dev = data.n_train, self.local.batch_size, data.train_x.device
-        static = self.pads_partial_batch and fastpath.static_batches(self.local.fast, dev)
-        sums: dict[str, torch.Tensor] = {}
-        counts: dict[str, int] = {}  # a term present in some steps only (FedADG's adversarial epochs)
-        correct = torch.zeros((), device=dev)
-        seen = 0
-        for epoch in range(self.local_epoch_count()):
-            ctx.epoch = epoch
-            order = fastpath.to_device(torch.from_numpy(shuffle_rng.permutation(n)), dev)
-            for start in range(0, n, bs):
-                idx = order[start : start + bs]
-                real = idx.numel()
-                if real < self.min_batch():
-                    continue
-                if static and real < bs:  # padded to the static shape; the step reads its real rows only
-                    idx = pad_rows(idx, bs)
-                ctx.real_rows = real if idx.numel() > real else None
-                x = normalize_u8(data.train_x[idx], self.local.mean, self.local.std)
-                y = data.train_y[idx]
-                with fastpath.autocast(fast, dev), real_rows_only(model, real, idx.numel()):
-                    loss, terms, logits = self.train_step(model, x, y, ctx)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                with fastpath.autocast(fast, dev):
-                    terms = {**terms, **self.after_step(model, ctx)}
-                for k, v in {contract.LOSS: loss, **terms}.items():
-                    sums[k] = sums.get(k, 0) + v.detach().float()
-                    counts[k] = counts.get(k, 0) + 1
-                correct += (logits.detach().argmax(1) == y[:real]).sum()
-                seen += real
-                yield
-            sched.step()
-        state.optimizer = opt.state_dict()  # no copy: this optimizer is dropped, its tensors now belong to the state
-        state.scheduler = sched.state_dict()
-        self.end_local(model, state, ctx)
-        metrics = {k: float(v) / counts[k] for k, v in sums.items()}  # one host sync per client-round
-        metrics[contract.TRAIN_ACC] = float(correct) / max(seen, 1)
-        metrics[contract.LR] = float(opt.param_groups[0]["lr"])
-        metrics.update(ctx.metrics)
-        if self.local.privacy is not None:  # train.privacy on: computed on the client's data, not noised, so not sent
-            metrics = {}
-        weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        return Reply(data.client_id, weights, n, metrics, ctx.upload)
+        return opt, sched, ctx
+
+    def _local_step(self, model, opt, ctx: StepContext, batch, real: int, fast: bool, tally: _Tally) -> None:
+        """One optimizer step on the normalized batch (x, y), its loss terms and correct predictions tallied."""
+        x, y = batch
+        dev = x.device
+        with fastpath.autocast(fast, dev), real_rows_only(model, real, x.shape[0]):
+            loss, terms, logits = self.train_step(model, x, y, ctx)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        with fastpath.autocast(fast, dev):
+            terms = {**terms, **self.after_step(model, ctx)}
+        tally.add({contract.LOSS: loss, **terms}, logits, y, real)
 
     # ---- Algorithm 1 line 23 ---------------------------------------------------------------
     def sample_count(self, data: ClientData) -> int:

@@ -143,6 +143,51 @@ def archive_kind(path: str | os.PathLike) -> str | None:
     return None
 
 
+def _open(archive: Path, kind: str) -> zipfile.ZipFile | tarfile.TarFile:
+    try:
+        if kind == "zip":
+            return zipfile.ZipFile(archive)
+        return tarfile.open(archive, "r:*")
+    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as e:
+        raise DataError(f"{archive}: cannot open archive ({e})") from e
+
+
+def _extract_member(ar: zipfile.ZipFile | tarfile.TarFile, member, rel: Path, dest: Path, archive: Path) -> None:
+    """One checked regular file out of the archive, never over an existing file."""
+    target = dest / rel
+    if target.exists():
+        raise DataError(f"{archive}: member {str(rel)!r} would overwrite an existing file")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if isinstance(ar, zipfile.ZipFile):
+            with ar.open(member) as src, open(target, "xb") as f:
+                shutil.copyfileobj(src, f, CHUNK)
+        else:  # the member under its checked, normalized name
+            ar.extract(member.replace(name=str(rel), deep=False), dest, set_attrs=False, filter="data")
+    except tarfile.FilterError as e:
+        raise UnsafeArchiveError(
+            f"{archive}: member {member.name!r} refused by tarfile's data filter ({e}); nothing usable was extracted"
+        ) from e
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as e:
+        raise DataError(f"{archive}: cannot extract member {str(rel)!r} ({e})") from e
+
+
+def _copy_links(plan: _Plan, dest: Path, archive: Path, progress: bool) -> None:
+    """A link inside the archive becomes a copy of its target file; one whose target is no file is skipped."""
+    for rel, target_rel in plan.links:
+        src, dst = dest / target_rel, dest / rel
+        if src.is_file() and not src.is_symlink() and not dst.exists():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, dst)
+        elif progress:
+            print(
+                f"extract {archive.name}: skipped link {str(rel)!r} -> {str(target_rel)!r} "
+                f"(target is not a file in the archive)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+
 def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: bool = True) -> int:
     """Extract a zip or tar(.gz/.bz2/.xz) archive into `dest`, refusing anything unsafe.
 
@@ -155,15 +200,7 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
     if kind is None:
         raise DataError(f"{archive}: not a zip or tar archive")
     dest.mkdir(parents=True, exist_ok=True)
-    try:
-        ctx: zipfile.ZipFile | tarfile.TarFile
-        if kind == "zip":
-            ctx = zipfile.ZipFile(archive)
-        else:
-            ctx = tarfile.open(archive, "r:*")
-    except (zipfile.BadZipFile, tarfile.TarError, OSError, EOFError) as e:
-        raise DataError(f"{archive}: cannot open archive ({e})") from e
-    with ctx as ar:
+    with _open(archive, kind) as ar:
         try:
             plan = _plan_zip(ar, archive) if isinstance(ar, zipfile.ZipFile) else _plan_tar(ar, archive)
         except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
@@ -178,35 +215,8 @@ def safe_extract(archive: str | os.PathLike, dest: str | os.PathLike, progress: 
             (dest / rel).mkdir(parents=True, exist_ok=True)
         bar = counter(len(plan.files), f"extract {archive.name}", progress)
         for member, rel in plan.files:
-            target = dest / rel
-            if target.exists():
-                raise DataError(f"{archive}: member {str(rel)!r} would overwrite an existing file")
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                if isinstance(ar, zipfile.ZipFile):
-                    with ar.open(member) as src, open(target, "xb") as f:
-                        shutil.copyfileobj(src, f, CHUNK)
-                else:  # the member under its checked, normalized name
-                    ar.extract(member.replace(name=str(rel), deep=False), dest, set_attrs=False, filter="data")
-            except tarfile.FilterError as e:
-                raise UnsafeArchiveError(
-                    f"{archive}: member {member.name!r} refused by tarfile's data filter "
-                    f"({e}); nothing usable was extracted"
-                ) from e
-            except (zipfile.BadZipFile, tarfile.TarError, EOFError, zlib.error, OSError) as e:
-                raise DataError(f"{archive}: cannot extract member {str(rel)!r} ({e})") from e
+            _extract_member(ar, member, rel, dest, archive)
             bar.update(1)
         bar.close()
-        for rel, target_rel in plan.links:
-            src, dst = dest / target_rel, dest / rel
-            if src.is_file() and not src.is_symlink() and not dst.exists():
-                dst.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(src, dst)
-            elif progress:
-                print(
-                    f"extract {archive.name}: skipped link {str(rel)!r} -> {str(target_rel)!r} "
-                    f"(target is not a file in the archive)",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        _copy_links(plan, dest, archive, progress)
     return len(plan.files)

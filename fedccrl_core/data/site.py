@@ -280,6 +280,55 @@ def _warnings(domain: str, y: np.ndarray, classes: list[str], images: Path) -> l
     return out
 
 
+def _read_site(
+    images: Path, fed: SiteSettings, classes_file: str, domain: str, client_id: str, workers, progress: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[manifest_mod.SkippedImage]]:
+    """The site's images decoded at the federation's size: (images, labels, paths, what was skipped and why); a
+    DataError when none is readable."""
+    files, rels, ys, passed_over = scan_site(images, fed.classes, classes_file, domain)
+    xs, y, paths, unreadable = shards_mod.decode_labelled(
+        files, rels, ys, fed.image_size, workers, progress, f"site {client_id}"
+    )
+    if not y.size:
+        raise DataError(f"--images {images}: none of its {len(files)} images is readable (e.g. {unreadable[0].path})")
+    return xs, y, paths, passed_over + unreadable
+
+
+def _site_manifest(
+    fed: SiteSettings,
+    domains: list[str],
+    domain: str,
+    client_id: str,
+    n_images: int,
+    entry,
+    skipped: list,
+    warnings: list[str],
+) -> manifest_mod.ShardManifest:
+    """The site's one-client shard manifest, in the partition stage's format."""
+    return manifest_mod.ShardManifest(
+        format_version=manifest_mod.FORMAT_VERSION,
+        dataset=fed.dataset,
+        domains=domains,
+        classes=fed.classes,
+        num_classes=len(fed.classes),
+        image_size=fed.image_size,
+        resize_policy=RESIZE_POLICY,
+        layout=shards_mod.LAYOUT,
+        seed=fed.seed,
+        params={
+            "dataset.name": fed.dataset,
+            "partition.val_fraction": fed.val_fraction,
+            "partition.seed": fed.seed,
+            "image_size (resolved)": fed.image_size,
+            SITE_KEY: client_id,
+        },
+        domain_sizes={domain: n_images},
+        clients=[entry],
+        skipped=skipped,
+        **({"warnings": warnings} if warnings else {}),
+    )
+
+
 def prepare_site(
     images: str | os.PathLike,
     out: str | os.PathLike,
@@ -299,13 +348,7 @@ def prepare_site(
     check_federation(fed, spec, domain, client_id, classes_file)
     mean, std = [float(a) for a in fed.mean], [float(a) for a in fed.std]  # validated by params.yaml's schema
     check_existing(out, fed, domain, client_id)
-    files, rels, ys, passed_over = scan_site(images, fed.classes, classes_file, domain)
-    xs, y, paths, unreadable = shards_mod.decode_labelled(
-        files, rels, ys, fed.image_size, workers, progress, f"site {client_id}"
-    )
-    if not y.size:
-        raise DataError(f"--images {images}: none of its {len(files)} images is readable (e.g. {unreadable[0].path})")
-    skipped = passed_over + unreadable
+    xs, y, paths, skipped = _read_site(images, fed, classes_file, domain, client_id, workers, progress)
     warnings = _warnings(domain, y, fed.classes, images)
     for w in warnings:
         print(f"warning: {w}", file=sys.stderr, flush=True)
@@ -320,28 +363,7 @@ def prepare_site(
         entry = shards_mod.write_client(
             stage / SHARDS, client_id, domain, di, 0, xs, y, paths, tr, va, len(fed.classes)
         )
-        manifest = manifest_mod.ShardManifest(
-            format_version=manifest_mod.FORMAT_VERSION,
-            dataset=fed.dataset,
-            domains=domains,
-            classes=fed.classes,
-            num_classes=len(fed.classes),
-            image_size=fed.image_size,
-            resize_policy=RESIZE_POLICY,
-            layout=shards_mod.LAYOUT,
-            seed=fed.seed,
-            params={
-                "dataset.name": fed.dataset,
-                "partition.val_fraction": fed.val_fraction,
-                "partition.seed": fed.seed,
-                "image_size (resolved)": fed.image_size,
-                SITE_KEY: client_id,
-            },
-            domain_sizes={domain: int(y.size)},
-            clients=[entry],
-            skipped=skipped,
-            **({"warnings": warnings} if warnings else {}),
-        )
+        manifest = _site_manifest(fed, domains, domain, client_id, int(y.size), entry, skipped, warnings)
         write_json(stage / SHARDS / manifest_mod.MANIFEST, manifest.to_dict(), indent=2, ensure_ascii=False)
         if progress:
             print(

@@ -158,6 +158,104 @@ def _local_archive(path: Path, want: str | None, spec) -> dict:
     return {"file": path.name, "path": str(path), **_archive_record(digest, want, spec)}
 
 
+def _remote_urls(spec, source: str, sha256) -> tuple[str, list[tuple[str, str, str | None]]] | None:
+    """A `registry` or http(s) source: (its kind, its (url, file name, expected sha256) list); None otherwise."""
+    if source == "registry":  # a dataset with a download: the schema's (pipeline params.py check_config)
+        if not spec.sources:
+            raise DataError(f"params.yaml: dataset.source 'registry': the registry has no download for {spec.name!r}")
+        names = [s.filename for s in spec.sources]
+        params_sha = _expected_shas(sha256, len(names), names)
+        return "registry", [(registry_url(s), s.filename, p or s.sha256) for s, p in zip(spec.sources, params_sha)]
+    if _is_url(source):
+        fname = _archive_name_from_url(source)
+        reg = next((s for s in spec.sources if s.url == source), None)
+        want = _expected_shas(sha256, 1, [fname])[0] or (reg.sha256 if reg else None)
+        return "url", [(source, fname, want)]
+    return None
+
+
+def _local_source(spec, source: str, sha256, work: Path, src_rec: dict, progress: bool) -> tuple[Path, bool]:
+    """A local folder or archive: (the tree to map, whether its files may be moved); the archive extracted into
+    work/extract after its sha256 is checked."""
+    p = Path(source).expanduser()
+    if p.is_dir():
+        if sha256 is not None:
+            raise DataError(f"params.yaml: dataset.sha256 does not apply to a folder source ({p})")
+        src_rec.update(kind="folder", path=str(p.resolve()))
+        return p, False
+    if p.is_file():
+        want = _expected_shas(sha256, 1, [p.name])[0]
+        rec = _local_archive(p, want, spec)
+        safe_extract(p, work / "extract", progress=progress)
+        src_rec.update(kind="archive", archives=[rec])
+        return work / "extract", True
+    raise DataError(
+        f"params.yaml: dataset.source {source!r} is neither 'registry', an http(s) URL, nor an existing file or folder"
+    )
+
+
+def _map_tree(spec, top: Path, stage: Path, move: bool, src_rec: dict) -> tuple[list[dict], list[dict]]:
+    """Lay `top`'s images out as stage/<domain>/<class>/<image>: (missing, ignored)."""
+    from fedccrl_core.data import registry
+
+    if spec.layout == registry.LAYOUT_SPLIT_FILES:
+        src_rec["root"] = "splits_mini/.."
+        return materialize_split_files(top, spec, stage, move)
+    if spec.domains:
+        root, ddirs = find_registry_root(top, spec)
+    else:
+        root, ddirs = find_imagefolder_root(top)
+    src_rec["root"] = str(root.relative_to(top)) if root != top else "."
+    src_rec["domain_folders"] = {d: p.name for d, p in ddirs.items()}
+    return [], materialize(ddirs, stage, move)
+
+
+def _obtain(spec, source: str, sha256, seed: int, stage: Path, work: Path, fetch, progress: bool):
+    """Fill `stage` from `source` (generated, downloaded, extracted or copied): (the report's source record,
+    missing, ignored). fetch(urls) downloads into `work` (_fetch_urls)."""
+    from fedccrl_core.data import registry, synthetic
+
+    src_rec: dict = {"param": source}
+    if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:  # sha256 null: the schema's
+        n = synthetic.generate(stage, seed=seed, progress=progress)
+        src_rec.update(
+            kind="generated",
+            generator="fedccrl_core.data.synthetic",
+            seed=seed,
+            images_per_class=synthetic.IMAGES_PER_CLASS,
+            images=n,
+        )
+        return src_rec, [], []
+    remote = _remote_urls(spec, source, sha256)
+    if remote is None:
+        top, move = _local_source(spec, source, sha256, work, src_rec, progress)
+    else:
+        src_rec["kind"], urls = remote
+        fetched = fetch(urls)
+        top, move = work / "extract", True
+        for path, _ in fetched:
+            safe_extract(path, top, progress=progress)
+            path.unlink()
+        src_rec["archives"] = [rec for _, rec in fetched]
+    missing, ignored = _map_tree(spec, top, stage, move, src_rec)
+    return src_rec, missing, ignored
+
+
+def _validated(spec, stage: Path, report_path, max_bad_fraction: float, workers, progress: bool, **found) -> dict:
+    """validate_tree's report on `stage`, written to `report_path` (also when validation fails)."""
+    from fedccrl_core.data import validate
+
+    try:
+        report = validate.validate_tree(spec, stage, max_bad_fraction, workers=workers, progress=progress, **found)
+    except validate.ValidationError as e:
+        if report_path is not None and e.report is not None:
+            write_json(report_path, e.report, indent=2, ensure_ascii=False)
+        raise
+    if report_path is not None:
+        write_json(report_path, report, indent=2, ensure_ascii=False)
+    return report
+
+
 def prepare_raw(
     spec,
     source: str,
@@ -179,101 +277,30 @@ def prepare_raw(
     `spec` is a DatasetSpec (see registry.get_dataset). Writes the report JSON to `report_path`
     (also with status 'failed' when validation fails) and returns it. `out` appears only complete.
     """
-    from fedccrl_core.data import registry, synthetic, validate
-
     t0 = time.monotonic()
     out = Path(out)
     warnings: list[str] = []
     with atomic_dir(out) as stage:
         with scratch_dir(out.with_name(f"{out.name}.work")) as work:
-            missing: list[dict] = []
-            ignored: list[dict] = []
-            src_rec: dict = {"param": source}
-            extracted: Path | None = None
-            folder: Path | None = None
-            if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:  # sha256 null: the schema's
-                n = synthetic.generate(stage, seed=seed, progress=progress)
-                src_rec.update(
-                    kind="generated",
-                    generator="fedccrl_core.data.synthetic",
-                    seed=seed,
-                    images_per_class=synthetic.IMAGES_PER_CLASS,
-                    images=n,
-                )
-            else:
-                if source == "registry":  # a dataset with a download: the schema's (pipeline cross_checks.py)
-                    names = [s.filename for s in spec.sources]
-                    params_sha = _expected_shas(sha256, len(names), names)
-                    urls = [(registry_url(s), s.filename, p or s.sha256) for s, p in zip(spec.sources, params_sha)]
-                    src_rec["kind"] = "registry"
-                elif _is_url(source):
-                    fname = _archive_name_from_url(source)
-                    reg = next((s for s in spec.sources if s.url == source), None)
-                    want = _expected_shas(sha256, 1, [fname])[0] or (reg.sha256 if reg else None)
-                    urls = [(source, fname, want)]
-                    src_rec["kind"] = "url"
-                else:
-                    urls = []
-                    p = Path(source).expanduser()
-                    if p.is_dir():
-                        if sha256 is not None:
-                            raise DataError(f"params.yaml: dataset.sha256 does not apply to a folder source ({p})")
-                        folder = p
-                        src_rec.update(kind="folder", path=str(p.resolve()))
-                    elif p.is_file():
-                        want = _expected_shas(sha256, 1, [p.name])[0]
-                        rec = _local_archive(p, want, spec)
-                        extracted = work / "extract"
-                        safe_extract(p, extracted, progress=progress)
-                        src_rec.update(kind="archive", archives=[rec])
-                    else:
-                        raise DataError(
-                            f"params.yaml: dataset.source {source!r} is neither 'registry', an "
-                            f"http(s) URL, nor an existing file or folder"
-                        )
-                if urls:
-                    fetched = _fetch_urls(
-                        urls, work, timeout_s, retries, backoff_s, progress, warnings, spec, deadline_s
-                    )
-                    extracted = work / "extract"
-                    for path, _ in fetched:
-                        safe_extract(path, extracted, progress=progress)
-                        path.unlink()
-                    src_rec["archives"] = [rec for _, rec in fetched]
-                top = extracted if extracted is not None else folder
-                assert top is not None  # every source above set one: a folder, or where its archives went
-                move = extracted is not None
-                if spec.layout == registry.LAYOUT_SPLIT_FILES:
-                    missing, ignored = materialize_split_files(top, spec, stage, move)
-                    src_rec["root"] = "splits_mini/.."
-                else:
-                    if spec.domains:
-                        root, ddirs = find_registry_root(top, spec)
-                    else:
-                        root, ddirs = find_imagefolder_root(top)
-                    src_rec["root"] = str(root.relative_to(top)) if root != top else "."
-                    src_rec["domain_folders"] = {d: p.name for d, p in ddirs.items()}
-                    ignored = materialize(ddirs, stage, move)
+
+            def fetch(urls):
+                return _fetch_urls(urls, work, timeout_s, retries, backoff_s, progress, warnings, spec, deadline_s)
+
+            src_rec, missing, ignored = _obtain(spec, source, sha256, seed, stage, work, fetch, progress)
         if progress:
             print(f"download: source ready in {time.monotonic() - t0:.1f}s; validating", file=sys.stderr, flush=True)
-        try:
-            report = validate.validate_tree(
-                spec,
-                stage,
-                max_bad_fraction,
-                source=src_rec,
-                missing=missing,
-                ignored=ignored,
-                warnings=warnings,
-                workers=workers,
-                progress=progress,
-            )
-        except validate.ValidationError as e:
-            if report_path is not None and e.report is not None:
-                write_json(report_path, e.report, indent=2, ensure_ascii=False)
-            raise
-        if report_path is not None:
-            write_json(report_path, report, indent=2, ensure_ascii=False)
+        report = _validated(
+            spec,
+            stage,
+            report_path,
+            max_bad_fraction,
+            workers,
+            progress,
+            source=src_rec,
+            missing=missing,
+            ignored=ignored,
+            warnings=warnings,
+        )
     if progress:
         print(
             f"download: {report['total']} images in {len(report['domains'])} domains -> {out} "

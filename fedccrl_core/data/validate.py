@@ -140,6 +140,37 @@ def _archive_sha256(source: dict):
     return {a["file"]: a["sha256"] for a in arch} or None
 
 
+def _check_images(
+    spec: DatasetSpec,
+    tree: Tree,
+    domains: list[str],
+    missing: list[dict],
+    n: int,
+    max_bad_fraction: float,
+    report: dict,
+    workers: int | None,
+    progress: bool,
+) -> None:
+    """Decode every image of `domains` into the report's bad list and tree digest; a DataError when more than
+    `max_bad_fraction` of the `n` images (the missing ones counted) are unreadable."""
+    rels = tree.relpaths(domains)
+    results = check_images([tree.root / r for r in rels], workers=workers, progress=progress)
+    bad = [{"path": r, "reason": why} for r, (why, _) in zip(rels, results) if why is not None]
+    bad += missing
+    report["n_bad"] = len(bad)
+    report["bad_fraction"] = round(len(bad) / n, 6) if n else 0.0
+    report["max_bad_fraction"] = max_bad_fraction
+    report["bad"] = sorted(bad, key=lambda b: b["path"])
+    report["tree_sha256"] = tree_digest([(r, dg) for r, (_, dg) in zip(rels, results) if dg])
+    if n and len(bad) / n > max_bad_fraction:
+        shown = "; ".join(f"{b['path']} ({b['reason']})" for b in report["bad"][:5])
+        raise DataError(
+            f"{spec.name}: {len(bad)} of {n} images are unreadable ({len(bad) / n:.2%} > "
+            f"download.max_bad_fraction {max_bad_fraction:.2%}): {shown}"
+            f"{' ...' if len(bad) > 5 else ''}"
+        )
+
+
 def validate_tree(
     spec: DatasetSpec,
     root: str | os.PathLike,
@@ -176,29 +207,13 @@ def validate_tree(
             extra[d] = extra.get(d, 0) + 1
         report["counts"] = {d: {c: len(tree.files[d][c]) for c in classes} for d in domains}
         report["domain_totals"] = {d: tree.count(d) + extra.get(d, 0) for d in domains}
-        report["total"] = sum(report["domain_totals"].values())
+        report["total"] = total = sum(report["domain_totals"].values())
         report["expected"] = {
             "domain_totals": ({d: spec.expected_count(d) for d in domains} if spec.domain_counts else None),
             "total": spec.total,
         }
         check_counts(spec, tree, domains, extra)
-        rels = tree.relpaths(domains)
-        results = check_images([tree.root / r for r in rels], workers=workers, progress=progress)
-        bad = [{"path": r, "reason": why} for r, (why, _) in zip(rels, results) if why is not None]
-        bad += missing
-        n = report["total"]
-        report["n_bad"] = len(bad)
-        report["bad_fraction"] = round(len(bad) / n, 6) if n else 0.0
-        report["max_bad_fraction"] = max_bad_fraction
-        report["bad"] = sorted(bad, key=lambda b: b["path"])
-        report["tree_sha256"] = tree_digest([(r, dg) for r, (_, dg) in zip(rels, results) if dg])
-        if n and len(bad) / n > max_bad_fraction:
-            shown = "; ".join(f"{b['path']} ({b['reason']})" for b in report["bad"][:5])
-            raise DataError(
-                f"{spec.name}: {len(bad)} of {n} images are unreadable ({len(bad) / n:.2%} > "
-                f"download.max_bad_fraction {max_bad_fraction:.2%}): {shown}"
-                f"{' ...' if len(bad) > 5 else ''}"
-            )
+        _check_images(spec, tree, domains, missing, total, max_bad_fraction, report, workers, progress)
     except DataError as e:
         report["error"] = str(e)
         raise ValidationError(str(e), report) from e

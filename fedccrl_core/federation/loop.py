@@ -116,6 +116,24 @@ class RunResult:
     extra: dict = field(default_factory=dict)
 
 
+@dataclass
+class _RunSoFar:
+    """What the loop carries from round to round (and a checkpoint saves): the global weights, the best-val model
+    and its round and score, the round records, and the first round still to run."""
+
+    global_w: dict
+    best_w: dict
+    best_round: int
+    best_val: float
+    history: list[RoundRecord]
+    start: int
+
+    def keep_if_best(self, rnd: int, ev: Evaluation) -> None:
+        if ev.selection_score() > self.best_val:  # training-domain validation (DomainBed), over comparable rounds
+            self.best_val, self.best_round = ev.selection_score(), rnd
+            self.best_w = {k: v.detach().clone() for k, v in self.global_w.items()}
+
+
 def weighted_mean(replies: list[Reply], key: str) -> float | None:
     vals = [(r.metrics[key], r.n) for r in replies if key in r.metrics]
     if not vals:
@@ -211,99 +229,120 @@ class RoundLoop:
             )
 
     def run(self) -> RunResult:
-        seed_everything(derive_seed(self.seed, "init"))
-        global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # line 1
-        history: list[RoundRecord] = []
-        best_w, best_round, best_val, start = global_w, 0, -2.0, 1  # below every selection_score
-        ck = self.checkpoints.load(self._accept) if self.checkpoints is not None else None
-        if ck is not None:
-            global_w, best_w, best_round, best_val = ck.global_weights, ck.best, ck.best_round, ck.best_val
-            history, start = list(ck.history), ck.round + 1
-            self.alg.load_server_state(ck.server_state)
-            self.log(f"resuming from checkpoint after round {ck.round}")
-        self.accounting.resume(ck, self.checkpoints, self.run_info)
-        self.transport.restore(self.checkpoints, ck)
-        w_bytes = nbytes(global_w)
-        for rnd in range(start, self.rounds + 1):  # line 2
+        run = self._start()
+        w_bytes = nbytes(run.global_w)
+        for rnd in range(run.start, self.rounds + 1):  # line 2
             t0 = time.perf_counter()
-            try:
-                self.accounting.before_round(rnd)
-                uploads = self._collect_uploads(rnd, history)  # lines 3-6
-                sampled = self.accounting.sample(rnd, uploads)
-                self.accounting.uploads_released(rnd, uploads, sampled)
-            except BudgetExhausted as stop:
-                self.log(str(stop))
-                self._report_spent(rnd, history)
-                if not history:
-                    raise ValueError(f"{stop}: no round completed") from None
+            released = self._release(rnd, run.history)  # lines 3-6, sampling
+            if released is None:
                 break
+            uploads, sampled = released
             payloads = self.alg.server_payloads(uploads)  # line 7
-            agg = self.accounting.aggregation(rnd, global_w, sampled)  # Eq. 2, or DP-FedAvg under train.privacy
+            agg = self.accounting.aggregation(rnd, run.global_w, sampled)  # Eq. 2, or DP-FedAvg under train.privacy
             try:
-                replies = self.transport.train(rnd, sampled, global_w, payloads, agg.add)  # lines 8-22
+                replies = self.transport.train(rnd, sampled, run.global_w, payloads, agg.add)  # lines 8-22
             except BaseException:  # the round's statistics were charged: the last dp_epsilon logged says so
-                self._report_spent(rnd, history)
+                self._report_spent(rnd, run.history)
                 raise
-            global_w = agg.result()  # line 23, Eq. 2, streamed
+            run.global_w = agg.result()  # line 23, Eq. 2, streamed
             self.accounting.weights_released(rnd, uploads, sampled)
-            self.model.load_state_dict(global_w)
-            ev = self.evaluate(rnd, global_w)
-            val_acc, tgt_acc = ev.val_acc, ev.target_acc
+            self.model.load_state_dict(run.global_w)
+            ev = self.evaluate(rnd, run.global_w)
             self._warn_if_collapsed(rnd, ev)
             if ev.missing:
                 self.log(
                     f"round {rnd}: sites {', '.join(ev.missing)} did not evaluate: its validation accuracy is not "
                     "compared with complete rounds' for best-val selection"
                 )
-            if ev.selection_score() > best_val:  # training-domain validation (DomainBed), over comparable rounds
-                best_val, best_round = ev.selection_score(), rnd
-                best_w = {k: v.detach().clone() for k, v in global_w.items()}
-            fields: dict[str, Any] = {
-                contract.ROUND: rnd,
-                contract.VAL_ACC: val_acc,
-                contract.TARGET_ACC: tgt_acc,
-                contract.VAL_PRED_CLASSES: ev.val_pred_classes,
-                contract.SECONDS: time.perf_counter() - t0,
-                contract.BYTES_UP: len(replies) * w_bytes
-                + sum(nbytes(u) for u in uploads.values())
-                + sum(nbytes(r.upload) for r in replies),
-                contract.BYTES_DOWN: len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies),
-            }
-            for key in sorted({k for r in replies for k in r.metrics}):
-                fields[key] = weighted_mean(replies, key)
-            for r in replies:  # none under train.privacy: the clients send no metrics
-                if contract.TRAIN_ACC in r.metrics:
-                    fields[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
-            fields.update(self.transport.round_record(rnd))
-            fields.update(ev.record)
-            fields.update(self.accounting.record())
-            rec = RoundRecord.model_validate(fields)  # typed here, where it is made
-            history.append(rec)
+            run.keep_if_best(rnd, ev)
+            rec = self._round_record(rnd, t0, ev, uploads, payloads, replies, w_bytes)
+            run.history.append(rec)
             self.log(
-                f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {val_acc:.4f} "
-                f"target_acc {tgt_acc:.4f} ({rec.seconds:.1f}s, {rec.bytes_up} B up, {rec.bytes_down} B down)"
+                f"round {rnd}/{self.rounds}: {len(replies)} clients, val_acc {ev.val_acc:.4f} "
+                f"target_acc {ev.target_acc:.4f} ({rec.seconds:.1f}s, {rec.bytes_up} B up, {rec.bytes_down} B down)"
             )
             self.on_round(rec)  # log first: a crash before the checkpoint re-logs identical values
-            if self.checkpoints is not None:
-                self.checkpoints.save(
-                    rnd,
-                    RoundState(
-                        global_weights=global_w,
-                        best=best_w,
-                        best_round=best_round,
-                        best_val=best_val,
-                        history=history,
-                        run_info=self.run_info,
-                        server_state=self.alg.server_state(),
-                        engine=self.engine,
-                        **self.accounting.state(),
-                    ),
-                    self.transport.client_states(),
-                )
+            self._save(rnd, run)
         if self.checkpoints is not None:
             self.checkpoints.prune()
         extra = self.accounting.finish(self.checkpoints)
-        return RunResult(history, global_w, best_w, best_round, resumed_from=start - 1, extra=extra)
+        return RunResult(run.history, run.global_w, run.best_w, run.best_round, resumed_from=run.start - 1, extra=extra)
+
+    def _start(self) -> _RunSoFar:
+        """Round 0 (line 1: the initial global weights), or the state after the last checkpointed round."""
+        seed_everything(derive_seed(self.seed, "init"))
+        global_w = {k: v.detach().clone() for k, v in self.model.state_dict().items()}  # line 1
+        run = _RunSoFar(global_w, global_w, 0, -2.0, [], 1)  # best_val below every selection_score
+        ck = self.checkpoints.load(self._accept) if self.checkpoints is not None else None
+        if ck is not None:
+            run = _RunSoFar(ck.global_weights, ck.best, ck.best_round, ck.best_val, list(ck.history), ck.round + 1)
+            self.alg.load_server_state(ck.server_state)
+            self.log(f"resuming from checkpoint after round {ck.round}")
+        self.accounting.resume(ck, self.checkpoints, self.run_info)
+        self.transport.restore(self.checkpoints, ck)
+        return run
+
+    def _release(self, rnd: int, history: list[RoundRecord]) -> tuple[dict[str, Any], list[str]] | None:
+        """Lines 3-6 and the round's sample: (uploads, sampled client ids); None when the privacy budget stops the
+        run before round `rnd` (a ValueError when no round completed)."""
+        try:
+            self.accounting.before_round(rnd)
+            uploads = self._collect_uploads(rnd, history)  # lines 3-6
+            sampled = self.accounting.sample(rnd, uploads)
+            self.accounting.uploads_released(rnd, uploads, sampled)
+        except BudgetExhausted as stop:
+            self.log(str(stop))
+            self._report_spent(rnd, history)
+            if not history:
+                raise ValueError(f"{stop}: no round completed") from None
+            return None
+        return uploads, sampled
+
+    def _round_record(
+        self, rnd: int, t0: float, ev: Evaluation, uploads: dict, payloads: dict, replies: list[Reply], w_bytes: int
+    ) -> RoundRecord:
+        """Round `rnd`'s record: accuracies, time, traffic, the clients' weighted metrics and each one's training
+        accuracy, then the transport's, the evaluation's and the accounting's fields."""
+        fields: dict[str, Any] = {
+            contract.ROUND: rnd,
+            contract.VAL_ACC: ev.val_acc,
+            contract.TARGET_ACC: ev.target_acc,
+            contract.VAL_PRED_CLASSES: ev.val_pred_classes,
+            contract.SECONDS: time.perf_counter() - t0,
+            contract.BYTES_UP: len(replies) * w_bytes
+            + sum(nbytes(u) for u in uploads.values())
+            + sum(nbytes(r.upload) for r in replies),
+            contract.BYTES_DOWN: len(replies) * w_bytes + sum(nbytes(payloads.get(r.client_id)) for r in replies),
+        }
+        for key in sorted({k for r in replies for k in r.metrics}):
+            fields[key] = weighted_mean(replies, key)
+        for r in replies:  # none under train.privacy: the clients send no metrics
+            if contract.TRAIN_ACC in r.metrics:
+                fields[contract.client_train_acc(r.client_id)] = r.metrics[contract.TRAIN_ACC]
+        fields.update(self.transport.round_record(rnd))
+        fields.update(ev.record)
+        fields.update(self.accounting.record())
+        return RoundRecord.model_validate(fields)  # typed here, where it is made
+
+    def _save(self, rnd: int, run: _RunSoFar) -> None:
+        """The round's checkpoint, when the run keeps them."""
+        if self.checkpoints is None:
+            return
+        self.checkpoints.save(
+            rnd,
+            RoundState(
+                global_weights=run.global_w,
+                best=run.best_w,
+                best_round=run.best_round,
+                best_val=run.best_val,
+                history=run.history,
+                run_info=self.run_info,
+                server_state=self.alg.server_state(),
+                engine=self.engine,
+                **self.accounting.state(),
+            ),
+            self.transport.client_states(),
+        )
 
     def _collect_uploads(self, rnd: int, history: list[RoundRecord]) -> dict[str, Any]:
         """transport.collect_uploads; a round the transport refuses after uploads left the clients has them charged

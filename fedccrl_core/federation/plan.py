@@ -39,6 +39,16 @@ class RunSettings:
     eval_batch_size: int  # evaluate.batch_size
 
 
+@dataclass(frozen=True)
+class RunIds:
+    """The ids a job's outputs record: the code's commit and the MLflow run that records the job (set by the
+    caller's start(); fedccrl_core does not talk to MLflow)."""
+
+    commit: str = ""
+    mlflow_run_id: str | None = None
+    mlflow_experiment_id: str | None = None
+
+
 @dataclass
 class TrainJob:
     """One held-out domain of one (algorithm, seed): everything a worker needs, picklable."""
@@ -67,11 +77,11 @@ class TrainJob:
     deployed: bool = False  # `fedccrl federate`: the sites train on their machines and hold the data
     data_key: str = ""  # the hash of what describes its images (the manifest, the federation file): its study
 
-    def record_ids(self, ids: dict) -> None:
+    def record_ids(self, ids: RunIds) -> None:
         self.commit, self.mlflow_run_id, self.mlflow_experiment_id = (
-            ids["commit"],
-            ids["mlflow_run_id"],
-            ids["mlflow_experiment_id"],
+            ids.commit,
+            ids.mlflow_run_id,
+            ids.mlflow_experiment_id,
         )
 
 

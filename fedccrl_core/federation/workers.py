@@ -11,8 +11,13 @@ Floor 3 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
+import queue as queue_mod
+import signal
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 from fedccrl_core.federation.jobs import run_one
@@ -101,12 +106,6 @@ def run_jobs(
                 "done", job.index, train(job, shards, pools, lambda kind, rec, i=job.index: on_message(kind, i, rec))
             )
         return
-    import multiprocessing as mp
-    import queue as queue_mod
-    import signal
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
     ctx = mp.get_context("spawn")  # not fork: torch's OpenMP pool does not survive a fork
     records = ctx.Queue()
     live: dict[int, tuple] = {}  # job index: (its future, the job)
@@ -128,35 +127,44 @@ def run_jobs(
                 on_message(kind, index, payload)
                 if kind == "done":
                     finished.add(index)
-            for index, (fut, job) in list(live.items()):
-                if not fut.done():
-                    continue
-                try:
-                    fut.result()
-                except BrokenProcessPool as e:
-                    raise RuntimeError(f"training worker for held-out {job.target} died ({e})") from None
-                except ValueError:
-                    raise
-                except WorkerFailed as e:  # its message is the worker's traceback
-                    raise RuntimeError(f"training worker for held-out {job.target} failed:\n{e}") from None
-                except BaseException as e:
-                    raise RuntimeError(
-                        f"training worker for held-out {job.target} failed:\n{type(e).__name__}: {e}"
-                    ) from e
-                if index in finished:  # its "done" came through the queue, after every round record
-                    live.pop(index)
+            _drop_finished(live, finished)
     finally:
         if live:  # a run failed or the stage was stopped: no worker trains on
-            while True:  # every worker's process id, also of one that started a moment ago
-                try:
-                    kind, _, payload = records.get(timeout=0.1)
-                except queue_mod.Empty:
-                    break
-                if kind == "pid":
-                    pids.add(payload)
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
+            _stop_workers(records, pids)
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _drop_finished(live: dict[int, tuple], finished: set[int]) -> None:
+    """Raise a finished job's error (naming its held-out domain); drop a job whose future is done and whose
+    "done" came through the queue, after every round record."""
+    for index, (fut, job) in list(live.items()):
+        if not fut.done():
+            continue
+        try:
+            fut.result()
+        except BrokenProcessPool as e:
+            raise RuntimeError(f"training worker for held-out {job.target} died ({e})") from None
+        except ValueError:
+            raise
+        except WorkerFailed as e:  # its message is the worker's traceback
+            raise RuntimeError(f"training worker for held-out {job.target} failed:\n{e}") from None
+        except BaseException as e:
+            raise RuntimeError(f"training worker for held-out {job.target} failed:\n{type(e).__name__}: {e}") from e
+        if index in finished:
+            live.pop(index)
+
+
+def _stop_workers(records, pids: set[int]) -> None:
+    """SIGTERM every worker: those whose process ids came before, and any reported since."""
+    while True:  # every worker's process id, also of one that started a moment ago
+        try:
+            kind, _, payload = records.get(timeout=0.1)
+        except queue_mod.Empty:
+            break
+        if kind == "pid":
+            pids.add(payload)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass

@@ -258,6 +258,37 @@ def statistics_epsilon(clients: list[Client], r: float, rounds: int, privacy: Pr
     return A.epsilon_of([A.statistics_event(privacy, sizes)] * rounds, privacy.delta)
 
 
+def _attack_fields(per: list[dict], eps: float, delta: float) -> dict:
+    """One round's fields per attack: AUC, the evaluation split's sizes, and at each FPR the TPR and FPR with
+    their intervals, the DP bound and whether the TPR's interval lies above it."""
+    rec: dict = {}
+    for attack in (a for a in ATTACKS if a in per[0]):
+        _cal_in, cal_out, ev_in, ev_out = (np.concatenate([p[attack][j] for p in per]) for j in range(4))
+        rec[f"{attack}/auc"] = auc(ev_in, ev_out)
+        rec["members"], rec["non_members"] = len(ev_in), len(ev_out)
+        for f in FPRS:
+            got = rates(ev_in, ev_out, threshold_at_fpr(cal_out, f))
+            got["bound"] = bound(eps, got["fpr_hi"], delta)
+            got["violated"] = got["tpr_lo"] > got["bound"]
+            rec.update({f"{attack}/{k}@{f:g}": v for k, v in got.items()})
+    return rec
+
+
+def _attribution(clients: list[Client], released: dict[str, list[np.ndarray]], seed: int) -> dict:
+    """How well round 1's released rows tell their domain and their client apart, against chance."""
+    first = [(released[c.client_id][0], c) for c in clients]
+    rows = np.concatenate([x for x, _ in first])
+    dom_acc, dom_chance = attribution(rows, np.concatenate([[c.domain] * len(x) for x, c in first]), seed)
+    cli_acc, cli_chance = attribution(rows, np.concatenate([[c.client_id] * len(x) for x, c in first]), seed)
+    return {
+        "domain_accuracy": dom_acc,
+        "domain_chance": dom_chance,
+        "client_accuracy": cli_acc,
+        "client_chance": cli_chance,
+        "rows": len(rows),
+    }
+
+
 def audit(
     clients: list[Client], r: float, rounds: int, seed: int, privacy: PrivacySettings, upload: str = "ceil"
 ) -> dict:
@@ -295,29 +326,11 @@ def audit(
             "expected_share": 1 - (1 - r) ** t,
             "epsilon_statistics": eps,
         }
-        for attack in (a for a in ATTACKS if a in per[0]):
-            _cal_in, cal_out, ev_in, ev_out = (np.concatenate([p[attack][j] for p in per]) for j in range(4))
-            rec[f"{attack}/auc"] = auc(ev_in, ev_out)
-            rec["members"], rec["non_members"] = len(ev_in), len(ev_out)
-            for f in FPRS:
-                got = rates(ev_in, ev_out, threshold_at_fpr(cal_out, f))
-                got["bound"] = bound(eps, got["fpr_hi"], privacy.delta)
-                got["violated"] = got["tpr_lo"] > got["bound"]
-                rec.update({f"{attack}/{k}@{f:g}": v for k, v in got.items()})
+        rec.update(_attack_fields(per, eps, privacy.delta))
         out.append(rec)
-    first = [(released[c.client_id][0], c) for c in clients]
-    rows = np.concatenate([x for x, _ in first])
-    dom_acc, dom_chance = attribution(rows, np.concatenate([[c.domain] * len(x) for x, c in first]), seed)
-    cli_acc, cli_chance = attribution(rows, np.concatenate([[c.client_id] * len(x) for x, c in first]), seed)
     return {
         "rounds": out,
-        "attribution": {
-            "domain_accuracy": dom_acc,
-            "domain_chance": dom_chance,
-            "client_accuracy": cli_acc,
-            "client_chance": cli_chance,
-            "rows": len(rows),
-        },
+        "attribution": _attribution(clients, released, seed),
         "violated": any(v for rec in out for k, v in rec.items() if "/violated@" in k and v),
         "r": r,
         "seed": seed,

@@ -100,6 +100,22 @@ def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batc
     return result
 
 
+def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8):
+    """(the card's maker, the model, its metadata, the parity inputs), each checked before any work: the card's
+    records, the model file, its held-out domain, INT8's need of shards, the images' size against the model's."""
+    from fedccrl_core.algorithms import load_model
+    from fedccrl_core.foundation import contract
+
+    if model_path.is_dir():
+        model_path = model_path / contract.MODEL_FILE
+    card = card_maker(model_path)
+    model, meta = load_model(model_path)
+    meta.require(model_path, "held_out_domain")
+    if int8 is not None and shards is None:
+        raise ValueError("--int8: needs --shards (the INT8 copy is calibrated and gated on shard images)")
+    return card, model, meta, _parity_inputs(shards, meta)
+
+
 def export_checked(
     model_path: Path,
     shards: Path | None,
@@ -127,22 +143,13 @@ def export_checked(
     "int8"); a refused copy (Int8Refused) leaves no output, as a failed parity check does."""
     import sys
 
-    from fedccrl_core.algorithms import load_model
-    from fedccrl_core.foundation import contract
     from fedccrl_core.foundation.fsio import atomic_path, write_text
     from fedccrl_serving.metadata import card_path, int8_path
 
     final_onnx, final_parity, final_card = out / ONNX_FILE, out / PARITY_FILE, card_path(out / ONNX_FILE)
     outputs = (final_onnx, final_parity, int8_path(final_onnx), final_card)
     _remove(outputs)  # as DVC does: a failed export leaves no earlier output behind
-    if model_path.is_dir():
-        model_path = model_path / contract.MODEL_FILE
-    card = card_maker(model_path)
-    model, meta = load_model(model_path)
-    meta.require(model_path, "held_out_domain")
-    if int8 is not None and shards is None:
-        raise ValueError("--int8: needs --shards (the INT8 copy is calibrated and gated on shard images)")
-    x, y = _parity_inputs(shards, meta)
+    card, model, meta, (x, y) = _checked_inputs(model_path, shards, card_maker, int8)
     # renamed to model.onnx after the card and parity.json (and model.int8.onnx, when asked for) are written; a
     # failure on the way removes those already in place (_all_or_none)
     with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:

@@ -28,7 +28,7 @@ from pydantic import Field, create_model, field_validator
 
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig, TrainSettings
-from fedccrl_core.data.registry import AUTO, REGISTRY
+from fedccrl_core.data.registry import AUTO, LAYOUT_GENERATED, REGISTRY
 from fedccrl_core.data.splits import SCHEMES
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.backbone_names import BACKBONES
@@ -37,7 +37,7 @@ from fedccrl_core.foundation.hparams import Declared, Sha256, validate
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_flower.settings import FlowerSettings
 from fedccrl_pipeline import quantize
-from fedccrl_pipeline.cross_checks import check_config, resolve_held_out
+from fedccrl_pipeline.cross_checks import problem_line, resolve_held_out
 from fedccrl_pipeline.params_yaml import read_yaml
 
 __all__ = [
@@ -230,11 +230,69 @@ class ParamsFile(Declared):
         return self.model_dump(by_alias=True, exclude_unset=True, exclude={"deploy"})
 
 
+# ---- the checks that involve more than one key -------------------------------------------------------------
+def check_config(cfg: ParamsFile, run_algorithms: tuple[str, ...] = (), downloads: bool = True) -> list[str]:
+    """Problems that involve more than one key: held_out against the dataset's domains, the backbone against
+    `pretrained`, and what an algorithm to be trained (listed in train.algorithms, or `run_algorithms`: a stage's
+    --algorithm) needs of its own group. One line each. `downloads=False`: a command that reads its images from
+    elsewhere (a site's `--images`), for which dataset.source does not apply."""
+    out = []
+    spec = REGISTRY[cfg.dataset.name]
+    if cfg.dataset.source == "registry" and downloads:  # what the registry has to give (fedccrl_core/data/sources.py)
+        if spec.layout == LAYOUT_GENERATED and cfg.dataset.sha256 is not None:
+            out.append(
+                problem_line(
+                    "dataset.sha256", cfg.dataset.sha256, f"does not apply to the generated dataset {spec.name!r}"
+                )
+                + ": set it to null"
+            )
+        elif spec.layout != LAYOUT_GENERATED and not spec.sources:
+            out.append(
+                problem_line(
+                    "dataset.source",
+                    "registry",
+                    f"the registry has no download for {spec.name!r}: set dataset.source to a URL, an archive or a "
+                    "folder",
+                )
+            )
+    if spec.domains:  # imagefolder discovers its domains: checked against the manifest by the train stage
+        out += resolve_held_out(list(spec.domains), cfg.train.held_out, spec.name)[1]
+    backbone = spec.backbone if cfg.model.backbone == AUTO else cfg.model.backbone
+    pretrained = spec.pretrained if cfg.model.pretrained == AUTO else cfg.model.pretrained
+    if backbone == "small_cnn" and pretrained != "none":
+        out.append(
+            problem_line(
+                "model.pretrained",
+                cfg.model.pretrained,
+                f"{backbone} (model.backbone {cfg.model.backbone!r}) has no pretrained weights: use none"
+                + (" or auto" if spec.pretrained == "none" else ""),
+            )
+        )
+    for name in dict.fromkeys([*cfg.train.algorithms, *run_algorithms]):
+        group = getattr(cfg.train, name)
+        out += group.selected_problems(f"train.{name}")
+        if cfg.train.privacy.enabled and type(group).dp_refusal:
+            out.append(
+                problem_line(
+                    "train.privacy.enabled",
+                    True,
+                    f"{name} cannot train under train.privacy: {type(group).dp_refusal}. Set train.privacy.enabled "
+                    f"to false, or leave {name} out of train.algorithms",
+                )
+            )
+            continue
+        out += [
+            problem_line(key, getattr(cfg.train.privacy, key.rsplit(".", 1)[1]), why)
+            for key, why in cfg.train.privacy.unprotected(name, getattr(type(group), "uploads_statistics", False))
+        ]
+    return out
+
+
 # ---- loading -------------------------------------------------------------------------------------------------
 def validate_params(data: dict, run_algorithms: tuple[str, ...] = (), downloads: bool = True) -> ParamsFile:
     """The whole file, typed; ParamError listing every problem (one line each). `run_algorithms`: registered
     algorithms a stage trains besides train.algorithms (`fedccrl train --algorithm`, `fedccrl-bench accuracy`);
-    `downloads=False`: dataset.source does not apply (cross_checks.check_config)."""
+    `downloads=False`: dataset.source does not apply (check_config)."""
     cfg = validate(ParamsFile, data)
     problems = check_config(cfg, tuple(run_algorithms), downloads)
     if problems:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fedccrl_core.federation.plan import RunIds
 from fedccrl_core.foundation.runkey import params_hash
 from fedccrl_pipeline.git_state import git_commit
 from fedccrl_pipeline.mlflow_store import mlflow_module, store_errors, tracking_uri
@@ -79,7 +80,7 @@ class TrainTracking:
         self.delta, self.planned_epsilon, self.study = privacy.delta, planned_epsilon, study
         self.sweep_key = params_hash(self.sweep_params)
 
-    def start(self, job) -> dict:
+    def start(self, job) -> RunIds:
         with store_errors(self.uri):  # a store or server that fails: one line naming it (TrackingStoreError)
             return self._start(job)
 
@@ -93,7 +94,7 @@ class TrainTracking:
         with store_errors(self.uri):
             self._on_message(kind, index, payload, doc)
 
-    def _start(self, job) -> dict:
+    def _start(self, job) -> RunIds:
         from fedccrl_core.foundation.fsio import write_text
         from fedccrl_core.foundation.numerics import numeric_platform
 
@@ -135,7 +136,7 @@ class TrainTracking:
         )
         write_text(side, json.dumps({"run_id": run.run_id}))
         self.runs[job.index] = run
-        return {"commit": self.commit, "mlflow_run_id": run.run_id, "mlflow_experiment_id": run.experiment_id}
+        return RunIds(self.commit, run.run_id, run.experiment_id)
 
     def _mark_parent(self) -> None:
         """The parent of a seeded sweep is marked not private; a DP sweep's parent gets its planned epsilon per
