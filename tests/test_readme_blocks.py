@@ -623,7 +623,7 @@ def test_readme_block(block: Block, clone, mirror):
         arch = rep["source"]["archives"][0]
         assert rep["source"]["kind"] == "registry" and arch["url"].startswith(mirror), rep["source"]
         assert arch["verified"] and arch["known_as"] == "pacs_128.zip" and rep["total"] == 9991
-    if "dataset.name=imagefolder" in block.code:  # the tree the block wrote, as is
+    if "-S dataset.name=imagefolder" in block.code:  # an experiment of the research pipeline on the tree it wrote
         import json
 
         rep = json.loads((dest / "data" / "reports" / "download.json").read_text())
