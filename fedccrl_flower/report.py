@@ -1,7 +1,7 @@
 """What a ServerApp run writes to its report folder, <work_dir>/run-<run id>/ (fedccrl_core/foundation/contract.py):
 rounds.jsonl (one record per finished round, and under train.privacy the epsilon record of a round stopped after a
 release; read by the launcher), status.json (running | completed | failed | stopped, with the error), server.log and
-result.pt (`FlowerResult`, read by the launcher with `read_result`). With a spec's `report_to`, each of these but
+result.pt (flower_result.py `FlowerResult`, read by the launcher with `read_result`). With a spec's `report_to`, each of these but
 the log is also reported through the team's MLflow tracking server (tracked_report.py TrackedWriter), where an
 operator without this disk follows it; `FolderReader` follows the folder when the launcher shares it."""
 
@@ -13,36 +13,14 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
-from pydantic import ConfigDict
-
 from fedccrl_core.federation.round_record import RoundRecord, SpentRecord, parse_round
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import write_text
-from fedccrl_core.foundation.records import Record, parse_record
-from fedccrl_core.learning.model_file import atomic_torch_save, torch_load
+from fedccrl_core.learning.model_file import atomic_torch_save
+from fedccrl_flower.flower_result import FlowerResult, read_result
 
 if TYPE_CHECKING:
     from fedccrl_flower.tracked_report import TrackedWriter
-
-
-class FlowerResult(Record):
-    """A completed run's result.pt: the RunResult fields (fedccrl_core/federation/loop.py) and the transport's own."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    history: list[RoundRecord]  # the round records (fedccrl_core/federation/round_record.py)
-    final_weights: dict[str, torch.Tensor]
-    best_weights: dict[str, torch.Tensor]
-    best_round: int
-    resumed_from: int
-    extra: dict[str, Any]  # refused and dropped clients, the engine
-
-
-def read_result(folder: str | Path) -> FlowerResult:
-    """The result.pt of a report folder; DataError naming the file and the key when it is not one."""
-    path = Path(folder) / contract.FLOWER_RESULT_FILE
-    return parse_record(FlowerResult, torch_load(path), str(path))
 
 
 class FolderReader:

@@ -31,8 +31,9 @@ from fedccrl_core.federation.loop import RunResult
 from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_flower import messages as M
 from fedccrl_flower.federation import LOG, Federation, LocalFederation
+from fedccrl_flower.flower_result import FlowerResult
 from fedccrl_flower.processes import FlowerRunError
-from fedccrl_flower.report import FlowerResult, FolderReader
+from fedccrl_flower.report import FolderReader
 from fedccrl_flower.settings import FlowerSettings
 from fedccrl_flower.sites import FederationFile, federation_sites
 from fedccrl_flower.spec import ReportTo, ServerSpec, report_dir

@@ -54,10 +54,11 @@ from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
 from fedccrl_flower import messages as M
 from fedccrl_flower.evaluate_phase import evaluate_at_sites
+from fedccrl_flower.flower_result import FlowerResult
 from fedccrl_flower.flower_round import FlowerRound
 from fedccrl_flower.query_phase import exchange_query, sort_query_replies
 from fedccrl_flower.replies import Ledger
-from fedccrl_flower.report import FlowerResult, RunReport
+from fedccrl_flower.report import RunReport
 from fedccrl_flower.spec import ServerSpec, report_dir
 from fedccrl_flower.tracked_report import TrackedWriter
 from fedccrl_flower.train_phase import exchange_train, train_messages

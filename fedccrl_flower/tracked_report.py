@@ -26,7 +26,7 @@ from fedccrl_core.data.checksums import sha256_file
 from fedccrl_core.federation.round_record import RoundRecord, SpentRecord, parse_round
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import DataError
-from fedccrl_flower.report import FlowerResult, read_result
+from fedccrl_flower.flower_result import FlowerResult, read_result
 from fedccrl_flower.spec import ReportTo
 
 MAX_ERROR_CHARS = 4000  # a tag's value holds at most 8000 characters (MLflow 3)

@@ -530,7 +530,7 @@ def test_federate_follows_the_run_through_mlflow_without_the_superlinks_disk(dat
     from fedccrl_core.federation.history import load_history
     from fedccrl_core.foundation.errors import DataError
     from fedccrl_core.learning.model_file import torch_load
-    from fedccrl_flower.report import read_result
+    from fedccrl_flower.flower_result import read_result
     from fedccrl_flower.spec import ReportTo, report_dir
     from fedccrl_flower.tracked_report import TrackedReader, artifact_dir
     from fedccrl_pipeline.federate import federate
