@@ -385,7 +385,7 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tiny, tmp_path):
 
     from fedccrl_core.data.images import RESIZE_POLICY
     from fedccrl_core.learning.model_file import load_meta
-    from fedccrl_pipeline.export import export
+    from fedccrl_pipeline.export_run import export
 
     shards = tiny / "data" / "shards"  # the session's tiny dataset (conftest.py), read-only
     manifest = json.loads((shards / "manifest.json").read_text())

@@ -120,7 +120,7 @@ def test_train_stage_depends_on_every_shared_train_setting():
     """dvc.yaml's train stage lists every train.* setting of the typed model but its matrix (a change retrains), its algorithm's
     own group through train.${item.algorithm}, and no other algorithm's group (changing FedProx's mu must not
     retrain FedCCRL)."""
-    from fedccrl_pipeline.params import TrainSweep
+    from fedccrl_pipeline.params_groups import TrainSweep
 
     keys = set(_dvc_params()["train"])
     matrix = {"algorithms", "seeds"}  # the stage's matrix: each (algorithm, seed) is its own stage

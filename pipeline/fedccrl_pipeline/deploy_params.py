@@ -11,9 +11,10 @@ from pydantic import Field, field_validator
 
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.foundation import contract
+from fedccrl_core.foundation.errors import ParamError
 from fedccrl_core.foundation.hparams import Declared, validate
 from fedccrl_flower.settings import superlink_address
-from fedccrl_pipeline.params import ParamError, one_of, unique
+from fedccrl_pipeline.params_groups import one_of, unique
 from fedccrl_pipeline.params_yaml import read_yaml
 
 

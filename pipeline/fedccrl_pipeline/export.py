@@ -7,103 +7,26 @@ card_records.py reads; the MLflow side, after parity passed, is pipeline/fedccrl
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import click
 
-from fedccrl_core.foundation import contract
-from fedccrl_core.foundation.fsio import write_text
-from fedccrl_pipeline.deploy_params import test_shards
+from fedccrl_pipeline.export_run import export
+from fedccrl_pipeline.export_sweep import export_sweep
 from fedccrl_pipeline.quantize import CALIBRATION_IMAGES, MAX_DROP_POINTS, Int8Settings
 from fedccrl_pipeline.stage_runtime import run_stage
 
 
-def export(
-    model_path: Path,
-    shards: Path | None,
-    out: Path,
-    min_agreement: float,
-    batch_size: int,
-    registered_model: str | None,
-    alias: str | None,
-    use_mlflow: bool,
-    traces: dict | None = None,
-    int8: Int8Settings | None = None,
-    results: Path | None = None,
-    federation: Path | None = None,
-    deploy: Path | None = None,
-    sites: Path | None = None,
-) -> dict:
-    """One run's export; into its card: results, the evaluate stage's root (the run's contract.result_file), federation,
-    a deployment's federation file (the training data), sites, `fedccrl evaluate-sites`' result of the model; deploy:
-    a deployment's params file, whose deploy.test_shards stands for `shards` when that is None (both None: the parity
-    check on generated images)."""
-    from fedccrl_pipeline import checked_export
-    from fedccrl_pipeline.card_records import read_sources
-    from fedccrl_pipeline.model_card import render
-    from fedccrl_pipeline.model_registry import log_to_mlflow
-
-    def card_maker(model_file: Path):
-        sources = read_sources(model_file, shards, results, federation, use_mlflow, sites)
-        return lambda meta, result: render(sources.records(meta, result))
-
-    def publish(onnx_path, meta, result, example_u8, card_text):
-        log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias, card_text)
-
-    publisher = publish if use_mlflow else None
-    shards = test_shards(deploy, shards)
-    return checked_export.export_checked(
-        model_path, shards, out, min_agreement, batch_size, publisher, traces, int8, card_maker=card_maker
-    )
-
-
-def export_sweep(
-    models: Path,
-    params_path: Path,
-    shards: Path,
-    out: Path,
-    summary: Path,
-    min_agreement: float,
-    batch_size: int,
-    registered_model: str | None,
-    use_mlflow: bool,
-    int8: Int8Settings | None = None,
-    results: Path | None = None,
-) -> dict:
-    """Every run of the current sweep (params train.algorithms x seeds x held_out), in one process:
-    out/<algorithm>/s<seed>/d<held_out>/{model.onnx, parity.json, the card}, and the worst parity over them in
-    `summary`. int8, results: as export's (each run's INT8 copy beside its model.onnx)."""
-    from fedccrl_pipeline.params import load_config, run_dirs
-
-    done: dict = {}
-    traces: dict = {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
-    for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
-        key = run.relative_to(models).as_posix()
-        done[key] = export(
-            run / contract.MODEL_FILE,
-            shards,
-            out / key,
-            min_agreement,
-            batch_size,
-            registered_model,
-            None,
-            use_mlflow,
-            traces,
-            int8,
-            results,
-        )
-    worst = min(r["top1_agreement"] for r in done.values())
-    # the compact DVC metric: the worst figures over every run (each run's own numbers: out/<run>/parity.json)
-    doc = {
-        "min_top1_agreement": worst,
-        "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in done.values()),
-        "runs": len(done),
-    }
-    if int8 is not None:  # the largest INT8 accuracy drop, in points (each run's figures: its parity.json "int8")
-        doc["max_int8_drop_points"] = max(r["int8"]["accuracy_drop_points"] for r in done.values())
-    write_text(summary, json.dumps(doc, indent=1) + "\n")
-    return doc
+def _check_usage(model_path, models, shards, deploy_path, federation, sites) -> None:
+    """The options that go together, before any work (click.UsageError)."""
+    if (model_path is None) == (models is None):
+        raise click.UsageError("give exactly one of --model and --models")
+    if (federation is not None or sites is not None) and models is not None:
+        raise click.UsageError("--federation and --sites-evaluation are one run's: give one --model")
+    if deploy_path is not None and (models is not None or federation is None):
+        raise click.UsageError("--deploy is a deployment's, whose export takes one --model and its --federation")
+    if shards is None and deploy_path is None:
+        raise click.UsageError("--shards: required, unless --deploy names a deployment")
 
 
 @click.command("export")
@@ -229,14 +152,7 @@ def command(
     use_mlflow,
 ):
     """Export trained models to ONNX with a model card, check parity on the held-out domain, register in MLflow."""
-    if (model_path is None) == (models is None):
-        raise click.UsageError("give exactly one of --model and --models")
-    if (federation is not None or sites is not None) and models is not None:
-        raise click.UsageError("--federation and --sites-evaluation are one run's: give one --model")
-    if deploy_path is not None and (models is not None or federation is None):
-        raise click.UsageError("--deploy is a deployment's, whose export takes one --model and its --federation")
-    if shards is None and deploy_path is None:
-        raise click.UsageError("--shards: required, unless --deploy names a deployment")
+    _check_usage(model_path, models, shards, deploy_path, federation, sites)
     int8_settings = Int8Settings(int8_calibration_images, int8_max_drop) if int8 else None
     # SIGTERM ends the stage as SystemExit (run_stage), so the finally blocks remove the temporary files
     if models is not None:

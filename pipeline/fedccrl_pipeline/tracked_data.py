@@ -70,7 +70,7 @@ def mlflow_params(params: dict, job, device: str, data: TrackedData) -> dict:
     algorithm as validated, the device that ran), for its one algorithm, seed and held-out domain
     (train.algorithm, train.seed, train.held_out), and what `data` adds. `params`: ParamsFile.as_written();
     `job`: a TrainJob."""
-    from fedccrl_pipeline.params import TrainSweep
+    from fedccrl_pipeline.params_groups import TrainSweep
 
     t = params["train"]
     train = {k: t[k] for k in TrainSweep.model_fields if k in t and k not in ("held_out", "algorithms", "seeds")}
