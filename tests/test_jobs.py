@@ -4,6 +4,7 @@ worker's traceback, and no worker outlives it."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from pathlib import Path
@@ -100,7 +101,7 @@ def test_pool_streams_records_before_each_summary(tmp_path):
     for i in range(3):
         mine = [(k, p) for k, j, p in seen if j == i]
         assert [k for k, _ in mine] == ["round"] * 3 + ["done"]
-        assert mine[-1][1] == {"index": i, "ids": start(_jobs(3, tmp_path)[i])}
+        assert mine[-1][1] == {"index": i, "ids": dataclasses.asdict(start(_jobs(3, tmp_path)[i]))}
         assert {p["pid"] for k, p in mine[:3]} != {os.getpid()}  # trained in a worker
 
 
