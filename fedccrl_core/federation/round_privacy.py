@@ -163,7 +163,11 @@ class Private(Paper):
         from fedccrl_core.privacy import study_ledger as sl
 
         pointer = sl.read_pointer(checkpoints.path)
-        if pointer is None:
+        if pointer is None:  # a run outside the pipeline, or a ServerApp that does not share the operator's disk
+            self.log(
+                f"train.privacy: no study pointer beside {checkpoints.path}: this run's releases go to its own ledger "
+                "only, not to a study's (docs/privacy.md, 'One ledger per study')"
+            )
             return
         key = str(run_info.get("run_key") or params_hash(run_info))
         self.run.on_release = sl.recorder(pointer, key)
