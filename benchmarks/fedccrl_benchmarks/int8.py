@@ -96,7 +96,8 @@ def operator_shares(path: Path, x32: np.ndarray, threads: int) -> list[tuple[str
 def measure(model, meta, test, calibration, workdir: Path, threads: int, repeats: int) -> dict:
     """Export `model` (float32), quantize it as export does, and measure both."""
     from fedccrl_pipeline.onnx_export import export_onnx
-    from fedccrl_pipeline.quantize import accuracy, cpu_session, quantize, read_metadata
+    from fedccrl_pipeline.onnx_parity import cpu_session
+    from fedccrl_pipeline.quantize import accuracy, quantize, read_metadata
 
     f32, i8 = workdir / f"{meta.backbone}.onnx", workdir / f"{meta.backbone}.int8.onnx"
     export_onnx(model, meta, f32)

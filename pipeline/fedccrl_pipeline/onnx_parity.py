@@ -15,12 +15,14 @@ class ParityError(FedCCRLError):
     """The ONNX model disagrees with the PyTorch model beyond the allowed tolerance."""
 
 
-def cpu_session(path: str | Path):
-    """An onnxruntime session on the CPU provider (the reference for parity)."""
+def cpu_session(path: str | Path, threads: int = 0):
+    """An onnxruntime session on the CPU provider (the reference for parity, the INT8 gate and its bench); threads 0
+    is onnxruntime's own choice."""
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
+    opts.intra_op_num_threads = threads
     # its idle threads sleep rather than spin: the parity check runs beside other work (`fedccrl publish`)
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from fedccrl_core.foundation.errors import FedCCRLError
+from fedccrl_pipeline.onnx_parity import cpu_session
 from fedccrl_serving.metadata import INPUT_NAME, INT8, OUTPUT_NAME, PRECISION_KEY, ServingMetadata, parse_metadata
 from fedccrl_serving.preprocess import normalize
 
@@ -133,17 +134,6 @@ def quantize(float_path: Path, dest: Path, calibration_u8: np.ndarray, domains: 
         entry.key, entry.value = key, value
     proto.doc_string = f"INT8 copy ({QUANTIZATION}) of {float_path.name}; see metadata_props"
     onnx.save(proto, str(dest))
-
-
-def cpu_session(path: Path, threads: int = 0):
-    """An onnxruntime session on the CPU provider; threads 0 is onnxruntime's own choice."""
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = threads
-    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    return ort.InferenceSession(str(path), sess_options=opts, providers=["CPUExecutionProvider"])
 
 
 def accuracy(session, images_u8: np.ndarray, labels: np.ndarray, meta: ServingMetadata, batch_size: int) -> float:
