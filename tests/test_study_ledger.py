@@ -308,3 +308,23 @@ def test_a_named_study_is_part_of_the_run_key_and_the_ledgers_folder_is_not(para
     assert key(**{"train.privacy.study_dir": str(tmp_path / "elsewhere")}) == plain
     assert key(**{"train.privacy.study": ""}) == plain
     assert key(**{"train.privacy.study": "second-look"}) != plain
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_a_study_ledger_that_is_a_symlink_or_a_fifo_is_refused_naming_it(tmp_path, kind):
+    """The append never goes through a symlink (to a file elsewhere) nor into a FIFO: an error naming the path."""
+    import os
+
+    from fedccrl_core.privacy import study_ledger as sl
+
+    path = tmp_path / "s.jsonl"
+    elsewhere = tmp_path / "elsewhere.txt"
+    if kind == "symlink":
+        elsewhere.write_text("")
+        path.symlink_to(elsewhere)
+    else:
+        os.mkfifo(path)
+    header = sl.StudyHeader(fedccrl_study=1, study="k", data="d", name="", created="now")
+    with pytest.raises(ValueError, match=str(path)):
+        sl.append_lines(path, header, [])
+    assert not elsewhere.exists() or elsewhere.read_text() == ""

@@ -30,6 +30,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -160,8 +161,13 @@ def read_study(path: Path) -> tuple[StudyHeader | None, list[StudyEntry]]:
 def append_lines(path: Path, header: StudyHeader, entries: list[StudyEntry]) -> None:
     """Append `entries` to the study ledger at `path` under an exclusive lock (writing `header` first when the file
     is new; refusing a file that is another study's): one write per line, O_APPEND, then fsync."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:  # never through a symlink, never into a FIFO or device (O_NONBLOCK: a FIFO without a reader fails at once)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot append to this study ledger ({err.strerror}: a symlink or a FIFO?)") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ValueError(f"{path}: not a regular file: a study ledger is one")
         fcntl.flock(fd, fcntl.LOCK_EX)
         if os.fstat(fd).st_size == 0:
             _write_line(fd, header)
