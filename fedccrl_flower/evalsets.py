@@ -5,8 +5,8 @@ A site's part (`site_counts`, run by the ClientApp on an EVALUATE message):
   - source validation: its val split outside the held-out domain (`load_client(exclude_domain=held_out)`, the rows
     the in-process engine's EvalSets concatenate), when it is a source client of the run: per class k, its val
     images of class k, how many of them the global model gets right, and how many images it predicts as k;
-  - target: its rows of the held-out domain, train + val (`load_client_domain`, its share of `load_domain_test`):
-    how many, and how many right. An evaluation-only site (a client of the held-out domain, which never trains)
+  - target: its rows of the held-out domain, train + val, under train.privacy val only (`load_client_domain`, its
+    share of `load_domain_test`; data/shards.py held_out_parts): how many, and how many right. An evaluation-only site (a client of the held-out domain, which never trains)
     returns only these; a mixed-domain (feddg_bench) source client returns both.
 
 The server's part (`pool`): val accuracy = Σ correct / Σ n over the sites that answered, target accuracy likewise,

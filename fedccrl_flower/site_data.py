@@ -146,21 +146,22 @@ def is_source(context: Context, cid: str, held_out: str | None) -> bool:
     return cid in client_ids(load_manifest(shards_dir(context)), held_out)
 
 
-def load_eval_data(context: Context, cid: str, device: torch.device, held_out: str | None):
+def load_eval_data(context: Context, cid: str, device: torch.device, held_out: str | None, private: bool):
     """(val_x, val_y, target_x, target_y) of this site for a run that holds out `held_out`: its val split outside
     the held-out domain when it is a source (the in-process engine's EvalSets rows), and its rows of the held-out
-    domain, train + val (its share of `load_domain_test`; none when its shards do not know that domain)."""
+    domain, train + val, under train.privacy (`private`) val only (its share of `load_domain_test`; none when its
+    shards do not know that domain)."""
     from fedccrl_core.data.manifest import load_manifest
     from fedccrl_core.data.shards import load_client_domain
 
     shards = shards_dir(context)
-    key = ("eval", shards, cid, held_out, str(device))
+    key = ("eval", shards, cid, held_out, private, str(device))
     if key not in CACHE:
         if held_out is None:  # its shards do not know the held-out domain: it holds none of it
             size = load_manifest(shards).image_size
             tx, ty = np.zeros((0, size, size, 3), np.uint8), np.zeros(0, np.int64)
         else:
-            tx, ty = load_client_domain(shards, cid, held_out)
+            tx, ty = load_client_domain(shards, cid, held_out, private)
         target = ClientData.from_numpy("target", "target", tx, ty, tx[:0], ty[:0], device)
         if is_source(context, cid, held_out):
             d = load_client_data(context, cid, device, held_out)

@@ -86,7 +86,7 @@ def run_inprocess(data: Path, algorithm="fedccrl", rounds=2, client_state="persi
     )
     alg = build_algorithm(algorithm, local, HPARAMS.get(algorithm))
     model = build_seeded_model(alg, "small_cnn", 6, "none", SEED)
-    target = load_domain_test(folder(EVALUATORS[0]) / "shards", HELD_OUT)
+    target = load_domain_test(folder(EVALUATORS[0]) / "shards", HELD_OUT, privacy is not None)
     run = held_out_run(alg, model, clients, target, rounds, seed=SEED, batch_size=256, client_state=client_state)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # as the SuperNodes below (client_threads=1): CPU sums depend on the thread count

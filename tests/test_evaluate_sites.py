@@ -230,9 +230,14 @@ def test_bad_input_is_refused_before_the_superlink_hears_of_it(federation, tmp_p
     from fedccrl_pipeline.site_splits import choose_splits
 
     fed = read_federation(t["federation"])
-    with pytest.raises(ValueError, match=r"--split all: the model trained under train.privacy on art_c0, "):
+    with pytest.raises(ValueError, match=r"--split all: under train.privacy the model trained on art_c0, "):
         choose_splits(fed, "", "all", {"art_c0"}, True, t["federation"])
-    assert choose_splits(fed, "", "auto", {"art_c0"}, True, t["federation"])["art_c0"] == "val"
+    others = [s.id for s in fed.sites if s.id != "art_c0"]
+    with pytest.raises(ValueError, match=rf"the train rows of {others[0]} are training images of the study's"):
+        choose_splits(fed, others[0], "all", {"art_c0"}, True, t["federation"])
+    # under train.privacy every site counts its val split: the others' train rows train the study's other runs
+    assert set(choose_splits(fed, "", "auto", {"art_c0"}, True, t["federation"]).values()) == {"val"}
+    assert choose_splits(fed, others[0], "all", {"art_c0"}, False, t["federation"]) == {others[0]: "all"}
 
 
 def test_the_flower_app_declares_the_run_config_key_of_an_evaluation_only_run():

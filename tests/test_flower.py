@@ -52,6 +52,7 @@ from flower_harness import (
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm
+from fedccrl_core.data.shards import load_domain_test
 from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
@@ -613,6 +614,10 @@ def test_loopback_differential_privacy_matches_inprocess_engine(data, tmp_path, 
     assert [r.metric(contract.DP_EPSILON) for r in res.history] == [r.metric(contract.DP_EPSILON) for r in ref.history]
     for k, v in ref.final_weights.items():
         assert torch.equal(res.final_weights[k].cpu(), v.cpu()), k
+    # the held-out domain counted over its val rows only, no run of the study's training images (shards.held_out_parts)
+    n_val = len(load_domain_test(data / "shards", HELD_OUT, private=True)[1])
+    assert n_val < len(load_domain_test(data / "shards", HELD_OUT)[1])
+    assert all(r.target_n == n_val for r in res.history)
 
 
 # ================================================================ real processes: SuperLink + 3 SuperNodes on 127.0.0.1
@@ -855,7 +860,6 @@ def test_loopback_mixed_domain_clients_match_inprocess_engine(algorithm, mixed_d
     """partition.scheme feddg_bench: every client holds several domains; both engines drop the held-out
     domain's rows (and their statistics-pool rows) and give the same numbers, bit for bit."""
     from fedccrl_core.data.manifest import client_ids, load_manifest
-    from fedccrl_core.data.shards import load_domain_test
     from fedccrl_core.federation.driver import load_clients
 
     shards, pools = mixed_data / "shards", mixed_data / "pools"

@@ -12,13 +12,14 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
 from click.testing import CliRunner
 from test_export import HELD_OUT, leftovers, run_export, write_model
 
 from fedccrl_core.data.manifest import load_manifest
-from fedccrl_core.data.shards import load_domain_test
+from fedccrl_core.data.shards import load_client, load_domain_test
 from fedccrl_core.foundation.errors import FedCCRLError, ParamError
 from fedccrl_pipeline import quantize
 from fedccrl_pipeline.quantize import Int8Refused, Int8Settings, calibration_set, checked_int8
@@ -83,6 +84,12 @@ def test_calibration_reads_source_domains_only(shards):
     assert not any(im.tobytes() in held for im in images)
     few, _ = calibration_set(shards, HELD_OUT, 7)  # spread over the 6 source clients
     assert len(few) == 7
+    # a model trained under train.privacy: the source domains' val rows, which no run of the study trains on
+    private, domains = calibration_set(shards, HELD_OUT, 10**6, private=True)
+    vals = [load_client(shards, c.id).val_x for c in manifest.clients if c.domain != HELD_OUT]
+    assert domains == SOURCES and np.array_equal(private, np.concatenate(vals))
+    trained = {im.tobytes() for c in manifest.clients for im in load_client(shards, c.id).train_x}
+    assert not any(im.tobytes() in trained for im in private)
 
 
 def test_calibration_without_a_source_domain_is_an_error_naming_the_shards(shards, tmp_path):

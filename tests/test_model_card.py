@@ -320,6 +320,10 @@ def test_a_card_of_a_run_that_is_not_private_says_why(dp, mark, says):
     lines = sections(render(_records(meta=meta, history=_history(meta, dp=dp, mark=mark))))["Differential privacy"]
     text = " ".join(lines)
     assert text.strip().startswith("Not private") and says in text and not tables(lines)
+    held_out = " ".join(
+        sections(render(_records(meta=meta, history=_history(meta, dp=dp, mark=mark))))["Held-out accuracy"]
+    )
+    assert ("over the held-out domain's val rows only" in held_out) == dp  # under train.privacy, seeded or not
 
 
 def test_the_quoted_facts_are_docs_privacy_word_for_word():

@@ -101,6 +101,25 @@ def test_a_sites_share_of_the_held_out_domain_is_its_rows_of_load_domain_test(da
     )
 
 
+def test_under_privacy_a_held_out_domain_is_scored_on_rows_no_run_of_the_study_trains_on(data):
+    """train.privacy: a held-out domain's test set (central, and each site's share) is its clients' val rows, and
+    none of them is a training row of any client in the shards, whichever domain a run of the study holds out: exact
+    counts over them release nothing about a training image. Without DP it is every row (the papers' protocol)."""
+    manifest = manifest_mod.load_manifest(data / "shards")
+    trained = {p for c in manifest.clients for p in shards_mod.load_client(data / "shards", c.id).train_paths}
+    for domain in manifest.domains:
+        holders = [c.id for c in manifest.clients if c.holds(domain)]
+        shares = [shards_mod.load_client(data / "shards", cid) for cid in holders]
+        x, y = shards_mod.load_domain_test(data / "shards", domain, private=True)
+        assert np.array_equal(x, np.concatenate([s.val_x for s in shares]))
+        assert np.array_equal(y, np.concatenate([s.val_y for s in shares]))
+        assert not trained & {p for s in shares for p in s.val_paths}
+        _, y_all = shards_mod.load_domain_test(data / "shards", domain)
+        assert 0 < len(y) < len(y_all) == sum(s.n_train + len(s.val_y) for s in shares)
+        sites = [shards_mod.load_client_domain(data / "shards", cid, domain, private=True) for cid in holders]
+        assert np.array_equal(np.concatenate([p[1] for p in sites]), y)
+
+
 def test_a_malformed_evaluation_reply_is_refused():
     from flwr.app import ConfigRecord, Message, RecordDict
 

@@ -217,6 +217,19 @@ def test_the_parent_run_reports_the_sweeps_epsilon_per_image(tiny, params, tmp_p
     assert m[SWEEP_EPSILON] == pytest.approx(both, rel=1e-9) and both > max(
         c.data.metrics["dp_epsilon"] for c in children
     )
+    # each held-out domain scored on its val rows only, in training and again by the evaluate stage (shards.py
+    # held_out_parts: no run of the study trains on them; docs/privacy.md, "What a site returns for evaluation")
+    from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.outcomes.runs import evaluate_run
+
+    shards = tiny / "data" / "shards"
+    for entry, domain in (("d0", "photo"), ("d1", "art")):
+        run = tmp_path / "models" / "m" / entry
+        n_val = len(load_domain_test(shards, domain, private=True)[1])
+        assert 0 < n_val < len(load_domain_test(shards, domain)[1])
+        evaluated = evaluate_run(shards, run, 64, "cpu")
+        recorded = json.loads((run / "history.json").read_text())["rounds"][-1]["target_acc"]
+        assert evaluated.n_test == n_val and evaluated.final_target_acc == pytest.approx(recorded, abs=1e-6)
 
 
 @pytest.mark.full("a seeded DP FedCCRL train stage on the tiny data, one round of one held-out domain: ~20 s")
@@ -261,7 +274,8 @@ def test_a_seeded_run_is_marked_not_private_everywhere(tiny, params, tmp_path, m
 
 @pytest.mark.full("builds the default synthetic data (960 images) and reruns the docs' three commands: ~20 s")
 def test_docs_sweep_epsilon_tables_are_the_commands_output(tmp_path):
-    """docs/privacy.md's sweep tables and worked example are scripts/sweep_epsilon.py's output on the default data."""
+    """docs/privacy.md's sweep tables and worked example are scripts/sweep_epsilon.py's output on the default data,
+    and its table of the held-out test sets scripts/held_out_rows.py's."""
     from fedccrl_core.data.partition import PartitionSettings, partition
     from fedccrl_core.data.registry import get_dataset
     from fedccrl_core.data.synthetic import generate
@@ -294,3 +308,12 @@ def test_docs_sweep_epsilon_tables_are_the_commands_output(tmp_path):
         with contextlib.redirect_stdout(out):
             script.main([*args, "--params", str(REPO / "params.yaml")])
         assert out.getvalue().strip() == expected.strip(), cmd
+    # the held-out test sets' sizes with and without DP (docs/privacy.md, "What a site returns for evaluation")
+    (rows_cmd, rows_expected), *_ = re.findall(
+        r"```bash\n(python scripts/held_out_rows\.py [^\n]*)\n```\n\n```text\n(.*?)\n```", doc, re.S
+    )
+    spec = importlib.util.spec_from_file_location("held_out_rows_script", REPO / "scripts" / "held_out_rows.py")
+    assert spec is not None and spec.loader is not None
+    rows = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rows)
+    assert rows.table(tmp_path / "shards") == rows_expected.strip(), rows_cmd

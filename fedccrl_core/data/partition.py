@@ -211,7 +211,7 @@ def _write_feddg_bench(
     Each shard also stores train_domain / val_domain (the domain index of each row). A leave-one-domain-out
     run drops the held-out domain's rows from every client (`load_client(exclude_domain=...)`) and the
     clients left with no training rows (`client_ids`), so no target image is ever in a training client;
-    the target's test set is all its rows (`load_domain_test`). Each client's train/val split is stratified
+    the target's test set is all its rows, under train.privacy its val rows (`load_domain_test`). Each client's train/val split is stratified
     by class (`split_train_val`), as in the per_domain scheme. `dirichlet_alpha` adds label skew inside each
     (client, domain) count (feddg_bench.py, "Label skew").
     """

@@ -8,7 +8,8 @@ Images are decoded ONCE (`decode_labelled`: `images.load_rgb` + `images.resize_u
 Storage: one uncompressed `<client_id>.npz` per client holding train_x uint8 [n, S, S, 3] (NHWC),
 train_y int64 [n], train_paths str [n] (relative to the raw root), and the same for val_*; a feddg_bench client
 (`write_mixed_client`) also train_domain / val_domain (each row's domain index). A held-out domain's test set is
-the union of its clients' train + val (`load_domain_test`), so nothing is stored twice.
+the union of its clients' train + val (`load_domain_test`), so nothing is stored twice; under train.privacy their
+val only (`held_out_parts`).
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
@@ -277,24 +278,41 @@ def load_client(
     )
 
 
-def load_domain_test(shards_dir: str | os.PathLike, domain: str | int) -> tuple[np.ndarray, np.ndarray]:
-    """A held-out domain's test set: all its clients' train + val, (uint8 NHWC, int64 labels)."""
+def held_out_parts(private: bool) -> tuple[str, ...]:
+    """Which rows of a held-out domain's clients are its test set. Without DP every one, train + val: the papers'
+    leave-one-domain-out protocol. Under train.privacy their val rows only: in a study (one shard folder, every
+    held-out domain of a sweep) a domain's train rows are training images of the runs that hold out another domain,
+    and exact counts over them would be releases outside epsilon; its val rows are trained on by no run of the study
+    (docs/privacy.md, "What a site returns for evaluation")."""
+    return ("val",) if private else ("train", "val")
+
+
+def load_domain_test(
+    shards_dir: str | os.PathLike, domain: str | int, private: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """A held-out domain's test set: all its clients' rows of `held_out_parts(private)`, (uint8 NHWC, int64 labels)."""
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
     name = domain_name(manifest, domain)
     parts = [
-        _domain_rows(shards_dir, manifest, entry, name)
+        _domain_rows(shards_dir, manifest, entry, name, held_out_parts(private))
         for entry in sorted((c for c in manifest.clients if c.holds(name)), key=lambda c: c.k)
     ]
     if not parts:
         raise DataError(f"{shards_dir / MANIFEST}: no clients for domain '{name}'")
-    return np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+    x, y = np.concatenate([x for x, _ in parts]), np.concatenate([y for _, y in parts])
+    if not len(y):
+        raise DataError(
+            f"{shards_dir / MANIFEST}: domain '{name}' has no val rows, its test set under train.privacy "
+            "(partition.val_fraction)"
+        )
+    return x, y
 
 
 def load_client_domain(
-    shards_dir: str | os.PathLike, client_id: str, domain: str | int
+    shards_dir: str | os.PathLike, client_id: str, domain: str | int, private: bool = False
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One client's share of `load_domain_test`: its rows of `domain` (train + val; none when it holds none)."""
+    """One client's share of `load_domain_test`: its rows of `domain` (none when it holds none)."""
     shards_dir = Path(shards_dir)
     manifest = load_manifest(shards_dir)
     entry = client_entry(manifest, shards_dir, client_id)
@@ -302,14 +320,14 @@ def load_client_domain(
     if not entry.holds(name):
         s = manifest.image_size
         return np.zeros((0, s, s, 3), np.uint8), np.zeros(0, np.int64)
-    return _domain_rows(shards_dir, manifest, entry, name)
+    return _domain_rows(shards_dir, manifest, entry, name, held_out_parts(private))
 
 
-def _domain_rows(shards_dir: Path, manifest: ShardManifest, entry: ClientEntry, name: str):
+def _domain_rows(shards_dir: Path, manifest: ShardManifest, entry: ClientEntry, name: str, parts: tuple[str, ...]):
     a = _read_shard(shards_dir / entry.file, entry, manifest)
     di = manifest.domains.index(name)
     xs, ys = [], []
-    for part in ("train", "val"):
+    for part in parts:
         keep = a[f"{part}_domain"] == di if f"{part}_domain" in a else slice(None)
         xs.append(a[f"{part}_x"][keep])
         ys.append(a[f"{part}_y"][keep])

@@ -29,7 +29,7 @@ as a site's. So a SuperNode on a site folder is started with `client-id=<id>`, n
 looks the held-out domain up among the manifest's domains). A class of the list that the site lacks is allowed,
 with a warning naming it (recorded under `warnings`): the model keeps every class's output, and the client's
 `train_class_hist` shows 0 for it. An evaluation-only site (the held-out domain) prepares its folder the same way:
-its test set is its train + val (`shards.load_domain_test`). In a run, the federation's domains and the held-out
+its test set is its train + val, under train.privacy its val (`shards.load_domain_test`). In a run, the federation's domains and the held-out
 one come from the run's spec, not from this manifest (fedccrl_flower/site_data.py `check_site_data`).
 
 What in the image folder is not a sample is passed over, listed under `skipped` with why and named on stderr, and

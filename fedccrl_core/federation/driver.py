@@ -106,16 +106,18 @@ class RunData:
         device,
         batch_size: int = 256,
         sources: list[str] | None = None,
+        private: bool = False,
     ) -> RunData:
         """From the shard and pool folders: the clients of `sources` (default: every domain but `target`) and the
-        evaluation sets, the target's images as EvalSets keeps them (its one copy)."""
+        evaluation sets, the target's images as EvalSets keeps them (its one copy): under train.privacy (`private`)
+        its val rows only (shards.held_out_parts)."""
         from fedccrl_core.data.manifest import load_manifest
         from fedccrl_core.data.shards import load_domain_test
 
         if sources is None:
             sources = [d for d in load_manifest(shards).domains if d != target]
         clients = load_clients(Path(shards), Path(pools), sources, device)
-        tx, ty = load_domain_test(shards, target)
+        tx, ty = load_domain_test(shards, target, private)
         return cls(clients, EvalSets.for_target(clients, tx, ty, batch_size, device))
 
 

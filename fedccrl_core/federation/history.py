@@ -75,6 +75,12 @@ class RunHistory(Record):
             if d.reason != "error"
         ]
 
+    @property
+    def private(self) -> bool:
+        """Trained under train.privacy (its noise seeded or not): its held-out domain is scored on its val rows only,
+        here and wherever the model is scored again (data/shards.py held_out_parts)."""
+        return self.dp is not None
+
     def at(self, rnd: int) -> RoundRecord:
         """The record of round `rnd`."""
         return next(r for r in self.rounds if r.round == rnd)

@@ -29,7 +29,13 @@ def evaluate_run(shards: Path, run: Path, batch_size: int, device) -> EvaluatedR
     from fedccrl_core.federation.history import load_history
 
     history = load_history(run)
-    detail, n_test = _scored(shards, run, batch_size, device)
+    detail, n_test = _scored(shards, run, batch_size, device, history.private)
+    if history.private:
+        print(
+            f"evaluate: {run} trained under train.privacy: scored on the held-out domain's val rows only "
+            f"({n_test} images, none a training image of the study: docs/privacy.md)",
+            file=sys.stderr,
+        )
     partition = {k: v for k, v in load_manifest(shards).params.items() if k.startswith("partition.")}
     result = _evaluated(history, detail, n_test, partition=partition)
     recorded = history.rounds[-1].target_acc
@@ -59,7 +65,7 @@ def deployed_run_result(run: Path, test_shards: Path | None, batch_size: int, de
     n_sites = final.target_n  # the sites' count of held-out images
     if test_shards is None:
         return _evaluated(history, sites, n_sites, evaluated_on=BY_THE_SITES, partition={})
-    detail, n_test = _scored(test_shards, run, batch_size, device)
+    detail, n_test = _scored(test_shards, run, batch_size, device, history.private)
     return _evaluated(
         history,
         detail,
@@ -102,8 +108,9 @@ def _evaluated(
     )
 
 
-def _scored(shards: Path, run: Path, batch_size: int, device) -> tuple[Selections, int]:
-    """The final and the val-selected model of `run` scored on the held-out domain's images in `shards`: per
+def _scored(shards: Path, run: Path, batch_size: int, device, private: bool) -> tuple[Selections, int]:
+    """The final and the val-selected model of `run` scored on the held-out domain's images in `shards` (its val
+    rows only for a run under train.privacy, `private`: data/shards.py held_out_parts): per
     selection its target accuracy, round, per-class accuracy and confusion matrix; and the number of images."""
     import numpy as np
     import torch
@@ -119,7 +126,7 @@ def _scored(shards: Path, run: Path, batch_size: int, device) -> tuple[Selection
     final_meta.require(run / contract.MODEL_FILE, "round")
     meta.require(run / contract.BEST_FILE, "round", "held_out_domain", "dataset", "algorithm", "seed")
     same = _same_weights(best, final)  # the best round is the last: the same predictions
-    x, y = load_domain_test(shards, meta.held_out_domain)
+    x, y = load_domain_test(shards, meta.held_out_domain, private)
     x_t = torch.from_numpy(np.ascontiguousarray(x)).permute(0, 3, 1, 2).contiguous().to(device)
     y_t = torch.from_numpy(np.asarray(y, dtype=np.int64)).to(device)
 

@@ -36,8 +36,9 @@ def generated_images(image_size: int, n: int = GENERATED_IMAGES) -> np.ndarray:
     return rng.integers(0, 256, size=(n, image_size, image_size, 3), dtype=np.uint8)
 
 
-def _parity_inputs(shards: Path | None, meta) -> tuple[np.ndarray, np.ndarray | None]:
-    """The held-out domain's images and labels from `shards`, or generated images (no labels) without it."""
+def _parity_inputs(shards: Path | None, meta, private: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    """The held-out domain's images and labels from `shards` (its val rows only for a model trained under
+    train.privacy, `private`: data/shards.py held_out_parts), or generated images (no labels) without it."""
     import sys
 
     from fedccrl_core.data.shards import load_domain_test
@@ -49,7 +50,7 @@ def _parity_inputs(shards: Path | None, meta) -> tuple[np.ndarray, np.ndarray | 
             file=sys.stderr,
         )
         return generated_images(meta.image_size), None
-    x, y = load_domain_test(shards, meta.held_out_domain)
+    x, y = load_domain_test(shards, meta.held_out_domain, private)
     if x.shape[1:] != (meta.image_size, meta.image_size, 3):
         raise ValueError(
             f"{shards}: held-out images are {x.shape[1:]}, the model expects "
@@ -101,9 +102,11 @@ def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batc
 
 
 def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8):
-    """(the card's maker, the model, its metadata, the parity inputs), each checked before any work: the card's
-    records, the model file, its held-out domain, INT8's need of shards, the images' size against the model's."""
+    """(the card's maker, the model, its metadata, the parity inputs, whether the run trained under train.privacy),
+    each checked before any work: the card's records, the model file, its held-out domain, INT8's need of shards,
+    the images' size against the model's."""
     from fedccrl_core.algorithms import load_model
+    from fedccrl_core.federation.history import load_history
     from fedccrl_core.foundation import contract
 
     if model_path.is_dir():
@@ -113,7 +116,8 @@ def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8):
     meta.require(model_path, "held_out_domain")
     if int8 is not None and shards is None:
         raise ValueError("--int8: needs --shards (the INT8 copy is calibrated and gated on shard images)")
-    return card, model, meta, _parity_inputs(shards, meta)
+    private = load_history(model_path.parent).private  # the card's run folder (card_records.read_sources)
+    return card, model, meta, _parity_inputs(shards, meta, private), private
 
 
 def export_checked(
@@ -149,7 +153,7 @@ def export_checked(
     final_onnx, final_parity, final_card = out / ONNX_FILE, out / PARITY_FILE, card_path(out / ONNX_FILE)
     outputs = (final_onnx, final_parity, int8_path(final_onnx), final_card)
     _remove(outputs)  # as DVC does: a failed export leaves no earlier output behind
-    card, model, meta, (x, y) = _checked_inputs(model_path, shards, card_maker, int8)
+    card, model, meta, (x, y), private = _checked_inputs(model_path, shards, card_maker, int8)
     # renamed to model.onnx after the card and parity.json (and model.int8.onnx, when asked for) are written; a
     # failure on the way removes those already in place (_all_or_none)
     with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:
@@ -160,7 +164,9 @@ def export_checked(
 
             tmp_int8 = int8_out.enter_context(atomic_path(int8_path(final_onnx)))
             assert meta.held_out_domain and shards and y is not None  # require(), the check above
-            result["int8"] = checked_int8(tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size)
+            result["int8"] = checked_int8(
+                tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size, private
+            )
             result["int8"]["file"] = int8_path(final_onnx).name  # not the temporary name it was written under
         text = card(meta, result)
         if publish is not None:

@@ -10,9 +10,8 @@ its own images and returns counts only (per class: images, right, predicted as).
   - val: every site its val split; all: every site its whole folder.
 Which client ids trained: those the run's records name (`train_acc/<client>`); a run whose records name none (under
 train.privacy no client metrics are sent) takes the federation file's sites outside the held-out domain.
-Under train.privacy the counts follow docs/privacy.md ("What a site returns for evaluation"): only images outside the
-unit of privacy (val splits, sites that never trained) are counted, so `--split all` is refused before any work when
-a site asked for trained the model.
+Under train.privacy the counts follow docs/privacy.md ("What a site returns for evaluation"): only images no run of the
+study trains on are counted (every site's val split, site_splits.py), so `--split all` is refused before any work.
 
 Output (an atomic folder `--out`): <out>/sites.json (fedccrl_core/outcomes/site_scores.py SitesEvaluated) and
 <out>/sites.md, the Markdown also on stderr; an MLflow run in the model's experiment, tagged with the model's MLflow run id and run key,

@@ -36,7 +36,8 @@ def figures(
     """Every figure, into `out` (written whole at the end), then logged to MLflow. A deployment's runs
     (`deploy_path`, the operator's pipeline) get what the operator's machine can draw: the curves, and with
     `shards` (its own test folder of the held-out domains) Fig. 5 and 7 and the confusion matrices; Fig. 3 shows
-    the source sites' images and is not drawn."""
+    the source sites' images and is not drawn. Under train.privacy Fig. 3 is not drawn either (it shows training
+    images and the statistics without noise), and Fig. 5 and 7 use the held-out domain's val rows only."""
     if deploy_path is None and (shards is None or pools is None):
         raise ParamError("--shards and --pools: required (the sweep's data), unless --deploy names a deployment")
     shards = test_shards(deploy_path, shards)
@@ -46,7 +47,13 @@ def figures(
     )  # the whole file first; a deployment downloads nothing
     with Figures(shards, models, out, cfg, deploy_path) as figs:
         figs.curves()
-        if pools is not None and deploy_path is None:
+        if cfg.train.privacy.enabled:
+            print(
+                "figures: train.privacy: no augmentation preview (Fig. 3 would show training images and their "
+                "statistics without noise, outside epsilon: docs/privacy.md)",
+                file=sys.stderr,
+            )
+        elif pools is not None and deploy_path is None:
             figs.augmentation_preview(pools)
         if shards is not None:
             figs.held_out_figures()
@@ -132,7 +139,8 @@ class Figures:
         fp, cfg = self.cfg.figures, self.cfg
         mean, std = cfg.preprocess.mean, cfg.preprocess.std
         for dom in self.domains:
-            x, y = load_domain_test(self.shards, dom)
+            private = any(r.history.private for r in self._first_seeds(dom).values())  # its val rows only
+            x, y = load_domain_test(self.shards, dom, private)
             pick = np.random.default_rng(fp.seed).permutation(len(y))[: fp.tsne_points]  # across all classes
             cam_pick = pick[: fp.gradcam_images]
             feats, cam_maps = model_features(

@@ -107,6 +107,12 @@ def _per_class(scored: Scored) -> list[str]:
 def _accuracy(r: CardRecords) -> list[str]:
     p, ev = r.parity, r.evaluated
     out = ["## Held-out accuracy", "", f"Held-out domain: {r.meta.held_out_domain} (no client trained on it).", ""]
+    if r.history.private:
+        out += [
+            "Trained under train.privacy: every count below is over the held-out domain's val rows only, images no "
+            'run of the study trains on (docs/privacy.md, "What a site returns for evaluation").',
+            "",
+        ]
     rows = []
     if ev is not None and ev.n_test:
         who = ev.evaluated_on or "the evaluate stage"

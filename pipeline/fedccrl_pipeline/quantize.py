@@ -43,10 +43,12 @@ class Int8Settings:
     max_drop: float = MAX_DROP_POINTS
 
 
-def calibration_set(shards: Path, held_out: str, n: int) -> tuple[np.ndarray, list[str]]:
+def calibration_set(shards: Path, held_out: str, n: int, private: bool = False) -> tuple[np.ndarray, list[str]]:
     """Up to n source-domain training images of the shards (uint8 NHWC), spread evenly over the source clients and
     over each one's rows, and the domains they come from. The held-out domain's rows are never read: its clients are
-    skipped and a mixed client's rows of it dropped (load_client exclude_domain)."""
+    skipped and a mixed client's rows of it dropped (load_client exclude_domain). For a model trained under
+    train.privacy (`private`) their val rows instead: the INT8 copy's activation ranges are exact functions of the
+    images they come from, and no run of the study trains on val rows (data/shards.py held_out_parts)."""
     from fedccrl_core.data.manifest import client_ids, domain_name, load_manifest
     from fedccrl_core.data.shards import load_client
 
@@ -63,15 +65,17 @@ def calibration_set(shards: Path, held_out: str, n: int) -> tuple[np.ndarray, li
     for i, cid in enumerate(clients):
         quota = n // len(clients) + (i < n % len(clients))
         shard = load_client(shards, cid, exclude_domain=name, mmap=True)
-        if quota == 0 or shard.n_train == 0:
+        pool = shard.val_x if private else shard.train_x
+        if quota == 0 or len(pool) == 0:
             continue
-        rows = np.unique(np.linspace(0, shard.n_train - 1, min(quota, shard.n_train)).round().astype(np.int64))
-        parts.append(np.asarray(shard.train_x[rows]))
+        rows = np.unique(np.linspace(0, len(pool) - 1, min(quota, len(pool))).round().astype(np.int64))
+        parts.append(np.asarray(pool[rows]))
         entry = entries[cid]
         counts = entry.train_domain_counts
         domains |= {d for d in counts if d != name} if counts is not None else {entry.domain}
     if not parts:
-        raise FedCCRLError(f"{shards}: the source-domain clients hold no training images to calibrate on")
+        what = "val" if private else "training"
+        raise FedCCRLError(f"{shards}: the source-domain clients hold no {what} images to calibrate on")
     return np.concatenate(parts), sorted(domains)
 
 
@@ -154,17 +158,19 @@ def checked_int8(
     test: tuple[np.ndarray, np.ndarray],
     settings: Int8Settings,
     batch_size: int,
+    private: bool = False,
 ) -> dict:
     """Quantize `float_path` to `dest` and gate it on the held-out test images `test` (uint8 NHWC, labels): both
     models' accuracy there, the drop in points, and what calibrated it. Int8Refused when the drop passes
-    settings.max_drop; the caller then writes neither file."""
+    settings.max_drop; the caller then writes neither file. `private`: the model trained under train.privacy
+    (calibration_set)."""
     import sys
 
     x, y = test
-    images, domains = calibration_set(shards, held_out, settings.calibration_images)
+    images, domains = calibration_set(shards, held_out, settings.calibration_images, private)
     if len(images) < settings.calibration_images:
         print(
-            f"INT8: calibrating on {len(images)} images, all the source-domain training images "
+            f"INT8: calibrating on {len(images)} images, all the source-domain {'val' if private else 'training'} images "
             f"(export.int8_calibration_images={settings.calibration_images})",
             file=sys.stderr,
         )

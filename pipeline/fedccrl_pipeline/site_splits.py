@@ -1,5 +1,7 @@
 """Which images each site counts in `fedccrl evaluate-sites` (evaluate_sites.py): the sites asked and each one's split,
-"val" (its val split: it trained the model on the rest) or "all" (train + val: it never trained it)."""
+"val" (its val split: it trained the model on the rest) or "all" (train + val: it never trained it). Under
+train.privacy every site counts its val split (data/shards.py held_out_parts): a site's other rows train the runs of
+the study that hold out another domain."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ if TYPE_CHECKING:
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_flower.sites import FederationFile
 
-SPLITS = ("auto", "all", "val")  # --split: auto = val for a site that trained the model, all for any other
+SPLITS = ("auto", "all", "val")  # --split: auto = val for a site that trained the model (any, under DP), else all
 
 
 def trained_sites(history: RunHistory, fed: FederationFile, held_out: str) -> set[str]:
@@ -29,11 +31,17 @@ def choose_splits(fed: FederationFile, sites: str, split: str, trained: set[str]
     unknown = [s for s in asked if s not in known]
     if unknown:
         raise ValueError(f"--sites: {', '.join(unknown)} not among the sites of {where} ({', '.join(known)})")
-    splits = {c: ("val" if c in trained else "all") if split == "auto" else split for c in asked}
-    exposed = [c for c, s in splits.items() if s == "all" and c in trained]
+    splits = {c: ("val" if private or c in trained else "all") if split == "auto" else split for c in asked}
+    exposed = [c for c, s in splits.items() if s == "all"]
     if private and exposed:
+        trained_here = [c for c in exposed if c in trained]
+        whose = (
+            f"the model trained on {', '.join(trained_here)}"
+            if trained_here
+            else f"the train rows of {', '.join(exposed)} are training images of the study's other runs"
+        )
         raise ValueError(
-            f"--split all: the model trained under train.privacy on {', '.join(exposed)}, whose training images "
-            "would be counted exactly, outside epsilon (docs/privacy.md); use --split auto or val"
+            f"--split all: under train.privacy {whose}, which would be counted exactly, outside epsilon "
+            "(docs/privacy.md); use --split auto or val"
         )
     return splits
