@@ -943,3 +943,29 @@ def test_loopback_a_site_refuses_a_held_out_changed_within_a_run(data, tmp_path)
     assert "holds out 'cartoon'" in dropped[0]["detail"] and "held out 'sketch'" in dropped[0]["detail"]
     assert rec[contract.TARGET_N] == len(load_domain_test(data / "shards", HELD_OUT)[1])
     assert rec[contract.EVAL_SITES] == 3
+
+
+def test_loopback_an_evaluation_site_refuses_a_run_that_drops_its_privacy(data, tmp_path, not_private):
+    """A DP run whose round-1 EVALUATE message to sketch_c0, the held-out domain's site, says train.privacy is off
+    (its run key unchanged) would have it count every row of sketch, images the study's other runs train on, where
+    under train.privacy it counts its val rows only. It keeps the run's first setting and refuses, naming both; the
+    server drops it from that evaluation, and no target count is taken."""
+    grid = loopback(data)
+    push = grid.push_messages
+
+    def push_messages(messages):
+        for m in messages:
+            if m.metadata.message_type == M.EVALUATE and m.metadata.dst_node_id == 103:  # sketch_c0
+                cfg = m.content[M.CONFIG]
+                spec = json.loads(str(cfg[M.F_SPEC]))
+                cfg[M.F_SPEC] = json.dumps({**spec, "local": {**spec["local"], "privacy": None}})
+        return push(messages)
+
+    grid.push_messages = push_messages
+    priv = {"enabled": True, "weights_noise_multiplier": 0.8, "noise_seed": 3}
+    res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=3, privacy=priv))
+    rec = res.history[0].to_dict()
+    dropped = rec["dropped_clients"]
+    assert [(d["client"], d["phase"], d["reason"]) for d in dropped] == [("sketch_c0", "evaluate", "error")]
+    assert "train.privacy off" in dropped[0]["detail"] and "had it on in its first message" in dropped[0]["detail"]
+    assert rec[contract.TARGET_N] == 0 and math.isnan(rec[contract.TARGET_ACC])
