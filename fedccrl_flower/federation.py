@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from fedccrl_core.foundation.fsio import write_text
-from fedccrl_core.foundation.procs import guarded
+from fedccrl_core.foundation.procs import STOP_GRACE_S, guarded
 from fedccrl_flower import messages as M
 from fedccrl_flower.node_config import node_config_arg
 from fedccrl_flower.processes import BIN, FlowerRunError, Proc, flower_env, free_port, stop_all, wait_http
@@ -44,15 +44,28 @@ class Federation:
 
     def flwr(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
         """The `flwr` CLI, run so that it ends when this process dies (fedccrl_core/foundation/procs.py `guarded`):
-        a killed `fedccrl federate` leaves no `flwr run` behind."""
-        return subprocess.run(
+        a killed `fedccrl federate` leaves no `flwr run` behind. Past `timeout` seconds its guard gets SIGTERM,
+        which it passes on before it ends every process left (child_guard.py), then subprocess.TimeoutExpired is
+        raised: `subprocess.run`'s SIGKILL would end the guard alone and leave `flwr` running."""
+        with subprocess.Popen(
             guarded([str(BIN / "flwr"), *args]),
             env=self.env,
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
             text=True,
-            timeout=timeout,
             cwd=self.workdir,
-        )
+        ) as p:
+            try:
+                out, err = p.communicate(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                p.terminate()
+                try:
+                    p.communicate(timeout=STOP_GRACE_S + 10)
+                except subprocess.TimeoutExpired:  # a guard that does not end within its grace: killed
+                    p.kill()
+                    p.communicate()
+                raise
+        return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
     def submit(
         self,

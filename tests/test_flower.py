@@ -319,6 +319,29 @@ def test_a_guarded_child_whose_parent_is_not_the_expected_one_runs_nothing(tmp_p
     assert args[:4] == [sys.executable, "-P", "-m", "fedccrl_core.foundation.child_guard"]
 
 
+def test_a_flwr_command_past_its_timeout_leaves_no_process(tmp_path, monkeypatch):
+    """Federation.flwr past its timeout: TimeoutExpired, and neither the `flwr` process nor what it started is left
+    running (subprocess.run's SIGKILL would have ended the guard alone)."""
+    import psutil
+
+    from fedccrl_flower import federation
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    pids = tmp_path / "pids"
+    fake = bin_dir / "flwr"  # a `flwr` that hangs, with a child of its own
+    fake.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > {pids}\nwait\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(federation, "BIN", bin_dir)
+    fed = federation.Federation(tmp_path / "work", "127.0.0.1:1")
+    with pytest.raises(subprocess.TimeoutExpired):
+        fed.flwr("ls", timeout=2)
+    started = [int(p) for p in pids.read_text().split()]
+    assert len(started) == 2
+    _, alive = psutil.wait_procs([psutil.Process(p) for p in started if psutil.pid_exists(p)], timeout=10)
+    assert not [p for p in alive if p.status() != psutil.STATUS_ZOMBIE], alive
+
+
 def test_train_with_flower_takes_the_job_and_validated_settings(data, tmp_path, monkeypatch):
     """train_with_flower(job, settings): the ServerSpec comes from the typed TrainJob and the caller's FlowerSettings,
     which is not validated again."""
