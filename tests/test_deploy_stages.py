@@ -103,8 +103,19 @@ def test_evaluate_of_a_deployment_reports_the_sites_accuracies(ws):
     assert "| fedavg | 50.00 |" in (ws / "t.md").read_text()  # the sites' final accuracy, in percent
 
 
-def test_evaluate_of_a_deployment_scores_the_operators_test_folder(ws, tiny):
+@pytest.mark.parametrize("dp", [False, True], ids=["plain", "train.privacy"])
+def test_evaluate_of_a_deployment_scores_the_operators_test_folder(ws, tiny, dp):
+    """The operator's test folder, every image of it: its images are no site's, outside the study, also when the
+    run trained under train.privacy (the study's own shards then give their val rows only: shards.held_out_parts)."""
+    from fedccrl_core.data.shards import load_domain_test
+    from fedccrl_core.federation.history import RunPrivacySummary, load_history, write_history
+
     shards = tiny / "data" / "shards"
+    if dp:
+        run = contract.run_dir(ws / "models", "fedavg", 0, HELD_OUT)
+        h = load_history(run)
+        summary = RunPrivacySummary(noise="os entropy", delta=1e-5, trained_domains=["photo"], releases="[]")
+        write_history(run, h.meta, h.best_round, h.rounds, summary)
     args = ["evaluate", "--deploy", "deploy.yaml", "--models", "models", "--shards", shards, "--out", "results"]
     code, out = _cli(ws, *args)
     assert code == 0, out
@@ -113,6 +124,7 @@ def test_evaluate_of_a_deployment_scores_the_operators_test_folder(ws, tiny):
     cm = doc["detail"]["final"]["confusion"]
     assert doc["detail_n_test"] == sum(map(sum, cm)) > 0 and doc["detail_on"] == str(shards)
     assert doc["detail"]["best_val"][contract.ROUND] == 2 and "confusion" in doc["detail"]["best_val"]
+    assert doc["detail_n_test"] == len(load_domain_test(shards, HELD_OUT)[1])
 
 
 @pytest.mark.parametrize("with_test_folder", [False, True], ids=["sites-only", "test-folder"])

@@ -65,7 +65,7 @@ def deployed_run_result(run: Path, test_shards: Path | None, batch_size: int, de
     n_sites = final.target_n  # the sites' count of held-out images
     if test_shards is None:
         return _evaluated(history, sites, n_sites, evaluated_on=BY_THE_SITES, partition={})
-    detail, n_test = _scored(test_shards, run, batch_size, device, history.private)
+    detail, n_test = _scored(test_shards, run, batch_size, device, private=False)  # the operator's: no site's images
     return _evaluated(
         history,
         detail,

@@ -101,7 +101,7 @@ def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batc
     return result
 
 
-def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8):
+def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8, study_images: bool):
     """(the card's maker, the model, its metadata, the parity inputs, whether the run trained under train.privacy),
     each checked before any work: the card's records, the model file, its held-out domain, INT8's need of shards,
     the images' size against the model's."""
@@ -116,7 +116,8 @@ def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8):
     meta.require(model_path, "held_out_domain")
     if int8 is not None and shards is None:
         raise ValueError("--int8: needs --shards (the INT8 copy is calibrated and gated on shard images)")
-    private = load_history(model_path.parent).private  # the card's run folder (card_records.read_sources)
+    # the card's run folder (card_records.read_sources); an operator's test folder is no site's images
+    private = study_images and load_history(model_path.parent).private
     return card, model, meta, _parity_inputs(shards, meta, private), private
 
 
@@ -131,9 +132,11 @@ def export_checked(
     int8=None,
     *,
     card_maker,
+    study_images: bool = True,
 ) -> dict:
     """A trained model -> out/model.onnx + out/parity.json + out/MODEL_CARD.md (`fedccrl export`). Parity is
-    measured on every image of the held-out domain in `shards` (ONNX Runtime CPU vs PyTorch), or without `shards`
+    measured on every image of the held-out domain in `shards` (ONNX Runtime CPU vs PyTorch; a run under train.privacy
+    on the study's shards, `study_images`: its val rows, data/shards.py held_out_parts), or without `shards`
     on generated images (agreement only; parity.json's PARITY_INPUTS says which); below `min_agreement` a
     ParityError, and no output. Outputs appear only on success: the card and parity.json first, then model.onnx
     renamed from a temp name, so a model.onnx is always complete; stale outputs of an earlier export are removed
@@ -153,7 +156,7 @@ def export_checked(
     final_onnx, final_parity, final_card = out / ONNX_FILE, out / PARITY_FILE, card_path(out / ONNX_FILE)
     outputs = (final_onnx, final_parity, int8_path(final_onnx), final_card)
     _remove(outputs)  # as DVC does: a failed export leaves no earlier output behind
-    card, model, meta, (x, y), private = _checked_inputs(model_path, shards, card_maker, int8)
+    card, model, meta, (x, y), private = _checked_inputs(model_path, shards, card_maker, int8, study_images)
     # renamed to model.onnx after the card and parity.json (and model.int8.onnx, when asked for) are written; a
     # failure on the way removes those already in place (_all_or_none)
     with _all_or_none(outputs), atomic_path(final_onnx) as tmp_onnx, contextlib.ExitStack() as int8_out:

@@ -45,5 +45,14 @@ def export(
     publisher = publish if use_mlflow else None
     shards = test_shards(deploy, shards)
     return checked_export.export_checked(
-        model_path, shards, out, min_agreement, batch_size, publisher, traces, int8, card_maker=card_maker
+        model_path,
+        shards,
+        out,
+        min_agreement,
+        batch_size,
+        publisher,
+        traces,
+        int8,
+        card_maker=card_maker,
+        study_images=deploy is None,  # a deployment's test folder: the operator's images, no site's
     )

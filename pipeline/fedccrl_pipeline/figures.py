@@ -74,6 +74,7 @@ class Figures:
         self.cfg = cfg
         self.shards, self.models, self.final_out = shards, models, out
         self.runs = _sweep_histories(self.cfg, models, deploy_path)
+        self.deploy_path = deploy_path
         # the shards' domains and classes, or, without shards (a deployment), the ones its models were trained with
         named = load_manifest(shards) if shards is not None else self.runs[0].meta
         order, self.classes = list(named.domains or []), list(named.classes or [])
@@ -139,7 +140,9 @@ class Figures:
         fp, cfg = self.cfg.figures, self.cfg
         mean, std = cfg.preprocess.mean, cfg.preprocess.std
         for dom in self.domains:
-            private = any(r.history.private for r in self._first_seeds(dom).values())  # its val rows only
+            # under train.privacy the study's shards give their val rows only; the operator's test folder (a
+            # deployment's) is no site's images, whole
+            private = self.deploy_path is None and any(r.history.private for r in self._first_seeds(dom).values())
             x, y = load_domain_test(self.shards, dom, private)
             pick = np.random.default_rng(fp.seed).permutation(len(y))[: fp.tsne_points]  # across all classes
             cam_pick = pick[: fp.gradcam_images]

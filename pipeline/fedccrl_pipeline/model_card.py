@@ -109,8 +109,9 @@ def _accuracy(r: CardRecords) -> list[str]:
     out = ["## Held-out accuracy", "", f"Held-out domain: {r.meta.held_out_domain} (no client trained on it).", ""]
     if r.history.private:
         out += [
-            "Trained under train.privacy: every count below is over the held-out domain's val rows only, images no "
-            'run of the study trains on (docs/privacy.md, "What a site returns for evaluation").',
+            "Trained under train.privacy: every count below over the study's images (its shards, its sites) is over "
+            "the held-out domain's val rows only, images no run of the study trains on; a deployment's own test "
+            'folder, no site\'s images, is counted whole (docs/privacy.md, "What a site returns for evaluation").',
             "",
         ]
     rows = []
