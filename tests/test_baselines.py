@@ -17,7 +17,7 @@ from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, load_model
 from fedccrl_core.algorithms.base import Reply, StepContext
 from fedccrl_core.algorithms.fedadg import Discriminator, FedADG, alignment_loss, discriminator_loss, generator_loss
-from fedccrl_core.algorithms.fediir import FedIIR, classifier_gradient, ema_update, iir_penalty
+from fedccrl_core.algorithms.fediir import FedIIR, FedIIRScratch, classifier_gradient, ema_update, iir_penalty
 from fedccrl_core.algorithms.fedsr import (
     ClassConditionalReference,
     FedSR,
@@ -184,7 +184,7 @@ def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar(toy_clie
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 0])  # the step's penalty is against g_bar
     model.train()
     g_bar = [payload["weight"], payload["bias"]]
-    loss, terms, _ = alg.train_step(model, x, y, StepContext(payload, [], None, state={"g_bar": g_bar}))
+    loss, terms, _ = alg.train_step(model, x, y, StepContext(payload, [], None, state=FedIIRScratch(g_bar)))
     _, grads, _ = classifier_gradient(model.g, model.h(x), y, create_graph=False)
     assert terms["l_iir"].item() == pytest.approx(iir_penalty(grads, g_bar).item(), rel=1e-5)
     assert loss.item() == pytest.approx((terms["l_cls"] + 0.001 * terms["l_iir"]).item(), rel=1e-6)
