@@ -33,7 +33,6 @@ from fedccrl_core.algorithm_params.fedccrl import resolve_variant
 from fedccrl_core.privacy.audit import audit, release, statistics_epsilon
 from fedccrl_core.privacy.settings import PrivacySettings
 from fedccrl_pipeline.audit import engine_audit, load_audit_clients
-from fedccrl_pipeline.audit_report import verdict
 from fedccrl_pipeline.params import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,9 +101,9 @@ def canary_table(cfg, data: Path, clients: list, seeds: tuple[int, ...]) -> None
             with injected(fault):
                 a = engine_audit(cfg, data / "shards", data / "pools", seed, privacy)
             print(
-                f"| {label} | {eps_text(true, '.2f')} | {eps_text(a['epsilon_statistics'], '.2f')} | {seed} | "
-                f"{a['slots']} | {a['guesses']} | {a['correct']} | {a['epsilon_lower_bound']:.2f} | "
-                f"{a['epsilon_reach']:.2f} | {verdict(a)} |"
+                f"| {label} | {eps_text(true, '.2f')} | {eps_text(a.epsilon_statistics, '.2f')} | {seed} | "
+                f"{a.slots} | {a.guesses} | {a.correct} | {a.epsilon_lower_bound:.2f} | "
+                f"{a.epsilon_reach:.2f} | {a.verdict()} |"
             )
 
 

@@ -282,6 +282,23 @@ def params_group_problems(name: str, params_cls, train_groups: dict) -> list[str
     ]
 
 
+def registry_problems(params: dict, algorithms: dict) -> list[str]:
+    """How the torch-free list of hyperparameters (`params`, fedccrl_core/algorithm_params' PARAMS) and the registry
+    of classes (`algorithms`, fedccrl_core/algorithms' ALGORITHMS) disagree: the same names in the same order, each
+    class named as it is registered, its `Params` the one registered under its name. [] when they agree."""
+    if list(params) != list(algorithms):
+        return [f"PARAMS lists {list(params)}, ALGORITHMS {list(algorithms)}"]
+    out = []
+    for name, cls in algorithms.items():
+        if cls.name != name:
+            out.append(f"ALGORITHMS[{name!r}] is {cls.__name__}, whose name is {cls.name!r}")
+        if cls.Params is not params[name]:
+            out.append(
+                f"{name}: {cls.__name__}.Params is {cls.Params.__name__}, PARAMS[{name!r}] is {params[name].__name__}"
+            )
+    return out
+
+
 def write_run_history(folder: Path, meta, privacy=None, **round_fields):
     """A one-round history.json (and history.csv) of the run whose model meta is `meta`, into `folder`; `round_fields`
     add to or replace the round's record fields, `privacy` is its RunPrivacySummary."""

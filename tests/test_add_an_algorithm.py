@@ -1,10 +1,11 @@
-"""docs/contributing.md's "Add an algorithm", followed step by step with a toy algorithm defined here: its Params
-naming the class, the class naming its Params, one line in the registry (PARAMS), its params.yaml group checked
-against the class, its hyperparameter table generated, and one round trained by the training driver on tiny
-in-memory clients. `monkeypatch.setitem` stands for the line a real algorithm adds to
-fedccrl_core/algorithm_params/__init__.py (and takes it out again after the test). params.yaml's typed model
-(pipeline/fedccrl_pipeline/params.py) is built from PARAMS when it is imported, as a real line is there before any
-import: its test registers the toy in a fresh interpreter before that import."""
+"""docs/contributing.md's "Add an algorithm", followed step by step with a toy algorithm: its class
+(tests/toy_algorithm.py) naming its Params (tests/toy_params.py, without torch), registered in both lists (its
+Params in PARAMS, its class in the registry's REGISTERED, which ALGORITHMS is built from), its params.yaml group
+checked against the class, its hyperparameter table generated, and one round trained by the training driver on tiny
+in-memory clients. `monkeypatch.setitem` stands for the two lines a real algorithm adds (and takes them out again
+after the test). params.yaml's typed model (pipeline/fedccrl_pipeline/params.py) is built from PARAMS when it is
+imported, as a real line is there before any import: its test registers the toy's Params in a fresh interpreter
+before that import, and that validation imports no torch (the class side of step 2 is checked in this process)."""
 
 from __future__ import annotations
 
@@ -14,18 +15,17 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
-from fixtures import held_out_run, params_group_problems
-from toy_params import ToyParams  # step 1: the hyperparameters, without torch, naming the class
+from fixtures import held_out_run, params_group_problems, registry_problems
+from toy_algorithm import Toy  # step 1: the algorithm, naming its Params
+from toy_params import ToyParams  # step 1: its hyperparameters, without torch
 
 from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, algorithm_class, build_algorithm
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
 from fedccrl_core.data.pools import compute_statistics
 from fedccrl_core.federation.driver import build_seeded_model, train
 from fedccrl_core.foundation.errors import ParamError
@@ -36,21 +36,11 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-# Step 1: the algorithm (in a real one: a module of fedccrl_core/algorithms), naming its Params
-class Toy(Algorithm):
-    name = "toy"
-    Params = ToyParams
-    hp: ToyParams
-
-    def train_step(self, model, x, y, ctx):
-        loss, terms, logits = cross_entropy_step(model, x, y, ctx.real_rows)
-        return self.hp.scale * loss, terms, logits
-
-
 @pytest.fixture
 def registered(monkeypatch):
-    """Step 2: the algorithm's line in PARAMS."""
+    """Step 2: the algorithm's line in PARAMS and its class in the registry's REGISTERED (ALGORITHMS)."""
     monkeypatch.setitem(PARAMS, "toy", ToyParams)
+    monkeypatch.setitem(ALGORITHMS, "toy", Toy)
 
 
 def _clients(n_clients=3, n=12, size=16):
@@ -78,17 +68,22 @@ def test_an_unregistered_algorithm_is_not_found():
         build_algorithm("toy", LocalConfig())
 
 
-def test_the_registry_line_finds_the_class_its_params_name(registered):
+def test_the_two_registry_lines_agree(registered):
     assert algorithm_class("toy") is Toy
+    assert registry_problems(PARAMS, ALGORITHMS) == []
 
 
-def test_a_params_that_names_another_class_is_refused(monkeypatch):
+def test_a_registry_line_that_disagrees_is_found(monkeypatch):
+    """The class registered without its Params, or with another class's Params, fails the registry's test
+    (tests/test_params_registry.py)."""
+    monkeypatch.setitem(ALGORITHMS, "toy", Toy)
+    assert registry_problems(PARAMS, ALGORITHMS) == [f"PARAMS lists {list(PARAMS)}, ALGORITHMS {list(ALGORITHMS)}"]
+
     class Stray(ToyParams):
-        algorithm: ClassVar[str] = f"{__name__}:Toy"  # Toy's Params is ToyParams, not Stray
+        """Not Toy's Params."""
 
     monkeypatch.setitem(PARAMS, "toy", Stray)
-    with pytest.raises(ImportError, match="Params ToyParams; registered as 'toy' with .*Stray"):
-        algorithm_class("toy")
+    assert registry_problems(PARAMS, ALGORITHMS) == ["toy: Toy.Params is ToyParams, PARAMS['toy'] is Stray"]
 
 
 def test_its_params_yaml_group_is_checked_against_the_class(registered):
@@ -103,19 +98,19 @@ def test_its_params_yaml_group_is_checked_against_the_class(registered):
         build_algorithm("toy", LocalConfig(), {"scale": 0})
 
 
-# In a fresh interpreter: the registry line, then params.yaml's model (built at its import), then the checks
+# In a fresh interpreter: the registry line of PARAMS, then params.yaml's model (built at its import), then the checks
 PARAMS_YAML_CHECK = """
 import json, sys
 from fedccrl_core.algorithm_params import PARAMS
 
-if sys.argv[2] == "registered":
+if sys.argv[2] == "registered":  # step 2's line in PARAMS, before params.yaml's model is built from it
     from toy_params import ToyParams
 
-    PARAMS["toy"] = ToyParams  # step 2: the line in PARAMS, before params.yaml's model is built from it
+    PARAMS["toy"] = ToyParams
 from fedccrl_pipeline.params import ParamError, validate_params
 from fedccrl_pipeline.params_yaml import read_yaml
 
-out = {}
+out = {"torch": "torch" in sys.modules}  # validation reads PARAMS, never the classes: no torch
 for scale in (1.0, 0):
     data = read_yaml(sys.argv[1])
     data["train"]["algorithms"] = ["toy"]
@@ -144,6 +139,7 @@ def test_params_yaml_accepts_it_once_registered():
     """Step 2's promise: with its line in PARAMS, params.yaml's model accepts `train.algorithms: [toy]` and
     validates `train.toy` against ToyParams (scale 0 is refused, naming the key); without it, `toy` is refused."""
     got = _params_yaml_with_toy(registered=True)
+    assert got["torch"] is False
     assert got["1.0"] == ["ToyParams", 1.0]
     assert "'train.toy.scale': got 0; must be a number > 0" in got["0"], got["0"]
     refused = _params_yaml_with_toy(registered=False)

@@ -13,6 +13,7 @@ epsilon allows."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -162,13 +163,13 @@ def test_tpr_at_fpr_reads_the_roc():
 def test_audit_stage_writes_table_plot_and_json(tmp_path):
     """The command's table names the verdict and the numbers it rests on (the epsilon lower bound and the reach);
     the plot is a PNG; the record is JSON."""
-    from fedccrl_core.privacy.canary_audit import one_run_audit
+    from fedccrl_core.privacy.canary_audit import CanaryAudit, one_run_audit
     from fedccrl_pipeline.audit_report import plot, table
 
     coins = np.random.default_rng(0).random(600) < 0.5
     scores = np.where(coins, 1.0, -1.0) * (np.arange(600) < 300)  # half the slots seen, every one right
-    res = one_run_audit(coins, scores, 300, 2.0, 1e-5)
-    res.update(
+    found = one_run_audit(coins, scores, 300, 2.0, 1e-5)
+    run = dict(
         rounds=1,
         attack="rows",
         copies=2,
@@ -183,18 +184,20 @@ def test_audit_stage_writes_table_plot_and_json(tmp_path):
         scores=list(scores),
         coins=[bool(x) for x in coins],
     )
+    res = CanaryAudit(**dataclasses.asdict(found), **run)
     lines = table(res)
-    lb, reach = res["epsilon_lower_bound"], res["epsilon_reach"]
-    assert lb == reach and lb > 2.0 and res["violated"] and res["testable"]
+    lb, reach = res.epsilon_lower_bound, res.epsilon_reach
+    assert lb == reach and lb > 2.0 and res.violated and res.testable and res.verdict() == "DP violated"
     assert lines[2].startswith("| 1 | rows | 600 | 300 | 300 | 1.000 [") and "**DP violated**" in lines[2]
     assert f"| {lb:.2f} | {reach:.2f} |" in lines[2]
     assert lines[-1].startswith("FAILURE")
-    beyond = one_run_audit(coins, scores, 300, 8.0, 1e-5)  # 300 guesses cannot refute eps 8
-    assert not beyond["violated"] and not beyond["testable"]
-    assert "**beyond reach**" in table({**res, **beyond})[2] and table({**res, **beyond})[-1].startswith("WARNING")
+    beyond = CanaryAudit(**dataclasses.asdict(one_run_audit(coins, scores, 300, 8.0, 1e-5)), **run)
+    assert not beyond.violated and not beyond.testable  # 300 guesses cannot refute eps 8
+    assert "**beyond reach**" in table(beyond)[2] and table(beyond)[-1].startswith("WARNING")
+    assert CanaryAudit(**{**dataclasses.asdict(beyond), "privacy": None}).verdict() == "no DP claim"
     plot(res, tmp_path / "a.png")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
-    json.dumps(res)  # plain numbers only
+    assert json.loads(json.dumps(dataclasses.asdict(res)))["correct"] == 300  # plain numbers only
 
 
 def test_one_client_per_domain_is_refused_naming_the_setting():
@@ -378,13 +381,13 @@ def test_the_audit_catches_each_fault_at_the_default_settings(monkeypatch, fault
         inject(monkeypatch, fault)
     on = PrivacySettings(enabled=True, stats_release=stats_release)
     res = audit_clients(FedCCRL(LocalConfig(privacy=on), {"r": 0.1}), _default_sized_clients(), 0, 10)
-    assert res["epsilon_statistics"] == pytest.approx(4.644, abs=0.01) and res["slots"] == 2400
-    assert res["guesses"] == math.floor(0.6 * 2400 * (1 - (1 - 11 / 108) ** 10)) and res["testable"]
-    assert res["epsilon_reach"] == pytest.approx(5.69, abs=0.01) and res["attack"] == stats_release
+    assert res.epsilon_statistics == pytest.approx(4.644, abs=0.01) and res.slots == 2400
+    assert res.guesses == math.floor(0.6 * 2400 * (1 - (1 - 11 / 108) ** 10)) and res.testable
+    assert res.epsilon_reach == pytest.approx(5.69, abs=0.01) and res.attack == stats_release
     if fault is None:
-        assert not res["violated"] and res["epsilon_lower_bound"] < 1.0 and res["precision_lo"] < 0.6
+        assert not res.violated and res.epsilon_lower_bound < 1.0 and res.precision_lo < 0.6
     else:
-        assert res["violated"] and res["guesses"] - res["correct"] <= 1 and res["epsilon_lower_bound"] > 5.2
+        assert res.violated and res.guesses - res.correct <= 1 and res.epsilon_lower_bound > 5.2
 
 
 def test_without_dp_every_guess_is_right_and_nothing_is_claimed():
@@ -395,8 +398,8 @@ def test_without_dp_every_guess_is_right_and_nothing_is_claimed():
     from fedccrl_pipeline.audit import audit_clients
 
     res = audit_clients(FedCCRL(LocalConfig(), {"r": 0.1}), _default_sized_clients(), 0, 10, copies=20)
-    assert res["correct"] == res["guesses"] and res["epsilon_lower_bound"] == res["epsilon_reach"] > 4
-    assert math.isinf(res["epsilon_statistics"]) and not res["violated"] and res["privacy"] is None
+    assert res.correct == res.guesses and res.epsilon_lower_bound == res.epsilon_reach > 4
+    assert math.isinf(res.epsilon_statistics) and not res.violated and res.privacy is None
 
 
 def _tiny_clients(n=40):
@@ -488,8 +491,8 @@ def test_a_training_run_records_its_uploads_and_the_audit_reads_them(monkeypatch
     }
     scores = canary_scores(c, released, "rows")
     res = one_run_audit(c.coin, scores, planned_guesses(sizes, dict.fromkeys(sizes, 3), 3), eps, on.delta)
-    assert res["testable"] and res["violated"] is noise_removed
-    assert (res["correct"] == res["guesses"]) is noise_removed
+    assert res.testable and res.violated is noise_removed
+    assert (res.correct == res.guesses) is noise_removed
 
 
 @pytest.mark.full("four runs of fedccrl audit on the default data (10 rounds each), about 15 s with the data")

@@ -3,6 +3,7 @@ one engine run of each with checkpoint/resume, and the model file round trip."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
@@ -16,8 +17,16 @@ from torch import nn
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import ALGORITHMS, build_algorithm, load_model
 from fedccrl_core.algorithms.base import Reply, StepContext
-from fedccrl_core.algorithms.fedadg import Discriminator, FedADG, alignment_loss, discriminator_loss, generator_loss
-from fedccrl_core.algorithms.fediir import FedIIR, classifier_gradient, ema_update, iir_penalty
+from fedccrl_core.algorithms.ccst import CCSTKept
+from fedccrl_core.algorithms.fedadg import (
+    Discriminator,
+    FedADG,
+    FedADGKept,
+    alignment_loss,
+    discriminator_loss,
+    generator_loss,
+)
+from fedccrl_core.algorithms.fediir import FedIIR, FedIIRScratch, classifier_gradient, ema_update, iir_penalty
 from fedccrl_core.algorithms.fedsr import (
     ClassConditionalReference,
     FedSR,
@@ -26,7 +35,8 @@ from fedccrl_core.algorithms.fedsr import (
     l2r,
     reparameterize,
 )
-from fedccrl_core.algorithms.ga import GA, generalization_adjustment, step_size
+from fedccrl_core.algorithms.ga import GA, GAKept, generalization_adjustment, step_size
+from fedccrl_core.algorithms.local_bn import LocalBNKept
 from fedccrl_core.federation.checkpoints import RoundCheckpoints
 from fedccrl_core.federation.driver import train
 from fedccrl_core.learning.clients import ClientState
@@ -44,6 +54,25 @@ def test_registered():
 
 
 # ---- FedSR ------------------------------------------------------------------------------------
+def test_what_a_client_keeps_is_saved_under_the_keys_checkpoints_hold():
+    """A KeptState is written into ClientState.extra under its field names, the keys that round checkpoints and
+    Flower's client state files already hold (renaming a field would orphan them); nothing is written for None."""
+    saved = {
+        GAKept: ["ga_loss_local"],
+        FedADGKept: ["discriminator", "opt_d", "opt_g"],
+        LocalBNKept: ["local_bn"],
+        CCSTKept: ["ccst_style_bank", "ccst_plan"],
+    }
+    for kept, keys in saved.items():
+        assert [f.name for f in dataclasses.fields(kept)] == keys, kept
+        extra: dict = {"optimizer_of_another": 1}
+        kept().keep(extra)
+        assert extra == {"optimizer_of_another": 1} and kept.of(extra) == kept()
+    extra = {}
+    GAKept(0.25).keep(extra)
+    assert extra == {"ga_loss_local": 0.25} and GAKept.of(extra).ga_loss_local == 0.25
+
+
 def test_fedsr_reparameterization_has_head_mean_and_softplus_std():
     enc = ProbabilisticEncoder(nn.Identity(), feature_dim=2, z_dim=2)
     with torch.no_grad():
@@ -184,7 +213,7 @@ def test_fediir_sends_gradient_on_global_model_and_trains_against_g_bar(toy_clie
     x, y = torch.randn(4, 3, 8, 8), torch.tensor([0, 1, 2, 0])  # the step's penalty is against g_bar
     model.train()
     g_bar = [payload["weight"], payload["bias"]]
-    loss, terms, _ = alg.train_step(model, x, y, StepContext(payload, [], None, state={"g_bar": g_bar}))
+    loss, terms, _ = alg.train_step(model, x, y, StepContext(payload, [], None, state=FedIIRScratch(g_bar)))
     _, grads, _ = classifier_gradient(model.g, model.h(x), y, create_graph=False)
     assert terms["l_iir"].item() == pytest.approx(iir_penalty(grads, g_bar).item(), rel=1e-5)
     assert loss.item() == pytest.approx((terms["l_cls"] + 0.001 * terms["l_iir"]).item(), rel=1e-6)

@@ -14,7 +14,7 @@ from torch import nn
 
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms import build_algorithm
-from fedccrl_core.algorithms.ccst import payload_to_bank, single_bank_size, transfer_plan
+from fedccrl_core.algorithms.ccst import Style, TransferPlan, payload_to_bank, single_bank_size, transfer_plan
 from fedccrl_core.augment import adain as adain_mod
 from fedccrl_core.augment.adain import (
     AdaINNetworks,
@@ -166,8 +166,9 @@ def test_upload_is_statistics_only_and_sent_once(toy_client, nets, style_type, J
 # ---- Alg. 1: augmentation level K ------------------------------------------------------------------
 def test_transfer_plan_draws_K_distinct_clients():
     sizes = {"a": 2, "b": 1, "c": 3, "d": 1}
-    ids, clients, styles = transfer_plan(300, sizes, "b", 3, np.random.default_rng(0), "single")
-    assert ids == ["a", "b", "c", "d"] and clients.shape == styles.shape == (300, 3)
+    plan = transfer_plan(300, sizes, "b", 3, np.random.default_rng(0), "single")
+    clients, styles = plan.clients, plan.styles
+    assert plan.bank_ids == ["a", "b", "c", "d"] and clients.shape == styles.shape == (300, 3)
     assert all(len(set(row)) == 3 for row in clients.tolist())  # K distinct entries of B per image
     assert set(np.unique(clients)) == {0, 1, 2, 3}
     own = clients == 1
@@ -176,9 +177,9 @@ def test_transfer_plan_draws_K_distinct_clients():
     cap = np.array([2, 1, 3, 1])[clients]
     assert ((styles >= 0) & (styles < cap)).all() and set(np.unique(styles[clients == 2])) == {0, 1, 2}
     again = transfer_plan(300, sizes, "b", 3, np.random.default_rng(0), "single")
-    assert np.array_equal(again[1], clients) and np.array_equal(again[2], styles)
-    assert not np.array_equal(transfer_plan(300, sizes, "b", 3, np.random.default_rng(1), "single")[1], clients)
-    full = transfer_plan(10, sizes, "b", 4, np.random.default_rng(0))[1]  # K = N: the reference setting
+    assert np.array_equal(again.clients, clients) and np.array_equal(again.styles, styles)
+    assert not np.array_equal(transfer_plan(300, sizes, "b", 3, np.random.default_rng(1), "single").clients, clients)
+    full = transfer_plan(10, sizes, "b", 4, np.random.default_rng(0)).clients  # K = N: the reference setting
     assert all(sorted(row) == [0, 1, 2, 3] for row in full.tolist())  # the image itself + N-1 transfers
     with pytest.raises(ValueError, match=r"train\.ccst\.K=5"):
         transfer_plan(10, sizes, "b", 5, np.random.default_rng(0))
@@ -188,10 +189,11 @@ def test_augmented_dataset_has_K_entries_per_image_styled_by_other_clients(toy_c
     clients = _clients(toy_client)
     alg = _ccst(K=3)
     alg._nets = nets
-    bank = {c.client_id: alg.client_upload(c, np.random.default_rng(0)) for c in clients}
+    bank = {c.client_id: Style(**alg.client_upload(c, np.random.default_rng(0))) for c in clients}
     me = clients[1]
-    ids, cl, st = transfer_plan(N_TRAIN, dict.fromkeys(bank, 1), me.client_id, 3, np.random.default_rng(7))
-    plan = {"bank_ids": ids, "clients": cl, "styles": st}
+    plan = transfer_plan(N_TRAIN, dict.fromkeys(bank, 1), me.client_id, 3, np.random.default_rng(7))
+    assert isinstance(plan, TransferPlan)
+    ids, cl = plan.bank_ids, plan.clients
     d_x, d_y = alg.augmented_dataset(me, bank, plan)
     K, own = 3, ids.index(me.client_id)
     assert d_x.shape == (N_TRAIN * K, 3, S, S) and d_x.dtype == torch.uint8
@@ -207,8 +209,8 @@ def test_augmented_dataset_has_K_entries_per_image_styled_by_other_clients(toy_c
     n_transferred = len(entries)
     rows = [i for i, _ in entries]
     f_c = nets.encoder(me.train_x[rows].float() / 255)  # Eq. 5 by hand, entry by entry
-    mu = torch.from_numpy(np.concatenate([st["mu"] for st in styles]))
-    sigma = torch.from_numpy(np.concatenate([st["sigma"] for st in styles]))
+    mu = torch.from_numpy(np.concatenate([st.mu for st in styles]))
+    sigma = torch.from_numpy(np.concatenate([st.sigma for st in styles]))
     ref = to_u8(stylize(nets, f_c, mu, sigma, (S, S)))
     got = torch.stack([d_x[i * K + k] for i, k in entries])
     assert (got.int() - ref.int()).abs().max() <= 1

@@ -40,18 +40,10 @@ FLOWER_APP = "fedccrl_flower/app/pyproject.toml"  # `flwr run` of the train stag
 MODULES = {module_name(p): p for folder in OWN for p in (ROOT / folder).rglob("*.py")}
 
 
-def registered_algorithm_modules() -> set[str]:
-    """The modules fedccrl_core/algorithms/__init__.py imports by name: each registered Params' `algorithm`."""
-    from fedccrl_core.algorithm_params import PARAMS
-
-    return {params.algorithm.partition(":")[0] for params in PARAMS.values()}
-
-
 def imports_of(module: str) -> set[str]:
-    """The project modules one module imports (every import statement, function-level ones included, and the
-    algorithm modules the registry imports by name)."""
+    """The project modules one module imports (every import statement, function-level ones included)."""
     path = MODULES[module]
-    out = registered_algorithm_modules() if module == "fedccrl_core.algorithms" else set()
+    out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]

@@ -224,7 +224,7 @@ def test_train_step_terms_and_adv_switch():
         loss, terms, logits = alg.train_step(model, x, y, ctx)
         assert set(terms) == {"l_cls", "l_sc", "l_rc", "l_js"} | ({"l_adv"} if adv else set())
         assert logits.shape == (6, 3) and math.isfinite(loss.item())
-        assert ctx.state["pool"][2].sum().item() == pytest.approx(1.0, abs=1e-5)  # q, once per client-round
+        assert ctx.state[2].sum().item() == pytest.approx(1.0, abs=1e-5)  # q, once per client-round
         loss.backward()
         has_grad = all(p.grad is not None for p in model.discriminator.parameters())
         assert has_grad == adv

@@ -90,8 +90,8 @@ def test_local_tensors_survive_rounds_and_are_not_loaded_from_the_aggregate(toy_
     train_step = alg.train_step
 
     def spy(m, x, y, ctx):
-        if ctx.state.get("spied") is None and spy.cid is not None:
-            ctx.state["spied"] = True
+        if ctx.state is None and spy.cid is not None:  # the client-round's first step (no scratch of its own)
+            ctx.state = "spied"
             seen[spy.cid] = {k: v.detach().clone() for k, v in m.state_dict().items()}
         return train_step(m, x, y, ctx)
 

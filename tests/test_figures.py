@@ -11,7 +11,7 @@ from fedccrl_core.augment.settings import AugmentParams
 from fedccrl_core.learning.models import build_model
 from fedccrl_core.learning.statistics import IMAGENET_MEAN, IMAGENET_STD
 from fedccrl_core.viz import figures as fig
-from fedccrl_core.viz.compute import augmentation_views, cams, representations
+from fedccrl_core.viz.compute import AugmentationViews, augmentation_views, cams, representations
 from fedccrl_core.viz.embed import tsne_2d
 
 M, S = IMAGENET_MEAN, IMAGENET_STD
@@ -53,25 +53,25 @@ def test_augmentation_views_use_the_pool_and_keep_shapes():
     imgs = _images(8)
     sigma = np.full((5, 3), 0.2, np.float32)
     bright, dark = np.full((5, 3), 1.5, np.float32), np.full((5, 3), -1.5, np.float32)  # strong foreign styles
-    v = augmentation_views(imgs, bright, sigma, AugmentParams(alpha=0.1), seed=1, mean=M, std=S)
-    assert set(v) == {"original", "ccdt", "ccdt_difp"}
-    for k in v:
-        assert v[k].shape == imgs.shape and v[k].dtype == np.uint8
-    assert np.array_equal(v["original"], imgs)
-    v2 = augmentation_views(imgs, bright, sigma, AugmentParams(alpha=0.1), seed=1, mean=M, std=S)
-    assert all(np.array_equal(v[k], v2[k]) for k in v)  # deterministic given the seed
+    v = augmentation_views("c0", imgs, bright, sigma, AugmentParams(alpha=0.1), seed=1, mean=M, std=S)
+    assert v.client == "c0"
+    for x in (v.original, v.ccdt, v.ccdt_difp):
+        assert x.shape == imgs.shape and x.dtype == np.uint8
+    assert np.array_equal(v.original, imgs)
+    v2 = augmentation_views("c0", imgs, bright, sigma, AugmentParams(alpha=0.1), seed=1, mean=M, std=S)
+    assert np.array_equal(v.ccdt, v2.ccdt) and np.array_equal(v.ccdt_difp, v2.ccdt_difp)  # deterministic given the seed
     # the pool sets the style: Eq. 9-10 mix each image's (mu, sigma) with a pool row, with the same lambda and row
     # for the same seed, so a brighter pool can only brighten each image, and does so on average
-    d = augmentation_views(imgs, dark, sigma, AugmentParams(alpha=0.1), seed=1, mean=M, std=S)
-    per_image = (v["ccdt"].astype(float) - d["ccdt"].astype(float)).reshape(len(imgs), -1).mean(1)
+    d = augmentation_views("c0", imgs, dark, sigma, AugmentParams(alpha=0.1), seed=1, mean=M, std=S)
+    per_image = (v.ccdt.astype(float) - d.ccdt.astype(float)).reshape(len(imgs), -1).mean(1)
     assert (per_image >= 0).all() and per_image.mean() > 20, per_image
-    assert not np.array_equal(v["ccdt_difp"], d["ccdt_difp"])  # Fig. 3 (c) is made from (b)
+    assert not np.array_equal(v.ccdt_difp, d.ccdt_difp)  # Fig. 3 (c) is made from (b)
 
 
 def test_every_figure_kind_is_a_readable_png(tmp_path):
     classes = ["circle", "square", "star"]
     imgs = _images(4)
-    rows = [{"client": f"c{i}", "original": imgs, "ccdt": imgs[::-1], "ccdt_difp": 255 - imgs} for i in range(2)]
+    rows = [AugmentationViews(f"c{i}", imgs, imgs[::-1], 255 - imgs) for i in range(2)]
     rng = np.random.default_rng(0)
     paths = [
         fig.augmentation_preview(rows, tmp_path / "aug.png"),

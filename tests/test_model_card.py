@@ -7,6 +7,7 @@ sweep's ε from the MLflow parent are checked in tests/test_export.py's MLflow t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -284,7 +285,7 @@ def test_every_number_of_the_card_is_its_records():
     assert float(dp["epsilon per run"]) == r.history.rounds[-1].dp_epsilon == 7.875
     assert float(dp["delta"]) == 1e-5
     assert dp["epsilon per image over the sweep"] == "19.5 over 6 runs"
-    assert any(QUOTES["unit"] in line for line in card["Differential privacy"])
+    assert any(QUOTES.unit in line for line in card["Differential privacy"])
 
     prov = kv(tables(card["Provenance"])[0])
     assert prov == {
@@ -313,7 +314,7 @@ def test_an_accuracy_that_is_no_whole_count_of_its_images_gets_no_interval():
 
 
 @pytest.mark.parametrize(
-    "dp, mark, says", [(False, None, "without train.privacy"), (True, "not private (noise_seed)", QUOTES["seeded"])]
+    "dp, mark, says", [(False, None, "without train.privacy"), (True, "not private (noise_seed)", QUOTES.seeded)]
 )
 def test_a_card_of_a_run_that_is_not_private_says_why(dp, mark, says):
     meta = _meta(privacy=mark)
@@ -328,7 +329,9 @@ def test_a_card_of_a_run_that_is_not_private_says_why(dp, mark, says):
 
 def test_the_quoted_facts_are_docs_privacy_word_for_word():
     doc = " ".join((REPO / "docs" / "privacy.md").read_text().replace("**", "").split())
-    for key, quote in QUOTES.items():
+    quotes = dataclasses.asdict(QUOTES)
+    assert len(quotes) == 7
+    for key, quote in quotes.items():
         assert quote in doc, key
 
 

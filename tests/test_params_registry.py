@@ -1,5 +1,5 @@
-"""Everything spelled outside an algorithm's declaration (`Algorithm.Params`) is tested against it:
-params.yaml's `train.<algorithm>` groups (every registered algorithm has one, FedAvg's is empty, so dvc.yaml's
+"""Everything spelled outside an algorithm's declaration (`Algorithm.Params`) is tested against it: the
+registry of classes (ALGORITHMS) against the torch-free PARAMS, params.yaml's `train.<algorithm>` groups (every registered algorithm has one, FedAvg's is empty, so dvc.yaml's
 `train.${item.algorithm}` resolves; exactly the declared keys and defaults), the docs' hyperparameters page, and dvc.yaml's
 params lists against the typed model of params.yaml (pipeline/fedccrl_pipeline/params.py)."""
 
@@ -7,12 +7,21 @@ from pathlib import Path
 
 import pytest
 import yaml
-from fixtures import bare_manifest, params_group_problems
+from fixtures import bare_manifest, params_group_problems, registry_problems
 
+from fedccrl_core.algorithm_params import PARAMS as REGISTERED_PARAMS
 from fedccrl_core.algorithms import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = yaml.safe_load((ROOT / "params.yaml").read_text())
+
+
+def test_the_classes_and_their_params_are_registered_alike():
+    """ALGORITHMS (the classes, imported by name) and PARAMS (their hyperparameters, without torch, which params.yaml's
+    validation reads) list the same algorithms in the same order, each class with the Params registered under its
+    name."""
+    assert len(ALGORITHMS) == len(REGISTERED_PARAMS) >= 15
+    assert registry_problems(REGISTERED_PARAMS, ALGORITHMS) == []
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))

@@ -53,12 +53,21 @@ def test_table_from_known_inputs(tmp_path):
         tmp_path / "curves.csv",
         summary_out=tmp_path / "summary.json",
     )
-    assert m["fedccrl"]["a"]["final_target_acc"]["mean"] == pytest.approx(0.7)
-    assert m["fedccrl"]["a"]["final_target_acc"]["std"] == pytest.approx(0.1)
-    assert m["fedccrl"]["avg"]["final_target_acc"] == pytest.approx(0.6)
-    assert m["fedccrl"]["avg"]["best_val_target_acc"] == pytest.approx((0.6 + 0.5) / 2)
-    assert m["fedavg"]["avg"]["final_target_acc"] == pytest.approx(0.3)
-    assert m["fedavg"]["comm_mb_per_round"] == {"up": pytest.approx(1.0), "down": pytest.approx(3.0)}
+    a = m["fedccrl"].domains["a"]
+    assert (a.accuracy["final_target_acc"].mean, a.accuracy["final_target_acc"].std) == pytest.approx((0.7, 0.1))
+    assert a.accuracy["final_target_acc"].n == 2 and a.seeds == [0, 1]
+    assert m["fedavg"].avg == pytest.approx({"final_target_acc": 0.3, "best_val_target_acc": 0.35})
+    written = json.loads((tmp_path / "metrics.json").read_text())  # the typed results as results/metrics.json
+    assert written["fedccrl"]["a"] == {
+        "final_target_acc": {"mean": pytest.approx(0.7), "std": pytest.approx(0.1), "n": 2},
+        "best_val_target_acc": {"mean": pytest.approx(0.6), "std": pytest.approx(0.1), "n": 2},
+        "seeds": [0, 1],
+    }
+    assert list(written["fedccrl"]) == ["a", "b", "comm_mb_per_round", "avg"]
+    assert written["fedccrl"]["avg"]["final_target_acc"] == pytest.approx(0.6)
+    assert written["fedccrl"]["avg"]["best_val_target_acc"] == pytest.approx((0.6 + 0.5) / 2)
+    assert written["fedavg"]["avg"]["final_target_acc"] == pytest.approx(0.3)
+    assert written["fedavg"]["comm_mb_per_round"] == {"up": pytest.approx(1.0), "down": pytest.approx(3.0)}
     table = (tmp_path / "table.md").read_text().splitlines()
     assert "| Algorithm | a | b | Avg. |" in table
     rows = [line for line in table if line.startswith("| fed")]
@@ -81,7 +90,7 @@ def test_table_from_known_inputs(tmp_path):
     }
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary == {"fedavg": {"a": 0.4, "b": 0.2, "avg": 0.3}, "fedccrl": {"a": 0.7, "b": 0.5, "avg": 0.6}}
-    assert json.loads((tmp_path / "metrics.json").read_text()) == json.loads(json.dumps(m))
+    assert written == json.loads(json.dumps({alg: r.to_dict() for alg, r in m.items()}))
 
 
 def test_no_results_is_a_clear_error(tmp_path):

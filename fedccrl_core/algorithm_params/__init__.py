@@ -1,12 +1,12 @@
-"""The registry of algorithms: PARAMS, algorithm name -> its hyperparameters (`train.<algorithm>` of params.yaml),
-without torch. It is the one list of algorithms (docs/contributing.md, "Add an algorithm").
+"""The registry of algorithms' hyperparameters: PARAMS, algorithm name -> its `train.<algorithm>` declaration of
+params.yaml, without torch (docs/contributing.md, "Add an algorithm").
 
-One module per algorithm holds its pydantic `Params` (fields with the paper equations they come from), which names
-its algorithm class (`HParams.algorithm`, "module:Class"); `train` holds the settings every algorithm shares
-(TrainSettings, LocalConfig). params.yaml's validation (pipeline/fedccrl_pipeline/params.py) reads the
-declarations from here, so a stage that trains nothing validates the whole file without importing torch;
-fedccrl_core/algorithms/__init__.py derives ALGORITHMS (name -> class) from it, and the docs' hyperparameter
-tables are generated from it (scripts/mkdocs_hooks.py).
+One module per algorithm holds its pydantic `Params` (fields with the paper equations they come from); `train`
+holds the settings every algorithm shares (TrainSettings, LocalConfig). params.yaml's validation
+(pipeline/fedccrl_pipeline/params.py) reads the declarations from here, so a stage that trains nothing validates the
+whole file without importing torch, and the docs' hyperparameter tables are generated from it
+(scripts/mkdocs_hooks.py). The classes are registered by name in fedccrl_core/algorithms/__init__.py (REGISTERED),
+in the same order; tests/test_params_registry.py checks that the two lists agree.
 
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""

@@ -13,8 +13,6 @@ from fedccrl_core.foundation.hparams import HParams, hp
 class CCSTParams(HParams):
     """train.ccst (ccst.txt)."""
 
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.ccst:CCST"
-
     dp_refusal: ClassVar[str] = (
         "CCST uploads its clients' style banks (per-image AdaIN statistics, Alg. 1), which train.privacy neither "
         "clips nor noises"

@@ -5,15 +5,11 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedADGParams(HParams):
     """train.fedadg."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedadg:FedADG"
 
     lambda0: float = hp(
         0.85,

@@ -13,8 +13,6 @@ from fedccrl_core.foundation.hparams import HParams, hp
 class FedAlignParams(HParams):
     """train.fedalign (fedalign.txt sections 3.2-3.7)."""
 
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedalign:FedAlign"
-
     uploads_statistics: ClassVar[bool] = True  # FedCCRL's exchange (Eq. 8): train.privacy.statistics must noise it
 
     r: float = hp(0.1, "upload ratio of statistics: Table 1 caption r = 0.1", gt=0, le=1)

@@ -5,13 +5,9 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from fedccrl_core.foundation.hparams import HParams
 
 
 class FedAvgParams(HParams):
     """train.fedavg: FedAvg has no hyperparameters (the empty group keeps dvc.yaml's train.${item.algorithm}
     resolvable)."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedavg:FedAvg"

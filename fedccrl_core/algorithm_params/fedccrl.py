@@ -52,8 +52,6 @@ def resolve_variant(hp: FedCCRLParams) -> FedCCRLParams:
 class FedCCRLParams(AugmentParams):
     """train.fedccrl (fedccrl-v2.txt): M's settings (inherited from AugmentParams) and the rest."""
 
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedccrl:FedCCRL"
-
     uploads_statistics: ClassVar[bool] = True  # Eq. 8's rows every round: train.privacy.statistics must noise them
 
     r: float = hp(

@@ -6,7 +6,7 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import field_validator
 
@@ -16,8 +16,6 @@ from fedccrl_core.foundation.hparams import hp
 
 class FDParams(LocalBNParams):
     """train.fedfd (fedfd-a.txt section 3.2), and the base of train.fedfd_a."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedfd:FedFD"
 
     framework: Literal["silobn", "fedbn", "fedavg"] = hp(
         "silobn", "the BN tensors kept local (Table 1); section 4.1 uses SiloBN"

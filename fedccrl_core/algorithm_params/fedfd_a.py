@@ -6,7 +6,7 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from pydantic import field_validator
 
@@ -16,8 +16,6 @@ from fedccrl_core.foundation.hparams import hp
 
 class FedFDAParams(FDParams):
     """train.fedfd_a (fedfd-a.txt sections 3.2-3.3)."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedfd_a:FedFDA"
 
     adapter: bool = hp(True, "instance feature adapter (section 3.3); false = FedFD (Table 3)")
     adapter_reduction: int = hp(

@@ -13,8 +13,6 @@ from fedccrl_core.foundation.hparams import HParams, hp
 class FedIIRParams(HParams):
     """train.fediir."""
 
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fediir:FedIIR"
-
     dp_refusal: ClassVar[str] = (
         "FedIIR uploads each client's mean classifier gradient beside its weights, which train.privacy neither clips "
         "nor noises, and its server keeps their moving average, a rule of its own beside Eq. 2"

@@ -16,8 +16,6 @@ from fedccrl_core.foundation.hparams import HParams, hp
 class FedOMGParams(HParams):
     """train.fedomg (Eq. 15-17): FedAvg's clients, FedOMG's server step."""
 
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedomg:FedOMG"
-
     dp_refusal: ClassVar[str] = (
         "FedOMG's server step (Eq. 15-17) combines the clients' updates by its own rule instead of Eq. 2; DP-FedAvg "
         "replaces Eq. 2 only"
@@ -50,5 +48,3 @@ class FedOMGParams(HParams):
 class FedCCRLOMGParams(FedOMGParams, FedCCRLParams):
     """train.fedccrl_omg: FedCCRL's clients (train.fedccrl's keys) with FedOMG's server step (train.fedomg's keys).
     Our combination, not a published method."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedomg:FedCCRLOMG"

@@ -5,14 +5,10 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedProxParams(HParams):
     """train.fedprox."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedprox:FedProx"
 
     mu: float = hp(0.01, "their Eq. 2: proximal term weight; the FedCCRL reference's FedProx default 0.01", ge=0)

@@ -5,15 +5,13 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from fedccrl_core.foundation.hparams import HParams, hp
 
 
 class FedSRParams(HParams):
     """train.fedsr."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedsr:FedSR"
 
     alpha_l2r: float = hp(
         0.01, "weight of l_L2R: official README (PACS run) --L2R_coeff 0.01; FedCCRL reference 1e-2", ge=0

@@ -13,8 +13,6 @@ from fedccrl_core.foundation.hparams import HParams, hp
 class GAParams(HParams):
     """train.ga."""
 
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.ga:GA"
-
     dp_refusal: ClassVar[str] = (
         "GA weighs the clients by their generalization gaps, its own rule instead of Eq. 2; DP-FedAvg replaces Eq. 2 "
         "only"

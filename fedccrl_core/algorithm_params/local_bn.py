@@ -6,7 +6,7 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Literal
 
 from fedccrl_core.foundation.hparams import HParams, hp
 
@@ -34,10 +34,6 @@ class LocalBNParams(HParams):
 class FedBNParams(LocalBNParams):
     """train.fedbn."""
 
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.fedbn:FedBN"
-
 
 class SiloBNParams(LocalBNParams):
     """train.silobn."""
-
-    algorithm: ClassVar[str] = "fedccrl_core.algorithms.silobn:SiloBN"

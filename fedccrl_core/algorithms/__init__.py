@@ -1,41 +1,56 @@
-"""Algorithm registry: name -> class, derived from the one list of algorithms, fedccrl_core/algorithm_params/
-__init__.py's PARAMS: each algorithm's `Params` names its class ("module:Class", `HParams.algorithm`), imported
-here explicitly (no import side effects), and checked to be an Algorithm of that name whose `Params` is that class.
+"""Algorithm registry: name -> class, from the explicit imports below (no import side effects, no names resolved
+at run time). REGISTERED lists the classes in the order of fedccrl_core/algorithm_params/__init__.py's PARAMS,
+the torch-free list of their hyperparameters that params.yaml's validation reads; tests/test_params_registry.py
+checks that the two agree (the same names, each class's `Params` the one registered under its name).
 
 Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
-import importlib
-
-from fedccrl_core.algorithm_params import PARAMS
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.algorithms.base import Algorithm
+from fedccrl_core.algorithms.ccst import CCST
+from fedccrl_core.algorithms.fedadg import FedADG
+from fedccrl_core.algorithms.fedalign import FedAlign
+from fedccrl_core.algorithms.fedavg import FedAvg
+from fedccrl_core.algorithms.fedbn import FedBN
+from fedccrl_core.algorithms.fedccrl import FedCCRL
+from fedccrl_core.algorithms.fedfd import FedFD
+from fedccrl_core.algorithms.fedfd_a import FedFDA
+from fedccrl_core.algorithms.fediir import FedIIR
+from fedccrl_core.algorithms.fedomg import FedCCRLOMG, FedOMG
+from fedccrl_core.algorithms.fedprox import FedProx
+from fedccrl_core.algorithms.fedsr import FedSR
+from fedccrl_core.algorithms.ga import GA
+from fedccrl_core.algorithms.silobn import SiloBN
 from fedccrl_core.foundation.hparams import HParams
+
+REGISTERED: tuple[type[Algorithm], ...] = (
+    FedCCRL,
+    FedAvg,
+    FedProx,
+    CCST,
+    FedADG,
+    GA,
+    FedSR,
+    FedIIR,
+    FedAlign,
+    FedBN,
+    SiloBN,
+    FedFD,
+    FedFDA,
+    FedOMG,
+    FedCCRLOMG,
+)
+
+ALGORITHMS: dict[str, type[Algorithm]] = {cls.name: cls for cls in REGISTERED}
 
 
 def algorithm_class(name: str) -> type[Algorithm]:
-    """The class of the registered algorithm `name`: the one its Params names. ValueError for a name PARAMS lacks;
-    ImportError for a Params whose `algorithm` is not an Algorithm named `name` with these Params."""
-    if name not in PARAMS:
-        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(PARAMS)}")
-    params = PARAMS[name]
-    where = f"{params.__module__}.{params.__qualname__}.algorithm = {params.algorithm!r}"
-    module, _, qualname = params.algorithm.partition(":")
-    if not module or not qualname:
-        raise ImportError(f"{where}: name the algorithm class as 'module:Class'")
-    cls = getattr(importlib.import_module(module), qualname, None)
-    if not (isinstance(cls, type) and issubclass(cls, Algorithm)):
-        raise ImportError(f"{where}: not an Algorithm class")
-    if cls.name != name or cls.Params is not params:
-        raise ImportError(
-            f"{where}: {cls.__qualname__} has name {cls.name!r} and Params {cls.Params.__qualname__}; registered as "
-            f"{name!r} with {params.__qualname__}"
-        )
-    return cls
-
-
-ALGORITHMS: dict[str, type[Algorithm]] = {name: algorithm_class(name) for name in PARAMS}
+    """The class of the registered algorithm `name`; ValueError naming the registered ones for any other name."""
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; choose from {', '.join(ALGORITHMS)}")
+    return ALGORITHMS[name]
 
 
 def load_model(path, map_location: str = "cpu"):
@@ -50,4 +65,4 @@ def build_algorithm(name: str, local: LocalConfig, hparams: HParams | dict | Non
     return algorithm_class(name)(local, hparams)
 
 
-__all__ = ["ALGORITHMS", "algorithm_class", "build_algorithm", "load_model"]
+__all__ = ["ALGORITHMS", "REGISTERED", "algorithm_class", "build_algorithm", "load_model"]

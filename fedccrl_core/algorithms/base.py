@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -30,6 +30,26 @@ from fedccrl_core.learning.clients import ClientData, ClientState
 from fedccrl_core.learning.models import FedModel, build_model
 from fedccrl_core.learning.static_batch import pad_rows, real_part, real_rows_only
 from fedccrl_core.learning.statistics import normalize_u8
+
+K = TypeVar("K", bound="KeptState")
+
+
+@dataclass
+class KeptState:
+    """The base of an algorithm's per-client state kept across rounds (a dataclass of its module: GA's last local
+    loss, FedADG's discriminator). It lives in ClientState.extra as plain data, each field under its own name, since
+    the round checkpoints (federation/checkpoints.py) and Flower's Context.state (fedccrl_flower/client_state.py)
+    store plain data only: a field's name is its saved key (renaming one orphans saved states). A field that is None
+    (nothing kept yet) is not written."""
+
+    @classmethod
+    def of(cls: type[K], extra: dict) -> K:
+        """What the client kept (ClientState.extra), None where it kept nothing yet."""
+        return cls(**{f.name: extra.get(f.name) for f in dataclasses.fields(cls)})
+
+    def keep(self, extra: dict) -> None:
+        """Into ClientState.extra, for the next round and the checkpoints."""
+        extra.update({f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None})
 
 
 @dataclass
@@ -49,7 +69,7 @@ class StepContext:
     payload: Any
     global_params: list[torch.Tensor]
     generator: torch.Generator | None
-    state: dict = field(default_factory=dict)  # scratch space for one client-round (e.g. the pool on device)
+    state: Any = None  # the algorithm's scratch for one client-round, its own type (FedCCRL's pool on the device)
     epoch: int = 0  # the local epoch being trained (0-based)
     global_weights: dict = field(default_factory=dict)  # as received (parameters and buffers)
     upload: dict | None = None  # set by a hook: travels up in the Reply, aggregated by the server half
@@ -175,7 +195,7 @@ class Algorithm:
         return {}
 
     def end_local(self, model, state: ClientState, ctx: StepContext) -> None:
-        """After the last epoch: keep what must survive the round in state.extra."""
+        """After the last epoch: keep what must survive the round in state.extra (a KeptState)."""
 
     def make_optimizer(self, model):
         """Adam over every parameter: fused (one kernel for all) on the CUDA fast path, else the multi-tensor form

@@ -42,12 +42,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from fedccrl_core.algorithm_params.ccst import CCSTParams
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.algorithms.base import Algorithm, KeptState, cross_entropy_step
 from fedccrl_core.augment.adain import (
     AdaINNetworks,
     images01,
@@ -60,8 +61,34 @@ from fedccrl_core.augment.adain import (
 from fedccrl_core.foundation.seeding import derive_seed
 
 TRANSFER_BATCH = 32  # images per encoder/decoder batch (the reference's batch)
-BANK, PLAN = "ccst_style_bank", "ccst_plan"  # keys of ClientState.extra
-STAT_KEYS = ("mu", "sigma")
+STAT_KEYS = ("mu", "sigma")  # an entry of B, as uploaded, broadcast and kept: Style's fields
+
+
+@dataclass(frozen=True)
+class Style:
+    """One client's entry of B: the relu4_1 means and stds (Eq. 4) of its styles, [J, 512] each (J = 1: overall)."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+
+
+@dataclass(frozen=True)
+class TransferPlan:
+    """Alg. 1 lines 2-10 as indices, drawn once per client (`transfer_plan`): B's client ids, and for each of the n
+    images its K entries of B (indices into bank_ids) and, in single mode, the style drawn of each (0 otherwise)."""
+
+    bank_ids: list[str]
+    clients: np.ndarray  # [n, K] int64
+    styles: np.ndarray  # [n, K] int64
+
+
+@dataclass
+class CCSTKept(KeptState):
+    """What a client keeps across rounds, as plain data for the checkpoints: B as first received ({client: {"mu",
+    "sigma"}}, `payload_to_bank`) and its TransferPlan (its fields by name)."""
+
+    ccst_style_bank: dict[str, dict[str, np.ndarray]] | None = None
+    ccst_plan: dict | None = None
 
 
 def bank_to_payload(bank: dict[str, dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -86,11 +113,10 @@ def single_bank_size(J: int | None, n_i: int) -> int:
 
 def transfer_plan(
     n: int, bank_sizes: dict[str, int], own_id: str, K: int, rng: np.random.Generator, style_type: str = "overall"
-) -> tuple[list[str], np.ndarray, np.ndarray]:
+) -> TransferPlan:
     """Alg. 1 lines 2-10 as indices: for each of n images, K distinct clients of B (line 3, without
     replacement since K <= N and |D| = K d) and, in single mode, one style of each (line 8).
-    Returns (bank_ids, clients [n, K] into bank_ids, styles [n, K]); an entry equal to own_id's
-    index means "append I_i itself" (line 6), its style index is unused (0)."""
+    An entry equal to own_id's index means "append I_i itself" (line 6), its style index is unused (0)."""
     ids = sorted(bank_sizes)
     if own_id not in bank_sizes:
         raise ValueError(f"CCST: the style bank has no entry of client {own_id!r}")
@@ -103,7 +129,7 @@ def transfer_plan(
         sizes = np.array([bank_sizes[c] for c in ids])
         styles = rng.integers(0, sizes[clients])
     styles[clients == ids.index(own_id)] = 0
-    return ids, clients.astype(np.int64), styles.astype(np.int64)
+    return TransferPlan(ids, clients.astype(np.int64), styles.astype(np.int64))
 
 
 class CCST(Algorithm):
@@ -168,16 +194,16 @@ class CCST(Algorithm):
 
     # ---- 3.2.3: local style transfer (Alg. 1), then FedAvg on D^{C_n} ------------------------
     @torch.no_grad()
-    def augmented_dataset(self, data, bank: dict, plan: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    def augmented_dataset(self, data, bank: dict[str, Style], plan: TransferPlan) -> tuple[torch.Tensor, torch.Tensor]:
         """D^{C_n} (Alg. 1) as uint8 [n K, 3, S, S] (image-major: entry i K + k) and labels [n K]."""
         x_u8, dev = data.train_x, data.train_x.device
-        n, K = plan["clients"].shape
-        ids = plan["bank_ids"]
+        n, K = plan.clients.shape
+        ids = plan.bank_ids
         own = ids.index(data.client_id)
-        mu_table = torch.as_tensor(np.concatenate([bank[c]["mu"] for c in ids]), device=dev)
-        sigma_table = torch.as_tensor(np.concatenate([bank[c]["sigma"] for c in ids]), device=dev)
-        offsets = np.cumsum([0] + [len(bank[c]["mu"]) for c in ids])[:-1]
-        rows = offsets[plan["clients"]] + plan["styles"]  # [n, K] rows of the tables
+        mu_table = torch.as_tensor(np.concatenate([bank[c].mu for c in ids]), device=dev)
+        sigma_table = torch.as_tensor(np.concatenate([bank[c].sigma for c in ids]), device=dev)
+        offsets = np.cumsum([0] + [len(bank[c].mu) for c in ids])[:-1]
+        rows = offsets[plan.clients] + plan.styles  # [n, K] rows of the tables
         nets = self.networks(dev)
         out = torch.empty((n * K, *x_u8.shape[1:]), dtype=torch.uint8, device=dev)
         for s in range(0, n, TRANSFER_BATCH):
@@ -185,7 +211,7 @@ class CCST(Algorithm):
             f_c = None
             for k in range(K):
                 dst = out[s * K + k : e * K : K]  # entries (i, k) for i in [s, e)
-                is_own = torch.from_numpy(plan["clients"][s:e, k] == own).to(dev)
+                is_own = torch.from_numpy(plan.clients[s:e, k] == own).to(dev)
                 dst[is_own] = x_u8[s:e][is_own]  # Alg. 1 line 6: the image itself
                 other = (~is_own).nonzero().squeeze(1)
                 if other.numel() == 0:
@@ -199,20 +225,22 @@ class CCST(Algorithm):
     def local_dataset(self, data, state, payload, generator, shuffle_rng):
         """The local loop trains on D^{C_n} (Alg. 1) instead of the client's own images."""
         cid = data.client_id
-        if payload is not None and BANK not in state.extra:  # first receipt of B: the client's own copy
-            state.extra[BANK] = payload_to_bank(payload)
-        bank = state.extra.get(BANK)
-        if bank is None:
+        kept = CCSTKept.of(state.extra)
+        if payload is not None and kept.ccst_style_bank is None:  # first receipt of B: the client's own copy
+            kept.ccst_style_bank = payload_to_bank(payload)
+        if kept.ccst_style_bank is None:
             raise RuntimeError(f"CCST: client {cid} has no style bank (the server never sent B)")
-        if PLAN not in state.extra:  # Alg. 1's random draws, once, kept for a resume
+        bank = {c: Style(**b) for c, b in kept.ccst_style_bank.items()}
+        if kept.ccst_plan is None:  # Alg. 1's random draws, once, kept for a resume
             seed = generator.initial_seed() if generator is not None else int(shuffle_rng.integers(2**62))
             rng = np.random.default_rng(derive_seed(seed, "ccst-plan", cid))
-            ids, clients, styles = transfer_plan(
-                data.n_train, {c: len(b["mu"]) for c, b in bank.items()}, cid, self.hp.K, rng, self.hp.style_type
+            sizes = {c: len(b.mu) for c, b in bank.items()}
+            kept.ccst_plan = dataclasses.asdict(
+                transfer_plan(data.n_train, sizes, cid, self.hp.K, rng, self.hp.style_type)
             )
-            state.extra[PLAN] = {"bank_ids": ids, "clients": clients, "styles": styles}
+        kept.keep(state.extra)
         if cid not in self._datasets:
-            self._datasets[cid] = self.augmented_dataset(data, bank, state.extra[PLAN])
+            self._datasets[cid] = self.augmented_dataset(data, bank, TransferPlan(**kept.ccst_plan))
         d_x, d_y = self._datasets[cid]
         return dataclasses.replace(data, train_x=d_x, train_y=d_y)
 

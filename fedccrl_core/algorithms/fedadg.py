@@ -28,12 +28,14 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from fedccrl_core.algorithm_params.fedadg import FedADGParams
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.algorithms.base import Algorithm, KeptState, cross_entropy_step
 from fedccrl_core.foundation import contract
 from fedccrl_core.learning.models import FedModel
 
@@ -80,6 +82,28 @@ def generator_loss(d_ref):
     return (d_ref**2).mean()
 
 
+@dataclass
+class FedADGKept(KeptState):
+    """What a client keeps across rounds besides F and C's optimizer: D's weights and D's and G's optimizer states
+    (state dicts; None before its first round)."""
+
+    discriminator: dict | None = None
+    opt_d: dict | None = None
+    opt_g: dict | None = None
+
+
+@dataclass
+class FedADGScratch:
+    """One client-round: D and the adversarial optimizers, and the E1 step's reference features r and soft labels,
+    held from train_step to after_step's generator step."""
+
+    D: Discriminator
+    opt_d: torch.optim.Optimizer
+    opt_g: torch.optim.Optimizer
+    r: torch.Tensor | None = None
+    y_soft: torch.Tensor | None = None
+
+
 class FedADG(Algorithm):
     name = "fedadg"
     Params = FedADGParams
@@ -107,42 +131,45 @@ class FedADG(Algorithm):
 
     def begin_local(self, model, data, state, ctx):
         """D and its optimizer, G's optimizer: kept per client across rounds, as F and C's optimizer."""
-        hp, ex = self.hp, state.extra
+        hp, kept = self.hp, FedADGKept.of(state.extra)
         dev = next(model.parameters()).device
         D = Discriminator(model.feature_dim, model.g.out_features, hp.rp_dim, hp.disc_hidden).to(dev).train()
         opt_d = torch.optim.Adam(D.parameters(), lr=hp.lr_adv, weight_decay=self.local.weight_decay)
         opt_g = torch.optim.Adam(model.generator.parameters(), lr=hp.lr_adv, weight_decay=self.local.weight_decay)
-        for obj, saved in ((D, ex.get("discriminator")), (opt_d, ex.get("opt_d")), (opt_g, ex.get("opt_g"))):
+        for obj, saved in ((D, kept.discriminator), (opt_d, kept.opt_d), (opt_g, kept.opt_g)):
             if saved is not None:
                 obj.load_state_dict(saved)
-        ctx.state.update(D=D, opt_d=opt_d, opt_g=opt_g)
+        ctx.state = FedADGScratch(D, opt_d, opt_g)
 
     def train_step(self, model, x, y, ctx):
         if ctx.epoch < self.local.local_epochs:  # E0: L_err only
             return cross_entropy_step(model, x, y)
         # E1: D first, then F and C (the base loop steps their optimizer on the returned loss), then G
-        hp, D = self.hp, ctx.state["D"]
+        hp = self.hp
+        scratch: FedADGScratch = ctx.state
         y_soft = F.one_hot(y, model.g.out_features).float() * hp.label_value
         xi = torch.rand(len(y), hp.noise_dim, generator=ctx.generator, device=x.device)
         z, r = model.h(x), model.generator(xi, y_soft)
-        l_advd = self.discriminator_step(D, ctx.state["opt_d"], z, r, y_soft)
-        loss, l_err, l_advf, logits = self.feature_loss(model, D, z, y, y_soft)
-        ctx.state.update(r=r, y_soft=y_soft)
+        l_advd = self.discriminator_step(scratch.D, scratch.opt_d, z, r, y_soft)
+        loss, l_err, l_advf, logits = self.feature_loss(model, scratch.D, z, y, y_soft)
+        scratch.r, scratch.y_soft = r, y_soft
         return loss, {contract.L_CLS: l_err, contract.L_ADVF: l_advf, contract.L_ADVD: l_advd}, logits
 
     def after_step(self, model, ctx):
         if ctx.epoch < self.local.local_epochs:
             return {}
-        r, y_soft = ctx.state.pop("r"), ctx.state.pop("y_soft")
-        return {contract.L_ADVG: self.generator_step(ctx.state["D"], ctx.state["opt_g"], r, y_soft)}
+        scratch: FedADGScratch = ctx.state
+        r, y_soft = scratch.r, scratch.y_soft
+        scratch.r = scratch.y_soft = None  # this step's graph is not kept past its generator step
+        return {contract.L_ADVG: self.generator_step(scratch.D, scratch.opt_g, r, y_soft)}
 
     def end_local(self, model, state, ctx):
-        D = ctx.state["D"]
-        state.extra.update(
-            discriminator={k: v.detach().clone() for k, v in D.state_dict().items()},
-            opt_d=ctx.state["opt_d"].state_dict(),
-            opt_g=ctx.state["opt_g"].state_dict(),
-        )
+        scratch: FedADGScratch = ctx.state
+        FedADGKept(
+            discriminator={k: v.detach().clone() for k, v in scratch.D.state_dict().items()},
+            opt_d=scratch.opt_d.state_dict(),
+            opt_g=scratch.opt_g.state_dict(),
+        ).keep(state.extra)
 
     def discriminator_step(self, D, opt_d, z, r, y_soft):
         l_advd = discriminator_loss(D(r.detach(), y_soft), D(z.detach(), y_soft))

@@ -258,17 +258,17 @@ class FedAlign(StatisticsExchange, Algorithm):
         """Once per client-round: cluster the received pool and move it with q to the device. The k-means
         seed is a checksum of the pool itself: the clustering is a function of the pool, identical on
         every engine, with no device sync and no draw from the augmentation generator."""
-        if ctx.state.get("pool") is None:
+        if ctx.state is None:  # the scratch is the pool: (mu, sigma, q)
             mu = np.ascontiguousarray(ctx.payload["mu"], dtype=np.float32)
             sigma = np.ascontiguousarray(ctx.payload["sigma"], dtype=np.float32)
             rng = np.random.default_rng(zlib.crc32(mu.tobytes() + sigma.tobytes()))  # k-means seeded by the pool
             q, _ = style_pool_distribution(mu, sigma, self.hp.n_clusters, rng, self.hp.variance_weights)
-            ctx.state["pool"] = (
+            ctx.state = (
                 torch.as_tensor(mu, device=device),
                 torch.as_tensor(sigma, device=device),
                 torch.as_tensor(q, dtype=torch.float32, device=device),
             )
-        return ctx.state["pool"]
+        return ctx.state
 
     def augment(self, x, pool, generator):
         """M(X) (Eq. 3): clustered MixStyle, then optionally FedCCRL's per-sample AugMix (difp)."""

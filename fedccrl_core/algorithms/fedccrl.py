@@ -135,12 +135,12 @@ class FedCCRL(StatisticsExchange, Algorithm):
 
     def augmented_views(self, x, ctx):
         """Eq. 3: X1 = M(X), X2 = M(X), two independent draws on x's device."""
-        if ctx.state.get("pool") is None:  # move F_pool^i to the device once per client-round
-            ctx.state["pool"] = (
+        if ctx.state is None:  # move F_pool^i to the device once per client-round: the scratch is (mu, sigma)
+            ctx.state = (
                 torch.as_tensor(ctx.payload["mu"], device=x.device),
                 torch.as_tensor(ctx.payload["sigma"], device=x.device),
             )
-        pool_mu, pool_sigma = ctx.state["pool"]
+        pool_mu, pool_sigma = ctx.state
         aug = self.hp
         mean, std = self.local.mean, self.local.std
         if self.views_in_one_draw(x.device):  # one M over [X; X]: every row draws its own, so X1, X2 independent

@@ -30,6 +30,8 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -55,6 +57,14 @@ def iir_penalty(grads, grad_mean) -> torch.Tensor:
 def ema_update(grad_mean: torch.Tensor, grad_new: torch.Tensor, ema: float) -> torch.Tensor:
     """g_bar <- ema * g_bar + (1 - ema) * (mean of the clients' g_i)."""
     return ema * grad_mean + (1 - ema) * grad_new
+
+
+@dataclass
+class FedIIRScratch:
+    """One client-round: the server's moving average g_bar, one tensor per parameter of g, on the client's device
+    (zeros before the server has one)."""
+
+    g_bar: list[torch.Tensor]
 
 
 class FedIIR(Algorithm):
@@ -112,14 +122,17 @@ class FedIIR(Algorithm):
         names = [n for n, _ in model.g.named_parameters()]
         ctx.upload = {n: g.detach().clone() for n, g in zip(names, g_i)}  # up: g_i on w^t
         params = dict(model.g.named_parameters())
-        ctx.state["g_bar"] = [
-            torch.zeros_like(params[n])
-            if ctx.payload is None
-            else torch.as_tensor(ctx.payload[n]).to(params[n].device, params[n].dtype)
-            for n in names
-        ]
+        ctx.state = FedIIRScratch(
+            [
+                torch.zeros_like(params[n])
+                if ctx.payload is None
+                else torch.as_tensor(ctx.payload[n]).to(params[n].device, params[n].dtype)
+                for n in names
+            ]
+        )
 
     def train_step(self, model, x, y, ctx):
         risk, grads, logits = classifier_gradient(model.g, model.h(x), y, create_graph=True)
-        l_iir = iir_penalty(grads, ctx.state["g_bar"])
+        scratch: FedIIRScratch = ctx.state
+        l_iir = iir_penalty(grads, scratch.g_bar)
         return risk + self.hp.gamma * l_iir, {contract.L_CLS: risk, contract.L_IIR: l_iir}, logits

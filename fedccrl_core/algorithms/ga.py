@@ -28,13 +28,34 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from fedccrl_core.algorithm_params.ga import GAParams
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.algorithms.base import Algorithm, KeptState, cross_entropy_step
 from fedccrl_core.learning.aggregation import weighted_average
+from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.learning.statistics import normalize_u8
+
+# the client's reply metrics: L(theta^r; D_i), L(theta_i^r; D_i), and G_i (from round 2), which the server reads
+LOSS_GLOBAL, LOSS_LOCAL, GAP = "ga_loss_global", "ga_loss_local", "ga_gap"
+
+
+@dataclass
+class GAKept(KeptState):
+    """What a client keeps across rounds: L(theta_i^r; D_i) after its last local training, for G_i."""
+
+    ga_loss_local: float | None = None  # the saved key: the reply metric's name, LOSS_LOCAL
+
+
+@dataclass
+class GAScratch:
+    """One client-round: the client's data (for its gap split) and L(theta^r; D_i), measured before training."""
+
+    data: ClientData
+    loss_global: float
 
 
 def step_size(d: float, r: int, rounds: int, k: int) -> float:
@@ -93,22 +114,24 @@ class GA(Algorithm):
 
     # the local loop's hooks: the client measures its losses around local training (the gap G_i)
     def begin_local(self, model, data, state, ctx):
-        ctx.state["ga_data"] = data
-        ctx.metrics["ga_loss_global"] = self.loss_on(model, data)  # L(theta^r; D_i), theta^r = last aggregate
+        ctx.state = GAScratch(data, self.loss_on(model, data))  # L(theta^r; D_i), theta^r = last aggregate
+        ctx.metrics[LOSS_GLOBAL] = ctx.state.loss_global
         model.train()  # loss_on evaluated in eval mode
 
     def end_local(self, model, state, ctx):
-        loss_local = self.loss_on(model, ctx.state["ga_data"])  # L(theta_i^r; D_i)
-        ctx.metrics["ga_loss_local"] = loss_local
-        if "ga_loss_local" in state.extra:  # G_i of the previous round
-            ctx.metrics["ga_gap"] = ctx.metrics["ga_loss_global"] - state.extra["ga_loss_local"]
-        state.extra["ga_loss_local"] = loss_local
+        scratch: GAScratch = ctx.state
+        loss_local = self.loss_on(model, scratch.data)  # L(theta_i^r; D_i)
+        ctx.metrics[LOSS_LOCAL] = loss_local
+        kept = GAKept.of(state.extra)
+        if kept.ga_loss_local is not None:  # G_i of the previous round
+            ctx.metrics[GAP] = scratch.loss_global - kept.ga_loss_local
+        GAKept(loss_local).keep(state.extra)
 
     def aggregate(self, global_weights, replies):
         self.round += 1
         n_total = sum(r.n for r in replies)
         a = {r.client_id: self.a.get(r.client_id, r.n / n_total) for r in replies}
-        gaps = {r.client_id: r.metrics["ga_gap"] for r in replies if "ga_gap" in r.metrics}
+        gaps = {r.client_id: r.metrics[GAP] for r in replies if GAP in r.metrics}
         if len(gaps) >= 2:
             a.update(
                 generalization_adjustment(

@@ -6,7 +6,7 @@ FedFD-A (fedfd-a.txt section 4.1, "Baseline Frameworks" and "Implementation Deta
   FedAvg [35]  keeps nothing local (FedFD / FedFD-A's `framework: fedavg`, Table 1)
 
 Every round a client loads the global weights theta_G and then puts back its own local BN tensors
-(ClientState.extra["local_bn"], kept across rounds; plain tensors, so they survive the in-process
+(LocalBNKept, in ClientState.extra across rounds; plain tensors, so they survive the in-process
 checkpoint and Flower's Context.state). After training it stores them again.
 
 The global model is still complete. The server runs Eq. 2 (theta_G = sum_k n_k/n theta_k, section
@@ -22,11 +22,13 @@ Floor 2 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
 from fedccrl_core.algorithm_params.local_bn import LocalBNParams
-from fedccrl_core.algorithms.base import Algorithm, cross_entropy_step
+from fedccrl_core.algorithms.base import Algorithm, KeptState, cross_entropy_step
 from fedccrl_core.learning.static_batch import BATCH_NORMS
 
 BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
@@ -43,6 +45,13 @@ def local_bn_keys(model: nn.Module, framework: str) -> list[str]:
             own = dict(module.named_parameters(recurse=False)) | dict(module.named_buffers(recurse=False))
             keys += [f"{name}.{s}" if name else s for s in suffixes if own.get(s) is not None]
     return keys
+
+
+@dataclass
+class LocalBNKept(KeptState):
+    """What a client keeps across rounds: its own BN tensors (the framework's, `local_bn_keys`) by state-dict key."""
+
+    local_bn: dict[str, torch.Tensor] | None = None
 
 
 class LocalBNAlgorithm(Algorithm):
@@ -81,7 +90,7 @@ class LocalBNAlgorithm(Algorithm):
         """The base step generator with the client's own BN tensors swapped in and kept afterwards (a
         generator, so the CUDA engine can still interleave several clients, federation/concurrent.py)."""
         keys = local_bn_keys(model, self.framework)
-        kept = state.extra.get("local_bn") or {}
+        kept = LocalBNKept.of(state.extra).local_bn or {}
         weights = dict(global_weights)
         for k in keys:  # the client's own BN tensors replace theta_G's averaged ones
             if k in kept:
@@ -90,7 +99,7 @@ class LocalBNAlgorithm(Algorithm):
         self.before_local_train(model, global_weights)
         reply = yield from super().local_train_steps(model, data, state, weights, payload, generator, shuffle_rng)
         if keys:
-            state.extra["local_bn"] = {k: reply.weights[k].detach().clone() for k in keys}
+            LocalBNKept({k: reply.weights[k].detach().clone() for k in keys}).keep(state.extra)
         return reply
 
     def train_step(self, model, x, y, ctx):

@@ -52,11 +52,6 @@ class HParams(Declared):
     # the combination before any run starts; the round loop checks the algorithm against it (federation/loop.py).
     dp_refusal: ClassVar[str] = ""
 
-    # The algorithm these hyperparameters configure, as "module:Class" (an Algorithm whose `Params` is this class):
-    # named here, without importing it, so that fedccrl_core/algorithm_params/__init__.py's PARAMS is the one list of
-    # algorithms, torch-free for params.yaml's validation; fedccrl_core/algorithms/__init__.py imports the classes.
-    algorithm: ClassVar[str] = ""
-
     @model_validator(mode="before")
     @classmethod
     def _null_is_empty(cls, data):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,45 +63,85 @@ def held_out_domains(runs: list[EvaluatedRun]) -> list[str]:
     return [d for _, d in sorted({(r.held_out_index or 0, r.held_out_domain) for r in runs})]
 
 
-def _mean_std(vals: list[float]) -> dict:
-    return {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals) if len(vals) > 1 else 0.0, "n": len(vals)}
+@dataclass(frozen=True)
+class MeanStd:
+    """One selection's target accuracy over seeds: mean, population std (0 for one seed) and number of seeds."""
+
+    mean: float
+    std: float
+    n: int
+
+    @classmethod
+    def of(cls, vals: list[float]) -> MeanStd:
+        return cls(statistics.fmean(vals), statistics.pstdev(vals) if len(vals) > 1 else 0.0, len(vals))
+
+    def cell(self) -> str:
+        """In percent, with ± std when there are several seeds."""
+        return f"{100 * self.mean:.2f} ± {100 * self.std:.2f}" if self.n > 1 else f"{100 * self.mean:.2f}"
 
 
-def summarize(runs: list[EvaluatedRun]) -> dict:
+@dataclass(frozen=True)
+class DomainResult:
+    """One algorithm on one held-out domain: each selection's (SELECTIONS) accuracy over the seeds."""
+
+    accuracy: dict[str, MeanStd]  # selection key (contract.FINAL_TARGET_ACC, ...) -> over seeds
+    seeds: list[int]
+
+
+@dataclass(frozen=True)
+class AlgorithmResult:
+    """One algorithm's row of the table: per held-out domain, the communication per round (MB, all clients), and
+    each selection's average over the domains (None unless every domain has runs)."""
+
+    domains: dict[str, DomainResult]
+    comm_mb_up: float
+    comm_mb_down: float
+    avg: dict[str, float] | None
+
+    def to_dict(self) -> dict:
+        """results/metrics.json's entry: {domain: {selection: {mean, std, n}, seeds}, comm_mb_per_round: {up,
+        down}, avg: {selection: mean}}."""
+        out: dict = {
+            d: {**{k: asdict(v) for k, v in r.accuracy.items()}, "seeds": r.seeds} for d, r in self.domains.items()
+        }
+        out.update(comm_mb_per_round={"up": self.comm_mb_up, "down": self.comm_mb_down})
+        return out if self.avg is None else {**out, "avg": self.avg}
+
+
+def summarize(runs: list[EvaluatedRun]) -> dict[str, AlgorithmResult]:
     """Per algorithm and held-out domain: mean and std over seeds of each selection's target accuracy; the
-    communication per round; and the average over the domains ("avg") when every domain has runs."""
+    communication per round; and the average over the domains when every domain has runs."""
     domains = held_out_domains(runs)
-    by: dict = {}
+    by: dict[str, dict[str, list[EvaluatedRun]]] = {}
     for r in runs:
         by.setdefault(r.algorithm, {}).setdefault(r.held_out_domain, []).append(r)
-    metrics: dict = {}
+    metrics: dict[str, AlgorithmResult] = {}
     for alg, per_dom in by.items():
-        m: dict[str, dict] = {
-            dom: {
-                **{key: _mean_std([getattr(x, key) for x in rs]) for key, _ in SELECTIONS},
-                "seeds": sorted(x.seed for x in rs),
-            }
+        cells = {
+            dom: DomainResult(
+                {key: MeanStd.of([getattr(x, key) for x in rs]) for key, _ in SELECTIONS}, sorted(x.seed for x in rs)
+            )
             for dom, rs in per_dom.items()
         }
-        m["comm_mb_per_round"] = {
-            "up": statistics.fmean(x.bytes_up_per_round for rs in per_dom.values() for x in rs) / 1e6,
-            "down": statistics.fmean(x.bytes_down_per_round for rs in per_dom.values() for x in rs) / 1e6,
-        }
+        every = [x for rs in per_dom.values() for x in rs]
+        avg = None
         if len(per_dom) == len(domains):
-            m["avg"] = {key: statistics.fmean(m[d][key]["mean"] for d in domains) for key, _ in SELECTIONS}
-        metrics[alg] = m
+            avg = {key: statistics.fmean(cells[d].accuracy[key].mean for d in domains) for key, _ in SELECTIONS}
+        metrics[alg] = AlgorithmResult(
+            cells,
+            statistics.fmean(x.bytes_up_per_round for x in every) / 1e6,
+            statistics.fmean(x.bytes_down_per_round for x in every) / 1e6,
+            avg,
+        )
     return metrics
 
 
-def table_markdown(runs: list[EvaluatedRun], metrics: dict) -> list[str]:
+def table_markdown(runs: list[EvaluatedRun], metrics: dict[str, AlgorithmResult]) -> list[str]:
     """The paper-style tables (one column per held-out domain, Avg.) and the communication per round."""
     domains = held_out_domains(runs)
 
     def cell(alg, dom, key):
-        if dom not in metrics[alg]:
-            return "–"
-        s = metrics[alg][dom][key]
-        return f"{100 * s['mean']:.2f} ± {100 * s['std']:.2f}" if s["n"] > 1 else f"{100 * s['mean']:.2f}"
+        return metrics[alg].domains[dom].accuracy[key].cell() if dom in metrics[alg].domains else "–"
 
     lines = []
     for p in sorted({json.dumps(r.partition, sort_keys=True) for r in runs}):
@@ -120,9 +161,8 @@ def table_markdown(runs: list[EvaluatedRun], metrics: dict) -> list[str]:
             "| Algorithm | " + " | ".join(domains) + " | Avg. |",
             "|---" * (len(domains) + 2) + "|",
         ]
-        for alg in metrics:
-            avg = metrics[alg].get("avg", {}).get(key)
-            avg_cell = f"{100 * avg:.2f}" if avg is not None else "–"
+        for alg, m in metrics.items():
+            avg_cell = f"{100 * m.avg[key]:.2f}" if m.avg is not None else "–"
             lines.append(f"| {alg} | " + " | ".join(cell(alg, d, key) for d in domains) + f" | {avg_cell} |")
         lines.append("")
     lines += [
@@ -131,27 +171,28 @@ def table_markdown(runs: list[EvaluatedRun], metrics: dict) -> list[str]:
         "| Algorithm | up (weights + statistics / style bank) | down |",
         "|---|---|---|",
     ]
-    for alg in metrics:
-        c = metrics[alg]["comm_mb_per_round"]
-        lines.append(f"| {alg} | {c['up']:.3f} | {c['down']:.3f} |")
+    for alg, m in metrics.items():
+        lines.append(f"| {alg} | {m.comm_mb_up:.3f} | {m.comm_mb_down:.3f} |")
     lines.append("")
     return lines
 
 
-def table_rows(runs: list[EvaluatedRun], metrics: dict) -> list[list]:
+def table_rows(runs: list[EvaluatedRun], metrics: dict[str, AlgorithmResult]) -> list[list]:
     """The same numbers as CSV rows: one per (selection, algorithm)."""
     domains = held_out_domains(runs)
-    rows = [["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]]
+    rows: list[list] = [
+        ["selection", "algorithm", *[f"{d}_mean" for d in domains], *[f"{d}_std" for d in domains], "avg"]
+    ]
     for key, _ in SELECTIONS:
-        for alg in metrics:
-            per_domain = metrics[alg]
+        for alg, m in metrics.items():
+            cells = [m.domains[d].accuracy[key] if d in m.domains else None for d in domains]
             rows.append(
                 [
                     key,
                     alg,
-                    *[per_domain[d][key]["mean"] if d in per_domain else "" for d in domains],
-                    *[per_domain[d][key]["std"] if d in per_domain else "" for d in domains],
-                    metrics[alg].get("avg", {}).get(key, ""),
+                    *[c.mean if c is not None else "" for c in cells],
+                    *[c.std if c is not None else "" for c in cells],
+                    m.avg[key] if m.avg is not None else "",
                 ]
             )
     return rows
@@ -176,13 +217,13 @@ def curve_rows(runs: list[EvaluatedRun]) -> list[list]:
     return rows
 
 
-def summary_of(metrics: dict, domains: list[str]) -> dict:
+def summary_of(metrics: dict[str, AlgorithmResult], domains: list[str]) -> dict:
     """The compact DVC metric: per algorithm, the mean final target accuracy of each held-out domain, and avg."""
     key = contract.FINAL_TARGET_ACC
     return {
         alg: {
-            **{d: round(m[d][key]["mean"], 4) for d in domains if d in m},
-            **({"avg": round(m["avg"][key], 4)} if "avg" in m else {}),
+            **{d: round(m.domains[d].accuracy[key].mean, 4) for d in domains if d in m.domains},
+            **({"avg": round(m.avg[key], 4)} if m.avg is not None else {}),
         }
         for alg, m in metrics.items()
     }

@@ -36,7 +36,7 @@ round, client) without DP; with train.privacy.statistics on, the sample and the 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -154,10 +154,23 @@ def threshold_at_fpr(calibration_out: np.ndarray, fpr: float) -> float:
     return float(ranked[min(math.floor(fpr * len(ranked)), len(ranked) - 1)])
 
 
-def rates(s_in: np.ndarray, s_out: np.ndarray, threshold: float) -> dict:
+@dataclass(frozen=True)
+class Rates:
+    """TPR and FPR at one threshold, each with its Clopper-Pearson interval (in a round's record: `<attack>/<name>@
+    <fpr>`)."""
+
+    tpr: float
+    tpr_lo: float
+    tpr_hi: float
+    fpr: float
+    fpr_lo: float
+    fpr_hi: float
+
+
+def rates(s_in: np.ndarray, s_out: np.ndarray, threshold: float) -> Rates:
     tp, fp = int((s_in > threshold).sum()), int((s_out > threshold).sum())
     (tl, th), (fl, fh) = clopper_pearson(tp, len(s_in)), clopper_pearson(fp, len(s_out))
-    return {"tpr": tp / len(s_in), "tpr_lo": tl, "tpr_hi": th, "fpr": fp / len(s_out), "fpr_lo": fl, "fpr_hi": fh}
+    return Rates(tp / len(s_in), tl, th, fp / len(s_out), fl, fh)
 
 
 def tpr_at_fpr(scores_in: np.ndarray, scores_out: np.ndarray, fpr: float) -> float:
@@ -224,13 +237,14 @@ def scores(
     own = sp.client.candidate_rows(upload)
     sets = (own[sp.cal_in], sp.peers[sp.cal_out], own[sp.ev_in], sp.peers[sp.ev_out])
     rel = np.concatenate(released)
-    out = {"nearest": tuple(-nearest_distance(x, rel) for x in sets)}
-    if lr_sums is not None:
-        ref = sp.peers[sp.ref]
-        new = [lr_round(released[-1], x, ref, q, privacy) for x in sets]
-        lr_sums[sp.client.client_id] = [a + b for a, b in zip(lr_sums.get(sp.client.client_id, [0, 0, 0, 0]), new)]
-        out["lr"] = tuple(lr_sums[sp.client.client_id])
-    return out
+    nearest = tuple(-nearest_distance(x, rel) for x in sets)
+    if lr_sums is None:
+        return {"nearest": nearest}
+    ref = sp.peers[sp.ref]
+    new = [lr_round(released[-1], x, ref, q, privacy) for x in sets]
+    lr = tuple(a + b for a, b in zip(lr_sums.get(sp.client.client_id, (0, 0, 0, 0)), new))
+    lr_sums[sp.client.client_id] = lr
+    return {"nearest": nearest, "lr": lr}
 
 
 def attribution(rows: np.ndarray, labels: np.ndarray, seed: int) -> tuple[float, float]:
@@ -264,13 +278,12 @@ def _attack_fields(per: list[dict], eps: float, delta: float) -> dict:
     rec: dict = {}
     for attack in (a for a in ATTACKS if a in per[0]):
         _cal_in, cal_out, ev_in, ev_out = (np.concatenate([p[attack][j] for p in per]) for j in range(4))
-        rec[f"{attack}/auc"] = auc(ev_in, ev_out)
-        rec["members"], rec["non_members"] = len(ev_in), len(ev_out)
+        rec.update({f"{attack}/auc": auc(ev_in, ev_out), "members": len(ev_in), "non_members": len(ev_out)})
         for f in FPRS:
             got = rates(ev_in, ev_out, threshold_at_fpr(cal_out, f))
-            got["bound"] = bound(eps, got["fpr_hi"], delta)
-            got["violated"] = got["tpr_lo"] > got["bound"]
-            rec.update({f"{attack}/{k}@{f:g}": v for k, v in got.items()})
+            top = bound(eps, got.fpr_hi, delta)
+            fields = {**asdict(got), "bound": top, "violated": got.tpr_lo > top}
+            rec.update({f"{attack}/{k}@{f:g}": v for k, v in fields.items()})
     return rec
 
 

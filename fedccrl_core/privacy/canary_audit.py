@@ -231,11 +231,62 @@ def epsilon_lower_bound(m: int, r: int, v: int, delta: float, alpha: float = ALP
     return float(brentq(f, 0.0, hi, xtol=1e-6))
 
 
-def one_run_audit(coins: np.ndarray, scores: np.ndarray, r: int, epsilon: float, delta: float) -> dict:
-    """The audit's record: m slots, r guesses, v correct, the precision v / r with its Clopper-Pearson 95 % interval
-    and the most that (eps, delta)-DP allows on average (e^eps / (1 + e^eps)), the p-value at the claimed eps, the
-    eps lower bound the guesses support, the reach (the bound of r correct of r: the most this size refutes), and
-    `violated` (lower bound > claimed eps) and `testable` (reach > claimed eps)."""
+@dataclass(frozen=True)
+class OneRunAudit:
+    """The one-run audit's statistics (`one_run_audit`), in the order results/audit.json lists them."""
+
+    slots: int  # m
+    guesses: int  # r
+    correct: int  # v
+    scored: int  # slots with a nonzero score
+    precision: float  # v / r
+    precision_lo: float  # its Clopper-Pearson 95 % interval
+    precision_hi: float
+    precision_bound: float  # the most (eps, delta)-DP allows on average: e^eps / (1 + e^eps)
+    epsilon_statistics: float  # the claimed eps (the statistics channel's)
+    delta: float
+    p_value: float  # at the claimed eps
+    alpha: float
+    epsilon_lower_bound: float
+    epsilon_reach: float  # the bound of r correct of r
+    violated: bool  # lower bound > claimed eps
+    testable: bool  # reach > claimed eps
+
+
+@dataclass(frozen=True)
+class CanaryAudit(OneRunAudit):
+    """`fedccrl audit`'s record (results/audit.json): the statistics, then what was audited and the guesses'
+    scores by coin. Written by pipeline/fedccrl_pipeline/audit.py `audit_clients`."""
+
+    rounds: int
+    attack: str  # `attack_of` the settings
+    copies: int
+    clients: int  # the federation's, before the copies
+    slots_per_client: int  # C
+    r: float  # Eq. 8's upload ratio
+    upload: str  # train.fedccrl.upload
+    seed: int
+    guess_share: float
+    noise: str  # the settings' noise source, or "off"
+    privacy: dict | None  # train.privacy as audited (None: off)
+    scores: list[float]
+    coins: list[bool]
+
+    def verdict(self) -> str:
+        """No DP claim, DP violated (the eps lower bound exceeds the claim), beyond the audit's reach (r correct
+        guesses of r would not refute the claim), or consistent."""
+        if self.privacy is None:
+            return "no DP claim"
+        if self.violated:
+            return "DP violated"
+        return "consistent" if self.testable else "beyond reach"
+
+
+def one_run_audit(coins: np.ndarray, scores: np.ndarray, r: int, epsilon: float, delta: float) -> OneRunAudit:
+    """The audit's statistics: m slots, r guesses, v correct, the precision v / r with its Clopper-Pearson 95 %
+    interval and the most that (eps, delta)-DP allows on average (e^eps / (1 + e^eps)), the p-value at the claimed
+    eps, the eps lower bound the guesses support, the reach (the bound of r correct of r: the most this size
+    refutes), and `violated` (lower bound > claimed eps) and `testable` (reach > claimed eps)."""
     m = len(scores)
     r = min(r, m)
     slots, said = guess(scores, r)
@@ -243,21 +294,21 @@ def one_run_audit(coins: np.ndarray, scores: np.ndarray, r: int, epsilon: float,
     lo, hi = clopper_pearson(v, r)
     lower = epsilon_lower_bound(m, r, v, delta)
     reach = epsilon_lower_bound(m, r, r, delta)
-    return {
-        "slots": m,
-        "guesses": r,
-        "correct": v,
-        "scored": int((scores != 0).sum()),
-        "precision": v / r,
-        "precision_lo": lo,
-        "precision_hi": hi,
-        "precision_bound": 1.0 if not math.isfinite(epsilon) else 1.0 / (1.0 + math.exp(-epsilon)),
-        "epsilon_statistics": epsilon,
-        "delta": delta,
-        "p_value": one_run_p_value(m, r, v, epsilon, delta),
-        "alpha": ALPHA,
-        "epsilon_lower_bound": lower,
-        "epsilon_reach": reach,
-        "violated": bool(math.isfinite(epsilon) and lower > epsilon),
-        "testable": bool(reach > epsilon),
-    }
+    return OneRunAudit(
+        slots=m,
+        guesses=r,
+        correct=v,
+        scored=int((scores != 0).sum()),
+        precision=v / r,
+        precision_lo=lo,
+        precision_hi=hi,
+        precision_bound=1.0 if not math.isfinite(epsilon) else 1.0 / (1.0 + math.exp(-epsilon)),
+        epsilon_statistics=epsilon,
+        delta=delta,
+        p_value=one_run_p_value(m, r, v, epsilon, delta),
+        alpha=ALPHA,
+        epsilon_lower_bound=lower,
+        epsilon_reach=reach,
+        violated=bool(math.isfinite(epsilon) and lower > epsilon),
+        testable=bool(reach > epsilon),
+    )

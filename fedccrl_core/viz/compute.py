@@ -4,6 +4,8 @@ Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
@@ -19,9 +21,27 @@ def _to_u8(x_norm: torch.Tensor, mean, std) -> np.ndarray:
     return (x01.permute(0, 2, 3, 1).cpu().numpy() * 255 + 0.5).astype(np.uint8)
 
 
+@dataclass(frozen=True)
+class AugmentationViews:
+    """One client's row of FedCCRL Fig. 3 (fedccrl_core/viz/figures.py `augmentation_preview`): the same images as
+    uint8 [n, H, W, 3], three times."""
+
+    client: str
+    original: np.ndarray
+    ccdt: np.ndarray  # CCDT with F_pool^i (Alg. 2)
+    ccdt_difp: np.ndarray  # that CCDT output, then DIFP (Alg. 3)
+
+
 def augmentation_views(
-    images_u8: np.ndarray, pool_mu: np.ndarray, pool_sigma: np.ndarray, cfg: AugmentParams, seed: int, mean, std
-) -> dict[str, np.ndarray]:
+    client: str,
+    images_u8: np.ndarray,
+    pool_mu: np.ndarray,
+    pool_sigma: np.ndarray,
+    cfg: AugmentParams,
+    seed: int,
+    mean,
+    std,
+) -> AugmentationViews:
     """original | CCDT with F_pool^i | the same CCDT output then DIFP (Fig. 3: (c) is made from (b))."""
     g = torch.Generator().manual_seed(seed)
     x = normalize_u8(torch.from_numpy(np.ascontiguousarray(images_u8)), mean, std)
@@ -37,11 +57,7 @@ def augmentation_views(
     )
     difp_only = cfg.model_copy(update={"ccdt": False, "difp": True})
     x_both = fedccrl_augment(x_ccdt, None, None, difp_only, g, mean, std)
-    return {
-        "original": np.asarray(images_u8),
-        "ccdt": _to_u8(x_ccdt, mean, std),
-        "ccdt_difp": _to_u8(x_both, mean, std),
-    }
+    return AugmentationViews(client, np.asarray(images_u8), _to_u8(x_ccdt, mean, std), _to_u8(x_both, mean, std))
 
 
 @torch.no_grad()
@@ -61,7 +77,7 @@ def cams(model, images_u8: np.ndarray, mean, std) -> tuple[np.ndarray, np.ndarra
     return cam.numpy(), pred.numpy()
 
 
-def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std) -> list[dict]:
+def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std) -> list[AugmentationViews]:
     """FedCCRL Fig. 3 for every client: `n_preview` of its training images, CCDT with the pool of the other
     clients' uploads F_j (Eq. 8, drawn here as the server would hold them), then DIFP."""
     from fedccrl_core.algorithms.fedccrl import pool_without
@@ -82,7 +98,7 @@ def preview_rows(shards, pools, fedccrl_hp, seed: int, n_preview: int, mean, std
         shard = load_client(shards, cid)
         pick = np.sort(rng.choice(len(shard.train_y), size=min(n_preview, len(shard.train_y)), replace=False))
         pmu, psig = pool_without(uploads, cid)
-        rows.append({"client": cid, **augmentation_views(shard.train_x[pick], pmu, psig, aug, seed + j, mean, std)})
+        rows.append(augmentation_views(cid, shard.train_x[pick], pmu, psig, aug, seed + j, mean, std))
     return rows
 
 

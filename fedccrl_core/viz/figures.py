@@ -6,6 +6,7 @@ Floor 4 of fedccrl_core (docs/architecture.md, "Layers")."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -15,6 +16,9 @@ from matplotlib.patches import Rectangle
 from matplotlib.ticker import MaxNLocator
 
 from fedccrl_core.foundation.fsio import atomic_file
+
+if TYPE_CHECKING:
+    from fedccrl_core.viz.compute import AugmentationViews  # torch: only its type here
 
 CMAP = plt.get_cmap("tab10")
 GAP = 6  # white pixels between the small images of a mosaic (Fig. 3, 7)
@@ -59,24 +63,22 @@ def _save(fig, path: Path) -> Path:
     return path
 
 
-def augmentation_preview(rows: list[dict], path: Path) -> Path:
+def augmentation_preview(rows: list[AugmentationViews], path: Path) -> Path:
     """Fig. 3 per client: originals | CCDT (pool statistics of other clients) | CCDT then DIFP.
-    rows: [{"client": str, "original": u8 [n,H,W,3], "ccdt": ..., "ccdt_difp": ...}]
     One Axes per view: a mosaic of every client's images (one client per row, named on the left)."""
-    n, h, w = rows[0]["original"].shape[:3]
-    cols = ("original", "ccdt", "ccdt_difp")
-    titles = {
-        "original": "original",
-        "ccdt": "CCDT (MixStyle, other clients' pool)",
-        "ccdt_difp": "CCDT + DIFP (AugMix)",
-    }
+    n, h, w = rows[0].original.shape[:3]
+    views = (
+        ("original", [row.original for row in rows]),
+        ("CCDT (MixStyle, other clients' pool)", [row.ccdt for row in rows]),
+        ("CCDT + DIFP (AugMix)", [row.ccdt_difp for row in rows]),
+    )
     tall = (len(rows) * (h + GAP) - GAP) / (n * (w + GAP) - GAP)  # a view's mosaic: height / width
     fig, axes = plt.subplots(1, 3, figsize=(1.1 * 3 * n, 1.1 * n * tall + 0.7), layout="tight")
-    for ax, col in zip(axes, cols):
-        _show_mosaic(ax, np.stack([row[col] for row in rows]))
-        ax.set_title(titles[col], fontsize=8, loc="left")
+    for ax, (title, images) in zip(axes, views):
+        _show_mosaic(ax, np.stack(images))
+        ax.set_title(title, fontsize=8, loc="left")
     centres = [r * (h + GAP) + (h - 1) / 2 for r in range(len(rows))]
-    axes[0].set_yticks(centres, [row["client"] for row in rows], fontsize=8, rotation=90, va="center")
+    axes[0].set_yticks(centres, [row.client for row in rows], fontsize=8, rotation=90, va="center")
     axes[0].tick_params(axis="y", length=0)
     fig.suptitle("FedCCRL feature augmentation per client (Fig. 3)", fontsize=10)
     return _save(fig, path)

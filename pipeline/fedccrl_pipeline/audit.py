@@ -31,7 +31,7 @@ from pathlib import Path
 import click
 
 from fedccrl_core.foundation.fsio import write_text
-from fedccrl_core.privacy.canary_audit import COPIES
+from fedccrl_core.privacy.canary_audit import COPIES, CanaryAudit
 from fedccrl_pipeline.audit_report import plot, table
 from fedccrl_pipeline.stage_runtime import run_stage
 
@@ -51,7 +51,9 @@ def load_audit_clients(shards: Path, pools: Path):
     return out
 
 
-def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privacy=None, copies: int = COPIES) -> dict:
+def engine_audit(
+    cfg, shards: Path, pools: Path, seed: int | None = None, privacy=None, copies: int = COPIES
+) -> CanaryAudit:
     """The canary audit of the statistics the in-process engine uploads (the module's docstring), at `seed`
     (default train.seeds[0]: the coins and, without DP, Eq. 8's draws), `privacy` (default train.privacy) and
     `copies` copies of the clients."""
@@ -73,7 +75,7 @@ def engine_audit(cfg, shards: Path, pools: Path, seed: int | None = None, privac
     return audit_clients(alg, clients, seed, cfg.train.rounds, copies)
 
 
-def audit_clients(alg, clients: list, seed: int, rounds: int, copies: int = COPIES) -> dict:
+def audit_clients(alg, clients: list, seed: int, rounds: int, copies: int = COPIES) -> CanaryAudit:
     """The canary audit of `rounds` rounds of FedCCRL `alg`'s uploads over `copies` copies of `clients` (ClientData:
     their sizes and image size; their statistics are replaced by the canaries)."""
     import numpy as np
@@ -101,8 +103,9 @@ def audit_clients(alg, clients: list, seed: int, rounds: int, copies: int = COPI
             released.setdefault(cid, []).append(np.concatenate([u["mu"], u["sigma"]], axis=1).astype(np.float64))
     attack = CA.attack_of(s)
     scores = CA.canary_scores(canaries, released, attack)
-    result = CA.one_run_audit(canaries.coin, scores, r, cap.epsilon, s.delta)
-    result.update(
+    found = CA.one_run_audit(canaries.coin, scores, r, cap.epsilon, s.delta)
+    return CanaryAudit(
+        **dataclasses.asdict(found),
         rounds=rounds,
         attack=attack,
         copies=copies,
@@ -117,7 +120,6 @@ def audit_clients(alg, clients: list, seed: int, rounds: int, copies: int = COPI
         scores=[float(x) for x in scores],
         coins=[bool(x) for x in canaries.coin],
     )
-    return result
 
 
 def run_audit(
@@ -129,13 +131,13 @@ def run_audit(
     params_path: Path,
     mlflow_run: str | None = None,
     copies: int = COPIES,
-) -> dict:
+) -> CanaryAudit:
     from fedccrl_pipeline.params import load_config
 
     cfg = load_config(params_path)  # the whole file, before any data is read
     result = engine_audit(cfg, shards, pools, copies=copies)
     lines = table(result)
-    write_text(out, json.dumps(result, indent=1))
+    write_text(out, json.dumps(dataclasses.asdict(result), indent=1))
     write_text(table_out, "\n".join(lines) + "\n")
     plot(result, plot_out)
     print("\n".join(lines), file=sys.stderr)
@@ -143,25 +145,25 @@ def run_audit(
         from fedccrl_pipeline.tracking import mlflow_module
 
         client = mlflow_module().MlflowClient()
-        client.set_tag(mlflow_run, "audit.noise", result["noise"])
-        for k, v in result.items():
+        client.set_tag(mlflow_run, "audit.noise", result.noise)
+        for k, v in dataclasses.asdict(result).items():
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
                 client.log_metric(mlflow_run, f"audit/{k}", float(v))
-        client.log_metric(mlflow_run, "audit/violated", float(result["violated"]))
-        client.log_metric(mlflow_run, "audit/testable", float(result["testable"]))
+        client.log_metric(mlflow_run, "audit/violated", float(result.violated))
+        client.log_metric(mlflow_run, "audit/testable", float(result.testable))
         for f in (out, table_out, plot_out):
             client.log_artifact(mlflow_run, str(f), artifact_path="audit")
-    if result["violated"]:
+    if result.violated:
         click.echo(
-            f"error: the canary audit's guesses refute epsilon {result['epsilon_lower_bound']:.3f} > the claimed "
-            f"{result['epsilon_statistics']:.3f} (p-value {result['p_value']:.3g}): the DP claim fails (see {table_out})",
+            f"error: the canary audit's guesses refute epsilon {result.epsilon_lower_bound:.3f} > the claimed "
+            f"{result.epsilon_statistics:.3f} (p-value {result.p_value:.3g}): the DP claim fails (see {table_out})",
             err=True,
         )
         sys.exit(1)
-    if result["privacy"] is not None and not result["testable"]:
+    if result.privacy is not None and not result.testable:
         click.echo(
-            f"warning: the claimed epsilon {result['epsilon_statistics']:.3f} is beyond this audit's reach "
-            f"({result['epsilon_reach']:.3f} with every guess correct): it tests nothing; raise --copies",
+            f"warning: the claimed epsilon {result.epsilon_statistics:.3f} is beyond this audit's reach "
+            f"({result.epsilon_reach:.3f} with every guess correct): it tests nothing; raise --copies",
             err=True,
         )
     return result

@@ -199,7 +199,7 @@ def _limits(r: CardRecords) -> list[str]:
         "file's metadata; the bare ONNX graph expects normalized tensors.",
     ]
     if r.federation is not None:
-        out.append(f'- The sites\' evaluation counts (docs/privacy.md): "{QUOTES["labels"]}".')
+        out.append(f'- The sites\' evaluation counts (docs/privacy.md): "{QUOTES.labels}".')
     out += [f"- What the uploads reveal and what ε covers: {PRIVACY_DOC}.", ""]
     return out
 

@@ -27,6 +27,7 @@ from fedccrl_pipeline.stage_runtime import run_stage
 
 if TYPE_CHECKING:
     from fedccrl_core.outcomes.evaluated import EvaluatedRun
+    from fedccrl_core.outcomes.results import AlgorithmResult
 
 
 def report(
@@ -36,7 +37,7 @@ def report(
     curves_out: Path,
     params_path: Path | None = None,
     summary_out: Path | None = None,
-) -> dict:
+) -> dict[str, AlgorithmResult]:
     from fedccrl_core.outcomes.results import (
         curve_rows,
         held_out_domains,
@@ -54,7 +55,7 @@ def report(
     runs = load_results(runs_dir)
     metrics = summarize(runs)
     lines = table_markdown(runs, metrics)
-    write_text(metrics_out, json.dumps(metrics, indent=1))
+    write_text(metrics_out, json.dumps({alg: m.to_dict() for alg, m in metrics.items()}, indent=1))
     if summary_out is not None:
         write_text(summary_out, json.dumps(summary_of(metrics, held_out_domains(runs)), indent=1))
     write_text(table_out, "\n".join(lines))
@@ -69,7 +70,7 @@ def report(
     return metrics
 
 
-def _log_to_parent(runs: list[EvaluatedRun], files: list[Path], metrics: dict) -> None:
+def _log_to_parent(runs: list[EvaluatedRun], files: list[Path], metrics: dict[str, AlgorithmResult]) -> None:
     """The table goes to the sweep's MLflow parent run (found through a child run's parent tag)."""
     from fedccrl_pipeline.mlflow_store import mlflow_module, trained_run
 
@@ -85,7 +86,7 @@ def _log_to_parent(runs: list[EvaluatedRun], files: list[Path], metrics: dict) -
         if f.is_file():  # a FIFO or device output was streamed to its reader: nothing to read back
             client.log_artifact(parent, str(f), artifact_path="report")
     for alg, m in metrics.items():
-        for key, v in m.get("avg", {}).items():
+        for key, v in (m.avg or {}).items():
             client.log_metric(parent, f"{alg}.avg_{key}", v)
 
 
