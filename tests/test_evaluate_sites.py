@@ -287,11 +287,14 @@ def test_a_downloaded_model_whose_sha256_differs_is_refused_before_any_site_hear
     """The model file logged to the command's MLflow run is altered in the tracking server's store before the
     ServerApp downloads it: the ServerApp refuses it, naming the artifact and both digests, and sends no message to
     any site; the command fails with that reason (read from the MLflow run, not the SuperLink host's disk), writes no
-    output, and its MLflow run is FAILED. A spec's local model_file is checked the same way."""
+    output, and its MLflow run is FAILED. An artifact the run lacks is an error naming it; a spec's local model_file
+    is checked against the digest as the download is."""
     import mlflow
 
     from fedccrl_core.foundation.errors import DataError
+    from fedccrl_core.foundation.records import parse_record
     from fedccrl_flower.site_evaluation import read_model
+    from fedccrl_flower.spec import SiteEvalSpec
 
     t = federation
     for k, v in operator_store.items():
@@ -313,6 +316,19 @@ def test_a_downloaded_model_whose_sha256_differs_is_refused_before_any_site_hear
     assert "artifact model/model.pt: refused: its sha256 is " in err and f"expected {spec.model_sha256}" in err
     assert grids[0].sent == [] and not out.exists()
     assert mlflow.MlflowClient().get_run(spec.report_to.run_id).info.status == "FAILED"
+    data = json.loads(spec.to_json())  # as the ServerApp parses its run config: one way to the model, named
+    for bad, why in (
+        ({**data, "model_file": "/elsewhere/model.pt"}, "give exactly one of model_file"),
+        (
+            {**data, "report_to": None},
+            "model_artifact names an artifact of report_to's MLflow run, but report_to is not",
+        ),
+    ):
+        with pytest.raises(ValueError, match=why):
+            parse_record(SiteEvalSpec, bad, "run config 'spec'", ValueError)
+    absent = spec.model_copy(update={"model_artifact": "model/absent.pt"})
+    with pytest.raises(DataError, match=r"artifact model/absent.pt: cannot be downloaded \(MlflowException"):
+        read_model(absent)
     other = tmp_path / "other.pt"
     other.write_bytes((t["run"] / "model.pt").read_bytes() + b"\0")
     local = spec.model_copy(update={"model_file": str(other), "model_artifact": "", "report_to": None})
