@@ -19,9 +19,9 @@ from fedccrl_core.federation.loop import Evaluation
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
 from fedccrl_flower.evalsets import SiteCounts, pool, read_eval_reply
-from fedccrl_flower.replies import BAD_REPLY, Ledger
+from fedccrl_flower.replies import Ledger, Unusable, triage
 from fedccrl_flower.spec import ServerSpec
-from fedccrl_flower.transport import PhaseTimer, error_reason, phase_config
+from fedccrl_flower.transport import PhaseTimer, phase_config
 
 
 @dataclass(frozen=True)
@@ -66,15 +66,13 @@ def evaluate_at_sites(
     for node in sorted(ex.missing):
         ledger.drop(rnd, cid_of[node], node, "evaluate", *ex.missing[node])
     counts: dict[str, SiteCounts] = {}
-    for node, r in sorted(ex.replies.items()):
-        cid = cid_of[node]
-        if r.has_error():
-            ledger.drop(rnd, cid, node, "evaluate", *error_reason(r))
-            continue
-        try:
-            counts[cid] = read_eval_reply(r, cid, spec.num_classes)
-        except BAD_REPLY as e:
-            ledger.refuse(rnd, cid, str(e))
+    for node, got in triage(ex.replies, lambda n, r: read_eval_reply(r, cid_of[n], spec.num_classes)):
+        if not isinstance(got, Unusable):
+            counts[cid_of[node]] = got
+        elif got.kind == "error":
+            ledger.drop(rnd, cid_of[node], node, "evaluate", got.reason, got.detail)
+        else:  # malformed
+            ledger.refuse(rnd, cid_of[node], got.detail)
     ev = pool(counts, [*spec.sources, *spec.evaluators])
     if not ev.record[contract.TARGET_N]:
         log(f"round {rnd}: no site holding {spec.held_out} evaluated: target accuracy is NaN")

@@ -21,9 +21,9 @@ from flwr.serverapp import Grid
 from fedccrl_core.federation.round_privacy import ReleasedThenRefused
 from fedccrl_flower import messages as M
 from fedccrl_flower.flower_round import FlowerRound
-from fedccrl_flower.replies import BAD_REPLY, Ledger, SiteRefusal, query_releases, read_query_reply
+from fedccrl_flower.replies import Ledger, Unusable, query_releases, read_query_reply, triage
 from fedccrl_flower.spec import ServerSpec
-from fedccrl_flower.transport import Exchanged, PhaseTimer, QueryInterrupted, RoundFailure, answered, error_reason
+from fedccrl_flower.transport import Exchanged, PhaseTimer, QueryInterrupted, RoundFailure, answered
 
 
 class DuplicateClient(RoundFailure, ReleasedThenRefused):
@@ -115,20 +115,17 @@ def _sort(
     a site that is not an evaluation site and a client that is not a source are refused; a client id seen from a
     second node is noted (`twice`)."""
     got = _Sorted()
-    for node in sorted(replies):
-        r = replies[node]
+    for node, reply in triage(replies, lambda n, r: read_query_reply(r)):
         who = f"node {node}" + (f" ({client_of_node[node]})" if node in client_of_node else "")
-        if r.has_error():
-            failed[node] = error_reason(r)
+        if isinstance(reply, Unusable):
+            if reply.kind == "error":
+                failed[node] = (reply.reason, reply.detail)
+            elif reply.kind == "refusal":  # the site's own check: named by its client id, with its reason
+                ledger.refuse(rnd, str(reply.client), f"its data does not fit the run: {reply.detail}")
+            else:
+                ledger.refuse(rnd, who, f"malformed query reply: {reply.detail}")
             continue
-        try:
-            cid, n, upload = read_query_reply(r)
-        except SiteRefusal as e:  # the site's own check: named by its client id, with its reason
-            ledger.refuse(rnd, e.client, f"its data does not fit the run: {e}")
-            continue
-        except BAD_REPLY as e:
-            ledger.refuse(rnd, who, f"malformed query reply: {e}")
-            continue
+        cid, n, upload = reply
         if n == 0:  # an evaluation-only site
             if cid not in spec.evaluators:
                 ledger.refuse(rnd, who, f"client {cid} announces no training rows but is not an evaluation site")

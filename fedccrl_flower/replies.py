@@ -7,7 +7,9 @@ A reply that fails is refused (logged, in the round's record), never aggregated.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -18,7 +20,9 @@ from fedccrl_core.federation.round_privacy import released_sizes
 from fedccrl_core.federation.round_record import ClientDropped, ClientRefused
 from fedccrl_core.foundation import contract
 from fedccrl_flower import messages as M
+from fedccrl_flower.transport import error_reason
 
+T = TypeVar("T")
 BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malformed reply raises while read
 
 
@@ -29,6 +33,36 @@ class SiteRefusal(Exception):
     def __init__(self, client: str, reason: str):
         super().__init__(reason)
         self.client = client
+
+
+@dataclass(frozen=True)
+class Unusable:
+    """A reply that cannot be used, and why: `kind` "error" (an error reply: `reason` is transport.py error_reason's,
+    "disconnected" when its node is gone, "error" when its ClientApp raised), "refusal" (the site refuses: `client`
+    names it) or "malformed" (reading it raised a BAD_REPLY); `detail` the message."""
+
+    kind: str
+    reason: str
+    detail: str
+    client: str | None = None
+
+
+def triage(replies: dict[int, Message], read: Callable[[int, Message], T]) -> Iterator[tuple[int, T | Unusable]]:
+    """Each reply of an exchange ({node: reply}), in node order, with what `read(node, reply)` makes of it, or why it
+    cannot be used (`Unusable`): the one sorting of replies that every phase of a run (query, evaluate) and the
+    evaluation-only run (site_evaluation.py) share; each decides what an unusable reply costs the site."""
+    for node, r in sorted(replies.items()):
+        got: T | Unusable
+        if r.has_error():
+            got = Unusable("error", *error_reason(r))
+        else:
+            try:
+                got = read(node, r)
+            except SiteRefusal as e:
+                got = Unusable("refusal", "refusal", str(e), e.client)
+            except BAD_REPLY as e:
+                got = Unusable("malformed", "malformed", str(e))
+        yield node, got
 
 
 def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
@@ -55,11 +89,10 @@ def query_releases(replies: dict[int, Message], sources: set[str]) -> list[dict[
     answered from two nodes released twice (its second upload is the next release). An upload is a release whether or
     not the round then uses it."""
     out: list[dict[str, tuple[int, int]]] = []
-    for node in sorted(replies):
-        try:
-            cid, n, upload = read_query_reply(replies[node])
-        except (*BAD_REPLY, SiteRefusal):  # an error reply has no content (ValueError); a refusal, no upload
+    for _, got in triage(replies, lambda node, r: read_query_reply(r)):
+        if isinstance(got, Unusable):  # an error reply has no content; a refusal, no upload
             continue
+        cid, n, upload = got
         sizes = released_sizes({cid: upload}, {cid: n}) if n and cid in sources else {}
         if sizes:
             free = next((d for d in out if cid not in d), None)

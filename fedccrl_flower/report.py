@@ -44,6 +44,10 @@ class FolderReader:
         complete = lines if text.endswith("\n") else lines[:-1]
         return [parse_round(json.loads(line), f"{path} line {i}") for i, line in enumerate(complete, 1) if i > seen]
 
+    def fetch(self, name: str, into: str | Path) -> Path:
+        """The report file `name`, where it is (TrackedReader.fetch downloads it into `into`)."""
+        return self.folder / name
+
     def result(self) -> FlowerResult:
         return read_result(self.folder)
 

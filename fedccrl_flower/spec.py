@@ -163,16 +163,29 @@ class ServerSpec(_Spec):
 
 
 class SiteEvalSpec(Record):
-    """What the ServerApp of an evaluation-only run needs; travels as JSON in the run config (RUN_SPEC)."""
+    """What the ServerApp of an evaluation-only run needs; travels as JSON in the run config (RUN_SPEC). The model
+    file comes one of two ways: `model_file`, a path the ServerApp reads (it shares the operator's disk: one
+    machine), or `model_artifact`, an artifact of the MLflow run `report_to` names on the team's tracking server
+    (the operator logged it there; site_evaluation.py read_model downloads it). Either way its bytes must have `model_sha256`;
+    with `report_to`, the ServerApp also reports its status and outcome to that run (tracked_report.py)."""
 
-    model_file: (
-        str  # read on the SuperLink's host (the launcher shares its filesystem, as for a training's work folder)
-    )
+    model_file: str = ""
+    model_artifact: str = ""  # the model file's path among the artifacts of report_to's run
+    model_sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     client_spec: str  # the ClientSpec JSON every site receives: the model's architecture, classes, image size, ...
     splits: dict[str, str] = Field(min_length=1)  # {client id asked: "val" | "all"}
     work_dir: str
     wait_for_clients_s: float
     reply_timeout_s: float
+    report_to: ReportTo | None = None  # None: the launcher reads the work folder (it shares the ServerApp's disk)
+
+    @model_validator(mode="after")
+    def _one_model(self) -> SiteEvalSpec:
+        if bool(self.model_file) == bool(self.model_artifact):
+            raise ValueError("give exactly one of model_file (a path) and model_artifact (an MLflow artifact)")
+        if self.model_artifact and self.report_to is None:
+            raise ValueError("model_artifact names an artifact of report_to's MLflow run, but report_to is not given")
+        return self
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(mode="json"))

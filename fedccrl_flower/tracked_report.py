@@ -12,7 +12,8 @@ In that run, per Flower run id:
   `sha256` the result.pt's digest (set with `completed`), which the reader checks.
 
 `TrackedWriter` is the ServerApp's side (report.py RunReport mirrors every write to it), `TrackedReader` the
-operator's (run.py wait_for_result)."""
+operator's (run.py wait_for_result). An evaluation-only run (site_evaluation.py) reports the same way, its result
+site_eval.json; its ServerApp also fetches the model file the operator logged to that run (`fetch_artifact`)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from fedccrl_core.data.checksums import sha256_file
+from fedccrl_core.data.checksums import require_sha256, sha256_file
 from fedccrl_core.federation.round_record import RoundRecord, SpentRecord, parse_round
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.errors import DataError
@@ -122,17 +123,31 @@ class TrackedReader:
             out.append(parse_round(data, f"{where} line {i + 1}"))
         return out
 
+    def fetch(self, name: str, into: str | Path) -> Path:
+        """The report file `name` (the result the ServerApp uploaded last) downloaded into the folder `into`, checked
+        against the digest the ServerApp reported (fetch_artifact)."""
+        return fetch_artifact(self.target, f"{self.dir}/{name}", self.status().get("sha256"), into)
+
     def result(self) -> FlowerResult:
         """The completed run's result.pt, checked against the digest the ServerApp reported, read without
         unpickling code (report.py read_result); DataError naming the artifact otherwise."""
-        want = self.status().get("sha256")
-        name = f"{self.dir}/{contract.FLOWER_RESULT_FILE}"
         with tempfile.TemporaryDirectory(prefix="fedccrl-result-") as tmp:
-            local = Path(self.client.download_artifacts(self.target.run_id, name, tmp))
-            got = sha256_file(local)
-            if got != want:
-                raise DataError(f"{self.where}: {contract.FLOWER_RESULT_FILE} has sha256 {got}, reported {want}")
-            return read_result(local.parent)
+            return read_result(self.fetch(contract.FLOWER_RESULT_FILE, tmp).parent)
 
 
-__all__ = ["TrackedReader", "TrackedWriter", "artifact_dir", "status_tag"]
+def fetch_artifact(target: ReportTo, name: str, sha256: str | None, into: str | Path) -> Path:
+    """The artifact `name` of the MLflow run `target` names, downloaded into the folder `into`, its bytes checked
+    against `sha256`; DataError naming the run, the artifact and both digests when they differ, or the run and the
+    artifact when it cannot be downloaded (no such run or artifact, the server unreachable)."""
+    from mlflow.exceptions import MlflowException
+
+    where = f"MLflow run {target.run_id} at {target.tracking_uri}, artifact {name}"
+    try:
+        local = Path(_client(target).download_artifacts(target.run_id, name, str(into)))
+    except (MlflowException, OSError) as e:
+        raise DataError(f"{where}: cannot be downloaded ({e.__class__.__name__}: {e})") from None
+    require_sha256(local, sha256, where)
+    return local
+
+
+__all__ = ["TrackedReader", "TrackedWriter", "artifact_dir", "fetch_artifact", "status_tag"]

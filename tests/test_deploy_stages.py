@@ -586,7 +586,7 @@ def test_federate_follows_the_run_through_mlflow_without_the_superlinks_disk(dat
     assert reader.status()["status"] == "completed" and reader.status()["records"] == 1
     stored = Path(client.get_run(child).info.artifact_uri.removeprefix("file://")) / artifact_dir(1) / "result.pt"
     stored.write_bytes(stored.read_bytes() + b"\0")
-    with pytest.raises(DataError, match="result.pt has sha256 .* reported"):
+    with pytest.raises(DataError, match="result.pt: refused: its sha256 is .* expected"):
         reader.result()
 
 

@@ -75,14 +75,21 @@ def federation(tiny, trained, tmp_path_factory):
     )
 
 
-def on_sites(monkeypatch, configs: dict[int, dict], dead: tuple[str, ...] = ()) -> None:
+def on_sites(
+    monkeypatch, configs: dict[int, dict], dead: tuple[str, ...] = (), remote: Path | None = None, before=None
+):
     """`fedccrl evaluate-sites` with the loopback Grid of `configs` standing in for the SuperLink: the submitted run
     is the ServerApp's (server_app.main, which hands it to site_evaluation.py), run here as Flower's run 1. The
-    SuperNodes of the client ids in `dead` never answer."""
+    SuperNodes of the client ids in `dead` never answer. With `remote`, the SuperLink's host has a disk of its own:
+    the ServerApp's work folder is the same path under `remote`, and what the ServerApp raises stays on that host, as
+    on a SuperLink (the launcher learns of it from the run's status); `before(spec)` runs before the ServerApp does.
+    Returns the list of the Grids served on."""
     from flwr.app import Context, RecordDict
 
     import fedccrl_flower.site_evaluation as se
     from fedccrl_flower.server_app import main as server_main
+
+    grids: list[LoopbackGrid] = []
 
     class LoopbackLink:
         def __init__(self, *args, **kwargs):
@@ -95,16 +102,25 @@ def on_sites(monkeypatch, configs: dict[int, dict], dead: tuple[str, ...] = ()) 
             return False
 
         def submit(self, spec, run_config=None):
+            if before is not None:
+                before(spec)
+            if remote is not None:
+                spec = spec.model_copy(update={"work_dir": str(remote / Path(spec.work_dir).relative_to("/"))})
             cfg = {M.RUN_SPEC: spec.to_json(), **(run_config or {})}
-            grid = LoopbackGrid(configs)
+            grids.append(grid := LoopbackGrid(configs))
             grid.dead = {n for n, c in configs.items() if c[M.NODE_CLIENT_ID] in dead}
-            server_main(grid, Context(1, 0, {}, RecordDict(), cfg))
+            try:
+                server_main(grid, Context(1, 0, {}, RecordDict(), cfg))
+            except Exception:
+                if remote is None:
+                    raise
             return 1
 
         def check_alive(self):
             pass
 
     monkeypatch.setattr(se, "Federation", LoopbackLink)
+    return grids
 
 
 def _evaluate(t: dict, out: Path, *args) -> tuple[int, str]:
@@ -201,6 +217,123 @@ def test_a_site_that_does_not_answer_is_named_as_dropped(federation, tmp_path, m
     assert "evaluate-sites: dropped node 100: no query reply within 1.0s" in err, err
     assert "evaluate-sites: dropped photo_c0: did not answer" in err
     assert [s.client for s in load_scores(out / "sites.json").sites] == sorted(set(t["sites"]) - {"photo_c0"})
+
+
+@pytest.fixture(scope="module")
+def operator_store(tmp_path_factory) -> dict[str, str]:
+    """One MLflow store (created once: a few seconds) for the tests whose runs carry the model to the ServerApp;
+    each test reads back only the runs it made."""
+    from fedccrl_pipeline.mlflow_store import mlflow_module
+
+    folder = tmp_path_factory.mktemp("operator-store")
+    env = {"MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlflow.db'}", "FEDCCRL_MLFLOW_ARTIFACTS": str(folder / "art")}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        mlflow_module()
+    return env
+
+
+def _sites_json(out: Path) -> list:
+    return [s.model_dump() for s in load_scores(out / "sites.json").sites]
+
+
+def test_the_model_travels_through_mlflow_to_a_serverapp_that_cannot_see_the_operators_disk(
+    federation, operator_store, tmp_path, monkeypatch, capfd
+):
+    """The SuperLink's host shares no disk with the operator: its ServerApp writes its work folder on its own disk
+    (server/), and the run folder the operator named is moved away before the ServerApp runs. The command logged the
+    model file to its MLflow run and named that artifact and the file's sha256 in the spec; the ServerApp downloads
+    it, evaluates, and reports its status and outcome to that run, which the command follows (its own work folder
+    holds no report: reading it would time out). The sites' counts are those of the same evaluation by a ServerApp
+    that reads the file at its path (--no-mlflow, one disk)."""
+    import mlflow
+
+    from fedccrl_core.data.checksums import sha256_file
+    from fedccrl_flower.tracked_report import status_tag
+
+    t = federation
+    for k, v in operator_store.items():
+        monkeypatch.setenv(k, v)
+    run, away, server = tmp_path / "operator" / "run", tmp_path / "moved-away", tmp_path / "server"
+    shutil.copytree(t["run"], run)
+    digest, specs = sha256_file(run / "model.pt"), []
+
+    def hide(spec):
+        specs.append(spec)
+        run.rename(away)
+
+    on_sites(monkeypatch, _configs(t["sites"]), remote=server, before=hide)
+    out = tmp_path / "sites"
+    code, text = _evaluate(t, out, "--model", run, "--split", "all", "--timeout-s", 60)
+    err = capfd.readouterr().err + text
+    assert code == 0, err
+    (spec,) = specs
+    assert (spec.model_file, spec.model_artifact, spec.model_sha256) == ("", "model/model.pt", digest)
+    assert not run.exists() and not list(out.parent.glob("sites.work/run-1/*"))
+    assert list(server.rglob("site_eval.json"))  # the ServerApp's report folder, on its own disk
+    mlrun = mlflow.MlflowClient().get_run(spec.report_to.run_id)
+    assert mlrun.info.status == "FINISHED" and json.loads(mlrun.data.tags[status_tag(1)])["status"] == "completed"
+    away.rename(run)
+    on_sites(monkeypatch, _configs(t["sites"]))
+    code, text = _evaluate(t, tmp_path / "shared", "--model", run, "--split", "all", "--no-mlflow")
+    assert code == 0, capfd.readouterr().err + text
+    assert _sites_json(out) == _sites_json(tmp_path / "shared") and len(_sites_json(out)) == len(t["sites"])
+
+
+def test_a_downloaded_model_whose_sha256_differs_is_refused_before_any_site_hears_of_it(
+    federation, operator_store, tmp_path, monkeypatch, capfd
+):
+    """The model file logged to the command's MLflow run is altered in the tracking server's store before the
+    ServerApp downloads it: the ServerApp refuses it, naming the artifact and both digests, and sends no message to
+    any site; the command fails with that reason (read from the MLflow run, not the SuperLink host's disk), writes no
+    output, and its MLflow run is FAILED. An artifact the run lacks is an error naming it; a spec's local model_file
+    is checked against the digest as the download is."""
+    import mlflow
+
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_core.foundation.records import parse_record
+    from fedccrl_flower.site_evaluation import read_model
+    from fedccrl_flower.spec import SiteEvalSpec
+
+    t = federation
+    for k, v in operator_store.items():
+        monkeypatch.setenv(k, v)
+    specs = []
+
+    def alter(spec):
+        specs.append(spec)
+        stored = Path(mlflow.MlflowClient().get_run(spec.report_to.run_id).info.artifact_uri.removeprefix("file://"))
+        (stored / spec.model_artifact).write_bytes((stored / spec.model_artifact).read_bytes() + b"\0")
+
+    grids = on_sites(monkeypatch, _configs(t["sites"]), remote=tmp_path / "server", before=alter)
+    out = tmp_path / "sites"
+    code, text = _evaluate(t, out, "--model", t["run"], "--timeout-s", 60)
+    err = capfd.readouterr().err + text
+    (spec,) = specs
+    assert code == 2, err
+    assert "evaluate-sites run 1 failed: DataError: MLflow run " in err
+    assert "artifact model/model.pt: refused: its sha256 is " in err and f"expected {spec.model_sha256}" in err
+    assert grids[0].sent == [] and not out.exists()
+    assert mlflow.MlflowClient().get_run(spec.report_to.run_id).info.status == "FAILED"
+    data = json.loads(spec.to_json())  # as the ServerApp parses its run config: one way to the model, named
+    for bad, why in (
+        ({**data, "model_file": "/elsewhere/model.pt"}, "give exactly one of model_file"),
+        (
+            {**data, "report_to": None},
+            "model_artifact names an artifact of report_to's MLflow run, but report_to is not",
+        ),
+    ):
+        with pytest.raises(ValueError, match=why):
+            parse_record(SiteEvalSpec, bad, "run config 'spec'", ValueError)
+    absent = spec.model_copy(update={"model_artifact": "model/absent.pt"})
+    with pytest.raises(DataError, match=r"artifact model/absent.pt: cannot be downloaded \(MlflowException"):
+        read_model(absent)
+    other = tmp_path / "other.pt"
+    other.write_bytes((t["run"] / "model.pt").read_bytes() + b"\0")
+    local = spec.model_copy(update={"model_file": str(other), "model_artifact": "", "report_to": None})
+    with pytest.raises(DataError, match=r"other.pt \(the spec's model_file\): refused: its sha256 is "):
+        read_model(local)
 
 
 def test_the_wilson_interval_is_the_hand_computed_one():

@@ -13,9 +13,15 @@ train.privacy no client metrics are sent) takes the federation file's sites outs
 Under train.privacy the counts follow docs/privacy.md ("What a site returns for evaluation"): only images no run of the
 study trains on are counted (every site's val split, site_splits.py), so `--split all` is refused before any work.
 
+The model reaches the ServerApp without a shared disk: with MLflow (the default), the command opens its MLflow run
+first (sites_mlflow.py), logs the model file to it and names that artifact and the file's sha256 in the spec; the
+ServerApp downloads it from the tracking server, refuses other bytes, and reports its status and outcome to that run,
+where this command follows it. With --no-mlflow the spec names the file's path: the ServerApp must share this disk
+(one machine).
+
 Output (an atomic folder `--out`): <out>/sites.json (fedccrl_core/outcomes/site_scores.py SitesEvaluated) and
-<out>/sites.md, the Markdown also on stderr; an MLflow run in the model's experiment, tagged with the model's MLflow run id and run key,
-with each site's and domain's accuracy. A site refused (its data does not fit the model) or dropped (no answer) is
+<out>/sites.md, the Markdown also on stderr; the MLflow run, in the model's experiment, tagged with the model's MLflow
+run id and run key, with each site's and domain's accuracy. A site refused (its data does not fit the model) or dropped (no answer) is
 named with its reason; the exit code is 2 then, unless --allow-refused-sites.
 """
 
@@ -29,7 +35,7 @@ import click
 
 from fedccrl_core.foundation.errors import DataError, FedCCRLError
 from fedccrl_pipeline.site_splits import SPLITS, choose_splits, trained_sites
-from fedccrl_pipeline.sites_mlflow import log_to_mlflow
+from fedccrl_pipeline.sites_mlflow import carry_model, finish_run, sites_run
 from fedccrl_pipeline.stage_runtime import folders_apart, run_stage
 
 if TYPE_CHECKING:
@@ -45,10 +51,12 @@ class SitesMissing(FedCCRLError):
 
 
 def site_eval_spec(meta: ModelMeta, model_file: Path, fed: FederationFile, splits: dict, cfg, work: Path):
-    """The ServerApp's spec: the model file, the ClientSpec every site checks its data against and builds the model
-    from (the model's algorithm, architecture, classes, image size, normalization; the federation's domains)."""
+    """The ServerApp's spec: the model file's path and sha256 (sites_mlflow.py carry_model names its MLflow artifact
+    instead), the ClientSpec every site checks its data against and builds the model from (the model's algorithm,
+    architecture, classes, image size, normalization; the federation's domains)."""
     from fedccrl_core.algorithm_params import PARAMS
     from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.data.checksums import sha256_file
     from fedccrl_flower.spec import ClientSpec, SiteEvalSpec
 
     meta.require(model_file, "algorithm", "held_out_domain", "seed")
@@ -74,6 +82,7 @@ def site_eval_spec(meta: ModelMeta, model_file: Path, fed: FederationFile, split
     flower = cfg.train.flower
     return SiteEvalSpec(
         model_file=str(model_file.resolve()),
+        model_sha256=sha256_file(model_file),  # the ServerApp refuses other bytes
         client_spec=client.to_json(),
         splits=splits,
         work_dir=str(work.resolve()),
@@ -165,15 +174,18 @@ def evaluate_sites(
         f"evaluate-sites: {src.model_file} at {len(splits)} site(s) over {superlink}: "
         + ", ".join(f"{c} ({s})" for c, s in splits.items())
     )
-    outcome = evaluate_on_superlink(spec, superlink, root_certificates, timeout_s)
-    result = scored(outcome, meta, src.model_file, fed, splits, split)
-    text = markdown(result)
-    with atomic_dir(out) as tmp:  # complete or absent; MLflow logs the files before they appear
-        write_scores(result, tmp / JSON_FILE)
-        write_text(tmp / MARKDOWN_FILE, text)
-        if use_mlflow:
-            run_id = log_to_mlflow(result, meta, [tmp / JSON_FILE, tmp / MARKDOWN_FILE], fed.dataset)
-            LOG(f"evaluate-sites: MLflow run {run_id}")
+    with sites_run(meta, fed.dataset, use_mlflow) as run:
+        if run is not None:
+            LOG(f"evaluate-sites: MLflow run {run.run_id} at {run.tracking_uri} (the model travels through it)")
+            spec = carry_model(spec, run, src.model_file)
+        outcome = evaluate_on_superlink(spec, superlink, root_certificates, timeout_s)
+        result = scored(outcome, meta, src.model_file, fed, splits, split)
+        text = markdown(result)
+        with atomic_dir(out) as tmp:  # complete or absent; MLflow logs the files before they appear
+            write_scores(result, tmp / JSON_FILE)
+            write_text(tmp / MARKDOWN_FILE, text)
+            if run is not None:
+                finish_run(run, result, [tmp / JSON_FILE, tmp / MARKDOWN_FILE])
     print(text, file=sys.stderr)
     LOG(f"evaluate-sites: wrote {out / JSON_FILE} and {out / MARKDOWN_FILE}")
     report_missing(result, allow)
