@@ -107,7 +107,8 @@ if sys.argv[2] == "registered":  # step 2's line in PARAMS, before params.yaml's
     from toy_params import ToyParams
 
     PARAMS["toy"] = ToyParams
-from fedccrl_pipeline.params import ParamError, validate_params
+from fedccrl_core.foundation.errors import ParamError
+from fedccrl_pipeline.params import validate_params
 from fedccrl_pipeline.params_yaml import read_yaml
 
 out = {"torch": "torch" in sys.modules}  # validation reads PARAMS, never the classes: no torch

@@ -421,7 +421,7 @@ def test_bench_command_defaults_are_bench_config_defaults():
 
 def test_bench_accuracy_overrides_set_existing_keys_and_name_a_typo():
     from fedccrl_benchmarks.accuracy import apply_overrides
-    from fedccrl_pipeline.params import ParamError
+    from fedccrl_core.foundation.errors import ParamError
 
     params = {"train": {"lr": 0.003, "local_epochs": 2, "fedccrl": {"r": 0.1}}}
     apply_overrides(params, ["train.lr=0.001", "train.fedccrl.r=0.5", "train.local_epochs=3"])

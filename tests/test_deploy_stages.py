@@ -249,10 +249,10 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     from flower_harness import loopback
 
     from fedccrl_core.federation.history import load_history
+    from fedccrl_core.foundation.errors import ParamError
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
     from fedccrl_pipeline.federate import federate
-    from fedccrl_pipeline.params import ParamError
     from fedccrl_pipeline.sweep_privacy import SWEEP_EPSILON, SWEEP_PLANNED
 
     privacy = {"train.privacy.enabled": True, "train.privacy.weights_clip": 0.5}

@@ -212,7 +212,8 @@ def test_batch_of_one_for_a_batchnorm_model(params, tiny, tmp_path, monkeypatch)
         "key 'train.batch_size': got 1; must be >= 2 for a BatchNorm model",
     )
     from fedccrl_core.data.manifest import load_manifest
-    from fedccrl_pipeline.params import ParamError, validate_params
+    from fedccrl_core.foundation.errors import ParamError
+    from fedccrl_pipeline.params import validate_params
     from fedccrl_pipeline.params_yaml import read_yaml
     from fedccrl_pipeline.sweep import check_train
 
@@ -249,7 +250,7 @@ def test_a_client_without_a_batchnorm_batch(client, target, ok):
     from fixtures import bare_manifest
 
     from fedccrl_core.data.manifest import ClientEntry
-    from fedccrl_pipeline.params import ParamError
+    from fedccrl_core.foundation.errors import ParamError
     from fedccrl_pipeline.sweep import check_batches
 
     sizes = {"domain_index": 0, "k": 0, "file": "c.npz", "n_val": 0, "train_class_hist": [], "val_class_hist": []}
@@ -378,7 +379,7 @@ def test_params_yaml_is_read_as_dvc_reads_it(tmp_path):
     """One YAML reader, ruamel's safe loader as DVC's: YAML 1.2 scalars (`1e-3` the float 0.001, `yes` a string,
     as DVC passes them on), and a repeated key or a tag that builds an object is an error naming the file and line,
     before any validation."""
-    from fedccrl_pipeline.params import ParamError
+    from fedccrl_core.foundation.errors import ParamError
     from fedccrl_pipeline.params_yaml import parse_yaml, read_yaml
 
     assert parse_yaml("a: 1e-3\nb: yes\nc: 1_000\nd: [1, .5]") == {"a": 0.001, "b": "yes", "c": 1000, "d": [1, 0.5]}

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from fedccrl_pipeline.params import ParamError, validate_params
+from fedccrl_core.foundation.errors import ParamError
+from fedccrl_pipeline.params import validate_params
 from fedccrl_pipeline.params_yaml import read_yaml, set_key
 
 REPO = Path(__file__).resolve().parents[1]

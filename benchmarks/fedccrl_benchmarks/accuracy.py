@@ -21,7 +21,7 @@ from fedccrl_pipeline.stage_runtime import run_stage
 def apply_overrides(params: dict, overrides: Sequence[str], source: str = "--set") -> dict:
     """`KEY=VALUE` overrides (dotted keys of params.yaml, YAML values), as `dvc exp run -S` spells them. A key
     must already exist: a typo is an error naming it, not a new entry that nothing reads."""
-    from fedccrl_pipeline.params import ParamError
+    from fedccrl_core.foundation.errors import ParamError
     from fedccrl_pipeline.params_yaml import parse_yaml, set_key  # YAML 1.2 numbers, as params.yaml is read
 
     for item in overrides:

@@ -37,9 +37,10 @@ def project_params(research: Path | None, sets: tuple[str, ...]) -> str:
 
     from ruamel.yaml import YAML
 
+    from fedccrl_core.foundation.errors import ParamError
     from fedccrl_core.foundation.hparams import validate
     from fedccrl_pipeline.deploy_params import DeployFile
-    from fedccrl_pipeline.params import ParamError, validate_params
+    from fedccrl_pipeline.params import validate_params
     from fedccrl_pipeline.params_yaml import parse_yaml, read_yaml, set_key
 
     source = research if research is not None else Path(str(TEMPLATE / "params.yaml"))

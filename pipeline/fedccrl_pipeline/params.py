@@ -46,15 +46,7 @@ from fedccrl_pipeline.params_groups import (
 )
 from fedccrl_pipeline.params_yaml import read_yaml
 
-__all__ = [
-    "ParamError",
-    "ParamsFile",
-    "check_config",
-    "load_config",
-    "resolve_held_out",
-    "run_dirs",
-    "validate_params",
-]
+__all__ = ["ParamsFile", "check_config", "load_config", "run_dirs", "validate_params"]
 
 
 class ParamsFile(Declared):

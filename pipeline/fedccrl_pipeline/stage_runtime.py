@@ -32,9 +32,8 @@ def folders_apart(reads: dict, writes: dict) -> None:
 def run_stage(fn, *args, **kwargs):
     """Run a stage body; turn the project's known errors into clear lines (`error: ...`, one per problem) and
     exit code 2."""
-    from fedccrl_core.foundation.errors import FedCCRLError
+    from fedccrl_core.foundation.errors import FedCCRLError, ParamError
     from fedccrl_core.foundation.procs import die_with_parent, sigterm_as_exit
-    from fedccrl_pipeline.params import ParamError
 
     die_with_parent()  # SIGTERM when `dvc repro` (or whoever started the stage) dies: no orphan trainer
     sigterm_as_exit()  # SIGTERM -> SystemExit: finally blocks clean up, MLflow runs end KILLED

@@ -7,7 +7,8 @@ import re
 
 from fedccrl_core.data.manifest import ShardManifest
 from fedccrl_core.foundation.errors import ParamError
-from fedccrl_pipeline.params import ParamsFile, resolve_held_out
+from fedccrl_pipeline.cross_checks import resolve_held_out
+from fedccrl_pipeline.params import ParamsFile
 
 
 def held_out_entry(text: str | int) -> int | str:

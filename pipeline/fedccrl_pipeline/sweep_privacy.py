@@ -51,7 +51,7 @@ def manifest_plan(cfg: ParamsFile, manifest: ShardManifest) -> SweepPlan:
     """The train stage's sweep (dvc.yaml's matrix: train.algorithms x train.seeds x train.held_out) on the central
     partition, with the sizes the clients will announce (the manifest's)."""
     from fedccrl_core.data.manifest import client_ids
-    from fedccrl_pipeline.params import resolve_held_out
+    from fedccrl_pipeline.cross_checks import resolve_held_out
 
     t = cfg.train
     domains = list(manifest.domains)

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fedccrl_pipeline.params import ParamError, ParamsFile, validate_params
+from fedccrl_core.foundation.errors import ParamError
+from fedccrl_pipeline.params import ParamsFile, validate_params
 from fedccrl_pipeline.params_yaml import read_yaml
 
 if TYPE_CHECKING:
