@@ -23,20 +23,25 @@ BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malfo
 
 
 class SiteRefusal(Exception):
-    """A QUERY reply in which a site refuses the run: its data does not fit the federation's (its own check, at the
-    site: classes, image size, domain, held-out domain). `client`: the site's client id; the message: its reason."""
+    """A QUERY reply in which a site refuses: the run, its data not fitting the federation's (its own check, at the
+    site: classes, image size, domain, held-out domain; `n` None), or the round's statistics release, its size having
+    changed so that it would release at a larger ratio than the pre-round check charged (privacy/charged.py; `n`: the
+    n_i it holds now). `client`: the site's client id; the message: its reason. Either way it released nothing."""
 
-    def __init__(self, client: str, reason: str):
+    def __init__(self, client: str, reason: str, n: int | None = None):
         super().__init__(reason)
-        self.client = client
+        self.client, self.n = client, n
 
 
 def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
     """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6); n_i = 0 from an evaluation-only site.
-    SiteRefusal when the site refuses the run, naming itself and its reason."""
+    SiteRefusal when the site refuses, naming itself, its reason and, for a round's release, its n_i now."""
     info = M.record(r.content, M.INFO, ConfigRecord)
     if M.F_REFUSAL in info:
-        raise SiteRefusal(str(info[M.F_CLIENT_ID]), str(info[M.F_REFUSAL]))
+        now = info.get(M.F_N)
+        if now is not None and (isinstance(now, bool) or not isinstance(now, int) or now < 1):
+            raise M.MalformedUpdate(f"a refusal's n_i = {now!r} is not a positive integer")
+        raise SiteRefusal(str(info[M.F_CLIENT_ID]), str(info[M.F_REFUSAL]), now)
     cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])  # type: ignore[arg-type]  # a list or bytes: TypeError, a BAD_REPLY
     if n < 0:  # 0: an evaluation-only site (the server checks that it is one)
         raise M.MalformedUpdate(f"n_i = {n}")
