@@ -6,7 +6,8 @@ Grid (pushed, replies pulled as they arrive) with the phase's timeout (transport
 round's state in one `FlowerRound` (flower_round.py):
   1. QUERY every connected SuperNode (query_phase.py, lines 3-6); each answers with its client id, n_i and its
      upload (FedCCRL: F_i as an ArrayRecord); the replies make the round. Too few clients (`TooFewClients`) fail
-     it, their uploads charged under train.privacy.
+     it, their uploads charged under train.privacy. Under train.privacy.max_epsilon the QUERY carries the statistics
+     release the pre-round check charged, which a site whose size changed refuses to exceed (privacy/charged.py).
   2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client
      (train_phase.py): global weights + its payload (FedCCRL: F_pool minus F_i); every reply checked, then
      `alg.aggregate` (line 23, Eq. 2) over the valid replies in client-id order.
