@@ -5,10 +5,11 @@ Uploads are checked (replies.py) and must share one signature (keys, dtypes, row
 so is a client that is not a source of this run (`spec.sources`), so only those clients are sampled. A site of
 `spec.evaluators` answers n = 0: it evaluates only. Under train.privacy.max_epsilon, a source whose size changed so
 that it would release at a larger ratio than the pre-round check charged refuses the round's release (replies.py
-SiteRefusal with its n_i now): refused in the ledger, and its n_i kept for the next round's check. One client id answering from two nodes stops the run
-(`DuplicateClient`, naming both) before any upload is used; under train.privacy both uploads are charged, and so are
-the uploads that arrived when the query is interrupted (`QueryInterrupted`: a stop, a crash). A node without a
-reply is dropped (the ledger), unless its client answered from a new node.
+SiteRefusal with its n_i now): refused in the ledger, and its n_i kept for the next round's check. One client id
+answering from two nodes stops the run (`DuplicateClient`, naming both) before any upload is used; under
+train.privacy both uploads are charged, and so are the uploads that arrived when the query is interrupted
+(`QueryInterrupted`: a stop, a crash). A node without a reply is dropped (the ledger), unless its client answered
+from a new node.
 """
 
 from __future__ import annotations

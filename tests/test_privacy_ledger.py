@@ -387,37 +387,6 @@ def test_flower_max_epsilon_charges_a_client_that_joins_late_as_the_worst_case(d
     assert f"would bring epsilon to {worst:.3f}" in stop
 
 
-def test_a_site_refuses_a_release_above_the_charged_ratio_before_any_row():
-    """The site-side check (fedccrl_flower/site_data.py release_refusal, privacy/charged.py): k_i = ceil(r n_i) of
-    n_i (Eq. 8) against the (n, k) the pre-round check charged, in integers: a ratio no larger releases, a larger one is
-    refused naming both (n, k); the QUERY config's field is read or refused naming it."""
-    from flwr.app import ConfigRecord
-
-    from fedccrl_core.privacy.charged import ChargedRelease
-    from fedccrl_flower import messages as M
-    from fedccrl_flower.site_data import release_refusal
-
-    alg = build_algorithm("fedccrl", LocalConfig(rounds=2, privacy={**PRIV, "max_epsilon": 5.0}))
-    charged = ChargedRelease(216, 22)  # the issue's site: k = 22 of n = 216 announced
-    assert [release_refusal(alg, n, charged) for n in (216, 220, 1000)] == ["", "", ""]  # 22/216, 22/220, 100/1000
-    why = release_refusal(alg, 11, charged)  # its folder shrank: k = 2 of 11, ratio 0.18
-    assert "k = 2 of its n = 11 rows (ratio 0.1818)" in why and "k = 22 of n = 216 (ratio 0.1019)" in why
-    assert release_refusal(alg, 215, charged)  # 22/215 > 22/216: the integers tell, not a rounded ratio
-    assert release_refusal(alg, 11, None) == ""  # nothing charged (no max_epsilon): nothing to refuse
-    assert ChargedRelease(20, 2).covers(10, 1) and not ChargedRelease(20, 2).covers(9, 1)  # equal ratio covered
-    assert ChargedRelease(20, 2).refusal(10, 1) == "" and ChargedRelease(3, 3).covers(1, 1)  # unsampled: any
-    for n, k in ((0, 0), (5, 0), (5, 6)):
-        with pytest.raises(ValueError, match=f"k = {k} rows out of n = {n}"):
-            ChargedRelease(n, k)
-    with pytest.raises(ValueError, match="fedavg, which uploads no statistics rows"):
-        release_refusal(build_algorithm("fedavg", LocalConfig(rounds=2)), 11, charged)
-    assert M.read_charged(ConfigRecord({M.F_CHARGED: M.charged_field(charged)})) == charged
-    assert M.read_charged(ConfigRecord({})) is None
-    for bad in ([216], [216, 0], [22, 216]):
-        with pytest.raises(ValueError, match=f"QUERY config '{M.F_CHARGED}'"):
-            M.read_charged(ConfigRecord({M.F_CHARGED: bad}))
-
-
 def _shrunk_copy(data: Path, out: Path, cid: str, n: int) -> Path:
     """A copy of data/{shards,pools} in which client `cid` holds only its first `n` training images and their
     statistics (its site's image folder shrank, and it prepared its shards again)."""
