@@ -40,6 +40,7 @@ from fedccrl_flower.site_data import (
     is_source,
     load_client_data,
     load_eval_data,
+    release_refusal,
     resolve_client_id,
 )
 from fedccrl_flower.site_eval_client import handle_site_evaluate, handle_site_query
@@ -51,9 +52,10 @@ if Path(sys.argv[0]).name.startswith(("flwr-", "flower-")):  # a process Flower 
 
 # ---- the two message handlers -----------------------------------------------------------------
 def handle_query(msg: Message, context: Context) -> Message:
-    """Algorithm 1 lines 3-6: this client's upload (FedCCRL: ceil(r n_i) of its statistics, Eq. 8)."""
+    """Algorithm 1 lines 3-6: this client's upload (FedCCRL: ceil(r n_i) of its statistics, Eq. 8), or its refusal
+    of the round's release when that would exceed what the server's pre-round check charged (its size changed)."""
     t0 = time.perf_counter()
-    spec, rnd, _ = read_config(msg)
+    spec, rnd, cfg = read_config(msg)
     device = device_of(context, spec)
     cid = resolve_client_id(context, spec)
     try:
@@ -67,10 +69,16 @@ def handle_query(msg: Message, context: Context) -> Message:
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
     data = load_client_data(context, cid, device, held_out)
     alg, _ = build_client_algorithm(spec, device)
-    skip = json.loads(str(msg.content[M.CONFIG].get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
+    skip = json.loads(str(cfg.get(M.F_SKIP_UPLOAD, "[]")))  # the server half's decision
+    n = alg.sample_count(data)
+    why = "" if cid in skip else release_refusal(alg, n, M.read_charged(cfg))
+    if why:  # its size changed since it announced it: it refuses the round's release, telling its n_i now
+        say(f"client {cid} round {rnd}: refuses the round's release: {why}", t0)
+        refusal = ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: why, M.F_N: n})
+        return Message(RecordDict({M.INFO: refusal}), reply_to=msg)
     upload = None if cid in skip else alg.client_upload(data, numpy_rng(spec.seed, "upload", rnd, cid))
     say(f"client {cid} round {rnd}: upload of {nbytes(upload)} B", t0)
-    content = RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: alg.sample_count(data)})})
+    content = RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: n})})
     if upload is not None:
         content[M.UPLOAD] = M.arrays_to_record(upload)
     return Message(content, reply_to=msg)

@@ -26,6 +26,7 @@ class FlowerRound:
     query_timeout_s: float
     query_wire_up: int
     query_wire_down: int
+    told_n: dict[str, int]  # source client -> the n_i it told when it refused the round's release (query_phase.py)
     train_timeout_s: float | None = None
     train_wire_up: int = 0
     train_wire_down: int = 0

@@ -6,8 +6,9 @@ and returns its local weights, n_i and metrics (lines 8-22), EVALUATE sends a si
 weights (after line 23) and returns its evaluation counts (evalsets.py).
 
 Record keys (RecordDict content):
-    QUERY  server -> client   CONFIG (ConfigRecord)
-           client -> server   INFO (ConfigRecord: client id, n_i), UPLOAD (ArrayRecord, absent if None)
+    QUERY  server -> client   CONFIG (ConfigRecord; under train.privacy.max_epsilon with CHARGED)
+           client -> server   INFO (ConfigRecord: client id, n_i), UPLOAD (ArrayRecord, absent if None); or a
+                              refusal: INFO (client id, REFUSAL, and n_i when its size exceeds CHARGED's ratio)
     TRAIN  server -> client   CONFIG, WEIGHTS (ArrayRecord), PAYLOAD (ArrayRecord, absent if None)
            client -> server   INFO, WEIGHTS, METRICS (MetricRecord)
     EVALUATE server -> client CONFIG, WEIGHTS
@@ -32,6 +33,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, MetricRecord, RecordDict
 
 from fedccrl_core.foundation import contract
+from fedccrl_core.privacy.charged import ChargedRelease
 from fedccrl_flower import node_config
 
 # ---- message types ----------------------------------------------------------------------------
@@ -63,6 +65,9 @@ F_TARGET_N = "target-n"  # the site's images of the held-out domain (an int)
 F_TARGET_CORRECT = "target-correct"  # of them, predicted correctly (an int)
 F_SPLIT = "split"  # in a SITE_EVAL config: the images the site counts, "val" | "all" (train + val)
 F_SKIP_UPLOAD = "skip-upload"  # in QUERY config: client ids whose upload the server does not need (JSON list)
+# in QUERY config under train.privacy.max_epsilon: [n, k], the statistics release the pre-round check charged
+# (privacy/charged.py); a client whose k_i / n_i exceeds k / n refuses (F_REFUSAL, with its F_N) before any row
+F_CHARGED = "charged"
 
 # ---- keys of Context.state on a SuperNode (ClientState, never sent) ------------------------------
 STATE_ARRAYS = "fedccrl.client-state.arrays"
@@ -97,6 +102,24 @@ def record(content: RecordDict, key: str, kind: type[R]) -> R:
     if not isinstance(rec, kind):
         raise MalformedUpdate(f"record '{key}' is a {type(rec).__name__}, expected a {kind.__name__}")
     return rec
+
+
+def charged_field(charged: ChargedRelease) -> list[int]:
+    """The QUERY config's F_CHARGED value."""
+    return [charged.n, charged.k]
+
+
+def read_charged(cfg: ConfigRecord) -> ChargedRelease | None:
+    """The QUERY config's F_CHARGED (None when absent); ValueError naming the field when it is not [n, k]."""
+    if F_CHARGED not in cfg:
+        return None
+    v = cfg[F_CHARGED]
+    if not (isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) and not isinstance(x, bool) for x in v)):
+        raise ValueError(f"QUERY config '{F_CHARGED}' is {v!r}, expected [n, k] (two integers)")
+    try:
+        return ChargedRelease(int(v[0]), int(v[1]))
+    except ValueError as e:
+        raise ValueError(f"QUERY config '{F_CHARGED}': {e}") from None
 
 
 # ---- arrays <-> ArrayRecord -------------------------------------------------------------------

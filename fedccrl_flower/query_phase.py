@@ -3,10 +3,13 @@ its upload (FedCCRL: F_i, Eq. 8), and the replies are sorted into the round (`Fl
 
 Uploads are checked (replies.py) and must share one signature (keys, dtypes, row shapes); a misfit is refused, and
 so is a client that is not a source of this run (`spec.sources`), so only those clients are sampled. A site of
-`spec.evaluators` answers n = 0: it evaluates only. One client id answering from two nodes stops the run
-(`DuplicateClient`, naming both) before any upload is used; under train.privacy both uploads are charged, and so are
-the uploads that arrived when the query is interrupted (`QueryInterrupted`: a stop, a crash). A node without a
-reply is dropped (the ledger), unless its client answered from a new node.
+`spec.evaluators` answers n = 0: it evaluates only. Under train.privacy.max_epsilon, a source whose size changed so
+that it would release at a larger ratio than the pre-round check charged refuses the round's release (replies.py
+SiteRefusal with its n_i now): refused in the ledger, and its n_i kept for the next round's check. One client id
+answering from two nodes stops the run (`DuplicateClient`, naming both) before any upload is used; under
+train.privacy both uploads are charged, and so are the uploads that arrived when the query is interrupted
+(`QueryInterrupted`: a stop, a crash). A node without a reply is dropped (the ledger), unless its client answered
+from a new node.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class _Sorted:
     n_of: dict[str, int] = field(default_factory=dict)
     sigs: dict[str, Any] = field(default_factory=dict)
     eval_node_of: dict[str, int] = field(default_factory=dict)
+    told_n: dict[str, int] = field(default_factory=dict)  # a source that refused the round's release: its n_i now
     twice: list[tuple[str, int, int]] = field(default_factory=list)  # (client, first node, second node)
 
 
@@ -67,12 +71,13 @@ def sort_query_replies(
     client_of_node: dict[int, str],
     ledger: Ledger,
     log: Callable[[str], None],
+    announced: dict[str, int | None],
 ) -> FlowerRound:
     """The round that the query's replies make: uploads keyed by client id (sorted); `client_of_node` (the last
-    client id each node answered with) is updated."""
+    client id each node answered with) is updated. `announced`: the n_i the pre-round check read (known_n)."""
     released = query_releases(ex.replies, set(spec.sources))
     failed = dict(ex.missing)  # node -> (reason, detail)
-    got = _sort(rnd, ex.replies, failed, spec, client_of_node, ledger)
+    got = _sort(rnd, ex.replies, failed, spec, client_of_node, ledger, announced)
     if got.twice:
         raise DuplicateClient(
             f"round {rnd}: "
@@ -99,7 +104,16 @@ def sort_query_replies(
         ledger.drop(rnd, owner, node, "query", *failed[node])
     uploads = {cid: got.uploads[cid] for cid in sorted(got.uploads)}
     return FlowerRound(
-        rnd, uploads, got.node_of, got.n_of, got.eval_node_of, released, ex.timeout, ex.wire_up, ex.wire_down
+        rnd,
+        uploads,
+        got.node_of,
+        got.n_of,
+        got.eval_node_of,
+        released,
+        ex.timeout,
+        ex.wire_up,
+        ex.wire_down,
+        got.told_n,
     )
 
 
@@ -110,6 +124,7 @@ def _sort(
     spec: ServerSpec,
     client_of_node: dict[int, str],
     ledger: Ledger,
+    announced: dict[str, int | None],
 ) -> _Sorted:
     """Each reply in node order: an error reply is a failed node; a refusal, a malformed reply, an n = 0 reply of
     a site that is not an evaluation site and a client that is not a source are refused; a client id seen from a
@@ -121,7 +136,7 @@ def _sort(
             if reply.kind == "error":
                 failed[node] = (reply.reason, reply.detail)
             elif reply.kind == "refusal":  # the site's own check: named by its client id, with its reason
-                ledger.refuse(rnd, str(reply.client), f"its data does not fit the run: {reply.detail}")
+                _site_refused(rnd, str(reply.client), reply.detail, reply.n, spec, announced, got, ledger)
             else:
                 ledger.refuse(rnd, who, f"malformed query reply: {reply.detail}")
             continue
@@ -147,3 +162,30 @@ def _sort(
         client_of_node[node] = cid
         got.uploads[cid], got.node_of[cid], got.n_of[cid], got.sigs[cid] = upload, node, n, M.upload_signature(upload)
     return got
+
+
+def _site_refused(
+    rnd: int,
+    client: str,
+    reason: str,
+    n: int | None,
+    spec: ServerSpec,
+    announced: dict[str, int | None],
+    got: _Sorted,
+    ledger: Ledger,
+) -> None:
+    """A site's refusal in the ledger: of the run (its data does not fit), or of the round's statistics release (its
+    size changed since it announced the one the pre-round check read), whose n_i now is kept (`told_n`) for the next
+    round's check. Nothing of either was released, so nothing is charged."""
+    if n is None:
+        ledger.refuse(rnd, client, f"its data does not fit the run: {reason}")
+        return
+    before = announced.get(client)
+    ledger.refuse(
+        rnd,
+        client,
+        f"its size changed from the n = {before if before is not None else 'unknown'} the pre-round check read to "
+        f"n = {n}: {reason}; it released nothing this round, and the next round's check charges n = {n}",
+    )
+    if client in spec.sources:
+        got.told_n[client] = n

@@ -27,24 +27,28 @@ BAD_REPLY = (M.MalformedUpdate, KeyError, TypeError, ValueError)  # what a malfo
 
 
 class SiteRefusal(Exception):
-    """A QUERY reply in which a site refuses the run: its data does not fit the federation's (its own check, at the
-    site: classes, image size, domain, held-out domain). `client`: the site's client id; the message: its reason."""
+    """A QUERY reply in which a site refuses: the run, its data not fitting the federation's (its own check, at the
+    site: classes, image size, domain, held-out domain; `n` None), or the round's statistics release, its size having
+    changed so that it would release at a larger ratio than the pre-round check charged (privacy/charged.py; `n`: the
+    n_i it holds now). `client`: the site's client id; the message: its reason. Either way it released nothing."""
 
-    def __init__(self, client: str, reason: str):
+    def __init__(self, client: str, reason: str, n: int | None = None):
         super().__init__(reason)
-        self.client = client
+        self.client, self.n = client, n
 
 
 @dataclass(frozen=True)
 class Unusable:
     """A reply that cannot be used, and why: `kind` "error" (an error reply: `reason` is transport.py error_reason's,
     "disconnected" when its node is gone, "error" when its ClientApp raised), "refusal" (the site refuses: `client`
-    names it) or "malformed" (reading it raised a BAD_REPLY); `detail` the message."""
+    names it, `n` its n_i now when it refuses a round's release: SiteRefusal) or "malformed" (reading it raised a
+    BAD_REPLY); `detail` the message."""
 
     kind: str
     reason: str
     detail: str
     client: str | None = None
+    n: int | None = None
 
 
 def triage(replies: dict[int, Message], read: Callable[[int, Message], T]) -> Iterator[tuple[int, T | Unusable]]:
@@ -59,7 +63,7 @@ def triage(replies: dict[int, Message], read: Callable[[int, Message], T]) -> It
             try:
                 got = read(node, r)
             except SiteRefusal as e:
-                got = Unusable("refusal", "refusal", str(e), e.client)
+                got = Unusable("refusal", "refusal", str(e), e.client, e.n)
             except BAD_REPLY as e:
                 got = Unusable("malformed", "malformed", str(e))
         yield node, got
@@ -67,10 +71,13 @@ def triage(replies: dict[int, Message], read: Callable[[int, Message], T]) -> It
 
 def read_query_reply(r: Message) -> tuple[str, int, dict[str, np.ndarray] | None]:
     """(client id, n_i, upload) of a QUERY reply (Algorithm 1 lines 3-6); n_i = 0 from an evaluation-only site.
-    SiteRefusal when the site refuses the run, naming itself and its reason."""
+    SiteRefusal when the site refuses, naming itself, its reason and, for a round's release, its n_i now."""
     info = M.record(r.content, M.INFO, ConfigRecord)
     if M.F_REFUSAL in info:
-        raise SiteRefusal(str(info[M.F_CLIENT_ID]), str(info[M.F_REFUSAL]))
+        now = info.get(M.F_N)
+        if now is not None and (isinstance(now, bool) or not isinstance(now, int) or now < 1):
+            raise M.MalformedUpdate(f"a refusal's n_i = {now!r} is not a positive integer")
+        raise SiteRefusal(str(info[M.F_CLIENT_ID]), str(info[M.F_REFUSAL]), now)
     cid, n = str(info[M.F_CLIENT_ID]), int(info[M.F_N])  # type: ignore[arg-type]  # a list or bytes: TypeError, a BAD_REPLY
     if n < 0:  # 0: an evaluation-only site (the server checks that it is one)
         raise M.MalformedUpdate(f"n_i = {n}")

@@ -6,7 +6,8 @@ Grid (pushed, replies pulled as they arrive) with the phase's timeout (transport
 round's state in one `FlowerRound` (flower_round.py):
   1. QUERY every connected SuperNode (query_phase.py, lines 3-6); each answers with its client id, n_i and its
      upload (FedCCRL: F_i as an ArrayRecord); the replies make the round. Too few clients (`TooFewClients`) fail
-     it, their uploads charged under train.privacy.
+     it, their uploads charged under train.privacy. Under train.privacy.max_epsilon the QUERY carries the statistics
+     release the pre-round check charged, which a site whose size changed refuses to exceed (privacy/charged.py).
   2. (RoundLoop: sample clients, `alg.server_payloads(uploads)`, line 7) a TRAIN message per sampled client
      (train_phase.py): global weights + its payload (FedCCRL: F_pool minus F_i); every reply checked, then
      `alg.aggregate` (line 23, Eq. 2) over the valid replies in client-id order.
@@ -52,6 +53,7 @@ from fedccrl_core.federation.driver import build_seeded_model
 from fedccrl_core.federation.loop import Evaluation, RoundLoop
 from fedccrl_core.foundation.fastpath import resolve_device
 from fedccrl_core.foundation.procs import die_with_parent
+from fedccrl_core.privacy.charged import ChargedRelease
 from fedccrl_flower import messages as M
 from fedccrl_flower.evaluate_phase import evaluate_at_sites
 from fedccrl_flower.flower_result import FlowerResult
@@ -134,8 +136,9 @@ class FlowerServer:
         return done.evaluation
 
     # ---- the Transport of the round loop (fedccrl_core/federation/loop.py) -------------------
-    def collect_uploads(self, rnd: int) -> dict:
-        """Lines 3-6 over QUERY messages; a round with fewer than min_clients answers fails."""
+    def collect_uploads(self, rnd: int, charged: ChargedRelease | None = None) -> dict:
+        """Lines 3-6 over QUERY messages, which carry `charged` (the statistics release the pre-round check charged);
+        a round with fewer than min_clients answers fails."""
         s = self.spec
         want = max(s.num_clients, s.min_clients) if rnd == self._start else s.min_clients
         nodes = wait_for_nodes(
@@ -145,12 +148,15 @@ class FlowerServer:
         config[M.F_SKIP_UPLOAD] = json.dumps(
             sorted(c for c in set(self.client_of_node.values()) if not self.alg.upload_wanted(c))
         )
+        if charged is not None:  # a site whose size changed refuses to release more (privacy/charged.py)
+            config[M.F_CHARGED] = M.charged_field(charged)
+        announced = self.known_n()
         msgs = [
             Message(RecordDict({M.CONFIG: config}), dst_node_id=n, message_type=M.QUERY, group_id=str(rnd))
             for n in nodes
         ]
         ex = exchange_query(self.grid, self.timer, rnd, msgs, self.sources)
-        rd = self.round = sort_query_replies(rnd, ex, s, self.client_of_node, self.ledger, self.log)
+        rd = self.round = sort_query_replies(rnd, ex, s, self.client_of_node, self.ledger, self.log, announced)
         if len(rd.uploads) < s.min_clients:
             raise TooFewClients(
                 f"round {rnd}: only {len(rd.uploads)} client(s) answered "
@@ -165,9 +171,10 @@ class FlowerServer:
         return {cid: self.round.n_of[cid] for cid in sampled}
 
     def known_n(self) -> dict:
-        """train.privacy's budget check: every source client, with the size it announced in the last query, None
-        when it did not answer it (before round 1, a client that joins late: charged as the worst case)."""
-        n_of = self.round.n_of if self.round is not None else {}
+        """train.privacy's budget check: every source client, with the size it announced in the last query (or told
+        when it refused that round's release: its size changed), None when it did not answer it (before round 1, a
+        client that joins late: charged as the worst case)."""
+        n_of = {**self.round.told_n, **self.round.n_of} if self.round is not None else {}
         return {cid: n_of.get(cid) for cid in sorted(self.sources)}
 
     def least_clients(self) -> int:

@@ -1,6 +1,7 @@
 """A site's data behind the ClientApp: which client this SuperNode is (`resolve_client_id`, from the node config or
 Flower's partition-id), its data checked against the federation's values the spec carries (`check_site_data`), and
-its rows loaded (`load_client_data` for training, `load_eval_data` for the evaluation; `is_source`: whether it trains).
+its rows loaded (`load_client_data` for training, `load_eval_data` for the evaluation; `is_source`: whether it trains),
+and its statistics release checked against what the server's pre-round check charged (`release_refusal`).
 Its shard folder may hold only its own site's files (a manifest listing only its client): nothing here reads another
 client's.
 
@@ -14,8 +15,11 @@ import numpy as np
 import torch
 from flwr.app import Context
 
+from fedccrl_core.algorithms.base import Algorithm
+from fedccrl_core.algorithms.fedccrl import StatisticsExchange
 from fedccrl_core.foundation.errors import DataError
 from fedccrl_core.learning.clients import ClientData
+from fedccrl_core.privacy.charged import ChargedRelease
 from fedccrl_flower import messages as M
 from fedccrl_flower.held_out_pin import pin_held_out
 from fedccrl_flower.spec import ClientSpec
@@ -136,6 +140,17 @@ def load_client_data(context: Context, cid: str, device: torch.device, held_out:
             s.client_id, s.domain, s.train_x, s.train_y, s.val_x, s.val_y, device, mu, sigma
         )
     return CACHE[key]
+
+
+def release_refusal(alg: Algorithm, n: int, charged: ChargedRelease | None) -> str:
+    """Why this site must not release its statistics this round ("" when it may): its k_i of n_i rows (Eq. 8,
+    `released_rows`) at a larger ratio than the release the pre-round check charged (privacy/charged.py), which read
+    the n_i the site announced before; its image folder may have changed since. Asked before any row is drawn."""
+    if charged is None:
+        return ""
+    if not isinstance(alg, StatisticsExchange):
+        raise ValueError(f"QUERY config '{M.F_CHARGED}' for {alg.name}, which uploads no statistics rows")
+    return charged.refusal(n, alg.released_rows(n))
 
 
 def is_source(context: Context, cid: str, held_out: str | None) -> bool:

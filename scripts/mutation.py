@@ -84,6 +84,8 @@ SCOPE: dict[str, tuple[str, ...]] = {
         "x_upload_sizes",
         "xǁPrivateǁplanned_round",
     ),
+    # the statistics release the pre-round check charged, which a site whose size changed must not exceed
+    "fedccrl_core.privacy.charged": ("*",),
     # Eq. 8's k_i as announced before the round and as counted in an upload
     "fedccrl_core.algorithms.fedccrl": ("xǁStatisticsExchangeǁreleased_rows", "xǁStatisticsExchangeǁupload_rows"),
 }

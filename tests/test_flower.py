@@ -161,6 +161,30 @@ def test_pack_tree_round_trips_client_state():
     assert sched.get_last_lr() == sched2.get_last_lr()
 
 
+def test_a_site_refuses_a_release_above_the_charged_ratio_before_any_row():
+    """The site-side check (site_data.py release_refusal): its k_i = ceil(r n_i) of n_i (Eq. 8) against the QUERY
+    config's charged (n, k) (messages.py F_CHARGED, read or refused naming the field)."""
+    from flwr.app import ConfigRecord
+
+    from fedccrl_core.privacy.charged import ChargedRelease
+    from fedccrl_flower.site_data import release_refusal
+
+    priv = {"enabled": True, "stats_noise_multiplier": 2.0, "weights_noise_multiplier": 4.0, "max_epsilon": 5.0}
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=2, privacy=priv))
+    charged = ChargedRelease(216, 22)
+    assert [release_refusal(alg, n, charged) for n in (216, 220, 1000)] == ["", "", ""]  # k = 22, 22, 100
+    assert release_refusal(alg, 11, charged) == charged.refusal(11, 2)  # k = ceil(0.1 * 11) = 2: refused
+    assert release_refusal(alg, 215, charged) == charged.refusal(215, 22) != ""
+    assert release_refusal(alg, 11, None) == ""  # nothing charged (no max_epsilon): nothing to refuse
+    with pytest.raises(ValueError, match="fedavg, which uploads no statistics rows"):
+        release_refusal(build_algorithm("fedavg", LocalConfig(rounds=2)), 11, charged)
+    assert M.read_charged(ConfigRecord({M.F_CHARGED: M.charged_field(charged)})) == charged
+    assert M.read_charged(ConfigRecord({})) is None
+    for bad in ([216], [216, 0], [22, 216], [216.0, 22.0], "216,22"):
+        with pytest.raises(ValueError, match=f"QUERY config '{M.F_CHARGED}'"):
+            M.read_charged(ConfigRecord({M.F_CHARGED: bad}))
+
+
 def test_message_keys_are_defined_once():
     """Client and server share messages.py's keys; neither spells a record key as a bare string."""
     for f in ("client_app.py", "server_app.py", "query_phase.py", "train_phase.py", "evaluate_phase.py"):

@@ -1,6 +1,6 @@
 """The two Gaussian mechanisms (clipping and noise) and the RDP accountant, against loops written from their
 definitions (Dwork & Roth 2014 Thm. A.1; McMahan et al. 2018 Alg. 1; dp_accounting's events composed one by one):
-the tests that kill `make mutation`'s mutants of fedccrl_core/privacy/dp.py and accountant.py that
+the tests that kill `make mutation`'s mutants of fedccrl_core/privacy/dp.py, accountant.py and charged.py that
 tests/test_privacy.py leaves alive. The noise is checked draw for draw: a generator of the same seed feeds the loop."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from dp_accounting.rdp import rdp_privacy_accountant as rdp
 from fedccrl_core.algorithms.base import Reply
 from fedccrl_core.foundation import contract
 from fedccrl_core.privacy import accountant as A
+from fedccrl_core.privacy.charged import ChargedRelease
 from fedccrl_core.privacy.dp import (
     RUNNING_VAR_FLOOR,
     DPFedAvgAggregation,
@@ -449,3 +450,21 @@ def test_each_release_is_kept_then_handed_on_as_charged():
         ("keep", 2),
         ("release", [A.WEIGHTS, 3, 6, 2, 1.1]),
     ]
+
+
+def test_a_charged_release_covers_a_ratio_no_larger_in_integers():
+    """privacy/charged.py: k' of n' rows are covered by the charged (n, k) when k' n <= k n' (the ratio, compared
+    exactly); the refusal names both (n, k) and their ratios; a charge needs 0 < k <= n."""
+    charged = ChargedRelease(216, 22)  # the issue's site: k = 22 of n = 216 announced
+    assert charged.covers(216, 22) and charged.covers(220, 22) and charged.covers(1000, 100)
+    assert not charged.covers(215, 22)  # 22/215 > 22/216: the integers tell, not a rounded ratio
+    assert ChargedRelease(20, 2).covers(10, 1) and not ChargedRelease(20, 2).covers(9, 1)  # an equal ratio is covered
+    assert ChargedRelease(1, 1).covers(1, 1) and ChargedRelease(3, 3).covers(5, 5)  # charged unsampled: any release
+    assert charged.refusal(216, 22) == "" and charged.refusal(10_000, 1) == ""
+    assert charged.refusal(11, 2) == (  # its folder shrank: k = 2 of 11
+        "releasing k = 2 of its n = 11 rows (ratio 0.1818) exceeds the k = 22 of n = 216 (ratio 0.1019) that the "
+        "pre-round check charged (train.privacy.max_epsilon); refused before any row was drawn"
+    )
+    for n, k in ((0, 0), (5, 0), (5, 6), (1, 2)):
+        with pytest.raises(ValueError, match=rf"^a charged release of k = {k} rows out of n = {n}: needs 0 < k <= n$"):
+            ChargedRelease(n, k)

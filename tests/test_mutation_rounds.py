@@ -115,8 +115,8 @@ class Known:
         return self.least
 
 
-def _private(known: dict, least: int, fraction: float, algorithm: str = "fedccrl") -> RP.Private:
-    alg = build_algorithm(algorithm, LocalConfig(rounds=2, privacy=PRIV), {"r": 0.1} if algorithm == "fedccrl" else {})
+def _private(known: dict, least: int, fraction: float, algorithm: str = "fedccrl", priv=PRIV) -> RP.Private:
+    alg = build_algorithm(algorithm, LocalConfig(rounds=2, privacy=priv), {"r": 0.1} if algorithm == "fedccrl" else {})
     acc = RP.accounting_of(alg, Known(known, least), 0, fraction, lambda m: None)
     assert isinstance(acc, RP.Private)
     return acc
@@ -148,3 +148,17 @@ def test_planned_round_without_statistics_or_clients():
     sizes, clients, sampled = _private({"a": 11, "b": 12}, 1, 0.5, algorithm="fedavg").planned_round()
     assert sizes == {} and (clients, sampled) == (1, 1)  # least 1: one client answering, sampled, ratio 1 > 1/2
     assert _private({}, 1, 0.5).planned_round() == ({}, 0, 0)
+
+
+def test_before_round_hands_on_the_statistics_release_it_charged_under_max_epsilon():
+    """Private.before_round: under max_epsilon, the (n_i, k_i) of the largest ratio it charged (what the QUERY
+    carries, privacy/charged.py); None without max_epsilon, without statistics, or with no client known."""
+    from fedccrl_core.privacy.charged import ChargedRelease
+
+    limited = {**PRIV, "max_epsilon": 1e6}
+    known = {"a": 216, "b": 11, "c": 40}  # k = 22, 2, 4: b's 2/11 is the largest ratio
+    assert _private(known, 1, 1.0, priv=limited).before_round(2) == ChargedRelease(11, 2)
+    assert _private({"a": 216, "late": None}, 1, 1.0, priv=limited).before_round(2) == ChargedRelease(1, 1)
+    assert _private(known, 1, 1.0).before_round(2) is None  # no max_epsilon: the check charges nothing
+    assert _private(known, 1, 1.0, "fedavg", limited).before_round(2) is None  # no statistics released
+    assert _private({}, 1, 1.0, priv=limited).before_round(1) is None

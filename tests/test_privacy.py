@@ -381,9 +381,9 @@ def test_max_epsilon_stops_before_any_release_of_the_round_that_would_pass_it():
     collected = []
 
     class Counting(InProcessTransport):  # counts the statistics uploads collected (their release) per round
-        def collect_uploads(self, rnd):
+        def collect_uploads(self, rnd, charged=None):
             collected.append(rnd)
-            return super().collect_uploads(rnd)
+            return super().collect_uploads(rnd, charged)
 
     class CountingEngine(InProcessEngine):
         transport_class = Counting

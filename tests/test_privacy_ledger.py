@@ -110,8 +110,8 @@ def counting_engine(released: dict, crash_round: int = 0, late: tuple[str, int] 
     claimed_n: the size known_n announces for every client (a client that announced another size before)."""
 
     class Counting(InProcessTransport):
-        def collect_uploads(self, rnd):
-            ups = super().collect_uploads(rnd)
+        def collect_uploads(self, rnd, charged=None):
+            ups = super().collect_uploads(rnd, charged)
             released["statistics"].append(
                 {cid: (len(self.clients[cid].train_y), len(u["mu"])) for cid, u in ups.items() if u is not None}
             )
@@ -385,6 +385,96 @@ def test_flower_max_epsilon_charges_a_client_that_joins_late_as_the_worst_case(d
     assert not [m for m in grid.sent if m.metadata.message_type == M.QUERY and m.metadata.group_id == "2"]
     stop = next(m for m in logs if "privacy budget: round 2" in m)
     assert f"would bring epsilon to {worst:.3f}" in stop
+
+
+def _shrunk_copy(data: Path, out: Path, cid: str, n: int) -> Path:
+    """A copy of data/{shards,pools} in which client `cid` holds only its first `n` training images and their
+    statistics (its site's image folder shrank, and it prepared its shards again)."""
+    import shutil
+
+    import numpy as np
+
+    from fedccrl_core.data.shards import class_hist
+
+    for part in ("shards", "pools"):
+        shutil.copytree(data / part, out / part)
+    manifest = json.loads((out / "shards" / "manifest.json").read_text())
+    entry = next(c for c in manifest["clients"] if c["id"] == cid)
+    with np.load(out / "shards" / entry["file"]) as z:
+        arrays = {k: z[k][:n] if k.startswith("train_") else z[k] for k in z.files}
+    np.savez(out / "shards" / entry["file"], **arrays)
+    entry["n_train"], entry["train_class_hist"] = n, class_hist(arrays["train_y"], manifest["num_classes"])
+    (out / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    pools = json.loads((out / "pools" / "manifest.json").read_text())
+    pool = next(c for c in pools["clients"] if c["id"] == cid)
+    with np.load(out / "pools" / pool["file"]) as z:
+        np.savez(out / "pools" / pool["file"], mu=z["mu"][:n], sigma=z["sigma"][:n])
+    pool["n"] = n
+    (out / "pools" / "manifest.json").write_text(json.dumps(pools))
+    return out
+
+
+@pytest.mark.full("FedCCRL under DP over the loopback Grid, two rounds of three then two clients: ~8 s on the CPU")
+def test_flower_max_epsilon_a_site_whose_folder_shrank_refuses_and_is_charged_next_round(data, tmp_path):
+    """photo_c0's folder shrinks to 11 images before round 2 (k = 2 of 11, a larger sampling ratio than any size the
+    pre-round check read). It refuses round 2's release before drawing a row, named in the round's record with both
+    sizes; art_c0 and cartoon_c0 train. Round 3's check charges its new size and stops the run. epsilon equals an
+    independent accountant's over the releases counted here and never exceeds max_epsilon, which round 2 would have
+    passed had photo_c0 released."""
+    from flower_harness import SOURCES, loopback, make_spec, serve
+
+    from fedccrl_core.data.shards import load_client
+    from fedccrl_flower import messages as M
+
+    alg = build_algorithm("fedccrl", LocalConfig(rounds=3, privacy=FLOWER_PRIV))
+    sizes = {c: len(load_client(data / "shards", c).train_y) for c in SOURCES}
+    nk = {c: (n, alg.released_rows(n)) for c, n in sizes.items()}  # what round 1 releases, and round 2's check reads
+    shrunk = {**nk, "photo_c0": (11, alg.released_rows(11))}
+    assert shrunk["photo_c0"] == (11, 2) and all(2 / 11 > k / n for n, k in nk.values())
+    checked = independent_epsilon([nk, nk], [(3, 3), (3, 3)], FLOWER_PRIV)  # round 2 as its check reads it
+    unchecked = independent_epsilon([nk, shrunk], [(3, 3), (3, 3)], FLOWER_PRIV)  # photo_c0 releasing in round 2
+    limit = (checked + unchecked) / 2
+    small = _shrunk_copy(data, tmp_path / "small", "photo_c0", 11)
+    grid = loopback(data)
+    push = grid.push_messages
+
+    def shrink_before_round_2(messages):
+        if messages and messages[0].metadata.message_type == M.QUERY and messages[0].metadata.group_id == "2":
+            grid.contexts[102].node_config.update(
+                {M.NODE_SHARDS: str(small / "shards"), M.NODE_POOLS: str(small / "pools")}
+            )
+        return push(messages)
+
+    grid.push_messages = shrink_before_round_2
+    released: list = []
+    _count_queries(grid, released, "run")
+    logs: list[str] = []
+    spec = make_spec(
+        data, tmp_path / "run", "fedccrl", rounds=3, privacy={**FLOWER_PRIV, "max_epsilon": limit}, min_clients=2
+    )
+    res = serve(grid, spec, log=logs.append)
+    assert [r.metric(contract.ROUND) for r in res.history] == [1, 2]
+    assert sorted((r[1], r[2]) for r in released) == [(1, c) for c in SOURCES] + [(2, "art_c0"), (2, "cartoon_c0")]
+    refused = _records(tmp_path / "run")[1].refused_clients
+    assert [r.client for r in refused] == ["photo_c0"]
+    old = nk["photo_c0"][0]
+    assert f"from the n = {old} the pre-round check read to n = 11" in refused[0].reason
+    assert "k = 2 of its n = 11 rows" in refused[0].reason and "refused before any row was drawn" in refused[0].reason
+    assert any("REFUSED reply of photo_c0" in m for m in logs)
+    trained = [
+        (r, sum(m.metadata.message_type == M.TRAIN and m.metadata.group_id == str(r) for m in grid.sent))
+        for r in (1, 2)
+    ]
+    weights = [(sum(x[1] == r for x in released), m) for r, m in trained]
+    assert weights == [(3, 3), (2, 2)]
+    spent = independent_epsilon(_statistics_events(released), weights, FLOWER_PRIV)
+    assert res.history[-1].metric(contract.DP_EPSILON) == pytest.approx(spent, rel=1e-9)
+    assert spent <= limit < unchecked
+    assert max(r.metric(contract.DP_EPSILON) for r in _records(tmp_path / "run")) <= limit  # every record MLflow got
+    stop = next(m for m in logs if "privacy budget: round 3" in m)
+    round_3 = independent_epsilon([*_statistics_events(released), shrunk], [*weights, (3, 3)], FLOWER_PRIV)
+    assert f"would bring epsilon to {round_3:.3f}" in stop and round_3 > limit
+    assert not [m for m in grid.sent if m.metadata.message_type == M.QUERY and m.metadata.group_id == "3"]
 
 
 @pytest.mark.full("FedCCRL under DP over the loopback Grid, three ServerApp runs, two rounds in all: ~25 s on the CPU")

@@ -80,9 +80,9 @@ def _timed_engine(phases: dict[str, float], written: dict[str, int]):
 
     # InProcessEngine's parts, each timing its phase of the round in an override of its own method (driver.py)
     class Transport(InProcessTransport):
-        def collect_uploads(self, rnd):
+        def collect_uploads(self, rnd, charged=None):
             with timed("uploads"):
-                return super().collect_uploads(rnd)
+                return super().collect_uploads(rnd, charged)
 
         def train(self, *args):
             with timed("train"):

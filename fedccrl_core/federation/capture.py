@@ -26,6 +26,7 @@ from fedccrl_core.algorithms.base import Algorithm
 from fedccrl_core.federation.engine import InProcessEngine, InProcessTransport
 from fedccrl_core.federation.round_privacy import privacy_of, upload_sizes
 from fedccrl_core.learning.clients import ClientData
+from fedccrl_core.privacy.charged import ChargedRelease
 
 
 def _copy(upload):
@@ -41,8 +42,8 @@ class CapturingTransport(InProcessTransport):
         super().__init__(*args, **kwargs)
         self.captured: dict[int, dict] = {}
 
-    def collect_uploads(self, rnd: int) -> dict:
-        uploads = super().collect_uploads(rnd)
+    def collect_uploads(self, rnd: int, charged: ChargedRelease | None = None) -> dict:
+        uploads = super().collect_uploads(rnd, charged)
         self.captured[rnd] = {cid: _copy(u) for cid, u in uploads.items()}
         return uploads
 

@@ -32,6 +32,7 @@ from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, numpy_rng, seed_everything, torch_generator
 from fedccrl_core.learning.clients import ClientData, ClientState
+from fedccrl_core.privacy.charged import ChargedRelease
 
 
 def concurrent_width(setting: int | str, device: torch.device, n_clients: int, alg: Algorithm) -> int:
@@ -88,8 +89,9 @@ class InProcessTransport:
         return {cid: self._states.pop(cid).to_dict() for cid in self._trained if cid in self._states}
 
     # ---- the two client-side phases -----------------------------------------------------------
-    def collect_uploads(self, rnd: int) -> dict:
-        """Lines 3-6: every client's statistics enter the pool."""
+    def collect_uploads(self, rnd: int, charged: ChargedRelease | None = None) -> dict:
+        """Lines 3-6: every client's statistics enter the pool. `charged` is not checked here: in-process, a client's
+        data cannot change within a run, so known_n are the sizes its uploads use, and no release exceeds it."""
         return {
             cid: (
                 self.alg.client_upload(self.clients[cid], numpy_rng(self.seed, "upload", rnd, cid))

@@ -36,6 +36,7 @@ from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.seeding import derive_seed, seed_everything
 from fedccrl_core.learning.accuracy import accuracy, predict
 from fedccrl_core.learning.clients import ClientData
+from fedccrl_core.privacy.charged import ChargedRelease
 from fedccrl_core.privacy.settings import BudgetExhausted
 
 
@@ -144,8 +145,11 @@ def weighted_mean(replies: list[Reply], key: str) -> float | None:
 class Transport(Protocol):
     """How uploads, payloads, weights and replies move between the server and the clients."""
 
-    def collect_uploads(self, rnd: int) -> dict[str, Any]:
-        """Lines 3-6: the upload (or None) of every client that takes part, keyed by client id, sorted."""
+    def collect_uploads(self, rnd: int, charged: ChargedRelease | None = None) -> dict[str, Any]:
+        """Lines 3-6: the upload (or None) of every client that takes part, keyed by client id, sorted. `charged`:
+        the statistics release the pre-round check charged (train.privacy.max_epsilon, privacy/charged.py), None
+        when it charged none. A client whose size changed since it announced it (Flower: a site's folder) refuses to
+        release more than that; in-process, the sizes cannot change within a run, and known_n are those used."""
 
     def announced_n(self, sampled: list[str]) -> dict[str, int]:
         """n_i of each sampled client as its reply will state it (Algorithm.sample_count)."""
@@ -286,8 +290,8 @@ class RoundLoop:
         """Lines 3-6 and the round's sample: (uploads, sampled client ids); None when the privacy budget stops the
         run before round `rnd` (a ValueError when no round completed)."""
         try:
-            self.accounting.before_round(rnd)
-            uploads = self._collect_uploads(rnd, history)  # lines 3-6
+            charged = self.accounting.before_round(rnd)
+            uploads = self._collect_uploads(rnd, charged, history)  # lines 3-6
             sampled = self.accounting.sample(rnd, uploads)
             self.accounting.uploads_released(rnd, uploads, sampled)
         except BudgetExhausted as stop:
@@ -344,11 +348,11 @@ class RoundLoop:
             self.transport.client_states(),
         )
 
-    def _collect_uploads(self, rnd: int, history: list[RoundRecord]) -> dict[str, Any]:
+    def _collect_uploads(self, rnd: int, charged: ChargedRelease | None, history: list[RoundRecord]) -> dict[str, Any]:
         """transport.collect_uploads; a round the transport refuses after uploads left the clients has them charged
         (each release its own event) and reported before the run stops."""
         try:
-            return self.transport.collect_uploads(rnd)
+            return self.transport.collect_uploads(rnd, charged)
         except ReleasedThenRefused as refused:
             self.accounting.refused(rnd, refused.released)
             self._report_spent(rnd, history)

@@ -21,6 +21,7 @@ from fedccrl_core.federation.round_record import RoundRecord, SpentRecord
 from fedccrl_core.federation.sampling import sample_clients, sampled_count
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.runkey import params_hash
+from fedccrl_core.privacy.charged import ChargedRelease
 from fedccrl_core.privacy.dp import DPFedAvgAggregation
 from fedccrl_core.privacy.noise import private_rng
 
@@ -94,8 +95,10 @@ class Paper:
     def resume(self, ck: RoundCheckpoint | None, checkpoints: RoundCheckpoints | None, run_info: dict) -> None:
         """The run resumes after the round of `ck` (None: a fresh run)."""
 
-    def before_round(self, rnd: int) -> None:
-        """Round `rnd` is about to start (before its first release)."""
+    def before_round(self, rnd: int) -> ChargedRelease | None:
+        """Round `rnd` is about to start (before its first release): what the pre-round check charged for the round's
+        statistics release, which no client's may exceed (privacy/charged.py), or None when it charged nothing."""
+        return None
 
     def sample(self, rnd: int, uploads: dict[str, Any]) -> list[str]:
         """The clients sampled out of those that uploaded (the run seed's draw)."""
@@ -189,9 +192,17 @@ class Private(Paper):
                 f"under another run key); its releases stay in study {pointer.study}"
             )
 
-    def before_round(self, rnd: int) -> None:
-        """Both of the round's events checked against the budget, before its first release."""
-        self.run.before_round(rnd, *self.planned_round())
+    def before_round(self, rnd: int) -> ChargedRelease | None:
+        """Both of the round's events checked against the budget, before its first release. Under max_epsilon, the
+        statistics release it charged: the (n_i, k_i) of the largest ratio planned (accountant.py worst_client); None
+        without max_epsilon, without statistics uploads, or with no size known (charged unsampled: any release fits)."""
+        sizes, clients, sampled = self.planned_round()
+        self.run.before_round(rnd, sizes, clients, sampled)
+        if not self.run.s.max_epsilon or not sizes:
+            return None
+        from fedccrl_core.privacy.accountant import worst_client  # dp_accounting, imported only when on
+
+        return ChargedRelease(*worst_client(sizes))
 
     def planned_round(self) -> tuple[dict[str, tuple[int, int]], int, int]:
         """RunPrivacy.before_round's (sizes, N, m) for the coming round, its worst case over who may answer
