@@ -657,6 +657,37 @@ def test_a_deployments_releases_reach_the_operators_study_once_each(data, tmp_pa
         ) in err, err
 
 
+def test_federate_names_a_run_ledger_the_study_counts_only_in_part(tmp_path):
+    """deployed_study.counted: a record read twice counts its release once, and when the run is done with more
+    releases charged than the study counts of its ledger (a record lost on the way), a WARNING says how many."""
+    from types import SimpleNamespace
+
+    from fedccrl_core.federation.loop import RunResult
+    from fedccrl_core.federation.round_record import parse_round
+    from fedccrl_core.privacy.study_ledger import read_study
+    from fedccrl_pipeline.deployed_study import counted
+    from fedccrl_pipeline.study_privacy import Study
+
+    study = Study("d1", "d1", "", tmp_path / "d1.jsonl")
+    job = SimpleNamespace(run_key="k", algorithm="fedavg", seed=0, target=HELD_OUT, sources=["photo"])
+    fields = {"val_acc": 0.5, "target_acc": 0.5, "val_pred_classes": 2, "seconds": 1.0, "bytes_up": 1, "bytes_down": 1}
+    rec = parse_round(
+        {"round": 1, **fields, "dp_releases": {"ledger": "A", "start": 0, "releases": [["weights", 1, 4, 2, 0.5]]}}, ""
+    )
+    charged = {contract.PRIVACY_RELEASES: [("weights", 4, 2, 0.5)] * 2}  # round 2's record never arrived
+
+    def train(job, *, on_round, **kwargs):
+        on_round(rec)
+        on_round(rec)
+        return RunResult([], {}, {}, 1, extra=charged)
+
+    logs: list[str] = []
+    counted(train, study, logs.append)(job, on_round=None)
+    assert [e.release for e in read_study(study.ledger)[1]] == ["A/0"]
+    assert logs[1].endswith("round 1: 0 release(s) counted in " + f"{study.ledger} (1 counted before)")
+    assert "WARNING: the run's ledger A charged 2 release(s)" in logs[-1] and "counts 1 of them" in logs[-1]
+
+
 def test_a_failure_reported_through_mlflow_is_an_error_after_its_records(tmp_path):
     """The ServerApp reports a record and then `failed` with its error to the MLflow run (tracked_report.py): the
     operator's wait_for_result hands the record on, then raises FlowerRunError with that error, reading nothing
