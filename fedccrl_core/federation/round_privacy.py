@@ -161,8 +161,9 @@ class Private(Paper):
 
     def join_study(self, checkpoints: RoundCheckpoints, run_info: dict) -> None:
         """With a study pointer beside the checkpoint (the pipeline's runs, privacy/study_ledger.py): each release
-        from now on is appended to the study's ledger too, and the client states that an earlier attempt of this
-        run left under another key (a code change, a crash) are removed: its releases stay in the study."""
+        from now on is appended to the study's ledger too (keyed by this ledger's id and its index), and the client
+        states that an earlier attempt of this run left under another key (a code change, a crash) are removed: its
+        releases stay in the study. Without one, the run's records carry its releases (record()): one writer a run."""
         from fedccrl_core.privacy import study_ledger as sl
 
         pointer = sl.read_pointer(checkpoints.path)
