@@ -47,8 +47,17 @@ def artifact_dir(run_id: int) -> str:
     return contract.flower_report_dir("flower", run_id).as_posix()
 
 
+STATUS_TAG_PREFIX = "fedccrl.flower.run-"
+
+
 def status_tag(run_id: int) -> str:
-    return f"fedccrl.flower.run-{run_id}"
+    return f"{STATUS_TAG_PREFIX}{run_id}"
+
+
+def reported_runs(tags: dict[str, str]) -> list[int]:
+    """The Flower run ids that reported to an MLflow run with `tags` (each has its status tag), in order."""
+    ids = [name.removeprefix(STATUS_TAG_PREFIX) for name in tags if name.startswith(STATUS_TAG_PREFIX)]
+    return sorted(int(i) for i in ids if i.isdigit())
 
 
 class TrackedWriter:
@@ -150,4 +159,4 @@ def fetch_artifact(target: ReportTo, name: str, sha256: str | None, into: str | 
     return local
 
 
-__all__ = ["TrackedReader", "TrackedWriter", "artifact_dir", "fetch_artifact", "status_tag"]
+__all__ = ["TrackedReader", "TrackedWriter", "artifact_dir", "fetch_artifact", "reported_runs", "status_tag"]

@@ -252,6 +252,8 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
     from fedccrl_core.foundation.errors import ParamError
     from fedccrl_core.learning.model_file import load_meta
     from fedccrl_core.privacy.settings import NOT_PRIVATE_VARIABLE
+    from fedccrl_core.privacy.study_ledger import read_study
+    from fedccrl_core.privacy.sweep_epsilon import decode_releases
     from fedccrl_pipeline.federate import federate
     from fedccrl_pipeline.sweep_privacy import SWEEP_EPSILON, SWEEP_PLANNED
 
@@ -290,6 +292,11 @@ def test_federate_writes_a_dp_runs_summary_as_the_train_stage_does(data, tmp_pat
         assert history.dp.study_epsilon and history.dp.study_epsilon["photo"] == pytest.approx(
             rec.metric(contract.DP_EPSILON), rel=1e-9
         )
+        # this ServerApp read the pointer (the loopback shares the disk): it is the one writer, its records carry
+        # no releases for `federate` to count again, and its line is keyed as a deployment's would be
+        (entry,) = read_study(tmp_path / "studies" / f"{history.dp.study}.jsonl")[1]
+        assert rec.dp_releases is None and entry.release is not None and entry.release.endswith("/0")
+        assert [(entry.channel, entry.population, entry.sample, entry.z)] == decode_releases(history.dp.releases, "")
         parent = mlflow.MlflowClient().get_run(child.data.tags["mlflow.parentRunId"]).data.metrics
         assert parent[SWEEP_EPSILON] >= rec.metric(contract.DP_EPSILON)  # the sweep's per image, this run's releases
         assert parent[SWEEP_PLANNED] >= parent[SWEEP_EPSILON]  # planned over the sites' worst case
@@ -588,6 +595,109 @@ def test_federate_follows_the_run_through_mlflow_without_the_superlinks_disk(dat
     stored.write_bytes(stored.read_bytes() + b"\0")
     with pytest.raises(DataError, match="result.pt: refused: its sha256 is .* expected"):
         reader.result()
+
+
+def test_a_deployments_releases_reach_the_operators_study_once_each(data, tmp_path, monkeypatch, capfd):
+    """The ServerApp on a SuperLink host without the operator's disk finds no study pointer; its round records carry
+    its releases through MLflow and `fedccrl federate` counts them: the operator's study ledger ends with exactly the
+    run's releases (the ServerApp's own ledger file, on its disk), keyed by ledger and index, and the parent's study
+    epsilon is an independent dp_accounting composition of them. An operator that stopped following after the first
+    release: the next federate of the run catches up from MLflow before its budget check (which then refuses it), and
+    a third counts nothing twice."""
+    import mlflow
+    from flower_harness import loopback
+    from test_sweep_epsilon import independent
+
+    from fedccrl_core.federation.history import load_history
+    from fedccrl_core.privacy.study_ledger import POINTER_SUFFIX, read_study
+    from fedccrl_pipeline.federate import federate
+    from fedccrl_pipeline.params import ParamError
+    from fedccrl_pipeline.study_privacy import STUDY_EPSILON
+    from fedccrl_pipeline.sweep_privacy import SWEEP_PLANNED
+
+    settings = {"train.rounds": 1, "train.local_epochs": 1, "train.device": "cpu", "train.privacy.enabled": True}
+    studies = tmp_path / "studies"
+    params = write_params(
+        tmp_path, {**settings, "train.privacy.weights_clip": 0.5}, new_keys={"train.privacy.study_dir": str(studies)}
+    )
+    fed_file = federation_file(data, tmp_path)
+    grid_of = lambda spec: loopback(data, clients=[*spec.sources, *spec.evaluators])  # noqa: E731
+    server, operator = tmp_path / "server", tmp_path / "operator"
+    on_remote_link(monkeypatch, server, grid_of, [False])
+    out = operator / "models" / "fedccrl" / "s0" / f"d{HELD_OUT}"
+    deploy = tmp_path / "deploy.yaml"  # the sweep is this one run: its planned epsilon is the run's
+    deploy.write_text(
+        "deploy:\n  superlink: 127.0.0.1:1\n  root_certificates: ''\n  algorithms: [fedccrl]\n  seeds: [0]\n"
+        f"  held_out: [{HELD_OUT}]\n"
+    )
+    run = (fed_file, params, "fedccrl", 0, HELD_OUT, "127.0.0.1:1", "", out, operator / "work", 0.0, deploy)
+    federate(*run)
+
+    ckpt = server / (operator / "work").relative_to("/") / "checkpoint.pt"
+    assert not list(ckpt.parent.glob("*" + POINTER_SUFFIX))  # the ServerApp's disk has no study pointer
+    server_ledger = json.loads(ckpt.with_name(ckpt.name + ".ledger.json").read_text())
+    releases = server_ledger["releases"]  # what the ServerApp charged, on its own disk
+    assert [r[:2] for r in releases] == [["statistics", 1], ["weights", 1]]  # FedCCRL's round: both channels
+    history = load_history(out)
+    ledger = studies / f"{history.dp.study}.jsonl"
+    _, entries = read_study(ledger)
+    assert [e.as_ledger() for e in entries] == releases
+    assert [e.release for e in entries] == [f"{server_ledger['id']}/0", f"{server_ledger['id']}/1"]
+    assert {(e.run_key, e.attempt) for e in entries} == {(history.meta.params_hash, 1)}
+    want = independent([(c, p, k, z) for c, _, p, k, z in releases], history.dp.delta)  # dp_accounting, by hand
+    child = mlflow.MlflowClient().get_run(str(history.meta.mlflow_run_id))
+    parent = mlflow.MlflowClient().get_run(child.data.tags["mlflow.parentRunId"]).data.metrics
+    assert parent[STUDY_EPSILON] == pytest.approx(want, rel=1e-9) and want > 0
+    assert history.dp.study_epsilon == pytest.approx(dict.fromkeys(("photo", "art", "cartoon"), want), rel=1e-9)
+    assert "round 1: 2 release(s) counted in" in capfd.readouterr().err
+
+    # the operator stopped following after round 1: the study holds its first release only
+    ledger.write_text("".join(ledger.read_text().splitlines(keepends=True)[:2]))
+    budget = write_params(
+        tmp_path / "budget",
+        {**settings, "train.privacy.weights_clip": 0.5},
+        new_keys={"train.privacy.study_dir": str(studies), "train.privacy.max_sweep_epsilon": parent[SWEEP_PLANNED]},
+    )
+    for counted_now, before in ((1, 1), (0, 2)):  # the first catches up, the second finds nothing new
+        with pytest.raises(ParamError, match=f"study {history.dp.study}"):  # this run again would be too much
+            federate(run[0], budget, *run[2:])
+        assert [e.as_ledger() for e in read_study(ledger)[1]] == releases
+        err = capfd.readouterr().err
+        assert (
+            f"caught up Flower run 1 (MLflow run {child.info.run_id}), completed: {counted_now} release(s) "
+            f"counted now, {before} before"
+        ) in err, err
+
+
+def test_federate_names_a_run_ledger_the_study_counts_only_in_part(tmp_path):
+    """deployed_study.counted: a record read twice counts its release once, and when the run is done with more
+    releases charged than the study counts of its ledger (a record lost on the way), a WARNING says how many."""
+    from types import SimpleNamespace
+
+    from fedccrl_core.federation.loop import RunResult
+    from fedccrl_core.federation.round_record import parse_round
+    from fedccrl_core.privacy.study_ledger import read_study
+    from fedccrl_pipeline.deployed_study import counted
+    from fedccrl_pipeline.study_privacy import Study
+
+    study = Study("d1", "d1", "", tmp_path / "d1.jsonl")
+    job = SimpleNamespace(run_key="k", algorithm="fedavg", seed=0, target=HELD_OUT, sources=["photo"])
+    fields = {"val_acc": 0.5, "target_acc": 0.5, "val_pred_classes": 2, "seconds": 1.0, "bytes_up": 1, "bytes_down": 1}
+    rec = parse_round(
+        {"round": 1, **fields, "dp_releases": {"ledger": "A", "start": 0, "releases": [["weights", 1, 4, 2, 0.5]]}}, ""
+    )
+    charged = {contract.PRIVACY_RELEASES: [("weights", 4, 2, 0.5)] * 2}  # round 2's record never arrived
+
+    def train(job, *, on_round, **kwargs):
+        on_round(rec)
+        on_round(rec)
+        return RunResult([], {}, {}, 1, extra=charged)
+
+    logs: list[str] = []
+    counted(train, study, logs.append)(job, on_round=None)
+    assert [e.release for e in read_study(study.ledger)[1]] == ["A/0"]
+    assert logs[1].endswith("round 1: 0 release(s) counted in " + f"{study.ledger} (1 counted before)")
+    assert "WARNING: the run's ledger A charged 2 release(s)" in logs[-1] and "counts 1 of them" in logs[-1]
 
 
 def test_a_failure_reported_through_mlflow_is_an_error_after_its_records(tmp_path):

@@ -182,6 +182,12 @@ def test_a_round_interrupted_after_its_statistics_release_is_charged_again_on_re
     lost = independent_epsilon(released["statistics"][1:], released["weights"])
     assert lost < want * (1 - 1e-3)
     assert any("1 release(s) that no round checkpoint covers" in m for m in logs)
+    # no study pointer: the records carry the releases for an operator to count (one ledger id across the resume);
+    # the resumed process's first record from the ledger's start, the release no record carried included
+    kept = json.loads((tmp_path / "ck.pt.ledger.json").read_text())
+    first, last = res.history[0].dp_releases, res.history[-1].dp_releases
+    assert first is not None and (first.ledger, first.start, len(first.releases)) == (kept["id"], 0, 2)
+    assert last is not None and (last.ledger, last.start, last.releases) == (kept["id"], 0, kept["releases"])
 
 
 def test_the_ledger_file_is_refused_when_it_does_not_extend_the_checkpoint(tmp_path):

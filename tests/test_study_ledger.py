@@ -120,6 +120,33 @@ def test_another_studys_file_and_a_missing_folder_are_refused_before_a_release(t
         sl.recorder(pointer(tmp_path / "nowhere" / "s.jsonl"), "k")
 
 
+def test_reported_releases_are_counted_once_each_by_their_ledger_and_index(tmp_path):
+    """append_reported (a deployment's operator counting its ServerApp's records): a record read again adds nothing,
+    a resumed ServerApp whose first record carries its ledger from index 0 adds only what no record carried, a ledger
+    that started over (a new id) is the run's next attempt, and a release the ServerApp appended itself through its
+    pointer (the recorder, keyed) is not counted again."""
+    path, p = tmp_path / "study.jsonl", pointer(tmp_path / "study.jsonl")
+    r = [
+        ["statistics", 1, 12, 2, 2.0],
+        ["weights", 1, 4, 2, 0.5],
+        ["statistics", 2, 12, 2, 2.0],
+        ["weights", 2, 4, 2, 0.5],
+    ]
+    assert sl.append_reported(p, "k", "A", 0, r[:2]) == [0, 1]
+    assert sl.append_reported(p, "k", "A", 0, r[:2]) == []  # the same record, read again
+    assert sl.append_reported(p, "k", "A", 0, r[:3]) == [2]  # resumed after a crash between the release and its record
+    assert sl.append_reported(p, "k", "A", 3, r[3:]) == [3]
+    assert sl.append_reported(p, "k", "B", 0, r[:1]) == [0]  # the run started over: another ledger
+    sl.recorder(p, "k", lambda: sl.release_key("C", 0))(r[1])  # a ServerApp that read the pointer wrote this one
+    assert sl.append_reported(p, "k", "C", 0, r[1:2]) == []
+    _, entries = sl.read_study(path)
+    assert [(e.release, e.attempt) for e in entries] == [(f"A/{i}", 1) for i in range(4)] + [("B/0", 2), ("C/0", 3)]
+    counted = [*r, r[0], r[1]]
+    assert [e.as_ledger() for e in entries] == counted
+    want = independent([(c, n, k, z) for c, _, n, k, z in counted])
+    assert sl.study_epsilon(entries, DELTA) == pytest.approx(dict.fromkeys(DOMAINS, want), rel=1e-9)
+
+
 def attempt(tmp: Path, key: str, engine, rounds: int = 2, logs: list | None = None):
     """FedCCRL on 4 toy clients under DP, its round checkpoint <tmp>/<key>.pt (the run key names it, as plan_runs
     does), the study pointer beside it."""

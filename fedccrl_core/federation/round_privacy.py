@@ -119,8 +119,8 @@ class Paper:
     def weights_released(self, rnd: int, uploads: dict[str, Any], sampled: list[str]) -> None:
         """The round's aggregate of the weights was released."""
 
-    def record(self) -> dict[str, float]:
-        """The fields the round record gets (epsilon spent so far)."""
+    def record(self) -> dict[str, Any]:
+        """The fields the round record gets (epsilon spent so far; the releases a run without a study reports)."""
         return {}
 
     def state(self) -> dict[str, Any]:
@@ -143,6 +143,9 @@ class Private(Paper):
         super().__init__(alg, transport, seed, client_fraction, log)
         self.run = run  # privacy/accountant.py RunPrivacy
         self.log(f"train.privacy: noise from {run.s.noise_source()}")
+        # a run that found no study pointer reports its releases in its records (for the operator to count): from
+        # index `reported` of its ledger on, none yet in this process (its first record carries them all)
+        self.reports_releases, self.reported = False, 0
 
     def resume(self, ck: RoundCheckpoint | None, checkpoints: RoundCheckpoints | None, run_info: dict) -> None:
         """The ledger goes on from the checkpoint's releases, or from the ledger file's when it holds more (a round
@@ -161,19 +164,22 @@ class Private(Paper):
 
     def join_study(self, checkpoints: RoundCheckpoints, run_info: dict) -> None:
         """With a study pointer beside the checkpoint (the pipeline's runs, privacy/study_ledger.py): each release
-        from now on is appended to the study's ledger too, and the client states that an earlier attempt of this
-        run left under another key (a code change, a crash) are removed: its releases stay in the study."""
+        from now on is appended to the study's ledger too (keyed by this ledger's id and its index), and the client
+        states that an earlier attempt of this run left under another key (a code change, a crash) are removed: its
+        releases stay in the study. Without one, the run's records carry its releases (record()): one writer a run."""
         from fedccrl_core.privacy import study_ledger as sl
 
         pointer = sl.read_pointer(checkpoints.path)
         if pointer is None:  # a run outside the pipeline, or a ServerApp that does not share the operator's disk
+            self.reports_releases = True
             self.log(
-                f"train.privacy: no study pointer beside {checkpoints.path}: this run's releases go to its own ledger "
-                "only, not to a study's (docs/privacy.md, 'One ledger per study')"
+                f"train.privacy: no study pointer beside {checkpoints.path}: this run appends to no study ledger; its "
+                f"round records carry its releases ({contract.DP_RELEASES}), from which `fedccrl federate` counts them "
+                "in the operator's study (docs/privacy.md, 'One ledger per study')"
             )
             return
         key = str(run_info.get("run_key") or params_hash(run_info))
-        self.run.on_release = sl.recorder(pointer, key)
+        self.run.on_release = sl.recorder(pointer, key, lambda: sl.release_key(self.run.ledger_id, self.released() - 1))
         self.log(f"train.privacy: study {pointer.study}: every release appended to {pointer.ledger}")
         for ck_path in sl.earlier_attempts(checkpoints.path):
             orphan = RoundCheckpoints(ck_path, checkpoints.device, self.log)
@@ -243,8 +249,18 @@ class Private(Paper):
     def weights_released(self, rnd: int, uploads: dict[str, Any], sampled: list[str]) -> None:
         self.run.weights(rnd, len(uploads), len(sampled))
 
-    def record(self) -> dict[str, float]:
-        return self.run.record()
+    def released(self) -> int:
+        """How many releases the run's ledger holds."""
+        return len(self.run.state())
+
+    def record(self) -> dict[str, Any]:
+        """epsilon so far and, when this run reports its releases (join_study), those since its previous record."""
+        out: dict[str, Any] = dict(self.run.record())
+        if self.reports_releases and self.released() > self.reported:
+            new = self.run.state()[self.reported :]
+            out[contract.DP_RELEASES] = {"ledger": self.run.ledger_id, "start": self.reported, "releases": new}
+            self.reported += len(new)
+        return out
 
     def state(self) -> dict[str, Any]:
         return {"privacy": self.run.state()}
@@ -255,7 +271,7 @@ class Private(Paper):
         It is not a round of the history (no model, no accuracy)."""
         if not self.run.released_in(rnd) or (history and history[-1].round == rnd):
             return None
-        return SpentRecord.model_validate({contract.ROUND: rnd, **self.run.record(), contract.DP_STOPPED: 1.0})
+        return SpentRecord.model_validate({contract.ROUND: rnd, **self.record(), contract.DP_STOPPED: 1.0})
 
     def finish(self, checkpoints: RoundCheckpoints | None) -> dict[str, Any]:
         """Nothing unreleased stays where the operator keeps the run's files (the clients' states); what the ledger

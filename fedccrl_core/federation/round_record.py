@@ -47,6 +47,42 @@ class ClientRefused(Record):
     reason: str
 
 
+# privacy/accountant.py STATISTICS and WEIGHTS, spelled here so that a record is read without importing dp_accounting
+RELEASE_CHANNELS = ("statistics", "weights")
+
+
+class LedgerReleases(Record):
+    """The releases a run's ledger charged since the previous record this process made (its first record: since the
+    ledger began, a resume's inherited ones included), each [channel, round, population, sample, z] as accountant.py
+    RunPrivacy.state() holds it, from index `start` of the ledger `ledger` (privacy/ledger_file.py: one id per run,
+    kept by a resume). A record carries them only when the process appended them to no study ledger itself (it found
+    no study pointer: a deployment's ServerApp), so that `fedccrl federate` counts them in the operator's study once
+    each, keyed by (ledger, index) (privacy/study_ledger.py append_reported)."""
+
+    ledger: str = Field(min_length=1)
+    start: int = Field(ge=0)
+    releases: list[list[str | int | float]]
+
+    @model_validator(mode="after")
+    def _each_a_release(self) -> LedgerReleases:
+        for i, r in enumerate(self.releases):
+            if not _is_release(r):
+                raise ValueError(
+                    f"releases[{i}] = {r!r} is not [channel ('statistics' | 'weights'), round, population, sample "
+                    "(0 < sample <= population), z (> 0)]"
+                )
+        return self
+
+
+def _is_release(r: list) -> bool:
+    if len(r) != 5:
+        return False
+    channel, rnd, population, sample, z = r
+    if channel not in RELEASE_CHANNELS or not all(type(v) is int for v in (rnd, population, sample)):
+        return False
+    return rnd >= 1 and 0 < sample <= population and type(z) in (int, float) and z > 0
+
+
 class _Epsilons(Record):
     """train.privacy's fields of a record: epsilon at its delta so far, both channels composed and each alone, and
     the not-private flag of a seeded noise."""
@@ -74,6 +110,7 @@ class _Epsilons(Record):
     dp_epsilon_statistics: float | None = Field(None, alias=contract.DP_EPSILON_STATISTICS)
     dp_epsilon_weights: float | None = Field(None, alias=contract.DP_EPSILON_WEIGHTS)
     dp_seeded_noise: float | None = None
+    dp_releases: LedgerReleases | None = None  # contract.DP_RELEASES
 
     def __contains__(self, name: object) -> bool:
         """Whether the record has the field `name` (a contract.py name, a loss term): pydantic iterates a model as

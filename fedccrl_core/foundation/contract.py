@@ -75,6 +75,7 @@ DP_EPSILON_WEIGHTS = "dp_epsilon/weights"  # the weights channel alone
 DP_SEEDED_NOISE = "dp_seeded_noise"  # 1 when train.privacy.noise_seed seeds the noise: NOT private
 DP_STOPPED = "dp_stopped"  # 1 on the record of a round stopped after a release: its epsilon fields alone
 DP_EPSILON_KEYS = (DP_EPSILON, DP_EPSILON_STATISTICS, DP_EPSILON_WEIGHTS)  # what a seeded run does not report
+DP_RELEASES = "dp_releases"  # a record of a run that found no study pointer: its releases, for the operator's study
 HISTORY_PRIVACY = "dp"  # history.json of a DP run: noise, mark, trained_domains, releases (federation/jobs.py)
 DP_EPSILON_SWEEP = "dp_epsilon_sweep_per_image"  # a sweep's MLflow parent: the worst domain's; /<domain> each one's
 DP_SWEEP_RUNS = "dp_sweep_runs"  # a sweep's MLflow parent: how many finished runs DP_EPSILON_SWEEP composes

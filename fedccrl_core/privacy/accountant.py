@@ -19,6 +19,7 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -127,7 +128,8 @@ class RunPrivacy:
     The ledger is plain numbers (state() / load_state()): a resumed run goes on with the epsilon it had spent.
     keep(state()) is called at every release as it is charged (privacy/ledger_file.py writes the ledger file), so a
     release that no round checkpoint covers (a round interrupted after it) is still counted on resume; then
-    on_release(release) (privacy/study_ledger.py appends it to the study's ledger, across runs).
+    on_release(release) (privacy/study_ledger.py appends it to the study's ledger, across runs). `ledger_id` names
+    this run's ledger (a resume keeps it): a release is (ledger_id, its index in state()) wherever it is counted.
     """
 
     def __init__(self, settings: PrivacySettings, uploads: bool = True):
@@ -137,6 +139,8 @@ class RunPrivacy:
         self._plain: list[tuple[str, int, int, int, float]] = []
         self.keep: Callable[[list], None] | None = None  # given state() at every release (the ledger file)
         self.on_release: Callable[[list], None] | None = None  # given each new release (the study ledger)
+        # which ledger this is: a new one's own; a resumed run's, the ledger file's (ledger_file.py resume)
+        self.ledger_id = secrets.token_hex(8)
 
     def _record(self, channel: str, rnd: int, population: int, sample: int, z: float) -> None:
         self.ledger.record(channel, rnd, sampled_gaussian(population, sample, z))

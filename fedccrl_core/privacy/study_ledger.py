@@ -11,7 +11,7 @@ attempt and the domains it trains on:
 
     {"fedccrl_study": 1, "study": key, "data": hash, "name": name, "created": iso time}
     {"run_key": k, "run": name, "attempt": a, "trained_domains": [d...], "channel": c, "round": t,
-     "population": n, "sample": k, "z": z}
+     "population": n, "sample": k, "z": z, "release": "<ledger id>/<index>"}
 
 Writers append under an exclusive `fcntl.flock` with one write per line (O_APPEND), so queued workers that
 release at once lose no line; every line is validated on read, a bad one an error naming the file and the line.
@@ -20,7 +20,11 @@ The epsilon per image of domain d is the composition of every release of every a
 
 The pipeline tells a run where its study ledger is by a pointer file beside its round checkpoint,
 `<checkpoint>.study.json` (`StudyPointer`), which the process that runs the round loop reads (in-process, the
-Flower ServerApp, a deployment's ServerApp on the SuperLink's host): no engine carries a path of its own.
+Flower ServerApp, a deployment's ServerApp on the SuperLink's host): no engine carries a path of its own. One
+writer per run: the process that runs the round loop when it finds the pointer (`recorder`); else (a deployment's
+ServerApp on a host without the operator's disk) `fedccrl federate`, from the releases the round records carry
+(`append_reported`). `release` keys a line by its run's ledger (privacy/ledger_file.py: its id) and its index there,
+so a release is counted once whoever reads it again.
 
 
 Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
@@ -69,6 +73,9 @@ class StudyEntry(Record):
     population: int = Field(ge=1)
     sample: int = Field(ge=1)
     z: float = Field(gt=0)
+    # (release_key) the release's place in its run's own ledger, where it is known: a deployment's operator counts a
+    # release its ServerApp reported once by it (append_reported); a line without one is never matched
+    release: str | None = None
 
     @model_validator(mode="after")
     def _a_sample_of_the_population(self) -> StudyEntry:
@@ -152,15 +159,25 @@ def read_study(path: Path) -> tuple[StudyHeader | None, list[StudyEntry]]:
     with open(path, encoding="utf-8") as f:
         fcntl.flock(f, fcntl.LOCK_SH)  # no line read half-written
         lines = f.readlines()
+    return _parse_lines(path, lines)
+
+
+def _parse_lines(path: Path, lines: list[str]) -> tuple[StudyHeader | None, list[StudyEntry]]:
     if not lines:
         return None, []
     header = _parse_line(path, 1, lines[0], StudyHeader)
     return header, [_parse_line(path, i, line, StudyEntry) for i, line in enumerate(lines[1:], start=2)]
 
 
-def append_lines(path: Path, header: StudyHeader, entries: list[StudyEntry]) -> None:
+def append_lines(
+    path: Path,
+    header: StudyHeader,
+    entries: list[StudyEntry],
+    choose: Callable[[list[StudyEntry]], list[StudyEntry]] | None = None,
+) -> list[StudyEntry]:
     """Append `entries` to the study ledger at `path` under an exclusive lock (writing `header` first when the file
-    is new; refusing a file that is another study's): one write per line, O_APPEND, then fsync."""
+    is new; refusing a file that is another study's): one write per line, O_APPEND, then fsync. With `choose`, what is
+    appended is choose(the lines already there), decided under the same lock. Returns what was appended."""
     try:  # never through a symlink, never into a FIFO or device (O_NONBLOCK: a FIFO without a reader fails at once)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as err:
@@ -175,11 +192,15 @@ def append_lines(path: Path, header: StudyHeader, entries: list[StudyEntry]) -> 
             found = _first_header(path)  # unlocked read: this process holds the lock on another descriptor
             if found.study != header.study:
                 raise ValueError(f"{path}: the study ledger of study {found.study}, not {header.study}")
+        if choose is not None:
+            with open(path, encoding="utf-8") as f:  # unlocked read, under this process's lock
+                entries = choose(_parse_lines(path, f.readlines())[1])
         for e in entries:
             _write_line(fd, e)
         os.fsync(fd)
     finally:
         os.close(fd)  # the lock goes with it
+    return entries
 
 
 def _write_line(fd: int, record: Record) -> None:
@@ -209,10 +230,24 @@ def next_attempt(entries: list[StudyEntry], run_key: str) -> int:
     return 1 + max((e.attempt for e in entries if e.run_key == run_key), default=0)
 
 
-def recorder(pointer: StudyPointer, run_key: str) -> Callable[[list], None]:
+def release_key(ledger_id: str, index: int) -> str:
+    """StudyEntry.release of the release at `index` of the run ledger `ledger_id` (accountant.py RunPrivacy)."""
+    return f"{ledger_id}/{index}"
+
+
+def _entry(run_key: str, run: str, attempt: int, domains: list[str], release: list, key: str | None) -> StudyEntry:
+    channel, rnd, population, sample, z = release
+    fields = {"run_key": run_key, "run": run, "attempt": attempt, "trained_domains": list(domains)}
+    fields |= {"channel": str(channel), "round": int(rnd), "population": int(population)}
+    fields |= {"sample": int(sample), "z": float(z), **({"release": key} if key is not None else {})}
+    return StudyEntry.model_validate(fields)
+
+
+def recorder(pointer: StudyPointer, run_key: str, key_of: Callable[[], str] | None = None) -> Callable[[list], None]:
     """RunPrivacy.on_release for a run of key `run_key` in the study of `pointer`: each release ([channel, round,
-    population, sample, z]) appended to the study ledger as it is charged, tagged with this attempt. The study's
-    folder must exist (the pipeline creates it): a missing one is an error naming it, before any release."""
+    population, sample, z]) appended to the study ledger as it is charged, tagged with this attempt and, with
+    `key_of`, with key_of() (release_key of the release just charged). The study's folder must exist (the pipeline
+    creates it): a missing one is an error naming it, before any release."""
     path = Path(pointer.ledger)
     if not path.parent.is_dir():
         raise ValueError(f"{path.parent}: the study ledger's folder does not exist (train.privacy.study_dir)")
@@ -221,23 +256,33 @@ def recorder(pointer: StudyPointer, run_key: str) -> Callable[[list], None]:
     attempt = next_attempt(read_study(path)[1], run_key)
 
     def on_release(release: list) -> None:
-        channel, rnd, population, sample, z = release
-        entry = StudyEntry.model_validate(
-            {
-                "run_key": run_key,
-                "run": pointer.run,
-                "attempt": attempt,
-                "trained_domains": list(pointer.trained_domains),
-                "channel": str(channel),
-                "round": int(rnd),
-                "population": int(population),
-                "sample": int(sample),
-                "z": float(z),
-            }
-        )
-        append_lines(path, header, [entry])
+        key = key_of() if key_of is not None else None
+        append_lines(path, header, [_entry(run_key, pointer.run, attempt, pointer.trained_domains, release, key)])
 
     return on_release
+
+
+def append_reported(pointer: StudyPointer, run_key: str, ledger_id: str, start: int, releases: list) -> list[int]:
+    """Count in the study of `pointer` the releases a run of key `run_key` reported from index `start` of its ledger
+    `ledger_id` (a deployment's round records, federation/round_record.py LedgerReleases), each once: a release whose
+    key the study holds is skipped, decided under the ledger's lock (a record read twice, a resumed run's inherited
+    releases). A new ledger of the run is a new attempt; one the study knows keeps its attempt. Returns the indices
+    appended."""
+    keys = [release_key(ledger_id, start + i) for i in range(len(releases))]
+
+    def uncounted(entries: list[StudyEntry]) -> list[StudyEntry]:
+        counted = {e.release for e in entries}
+        prefix = f"{ledger_id}/"
+        known = [e.attempt for e in entries if e.run_key == run_key and (e.release or "").startswith(prefix)]
+        attempt = known[0] if known else next_attempt(entries, run_key)
+        return [
+            _entry(run_key, pointer.run, attempt, pointer.trained_domains, r, k)
+            for r, k in zip(releases, keys, strict=True)
+            if k not in counted
+        ]
+
+    added = append_lines(Path(pointer.ledger), header_of(pointer), [], uncounted)
+    return [int(str(e.release).rsplit("/", 1)[1]) for e in added]
 
 
 def study_runs(entries: list[StudyEntry]) -> list[SweepRun]:

@@ -50,8 +50,9 @@ def federate(
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
     from fedccrl_pipeline.deploy_params import load_deploy
+    from fedccrl_pipeline.deployed_study import catch_up, counted
     from fedccrl_pipeline.mlflow_store import tracking_uri
-    from fedccrl_pipeline.study_privacy import join_study
+    from fedccrl_pipeline.study_privacy import join_study, study_of
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, federation_plan
     from fedccrl_pipeline.tracked_data import deployed_data
     from fedccrl_pipeline.train_tracking import TrainTracking
@@ -71,6 +72,9 @@ def federate(
     hparams = ALGORITHMS[algorithm].validated(getattr(cfg.train, algorithm))
     engine = flower.model_dump(include=set(ServerSpec.FROM_SETTINGS))
     job = plan_deployed(settings, deployed_run_data(fed_file), engine, algorithm, seed, target, out, work, hparams)
+    caught = study_of(cfg, job.data_key)
+    if caught is not None:  # what an earlier federate of this run left uncounted, before the budget check
+        catch_up(caught, job, LOG)
     study = join_study(cfg, plan, algorithm, seed, [target], [job])  # spent + this run's plan, before MLflow
     job.flower_train = functools.partial(
         train_deployed,
@@ -81,6 +85,8 @@ def federate(
         timeout_s=timeout_s,
         tracking_uri=tracking_uri(),  # the ServerApp reports the run there (fedccrl_flower/tracked_report.py)
     )
+    if study is not None:  # its ServerApp finds no pointer: this process counts the releases its records carry
+        job.flower_train = counted(job.flower_train, study, LOG)
     tracking = TrainTracking(
         cfg, job.settings, algorithm, seed, deployed_data(fed_file, federation), [job], planned_epsilon, study
     )

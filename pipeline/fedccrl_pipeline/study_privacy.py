@@ -19,6 +19,7 @@ from fedccrl_pipeline.sweep_privacy import KEY, SweepPlan
 
 if TYPE_CHECKING:
     from fedccrl_core.federation.plan import TrainJob
+    from fedccrl_core.privacy.study_ledger import StudyPointer
     from fedccrl_pipeline.params import ParamsFile
 
 DEFAULT_DIR = Path(".fedccrl") / "studies"  # under the project's root
@@ -89,23 +90,29 @@ def _named(study: Study) -> str:
     return f" (named {study.name!r})" if study.name else ""
 
 
+def pointer_of(study: Study, job: TrainJob) -> StudyPointer:
+    """The study pointer of `job`: its study's ledger, the run's name and the domains it trains on."""
+    from fedccrl_core.privacy.study_ledger import StudyPointer
+
+    return StudyPointer(
+        fedccrl_study_pointer=1,
+        ledger=str(study.ledger),
+        study=study.key,
+        data=study.data,
+        name=study.name,
+        run=f"{job.algorithm} s{job.seed} held-out {job.target}",
+        trained_domains=list(job.sources),
+    )
+
+
 def write_pointers(study: Study, jobs: list[TrainJob]) -> None:
     """Beside each job's round checkpoint, the pointer that makes its round loop append every release to the study's
     ledger (the study's folder created here)."""
-    from fedccrl_core.privacy.study_ledger import StudyPointer, write_pointer
+    from fedccrl_core.privacy.study_ledger import write_pointer
 
     study.ledger.parent.mkdir(parents=True, exist_ok=True)
     for job in jobs:
-        pointer = StudyPointer(
-            fedccrl_study_pointer=1,
-            ledger=str(study.ledger),
-            study=study.key,
-            data=study.data,
-            name=study.name,
-            run=f"{job.algorithm} s{job.seed} held-out {job.target}",
-            trained_domains=list(job.sources),
-        )
-        write_pointer(Path(job.ckpt), pointer)
+        write_pointer(Path(job.ckpt), pointer_of(study, job))
 
 
 def join_study(

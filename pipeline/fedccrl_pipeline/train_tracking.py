@@ -18,6 +18,8 @@ from fedccrl_pipeline.sweep_privacy import PRIVACY_TAG
 from fedccrl_pipeline.tracked_data import TrackedData, mlflow_params
 from fedccrl_pipeline.tracking import ChildRun, parent_run_id, run_status
 
+RUN_KEY_TAG = "fedccrl.run_key"  # a child run: its TrainJob.run_key
+
 if TYPE_CHECKING:
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_pipeline.study_privacy import Study
@@ -121,7 +123,7 @@ class TrainTracking:
                 "dvc_stage": f"{data.stage}@{self.algorithm}-{self.seed}",
                 "fedccrl.role": "child",
                 "fedccrl.engine": data.engine,
-                "fedccrl.run_key": job.run_key,
+                RUN_KEY_TAG: job.run_key,
                 "fedccrl.sweep": sweep_key,
                 "held_out": job.target,
                 "algorithm": self.algorithm,
