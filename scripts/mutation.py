@@ -144,6 +144,10 @@ EQUIVALENT: dict[str, str] = {
     "fedccrl_core.privacy.accountant.x_worst_client__mutmut_10": "at an equal ratio k/n the larger n has the larger k: -k orders the ties as -n does",
     "fedccrl_core.privacy.accountant.xǁRunPrivacyǁ_record__mutmut_2": "the ledger's round is a label: epsilon reads "
     "the events only, and state() keeps the round (from _plain)",
+    "fedccrl_core.privacy.accountant.xǁRunPrivacyǁ__init____mutmut_10": "the ledger's id is an opaque random name: "
+    "token_hex's default length names it as well",
+    "fedccrl_core.privacy.accountant.xǁRunPrivacyǁ__init____mutmut_11": "the ledger's id is an opaque random name: "
+    "9 random bytes name it as well as 8",
     "fedccrl_core.privacy.dp.x_clip_update__mutmut_19": "the scale of a zero update: any scale leaves it zero",
     "fedccrl_core.privacy.dp.x_noisy_moments__mutmut_5": "channels as the float width / 2 of an even width: the same sensitivity",
     "fedccrl_core.augment.augmix_ops.x__is_any__mutmut_2": DEVICE,
