@@ -12,7 +12,7 @@ In that run, per Flower run id:
   `sha256` the result.pt's digest (set with `completed`), which the reader checks.
 
 `TrackedWriter` is the ServerApp's side (report.py RunReport mirrors every write to it), `TrackedReader` the
-operator's (run.py wait_for_result). An evaluation-only run (site_evaluation.py) reports the same way, its result
+operator's (follow.py wait_for_result). An evaluation-only run (site_evaluation.py) reports the same way, its result
 site_eval.json; its ServerApp also fetches the model file the operator logged to that run (`fetch_artifact`)."""
 
 from __future__ import annotations

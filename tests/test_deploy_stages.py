@@ -708,8 +708,8 @@ def test_a_failure_reported_through_mlflow_is_an_error_after_its_records(tmp_pat
 
     from fedccrl_core.federation.round_record import parse_round
     from fedccrl_core.foundation.errors import DataError
+    from fedccrl_flower.follow import wait_for_result
     from fedccrl_flower.processes import FlowerRunError
-    from fedccrl_flower.run import wait_for_result
     from fedccrl_flower.spec import ReportTo
     from fedccrl_flower.tracked_report import TrackedWriter, status_tag
     from fedccrl_pipeline.mlflow_store import set_experiment

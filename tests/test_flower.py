@@ -125,6 +125,7 @@ def test_pack_tree_round_trips_client_state():
     """ClientState (Adam + cosine schedule + extra incl. bf16 and int-keyed dicts) through
     ArrayRecord + ConfigRecord, and training continues identically from the restored state."""
     from fedccrl_core.learning.clients import ClientState
+    from fedccrl_flower import state_tree
 
     def make():
         torch.manual_seed(0)
@@ -144,8 +145,8 @@ def test_pack_tree_round_trips_client_state():
         sched.state_dict(),
         {"bn": {1: torch.ones(2, dtype=torch.bfloat16)}, "t": (1, 2.5, None, "s"), "np": np.arange(3)},
     )
-    arrays, tree = M.pack_tree(state.to_dict())
-    back = ClientState.from_dict(M.unpack_tree(arrays, tree))
+    arrays, tree = state_tree.pack_tree(state.to_dict())
+    back = ClientState.from_dict(state_tree.unpack_tree(arrays, tree))
     assert back.extra["bn"][1].dtype == torch.bfloat16 and back.extra["t"] == (1, 2.5, None, "s")
     assert np.array_equal(back.extra["np"], np.arange(3))
     net2, opt2, sched2 = make()
@@ -724,7 +725,7 @@ def test_one_supernode_from_the_installed_wheel_completes_a_round(data, full_ven
     """In a folder with no checkout, one SuperNode of the installed wheel joins a loopback federation
     (SuperLink on 127.0.0.1) and completes a round of FedAvg; its ClientApp imports fedccrl from the wheel."""
     from fedccrl_flower.federation import LocalFederation
-    from fedccrl_flower.run import wait_for_result
+    from fedccrl_flower.follow import wait_for_result
 
     with LocalFederation(tmp_path / "fed") as fed:
         node = add_wheel_supernode(fed, data, "art_c0", tmp_path, full_venv)
@@ -772,7 +773,7 @@ def test_deployment_malformed_update_is_refused(deployment, data, tmp_path):
     """A SuperNode whose ClientApp sends a mis-shaped array: the ServerApp logs and refuses it and
     aggregates the two valid replies."""
     from fedccrl_flower.federation import APP_DIR
-    from fedccrl_flower.run import wait_for_result
+    from fedccrl_flower.follow import wait_for_result
 
     fed, _ = deployment
     app = tmp_path / "evil_app"
@@ -804,8 +805,8 @@ def test_deployment_killed_supernode_rejoins_and_serverapp_resumes(deployment, d
         other two (min_clients = 2); the SuperNode is restarted (same client id and state folder);
     (c) the ServerApp is stopped after round 2 (flwr stop) and the run resubmitted -> it resumes
         after round 2 and round 3 has all three clients again (the restarted node rejoined)."""
+    from fedccrl_flower.follow import wait_for_result
     from fedccrl_flower.processes import FlowerRunError
-    from fedccrl_flower.run import wait_for_result
 
     fed, root = deployment
     fail = tmp_path / "fail"

@@ -88,8 +88,8 @@ def plain(argv: list[str]) -> list[str]:
 @pytest.mark.timeout(900)  # 245 s measured on 2 loaded cores (load average about 20): the gate and ten flwr CLI runs
 def test_the_documented_recipe_registers_supernodes_and_refuses_the_others(data, tmp_path):
     from fedccrl_flower.federation import Federation
+    from fedccrl_flower.follow import wait_for_result
     from fedccrl_flower.processes import BIN, Proc, flower_env, free_port
-    from fedccrl_flower.run import wait_for_result
 
     link_code, register_code, site_code = recipe()
     port, link_port = free_port(), free_port()

@@ -257,7 +257,7 @@ def test_deployment_of_site_folders_matches_inprocess_and_serves(data, consortiu
     from fedccrl_core.learning.models import build_model
     from fedccrl_flower import messages as M
     from fedccrl_flower.federation import LocalFederation
-    from fedccrl_flower.run import wait_for_result
+    from fedccrl_flower.follow import wait_for_result
     from fedccrl_flower.sites import read_federation
     from fedccrl_pipeline.onnx_export import export_onnx
     from fedccrl_pipeline.tracking import ChildRun, parent_run_id

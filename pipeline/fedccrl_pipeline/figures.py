@@ -36,23 +36,17 @@ def figures(
     """Every figure, into `out` (written whole at the end), then logged to MLflow. A deployment's runs
     (`deploy_path`, the operator's pipeline) get what the operator's machine can draw: the curves, and with
     `shards` (its own test folder of the held-out domains) Fig. 5 and 7 and the confusion matrices; Fig. 3 shows
-    the source sites' images and is not drawn. Under train.privacy Fig. 3 is not drawn either (it shows training
-    images and the statistics without noise), and Fig. 5 and 7 use the held-out domain's val rows only."""
+    the source sites' images and is not drawn. Under train.privacy neither is Fig. 3 (training images, statistics
+    without noise), and Fig. 5 and 7 use the held-out domain's val rows (data/shards.py held_out_parts)."""
     if deploy_path is None and (shards is None or pools is None):
         raise ParamError("--shards and --pools: required (the sweep's data), unless --deploy names a deployment")
     shards = test_shards(deploy_path, shards)
     folders_apart({"shards": shards, "pools": pools, "models": models, "runs": runs_dir}, {"out": out})
-    cfg = load_config(
-        params_path, downloads=deploy_path is None
-    )  # the whole file first; a deployment downloads nothing
+    cfg = load_config(params_path, downloads=deploy_path is None)  # the whole file first; a deployment: no download
     with Figures(shards, models, out, cfg, deploy_path) as figs:
         figs.curves()
-        if cfg.train.privacy.enabled:
-            print(
-                "figures: train.privacy: no augmentation preview (Fig. 3 would show training images and their "
-                "statistics without noise, outside epsilon: docs/privacy.md)",
-                file=sys.stderr,
-            )
+        if cfg.train.privacy.enabled:  # Fig. 3 shows training images, and statistics without noise
+            print("figures: train.privacy: no augmentation preview (Fig. 3; docs/privacy.md)", file=sys.stderr)
         elif pools is not None and deploy_path is None:
             figs.augmentation_preview(pools)
         if shards is not None:
