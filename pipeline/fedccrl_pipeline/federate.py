@@ -23,9 +23,13 @@ from fedccrl_pipeline.stage_runtime import run_stage
 from fedccrl_pipeline.training import load_train_config, run_settings, train_tracked
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from fedccrl_core.federation.history import RunHistory
     from fedccrl_core.federation.plan import DeployedData
+    from fedccrl_flower.settings import FlowerSettings
     from fedccrl_flower.sites import FederationFile
+    from fedccrl_pipeline.study_privacy import Study
 
 
 def federate(
@@ -42,16 +46,17 @@ def federate(
     deploy_path: Path | None = None,
     allow_refused: bool = False,
 ) -> None:
+    """One deployed run of `algorithm` x `seed` holding out `held_out` over the federation file's sites: checked and
+    planned before anything starts, counted in its study, trained over the SuperLink, tracked as the train stage's
+    runs are; the sites it refused or dropped named (exit 2 unless `allow_refused`)."""
     from fedccrl_core.algorithms import ALGORITHMS
     from fedccrl_core.federation.history import load_history
     from fedccrl_core.federation.jobs import LOG
     from fedccrl_core.federation.plan import plan_deployed
-    from fedccrl_flower.run import train_deployed
     from fedccrl_flower.sites import read_federation
     from fedccrl_flower.spec import ServerSpec
     from fedccrl_pipeline.deploy_params import load_deploy
-    from fedccrl_pipeline.deployed_study import catch_up, counted
-    from fedccrl_pipeline.mlflow_store import tracking_uri
+    from fedccrl_pipeline.deployed_study import catch_up
     from fedccrl_pipeline.study_privacy import join_study, study_of
     from fedccrl_pipeline.sweep_privacy import check_sweep_budget, federation_plan
     from fedccrl_pipeline.tracked_data import deployed_data
@@ -76,23 +81,41 @@ def federate(
     if caught is not None:  # what an earlier federate of this run left uncounted, before the budget check
         catch_up(caught, job, LOG)
     study = join_study(cfg, plan, algorithm, seed, [target], [job])  # spent + this run's plan, before MLflow
-    job.flower_train = functools.partial(
-        train_deployed,
-        settings=flower,
-        federation=fed_file,
-        superlink=superlink,
-        root_certificates=root_certificates,
-        timeout_s=timeout_s,
-        tracking_uri=tracking_uri(),  # the ServerApp reports the run there (fedccrl_flower/tracked_report.py)
-    )
-    if study is not None:  # its ServerApp finds no pointer: this process counts the releases its records carry
-        job.flower_train = counted(job.flower_train, study, LOG)
+    job.flower_train = _flower_train(flower, fed_file, superlink, root_certificates, timeout_s, study)
     tracking = TrainTracking(
         cfg, job.settings, algorithm, seed, deployed_data(fed_file, federation), [job], planned_epsilon, study
     )
     LOG(f"federate {algorithm} seed {seed}: held-out {target} over {superlink}")
     train_tracked([job], 1, None, None, tracking, progress=LOG)
     report_sites(load_history(job.out), allow_refused)
+
+
+def _flower_train(
+    flower: FlowerSettings,
+    fed_file: FederationFile,
+    superlink: str,
+    root_certificates: str,
+    timeout_s: float,
+    study: Study | None,
+) -> Callable:
+    """The job's flower_train: train_deployed over `superlink`, the ServerApp reporting to this process's tracking
+    server (fedccrl_flower/tracked_report.py); with a study, each record's releases counted in it as they arrive
+    (deployed_study.counted: the ServerApp finds no pointer)."""
+    from fedccrl_core.federation.jobs import LOG
+    from fedccrl_flower.run import train_deployed
+    from fedccrl_pipeline.deployed_study import counted
+    from fedccrl_pipeline.mlflow_store import tracking_uri
+
+    train = functools.partial(
+        train_deployed,
+        settings=flower,
+        federation=fed_file,
+        superlink=superlink,
+        root_certificates=root_certificates,
+        timeout_s=timeout_s,
+        tracking_uri=tracking_uri(),
+    )
+    return counted(train, study, LOG) if study is not None else train
 
 
 def deployed_run_data(fed_file: FederationFile) -> DeployedData:
