@@ -28,6 +28,7 @@ def sites_run(meta: ModelMeta, dataset: str, enabled: bool) -> Iterator[ReportTo
         return
     from fedccrl_flower.spec import ReportTo
     from fedccrl_pipeline.mlflow_store import find_run, mlflow_module, set_experiment
+    from fedccrl_pipeline.train_tracking import RUN_KEY_TAG
 
     mlflow = mlflow_module()
     model_run = find_run(mlflow, meta.mlflow_run_id) if meta.mlflow_run_id else None
@@ -41,7 +42,7 @@ def sites_run(meta: ModelMeta, dataset: str, enabled: bool) -> Iterator[ReportTo
             file=sys.stderr,
         )
         exp_id = set_experiment(name).experiment_id
-    tags = {"fedccrl.stage": "evaluate-sites", "fedccrl.run_key": meta.params_hash or ""}
+    tags = {"fedccrl.stage": "evaluate-sites", RUN_KEY_TAG: meta.params_hash or ""}
     if meta.mlflow_run_id:
         tags["fedccrl.model_run_id"] = meta.mlflow_run_id
     client = mlflow.MlflowClient()
