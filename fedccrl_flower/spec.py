@@ -82,6 +82,18 @@ class ReportTo(Record):
     tracking_uri: str = Field(min_length=1)
     run_id: str = Field(min_length=1)
 
+    @field_validator("tracking_uri")
+    @classmethod
+    def _absolute_store(cls, uri: str) -> str:
+        """A local store named by a relative path (`sqlite:///mlflow.db`, `./mlruns`) made absolute where the spec is
+        made, the operator's folder: the ServerApp reads the spec in a folder of its own. Idempotent."""
+        sqlite = "sqlite:///"
+        if uri.startswith(sqlite) and not uri.startswith(sqlite + "/") and uri != sqlite + ":memory:":
+            return sqlite + str(Path(uri.removeprefix(sqlite)).resolve())
+        if "://" not in uri and not uri.startswith("file:"):
+            return str(Path(uri).resolve())
+        return uri
+
 
 class ServerSpec(_Spec):
     """Everything the ServerApp needs; travels as JSON in the run config (`spec`)."""

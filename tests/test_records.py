@@ -242,3 +242,18 @@ def test_a_malformed_server_spec_is_refused_naming_the_run_config_and_the_key():
         ServerSpec.from_json(json.dumps(d), "Flower run config 'spec'")
     with pytest.raises(ValueError, match=r"^Flower run config 'spec': not JSON"):
         ServerSpec.from_json("{oops", "Flower run config 'spec'")
+
+
+def test_a_local_tracking_store_travels_as_an_absolute_path(tmp_path, monkeypatch):
+    """ReportTo, made in the operator's folder, names a relative local store absolutely: the ServerApp reads it from
+    a folder of its own, where `sqlite:///mlflow.db` would be another store. A server's URI stays as it is."""
+    from fedccrl_flower.spec import ReportTo
+
+    monkeypatch.chdir(tmp_path)
+    made = ReportTo(tracking_uri="sqlite:///mlflow.db", run_id="r")
+    assert made.tracking_uri == f"sqlite:///{tmp_path.resolve()}/mlflow.db"
+    assert ReportTo(tracking_uri="mlruns", run_id="r").tracking_uri == str(tmp_path.resolve() / "mlruns")
+    monkeypatch.chdir("/")  # the ServerApp's folder: the spec read back names the same store
+    assert ReportTo.model_validate_json(made.model_dump_json()) == made
+    for kept in ("http://mlflow.example.org:5000", f"sqlite:///{tmp_path}/x.db", "sqlite:///:memory:"):
+        assert ReportTo(tracking_uri=kept, run_id="r").tracking_uri == kept
