@@ -66,10 +66,10 @@ def test_what_a_client_keeps_is_saved_under_the_keys_checkpoints_hold():
     for kept, keys in saved.items():
         assert [f.name for f in dataclasses.fields(kept)] == keys, kept
         extra: dict = {"optimizer_of_another": 1}
-        kept().keep(extra)
+        kept().save_into(extra)
         assert extra == {"optimizer_of_another": 1} and kept.of(extra) == kept()
     extra = {}
-    GAKept(0.25).keep(extra)
+    GAKept(0.25).save_into(extra)
     assert extra == {"ga_loss_local": 0.25} and GAKept.of(extra).ga_loss_local == 0.25
 
 

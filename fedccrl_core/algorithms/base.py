@@ -47,7 +47,7 @@ class KeptState:
         """What the client kept (ClientState.extra), None where it kept nothing yet."""
         return cls(**{f.name: extra.get(f.name) for f in dataclasses.fields(cls)})
 
-    def keep(self, extra: dict) -> None:
+    def save_into(self, extra: dict) -> None:
         """Into ClientState.extra, for the next round and the checkpoints."""
         extra.update({f.name: v for f in dataclasses.fields(self) if (v := getattr(self, f.name)) is not None})
 

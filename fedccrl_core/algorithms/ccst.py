@@ -238,7 +238,7 @@ class CCST(Algorithm):
             kept.ccst_plan = dataclasses.asdict(
                 transfer_plan(data.n_train, sizes, cid, self.hp.K, rng, self.hp.style_type)
             )
-        kept.keep(state.extra)
+        kept.save_into(state.extra)
         if cid not in self._datasets:
             self._datasets[cid] = self.augmented_dataset(data, bank, TransferPlan(**kept.ccst_plan))
         d_x, d_y = self._datasets[cid]

@@ -169,7 +169,7 @@ class FedADG(Algorithm):
             discriminator={k: v.detach().clone() for k, v in scratch.D.state_dict().items()},
             opt_d=scratch.opt_d.state_dict(),
             opt_g=scratch.opt_g.state_dict(),
-        ).keep(state.extra)
+        ).save_into(state.extra)
 
     def discriminator_step(self, D, opt_d, z, r, y_soft):
         l_advd = discriminator_loss(D(r.detach(), y_soft), D(z.detach(), y_soft))

@@ -125,7 +125,7 @@ class GA(Algorithm):
         kept = GAKept.of(state.extra)
         if kept.ga_loss_local is not None:  # G_i of the previous round
             ctx.metrics[GAP] = scratch.loss_global - kept.ga_loss_local
-        GAKept(loss_local).keep(state.extra)
+        GAKept(loss_local).save_into(state.extra)
 
     def aggregate(self, global_weights, replies):
         self.round += 1

@@ -99,7 +99,7 @@ class LocalBNAlgorithm(Algorithm):
         self.before_local_train(model, global_weights)
         reply = yield from super().local_train_steps(model, data, state, weights, payload, generator, shuffle_rng)
         if keys:
-            LocalBNKept({k: reply.weights[k].detach().clone() for k in keys}).keep(state.extra)
+            LocalBNKept({k: reply.weights[k].detach().clone() for k in keys}).save_into(state.extra)
         return reply
 
     def train_step(self, model, x, y, ctx):
