@@ -120,6 +120,35 @@ class ArchiveRecord:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k not in ("url", "path")}
 
 
+@dataclass
+class SourceRecord:
+    """The data report's `source`, filled in as the source is obtained: what dataset.source said (`param`), what it
+    was (`kind`: generated, folder, archive, url or registry), a folder's `path`, a generated tree's generator, seed
+    and counts, the archives, then where the domains were found (`root`, and `domain_folders` by domain)."""
+
+    param: str
+    kind: str | None = None
+    path: str | None = None
+    generator: str | None = None
+    seed: int | None = None
+    images_per_class: int | None = None
+    images: int | None = None
+    archives: list[ArchiveRecord] | None = None
+    root: str | None = None
+    domain_folders: dict[str, str] | None = None
+
+    def to_dict(self) -> dict:
+        """The report's entry: the fields set, in declaration order, each archive as its entry."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):  # the archives (the one list)
+                value = [a.to_dict() for a in value]
+            if value is not None:
+                out[f.name] = value
+        return out
+
+
 def _archive_record(file: str, digest: str, want: str | None, spec, url=None, path=None) -> ArchiveRecord:
     """The record of the archive `file` (from `url` or `path`) whose sha256 is `digest`: a mismatch with `want` was
     refused before this."""
@@ -191,39 +220,39 @@ def _remote_urls(spec, source: str, sha256) -> tuple[str, list[tuple[str, str, s
     return None
 
 
-def _local_source(spec, source: str, sha256, work: Path, src_rec: dict, progress: bool) -> tuple[Path, bool]:
+def _local_source(spec, source: str, sha256, work: Path, src_rec: SourceRecord, progress: bool) -> tuple[Path, bool]:
     """A local folder or archive: (the tree to map, whether its files may be moved); the archive extracted into
     work/extract after its sha256 is checked."""
     p = Path(source).expanduser()
     if p.is_dir():
         if sha256 is not None:
             raise DataError(f"params.yaml: dataset.sha256 does not apply to a folder source ({p})")
-        src_rec.update(kind="folder", path=str(p.resolve()))
+        src_rec.kind, src_rec.path = "folder", str(p.resolve())
         return p, False
     if p.is_file():
         want = _expected_shas(sha256, 1, [p.name])[0]
         rec = _local_archive(p, want, spec)
         safe_extract(p, work / "extract", progress=progress)
-        src_rec.update(kind="archive", archives=[rec.to_dict()])
+        src_rec.kind, src_rec.archives = "archive", [rec]
         return work / "extract", True
     raise DataError(
         f"params.yaml: dataset.source {source!r} is neither 'registry', an http(s) URL, nor an existing file or folder"
     )
 
 
-def _map_tree(spec, top: Path, stage: Path, move: bool, src_rec: dict) -> tuple[list[LeftOut], list[LeftOut]]:
+def _map_tree(spec, top: Path, stage: Path, move: bool, src_rec: SourceRecord) -> tuple[list[LeftOut], list[LeftOut]]:
     """Lay `top`'s images out as stage/<domain>/<class>/<image>: (missing, ignored)."""
     from fedccrl_core.data import registry
 
     if spec.layout == registry.LAYOUT_SPLIT_FILES:
-        src_rec["root"] = "splits_mini/.."
+        src_rec.root = "splits_mini/.."
         return materialize_split_files(top, spec, stage, move)
     if spec.domains:
         root, ddirs = find_registry_root(top, spec)
     else:
         root, ddirs = find_imagefolder_root(top)
-    src_rec["root"] = str(root.relative_to(top)) if root != top else "."
-    src_rec["domain_folders"] = {d: p.name for d, p in ddirs.items()}
+    src_rec.root = str(root.relative_to(top)) if root != top else "."
+    src_rec.domain_folders = {d: p.name for d, p in ddirs.items()}
     return [], materialize(ddirs, stage, move)
 
 
@@ -232,28 +261,25 @@ def _obtain(spec, source: str, sha256, seed: int, stage: Path, work: Path, fetch
     missing, ignored). fetch(urls) downloads into `work` (_fetch_urls)."""
     from fedccrl_core.data import registry, synthetic
 
-    src_rec: dict = {"param": source}
     if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:  # sha256 null: the schema's
         n = synthetic.generate(stage, seed=seed, progress=progress)
-        src_rec.update(
-            kind="generated",
-            generator="fedccrl_core.data.synthetic",
-            seed=seed,
-            images_per_class=synthetic.IMAGES_PER_CLASS,
-            images=n,
+        per_class = synthetic.IMAGES_PER_CLASS
+        generated = SourceRecord(
+            source, "generated", generator=synthetic.__name__, seed=seed, images_per_class=per_class, images=n
         )
-        return src_rec, [], []
+        return generated, [], []
+    src_rec = SourceRecord(source)
     remote = _remote_urls(spec, source, sha256)
     if remote is None:
         top, move = _local_source(spec, source, sha256, work, src_rec, progress)
     else:
-        src_rec["kind"], urls = remote
+        src_rec.kind, urls = remote
         fetched = fetch(urls)
         top, move = work / "extract", True
         for path, _ in fetched:
             safe_extract(path, top, progress=progress)
             path.unlink()
-        src_rec["archives"] = [rec.to_dict() for _, rec in fetched]
+        src_rec.archives = [rec for _, rec in fetched]
     missing, ignored = _map_tree(spec, top, stage, move, src_rec)
     return src_rec, missing, ignored
 

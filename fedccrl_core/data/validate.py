@@ -28,11 +28,15 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from typing import TYPE_CHECKING
 
 from fedccrl_core.data.images import RESIZE_POLICY, check_images
 from fedccrl_core.data.registry import DatasetSpec
 from fedccrl_core.data.tree import LeftOut, Tree, scan_tree
 from fedccrl_core.foundation.errors import DataError
+
+if TYPE_CHECKING:
+    from fedccrl_core.data.sources import SourceRecord
 
 REPORT_VERSION = 1
 COUNT_POLICY = (
@@ -133,12 +137,12 @@ def tree_digest(entries: list[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
-def _archive_sha256(source: dict):
+def _archive_sha256(source: SourceRecord | None):
     """The source archive's sha256 (one archive), {file: sha256} (several), or None (folder, generated)."""
-    arch = source.get("archives") or []
+    arch = (source.archives if source is not None else None) or []
     if len(arch) == 1:
-        return arch[0]["sha256"]
-    return {a["file"]: a["sha256"] for a in arch} or None
+        return arch[0].sha256
+    return {a.file: a.sha256 for a in arch} or None
 
 
 def _check_images(
@@ -177,7 +181,7 @@ def validate_tree(
     root: str | os.PathLike,
     max_bad_fraction: float,
     *,
-    source: dict | None = None,
+    source: SourceRecord | None = None,
     missing: list[LeftOut] | None = None,
     ignored: list[LeftOut] | None = None,
     warnings: list[str] | None = None,
@@ -192,8 +196,8 @@ def validate_tree(
         "dataset": spec.name,
         "status": "failed",
         "error": None,
-        "source": source or {},
-        "sha256": _archive_sha256(source or {}),
+        "source": source.to_dict() if source is not None else {},
+        "sha256": _archive_sha256(source),
         "count_policy": COUNT_POLICY,
         "resize_policy": RESIZE_POLICY,
         "warnings": list(warnings or []),
