@@ -9,7 +9,7 @@ from pathlib import Path
 from PIL import Image
 
 from fedccrl_core.data.layout import find_imagefolder_root, materialize
-from fedccrl_core.data.tree import scan_classes, scan_tree, subfolders, walk_files
+from fedccrl_core.data.tree import LeftOut, scan_classes, scan_tree, subfolders, walk_files
 
 
 def _png(path: Path) -> Path:
@@ -38,17 +38,17 @@ def test_the_raw_tree_and_a_sources_domain_folders_are_read_alike(tmp_path):
     tree = scan_tree(root)
     assert tree.files == {"art": {"dog": ["0.png"]}, "photo": {"dog": ["0.png"]}}
     assert tree.ignored == [
-        {"path": "README", "reason": "file outside any domain folder"},
-        {"path": "art/dog/.DS_Store", "reason": "hidden or system file"},
-        {"path": "art/dog/Thumbs.db", "reason": "hidden or system file"},
-        {"path": "photo/dog/.DS_Store", "reason": "hidden or system file"},
-        {"path": "photo/dog/Thumbs.db", "reason": "hidden or system file"},
-        {"path": "photo/dog/nested", "reason": "folder nested below a class folder"},
-        {"path": "photo/notes.txt", "reason": "file outside any class folder"},
+        LeftOut("README", "file outside any domain folder"),
+        LeftOut("art/dog/.DS_Store", "hidden or system file"),
+        LeftOut("art/dog/Thumbs.db", "hidden or system file"),
+        LeftOut("photo/dog/.DS_Store", "hidden or system file"),
+        LeftOut("photo/dog/Thumbs.db", "hidden or system file"),
+        LeftOut("photo/dog/nested", "folder nested below a class folder"),
+        LeftOut("photo/notes.txt", "file outside any class folder"),
     ]
     out = tmp_path / "out"
     ignored = materialize({d: root / d for d in ("art", "photo")}, out, move=False)
-    assert ignored == [i for i in tree.ignored if "/" in i["path"]]  # the same rule, the same entries
+    assert ignored == [i for i in tree.ignored if "/" in i.path]  # the same rule, the same entries
     assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == [
         "art/dog/0.png",
         "photo/dog/0.png",

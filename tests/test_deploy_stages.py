@@ -461,7 +461,7 @@ def test_a_deployment_without_a_test_folder_evaluates_reports_draws_and_exports(
     that names no shard folder is refused naming the key, before any output."""
     from fedccrl_core.data.manifest import load_manifest
     from fedccrl_flower.sites import federation_of
-    from fedccrl_pipeline.checked_export import GENERATED, GENERATED_IMAGES, PARITY_INPUTS
+    from fedccrl_pipeline.checked_export import GENERATED, GENERATED_IMAGES
 
     (ws / "federation.json").write_text(json.dumps(federation_of(load_manifest(tiny / "data" / "shards")).to_dict()))
     assert _cli(ws, "evaluate", "--deploy", "deploy.yaml", "--models", "models", "--out", "results")[0] == 0
@@ -472,7 +472,7 @@ def test_a_deployment_without_a_test_folder_evaluates_reports_draws_and_exports(
     code, out = _cli(ws, *export, "--federation", "federation.json", "--no-mlflow", "--out", "exports")
     assert code == 0, out
     parity = json.loads((ws / "exports" / "parity.json").read_text())
-    assert parity[PARITY_INPUTS] == GENERATED and parity["n_images"] == GENERATED_IMAGES
+    assert parity["inputs"] == GENERATED and parity["n_images"] == GENERATED_IMAGES
     assert parity["top1_agreement"] >= 0.999 and "onnx_accuracy" not in parity
     card = (ws / "exports" / "MODEL_CARD.md").read_text()
     assert f"ran on {GENERATED_IMAGES} generated images (no test folder): no accuracy" in card

@@ -6,6 +6,7 @@ the model is a random small_cnn at 32 px (parity does not need a trained model).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -104,8 +105,24 @@ def test_stage_writes_one_onnx_file_and_parity(exported, shards):
     assert parity["max_abs_logit_diff"] < 1e-4
     assert parity["onnx_accuracy"] == parity["torch_accuracy"]
     assert parity["min_agreement"] == 0.999
+    assert list(parity) == [*PARITY_MEASURED, "onnx_accuracy", "torch_accuracy", *PARITY_CHECK]  # the file's format
+    assert parity["inputs"] == "held-out images" and parity["held_out_domain"] == HELD_OUT
     assert "skipping MLflow" in result.stderr
     assert result.stdout == ""  # the exporter's progress lines are silenced
+
+
+# parity.json's keys in their order (a held-out test adds the accuracies after the measured figures)
+PARITY_MEASURED = ["n_images", "max_abs_logit_diff", "top1_agreement"]
+PARITY_CHECK = ["min_agreement", "held_out_domain", "onnx_bytes", "inputs"]
+
+
+def test_parity_json_on_generated_images_leaves_the_accuracies_out():
+    """parity.json as `ExportParity.to_dict` writes it without labels: no accuracy key (not a null), no int8."""
+    measured = onnx_parity.ParityFigures(n_images=64, max_abs_logit_diff=2e-8, top1_agreement=1.0)
+    check = dict(min_agreement=0.999, held_out_domain="y", onnx_bytes=9, inputs=checked_export.GENERATED)
+    doc = checked_export.ExportParity(**dataclasses.asdict(measured), **check).to_dict()
+    assert list(doc) == PARITY_MEASURED + PARITY_CHECK
+    assert doc == {"n_images": 64, "max_abs_logit_diff": 2e-8, "top1_agreement": 1.0, **check}
 
 
 def test_onnx_file_passes_the_checker_and_holds_the_metadata(exported):
@@ -165,7 +182,7 @@ def test_failed_parity_exits_nonzero_and_leaves_no_model(shards, tmp_path, monke
     real = onnx_parity.parity
 
     def disagreeing(*args, **kwargs):
-        return {**real(*args, **kwargs), "top1_agreement": 0.9}
+        return dataclasses.replace(real(*args, **kwargs), top1_agreement=0.9)
 
     monkeypatch.setattr(checked_export, "parity", disagreeing)
     result = run_export(model, shards, out)
@@ -352,8 +369,7 @@ def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monk
     real = onnx_parity.parity
 
     def degraded(*args, **kwargs):
-        r = real(*args, **kwargs)
-        return {**r, "top1_agreement": 0.5}
+        return dataclasses.replace(real(*args, **kwargs), top1_agreement=0.5)
 
     monkeypatch.setattr(checked_export, "parity", degraded)
     assert run_export(model, shards, tmp_path / "out").exit_code != 0
@@ -364,7 +380,10 @@ def test_failed_parity_moves_no_alias_and_adds_no_version(shards, tmp_path, monk
 def test_mlflow_is_skipped_with_a_notice_for_an_unknown_run(exported, capsys):
     model_path, out, _ = exported
     _, meta = load_model(model_path)
-    log_to_mlflow(out / "model.onnx", meta.model_copy(update={"mlflow_run_id": "0" * 32}), {}, None, None, None, "")
+    figures = onnx_parity.ParityFigures(n_images=1, max_abs_logit_diff=0.0, top1_agreement=1.0)
+    log_to_mlflow(
+        out / "model.onnx", meta.model_copy(update={"mlflow_run_id": "0" * 32}), figures, None, None, None, ""
+    )
     assert "not in the tracking store" in capsys.readouterr().err
 
 

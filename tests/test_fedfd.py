@@ -331,7 +331,7 @@ def test_fedfd_a_onnx_parity_on_a_shifted_domain(tmp_path):
     shifted = np.clip(0.35 * base + 140, 0, 255).astype(np.uint8)  # another domain: brighter, low contrast
     session = onnx_parity.cpu_session(path)
     res = onnx_parity.parity(session, loaded, shifted, meta.mean, meta.std, batch_size=7)  # odd batches
-    assert res["max_abs_logit_diff"] <= 1e-4 and res["top1_agreement"] == 1.0
+    assert res.max_abs_logit_diff <= 1e-4 and res.top1_agreement == 1.0
     from fedccrl_core.learning.statistics import normalize_u8
 
     x = normalize_u8(torch.from_numpy(shifted), meta.mean, meta.std)
@@ -414,5 +414,5 @@ def test_export_stage_writes_fedfd_a_onnx_with_parity(tiny, tmp_path):
     )
     write_run_history(tmp_path, load_meta(tmp_path / "model.pt"))
     res = export(tmp_path / "model.pt", shards, tmp_path / "out", 0.999, 64, None, None, False)
-    assert res["top1_agreement"] == 1.0 and res["max_abs_logit_diff"] <= 1e-4
+    assert res.top1_agreement == 1.0 and res.max_abs_logit_diff <= 1e-4
     assert (tmp_path / "out" / "model.onnx").is_file() and (tmp_path / "out" / "parity.json").is_file()

@@ -481,8 +481,8 @@ def test_d_the_local_pacs_archive_is_verified_against_the_registry(pacs128):
     rec = _local_archive(
         pacs128, None, get_dataset("pacs")
     )  # dataset.sha256: null, as in the PACS recipe (docs/experiments.md)
-    assert rec["verified"] is True and rec["known_as"] == "pacs_128.zip"
-    assert rec["expected_sha256"] == rec["sha256"] == "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
+    assert rec.verified is True and rec.known_as == "pacs_128.zip"
+    assert rec.expected_sha256 == rec.sha256 == "0239f4e21fc401b5da9ccc497cdafe8064b81c9e918613c7ebba92b72547f578"
 
 
 def test_d_tar_members_go_through_tarfiles_data_filter(tmp_path, monkeypatch):

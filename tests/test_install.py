@@ -253,6 +253,7 @@ def test_a_registered_pyfunc_loads_and_predicts_in_the_full_install_outside_the_
     import mlflow
 
     from fedccrl_pipeline.model_registry import log_to_mlflow
+    from fedccrl_pipeline.onnx_parity import ParityFigures
 
     onnx_path, model = exported
     exp_id = mlflow.create_experiment("fedccrl-install", artifact_location=(tmp_path / "artifacts").as_uri())
@@ -263,7 +264,7 @@ def test_a_registered_pyfunc_loads_and_predicts_in_the_full_install_outside_the_
     log_to_mlflow(
         onnx_path,
         _meta(mlflow_run_id=run.info.run_id),
-        {"top1_agreement": 1.0, "max_abs_logit_diff": 0.0},
+        ParityFigures(n_images=2, max_abs_logit_diff=0.0, top1_agreement=1.0),
         raw[:2],
         None,
         None,

@@ -57,6 +57,18 @@ def test_export_writes_the_int8_copy_beside_the_float_model(exported, shards):
     assert leftovers(out) == {"model.onnx", "model.int8.onnx", "parity.json", "MODEL_CARD.md"}
     int8 = json.loads((out / "parity.json").read_text())["int8"]
     x, _ = load_domain_test(shards, HELD_OUT)
+    assert list(int8) == [  # parity.json's "int8", its keys in their order
+        "file",
+        "float32_accuracy",
+        "int8_accuracy",
+        "accuracy_drop_points",
+        "max_drop_points",
+        "calibration_images",
+        "calibration_domains",
+        "n_images",
+        "bytes",
+    ]
+    assert int8["file"] == "model.int8.onnx"  # the name it was renamed to, not the temporary one
     assert int8["n_images"] == len(x) and int8["calibration_domains"] == SOURCES
     assert int8["accuracy_drop_points"] == pytest.approx(100 * (int8["float32_accuracy"] - int8["int8_accuracy"]))
     assert f"INT8 on {len(x)} {HELD_OUT} images: accuracy" in result.stderr
@@ -107,7 +119,7 @@ def test_the_gate_passes_at_the_drop_and_refuses_below_it(exported, shards, tmp_
     test = load_domain_test(shards, HELD_OUT)
     drop = json.loads((out / "parity.json").read_text())["int8"]["accuracy_drop_points"]
     passed = checked_int8(out / "model.onnx", tmp_path / "a.onnx", shards, HELD_OUT, test, Int8Settings(64, drop), 16)
-    assert passed["accuracy_drop_points"] == drop and (tmp_path / "a.onnx").is_file()
+    assert passed.accuracy_drop_points == drop and (tmp_path / "a.onnx").is_file()
     with pytest.raises(Int8Refused, match=rf"is {drop:.2f} points below float32's .*export.int8_max_drop="):
         checked_int8(out / "model.onnx", tmp_path / "b.onnx", shards, HELD_OUT, test, Int8Settings(64, drop - 0.01), 16)
 

@@ -24,7 +24,9 @@ from fedccrl_core.outcomes.evaluated import EvaluatedRun, Scored, Selections, wr
 from fedccrl_core.outcomes.intervals import wilson_interval
 from fedccrl_pipeline.card_privacy import QUOTES
 from fedccrl_pipeline.card_records import CardRecords, SweepEpsilon
+from fedccrl_pipeline.checked_export import HELD_OUT_IMAGES, ExportParity
 from fedccrl_pipeline.model_card import render
+from fedccrl_pipeline.quantize import Int8Figures
 from fedccrl_serving.cli import main as serve
 
 REPO = Path(__file__).resolve().parents[1]
@@ -193,14 +195,29 @@ def _evaluated(meta: ModelMeta) -> EvaluatedRun:
     )
 
 
-PARITY = {
-    "n_images": 100,
-    "onnx_accuracy": 0.76,
-    "torch_accuracy": 0.76,
-    "top1_agreement": 1.0,
-    "onnx_bytes": 16_800_123,
-    "int8": {"file": "model.int8.onnx", "int8_accuracy": 0.75, "n_images": 100, "bytes": 4_400_321},
-}
+INT8 = Int8Figures(
+    file="model.int8.onnx",
+    float32_accuracy=0.76,
+    int8_accuracy=0.75,
+    accuracy_drop_points=1.0,
+    max_drop_points=1.0,
+    calibration_images=256,
+    calibration_domains=("art_painting", "cartoon", "photo"),
+    n_images=100,
+    bytes=4_400_321,
+)
+PARITY = ExportParity(
+    n_images=100,
+    max_abs_logit_diff=1e-6,
+    top1_agreement=1.0,
+    onnx_accuracy=0.76,
+    torch_accuracy=0.76,
+    min_agreement=0.999,
+    held_out_domain="sketch",
+    onnx_bytes=16_800_123,
+    inputs=HELD_OUT_IMAGES,
+    int8=INT8,
+)
 
 
 def _records(**over) -> CardRecords:
@@ -268,11 +285,11 @@ def test_every_number_of_the_card_is_its_records():
     final, onnx_row, int8_row = accuracy
     assert final["measure"] == "final round, measured by the evaluate stage"
     check_accuracy_row(final, ev.final_target_acc, 100)
-    check_accuracy_row(onnx_row, PARITY["onnx_accuracy"], PARITY["n_images"])
-    check_accuracy_row(int8_row, PARITY["int8"]["int8_accuracy"], PARITY["int8"]["n_images"])
+    check_accuracy_row(onnx_row, PARITY.onnx_accuracy, PARITY.n_images)
+    check_accuracy_row(int8_row, INT8.int8_accuracy, INT8.n_images)
     assert {s["file"]: int(s["bytes"]) for s in sizes} == {
-        "model.onnx (float32)": PARITY["onnx_bytes"],
-        "model.int8.onnx (INT8)": PARITY["int8"]["bytes"],
+        "model.onnx (float32)": PARITY.onnx_bytes,
+        "model.int8.onnx (INT8)": INT8.bytes,
     }
     cm = ev.detail.final.confusion
     assert cm is not None and ev.detail.final.per_class_acc is not None

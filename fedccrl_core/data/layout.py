@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fedccrl_core.data.archives import member_path
 from fedccrl_core.data.images import is_ignored_name
-from fedccrl_core.data.tree import scan_classes, subfolders
+from fedccrl_core.data.tree import LeftOut, scan_classes, subfolders
 from fedccrl_core.foundation.errors import DataError
 
 _MAX_DEPTH = 5
@@ -131,9 +131,9 @@ def _why_not(top: Path, root: Path) -> str:
     )
 
 
-def materialize(domain_dirs: dict[str, Path], out: Path, move: bool) -> list[dict]:
-    """Build out/<domain>/<class>/<file> from the found domain folders; returns ignored entries."""
-    ignored: list[dict] = []
+def materialize(domain_dirs: dict[str, Path], out: Path, move: bool) -> list[LeftOut]:
+    """Build out/<domain>/<class>/<file> from the found domain folders; returns the entries passed over."""
+    ignored: list[LeftOut] = []
     put = os.rename if move else shutil.copyfile
     for domain, ddir in domain_dirs.items():
         (out / domain).mkdir(parents=True, exist_ok=True)
@@ -146,7 +146,7 @@ def materialize(domain_dirs: dict[str, Path], out: Path, move: bool) -> list[dic
     return ignored
 
 
-def materialize_split_files(top: Path, spec, out: Path, move: bool) -> tuple[list[dict], list[dict]]:
+def materialize_split_files(top: Path, spec, out: Path, move: bool) -> tuple[list[LeftOut], list[LeftOut]]:
     """miniDomainNet (Dassl): keep exactly the images listed in splits_mini/<domain>_{train,test}.txt.
 
     Each line is '<domain>/<class>/<file> <label>'. Returns (missing, ignored): files listed but
@@ -156,7 +156,9 @@ def materialize_split_files(top: Path, spec, out: Path, move: bool) -> tuple[lis
     if split_dir is None:
         raise DataError(f"{spec.name}: no splits_mini/ folder with the miniDomainNet split files in the source")
     root = split_dir.parent
-    missing, ignored, seen = [], [], set()
+    missing: list[LeftOut] = []
+    ignored: list[LeftOut] = []
+    seen: set[str] = set()
     label_of: dict[str, str] = {}
     for domain in spec.domains:
         for split in ("train", "test"):
@@ -180,12 +182,12 @@ def materialize_split_files(top: Path, spec, out: Path, move: bool) -> tuple[lis
                     )
                 dst_rel = f"{domain}/{cls}/{rel.parts[-1]}"
                 if dst_rel in seen:
-                    ignored.append({"path": dst_rel, "reason": f"listed twice (again in {fpath.name})"})
+                    ignored.append(LeftOut(dst_rel, f"listed twice (again in {fpath.name})"))
                     continue
                 seen.add(dst_rel)
                 src = root / rel
                 if not src.is_file():
-                    missing.append({"path": dst_rel, "reason": f"listed in {fpath.name} but missing from the source"})
+                    missing.append(LeftOut(dst_rel, f"listed in {fpath.name} but missing from the source"))
                     continue
                 (out / domain / cls).mkdir(parents=True, exist_ok=True)
                 (os.rename if move else shutil.copyfile)(src, out / dst_rel)

@@ -238,9 +238,9 @@ def scan_site(
     if not images.is_dir():
         raise DataError(f"--images {images}: image folder not found")
     found, ignored = scan_classes(images, domain, within=images.resolve())
-    passed_over = [manifest_mod.SkippedImage(path=i["path"], reason=i["reason"]) for i in ignored]
+    passed_over = [manifest_mod.SkippedImage(path=i.path, reason=i.reason) for i in ignored]
     for item in ignored:
-        print(f"notice: skipped {images}/{item['path'].split('/', 1)[1]} ({item['reason']})", file=sys.stderr)
+        print(f"notice: skipped {images}/{item.path.split('/', 1)[1]} ({item.reason})", file=sys.stderr)
     extra = [c for c in found if c not in classes]
     if extra:
         raise DataError(
@@ -255,7 +255,7 @@ def scan_site(
             rels.append(f"{domain}/{c}/{f}")
             ys.append(index[c])
     if not files:
-        why = f"; {len(ignored)} skipped, e.g. {ignored[0]['path']}: {ignored[0]['reason']}" if ignored else ""
+        why = f"; {len(ignored)} skipped, e.g. {ignored[0].path}: {ignored[0].reason}" if ignored else ""
         raise DataError(
             f"--images {images}: no image found (expected one subfolder per class of {classes_file}, "
             f"holding that class's images{why})"

@@ -37,15 +37,18 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedccrl_core.data.archives import safe_extract
 from fedccrl_core.data.checksums import sha256_file
 from fedccrl_core.data.http import DEADLINE_S, download_url
 from fedccrl_core.data.layout import find_imagefolder_root, find_registry_root, materialize, materialize_split_files
+from fedccrl_core.data.tree import LeftOut
 from fedccrl_core.foundation.errors import ChecksumError, DataError
 from fedccrl_core.foundation.fsio import atomic_dir, scratch_dir, write_json
 
@@ -98,17 +101,60 @@ def _archive_name_from_url(url: str) -> str:
     return name if name and name not in ("download", "uc") else "archive"
 
 
-def _archive_record(digest: str, want: str | None, spec) -> dict:
-    """sha256, the expected sha256 (params' dataset.sha256, else the registry's when the archive is one it
-    knows by hash) and whether they agree; a mismatch with `want` was refused before this."""
+@dataclass(frozen=True)
+class ArchiveRecord:
+    """A source archive as the data report's source lists it: its file name, where it came from (`url`, downloaded,
+    or `path`, a local file; the other one None), its sha256, the expected sha256 (params' dataset.sha256, else the
+    registry's when the archive is one it knows by hash), whether they agree, and the registry's name for it."""
+
+    file: str
+    url: str | None
+    path: str | None
+    sha256: str
+    expected_sha256: str | None
+    verified: bool
+    known_as: str | None
+
+    def to_dict(self) -> dict:
+        """The report's entry: the fields in declaration order, of `url` and `path` only the one it came from."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None or k not in ("url", "path")}
+
+
+@dataclass
+class SourceRecord:
+    """The data report's `source`, filled in as the source is obtained: what dataset.source said (`param`), what it
+    was (`kind`: generated, folder, archive, url or registry), a folder's `path`, a generated tree's generator, seed
+    and counts, the archives, then where the domains were found (`root`, and `domain_folders` by domain)."""
+
+    param: str
+    kind: str | None = None
+    path: str | None = None
+    generator: str | None = None
+    seed: int | None = None
+    images_per_class: int | None = None
+    images: int | None = None
+    archives: list[ArchiveRecord] | None = None
+    root: str | None = None
+    domain_folders: dict[str, str] | None = None
+
+    def to_dict(self) -> dict:
+        """The report's entry: the fields set, in declaration order, each archive as its entry."""
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, list):  # the archives (the one list)
+                value = [a.to_dict() for a in value]
+            if value is not None:
+                out[f.name] = value
+        return out
+
+
+def _archive_record(file: str, digest: str, want: str | None, spec, url=None, path=None) -> ArchiveRecord:
+    """The record of the archive `file` (from `url` or `path`) whose sha256 is `digest`: a mismatch with `want` was
+    refused before this."""
     known = spec.known_archive(digest)
     expected = want or (known.sha256 if known else None)
-    return {
-        "sha256": digest,
-        "expected_sha256": expected,
-        "verified": expected == digest,
-        "known_as": known.filename if known else None,
-    }
+    return ArchiveRecord(file, url, path, digest, expected, expected == digest, known.filename if known else None)
 
 
 def _fetch_urls(
@@ -121,9 +167,9 @@ def _fetch_urls(
     warnings: list[str],
     spec,
     deadline_s=DEADLINE_S,
-) -> list[tuple[Path, dict]]:
+) -> list[tuple[Path, ArchiveRecord]]:
     """Download each (url, filename, expected sha256) into work/; return (path, archive record)."""
-    out: list[tuple[Path, dict]] = []
+    out: list[tuple[Path, ArchiveRecord]] = []
     for url, fname, want in urls:
         dest = work / f"{len(out)}-{fname}"
         digest = download_url(
@@ -137,8 +183,8 @@ def _fetch_urls(
             label=fname,
             deadline_s=deadline_s,
         )
-        rec = {"file": fname, "url": url, **_archive_record(digest, want, spec)}
-        if not rec["verified"]:
+        rec = _archive_record(fname, digest, want, spec, url=url)
+        if not rec.verified:
             _warn(
                 f"{url}: no sha256 is known for {fname}; its sha256 is {digest}. Pin it in params.yaml "
                 f"(dataset.sha256: {digest}) so a changed file is caught",
@@ -148,14 +194,14 @@ def _fetch_urls(
     return out
 
 
-def _local_archive(path: Path, want: str | None, spec) -> dict:
+def _local_archive(path: Path, want: str | None, spec) -> ArchiveRecord:
     """Hash a local archive and verify it against `want` BEFORE anything is extracted."""
     digest = sha256_file(path)
     if want and digest != want:
         raise ChecksumError(
             f"{path}: sha256 mismatch: expected {want} (dataset.sha256), got {digest}; nothing was extracted"
         )
-    return {"file": path.name, "path": str(path), **_archive_record(digest, want, spec)}
+    return _archive_record(path.name, digest, want, spec, path=str(path))
 
 
 def _remote_urls(spec, source: str, sha256) -> tuple[str, list[tuple[str, str, str | None]]] | None:
@@ -174,39 +220,39 @@ def _remote_urls(spec, source: str, sha256) -> tuple[str, list[tuple[str, str, s
     return None
 
 
-def _local_source(spec, source: str, sha256, work: Path, src_rec: dict, progress: bool) -> tuple[Path, bool]:
+def _local_source(spec, source: str, sha256, work: Path, src_rec: SourceRecord, progress: bool) -> tuple[Path, bool]:
     """A local folder or archive: (the tree to map, whether its files may be moved); the archive extracted into
     work/extract after its sha256 is checked."""
     p = Path(source).expanduser()
     if p.is_dir():
         if sha256 is not None:
             raise DataError(f"params.yaml: dataset.sha256 does not apply to a folder source ({p})")
-        src_rec.update(kind="folder", path=str(p.resolve()))
+        src_rec.kind, src_rec.path = "folder", str(p.resolve())
         return p, False
     if p.is_file():
         want = _expected_shas(sha256, 1, [p.name])[0]
         rec = _local_archive(p, want, spec)
         safe_extract(p, work / "extract", progress=progress)
-        src_rec.update(kind="archive", archives=[rec])
+        src_rec.kind, src_rec.archives = "archive", [rec]
         return work / "extract", True
     raise DataError(
         f"params.yaml: dataset.source {source!r} is neither 'registry', an http(s) URL, nor an existing file or folder"
     )
 
 
-def _map_tree(spec, top: Path, stage: Path, move: bool, src_rec: dict) -> tuple[list[dict], list[dict]]:
+def _map_tree(spec, top: Path, stage: Path, move: bool, src_rec: SourceRecord) -> tuple[list[LeftOut], list[LeftOut]]:
     """Lay `top`'s images out as stage/<domain>/<class>/<image>: (missing, ignored)."""
     from fedccrl_core.data import registry
 
     if spec.layout == registry.LAYOUT_SPLIT_FILES:
-        src_rec["root"] = "splits_mini/.."
+        src_rec.root = "splits_mini/.."
         return materialize_split_files(top, spec, stage, move)
     if spec.domains:
         root, ddirs = find_registry_root(top, spec)
     else:
         root, ddirs = find_imagefolder_root(top)
-    src_rec["root"] = str(root.relative_to(top)) if root != top else "."
-    src_rec["domain_folders"] = {d: p.name for d, p in ddirs.items()}
+    src_rec.root = str(root.relative_to(top)) if root != top else "."
+    src_rec.domain_folders = {d: p.name for d, p in ddirs.items()}
     return [], materialize(ddirs, stage, move)
 
 
@@ -215,28 +261,25 @@ def _obtain(spec, source: str, sha256, seed: int, stage: Path, work: Path, fetch
     missing, ignored). fetch(urls) downloads into `work` (_fetch_urls)."""
     from fedccrl_core.data import registry, synthetic
 
-    src_rec: dict = {"param": source}
     if source == "registry" and spec.layout == registry.LAYOUT_GENERATED:  # sha256 null: the schema's
         n = synthetic.generate(stage, seed=seed, progress=progress)
-        src_rec.update(
-            kind="generated",
-            generator="fedccrl_core.data.synthetic",
-            seed=seed,
-            images_per_class=synthetic.IMAGES_PER_CLASS,
-            images=n,
+        per_class = synthetic.IMAGES_PER_CLASS
+        generated = SourceRecord(
+            source, "generated", generator=synthetic.__name__, seed=seed, images_per_class=per_class, images=n
         )
-        return src_rec, [], []
+        return generated, [], []
+    src_rec = SourceRecord(source)
     remote = _remote_urls(spec, source, sha256)
     if remote is None:
         top, move = _local_source(spec, source, sha256, work, src_rec, progress)
     else:
-        src_rec["kind"], urls = remote
+        src_rec.kind, urls = remote
         fetched = fetch(urls)
         top, move = work / "extract", True
         for path, _ in fetched:
             safe_extract(path, top, progress=progress)
             path.unlink()
-        src_rec["archives"] = [rec for _, rec in fetched]
+        src_rec.archives = [rec for _, rec in fetched]
     missing, ignored = _map_tree(spec, top, stage, move, src_rec)
     return src_rec, missing, ignored
 

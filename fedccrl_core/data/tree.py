@@ -35,6 +35,15 @@ _KINDS = (
 )
 
 
+@dataclass(frozen=True)
+class LeftOut:
+    """A path of an image tree that is no sample (passed over by the walker, unreadable, or listed but absent) and
+    why; the data report and a site's manifest list it."""
+
+    path: str
+    reason: str
+
+
 def not_regular(path: str | os.PathLike) -> str | None:
     """Why `path` must not be opened as an image (a FIFO would block the reader for ever), else None.
     os.stat never opens the file; a path that cannot be stat'ed is left to the decoder's error."""
@@ -83,18 +92,18 @@ def walk_files(folder: str | os.PathLike[str]) -> Iterator[Path]:
 
 def scan_classes(
     folder: str | os.PathLike, rel: str, within: Path | None = None
-) -> tuple[dict[str, list[str]], list[dict]]:
-    """`folder/<class>/<file>` -> ({class: sorted file names}, ignored entries {path, reason}, paths spelled
+) -> tuple[dict[str, list[str]], list[LeftOut]]:
+    """`folder/<class>/<file>` -> ({class: sorted file names}, the entries passed over, paths spelled
     `rel/<class>/<file>`). Ignored names are skipped silently at the class level and listed at the file level; a
     symlink loop, a file that is not a regular file and (with `within`) a symlink leaving `within` are listed."""
     classes: dict[str, list[str]] = {}
-    ignored: list[dict] = []
+    ignored: list[LeftOut] = []
     for c in _entries(folder):
         if is_ignored_name(c.name):
             continue
         why = not_followed(c.path, within)
         if why or not c.is_dir():
-            ignored.append({"path": f"{rel}/{c.name}", "reason": why or "file outside any class folder"})
+            ignored.append(LeftOut(f"{rel}/{c.name}", why or "file outside any class folder"))
             continue
         names = []
         for f in _entries(c.path):
@@ -104,7 +113,7 @@ def scan_classes(
                 why = "folder nested below a class folder"
             why = why or not_regular(f.path)
             if why:
-                ignored.append({"path": path, "reason": why})
+                ignored.append(LeftOut(path, why))
             else:
                 names.append(f.name)
         classes[c.name] = names
@@ -117,7 +126,7 @@ class Tree:
 
     root: Path
     files: dict[str, dict[str, list[str]]]
-    ignored: list[dict] = field(default_factory=list)
+    ignored: list[LeftOut] = field(default_factory=list)
 
     def count(self, domain: str) -> int:
         return sum(len(v) for v in self.files.get(domain, {}).values())
@@ -136,12 +145,12 @@ def scan_tree(root: str | os.PathLike[str]) -> Tree:
     if not root.is_dir():
         raise DataError(f"{root}: raw data folder not found")
     files: dict[str, dict[str, list[str]]] = {}
-    ignored: list[dict] = []
+    ignored: list[LeftOut] = []
     for d in _entries(root):
         if is_ignored_name(d.name):
             continue
         if not d.is_dir():
-            ignored.append({"path": d.name, "reason": "file outside any domain folder"})
+            ignored.append(LeftOut(d.name, "file outside any domain folder"))
             continue
         files[d.name], more = scan_classes(d.path, d.name)
         ignored += more

@@ -25,13 +25,18 @@ Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
+from typing import TYPE_CHECKING
 
 from fedccrl_core.data.images import RESIZE_POLICY, check_images
 from fedccrl_core.data.registry import DatasetSpec
-from fedccrl_core.data.tree import Tree, scan_tree
+from fedccrl_core.data.tree import LeftOut, Tree, scan_tree
 from fedccrl_core.foundation.errors import DataError
+
+if TYPE_CHECKING:
+    from fedccrl_core.data.sources import SourceRecord
 
 REPORT_VERSION = 1
 COUNT_POLICY = (
@@ -132,19 +137,19 @@ def tree_digest(entries: list[tuple[str, str]]) -> str:
     return h.hexdigest()
 
 
-def _archive_sha256(source: dict):
+def _archive_sha256(source: SourceRecord | None):
     """The source archive's sha256 (one archive), {file: sha256} (several), or None (folder, generated)."""
-    arch = source.get("archives") or []
+    arch = (source.archives if source is not None else None) or []
     if len(arch) == 1:
-        return arch[0]["sha256"]
-    return {a["file"]: a["sha256"] for a in arch} or None
+        return arch[0].sha256
+    return {a.file: a.sha256 for a in arch} or None
 
 
 def _check_images(
     spec: DatasetSpec,
     tree: Tree,
     domains: list[str],
-    missing: list[dict],
+    missing: list[LeftOut],
     n: int,
     max_bad_fraction: float,
     report: dict,
@@ -155,15 +160,15 @@ def _check_images(
     `max_bad_fraction` of the `n` images (the missing ones counted) are unreadable."""
     rels = tree.relpaths(domains)
     results = check_images([tree.root / r for r in rels], workers=workers, progress=progress)
-    bad = [{"path": r, "reason": why} for r, (why, _) in zip(rels, results) if why is not None]
-    bad += missing
+    bad = [LeftOut(r, why) for r, (why, _) in zip(rels, results) if why is not None] + missing
+    bad.sort(key=lambda b: b.path)
     report["n_bad"] = len(bad)
     report["bad_fraction"] = round(len(bad) / n, 6) if n else 0.0
     report["max_bad_fraction"] = max_bad_fraction
-    report["bad"] = sorted(bad, key=lambda b: b["path"])
+    report["bad"] = [dataclasses.asdict(b) for b in bad]
     report["tree_sha256"] = tree_digest([(r, dg) for r, (_, dg) in zip(rels, results) if dg])
     if n and len(bad) / n > max_bad_fraction:
-        shown = "; ".join(f"{b['path']} ({b['reason']})" for b in report["bad"][:5])
+        shown = "; ".join(f"{b.path} ({b.reason})" for b in bad[:5])
         raise DataError(
             f"{spec.name}: {len(bad)} of {n} images are unreadable ({len(bad) / n:.2%} > "
             f"download.max_bad_fraction {max_bad_fraction:.2%}): {shown}"
@@ -176,9 +181,9 @@ def validate_tree(
     root: str | os.PathLike,
     max_bad_fraction: float,
     *,
-    source: dict | None = None,
-    missing: list[dict] | None = None,
-    ignored: list[dict] | None = None,
+    source: SourceRecord | None = None,
+    missing: list[LeftOut] | None = None,
+    ignored: list[LeftOut] | None = None,
     warnings: list[str] | None = None,
     workers: int | None = None,
     progress: bool = True,
@@ -191,23 +196,24 @@ def validate_tree(
         "dataset": spec.name,
         "status": "failed",
         "error": None,
-        "source": source or {},
-        "sha256": _archive_sha256(source or {}),
+        "source": source.to_dict() if source is not None else {},
+        "sha256": _archive_sha256(source),
         "count_policy": COUNT_POLICY,
         "resize_policy": RESIZE_POLICY,
         "warnings": list(warnings or []),
-        "ignored": list(ignored or []) + tree.ignored,
+        "ignored": [dataclasses.asdict(i) for i in [*(ignored or []), *tree.ignored]],
     }
     try:
         domains, classes = check_layout(spec, tree)
         report.update(domains=domains, classes=classes)
         extra: dict[str, int] = {}
         for m in missing:
-            d = m["path"].split("/", 1)[0]
+            d = m.path.split("/", 1)[0]
             extra[d] = extra.get(d, 0) + 1
         report["counts"] = {d: {c: len(tree.files[d][c]) for c in classes} for d in domains}
-        report["domain_totals"] = {d: tree.count(d) + extra.get(d, 0) for d in domains}
-        report["total"] = total = sum(report["domain_totals"].values())
+        totals = {d: tree.count(d) + extra.get(d, 0) for d in domains}
+        report["domain_totals"] = totals
+        report["total"] = total = sum(totals.values())
         report["expected"] = {
             "domain_totals": ({d: spec.expected_count(d) for d in domains} if spec.domain_counts else None),
             "total": spec.total,

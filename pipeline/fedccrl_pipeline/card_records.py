@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from fedccrl_core.outcomes.evaluated import EvaluatedRun
     from fedccrl_core.outcomes.site_scores import SitesEvaluated
     from fedccrl_flower.sites import FederationFile
+    from fedccrl_pipeline.checked_export import ExportParity
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,13 @@ class SweepEpsilon:
 @dataclass(frozen=True)
 class CardRecords:
     """What a card is made from: the exported model's meta, the run's history, the export's parity figures
-    (parity.json, with "int8" when the copy was written), the evaluate stage's result (None: `evaluated_note` says
+    (parity.json's record, with the INT8 gate when the copy was written), the evaluate stage's result (None: `evaluated_note` says
     why), the training data (the research pipeline's shard manifest, or a deployment's federation file) and the
     dataset's hash, and the sweep's ε per image."""
 
     meta: ModelMeta
     history: RunHistory
-    parity: dict
+    parity: ExportParity
     evaluated: EvaluatedRun | None
     evaluated_note: str  # where the result was read, or why there is none
     manifest: ShardManifest | None
@@ -74,7 +75,7 @@ class CardSources:
     sweep: SweepEpsilon
     sites: SitesEvaluated | None = None
 
-    def records(self, meta: ModelMeta, parity: dict) -> CardRecords:
+    def records(self, meta: ModelMeta, parity: ExportParity) -> CardRecords:
         s = self
         return CardRecords(
             meta,

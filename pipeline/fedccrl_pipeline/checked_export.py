@@ -8,20 +8,39 @@ It imports torch (the exporter and the parity reference), so it lives here and n
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 
 from fedccrl_pipeline.onnx_export import export_onnx
-from fedccrl_pipeline.onnx_parity import ParityError, cpu_session, parity
+from fedccrl_pipeline.onnx_parity import ParityError, ParityFigures, cpu_session, parity
+from fedccrl_pipeline.quantize import Int8Figures
 
 # an export's folder: the model and its parity figures (export_checked)
 ONNX_FILE, PARITY_FILE = "model.onnx", "parity.json"
 # without a test folder of the held-out domain, parity is measured on this many generated images (seeded)
 GENERATED_IMAGES, GENERATED_SEED = 64, 0
-PARITY_INPUTS = "inputs"  # parity.json's key: what the check ran on (HELD_OUT_IMAGES or GENERATED)
-HELD_OUT_IMAGES, GENERATED = "held-out images", "generated images"
+HELD_OUT_IMAGES, GENERATED = "held-out images", "generated images"  # ExportParity.inputs
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExportParity(ParityFigures):
+    """An export's parity figures (parity.json, written by `to_dict`): what `parity` measured, the agreement it had
+    to reach, the held-out domain, the ONNX file's size, what the check ran on (`inputs`: HELD_OUT_IMAGES, or
+    GENERATED without accuracies) and the INT8 copy's gate when the copy was written."""
+
+    min_agreement: float
+    held_out_domain: str
+    onnx_bytes: int
+    inputs: str
+    int8: Int8Figures | None = None
+
+    def to_dict(self) -> dict:
+        """parity.json: every field under its name, in declaration order (the measured figures first), the INT8
+        gate as an object; an accuracy not measured (generated images) and `int8` without a copy are left out."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 
 
 def example_images(images_u8: np.ndarray) -> np.ndarray:
@@ -74,31 +93,28 @@ def _all_or_none(outputs):
         raise
 
 
-def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batch_size: int) -> dict:
+def _parity_checked(onnx_path: Path, model, meta, xy, min_agreement: float, batch_size: int) -> ExportParity:
     """The parity figures of the ONNX file at `onnx_path` against `model` on the images `xy` (labels None: generated
-    images); ParityError
-    when their top-1 agreement is below `min_agreement`."""
+    images); ParityError when their top-1 agreement is below `min_agreement`."""
     import sys
 
     x, y = xy
-    result = parity(cpu_session(onnx_path), model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
-    result.update(
-        min_agreement=min_agreement, held_out_domain=meta.held_out_domain, onnx_bytes=onnx_path.stat().st_size
-    )
-    result[PARITY_INPUTS] = GENERATED if y is None else HELD_OUT_IMAGES
+    measured = parity(cpu_session(onnx_path), model, x, meta.mean, meta.std, labels=y, batch_size=batch_size)
     what = "generated" if y is None else meta.held_out_domain
-    print(
-        f"parity on {result['n_images']} {what} images: top-1 agreement "
-        f"{result['top1_agreement']:.6f}, max |logit diff| {result['max_abs_logit_diff']:.3g}",
-        file=sys.stderr,
-    )
-    if result["top1_agreement"] < min_agreement:
+    n, agreement, diff = measured.n_images, measured.top1_agreement, measured.max_abs_logit_diff
+    print(f"parity on {n} {what} images: top-1 agreement {agreement:.6f}, max |logit diff| {diff:.3g}", file=sys.stderr)
+    if agreement < min_agreement:
         raise ParityError(
-            f"ONNX/PyTorch top-1 agreement {result['top1_agreement']:.6f} < --min-agreement {min_agreement} "
-            f"on {result['n_images']} images (max |logit diff| {result['max_abs_logit_diff']:.3g}); "
-            "no model.onnx written"
+            f"ONNX/PyTorch top-1 agreement {agreement:.6f} < --min-agreement {min_agreement} "
+            f"on {n} images (max |logit diff| {diff:.3g}); no model.onnx written"
         )
-    return result
+    return ExportParity(
+        **dataclasses.asdict(measured),
+        min_agreement=min_agreement,
+        held_out_domain=meta.held_out_domain,
+        onnx_bytes=onnx_path.stat().st_size,
+        inputs=GENERATED if y is None else HELD_OUT_IMAGES,
+    )
 
 
 def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8, study_images: bool):
@@ -133,11 +149,11 @@ def export_checked(
     *,
     card_maker,
     study_images: bool = True,
-) -> dict:
+) -> ExportParity:
     """A trained model -> out/model.onnx + out/parity.json + out/MODEL_CARD.md (`fedccrl export`). Parity is
     measured on every image of the held-out domain in `shards` (ONNX Runtime CPU vs PyTorch; a run under train.privacy
     on the study's shards, `study_images`: its val rows, data/shards.py held_out_parts), or without `shards`
-    on generated images (agreement only; parity.json's PARITY_INPUTS says which); below `min_agreement` a
+    on generated images (agreement only; parity.json's `inputs` says which); below `min_agreement` a
     ParityError, and no output. Outputs appear only on success: the card and parity.json first, then model.onnx
     renamed from a temp name, so a model.onnx is always complete; stale outputs of an earlier export are removed
     before anything else happens, and those in place when a later step fails are removed again.
@@ -167,16 +183,15 @@ def export_checked(
 
             tmp_int8 = int8_out.enter_context(atomic_path(int8_path(final_onnx)))
             assert meta.held_out_domain and shards and y is not None  # require(), the check above
-            result["int8"] = checked_int8(
-                tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size, private
-            )
-            result["int8"]["file"] = int8_path(final_onnx).name  # not the temporary name it was written under
+            gate = checked_int8(tmp_onnx, tmp_int8, shards, meta.held_out_domain, (x, y), int8, batch_size, private)
+            # under the name it is renamed to, not the temporary one it was written under
+            result = dataclasses.replace(result, int8=dataclasses.replace(gate, file=int8_path(final_onnx).name))
         text = card(meta, result)
         if publish is not None:
             publish(tmp_onnx, meta, result, example_images(x), text)
         write_text(final_card, text)
-        write_text(final_parity, json.dumps(result, indent=1) + "\n")
-    print(f"wrote {final_onnx} ({result['onnx_bytes'] / 1e6:.1f} MB), {final_parity} and {final_card}", file=sys.stderr)
+        write_text(final_parity, json.dumps(result.to_dict(), indent=1) + "\n")
+    print(f"wrote {final_onnx} ({result.onnx_bytes / 1e6:.1f} MB), {final_parity} and {final_card}", file=sys.stderr)
     if int8 is not None:
         print(f"wrote {int8_path(final_onnx)} ({int8_path(final_onnx).stat().st_size / 1e6:.1f} MB)", file=sys.stderr)
     return result

@@ -5,9 +5,13 @@ registry take)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedccrl_pipeline.deploy_params import test_shards
 from fedccrl_pipeline.quantize import Int8Settings
+
+if TYPE_CHECKING:
+    from fedccrl_pipeline.checked_export import ExportParity
 
 
 def export(
@@ -25,7 +29,7 @@ def export(
     federation: Path | None = None,
     deploy: Path | None = None,
     sites: Path | None = None,
-) -> dict:
+) -> ExportParity:
     """One run's export; into its card: results, the evaluate stage's root (the run's contract.result_file), federation,
     a deployment's federation file (the training data), sites, `fedccrl evaluate-sites`' result of the model; deploy:
     a deployment's params file, whose deploy.test_shards stands for `shards` when that is None (both None: the parity

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fedccrl_core.foundation import contract
 from fedccrl_core.foundation.fsio import write_text
 from fedccrl_pipeline.export_run import export
 from fedccrl_pipeline.quantize import Int8Settings
+
+if TYPE_CHECKING:
+    from fedccrl_pipeline.checked_export import ExportParity
 
 
 def export_sweep(
@@ -30,7 +34,7 @@ def export_sweep(
     `summary`. int8, results: as export's (each run's INT8 copy beside its model.onnx)."""
     from fedccrl_pipeline.params import load_config, run_dirs
 
-    done: dict = {}
+    done: dict[str, ExportParity] = {}
     traces: dict = {}  # one trace per architecture, reused by its further models (onnx_export.export_onnx)
     for run in run_dirs(load_config(params_path), models):  # the whole params file validated first
         key = run.relative_to(models).as_posix()
@@ -47,14 +51,13 @@ def export_sweep(
             int8,
             results,
         )
-    worst = min(r["top1_agreement"] for r in done.values())
     # the compact DVC metric: the worst figures over every run (each run's own numbers: out/<run>/parity.json)
-    doc = {
-        "min_top1_agreement": worst,
-        "max_abs_logit_diff": max(r["max_abs_logit_diff"] for r in done.values()),
+    doc: dict[str, float | int] = {
+        "min_top1_agreement": min(r.top1_agreement for r in done.values()),
+        "max_abs_logit_diff": max(r.max_abs_logit_diff for r in done.values()),
         "runs": len(done),
     }
-    if int8 is not None:  # the largest INT8 accuracy drop, in points (each run's figures: its parity.json "int8")
-        doc["max_int8_drop_points"] = max(r["int8"]["accuracy_drop_points"] for r in done.values())
+    if int8 is not None:  # the largest INT8 accuracy drop, in points (each run's gate: its parity.json "int8")
+        doc["max_int8_drop_points"] = max(r.int8.accuracy_drop_points for r in done.values() if r.int8 is not None)
     write_text(summary, json.dumps(doc, indent=1) + "\n")
     return doc

@@ -127,16 +127,16 @@ def _accuracy(r: CardRecords) -> list[str]:
         ]
     else:
         out += [f"No evaluate stage result ({r.evaluated_note}): the accuracy is the export's parity check only.", ""]
-    if "onnx_accuracy" in p:  # parity on the held-out images; on generated ones it measures agreement only
-        rows.append(("export parity check: ONNX float32", p["onnx_accuracy"], p["n_images"]))
+    if p.onnx_accuracy is not None:  # parity on the held-out images; on generated ones it measures agreement only
+        rows.append(("export parity check: ONNX float32", p.onnx_accuracy, p.n_images))
     else:
-        out += [f"The export's parity check ran on {p['n_images']} generated images (no test folder): no accuracy.", ""]
-    if "int8" in p:
-        rows.append(("export parity check: INT8 copy", p["int8"]["int8_accuracy"], p["int8"]["n_images"]))
+        out += [f"The export's parity check ran on {p.n_images} generated images (no test folder): no accuracy.", ""]
+    if p.int8 is not None:
+        rows.append(("export parity check: INT8 copy", p.int8.int8_accuracy, p.int8.n_images))
     out += table(ACC_HEADER, [acc_row(*row) for row in rows])
-    sizes = [("model.onnx (float32)", p["onnx_bytes"])]
-    if "int8" in p:
-        sizes.append((f"{p['int8']['file']} (INT8)", p["int8"]["bytes"]))
+    sizes = [("model.onnx (float32)", p.onnx_bytes)]
+    if p.int8 is not None:
+        sizes.append((f"{p.int8.file} (INT8)", p.int8.bytes))
     out += table(("file", "bytes"), sizes)
     detail = ev.detail.final if ev is not None else None
     if detail is not None and detail.per_class_acc is not None:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fedccrl_core.learning.model_file import ModelMeta
+    from fedccrl_pipeline.onnx_parity import ParityFigures
 
 
 def sanitize(name: str) -> str:
@@ -156,7 +157,7 @@ def _log_model(client, run_id: str, onnx_path: Path, name: str, tags: dict, meta
 def log_to_mlflow(
     onnx_path: Path,
     meta: ModelMeta,
-    result: dict,
+    result: ParityFigures,
     example_u8,
     registered_model: str | None,
     alias: str | None,
@@ -195,8 +196,8 @@ def log_to_mlflow(
     client.log_batch(
         run_id,
         metrics=[
-            Metric("export_top1_agreement", float(result["top1_agreement"]), now, 0),
-            Metric("export_max_abs_logit_diff", float(result["max_abs_logit_diff"]), now, 0),
+            Metric("export_top1_agreement", result.top1_agreement, now, 0),
+            Metric("export_max_abs_logit_diff", result.max_abs_logit_diff, now, 0),
         ],
     )
     info = _log_model(client, run_id, onnx_path, name, tags, meta, example_u8)

@@ -3,6 +3,7 @@ held-out domain (ONNX Runtime's CPU provider, the reference), compared by logits
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,18 @@ from fedccrl_serving.metadata import INPUT_NAME, OUTPUT_NAME
 
 class ParityError(FedCCRLError):
     """The ONNX model disagrees with the PyTorch model beyond the allowed tolerance."""
+
+
+@dataclass(frozen=True)
+class ParityFigures:
+    """What `parity` measured on `n_images` images: the largest absolute logit difference, the top-1 agreement of
+    the two models and, with labels, the accuracy of each (None without labels)."""
+
+    n_images: int
+    max_abs_logit_diff: float
+    top1_agreement: float
+    onnx_accuracy: float | None = None
+    torch_accuracy: float | None = None
 
 
 def cpu_session(path: str | Path, threads: int = 0):
@@ -30,7 +43,7 @@ def cpu_session(path: str | Path, threads: int = 0):
 
 def parity(
     session, model, images_u8: np.ndarray, mean, std, labels: np.ndarray | None = None, batch_size: int = 256
-) -> dict:
+) -> ParityFigures:
     """Run the ONNX session and the PyTorch model on the same normalized batches.
 
     images_u8: uint8 NHWC (the held-out domain's shard images). Returns the largest absolute logit
@@ -57,7 +70,6 @@ def parity(
             y = np.asarray(labels[start : start + batch_size])
             correct_onnx += int((top_onnx == y).sum())
             correct_torch += int((top_torch == y).sum())
-    result = {"n_images": n, "max_abs_logit_diff": max_diff, "top1_agreement": agree / n}
-    if labels is not None:
-        result.update(onnx_accuracy=correct_onnx / n, torch_accuracy=correct_torch / n)
-    return result
+    if labels is None:
+        return ParityFigures(n, max_diff, agree / n)
+    return ParityFigures(n, max_diff, agree / n, correct_onnx / n, correct_torch / n)

@@ -36,6 +36,22 @@ class Int8Refused(FedCCRLError):
 
 
 @dataclass(frozen=True)
+class Int8Figures:
+    """The INT8 copy's gate (parity.json's "int8"): its file, both models' held-out accuracy on `n_images` images,
+    the drop in points and the most allowed, what calibrated it, and its size in bytes."""
+
+    file: str
+    float32_accuracy: float
+    int8_accuracy: float
+    accuracy_drop_points: float
+    max_drop_points: float
+    calibration_images: int
+    calibration_domains: tuple[str, ...]
+    n_images: int
+    bytes: int
+
+
+@dataclass(frozen=True)
 class Int8Settings:
     """export.int8_calibration_images and export.int8_max_drop (points of accuracy)."""
 
@@ -159,7 +175,7 @@ def checked_int8(
     settings: Int8Settings,
     batch_size: int,
     private: bool = False,
-) -> dict:
+) -> Int8Figures:
     """Quantize `float_path` to `dest` and gate it on the held-out test images `test` (uint8 NHWC, labels): both
     models' accuracy there, the drop in points, and what calibrated it. Int8Refused when the drop passes
     settings.max_drop; the caller then writes neither file. `private`: the model trained under train.privacy
@@ -179,17 +195,17 @@ def checked_int8(
     acc_f = accuracy(cpu_session(float_path), x, y, meta, batch_size)
     acc_i = accuracy(cpu_session(dest), x, y, meta, batch_size)
     drop = 100 * (acc_f - acc_i)
-    result = {
-        "file": dest.name,
-        "float32_accuracy": acc_f,
-        "int8_accuracy": acc_i,
-        "accuracy_drop_points": drop,
-        "max_drop_points": settings.max_drop,
-        "calibration_images": len(images),
-        "calibration_domains": domains,
-        "n_images": len(x),
-        "bytes": dest.stat().st_size,
-    }
+    result = Int8Figures(
+        file=dest.name,
+        float32_accuracy=acc_f,
+        int8_accuracy=acc_i,
+        accuracy_drop_points=drop,
+        max_drop_points=settings.max_drop,
+        calibration_images=len(images),
+        calibration_domains=tuple(domains),
+        n_images=len(x),
+        bytes=dest.stat().st_size,
+    )
     print(
         f"INT8 on {len(x)} {held_out} images: accuracy {100 * acc_i:.2f} % against float32's {100 * acc_f:.2f} % "
         f"(drop {drop:.2f} points; calibrated on {len(images)} images of {', '.join(domains)})",

@@ -32,7 +32,7 @@ from fedccrl_serving.deadline import DeadlinePassed, run_deadline
 from fedccrl_serving.inputs import collect_inputs, labelled_files
 from fedccrl_serving.metadata import card_path
 from fedccrl_serving.predictions import PredictionWriter, prediction_record
-from fedccrl_serving.report import confusion_report, format_table
+from fedccrl_serving.report import UnreadImage, confusion_report, format_table
 from fedccrl_serving.runtime import ServedModel, model_file, predict_paths
 
 EXIT_FATAL = 2
@@ -181,13 +181,12 @@ def evaluate(model, folder, output, as_json, batch_size, device, workers, quiet,
         truth, preds, errors = [], [], []
         for (path, probs, error), y in zip(predict_paths(served, files, batch_size, workers, quiet), labels):
             if error is not None:
-                errors.append({"path": str(path), "error": error})
+                errors.append(UnreadImage(str(path), error))
             else:
                 truth.append(y)
                 preds.append(int(np.argmax(probs)))
-        report = confusion_report(truth, preds, classes)
-        report.update(model=str(model), folder=str(folder), n_failed=len(errors), errors=errors)
-        text = json.dumps(report, indent=2, allow_nan=False)
+        report = confusion_report(truth, preds, classes, str(model), str(folder), errors)
+        text = json.dumps(report.to_dict(), indent=2, allow_nan=False)
         if out_file is not None:
             out_file.write(text + "\n")
     if as_json:
