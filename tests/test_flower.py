@@ -40,6 +40,7 @@ from flower_harness import (
     REPO,
     SEED,
     SOURCES,
+    LoopbackGrid,
     assert_same_history,
     build_data,
     loopback,
@@ -966,24 +967,28 @@ def test_loopback_the_held_out_domains_site_evaluates_only_never_sampled(data, t
     )
 
 
+def _evaluate_spec_changed(grid: LoopbackGrid, node: int, change) -> LoopbackGrid:
+    """`grid`, whose EVALUATE messages to `node` carry the spec as `change(spec)` makes it (a server that changes a
+    run's spec mid-run; its run key unchanged)."""
+    push = grid.push_messages
+
+    def push_messages(messages):
+        for m in messages:
+            if m.metadata.message_type == M.EVALUATE and m.metadata.dst_node_id == node:
+                cfg = m.content[M.CONFIG]
+                cfg[M.F_SPEC] = json.dumps(change(json.loads(str(cfg[M.F_SPEC]))))
+        return push(messages)
+
+    grid.push_messages = push_messages  # type: ignore[method-assign]
+    return grid
+
+
 def test_loopback_a_site_refuses_a_held_out_changed_within_a_run(data, tmp_path):
     """Round 1's EVALUATE message to cartoon_c0, a source site that trained, says held_out 'cartoon' where the run's
     messages said 'sketch' (its run key unchanged): accepted, the site would return counts over its own cartoon images
     (training images) as the target's. It keeps the first held_out of the run and refuses, naming both; the server
     drops it from that evaluation, and the target counts are the held-out site's alone."""
-    from fedccrl_core.data.shards import load_domain_test
-
-    grid = loopback(data)
-    push = grid.push_messages
-
-    def push_messages(messages):
-        for m in messages:
-            if m.metadata.message_type == M.EVALUATE and m.metadata.dst_node_id == 101:  # cartoon_c0
-                cfg = m.content[M.CONFIG]
-                cfg[M.F_SPEC] = json.dumps({**json.loads(str(cfg[M.F_SPEC])), "held_out": "cartoon"})
-        return push(messages)
-
-    grid.push_messages = push_messages
+    grid = _evaluate_spec_changed(loopback(data), 101, lambda spec: {**spec, "held_out": "cartoon"})  # cartoon_c0
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=3))
     rec = res.history[0].to_dict()
     dropped = rec["dropped_clients"]
@@ -998,18 +1003,8 @@ def test_loopback_an_evaluation_site_refuses_a_run_that_drops_its_privacy(data, 
     (its run key unchanged) would have it count every row of sketch, images the study's other runs train on, where
     under train.privacy it counts its val rows only. It keeps the run's first setting and refuses, naming both; the
     server drops it from that evaluation, and no target count is taken."""
-    grid = loopback(data)
-    push = grid.push_messages
-
-    def push_messages(messages):
-        for m in messages:
-            if m.metadata.message_type == M.EVALUATE and m.metadata.dst_node_id == 103:  # sketch_c0
-                cfg = m.content[M.CONFIG]
-                spec = json.loads(str(cfg[M.F_SPEC]))
-                cfg[M.F_SPEC] = json.dumps({**spec, "local": {**spec["local"], "privacy": None}})
-        return push(messages)
-
-    grid.push_messages = push_messages
+    no_privacy = lambda spec: {**spec, "local": {**spec["local"], "privacy": None}}  # noqa: E731
+    grid = _evaluate_spec_changed(loopback(data), 103, no_privacy)  # sketch_c0
     priv = {"enabled": True, "weights_noise_multiplier": 0.8, "noise_seed": 3}
     res = serve(grid, make_spec(data, tmp_path, "fedavg", rounds=1, min_clients=3, privacy=priv))
     rec = res.history[0].to_dict()
