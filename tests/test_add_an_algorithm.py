@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -104,9 +103,12 @@ import json, sys
 from fedccrl_core.algorithm_params import PARAMS
 
 if sys.argv[2] == "registered":  # step 2's line in PARAMS, before params.yaml's model is built from it
-    from toy_params import ToyParams
+    import importlib.util
 
-    PARAMS["toy"] = ToyParams
+    spec = importlib.util.spec_from_file_location("toy_params", sys.argv[3])
+    toy_params = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(toy_params)
+    PARAMS["toy"] = toy_params.ToyParams
 from fedccrl_core.foundation.errors import ParamError
 from fedccrl_pipeline.params import validate_params
 from fedccrl_pipeline.params_yaml import read_yaml
@@ -129,9 +131,9 @@ def _params_yaml_with_toy(registered: bool) -> dict:
     """params.yaml with `train.algorithms: [toy]` and `train.toy.scale` 1.0, then 0, validated in a fresh
     interpreter, with or without the toy's line in PARAMS: what each gave (the typed group, or the ParamError)."""
     arg = "registered" if registered else "unregistered"
-    code = [sys.executable, "-c", PARAMS_YAML_CHECK, str(ROOT / "params.yaml"), arg]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), *filter(None, sys.path)])}
-    done = subprocess.run(code, capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    toy_params = Path(__file__).with_name("toy_params.py")  # loaded by its path: nothing put on sys.path
+    code = [sys.executable, "-c", PARAMS_YAML_CHECK, str(ROOT / "params.yaml"), arg, str(toy_params)]
+    done = subprocess.run(code, capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.splitlines()[-1])
 
