@@ -132,7 +132,7 @@ def handle_evaluate(msg: Message, context: Context) -> Message:
     device = device_of(context, spec)
     cid = resolve_client_id(context, spec)
     held_out = check_site_data(context, spec, cid)
-    val_x, val_y, target_x, target_y = load_eval_data(context, cid, device, held_out, spec.local.privacy is not None)
+    val_x, val_y, target_x, target_y = load_eval_data(context, cid, device, held_out, spec.local.private)
     alg, _ = build_client_algorithm(spec, device)
     key = ("eval-model", spec.to_json(), str(device))
     if key not in CACHE:  # a model of its own: the training model keeps its state between messages

@@ -27,7 +27,7 @@ def pin_held_out(context: Context, spec: ClientSpec, cid: str) -> None:
     if pins is None:
         pins = context.state[M.STATE_HELD_OUT] = ConfigRecord()
     first = pins.get(spec.run_key)  # a str: what this function stored
-    private = spec.local.privacy is not None
+    private = spec.local.private
     if first is None:
         pins[spec.run_key] = spec.held_out
         pins[spec.run_key + PRIVATE] = private

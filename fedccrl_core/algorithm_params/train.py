@@ -42,3 +42,9 @@ class LocalConfig(TrainSettings):
     mean: tuple[float, float, float] = Field(IMAGENET_MEAN, strict=False)  # a JSON list too (Flower's spec)
     std: tuple[float, float, float] = Field(IMAGENET_STD, strict=False)
     privacy: PrivacySettings | None = None  # train.privacy when enabled; None = off, the paper's protocol
+
+    @property
+    def private(self) -> bool:
+        """Trained under train.privacy: the releases noised and charged, the held-out domain scored on its val rows
+        (data/shards.py held_out_parts)."""
+        return self.privacy is not None

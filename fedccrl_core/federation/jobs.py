@@ -65,7 +65,7 @@ def _train_inprocess(job: TrainJob, alg, shards: Path, pools: Path, device, on_r
     from fedccrl_core.federation.driver import RunData, held_out_run, train
 
     s = job.settings
-    data = RunData.load(shards, pools, job.target, device, s.eval_batch_size, job.sources, s.local.privacy is not None)
+    data = RunData.load(shards, pools, job.target, device, s.eval_batch_size, job.sources, s.local.private)
     if len(data.clients) < 2:
         raise ValueError(f"{shards}: need at least 2 source clients, found {len(data.clients)}")
     run = held_out_run(
