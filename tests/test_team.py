@@ -139,7 +139,7 @@ def test_two_people_run_queued_sweeps_at_once_against_one_server(server, tmp_pat
     assert not failed, json.dumps(result, indent=1)[-6000:]
 
 
-def _workspace(root: Path, uri: str, rounds: int) -> tuple[Path, dict]:
+def _workspace(root: Path, uri: str, rounds: int, local_epochs: int = 1) -> tuple[Path, dict]:
     """Shards and pools of the tiny synthetic setting, ready for `fedccrl train`."""
     env = {
         **team_sweeps.env_for(uri),
@@ -148,7 +148,12 @@ def _workspace(root: Path, uri: str, rounds: int) -> tuple[Path, dict]:
     }
     params = apply_overrides(
         yaml.safe_load((REPO / "params.yaml").read_text()),
-        [*team_sweeps.TINY, f"train.rounds={rounds}", "train.algorithms=[fedavg]"],
+        [
+            *team_sweeps.TINY,
+            f"train.rounds={rounds}",
+            f"train.local_epochs={local_epochs}",
+            "train.algorithms=[fedavg]",
+        ],
     )
     (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     for args in (
@@ -208,7 +213,8 @@ def test_the_server_and_its_database_restart_under_a_run_and_no_round_is_lost_or
     srv = Server(service_dir(tmp_path))
     try:
         assert srv.ctl("start").returncode == 0
-        ws, env = _workspace(tmp_path, srv.uri, rounds=6)
+        # rounds of seconds, not a tenth of one: each fault below lands while the run is still training
+        ws, env = _workspace(tmp_path, srv.uri, rounds=6, local_epochs=30)
         log = open(tmp_path / "train.log", "w")
         proc = subprocess.Popen(TRAIN, cwd=ws, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
         try:
@@ -239,7 +245,7 @@ def test_the_server_and_its_database_restart_under_a_run_and_no_round_is_lost_or
         deadline = time.monotonic() + 300  # round 1 of the second child run in the server
         while len(_child_rounds(srv.uri)) < 2 or min(map(len, _child_rounds(srv.uri).values())) < 1:
             assert proc.poll() is None and time.monotonic() < deadline, "the second run never logged round 1"
-            time.sleep(0.5)
+            time.sleep(0.1)
         srv.kill_mlflow()
         _, err = proc.communicate(timeout=600)
         errors = [line for line in err.splitlines() if line.startswith("error:")]
