@@ -54,7 +54,7 @@ def run_flower(
     result = _run_local(
         settings, spec, ids, str(Path(shards).resolve()), str(Path(pools).resolve()), state_dir, on_round, log
     )
-    if spec.local.privacy is not None and spec.local.privacy.enabled:
+    if spec.local.private:
         drop_client_states(state_dir, log)
     return result
 
@@ -184,7 +184,7 @@ def train_with_flower(
     remote = settings.mode != "simulation" and bool(settings.superlink)
     report_to = report_to_of(job, tracking_uri) if remote else None
     spec = server_spec(job, settings, sources, evaluators, work_dir_of(Path(job.ckpt)), report_to)
-    if spec.local.privacy is not None and spec.local.privacy.enabled:
+    if spec.local.private:
         from fedccrl_core.privacy.study_ledger import earlier_attempts
 
         for earlier in earlier_attempts(Path(job.ckpt).resolve()):  # the same run under another key: orphaned

@@ -531,3 +531,10 @@ def test_a_seeded_noise_needs_the_environment_to_say_not_private(monkeypatch):
     assert validate(PrivacySettings, {"enabled": True}, prefix="train.privacy").noise_seed is None
     monkeypatch.setenv(NOT_PRIVATE_VARIABLE, "1")
     assert validate(PrivacySettings, {"enabled": True, "noise_seed": 3}, prefix="train.privacy").seeded
+
+
+def test_a_run_is_private_only_when_its_privacy_is_enabled():
+    # LocalConfig.private decides the held-out split (shards.held_out_parts), a site's pin and Flower's state cleanup
+    assert not LocalConfig().private
+    assert not LocalConfig(privacy=PrivacySettings()).private  # train.privacy present, enabled: false
+    assert LocalConfig(privacy=PrivacySettings(enabled=True)).private

@@ -47,4 +47,4 @@ class LocalConfig(TrainSettings):
     def private(self) -> bool:
         """Trained under train.privacy: the releases noised and charged, the held-out domain scored on its val rows
         (data/shards.py held_out_parts)."""
-        return self.privacy is not None
+        return self.privacy is not None and self.privacy.enabled
