@@ -14,6 +14,8 @@ NODE_SHARDS = "shards"  # folder with manifest.json and <client>.npz
 NODE_POOLS = "pools"  # folder with the client's statistics (pools stage)
 NODE_STATE_DIR = "state-dir"  # optional: mirror of ClientState on disk (resume after restarts)
 NODE_DEVICE = "device"  # optional: auto | cpu | cuda (default: the server's train.device)
+NODE_MAX_EPSILON = "max-epsilon"  # optional: the site's ceiling on a run's train.privacy.max_epsilon (site_ceiling.py)
+NODE_MAX_DELTA = "max-delta"  # optional, with max-epsilon: the largest delta at which that epsilon may be counted
 
 
 def unsafe_value(value: str) -> str | None:

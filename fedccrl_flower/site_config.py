@@ -11,6 +11,8 @@ from it. Relative paths are read from the file's own folder, so the file works f
     auth_private_key = "keys/site_art"       # optional: SuperNode authentication (the operator registers its .pub)
     port = 9094                              # optional: the SuperNode's own Runtime API port on 127.0.0.1
     device = "cpu"                           # optional: auto | cpu | cuda (default: the run's train.device)
+    max_epsilon = 8.0                        # optional: answer only runs under train.privacy with max_epsilon <= 8
+    max_delta = 1e-5                         # optional, with max_epsilon: at delta <= this (default 1e-5)
 
 Every bad value is refused, naming the file and the key, before anything starts (`load_site_config`)."""
 
@@ -28,6 +30,8 @@ from fedccrl_core.foundation.records import Record, parse_record
 from fedccrl_flower.node_config import (
     NODE_CLIENT_ID,
     NODE_DEVICE,
+    NODE_MAX_DELTA,
+    NODE_MAX_EPSILON,
     NODE_POOLS,
     NODE_SHARDS,
     NODE_STATE_DIR,
@@ -50,6 +54,10 @@ class SiteConfig(Record):
     auth_private_key: str | None = None
     port: int | None = Field(None, ge=1, le=65535)
     device: Literal["auto", "cpu", "cuda"] | None = None
+    max_epsilon: float | None = Field(
+        None, gt=0, allow_inf_nan=False
+    )  # the site's ceiling on a run's privacy (site_ceiling.py)
+    max_delta: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
 
     @field_validator("client_id", "site", "state_dir")
     @classmethod
@@ -79,6 +87,13 @@ class SiteConfig(Record):
     def _auth_over_tls(cls, v: str | None, info: ValidationInfo) -> str | None:
         if v is not None and info.data.get("insecure"):  # Flower refuses it too, with exit code 303
             raise ValueError("SuperNode authentication needs TLS: give root_certificates, not insecure = true")
+        return v
+
+    @field_validator("max_delta")
+    @classmethod
+    def _delta_with_epsilon(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is not None and info.data.get("max_epsilon") is None:
+            raise ValueError("max_delta bounds the delta of max_epsilon: give max_epsilon too")
         return v
 
     def resolved(self, base: Path) -> SiteConfig:
@@ -137,6 +152,10 @@ def supernode_argv(cfg: SiteConfig, program: str = "flower-supernode") -> list[s
     }
     if cfg.device is not None:
         node[NODE_DEVICE] = cfg.device
+    if cfg.max_epsilon is not None:
+        node[NODE_MAX_EPSILON] = cfg.max_epsilon
+    if cfg.max_delta is not None:
+        node[NODE_MAX_DELTA] = cfg.max_delta
     return [*argv, "--node-config", node_config_arg(node)]
 
 

@@ -22,6 +22,7 @@ from fedccrl_core.learning.clients import ClientData
 from fedccrl_core.privacy.charged import ChargedRelease
 from fedccrl_flower import messages as M
 from fedccrl_flower.held_out_pin import pin_held_out
+from fedccrl_flower.site_ceiling import check_ceiling
 from fedccrl_flower.spec import ClientSpec
 
 CACHE: dict = {}  # per process: a simulation actor serves many rounds; a deployment ClientApp one message
@@ -61,8 +62,11 @@ def shards_dir(context: Context) -> str:
     return shards
 
 
-def check_site_data(context: Context, spec: ClientSpec, cid: str, train: bool = False) -> str | None:
-    """The spec's held_out, the run's first (held_out_pin.py), and this site's shard folder against the federation's
+def check_site_data(
+    context: Context, spec: ClientSpec, cid: str, train: bool = False, evaluation_only: bool = False
+) -> str | None:
+    """The spec's held_out, the run's first (held_out_pin.py), a training run's privacy against the site's ceiling
+    (site_ceiling.py; `evaluation_only`: fedccrl evaluate-sites), and this site's shard folder against the federation's
     values the spec carries (fedccrl site prepare writes them from the operator's class file and params.yaml): its
     class list (in label order), its image size, and its domain among the federation's domains; a TRAIN message to a site of the held-out domain is refused. ValueError
     naming the site's manifest and the value, before any of its images is used (the server drops the site from the
@@ -72,6 +76,8 @@ def check_site_data(context: Context, spec: ClientSpec, cid: str, train: bool = 
     from fedccrl_core.data.site import SITE_KEY
 
     pin_held_out(context, spec, cid)  # the first held_out of the run, or refused
+    if not evaluation_only:  # a training run's privacy against the site's own ceiling, or refused
+        check_ceiling(context, spec.local, cid)
     shards = shards_dir(context)
     key = ("checked", shards, cid, train, spec.held_out, tuple(spec.classes), spec.image_size, tuple(spec.domains))
     if key in CACHE:

@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 
 from fedccrl_flower import messages as M
 from fedccrl_flower.client_setup import build_client_algorithm, device_of, read_config, say
+from fedccrl_flower.site_ceiling import check_eval_split
 from fedccrl_flower.site_data import CACHE, check_site_data, resolve_client_id, shards_dir
 
 SPLITS = ("val", "all")  # what a site counts: its val split, or its whole folder (train + val)
@@ -48,7 +49,7 @@ def handle_site_query(msg: Message, context: Context) -> Message:
     spec, _, _ = read_config(msg)
     cid = resolve_client_id(context, spec)
     try:
-        check_site_data(context, spec, cid)
+        check_site_data(context, spec, cid, evaluation_only=True)
     except ValueError as e:  # as a training's QUERY refuses (replies.py SiteRefusal): by client id, with the reason
         say(f"client {cid}: refuses the evaluation: {e}", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: str(e)})}), reply_to=msg)
@@ -65,7 +66,8 @@ def handle_site_evaluate(msg: Message, context: Context) -> Message:
     cid = resolve_client_id(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
-    check_site_data(context, spec, cid)
+    check_site_data(context, spec, cid, evaluation_only=True)
+    check_eval_split(context, str(cfg[M.F_SPLIT]), cid)
     device = device_of(context, spec)
     x, y = site_images(shards_dir(context), cid, str(cfg[M.F_SPLIT]), device)
     alg, _ = build_client_algorithm(spec, device)

@@ -211,6 +211,9 @@ def _config(site: Path, text: str) -> Path:
         (GOOD + 'device = "gpu"\n', r"site\.toml: key 'device': got 'gpu'"),
         (GOOD.replace('"art_c0"', '"art\\"c0"'), r"site\.toml: key 'client_id': .*double quote"),
         ("client_id = art_c0\n", r"site\.toml: not TOML"),
+        (GOOD + "max_delta = 1e-5\n", r"site\.toml: key 'max_delta': .*give max_epsilon too"),
+        (GOOD + "max_epsilon = 0\n", r"site\.toml: key 'max_epsilon': "),
+        (GOOD + "max_epsilon = nan\n", r"site\.toml: key 'max_epsilon': "),
     ],
     ids=[
         "missing-key",
@@ -227,6 +230,9 @@ def _config(site: Path, text: str) -> Path:
         "bad-device",
         "unquotable",
         "not-toml",
+        "delta-without-epsilon",
+        "zero-epsilon",
+        "nan-epsilon",
     ],
 )
 def test_a_bad_join_config_is_refused_naming_the_file_and_key(site, text, match):
@@ -268,6 +274,29 @@ def test_the_supernode_command_line_of_a_tls_site(site):
     }
 
 
+def test_a_sites_privacy_ceiling_reaches_its_clientapp_as_numbers(site, not_private):
+    """site.toml's max_epsilon / max_delta -> the SuperNode's --node-config -> Flower's reading of it -> the
+    ClientApp's check (fedccrl_flower/site_ceiling.py), which refuses a run over the ceiling and admits one within."""
+    from flwr.app import Context, RecordDict
+    from flwr.common.config import parse_config_args
+
+    from fedccrl_core.algorithm_params.train import LocalConfig
+    from fedccrl_core.privacy.settings import PrivacySettings
+    from fedccrl_flower.site_ceiling import check_ceiling
+
+    argv = supernode_argv(load_site_config(_config(site, GOOD + "max_epsilon = 8\nmax_delta = 1e-6\n")))
+    node = parse_config_args([argv[-1]])
+    assert (node["max-epsilon"], node["max-delta"]) == (8.0, 1e-6)
+    context = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
+
+    def local(**kw):
+        return LocalConfig(privacy=PrivacySettings(enabled=True, noise_seed=1, **kw))
+
+    check_ceiling(context, local(max_epsilon=8.0, delta=1e-6), "art_c0")
+    with pytest.raises(ValueError, match="delta 1e-05 is over this site's max_epsilon 8 at delta <= 1e-06"):
+        check_ceiling(context, local(max_epsilon=8.0), "art_c0")
+
+
 def test_the_supernode_command_line_of_a_loopback_site_from_another_working_folder(site, monkeypatch):
     text = GOOD.replace('root_certificates = "certs/ca.crt"\n', "insecure = true\n")
     path = _config(site, text.replace('"prepared"', '"./prepared/"'))
@@ -294,9 +323,11 @@ def test_the_config_site_prepare_writes_reads_back(site):
         superlink="superlink.example.org:8000",
         root_certificates=str(site / "certs" / "ca.crt"),
         port=9101,
+        max_epsilon=8.0,
     )
     text = site_config_text(cfg, site)
     assert 'site = "prepared"' in text and 'root_certificates = "certs/ca.crt"' in text and "insecure" not in text
+    assert "max_epsilon = 8.0" in text and "max_delta" not in text
     assert load_site_config(_config(site, text)) == cfg
 
 
@@ -356,6 +387,7 @@ def test_site_prepare_refuses_join_options_before_any_work(tmp_path, params):
         ([*join, "--root-certificates", str(tmp_path / "ca.crt")], "key 'root_certificates': .*ca.crt is not a file"),
         ([*join], "give exactly one of root_certificates"),
         (["--superlink", "h:1"], "--superlink belongs to the join config: give --join-config"),
+        ([*join, "--insecure", "--max-delta", "1e-6"], "key 'max_delta': .*give max_epsilon too"),
         (
             ["--join-config", str(tmp_path / "site" / "site.toml"), "--superlink", "h:1", "--insecure"],
             "the same folder, or one inside the other",

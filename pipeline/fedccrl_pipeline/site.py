@@ -129,6 +129,10 @@ def command() -> None:
 @click.option("--insecure", is_flag=True, help="join config: no TLS (loopback rehearsals only)")
 @click.option("--auth-key", "auth_private_key", type=click.Path(dir_okay=False), help="join config: SuperNode auth key")
 @click.option("--port", type=int, help="join config: the SuperNode's Runtime API port (one per SuperNode of a machine)")
+@click.option(
+    "--max-epsilon", type=float, help="join config: answer only runs under train.privacy with max_epsilon at most this"
+)
+@click.option("--max-delta", type=float, help="join config, with --max-epsilon: at a delta at most this (default 1e-5)")
 def prepare(images, domain, client_id, classes, out, params_path, join_config, **join) -> None:
     """Decode the site's images once, split them train/val, write SITE/shards and SITE/pools (and the join config)."""
     run_stage(_run, images, domain, client_id, classes, out, params_path, join_config, join)
