@@ -34,6 +34,7 @@ from fedccrl_core.learning.clients import ClientState
 from fedccrl_flower import messages as M
 from fedccrl_flower.client_setup import build_client_algorithm, device_of, read_config, say
 from fedccrl_flower.client_state import load_client_state, save_client_state
+from fedccrl_flower.site_budget import admit_run
 from fedccrl_flower.site_data import (
     CACHE,
     check_site_data,
@@ -60,11 +61,14 @@ def handle_query(msg: Message, context: Context) -> Message:
     cid = resolve_client_id(context, spec)
     try:
         held_out = check_site_data(context, spec, cid)
+        source = is_source(context, cid, held_out)
+        if source:  # a site that trains: the run within its budget over runs, or refused
+            admit_run(context, spec.local, spec.run_key, cid)
     except ValueError as e:  # this site's data does not fit the run: it refuses by its client id, with the reason
         say(f"client {cid} round {rnd}: refuses the run: {e}", t0)
         refusal = ConfigRecord({M.F_CLIENT_ID: cid, M.F_REFUSAL: str(e)})
         return Message(RecordDict({M.INFO: refusal}), reply_to=msg)
-    if not is_source(context, cid, held_out):  # an evaluation-only site: n = 0, no upload
+    if not source:  # an evaluation-only site: n = 0, no upload
         say(f"client {cid} round {rnd}: evaluation-only (holds only {spec.held_out})", t0)
         return Message(RecordDict({M.INFO: ConfigRecord({M.F_CLIENT_ID: cid, M.F_N: 0})}), reply_to=msg)
     data = load_client_data(context, cid, device, held_out)
@@ -93,6 +97,7 @@ def handle_train(msg: Message, context: Context) -> Message:
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
     data = load_client_data(context, cid, device, check_site_data(context, spec, cid, train=True))
+    admit_run(context, spec.local, spec.run_key, cid)  # admitted at its QUERY; a TRAIN without one is checked here
     alg, model = build_client_algorithm(spec, device)
     reference = model.state_dict()
     received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "global weights")

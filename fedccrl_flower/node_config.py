@@ -16,6 +16,7 @@ NODE_STATE_DIR = "state-dir"  # optional: mirror of ClientState on disk (resume 
 NODE_DEVICE = "device"  # optional: auto | cpu | cuda (default: the server's train.device)
 NODE_MAX_EPSILON = "max-epsilon"  # optional: the site's ceiling on a run's train.privacy.max_epsilon (site_ceiling.py)
 NODE_MAX_DELTA = "max-delta"  # optional, with max-epsilon: the largest delta at which that epsilon may be counted
+NODE_MAX_STUDY_EPSILON = "max-study-epsilon"  # optional, with max-epsilon: the site's budget over runs (site_budget.py)
 
 
 def unsafe_value(value: str) -> str | None:

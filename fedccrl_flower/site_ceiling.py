@@ -9,8 +9,8 @@ What it guards: the server chooses a run's settings, and the pin (held_out_pin.p
 within a run; with a ceiling the site, not the server, decides that its images are released under DP and how much
 of ε one run may spend on them. The site noises its own releases with the run's settings (privacy/dp.py), and the
 server's accountant stops the run before a release would pass its max_epsilon (privacy/accountant.py); a server that
-skipped that check is outside what a site can see. Each run is bounded, not the study: several runs on the same
-images compose (docs/privacy.md)."""
+skipped that check is outside what a site can see. Each run is bounded here; the runs a site trains in, by its
+budget over runs (site_budget.py)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from fedccrl_flower.node_config import NODE_MAX_DELTA, NODE_MAX_EPSILON
 DEFAULT_MAX_DELTA: float = PrivacySettings.model_fields["delta"].default
 
 
-def _node_float(context: Context, key: str) -> float | None:
+def node_float(context: Context, key: str) -> float | None:
     v = context.node_config.get(key)
     if v is None or v == "":
         return None
@@ -38,10 +38,10 @@ def _node_float(context: Context, key: str) -> float | None:
 def check_ceiling(context: Context, local: LocalConfig, cid: str) -> None:
     """ValueError naming the client, the run's setting and the site's when this site has a ceiling (node config
     max-epsilon) and a run of these settings (the spec's `local`) may spend more than it; nothing without a ceiling."""
-    ceiling = _node_float(context, NODE_MAX_EPSILON)
+    ceiling = node_float(context, NODE_MAX_EPSILON)
     if ceiling is None:
         return
-    max_delta = _node_float(context, NODE_MAX_DELTA) or DEFAULT_MAX_DELTA
+    max_delta = node_float(context, NODE_MAX_DELTA) or DEFAULT_MAX_DELTA
     p = local.privacy
     site = f"this site's max_epsilon {ceiling:g} at delta <= {max_delta:g} (site.toml)"
     if p is None or not local.private:
@@ -59,7 +59,7 @@ def check_eval_split(context: Context, split: str, cid: str) -> None:
     its train rows (split "all"): exact counts over images that the study's DP runs train on, outside any ε. Its val
     rows, which no run trains on, it counts, as a training run under train.privacy does (data/shards.py
     held_out_parts)."""
-    ceiling = _node_float(context, NODE_MAX_EPSILON)
+    ceiling = node_float(context, NODE_MAX_EPSILON)
     if ceiling is not None and split != "val":
         raise ValueError(
             f"client {cid}: refused: split {split!r} would count the site's train rows; with max_epsilon {ceiling:g} "

@@ -13,6 +13,7 @@ from it. Relative paths are read from the file's own folder, so the file works f
     device = "cpu"                           # optional: auto | cpu | cuda (default: the run's train.device)
     max_epsilon = 8.0                        # optional: answer only runs under train.privacy with max_epsilon <= 8
     max_delta = 1e-5                         # optional, with max_epsilon: at delta <= this (default 1e-5)
+    max_study_epsilon = 24.0                 # optional, with max_epsilon: the sum of the max_epsilon of the runs it trains in
 
 Every bad value is refused, naming the file and the key, before anything starts (`load_site_config`)."""
 
@@ -32,6 +33,7 @@ from fedccrl_flower.node_config import (
     NODE_DEVICE,
     NODE_MAX_DELTA,
     NODE_MAX_EPSILON,
+    NODE_MAX_STUDY_EPSILON,
     NODE_POOLS,
     NODE_SHARDS,
     NODE_STATE_DIR,
@@ -58,6 +60,7 @@ class SiteConfig(Record):
         None, gt=0, allow_inf_nan=False
     )  # the site's ceiling on a run's privacy (site_ceiling.py)
     max_delta: float | None = Field(None, gt=0, lt=1, allow_inf_nan=False)
+    max_study_epsilon: float | None = Field(None, gt=0, allow_inf_nan=False)  # over runs (site_budget.py)
 
     @field_validator("client_id", "site", "state_dir")
     @classmethod
@@ -89,11 +92,11 @@ class SiteConfig(Record):
             raise ValueError("SuperNode authentication needs TLS: give root_certificates, not insecure = true")
         return v
 
-    @field_validator("max_delta")
+    @field_validator("max_delta", "max_study_epsilon")
     @classmethod
-    def _delta_with_epsilon(cls, v: float | None, info: ValidationInfo) -> float | None:
+    def _with_epsilon(cls, v: float | None, info: ValidationInfo) -> float | None:
         if v is not None and info.data.get("max_epsilon") is None:
-            raise ValueError("max_delta bounds the delta of max_epsilon: give max_epsilon too")
+            raise ValueError(f"{info.field_name} goes with max_epsilon, the ceiling of each run: give max_epsilon too")
         return v
 
     def resolved(self, base: Path) -> SiteConfig:
@@ -156,6 +159,8 @@ def supernode_argv(cfg: SiteConfig, program: str = "flower-supernode") -> list[s
         node[NODE_MAX_EPSILON] = cfg.max_epsilon
     if cfg.max_delta is not None:
         node[NODE_MAX_DELTA] = cfg.max_delta
+    if cfg.max_study_epsilon is not None:
+        node[NODE_MAX_STUDY_EPSILON] = cfg.max_study_epsilon
     return [*argv, "--node-config", node_config_arg(node)]
 
 

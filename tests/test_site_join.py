@@ -213,6 +213,7 @@ def _config(site: Path, text: str) -> Path:
         ("client_id = art_c0\n", r"site\.toml: not TOML"),
         (GOOD + "max_delta = 1e-5\n", r"site\.toml: key 'max_delta': .*give max_epsilon too"),
         (GOOD + "max_epsilon = 0\n", r"site\.toml: key 'max_epsilon': "),
+        (GOOD + "max_study_epsilon = 9.0\n", r"site\.toml: key 'max_study_epsilon': .*give max_epsilon too"),
         (GOOD + "max_epsilon = nan\n", r"site\.toml: key 'max_epsilon': "),
     ],
     ids=[
@@ -232,6 +233,7 @@ def _config(site: Path, text: str) -> Path:
         "not-toml",
         "delta-without-epsilon",
         "zero-epsilon",
+        "study-without-epsilon",
         "nan-epsilon",
     ],
 )
@@ -284,9 +286,9 @@ def test_a_sites_privacy_ceiling_reaches_its_clientapp_as_numbers(site, not_priv
     from fedccrl_core.privacy.settings import PrivacySettings
     from fedccrl_flower.site_ceiling import check_ceiling
 
-    argv = supernode_argv(load_site_config(_config(site, GOOD + "max_epsilon = 8\nmax_delta = 1e-6\n")))
-    node = parse_config_args([argv[-1]])
-    assert (node["max-epsilon"], node["max-delta"]) == (8.0, 1e-6)
+    text = GOOD + "max_epsilon = 8\nmax_delta = 1e-6\nmax_study_epsilon = 20.5\n"
+    node = parse_config_args([supernode_argv(load_site_config(_config(site, text)))[-1]])
+    assert (node["max-epsilon"], node["max-delta"], node["max-study-epsilon"]) == (8.0, 1e-6, 20.5)
     context = Context(run_id=1, node_id=1, node_config=node, state=RecordDict(), run_config={})
 
     def local(**kw):

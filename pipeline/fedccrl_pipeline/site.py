@@ -133,6 +133,9 @@ def command() -> None:
     "--max-epsilon", type=float, help="join config: answer only runs under train.privacy with max_epsilon at most this"
 )
 @click.option("--max-delta", type=float, help="join config, with --max-epsilon: at a delta at most this (default 1e-5)")
+@click.option(
+    "--max-study-epsilon", type=float, help="join config, with --max-epsilon: the sum of the runs' max_epsilon"
+)
 def prepare(images, domain, client_id, classes, out, params_path, join_config, **join) -> None:
     """Decode the site's images once, split them train/val, write SITE/shards and SITE/pools (and the join config)."""
     run_stage(_run, images, domain, client_id, classes, out, params_path, join_config, join)
