@@ -36,7 +36,7 @@ from fedccrl_core.data.tree import LeftOut, Tree, scan_tree
 from fedccrl_core.foundation.errors import DataError
 
 if TYPE_CHECKING:
-    from fedccrl_core.data.sources import SourceRecord
+    from fedccrl_core.data.source_record import SourceRecord
 
 REPORT_VERSION = 1
 COUNT_POLICY = (
