@@ -122,18 +122,16 @@ def _checked_inputs(model_path: Path, shards: Path | None, card_maker, int8, stu
     each checked before any work: the card's records, the model file, its held-out domain, INT8's need of shards,
     the images' size against the model's."""
     from fedccrl_core.algorithms import load_model
-    from fedccrl_core.federation.history import load_history
     from fedccrl_core.foundation import contract
 
     if model_path.is_dir():
         model_path = model_path / contract.MODEL_FILE
-    card = card_maker(model_path)
+    card, private_run = card_maker(model_path)
     model, meta = load_model(model_path)
     meta.require(model_path, "held_out_domain")
     if int8 is not None and shards is None:
         raise ValueError("--int8: needs --shards (the INT8 copy is calibrated and gated on shard images)")
-    # the card's run folder (card_records.read_sources); an operator's test folder is no site's images
-    private = study_images and load_history(model_path.parent).private
+    private = study_images and private_run  # an operator's test folder is no site's images
     return card, model, meta, _parity_inputs(shards, meta, private), private
 
 
@@ -158,8 +156,8 @@ def export_checked(
     renamed from a temp name, so a model.onnx is always complete; stale outputs of an earlier export are removed
     before anything else happens, and those in place when a later step fails are removed again.
     card_maker(model_path) reads the model card's records before any work (an error there leaves no output) and
-    returns card(meta, result) -> the card's text (model_card.py), made after the checks passed and written with
-    the outputs; publish(onnx_path, meta, result, example_u8, card_text), if given, runs after it and
+    returns (card(meta, result) -> the card's text (model_card.py), made after the checks passed and written with
+    the outputs, and whether the run trained under train.privacy, from its history); publish(onnx_path, meta, result, example_u8, card_text), if given, runs after it and
     before the outputs appear (the stage logs the model to MLflow there). `traces`: as export_onnx's.
     int8 (quantize.Int8Settings), if given: also out/model.int8.onnx, calibrated on the shards' source domains and
     gated on the held-out images after the parity check (quantize.checked_int8; its figures under parity.json's

@@ -41,7 +41,7 @@ def export(
 
     def card_maker(model_file: Path):
         sources = read_sources(model_file, shards, results, federation, use_mlflow, sites)
-        return lambda meta, result: render(sources.records(meta, result))
+        return (lambda meta, result: render(sources.records(meta, result))), sources.history.private
 
     def publish(onnx_path, meta, result, example_u8, card_text):
         log_to_mlflow(onnx_path, meta, result, example_u8, registered_model, alias, card_text)
