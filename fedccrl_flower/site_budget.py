@@ -90,3 +90,19 @@ def admit_run(context: Context, local: LocalConfig, run_key: str, cid: str) -> N
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def privacy_line(max_epsilon: float | None, max_delta: float | None, budget: float | None, state_dir: str) -> str:
+    """What a site with a join config of these values admits, and what its ledger in `state_dir` has spent (read and
+    checked: a bad ledger is refused before the SuperNode starts); "" for a site without a ceiling."""
+    from fedccrl_flower.site_ceiling import DEFAULT_MAX_DELTA
+
+    if max_epsilon is None:
+        return ""
+    line = f"each run under train.privacy, at most max_epsilon {max_epsilon:g} at delta <= {max_delta or DEFAULT_MAX_DELTA:g}"
+    if budget is None:
+        return line
+    path = Path(state_dir) / LEDGER_FILE
+    runs = read_ledger(path)
+    spent = sum(r.max_epsilon for r in runs)
+    return f"{line}; {len(runs)} runs trained in, max_epsilon {spent:g} in all of max_study_epsilon {budget:g} ({path})"

@@ -352,6 +352,27 @@ def test_site_join_runs_flower_supernode_from_path_and_passes_its_exit_code(site
     assert "flower-supernode exited with code 3" in err
 
 
+def test_site_join_says_what_the_site_admits_and_refuses_a_bad_ledger_before_starting(site):
+    from fedccrl_flower.site_budget import LEDGER_FILE
+
+    bin_ = _fake_supernode(site / "bin")
+    config = _config(site, GOOD + "max_epsilon = 8.0\nmax_study_epsilon = 24.0\n")
+    (site / "state").mkdir()
+    line = '{"run_key": "r1", "client": "art_c0", "max_epsilon": 8.0, "delta": 1e-05}\n'
+    (site / "state" / LEDGER_FILE).write_text(line)
+    _, err = _join(site, bin_, config).communicate(timeout=60)
+    assert (
+        "site join: privacy: each run under train.privacy, at most max_epsilon 8 at delta <= 1e-05; 1 runs trained "
+        f"in, max_epsilon 8 in all of max_study_epsilon 24 ({site / 'state' / LEDGER_FILE})"
+    ) in err
+    (bin_ / "argv.json").unlink()
+    (site / "state" / LEDGER_FILE).write_text(line + "not json\n")
+    proc = _join(site, bin_, config)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 2 and f"key 'state_dir': {site / 'state' / LEDGER_FILE}: line 2 is not a run" in err
+    assert not (bin_ / "argv.json").exists()
+
+
 def test_site_join_passes_sigterm_on_and_exits_as_the_supernode_does(site):
     body = f"trap 'echo term > {site}/got; exit 7' TERM\ntouch {site}/ready\nwhile :; do sleep 0.1; done"
     bin_ = _fake_supernode(site / "bin", body)

@@ -144,10 +144,19 @@ def prepare(images, domain, client_id, classes, out, params_path, join_config, *
 def _join(config: str) -> int:
     import shlex
 
+    from fedccrl_core.foundation.errors import DataError
+    from fedccrl_flower.site_budget import privacy_line
     from fedccrl_flower.site_config import load_site_config, supernode_argv
     from fedccrl_flower.supernode import find_supernode, run_supernode
 
-    argv = supernode_argv(load_site_config(config), find_supernode())
+    cfg = load_site_config(config)
+    argv = supernode_argv(cfg, find_supernode())
+    try:
+        admits = privacy_line(cfg.max_epsilon, cfg.max_delta, cfg.max_study_epsilon, cfg.state_dir)
+    except ValueError as e:
+        raise DataError(f"{config}: key 'state_dir': {e}") from None
+    if admits:
+        click.echo(f"site join: privacy: {admits}", err=True)
     click.echo(f"site join: {shlex.join(argv)}", err=True)
     code = run_supernode(argv)
     click.echo(f"site join: flower-supernode exited with code {code}", err=True)
