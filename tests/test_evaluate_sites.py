@@ -381,3 +381,30 @@ def test_the_flower_app_declares_the_run_config_key_of_an_evaluation_only_run():
 
     declared = tomllib.loads((APP_DIR / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert M.RUN_TASK in declared and M.RUN_SPEC in declared
+
+
+def test_a_site_with_a_privacy_ceiling_counts_only_its_val_rows(federation, tmp_path, monkeypatch, capfd):
+    """photo_c0 sets max_epsilon (site.toml, fedccrl_flower/site_ceiling.py): asked for its whole folder (--split auto
+    gives the held-out domain's sites `all`), it refuses, and the command names it and exits 2; with --split val it
+    counts its val rows, as every other site does."""
+    from fedccrl_flower.node_config import NODE_MAX_EPSILON
+
+    t = federation
+    configs = _configs(t["sites"])
+    (node,) = [n for n, c in configs.items() if c[M.NODE_CLIENT_ID] == "photo_c0"]
+    configs[node][NODE_MAX_EPSILON] = 8.0
+    on_sites(monkeypatch, configs)
+    out = tmp_path / "sites"
+    code, text = _evaluate(t, out, "--model", t["run"], "--no-mlflow")
+    err = capfd.readouterr().err + text
+    assert code == 2 and "photo_c0" in err and "would count the site's train rows" in err, err
+    result = load_scores(out / "sites.json")
+    assert "photo_c0" not in {s.client for s in result.sites}
+    assert [p.client for p in [*result.refused, *result.dropped]] == ["photo_c0"]
+    code, text = _evaluate(t, out, "--model", t["run"], "--no-mlflow", "--split", "val")
+    assert code == 0, capfd.readouterr().err + text
+    split = {s.client: (s.split, s.score.n) for s in load_scores(out / "sites.json").sites}
+    assert split["photo_c0"] == (
+        "val",
+        len(shards_mod.load_client(t["sites"]["photo_c0"] / "shards", "photo_c0").val_y),
+    )
