@@ -1,5 +1,7 @@
 """The data report's `source` (data/download.json): what dataset.source said and what it turned out to be, filled in
-by the download stage as it obtains the source (sources.py) and read by validation (validate.py) for the report."""
+by the download stage as it obtains the source (sources.py) and read by validation (validate.py) for the report.
+
+Floor 1 of fedccrl_core (docs/architecture.md, "Layers")."""
 
 from __future__ import annotations
 
