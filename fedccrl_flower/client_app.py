@@ -96,8 +96,9 @@ def handle_train(msg: Message, context: Context) -> Message:
     cid = resolve_client_id(context, spec)
     if str(cfg[M.F_CLIENT_ID]) != cid:
         raise ValueError(f"the server addressed client {cfg[M.F_CLIENT_ID]!s} but this SuperNode holds {cid}")
-    data = load_client_data(context, cid, device, check_site_data(context, spec, cid, train=True))
+    held_out = check_site_data(context, spec, cid, train=True)
     admit_run(context, spec.local, spec.run_key, cid)  # admitted at its QUERY; a TRAIN without one is checked here
+    data = load_client_data(context, cid, device, held_out)
     alg, model = build_client_algorithm(spec, device)
     reference = model.state_dict()
     received = M.record_to_arrays(M.record(msg.content, M.WEIGHTS, ArrayRecord), "global weights")

@@ -27,7 +27,7 @@ from pydantic import Field, ValidationError
 from fedccrl_core.algorithm_params.train import LocalConfig
 from fedccrl_core.foundation.records import Record
 from fedccrl_flower.node_config import NODE_MAX_EPSILON, NODE_MAX_STUDY_EPSILON, NODE_STATE_DIR
-from fedccrl_flower.site_ceiling import node_float
+from fedccrl_flower.site_ceiling import DEFAULT_MAX_DELTA, node_float
 
 LEDGER_FILE = "site-privacy-ledger.jsonl"
 
@@ -95,8 +95,6 @@ def admit_run(context: Context, local: LocalConfig, run_key: str, cid: str) -> N
 def privacy_line(max_epsilon: float | None, max_delta: float | None, budget: float | None, state_dir: str) -> str:
     """What a site with a join config of these values admits, and what its ledger in `state_dir` has spent (read and
     checked: a bad ledger is refused before the SuperNode starts); "" for a site without a ceiling."""
-    from fedccrl_flower.site_ceiling import DEFAULT_MAX_DELTA
-
     if max_epsilon is None:
         return ""
     line = f"each run under train.privacy, at most max_epsilon {max_epsilon:g} at delta <= {max_delta or DEFAULT_MAX_DELTA:g}"
